@@ -1,0 +1,454 @@
+/* nsconfine's native layer: see nsconfine.h for the contract. */
+#include "nsconfine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Same number on every architecture with the generic syscall table. */
+#ifndef __NR_close_range
+#define __NR_close_range 436
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+/* Room for the child's frames, its moved[] fds and lazy symbol binding. */
+#define CHILD_STACK_SIZE (64 * 1024)
+
+/* What a failed child writes to the error pipe before _exit(127). */
+struct child_report {
+    int err;
+    int stage;
+};
+
+static inline int sys_close_range(unsigned int first, unsigned int last, unsigned int flags)
+{
+    return (int)syscall(__NR_close_range, first, last, flags);
+}
+
+static ssize_t write_all(int fd, const void *buf, size_t len)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, (const char *)buf + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
+static ssize_t read_retry(int fd, void *buf, size_t len)
+{
+    ssize_t n;
+    do
+        n = read(fd, buf, len);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+static int close_retry(int fd)
+{
+    /* On Linux the fd is gone even when close reports EINTR: never retry. */
+    return close(fd) < 0 && errno != EINTR ? -1 : 0;
+}
+
+static int dup2_retry(int from, int to)
+{
+    int r;
+    do
+        r = dup2(from, to);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+static pid_t waitpid_retry(pid_t pid, int *status)
+{
+    pid_t r;
+    do
+        r = waitpid(pid, status, 0);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* ------------------------------------------------------------------ spawn */
+
+struct spawn_args {
+    const char *path;
+    char *const *argv;
+    char *const *envp;
+    int sources[3 + NSC_MAX_PASS_FDS]; /* fd to place at each target, -1: keep */
+    int n_targets;                     /* 3 + n_pass_fds */
+    int pdeathsig;
+    pid_t parent;
+    int errpipe_w;
+    sigset_t parent_mask;
+};
+
+__attribute__((noreturn)) static void child_fail(int errpipe_w, int stage)
+{
+    struct child_report report = { errno, stage };
+    (void)write_all(errpipe_w, &report, sizeof report);
+    _exit(127);
+}
+
+/*
+ * Mark every fd >= first close-on-exec. Marking rather than closing keeps
+ * the error pipe (which is above first) open until execve succeeds, and
+ * is one syscall on Linux >= 5.11.
+ */
+static int cloexec_from(int first)
+{
+    if (sys_close_range((unsigned int)first, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
+        return 0;
+    /* ENOSYS before 5.9, EINVAL for the CLOEXEC flag before 5.11. */
+    if (errno != ENOSYS && errno != EINVAL)
+        return -1;
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) < 0)
+        return -1;
+    rlim_t end = lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur > INT_MAX ? INT_MAX : lim.rlim_cur;
+    for (rlim_t fd = (rlim_t)first; fd < end; fd++)
+        (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* EBADF: not open */
+    return 0;
+}
+
+/*
+ * The child of nsc_spawn, between clone and execve.
+ *
+ * It shares the caller's memory (CLONE_VM) and runs while the calling
+ * thread is suspended, but other threads of the caller keep running and
+ * may hold any lock, including malloc's. So only async-signal-safe calls
+ * happen here: no malloc, no stdio, nothing that takes a lock. errno is
+ * the calling thread's (the child runs on its TLS): that is harmless
+ * because that thread is suspended and does not read errno after a
+ * successful clone. Everything the child changes must be its own: it has
+ * its own fd table and signal handler table (no CLONE_FILES and no
+ * CLONE_SIGHAND), and writes nothing into the shared memory but its stack.
+ */
+static int spawn_child(void *opaque)
+{
+    const struct spawn_args *a = opaque;
+    int errpipe_w = a->errpipe_w;
+
+    /*
+     * All signals are blocked (the parent did it before clone), so no
+     * handler of the caller can run here on the caller's memory. Set every
+     * disposition to default before unblocking: a handler would run the
+     * parent's code in the child, and an ignored disposition survives
+     * execve (Python ignores SIGPIPE, and a payload that inherits that
+     * never dies writing to a closed pipe). glibc refuses its own internal
+     * signals with EINVAL, and there is nothing else sigaction can fail on,
+     * so its result is not checked.
+     */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig != SIGKILL && sig != SIGSTOP)
+            (void)sigaction(sig, &dfl, NULL);
+    }
+    if (sigprocmask(SIG_SETMASK, &a->parent_mask, NULL) < 0)
+        child_fail(errpipe_w, NSC_STAGE_SIGNALS);
+
+    /*
+     * The parent may have been killed before prctl took effect: then we
+     * were reparented, getppid() no longer names it, and no death signal
+     * will ever come. (PDEATHSIG fires when the parent *thread* exits, so
+     * a launcher must spawn from a thread that outlives the child.)
+     */
+    if (a->pdeathsig > 0) {
+        if (prctl(PR_SET_PDEATHSIG, a->pdeathsig) < 0)
+            child_fail(errpipe_w, NSC_STAGE_PDEATHSIG);
+        if (getppid() != a->parent) {
+            errno = ESRCH;
+            child_fail(errpipe_w, NSC_STAGE_PARENT_DIED);
+        }
+    }
+
+    /*
+     * Place each source at its target without one dup2 clobbering a source
+     * still to be moved (pass_fds = [4, 3] swaps them; stdout_fd = 0 moves
+     * stdin's own fd). First every source, and the error pipe, leave the
+     * target range 0..n_targets-1 as fresh copies above it; only then is
+     * each copy dup2'd into place. That also handles a source already at
+     * its own target: dup2(fd, fd) would leave FD_CLOEXEC set on it,
+     * dup2(copy, fd) clears it.
+     */
+    int first = a->n_targets;
+    int moved[3 + NSC_MAX_PASS_FDS];
+    if (errpipe_w < first) {
+        errpipe_w = fcntl(errpipe_w, F_DUPFD_CLOEXEC, first);
+        if (errpipe_w < 0)
+            child_fail(a->errpipe_w, NSC_STAGE_DUP);
+    }
+    for (int t = 0; t < a->n_targets; t++) {
+        if (a->sources[t] < 0)
+            continue;
+        moved[t] = fcntl(a->sources[t], F_DUPFD_CLOEXEC, first);
+        if (moved[t] < 0)
+            child_fail(errpipe_w, NSC_STAGE_DUP);
+    }
+    for (int t = 0; t < a->n_targets; t++) {
+        if (a->sources[t] >= 0 && dup2_retry(moved[t], t) < 0)
+            child_fail(errpipe_w, NSC_STAGE_DUP);
+    }
+
+    /*
+     * Now 0..first-1 hold exactly what the caller asked for; everything
+     * above (the copies, the error pipe and any fd the launcher left
+     * inheritable) closes at execve.
+     */
+    if (cloexec_from(first) < 0)
+        child_fail(errpipe_w, NSC_STAGE_CLOSE);
+
+    execve(a->path, a->argv, a->envp);
+    child_fail(errpipe_w, NSC_STAGE_EXEC);
+}
+
+int nsc_spawn(const char *path, char *const argv[], char *const envp[],
+              int stdin_fd, int stdout_fd, int stderr_fd,
+              const int pass_fds[], int n_pass_fds,
+              int pdeathsig, int *pid_out, int *stage_out)
+{
+    *pid_out = -1;
+    *stage_out = NSC_STAGE_NONE;
+    if (n_pass_fds < 0 || n_pass_fds > NSC_MAX_PASS_FDS)
+        return EINVAL;
+
+    struct spawn_args a = {
+        .path = path, .argv = argv, .envp = envp,
+        .n_targets = 3 + n_pass_fds, .pdeathsig = pdeathsig, .parent = getpid(),
+    };
+    a.sources[0] = stdin_fd;
+    a.sources[1] = stdout_fd;
+    a.sources[2] = stderr_fd;
+    for (int i = 0; i < n_pass_fds; i++)
+        a.sources[3 + i] = pass_fds[i];
+
+    int errpipe[2];
+    if (pipe2(errpipe, O_CLOEXEC) < 0) {
+        *stage_out = NSC_STAGE_PIPE;
+        return errno;
+    }
+    a.errpipe_w = errpipe[1];
+
+    /*
+     * A source fd that was closed when we were called may now be the
+     * error pipe. Passing that on would let the payload hold the pipe open
+     * past exec, and this function would wait for the payload to exit.
+     */
+    for (int t = 0; t < a.n_targets; t++) {
+        if (a.sources[t] == errpipe[0] || a.sources[t] == errpipe[1]) {
+            (void)close_retry(errpipe[0]);
+            (void)close_retry(errpipe[1]);
+            *stage_out = NSC_STAGE_DUP;
+            return EBADF;
+        }
+    }
+
+    /*
+     * Why clone(CLONE_VM | CLONE_VFORK) rather than fork: fork copies the
+     * page tables of the whole (large) Python process on every spawn, while
+     * a CLONE_VM child shares them and costs about the same however big the
+     * caller is. Why clone rather than vfork: the child runs spawn_child on
+     * a stack of its own, so it cannot overwrite this function's frame or
+     * saved registers the way a vfork child returning through shared stack
+     * frames can, and the compiler needs no returns_twice reasoning.
+     *
+     * The child's stack can live in this frame: CLONE_VFORK suspends this
+     * thread until the child has exec'd or exited, so the frame outlives
+     * every use of the stack, and nothing else touches it meanwhile (other
+     * threads have stacks of their own). Stacks grow down on every
+     * architecture we build for, so the child starts at the top.
+     *
+     * Blocking every signal around clone keeps the caller's handlers (here
+     * CPython's, which write to its wakeup fd and set flags in shared
+     * memory) from running in the child before it has reset them.
+     */
+    _Alignas(16) char stack[CHILD_STACK_SIZE];
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &a.parent_mask);
+    pid_t pid = clone(spawn_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+    int clone_err = errno;
+    pthread_sigmask(SIG_SETMASK, &a.parent_mask, NULL);
+    (void)close_retry(errpipe[1]);
+    if (pid < 0) {
+        (void)close_retry(errpipe[0]);
+        *stage_out = NSC_STAGE_CLONE;
+        return clone_err;
+    }
+
+    /*
+     * EOF: execve succeeded and closed the child's CLOEXEC write end. A
+     * report is smaller than PIPE_BUF, so it arrives whole in one read.
+     */
+    struct child_report report;
+    ssize_t n = read_retry(errpipe[0], &report, sizeof report);
+    int read_err = errno;
+    (void)close_retry(errpipe[0]);
+    if (n == 0) {
+        *pid_out = pid;
+        return 0;
+    }
+    int status;
+    (void)waitpid_retry(pid, &status); /* ECHILD if SIGCHLD is ignored: nothing to reap */
+    if (n != (ssize_t)sizeof report) {
+        *stage_out = NSC_STAGE_PIPE;
+        return n < 0 ? read_err : EIO;
+    }
+    *stage_out = report.stage;
+    return report.err;
+}
+
+/* ------------------------------------------------------------------ memfd */
+
+int nsc_memfd_sealed(const char *name, const char *data, size_t len,
+                     int *fd_out, int *stage_out)
+{
+    *fd_out = -1;
+    *stage_out = NSC_STAGE_NONE;
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        *stage_out = NSC_STAGE_MEMFD;
+        return errno;
+    }
+    int stage = NSC_STAGE_NONE;
+    if (write_all(fd, data, len) < 0)
+        stage = NSC_STAGE_WRITE;
+    else if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+        stage = NSC_STAGE_SEAL;
+    else if (lseek(fd, 0, SEEK_SET) < 0) /* bwrap's --args reads from the offset */
+        stage = NSC_STAGE_SEEK;
+    if (stage != NSC_STAGE_NONE) {
+        int err = errno;
+        (void)close_retry(fd);
+        *stage_out = stage;
+        return err;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+/* ------------------------------------------------------------ user namespace */
+
+/* "0 <id> 1\n" into buf, without snprintf (not async-signal-safe). */
+static size_t format_id_map(char *buf, unsigned long id)
+{
+    char digits[24];
+    size_t nd = 0, n = 0;
+    do {
+        digits[nd++] = (char)('0' + id % 10);
+        id /= 10;
+    } while (id > 0);
+    buf[n++] = '0';
+    buf[n++] = ' ';
+    while (nd > 0)
+        buf[n++] = digits[--nd];
+    memcpy(buf + n, " 1\n", 3);
+    return n + 3;
+}
+
+static int write_file(const char *path, const char *data, size_t len)
+{
+    int fd;
+    do
+        fd = open(path, O_WRONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return -1;
+    if (write_all(fd, data, len) < 0) {
+        int err = errno;
+        (void)close_retry(fd);
+        errno = err;
+        return -1;
+    }
+    return close_retry(fd);
+}
+
+/* The probe's child: only async-signal-safe calls, as after any fork. */
+__attribute__((noreturn)) static void probe_child(int errpipe_w, uid_t euid, gid_t egid)
+{
+    char map[64];
+    if (unshare(CLONE_NEWUSER) < 0)
+        child_fail(errpipe_w, NSC_STAGE_UNSHARE);
+    if (write_file("/proc/self/setgroups", "deny", 4) < 0)
+        child_fail(errpipe_w, NSC_STAGE_SETGROUPS);
+    if (write_file("/proc/self/uid_map", map, format_id_map(map, euid)) < 0)
+        child_fail(errpipe_w, NSC_STAGE_UID_MAP);
+    if (write_file("/proc/self/gid_map", map, format_id_map(map, egid)) < 0)
+        child_fail(errpipe_w, NSC_STAGE_GID_MAP);
+    _exit(0);
+}
+
+int nsc_probe_userns(int *stage_out)
+{
+    *stage_out = NSC_STAGE_NONE;
+    uid_t euid = geteuid(); /* after unshare the child's own read as the overflow id */
+    gid_t egid = getegid();
+    int errpipe[2];
+    if (pipe2(errpipe, O_CLOEXEC) < 0) {
+        *stage_out = NSC_STAGE_PIPE;
+        return errno;
+    }
+
+    /*
+     * A plain fork: the probe is off the hot path, and a child with its
+     * own copy of memory needs none of nsc_spawn's care. (A CLONE_VM child
+     * could unshare a user namespace too; only a process with other threads
+     * in its thread group gets EINVAL.) Signals stay blocked in the child,
+     * so the caller's handlers never run there and write to its wakeup fd.
+     */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t pid = fork();
+    if (pid == 0)
+        probe_child(errpipe[1], euid, egid);
+    int fork_err = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    (void)close_retry(errpipe[1]);
+    if (pid < 0) {
+        (void)close_retry(errpipe[0]);
+        *stage_out = NSC_STAGE_CLONE;
+        return fork_err;
+    }
+
+    struct child_report report;
+    ssize_t n = read_retry(errpipe[0], &report, sizeof report);
+    int read_err = errno;
+    (void)close_retry(errpipe[0]);
+    int status = 0;
+    pid_t reaped = waitpid_retry(pid, &status);
+    int wait_err = errno;
+    if (n == (ssize_t)sizeof report) {
+        *stage_out = report.stage;
+        return report.err;
+    }
+    if (n < 0) {
+        *stage_out = NSC_STAGE_PIPE;
+        return read_err;
+    }
+    if (reaped < 0) {
+        *stage_out = NSC_STAGE_WAIT;
+        return wait_err;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        *stage_out = NSC_STAGE_WAIT; /* killed before it could report */
+        return EIO;
+    }
+    return 0;
+}

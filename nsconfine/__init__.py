@@ -1,0 +1,40 @@
+"""nsconfine: confine untrusted process trees to the files they are meant to have."""
+
+from nsconfine._errors import (
+    CredentialInsecure,
+    CredentialMissing,
+    NsconfineError,
+    PlanError,
+    SandboxUnavailable,
+    UsageError,
+)
+from nsconfine._executor import Sandbox
+from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
+from nsconfine._preflight import PreflightReport, preflight
+from nsconfine._session import Harness, Session
+from nsconfine._spawn import spawn
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CredentialInsecure",
+    "CredentialMissing",
+    "DenyRule",
+    "Entry",
+    "EnvVar",
+    "Harness",
+    "Kind",
+    "Mode",
+    "NsconfineError",
+    "Origin",
+    "Plan",
+    "PlanError",
+    "PreflightReport",
+    "Sandbox",
+    "SandboxUnavailable",
+    "Session",
+    "UsageError",
+    "__version__",
+    "preflight",
+    "spawn",
+]

@@ -1,0 +1,108 @@
+"""Plan → bwrap arguments: a pure function, golden-tested.
+
+The launcher places fds at fixed numbers in bwrap (see nsconfine._executor), so the argument
+vector depends on the plan alone and `nsconfine plan --bwrap-args` shows exactly what bwrap reads.
+The options go in a sealed memfd read with `--args 3`, which keeps credential values out of
+/proc/<pid>/cmdline; bwrap only takes the command on its real command line, after `--`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nsconfine._plan import Entry, Kind, Mode, Plan
+
+ARGS_FD = 3  # the memfd holding the NUL-separated options
+INFO_FD = 4  # bwrap writes {"child-pid": N, …} here once the namespaces exist
+BLOCK_FD = 5  # the sandbox waits here for one byte before it execs the command
+FIRST_DATA_FD = 6  # then one memfd per data entry, in plan order
+
+# Every namespace but the network's; cgroup where the kernel has it.
+NAMESPACE_OPTIONS = (
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+)
+PROCESS_OPTIONS = (
+    "--die-with-parent",  # the sandbox dies with bwrap (bwrap itself gets PDEATHSIG from us)
+    "--new-session",  # no TIOCSTI into the launcher's terminal
+    "--cap-drop",
+    "ALL",  # run as root, bwrap would otherwise keep the caller's capabilities
+    "--clearenv",
+)
+
+# Options nsconfine's arguments use, checked against `bwrap --help` by preflight.
+REQUIRED_OPTIONS = (
+    "--args",
+    *NAMESPACE_OPTIONS,
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "--clearenv",
+    "--setenv",
+    "--chdir",
+    "--info-fd",
+    "--block-fd",
+    "--bind",
+    "--ro-bind",
+    "--tmpfs",
+    "--dir",
+    "--symlink",
+    "--proc",
+    "--dev",
+    "--ro-bind-data",
+    "--remount-ro",
+)
+
+
+def data_entries(plan: Plan) -> list[Entry]:
+    """The entries whose content the launcher hands over as memfds, in fd order."""
+    return [entry for entry in plan.entries if entry.kind is Kind.DATA]
+
+
+def _entry_arguments(entry: Entry, data_fd: int) -> tuple[str, ...]:
+    match entry.kind:
+        case Kind.BIND:
+            option = "--ro-bind" if entry.mode is Mode.RO else "--bind"
+            return (option, entry.source, entry.dest)
+        case Kind.TMPFS:
+            return ("--tmpfs", entry.dest)
+        case Kind.DIR:
+            return ("--dir", entry.dest)
+        case Kind.SYMLINK:
+            return ("--symlink", entry.source, entry.dest)
+        case Kind.PROC:
+            return ("--proc", entry.dest)
+        case Kind.DEV:
+            return ("--dev", entry.dest)
+        case Kind.DATA:
+            return ("--ro-bind-data", str(data_fd), entry.dest)
+        case Kind.REMOUNT_RO:
+            return ("--remount-ro", entry.dest)
+
+
+def bwrap_options(plan: Plan) -> list[str]:
+    """The options nsconfine writes to the `--args` memfd for plan, in order."""
+    arguments = [*NAMESPACE_OPTIONS, *PROCESS_OPTIONS]
+    for variable in plan.env:
+        arguments += ("--setenv", variable.name, variable.value)
+    arguments += ("--info-fd", str(INFO_FD), "--block-fd", str(BLOCK_FD))
+    data_fd = FIRST_DATA_FD
+    for entry in plan.entries:
+        arguments += _entry_arguments(entry, data_fd)
+        if entry.kind is Kind.DATA:
+            data_fd += 1
+    arguments += ("--chdir", plan.chdir)
+    return arguments
+
+
+def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:
+    """bwrap's own argv: read the options from fd 3, then `--` and the command."""
+    return [bwrap, "--args", str(ARGS_FD), "--", *argv]
+
+
+def encode_options(options: Sequence[str]) -> bytes:
+    """The NUL-terminated form bwrap's `--args` reads."""
+    return b"".join(option.encode("utf-8", "surrogateescape") + b"\0" for option in options)

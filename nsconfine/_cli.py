@@ -1,0 +1,171 @@
+"""The command line: `nsconfine check | plan | run | selftest`.
+
+Refusals print one line, `nsconfine: CODE: what was refused and what to do`, and exit with the
+code's sysexits status; nothing runs and no traceback is shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from nsconfine._bwrap_args import bwrap_options
+from nsconfine._errors import NsconfineError, UsageError
+from nsconfine._plan import Origin, Plan
+from nsconfine._session import Harness, Session
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see nsconfine {self.prog.split()[-1]} --help)")
+
+
+def _add_session_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("session")
+    group.add_argument("--workspace", required=True, metavar="DIR",
+                       help="read-write; the working directory")
+    group.add_argument("--run-dir", required=True, metavar="DIR",
+                       help="read-write; HOME is created inside it")
+    group.add_argument("--ro", action="append", default=[], metavar="PATH",
+                       help="read-only file or dir the runner loads (repeatable)")
+    group.add_argument("--harness", action="append", default=[], metavar="PATH[@sha256:HEX]",
+                       help="read-only harness executable, pinned when a digest is given")
+    group.add_argument("--tool-socket", metavar="PATH", help="a unix socket the session reaches")
+    group.add_argument("--env", action="append", default=[], metavar="NAME",
+                       help="pass NAME's value from this environment (repeatable)")
+    group.add_argument("--credential", metavar="FILE",
+                       help="KEY=VALUE file, owned by you, mode 0600")
+    group.add_argument("--deny", action="append", default=[], metavar="PATH",
+                       help="another host path no bind may expose (repeatable)")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="nsconfine", description="Confine a session with bubblewrap.",
+                     epilog="NSCONFINE_BWRAP=PATH selects the bwrap (default: bwrap on PATH).")
+    commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
+    check = commands.add_parser("check", help="preflight: is this host ready to confine?")
+    check.add_argument("--json", action="store_true")
+    plan = commands.add_parser("plan", help="print a session's manifest")
+    _add_session_options(plan)
+    shown = plan.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="the manifest as JSON")
+    shown.add_argument("--bwrap-args", action="store_true",
+                       help="the options bwrap reads from --args 3, as a JSON array "
+                       "(values from --env and the credential file shown as (hidden))")
+    run = commands.add_parser("run", help="run a command confined")
+    _add_session_options(run)
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
+    selftest = commands.add_parser("selftest", help="prove confinement on this host")
+    selftest.add_argument("--json", action="store_true")
+    return parser
+
+
+def _session(arguments: argparse.Namespace) -> Session:
+    return Session(
+        workspace=arguments.workspace,
+        run_dir=arguments.run_dir,
+        ro=arguments.ro,
+        harness=[Harness.parse(spec) for spec in arguments.harness],
+        tool_socket=arguments.tool_socket,
+        env=arguments.env,
+        credential=arguments.credential,
+        deny=arguments.deny,
+    )
+
+
+def _shown_options(plan: Plan) -> list[str]:
+    hidden = {v.value for v in plan.env if v.origin is not Origin.NSCONFINE}
+    options = bwrap_options(plan)
+    # A secret is only ever a --setenv value, which directly follows its name.
+    return [
+        "(hidden)" if i >= 2 and options[i - 2] == "--setenv" and value in hidden else value
+        for i, value in enumerate(options)
+    ]
+
+
+def _check(arguments: argparse.Namespace) -> int:
+    from nsconfine._preflight import preflight
+
+    report = preflight()
+    if arguments.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        for check in report.checks:
+            print(f"{'ok' if check.ok else 'REFUSED':8} {check.name}: {check.detail}")
+    if report.error is not None:
+        if not arguments.json:
+            print(f"nsconfine: {report.error}", file=sys.stderr)
+        return report.error.exit_status
+    return 0
+
+
+def _plan(arguments: argparse.Namespace) -> int:
+    plan = _session(arguments).plan()
+    if arguments.bwrap_args:
+        print(json.dumps(_shown_options(plan), indent=2))
+    elif arguments.json:
+        sys.stdout.write(plan.manifest_json())
+    else:
+        sys.stdout.write(plan.manifest())
+    return 0
+
+
+def _run(arguments: argparse.Namespace) -> int:
+    from nsconfine._spawn import spawn
+
+    command = list(arguments.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
+    plan = _session(arguments).plan()
+    sandbox = spawn(plan, command)
+
+    # The launcher's signals go to bwrap, whose death takes the whole sandbox with it.
+    def forward(number: int, _frame: object) -> None:
+        _send(sandbox.pid, number)
+
+    for number in FORWARDED_SIGNALS:
+        signal.signal(number, forward)
+    status = sandbox.wait()
+    return 128 - status if status < 0 else status
+
+
+def _send(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        pass
+
+
+def _selftest(arguments: argparse.Namespace) -> int:
+    from nsconfine._selftest import run_selftest
+
+    return run_selftest(as_json=arguments.json)
+
+
+_COMMANDS = {"check": _check, "plan": _plan, "run": _run, "selftest": _selftest}
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the CLI on argv (without the program name) and return the exit status."""
+    try:
+        arguments = _parser().parse_args(list(argv))
+        return _COMMANDS[arguments.subcommand](arguments)
+    except NsconfineError as refused:
+        print(f"nsconfine: {refused}", file=sys.stderr)
+        return refused.exit_status
+    except KeyboardInterrupt:
+        return 130
+
+
+def console_main() -> NoReturn:
+    """The `nsconfine` console script."""
+    sys.exit(main(sys.argv[1:]))

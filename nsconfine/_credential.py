@@ -1,0 +1,103 @@
+"""The session's credential: a KEY=VALUE file in systemd EnvironmentFile= syntax.
+
+The file must be a regular file (not a symlink) owned by the caller with no group or other
+permission bits, so that nothing but the caller (and root) can have put a value there or read it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+
+from nsconfine._errors import CredentialInsecure, CredentialMissing
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_MAX_BYTES = 64 * 1024
+_DOUBLE_QUOTED_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "$": "$", "`": "`"}
+
+
+def read_credential(path: str) -> dict[str, str]:
+    """The variables in the credential file at path, after checking who may read or write it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise CredentialMissing(
+            f"credential file {path} does not exist: create it (KEY=VALUE, mode 0600)"
+        ) from None
+    except OSError as error:
+        reason = "it is a symlink" if error.errno == errno.ELOOP else error.strerror
+        raise CredentialInsecure(
+            f"credential file {path} cannot be used: {reason}; use a regular file, mode 0600"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        _check_ownership(path, info)
+        raw = os.read(fd, _MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > _MAX_BYTES:
+        raise CredentialInsecure(f"credential file {path} is larger than {_MAX_BYTES} bytes")
+    variables = parse_environment_file(raw.decode("utf-8", "surrogateescape"), path)
+    if not variables:
+        raise CredentialMissing(f"credential file {path} holds no KEY=VALUE line: add one")
+    return variables
+
+
+def _check_ownership(path: str, info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise CredentialInsecure(f"credential file {path} is not a regular file")
+    if info.st_uid != os.geteuid():
+        raise CredentialInsecure(
+            f"credential file {path} is owned by uid {info.st_uid}, not by you "
+            f"(uid {os.geteuid()}): chown it"
+        )
+    if info.st_mode & 0o077:
+        raise CredentialInsecure(
+            f"credential file {path} has mode {stat.S_IMODE(info.st_mode):04o}, readable or "
+            f"writable by others: run chmod 600 {path}"
+        )
+
+
+def parse_environment_file(text: str, path: str) -> dict[str, str]:
+    """Parse systemd's EnvironmentFile= syntax: comments (# ;), blank lines, KEY=VALUE with
+    optional single or double quotes, backslash line continuations."""
+    variables: dict[str, str] = {}
+    lines = text.split("\n")
+    number = 0
+    while number < len(lines):
+        line = lines[number].strip()
+        number += 1
+        while line.endswith("\\") and number < len(lines) and not line.startswith(("#", ";")):
+            line = line[:-1] + lines[number].strip()
+            number += 1
+        if not line or line.startswith(("#", ";")):
+            continue
+        name, equals, value = line.partition("=")
+        name = name.strip()
+        if not equals or not _NAME.match(name):
+            raise CredentialInsecure(
+                f"credential file {path} line {number} is not KEY=VALUE: fix or remove it"
+            )
+        variables[name] = _unquote(value.strip(), path, number)
+    return variables
+
+
+def _unquote(value: str, path: str, number: int) -> str:
+    if len(value) < 2 or value[0] not in "'\"" or value[-1] != value[0]:
+        if value[:1] in ("'", '"'):
+            raise CredentialInsecure(f"credential file {path} line {number}: unclosed quote")
+        return value
+    inner = value[1:-1]
+    if value[0] == "'":
+        return inner
+    out: list[str] = []
+    characters = iter(inner)
+    for character in characters:
+        if character == "\\":
+            escaped = next(characters, "\\")
+            out.append(_DOUBLE_QUOTED_ESCAPES.get(escaped, "\\" + escaped))
+        else:
+            out.append(character)
+    return "".join(out)

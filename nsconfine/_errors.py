@@ -1,0 +1,52 @@
+"""Refusals: every one has a stable code, says what was refused and what to do."""
+
+from __future__ import annotations
+
+
+class NsconfineError(Exception):
+    """Base of every refusal; `code` is stable and `exit_status` is the CLI's (sysexits.h)."""
+
+    code = "error"
+    exit_status = 70
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class UsageError(NsconfineError, ValueError):
+    """The command line or an argument is malformed."""
+
+    code = "usage"
+    exit_status = 64
+
+
+class PlanError(NsconfineError, ValueError):
+    """The mount plan would expose something it must not, or cannot be built as asked."""
+
+    code = "plan-refused"
+    exit_status = 65
+
+
+class SandboxUnavailable(NsconfineError, RuntimeError):
+    """This host cannot confine a session: bwrap or user namespaces are missing or broken."""
+
+    code = "sandbox-unavailable"
+    exit_status = 69
+
+
+class CredentialMissing(NsconfineError, FileNotFoundError):
+    """The session's credential file does not exist."""
+
+    code = "credential-missing"
+    exit_status = 78
+
+
+class CredentialInsecure(NsconfineError, PermissionError):
+    """The credential file is readable by others, not owned by the caller, or malformed."""
+
+    code = "credential-insecure"
+    exit_status = 78

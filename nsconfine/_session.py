@@ -1,0 +1,274 @@
+"""A role session's profile, and the mount plan it becomes.
+
+The plan starts from an empty root and adds only: the read-only system paths the harness and its
+tools need, the harness and the runner's files read-only, the workspace and run directory
+read-write, the tool socket, a private /tmp, a new /proc and a minimal /dev, and an empty HOME
+inside the run directory. Paths are the same inside as outside.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nsconfine import _plan as p
+from nsconfine._credential import read_credential
+from nsconfine._errors import PlanError, UsageError
+from nsconfine._plan import EnvVar, Origin, Plan
+from nsconfine._policy import check_plan, default_deny, deny_paths, invoking_user_home
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# The top-level links of a merged /usr (Debian ≥ 12): mirrored as the same symlinks.
+USR_MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+# Of /etc, only what the harness and its tools need, each for a stated reason.
+ETC_NEEDS: tuple[tuple[str, str], ...] = (
+    ("/etc/ld.so.cache", "the dynamic linker's library index, so programs start"),
+    ("/etc/alternatives", "Debian's alternatives links that /usr/bin commands go through"),
+    ("/etc/nsswitch.conf", "how libc looks up users, groups and hosts"),
+    ("/etc/hosts", "static host names (localhost)"),
+    ("/etc/resolv.conf", "the DNS resolver, for the shared network"),
+    ("/etc/host.conf", "resolver options read by libc"),
+    ("/etc/gai.conf", "getaddrinfo's address ordering"),
+    ("/etc/services", "port names for network tools"),
+    ("/etc/protocols", "protocol names for network tools"),
+    ("/etc/ssl/certs", "the CA certificates that verify TLS servers (git, curl, the API)"),
+    ("/etc/ssl/openssl.cnf", "OpenSSL's configuration"),
+    ("/etc/ca-certificates.conf", "which CA certificates the system trusts"),
+    ("/etc/localtime", "the host's time zone"),
+)
+
+_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Harness:
+    """An executable the session runs (the agent), optionally pinned by its sha256."""
+
+    path: str
+    sha256: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Harness:
+        """`PATH` or `PATH@sha256:HEX`."""
+        path, at, pin = spec.rpartition("@sha256:")
+        if not at:
+            return cls(spec)
+        if not _DIGEST.match(pin.lower()):
+            raise UsageError(f"harness {spec!r}: the digest must be 64 hex digits after @sha256:")
+        return cls(path, pin.lower())
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """What a role session needs; `plan()` turns it into the mount plan that confines it."""
+
+    workspace: str
+    run_dir: str
+    ro: tuple[str, ...] = ()
+    harness: tuple[Harness, ...] = ()
+    tool_socket: str | None = None
+    env: tuple[str, ...] = ()
+    credential: str | None = None
+    deny: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        *,
+        workspace: str | os.PathLike[str],
+        run_dir: str | os.PathLike[str],
+        ro: Iterable[str | os.PathLike[str]] = (),
+        harness: Iterable[str | os.PathLike[str] | Harness] = (),
+        tool_socket: str | os.PathLike[str] | None = None,
+        env: Iterable[str] = (),
+        credential: str | os.PathLike[str] | None = None,
+        deny: Iterable[str | os.PathLike[str]] = (),
+    ) -> None:
+        def path(value: str | os.PathLike[str]) -> str:
+            return os.path.abspath(os.fspath(value))
+
+        harnesses = tuple(
+            h if isinstance(h, Harness) else Harness.parse(os.fspath(h)) for h in harness
+        )
+        harnesses = tuple(Harness(path(h.path), h.sha256) for h in harnesses)
+        names = tuple(env)
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise UsageError(f"--env {name!r} is not a variable name")
+            if name == "HOME":
+                raise UsageError("HOME cannot be passed: the session gets its own empty HOME")
+        setattr_ = object.__setattr__
+        setattr_(self, "workspace", path(workspace))
+        setattr_(self, "run_dir", path(run_dir))
+        setattr_(self, "ro", tuple(path(r) for r in ro))
+        setattr_(self, "harness", harnesses)
+        setattr_(self, "tool_socket", None if tool_socket is None else path(tool_socket))
+        setattr_(self, "env", names)
+        setattr_(self, "credential", None if credential is None else path(credential))
+        setattr_(self, "deny", tuple(path(d) for d in deny))
+
+    @property
+    def home(self) -> str:
+        """The session's HOME: an empty directory inside its run directory."""
+        return os.path.join(self.run_dir, "home")
+
+    def plan(self) -> Plan:
+        """The checked mount plan (PlanError, CredentialMissing or CredentialInsecure if not)."""
+        return build_plan(self)
+
+
+def build_plan(
+    session: Session,
+    *,
+    homes: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Plan:
+    """The plan for session, checked against the deny set of the invoking user's home plus
+    `homes` (selftest's stand-in home), with `--env` values taken from environ."""
+    environ = os.environ if environ is None else environ
+    _require_directory(session.workspace, "workspace")
+    _require_directory(session.run_dir, "run directory")
+    deny = default_deny(homes)
+    if session.credential is not None:
+        deny += tuple(deny_paths([session.credential], "the session's credential file"))
+    deny += tuple(deny_paths(session.deny, "denied by --deny"))
+    for home in (invoking_user_home(), *homes):
+        for name, where in (("workspace", session.workspace), ("run directory", session.run_dir)):
+            resolved = os.path.realpath(where)
+            if _is_same_or_above(resolved, os.path.realpath(home)):
+                raise PlanError(
+                    f"the {name} {where} is the home directory {home} or above it: use a "
+                    f"directory of its own, e.g. {home}/work/<session>"
+                )
+    plan = Plan.of(
+        [*system_entries(session.home), *session_entries(session)],
+        env=session_environment(session, environ),
+        chdir=session.workspace,
+        deny=deny,
+    )
+    check_plan(plan)
+    return plan
+
+
+def _is_same_or_above(path: str, other: str) -> bool:
+    return path == other or path == "/" or other.startswith(path + "/")
+
+
+def _require_directory(path: str, what: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise PlanError(f"the {what} {path} cannot be used: {error.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise PlanError(f"the {what} {path} is not a directory")
+
+
+def system_entries(home: str) -> list[p.Entry]:
+    """The read-only system: /usr and its merged links, the needed /etc files, synthetic
+    passwd and group, a new /proc, a minimal /dev, a private /tmp, and a read-only root."""
+    entries = [p.ro_bind("/usr", "/usr", "system programs and libraries the tools run")]
+    for link in USR_MERGED_LINKS:
+        if os.path.islink(link):
+            entries.append(p.symlink(os.readlink(link), link, "merged-/usr link, as on the host"))
+        elif os.path.isdir(link):
+            entries.append(p.ro_bind(link, link, "system directory of a host without merged /usr"))
+    for path, reason in ETC_NEEDS:
+        entries += _etc_entry(path, reason)
+    entries += _identity_files(home)
+    entries += [
+        p.proc("/proc", "a procfs of the sandbox's own pid namespace: no host processes"),
+        p.dev("/dev", "null, zero, random, tty and pts only: no host devices"),
+        p.tmpfs("/tmp", "a private /tmp: nothing shared with the host or other sessions"),
+        p.remount_ro("/", "the sandbox's root is read-only: nothing can be written outside "
+                     "the writable mounts"),
+    ]
+    return entries
+
+
+def _etc_entry(path: str, reason: str) -> list[p.Entry]:
+    if not os.path.lexists(path):
+        return []
+    # A link into /usr (localtime -> /usr/share/zoneinfo/…) stays a link, so tools that read
+    # the link's target still work; any other link is bound by what it resolves to.
+    if os.path.islink(path):
+        target = os.readlink(path)
+        resolved = os.path.realpath(path)
+        if resolved.startswith("/usr/") and os.path.exists(resolved):
+            return [p.symlink(target, path, reason)]
+        if not os.path.exists(resolved):
+            return []
+        return [p.ro_bind(resolved, path, reason)]
+    return [p.ro_bind(path, path, reason)]
+
+
+def _identity_files(home: str) -> list[p.Entry]:
+    # Tools look the uid up (node's os.userInfo(), ssh, whoami); the host's passwd and group
+    # would list every user, so the session gets files that name only itself.
+    user = pwd.getpwuid(os.getuid())
+    passwd = f"{user.pw_name}:x:{user.pw_uid}:{user.pw_gid}::{home}:/bin/sh\n"
+    group = f"{user.pw_name}:x:{user.pw_gid}:\n"
+    if user.pw_uid != 0:
+        passwd = "root:x:0:0::/nonexistent:/bin/sh\n" + passwd
+        group = "root:x:0:\n" + group
+    return [
+        p.data(passwd.encode(), "/etc/passwd", "names the session's own user and root only"),
+        p.data(group.encode(), "/etc/group", "names the session's own group and root only"),
+    ]
+
+
+def session_entries(session: Session) -> list[p.Entry]:
+    """The session's own paths: harness, runner files, tool socket, workspace, run dir, HOME."""
+    entries = []
+    for harness in session.harness:
+        _require_exists(harness.path, "harness")
+        if not os.access(harness.path, os.X_OK) or os.path.isdir(harness.path):
+            raise PlanError(f"the harness {harness.path} is not an executable file")
+        reason = "harness executable" + (" (pinned by sha256)" if harness.sha256 else "")
+        entries.append(p.ro_bind(harness.path, harness.path, reason, sha256=harness.sha256))
+    for path in session.ro:
+        _require_exists(path, "read-only path")
+        entries.append(p.ro_bind(path, path, "a file the runner loads (read-only)"))
+    if session.tool_socket is not None:
+        _require_exists(session.tool_socket, "tool socket")
+        if not stat.S_ISSOCK(os.stat(session.tool_socket).st_mode):
+            raise PlanError(f"the tool socket {session.tool_socket} is not a unix socket")
+        entries.append(
+            p.ro_bind(session.tool_socket, session.tool_socket, "the tool socket the session "
+                      "calls (connecting needs no write access to the mount)")
+        )
+    entries.append(p.rw_bind(session.workspace, session.workspace, "the session's workspace"))
+    if session.run_dir != session.workspace:
+        entries.append(p.rw_bind(session.run_dir, session.run_dir, "the session's run directory"))
+    entries.append(p.directory(session.home, "the session's empty HOME, inside its run directory"))
+    return entries
+
+
+def _require_exists(path: str, what: str) -> None:
+    if not os.path.lexists(path):
+        raise PlanError(f"the {what} {path} does not exist")
+
+
+def session_environment(session: Session, environ: Mapping[str, str]) -> list[EnvVar]:
+    """HOME, PATH, USER and LOGNAME, the allowlisted variables, then the credential's."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    harness_dirs = dict.fromkeys(os.path.dirname(h.path) for h in session.harness)
+    path = ":".join([*harness_dirs, DEFAULT_PATH])
+    chosen = {"HOME": session.home, "PATH": path, "USER": user, "LOGNAME": user}
+    variables = {name: EnvVar(name, value, Origin.NSCONFINE) for name, value in chosen.items()}
+    for name in session.env:
+        if name in environ:
+            variables[name] = EnvVar(name, environ[name], Origin.LAUNCHER)
+    if session.credential is not None:
+        for name, value in read_credential(session.credential).items():
+            if name in variables and variables[name].origin is not Origin.NSCONFINE:
+                raise PlanError(f"{name} comes both from --env and from the credential file")
+            if name == "HOME":
+                raise PlanError("the credential file cannot set HOME")
+            variables[name] = EnvVar(name, value, Origin.CREDENTIAL)
+    return list(variables.values())
