@@ -1,0 +1,40 @@
+"""Shared fixtures: whether this host can confine, and the must-work switch for CI.
+
+With NSCONFINE_MUST_WORK=1 (set in CI) a confinement test that would skip fails instead: a
+skipped proof is no proof.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+MUST_WORK = os.environ.get("NSCONFINE_MUST_WORK") == "1"
+
+# Proofs of bwrap binaries are cached on disk; the suite proves them afresh in its own cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="nsconfine-test-cache-")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if MUST_WORK and report.skipped and item.get_closest_marker("confinement") is not None:
+        report.outcome = "failed"
+        report.longrepr = f"confinement test skipped with NSCONFINE_MUST_WORK=1: {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def sandbox_ready() -> None:
+    """Skip (or, with NSCONFINE_MUST_WORK=1, fail) unless this host can confine a session."""
+    import nsconfine
+
+    report = nsconfine.preflight()
+    if not report.ready:
+        message = f"this host cannot confine: {report.error}"
+        if MUST_WORK:
+            pytest.fail(message)
+        pytest.skip(message)
