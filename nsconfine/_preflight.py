@@ -249,7 +249,8 @@ def prove_bwrap(bwrap: str) -> None:
         except SandboxUnavailable as refused:
             errors = _read_all(err_read)
             raise SandboxUnavailable(
-                f"{refused.message}: {explain_bwrap_failure(errors)}"
+                f"bwrap {bwrap} failed its canary session: {explain_bwrap_failure(errors)} "
+                f"(launch: {refused.message})"
             ) from None
         finally:
             os.close(out_read)

@@ -1,0 +1,216 @@
+"""A missing, broken or non-confining bwrap, and a refused plan, never run the command.
+
+Each fake bwrap is a small script; every refusal is checked two ways: the exception's code and
+message, and a marker file the command would have created, which must not exist.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nsconfine
+from nsconfine import _plan as p
+from nsconfine._preflight import find_bwrap
+from nsconfine._selftest import World
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+REAL_BWRAP = find_bwrap()
+
+FAKES = {
+    # Fails like a host with user namespaces switched off, but answers --help like bwrap.
+    "failing": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        echo 'bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces exceeded' >&2
+        exit 1""",
+    # Runs the command without any sandbox at all.
+    "unconfining": """
+        case "$1" in --help) exec /usr/bin/bwrap --help;; --version) echo bubblewrap 0.8.0; exit;; esac
+        while [ "$1" != "--" ]; do shift; done; shift
+        exec "$@" """,
+    # A real bwrap that binds the host's /tmp over the plan's private one.
+    "exposing": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        args=$1 fd=$2; shift 2
+        exec {REAL_BWRAP} "$args" "$fd" --bind /tmp /tmp "$@" """,
+    # Claims a sandbox that is really itself, then runs the command once unblocked.
+    "lying": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        echo "{{\\"child-pid\\": $$}}" >&4
+        exec 4>&-
+        head -c1 <&5 >/dev/null
+        while [ "$1" != "--" ]; do shift; done; shift
+        exec "$@" """,
+    # An old bwrap without the options nsconfine needs.
+    "old": """
+        echo 'usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]'
+        echo '    --bind SRC DEST'
+        echo '    --args FD'
+        exit 0""",
+    # Not an executable format at all.
+    "broken": None,
+}
+
+EXPECTED_REASONS = {
+    "failing": "max_user_namespaces",
+    "unconfining": "failed its canary session",
+    "exposing": "saw a file next to its bind that was never bound",
+    "lying": "not its child",
+    "old": "lacks --unshare-user",
+    "broken": "does not run",
+}
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    """Where the refused command would leave its trace."""
+    return tmp_path / "ws" / "command-ran"
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> nsconfine.Plan:
+    """A plain session's plan."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "run").mkdir()
+    return nsconfine.Session(workspace=tmp_path / "ws", run_dir=tmp_path / "run").plan()
+
+
+@pytest.fixture
+def use_bwrap(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Let a test point NSCONFINE_BWRAP somewhere; restored afterwards."""
+    yield
+    monkeypatch.delenv("NSCONFINE_BWRAP", raising=False)
+
+
+def _fake(tmp_path: Path, name: str) -> Path:
+    script = FAKES[name]
+    path = tmp_path / f"bwrap-{name}"
+    if script is None:
+        path.write_bytes(b"\x7fELF garbage")
+    else:
+        path.write_text("#!/bin/sh\n" + "\n".join(line.strip() for line in script.splitlines()))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(FAKES))
+def test_a_bad_bwrap_is_refused_and_runs_nothing(
+    tmp_path: Path, plan: nsconfine.Plan, marker: Path, name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Launching with a failing, unconfining, exposing, lying, old or broken bwrap refuses
+    with sandbox-unavailable and a reason, and the command never runs."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, name)))
+    with pytest.raises(nsconfine.SandboxUnavailable) as refused:
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"]).wait()
+    assert refused.value.code == "sandbox-unavailable"
+    assert EXPECTED_REASONS[name] in refused.value.message
+    assert not marker.exists()
+
+
+def test_the_real_bwrap_runs_the_command(plan: nsconfine.Plan, marker: Path) -> None:
+    """The marker check can fail: with the real bwrap the same command leaves its marker."""
+    assert nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"]).wait() == 0
+    assert marker.exists()
+
+
+def test_a_missing_bwrap_is_refused(
+    tmp_path: Path, plan: nsconfine.Plan, marker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No bwrap at NSCONFINE_BWRAP, or none on PATH, refuses and says how to install one."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(tmp_path / "no-such-bwrap"))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="cannot be used"):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
+    monkeypatch.delenv("NSCONFINE_BWRAP")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="apt-get install bubblewrap"):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
+    assert not marker.exists()
+
+
+def test_a_setuid_bwrap_is_refused(
+    tmp_path: Path, plan: nsconfine.Plan, marker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setuid bwrap is refused before it is ever run."""
+    copy = tmp_path / "bwrap-setuid"
+    shutil.copy(REAL_BWRAP, copy)
+    copy.chmod(0o755 | stat.S_ISUID)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(copy))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="setuid"):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
+    assert not marker.exists()
+
+
+def test_preflight_reports_the_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """preflight() says not ready, with the code and the reason, for a bad bwrap."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, "exposing")))
+    report = nsconfine.preflight()
+    assert not report.ready
+    assert report.to_json()["code"] == "sandbox-unavailable"
+    monkeypatch.delenv("NSCONFINE_BWRAP")
+    assert nsconfine.preflight().ready
+
+
+def test_a_changed_bwrap_is_proved_again(
+    tmp_path: Path, plan: nsconfine.Plan, marker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proved binary that is replaced in place is proved again, and refused if it is bad."""
+    path = tmp_path / "bwrap"
+    shutil.copy(REAL_BWRAP, path)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(path))
+    assert nsconfine.spawn(plan, ["/bin/true"]).wait() == 0
+    path.unlink()
+    path.write_text("#!/bin/sh\n" + "\n".join(s.strip() for s in FAKES["exposing"].splitlines()))
+    path.chmod(0o755)
+    with pytest.raises(nsconfine.SandboxUnavailable):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
+    assert not marker.exists()
+
+
+def test_a_refused_bind_runs_nothing(tmp_path: Path, marker: Path) -> None:
+    """A plan that binds a secret, built by hand past Session, is refused by spawn itself."""
+    with World(str(tmp_path / "world")).running() as world:
+        plan = world.plan()
+        secret = world.secrets["~/.ssh/id_ed25519"]
+        weakened = p.Plan.of([*plan.entries, p.ro_bind(secret, secret, "wants the key")],
+                             env=plan.env, chdir=plan.chdir, deny=plan.deny)
+        (tmp_path / "ws").mkdir()
+        with pytest.raises(nsconfine.PlanError, match=r"\.ssh"):
+            nsconfine.spawn(weakened, ["/bin/sh", "-c", f"touch {marker}"])
+    assert not marker.exists()
+
+
+def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, marker: Path) -> None:
+    """A harness whose content no longer matches its pin is refused before launch."""
+    with World(str(tmp_path / "world")).running() as world:
+        plan = world.plan()
+        with open(world.harness, "a") as harness:
+            harness.write(f"touch {marker}\n")
+        with pytest.raises(nsconfine.PlanError, match="sha256"):
+            nsconfine.spawn(plan, [world.harness])
+    assert not marker.exists()
+
+
+def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -> None:
+    """The launcher's own inheritable fds, at any number, are closed in the session."""
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    high = os.dup2(fds[0], 200)
+    try:
+        read_end, write_end = os.pipe()
+        sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", "ls /proc/self/fd"], stdout=write_end)
+        os.close(write_end)
+        assert sandbox.wait() == 0
+        listed = sorted(int(n) for n in os.read(read_end, 4096).split())
+        os.close(read_end)
+    finally:
+        for fd in [*fds, high]:
+            os.close(fd)
+    assert listed[:3] == [0, 1, 2] and len(listed) == 4  # ls's own directory fd is the 4th
