@@ -175,7 +175,9 @@ def _sleeping_session(tmp_path: Path, *, naive: bool) -> tuple[subprocess.Popen[
     )
     (tmp_path / "ws").mkdir()
     (tmp_path / "run").mkdir()
-    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(  # not from the source tree: it would shadow the install
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
     assert launcher.stdout is not None
     return launcher, int(launcher.stdout.readline())
 

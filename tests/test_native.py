@@ -249,6 +249,7 @@ def orphan_sleep(pdeathsig: int) -> int:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=HELPER_ENV,
+        cwd="/",  # -c puts the cwd first on sys.path; the source tree would shadow the install
     ) as helper:
         assert helper.stdout is not None
         pid = int(helper.stdout.readline())
@@ -321,6 +322,7 @@ def test_probe_user_namespace_names_unshare_when_refused(tmp_path: Path) -> None
         capture_output=True,
         text=True,
         env=HELPER_ENV,
+        cwd="/",  # -c puts the cwd first on sys.path; the source tree would shadow the install
         check=True,
     )
     syscall = "unshare(CLONE_NEWUSER)"
