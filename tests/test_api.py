@@ -1,0 +1,37 @@
+"""The public surface: what `import nsconfine` offers, and that the tests use the install."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nsconfine
+
+
+def test_public_names_are_pinned() -> None:
+    """__all__ is exactly the documented API, sorted."""
+    assert nsconfine.__all__ == sorted(nsconfine.__all__)
+    assert set(nsconfine.__all__) == {
+        "CredentialInsecure", "CredentialMissing", "DenyRule", "Entry", "EnvVar", "Harness",
+        "Kind", "Mode", "NsconfineError", "Origin", "Plan", "PlanError", "PreflightReport",
+        "Sandbox", "SandboxUnavailable", "Session", "UsageError", "__version__", "preflight",
+        "spawn",
+    }
+
+
+def test_errors_carry_stable_codes_and_builtin_bases() -> None:
+    """Each refusal has its code and exit status and is also the builtin it resembles."""
+    assert (nsconfine.PlanError.code, nsconfine.PlanError.exit_status) == ("plan-refused", 65)
+    assert issubclass(nsconfine.PlanError, ValueError)
+    assert nsconfine.SandboxUnavailable.code == "sandbox-unavailable"
+    assert nsconfine.SandboxUnavailable.exit_status == 69
+    assert issubclass(nsconfine.CredentialMissing, FileNotFoundError)
+    assert issubclass(nsconfine.CredentialInsecure, PermissionError)
+    assert {nsconfine.CredentialMissing.exit_status, nsconfine.CredentialInsecure.exit_status} == {78}
+    assert str(nsconfine.PlanError("no")) == "plan-refused: no"
+
+
+def test_the_tests_import_the_installed_package() -> None:
+    """The compiled layer is importable, i.e. the suite is not running the bare source tree."""
+    from nsconfine import _syscalls
+
+    assert Path(_syscalls.__file__).exists()
