@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nsconfine._errors import PlanError
 from nsconfine._plan import Entry, Kind, Mode, Plan
 
 ARGS_FD = 3  # the memfd holding the NUL-separated options
@@ -105,4 +106,7 @@ def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:
 
 def encode_options(options: Sequence[str]) -> bytes:
     """The NUL-terminated form bwrap's `--args` reads."""
-    return b"".join(option.encode("utf-8", "surrogateescape") + b"\0" for option in options)
+    encoded = b"".join(option.encode("utf-8", "surrogateescape") + b"\0" for option in options)
+    if encoded.count(0) != len(options):  # a NUL inside an option would split it in two
+        raise PlanError("an option holds a NUL byte; refusing to hand bwrap a forged option")
+    return encoded

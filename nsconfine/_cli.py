@@ -24,31 +24,57 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUI
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see nsconfine {self.prog.split()[-1]} --help)")
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def _add_session_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("session")
-    group.add_argument("--workspace", required=True, metavar="DIR",
-                       help="read-write; the working directory")
-    group.add_argument("--run-dir", required=True, metavar="DIR",
-                       help="read-write; HOME is created inside it")
-    group.add_argument("--ro", action="append", default=[], metavar="PATH",
-                       help="read-only file or dir the runner loads (repeatable)")
-    group.add_argument("--harness", action="append", default=[], metavar="PATH[@sha256:HEX]",
-                       help="read-only harness executable, pinned when a digest is given")
+    group.add_argument(
+        "--workspace", required=True, metavar="DIR", help="read-write; the working directory"
+    )
+    group.add_argument(
+        "--run-dir", required=True, metavar="DIR", help="read-write; HOME is created inside it"
+    )
+    group.add_argument(
+        "--ro",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="read-only file or dir the runner loads (repeatable)",
+    )
+    group.add_argument(
+        "--harness",
+        action="append",
+        default=[],
+        metavar="PATH[@sha256:HEX]",
+        help="read-only harness executable, pinned when a digest is given",
+    )
     group.add_argument("--tool-socket", metavar="PATH", help="a unix socket the session reaches")
-    group.add_argument("--env", action="append", default=[], metavar="NAME",
-                       help="pass NAME's value from this environment (repeatable)")
-    group.add_argument("--credential", metavar="FILE",
-                       help="KEY=VALUE file, owned by you, mode 0600")
-    group.add_argument("--deny", action="append", default=[], metavar="PATH",
-                       help="another host path no bind may expose (repeatable)")
+    group.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="pass NAME's value from this environment (repeatable)",
+    )
+    group.add_argument(
+        "--credential", metavar="FILE", help="KEY=VALUE file, owned by you, mode 0600"
+    )
+    group.add_argument(
+        "--deny",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another host path no bind may expose (repeatable)",
+    )
 
 
 def _parser() -> _Parser:
-    parser = _Parser(prog="nsconfine", description="Confine a session with bubblewrap.",
-                     epilog="NSCONFINE_BWRAP=PATH selects the bwrap (default: bwrap on PATH).")
+    parser = _Parser(
+        prog="nsconfine",
+        description="Confine a session with bubblewrap.",
+        epilog="NSCONFINE_BWRAP=PATH selects the bwrap (default: bwrap on PATH).",
+    )
     commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
     check = commands.add_parser("check", help="preflight: is this host ready to confine?")
     check.add_argument("--json", action="store_true")
@@ -56,9 +82,12 @@ def _parser() -> _Parser:
     _add_session_options(plan)
     shown = plan.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="the manifest as JSON")
-    shown.add_argument("--bwrap-args", action="store_true",
-                       help="the options bwrap reads from --args 3, as a JSON array "
-                       "(values from --env and the credential file shown as (hidden))")
+    shown.add_argument(
+        "--bwrap-args",
+        action="store_true",
+        help="the options bwrap reads from --args 3, as a JSON array "
+        "(values from --env and the credential file shown as (hidden))",
+    )
     run = commands.add_parser("run", help="run a command confined")
     _add_session_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")

@@ -15,7 +15,8 @@ from nsconfine._errors import CredentialInsecure, CredentialMissing
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MAX_BYTES = 64 * 1024
-_DOUBLE_QUOTED_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "$": "$", "`": "`"}
+# As systemd: inside double quotes only these lose their backslash; others keep it.
+_DOUBLE_QUOTED_ESCAPES = frozenset('\\"$`')
 
 
 def read_credential(path: str) -> dict[str, str]:
@@ -39,6 +40,9 @@ def read_credential(path: str) -> dict[str, str]:
         os.close(fd)
     if len(raw) > _MAX_BYTES:
         raise CredentialInsecure(f"credential file {path} is larger than {_MAX_BYTES} bytes")
+    if b"\0" in raw:
+        # No environment can carry a NUL, and bwrap's --args stream is NUL-separated.
+        raise CredentialInsecure(f"credential file {path} contains a NUL byte: remove it")
     variables = parse_environment_file(raw.decode("utf-8", "surrogateescape"), path)
     if not variables:
         raise CredentialMissing(f"credential file {path} holds no KEY=VALUE line: add one")
@@ -97,7 +101,7 @@ def _unquote(value: str, path: str, number: int) -> str:
     for character in characters:
         if character == "\\":
             escaped = next(characters, "\\")
-            out.append(_DOUBLE_QUOTED_ESCAPES.get(escaped, "\\" + escaped))
+            out.append(escaped if escaped in _DOUBLE_QUOTED_ESCAPES else "\\" + escaped)
         else:
             out.append(character)
     return "".join(out)

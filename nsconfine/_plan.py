@@ -54,7 +54,8 @@ class Entry:
     def __post_init__(self) -> None:
         if not self.reason.strip():
             raise PlanError(f"entry for {self.dest!r} has no reason: every entry must say why")
-        if not self.dest.startswith("/") or posixpath.normpath(self.dest) != self.dest:
+        normalized = posixpath.normpath(self.dest)
+        if not self.dest.startswith("/") or normalized != self.dest or self.dest.startswith("//"):
             raise PlanError(f"destination {self.dest!r} must be an absolute, normalized path")
         if "\0" in self.dest or "\0" in self.source:
             raise PlanError(f"destination or source of {self.dest!r} contains a NUL byte")
@@ -159,6 +160,11 @@ class EnvVar:
     value: str = field(repr=False)
     origin: Origin
 
+    def __post_init__(self) -> None:
+        # bwrap reads its options NUL-separated: a NUL here would smuggle in options.
+        if not self.name or "=" in self.name or "\0" in self.name or "\0" in self.value:
+            raise PlanError(f"environment variable {self.name!r} has an invalid name or value")
+
     def to_json(self) -> dict[str, str]:
         """The manifest form: the value only when nsconfine chose it, so no secret is printed."""
         shown = self.value if self.origin is Origin.NSCONFINE else "(hidden)"
@@ -240,9 +246,7 @@ class Plan:
     def manifest(self) -> str:
         """The manifest as a table a reviewer reads, then the environment and deny rules."""
         rows = [("KIND", "MODE", "DEST", "SOURCE", "REASON")]
-        rows += [
-            (str(e.kind), str(e.mode), e.dest, e.source_label, e.reason) for e in self.entries
-        ]
+        rows += [(str(e.kind), str(e.mode), e.dest, e.source_label, e.reason) for e in self.entries]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [
             "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))

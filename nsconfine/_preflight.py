@@ -24,29 +24,51 @@ from nsconfine._errors import NsconfineError, SandboxUnavailable
 from nsconfine._executor import launch
 from nsconfine._session import Session, build_plan
 
+CHECK_ORDER: Final = ("bwrap", "options", "user-namespaces", "canary")
 CANARY_VERSION: Final = 1  # bump when the canary's checks change: old proofs no longer count
 CANARY_TIMEOUT_SECONDS: Final = 20.0
 INSTALL_HINT: Final = "install bubblewrap (apt-get install bubblewrap) or set NSCONFINE_BWRAP"
 
 # bwrap's own error lines (after "bwrap: ") and what each means on this host.
 BWRAP_FAILURES: Final = (
-    ("setting up uid map: Permission denied", "Ubuntu's AppArmor forbids unprivileged user "
-     "namespaces (kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile "
-     "for bwrap that allows userns, or set that sysctl to 0"),
-    ("loopback: Failed RTM_NEWADDR", "Ubuntu's AppArmor forbids unprivileged user namespaces "
-     "(kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile for bwrap "
-     "that allows userns, or set that sysctl to 0"),
-    ("max_*_namespaces exceeded", "user namespaces are switched off "
-     "(user.max_user_namespaces=0): set sysctl user.max_user_namespaces=15000"),
-    ("No permissions to creat", "unprivileged user namespaces are forbidden "
-     "(kernel.unprivileged_userns_clone=0, or a container's seccomp profile): set that sysctl "
-     "to 1, or allow unshare/clone in the container"),
-    ("Creating new namespace failed: Operation not permitted", "this looks like root in a "
-     "container without CAP_SYS_ADMIN: allow user namespaces in the container"),
-    ("must be installed setuid", "the kernel has no user namespaces (CONFIG_USER_NS): "
-     "nsconfine needs them and refuses a setuid bwrap"),
-    ("Can't mount proc on /newroot/proc", "/proc is masked (a container): run the container "
-     "with an unmasked /proc, e.g. --security-opt systempaths=unconfined"),
+    (
+        "setting up uid map: Permission denied",
+        "Ubuntu's AppArmor forbids unprivileged user "
+        "namespaces (kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile "
+        "for bwrap that allows userns, or set that sysctl to 0",
+    ),
+    (
+        "loopback: Failed RTM_NEWADDR",
+        "Ubuntu's AppArmor forbids unprivileged user namespaces "
+        "(kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile for bwrap "
+        "that allows userns, or set that sysctl to 0",
+    ),
+    (
+        "max_*_namespaces exceeded",
+        "user namespaces are switched off "
+        "(user.max_user_namespaces=0): set sysctl user.max_user_namespaces=15000",
+    ),
+    (
+        "No permissions to creat",
+        "unprivileged user namespaces are forbidden "
+        "(kernel.unprivileged_userns_clone=0, or a container's seccomp profile): set that sysctl "
+        "to 1, or allow unshare/clone in the container",
+    ),
+    (
+        "Creating new namespace failed: Operation not permitted",
+        "this looks like root in a "
+        "container without CAP_SYS_ADMIN: allow user namespaces in the container",
+    ),
+    (
+        "must be installed setuid",
+        "the kernel has no user namespaces (CONFIG_USER_NS): "
+        "nsconfine needs them and refuses a setuid bwrap",
+    ),
+    (
+        "Can't mount proc on /newroot/proc",
+        "/proc is masked (a container): run the container "
+        "with an unmasked /proc, e.g. --security-opt systempaths=unconfined",
+    ),
 )
 
 
@@ -116,8 +138,16 @@ def binary_identity(path: str) -> str:
             f"namespaces only and will not run a privileged bwrap; chmod u-s,g-s {real} or "
             "install Debian's bubblewrap package"
         )
-    fields = (CANARY_VERSION, os.geteuid(), real, info.st_dev, info.st_ino, info.st_size,
-              info.st_mtime_ns, info.st_ctime_ns)
+    fields = (
+        CANARY_VERSION,
+        os.geteuid(),
+        real,
+        info.st_dev,
+        info.st_ino,
+        info.st_size,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    )
     return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
@@ -179,15 +209,19 @@ def _explain_userns(error: _syscalls.SyscallError) -> str:
         if error.errno in (errno.EINVAL, errno.ENOSYS):
             return "the kernel was built without user namespaces (CONFIG_USER_NS)"
         if error.errno == errno.EPERM and os.geteuid() == 0:
-            return ("root without CAP_SYS_ADMIN, as in a container: allow user namespaces "
-                    "in the container (its seccomp profile and capabilities)")
+            return (
+                "root without CAP_SYS_ADMIN, as in a container: allow user namespaces "
+                "in the container (its seccomp profile and capabilities)"
+            )
         if error.errno == errno.ENOSPC:
             return "the user namespace limit is reached; raise user.max_user_namespaces"
         return "a seccomp filter or security module forbids them; allow unshare(CLONE_NEWUSER)"
     if _read_sysctl("kernel/apparmor_restrict_unprivileged_userns") == "1":
-        return ("Ubuntu's AppArmor restricts unprivileged user namespaces "
-                "(kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile "
-                "for bwrap that allows userns, or set that sysctl to 0")
+        return (
+            "Ubuntu's AppArmor restricts unprivileged user namespaces "
+            "(kernel.apparmor_restrict_unprivileged_userns=1): add an AppArmor profile "
+            "for bwrap that allows userns, or set that sysctl to 0"
+        )
     return "the new namespace cannot map the caller's uid; a security module forbids it"
 
 
@@ -341,12 +375,14 @@ def preflight() -> PreflightReport:
     report = PreflightReport()
     try:
         report.bwrap = find_bwrap()
-        report.checks.append(Check("bwrap", True, report.bwrap))
         identity = binary_identity(report.bwrap)
+        report.checks.append(Check("bwrap", True, report.bwrap))
         run_checks(report.bwrap, report)
         _remember(identity)
         _proven.add(identity)
     except SandboxUnavailable as refused:
         report.error = refused
-        report.checks.append(Check("refused", False, refused.message))
+        passed = {check.name for check in report.checks}
+        failed = next(name for name in CHECK_ORDER if name not in passed)
+        report.checks.append(Check(failed, False, refused.message))
     return report

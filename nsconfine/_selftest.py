@@ -44,8 +44,9 @@ class Launcher(Protocol):
     ) -> Sandbox: ...
 
 
-def unchecked_launcher(plan: Plan, argv: Sequence[str], *, stdout: Stdio = None,
-                       stderr: Stdio = None) -> Sandbox:
+def unchecked_launcher(
+    plan: Plan, argv: Sequence[str], *, stdout: Stdio = None, stderr: Stdio = None
+) -> Sandbox:
     """Launch without the lint: only for weakened plans that must expose what the lint refuses."""
     return launch(proven_bwrap(), plan, argv, stdout=stdout, stderr=stderr)
 
@@ -86,8 +87,9 @@ def _quote(path: str) -> str:
 def _add(*entries: p.Entry) -> Callable[[Plan], Plan]:
     def weaken(plan: Plan) -> Plan:
         kept = [e for e in plan.entries if e.dest not in {n.dest for n in entries}]
-        return dataclasses.replace(plan, entries=tuple(sorted(
-            [*kept, *entries], key=p._execution_order)))
+        return dataclasses.replace(
+            plan, entries=tuple(sorted([*kept, *entries], key=p._execution_order))
+        )
 
     return weaken
 
@@ -215,15 +217,21 @@ class World:
             _add(p.ro_bind(path, path, "weakened: exposes a secret")),
         )
 
-    def _write_probe(self, name: str, path: str, weaken: Callable[[Plan], Plan],
-                     expect_allowed: bool = False) -> Probe:
+    def _write_probe(
+        self, name: str, path: str, weaken: Callable[[Plan], Plan], expect_allowed: bool = False
+    ) -> Probe:
         mark = f"written {self.token} {len(name)}"
 
         def judge(outcome: Outcome) -> bool:
             return mark in (_read(path) or "")
 
-        return Probe(f"write {name}", expect_allowed,
-                     f"printf '%s\\n' '{mark}' >> {_quote(path)}", judge, weaken)
+        return Probe(
+            f"write {name}",
+            expect_allowed,
+            f"printf '%s\\n' '{mark}' >> {_quote(path)}",
+            judge,
+            weaken,
+        )
 
     def _write_refusals(self) -> list[Probe]:
         other_ws = os.path.dirname(self.secrets["another session's workspace"])
@@ -233,31 +241,51 @@ class World:
         in_sandbox = "weakened: the root stays writable"
         return [
             self._write_probe("/usr", usr_file, _add(p.rw_bind("/usr", "/usr", "weakened"))),
-            Probe("write /etc", False, f"echo x > {etc_file}",
-                  lambda outcome: outcome.status == 0 or os.path.exists(etc_file),
-                  _drop("/")),
-            self._write_probe("the runner's file", self.runner_file,
-                              _add(p.rw_bind(self.runner_file, self.runner_file, "weakened"))),
-            self._write_probe("another session's workspace", os.path.join(other_ws, "planted"),
-                              _add(p.rw_bind(other_ws, other_ws, "weakened"))),
-            self._write_probe("the home", os.path.join(self.home, "planted"),
-                              _add(p.rw_bind(self.home, self.home, "weakened"))),
-            self._write_probe("the host's /tmp", host_tmp,
-                              _add(p.rw_bind("/tmp", "/tmp", in_sandbox))),
+            Probe(
+                "write /etc",
+                False,
+                f"echo x > {etc_file}",
+                lambda outcome: outcome.status == 0 or os.path.exists(etc_file),
+                _drop("/"),
+            ),
+            self._write_probe(
+                "the runner's file",
+                self.runner_file,
+                _add(p.rw_bind(self.runner_file, self.runner_file, "weakened")),
+            ),
+            self._write_probe(
+                "another session's workspace",
+                os.path.join(other_ws, "planted"),
+                _add(p.rw_bind(other_ws, other_ws, "weakened")),
+            ),
+            self._write_probe(
+                "the home",
+                os.path.join(self.home, "planted"),
+                _add(p.rw_bind(self.home, self.home, "weakened")),
+            ),
+            self._write_probe(
+                "the host's /tmp", host_tmp, _add(p.rw_bind("/tmp", "/tmp", in_sandbox))
+            ),
         ]
 
     def _process_and_fd_refusals(self) -> list[Probe]:
         marker = f"host-{self.token}"
         fd_truth = _read(self.secrets["~/.ssh/id_ed25519"])
         return [
-            Probe("see host processes", False,
-                  "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '",
-                  lambda outcome: marker in outcome.stdout,
-                  _add(p.ro_bind("/proc", "/proc", "weakened: the host's /proc"))),
-            Probe("use an fd the launcher leaked", False,
-                  f"cat /proc/self/fd/{self.leaked_fd}",
-                  lambda outcome: outcome.status == 0 and outcome.stdout == fd_truth,
-                  lambda plan: plan),  # the weakening is the launcher's, not the plan's
+            Probe(
+                "see host processes",
+                False,
+                "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '",
+                lambda outcome: marker in outcome.stdout,
+                _add(p.ro_bind("/proc", "/proc", "weakened: the host's /proc")),
+            ),
+            Probe(
+                "use an fd the launcher leaked",
+                False,
+                f"cat /proc/self/fd/{self.leaked_fd}",
+                lambda outcome: outcome.status == 0 and outcome.stdout == fd_truth,
+                lambda plan: plan,
+            ),  # the weakening is the launcher's, not the plan's
         ]
 
     def _needs(self) -> list[Probe]:
@@ -269,33 +297,69 @@ class World:
             "print(s.recv(100).decode(), end='')"
         )
         return [
-            Probe("read its workspace", True, "cat input.txt",
-                  lambda outcome: outcome.stdout == input_truth,
-                  _drop(self.workspace, chdir="/")),
-            self._write_probe("its workspace", os.path.join(self.workspace, "out.txt"),
-                              _drop(self.workspace, chdir="/"), expect_allowed=True),
-            self._write_probe("its run dir", os.path.join(self.run_dir, "state"),
-                              _drop(self.run_dir), expect_allowed=True),
-            Probe("write its empty HOME", True,
-                  'test -z "$(ls -A "$HOME")" && echo ok > "$HOME/made"',
-                  lambda outcome: _read(os.path.join(home, "made")) == "ok\n",
-                  _drop(self.run_dir)),
-            Probe("read the runner's file", True, f"cat {_quote(self.runner_file)}",
-                  lambda outcome: outcome.stdout == runner_truth, _drop(self.runner_file)),
-            Probe("run its pinned harness", True, _quote(self.harness),
-                  lambda outcome: outcome.stdout == f"harness {self.token}\n",
-                  _drop(self.harness)),
-            Probe("reach its tool socket", True,
-                  f"python3 -c {_quote(client)} {_quote(self.tool_socket)}",
-                  lambda outcome: outcome.stdout == f"pong {self.token}",
-                  _drop(self.tool_socket)),
-            Probe("get its credential", True, 'printf %s "$ANTHROPIC_API_KEY"',
-                  lambda outcome: outcome.stdout == f"sk-stand-in-{self.token}",
-                  lambda plan: dataclasses.replace(plan, env=tuple(
-                      v for v in plan.env if v.name != "ANTHROPIC_API_KEY"))),
-            Probe("exit with its command's status", True, "exit 42",
-                  lambda outcome: outcome.status == 42,
-                  lambda plan: dataclasses.replace(plan, chdir="/nonexistent")),
+            Probe(
+                "read its workspace",
+                True,
+                "cat input.txt",
+                lambda outcome: outcome.stdout == input_truth,
+                _drop(self.workspace, chdir="/"),
+            ),
+            self._write_probe(
+                "its workspace",
+                os.path.join(self.workspace, "out.txt"),
+                _drop(self.workspace, chdir="/"),
+                expect_allowed=True,
+            ),
+            self._write_probe(
+                "its run dir",
+                os.path.join(self.run_dir, "state"),
+                _drop(self.run_dir),
+                expect_allowed=True,
+            ),
+            Probe(
+                "write its empty HOME",
+                True,
+                'test -z "$(ls -A "$HOME")" && echo ok > "$HOME/made"',
+                lambda outcome: _read(os.path.join(home, "made")) == "ok\n",
+                _drop(self.run_dir),
+            ),
+            Probe(
+                "read the runner's file",
+                True,
+                f"cat {_quote(self.runner_file)}",
+                lambda outcome: outcome.stdout == runner_truth,
+                _drop(self.runner_file),
+            ),
+            Probe(
+                "run its pinned harness",
+                True,
+                _quote(self.harness),
+                lambda outcome: outcome.stdout == f"harness {self.token}\n",
+                _drop(self.harness),
+            ),
+            Probe(
+                "reach its tool socket",
+                True,
+                f"python3 -c {_quote(client)} {_quote(self.tool_socket)}",
+                lambda outcome: outcome.stdout == f"pong {self.token}",
+                _drop(self.tool_socket),
+            ),
+            Probe(
+                "get its credential",
+                True,
+                'printf %s "$ANTHROPIC_API_KEY"',
+                lambda outcome: outcome.stdout == f"sk-stand-in-{self.token}",
+                lambda plan: dataclasses.replace(
+                    plan, env=tuple(v for v in plan.env if v.name != "ANTHROPIC_API_KEY")
+                ),
+            ),
+            Probe(
+                "exit with its command's status",
+                True,
+                "exit 42",
+                lambda outcome: outcome.status == 42,
+                lambda plan: dataclasses.replace(plan, chdir="/nonexistent"),
+            ),
         ]
 
 
@@ -316,8 +380,9 @@ def run_script(plan: Plan, script: str, launcher: Launcher = spawn) -> Outcome:
             status = sandbox.wait()
         out.seek(0)
         err.seek(0)
-        return Outcome(status, out.read().decode(errors="replace"),
-                       err.read().decode(errors="replace"))
+        return Outcome(
+            status, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        )
 
 
 def unexplained_mounts(mountinfo: str, plan: Plan) -> list[str]:
@@ -342,13 +407,26 @@ def run_selftest(*, as_json: bool = False) -> int:
             plan = world.plan()
             for probe in world.probes():
                 allowed, outcome = run_probe(plan, probe)
-                rows.append({"check": probe.name, "expected": _word(probe.expect_allowed),
-                             "observed": _word(allowed), "ok": allowed == probe.expect_allowed})
+                ok = allowed == probe.expect_allowed
+                row: dict[str, Any] = {
+                    "check": probe.name,
+                    "expected": _word(probe.expect_allowed),
+                    "observed": _word(allowed),
+                    "ok": ok,
+                }
+                if not ok:  # what the session said, for whoever has to fix the host
+                    row["detail"] = f"status {outcome.status}: {outcome.stderr.strip()[-300:]}"
+                rows.append(row)
             mountinfo = run_script(plan, "cat /proc/self/mountinfo").stdout
             extra = unexplained_mounts(mountinfo, plan)
-            rows.append({"check": "every mount is a plan entry", "expected": "yes",
-                         "observed": "yes" if not extra else f"no: {', '.join(extra)}",
-                         "ok": not extra and bool(mountinfo)})
+            rows.append(
+                {
+                    "check": "every mount is a plan entry",
+                    "expected": "yes",
+                    "observed": "yes" if not extra else f"no: {', '.join(extra)}",
+                    "ok": not extra and bool(mountinfo),
+                }
+            )
     failed = [row for row in rows if not row["ok"]]
     if as_json:
         print(json.dumps({"ok": not failed, "checks": rows}, indent=2))
@@ -356,9 +434,10 @@ def run_selftest(*, as_json: bool = False) -> int:
         width = max(len(row["check"]) for row in rows)
         print(f"{'CHECK'.ljust(width)}  EXPECTED  OBSERVED  RESULT")
         for row in rows:
-            verdict = "ok" if row["ok"] else "FAIL"
-            print(f"{row['check'].ljust(width)}  {row['expected']:8}  {row['observed']:8}  "
-                  f"{verdict}")
+            verdict = "ok" if row["ok"] else f"FAIL {row.get('detail', '')}"
+            print(
+                f"{row['check'].ljust(width)}  {row['expected']:8}  {row['observed']:8}  {verdict}"
+            )
         print(f"\n{len(rows) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 

@@ -91,7 +91,9 @@ class Session:
         deny: Iterable[str | os.PathLike[str]] = (),
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
-            return os.path.abspath(os.fspath(value))
+            absolute = os.path.abspath(os.fspath(value))
+            # POSIX lets a path keep a leading "//"; inside the sandbox it is plain "/".
+            return "/" + absolute.lstrip("/")
 
         harnesses = tuple(
             h if isinstance(h, Harness) else Harness.parse(os.fspath(h)) for h in harness
@@ -185,8 +187,10 @@ def system_entries(home: str) -> list[p.Entry]:
         p.proc("/proc", "a procfs of the sandbox's own pid namespace: no host processes"),
         p.dev("/dev", "null, zero, random, tty and pts only: no host devices"),
         p.tmpfs("/tmp", "a private /tmp: nothing shared with the host or other sessions"),
-        p.remount_ro("/", "the sandbox's root is read-only: nothing can be written outside "
-                     "the writable mounts"),
+        p.remount_ro(
+            "/",
+            "the sandbox's root is read-only: nothing can be written outside the writable mounts",
+        ),
     ]
     return entries
 
@@ -239,8 +243,11 @@ def session_entries(session: Session) -> list[p.Entry]:
         if not stat.S_ISSOCK(os.stat(session.tool_socket).st_mode):
             raise PlanError(f"the tool socket {session.tool_socket} is not a unix socket")
         entries.append(
-            p.ro_bind(session.tool_socket, session.tool_socket, "the tool socket the session "
-                      "calls (connecting needs no write access to the mount)")
+            p.ro_bind(
+                session.tool_socket,
+                session.tool_socket,
+                "the tool socket the session calls (connecting needs no write access to the mount)",
+            )
         )
     entries.append(p.rw_bind(session.workspace, session.workspace, "the session's workspace"))
     if session.run_dir != session.workspace:

@@ -11,9 +11,25 @@ def test_public_names_are_pinned() -> None:
     """__all__ is exactly the documented API, sorted."""
     assert nsconfine.__all__ == sorted(nsconfine.__all__)
     assert set(nsconfine.__all__) == {
-        "CredentialInsecure", "CredentialMissing", "DenyRule", "Entry", "EnvVar", "Harness",
-        "Kind", "Mode", "NsconfineError", "Origin", "Plan", "PlanError", "PreflightReport",
-        "Sandbox", "SandboxUnavailable", "Session", "UsageError", "__version__", "preflight",
+        "CredentialInsecure",
+        "CredentialMissing",
+        "DenyRule",
+        "Entry",
+        "EnvVar",
+        "Harness",
+        "Kind",
+        "Mode",
+        "NsconfineError",
+        "Origin",
+        "Plan",
+        "PlanError",
+        "PreflightReport",
+        "Sandbox",
+        "SandboxUnavailable",
+        "Session",
+        "UsageError",
+        "__version__",
+        "preflight",
         "spawn",
     }
 
@@ -26,7 +42,9 @@ def test_errors_carry_stable_codes_and_builtin_bases() -> None:
     assert nsconfine.SandboxUnavailable.exit_status == 69
     assert issubclass(nsconfine.CredentialMissing, FileNotFoundError)
     assert issubclass(nsconfine.CredentialInsecure, PermissionError)
-    assert {nsconfine.CredentialMissing.exit_status, nsconfine.CredentialInsecure.exit_status} == {78}
+    assert {nsconfine.CredentialMissing.exit_status, nsconfine.CredentialInsecure.exit_status} == {
+        78
+    }
     assert str(nsconfine.PlanError("no")) == "plan-refused: no"
 
 

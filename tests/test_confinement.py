@@ -7,7 +7,6 @@ flip. A probe that cannot flip proves nothing, so its twin is part of the proof.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import os
 import signal
@@ -36,6 +35,7 @@ from nsconfine._preflight import proven_bwrap
 from nsconfine._selftest import World, run_probe, run_script, unexplained_mounts
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
@@ -163,7 +163,7 @@ def _sleeping_session(tmp_path: Path, *, naive: bool) -> tuple[subprocess.Popen[
         import sys, time
         from nsconfine import Session, spawn
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        plan = Session(workspace={str(tmp_path / 'ws')!r}, run_dir={str(tmp_path / 'run')!r}).plan()
+        plan = Session(workspace={str(tmp_path / "ws")!r}, run_dir={str(tmp_path / "run")!r}).plan()
         if {naive!r}:
             from test_confinement import naive_launch
             sandbox = naive_launch(plan, ["/bin/sleep", "600"])
@@ -196,7 +196,7 @@ def _tree_after_launcher_dies(launcher: subprocess.Popen[str], bwrap_pid: int) -
     launcher.wait()
     assert launcher.stdout is not None
     launcher.stdout.close()
-    gone, alive = psutil.wait_procs(tree, timeout=5)
+    _, alive = psutil.wait_procs(tree, timeout=5)
     survivors = [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     for process in alive:
         process.kill()

@@ -1,0 +1,146 @@
+"""Plan → bwrap arguments, pinned exactly: what bwrap reads is what the manifest says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nsconfine import _plan as p
+from nsconfine._bwrap_args import (
+    NAMESPACE_OPTIONS,
+    bwrap_command_line,
+    bwrap_options,
+    data_entries,
+    encode_options,
+)
+from nsconfine._plan import EnvVar, Kind, Origin, Plan
+from nsconfine._session import Session, build_plan
+
+PASSWD = b"root:x:0:0::/tmp/home:/bin/sh\n"
+GROUP = b"root:x:0:\n"
+
+
+def small_plan() -> Plan:
+    """One entry of every kind, two of them data, given out of execution order."""
+    return Plan.of(
+        [
+            p.remount_ro("/", "read-only root"),
+            p.rw_bind("/srv/ws", "/srv/ws", "the workspace"),
+            p.data(PASSWD, "/etc/passwd", "names root only"),
+            p.tmpfs("/tmp", "a private /tmp"),
+            p.ro_bind("/usr", "/usr", "system programs"),
+            p.symlink("usr/bin", "/bin", "merged /usr"),
+            p.data(GROUP, "/etc/group", "names root's group only"),
+            p.directory("/tmp/home", "an empty HOME"),
+            p.proc("/proc", "own pids"),
+            p.dev("/dev", "harmless devices"),
+        ],
+        env=[
+            EnvVar("HOME", "/tmp/home", Origin.NSCONFINE),
+            EnvVar("TOKEN", "s3cret value", Origin.CREDENTIAL),
+        ],
+        chdir="/srv/ws",
+    )
+
+
+def test_golden_options_of_a_small_plan() -> None:
+    """A small plan becomes exactly this option list, in this order."""
+    assert bwrap_options(small_plan()) == [
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+        "--setenv", "HOME", "/tmp/home",
+        "--setenv", "TOKEN", "s3cret value",
+        "--info-fd", "4",
+        "--block-fd", "5",
+        "--tmpfs", "/tmp",
+        "--ro-bind", "/usr", "/usr",
+        "--symlink", "usr/bin", "/bin",
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--bind", "/srv/ws", "/srv/ws",
+        "--ro-bind-data", "6", "/etc/passwd",
+        "--ro-bind-data", "7", "/etc/group",
+        "--dir", "/tmp/home",
+        "--remount-ro", "/",
+        "--chdir", "/srv/ws",
+    ]  # fmt: skip
+
+
+def test_data_fds_follow_data_entries_in_plan_order() -> None:
+    """The nth data entry the launcher hands over is the one bwrap reads from fd 6+n."""
+    plan = small_plan()
+    options = bwrap_options(plan)
+    for number, entry in enumerate(data_entries(plan), start=6):
+        index = options.index(entry.dest)
+        assert options[index - 2 : index] == ["--ro-bind-data", str(number)]
+    assert [e.content for e in data_entries(plan)] == [PASSWD, GROUP]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["/bin/true"], ["--dev-bind", "/", "/"], ["--", "x"], ["--args", "3"], ["sh", "-c", "--"]],
+)
+def test_command_line_always_puts_the_command_after_double_dash(argv: list[str]) -> None:
+    """The command follows `--`, so a command that looks like a bwrap option stays a command."""
+    assert bwrap_command_line("/usr/bin/bwrap", argv) == [
+        "/usr/bin/bwrap",
+        "--args",
+        "3",
+        "--",
+        *argv,
+    ]
+
+
+def test_encode_options_is_nul_terminated() -> None:
+    """Every option is followed by one NUL byte, the last one included."""
+    assert encode_options(["--setenv", "A", "b c", ""]) == b"--setenv\0A\0b c\0\0"
+    assert encode_options([]) == b""
+    assert encode_options(["\udcff"]) == b"\xff\0"  # undecodable path bytes survive
+    assert encode_options(bwrap_options(small_plan())).count(b"\0") == len(
+        bwrap_options(small_plan())
+    )
+
+
+@pytest.fixture
+def session_plan(tmp_path: Path) -> Plan:
+    """The plan of a plain session on a workspace and run directory in tmp_path."""
+    workspace, run_dir = tmp_path / "ws", tmp_path / "run"
+    workspace.mkdir()
+    run_dir.mkdir()
+    return build_plan(Session(workspace=workspace, run_dir=run_dir), environ={})
+
+
+def test_session_plan_unshares_every_namespace_but_the_network(session_plan: Plan) -> None:
+    """A session's options have every namespace option and no network switch either way."""
+    options = bwrap_options(session_plan)
+    assert options[: len(NAMESPACE_OPTIONS)] == list(NAMESPACE_OPTIONS)
+    assert {"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"} <= set(options)
+    for absent in ("--unshare-net", "--share-net", "--unshare-all", "--unshare-user-try"):
+        assert absent not in options
+
+
+def test_session_plan_never_binds_the_host_root(session_plan: Plan) -> None:
+    """No bind option of a session's plan has `/` as its source."""
+    options = bwrap_options(session_plan)
+    for index, option in enumerate(options):
+        if option in ("--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try"):
+            assert options[index + 1] != "/", options[index : index + 3]
+    assert "--dev-bind" not in options
+    assert options[-4:-2] == ["--remount-ro", "/"]
+
+
+def test_session_plan_data_fds_are_numbered_from_six(session_plan: Plan) -> None:
+    """A session's generated files (passwd, group) are read from fds 6, 7, … in order."""
+    options = bwrap_options(session_plan)
+    fds = [options[i + 1] for i, option in enumerate(options) if option == "--ro-bind-data"]
+    assert fds == [str(6 + n) for n in range(len(data_entries(session_plan)))]
+    assert len(fds) == sum(1 for e in session_plan.entries if e.kind is Kind.DATA) >= 2

@@ -1,0 +1,299 @@
+"""The command line, run as a program: exit statuses, one-line refusals, and nothing runs when
+a launch is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """This environment without a bwrap override, plus extra."""
+    env = {k: v for k, v in os.environ.items() if k != "NSCONFINE_BWRAP"}
+    env.update(extra)
+    return env
+
+
+def nsconfine(
+    *args: str | Path, env: dict[str, str] | None = None, program: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a fresh interpreter, from a neutral directory, and capture its output."""
+    command = [*(program or (sys.executable, "-m", "nsconfine")), *map(str, args)]
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env=base_env() if env is None else env,
+        cwd="/",
+        timeout=60,
+        check=False,
+    )
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], status: int, code: str) -> str:
+    """Check a refusal: its status, exactly one stderr line `nsconfine: CODE: …`, no traceback;
+    return that line."""
+    assert result.returncode == status, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"nsconfine: {code}: "), lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    return lines[0]
+
+
+@dataclass(frozen=True)
+class Dirs:
+    """A session's workspace and run directory, and the marker a refused command must not make."""
+
+    workspace: Path
+    run_dir: Path
+    root: Path
+
+    @property
+    def marker(self) -> Path:
+        """The file the marker command creates."""
+        return self.workspace / "MARKER"
+
+    @property
+    def session(self) -> list[str]:
+        """The session options."""
+        return ["--workspace", str(self.workspace), "--run-dir", str(self.run_dir)]
+
+    @property
+    def marker_command(self) -> list[str]:
+        """A command whose only effect is to create the marker."""
+        return ["--", "/bin/sh", "-c", f"touch {self.marker}"]
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Dirs:
+    """A fresh workspace and run directory."""
+    workspace, run_dir = tmp_path / "ws", tmp_path / "run"
+    workspace.mkdir()
+    run_dir.mkdir()
+    return Dirs(workspace, run_dir, tmp_path)
+
+
+def write_credential(path: Path, content: str, mode: int = 0o600) -> Path:
+    """A credential file with content and mode."""
+    path.write_text(content)
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["frob"], id="unknown-subcommand"),
+        pytest.param([], id="no-subcommand"),
+        pytest.param(["plan", "--run-dir", "/tmp"], id="plan-missing-workspace"),
+        pytest.param(["run", "--run-dir", "/tmp", "--", "true"], id="run-missing-workspace"),
+        pytest.param(["check", "--bogus"], id="unknown-option"),
+        pytest.param(
+            ["plan", "--workspace", "/tmp", "--run-dir", "/tmp", "--json", "--bwrap-args"],
+            id="exclusive-options",
+        ),
+    ],
+)
+def test_usage_error_is_one_line_exit_64(args: list[str]) -> None:
+    """A malformed command line exits 64 with one `nsconfine: usage:` line and no traceback."""
+    assert_refused(nsconfine(*args), 64, "usage")
+
+
+def test_top_level_usage_hint_names_a_real_command() -> None:
+    """The hint after a top-level usage error is a command that exists: `nsconfine --help`."""
+    line = assert_refused(nsconfine("frob"), 64, "usage")
+    assert "nsconfine nsconfine" not in line
+
+
+@pytest.mark.parametrize("separator", [["--"], []], ids=["with-dashes", "bare"])
+def test_run_without_command_is_usage_error(dirs: Dirs, separator: list[str]) -> None:
+    """`run` with no command (with or without `--`) exits 64 and runs nothing."""
+    line = assert_refused(nsconfine("run", *dirs.session, *separator), 64, "usage")
+    assert "no command" in line
+
+
+def refusal_case(name: str, dirs: Dirs) -> tuple[list[str], dict[str, str], int, str, str]:
+    """Session options, environment, status, code and a text the message must contain, for a
+    refusal called name."""
+    secret = dirs.root / "secret"
+    secret.mkdir(exist_ok=True)
+    insecure = dirs.root / "insecure.env"
+    match name:
+        case "missing-workspace":
+            return ["--run-dir", str(dirs.run_dir)], base_env(), 64, "usage", "--workspace"
+        case "denied-path":
+            args = [*dirs.session, "--deny", str(secret), "--ro", str(secret)]
+            return args, base_env(), 65, "plan-refused", str(secret)
+        case "host-root":
+            return [*dirs.session, "--ro", "/"], base_env(), 65, "plan-refused", "root"
+        case "credential-missing":
+            missing = dirs.root / "no-such.env"
+            args = [*dirs.session, "--credential", str(missing)]
+            return args, base_env(), 78, "credential-missing", str(missing)
+        case "credential-insecure":
+            write_credential(insecure, "TOKEN=x\n", 0o644)
+            args = [*dirs.session, "--credential", str(insecure)]
+            return args, base_env(), 78, "credential-insecure", "chmod 600"
+        case "credential-symlink":
+            target = write_credential(dirs.root / "target.env", "TOKEN=x\n")
+            link = dirs.root / "link.env"
+            link.symlink_to(target)
+            args = [*dirs.session, "--credential", str(link)]
+            return args, base_env(), 78, "credential-insecure", str(link)
+        case "no-bwrap":
+            env = base_env(NSCONFINE_BWRAP=str(dirs.root / "no-such-bwrap"))
+            return dirs.session, env, 69, "sandbox-unavailable", "no-such-bwrap"
+    raise AssertionError(name)
+
+
+REFUSALS = [
+    "missing-workspace",
+    "denied-path",
+    "host-root",
+    "credential-missing",
+    "credential-insecure",
+    "credential-symlink",
+    "no-bwrap",
+]
+
+
+@pytest.mark.parametrize("name", REFUSALS)
+def test_refused_run_runs_nothing(dirs: Dirs, name: str) -> None:
+    """Every refusal of `run` exits with its code's status, on one line, and the command never
+    runs (its marker file does not appear)."""
+    args, env, status, code, named = refusal_case(name, dirs)
+    line = assert_refused(nsconfine("run", *args, *dirs.marker_command, env=env), status, code)
+    assert named in line
+    assert not dirs.marker.exists()
+
+
+@pytest.mark.parametrize("name", [n for n in REFUSALS if n != "no-bwrap"])
+def test_refused_plan_is_one_line(dirs: Dirs, name: str) -> None:
+    """`plan` refuses the same sessions as `run`, with the same status and one-line message."""
+    args, env, status, code, named = refusal_case(name, dirs)
+    result = nsconfine("plan", *args, env=env)
+    assert named in assert_refused(result, status, code)
+    assert result.stdout == ""
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_marker_command_runs_when_not_refused(dirs: Dirs) -> None:
+    """The marker command of the refusal tests does create its marker when the session is fine,
+    so their `not exists` checks can fail."""
+    result = nsconfine("run", *dirs.session, *dirs.marker_command)
+    assert result.returncode == 0, result.stderr
+    assert dirs.marker.exists()
+
+
+def test_check_without_bwrap_is_sandbox_unavailable(tmp_path: Path) -> None:
+    """With NSCONFINE_BWRAP naming a missing file, `check` exits 69 with one refusal line."""
+    env = base_env(NSCONFINE_BWRAP=str(tmp_path / "no-such-bwrap"))
+    assert "no-such-bwrap" in assert_refused(nsconfine("check", env=env), 69, "sandbox-unavailable")
+    result = nsconfine("check", "--json", env=env)
+    assert result.returncode == 69
+    report = json.loads(result.stdout)
+    assert report["ready"] is False
+    assert report["code"] == "sandbox-unavailable"
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_check_json_reports_ready() -> None:
+    """On a host that can confine, `check --json` exits 0 and reports ready with every check ok."""
+    result = nsconfine("check", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ready"] is True
+    assert report["checks"]
+    assert all(check["ok"] for check in report["checks"])
+
+
+def test_plan_json_is_the_manifest(dirs: Dirs) -> None:
+    """`plan --json` prints the manifest as JSON, with the workspace bound read-write."""
+    result = nsconfine("plan", *dirs.session, "--json")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads(result.stdout)
+    assert manifest["chdir"] == str(dirs.workspace)
+    assert {"kind": "bind", "mode": "rw", "dest": str(dirs.workspace)}.items() <= next(
+        e for e in manifest["entries"] if e["dest"] == str(dirs.workspace)
+    ).items()
+
+
+def test_plan_output_never_shows_a_secret(dirs: Dirs) -> None:
+    """`plan --bwrap-args` is a JSON array of strings with --unshare-user, and neither it nor the
+    other manifests show a credential's or a passed variable's value."""
+    token, passed = f"cred-{secrets.token_hex(16)}", f"env-{secrets.token_hex(16)}"
+    cred = write_credential(dirs.root / "session.env", f"API_TOKEN='{token}'\n")
+    env = base_env(NSCONFINE_TEST_PASSED=passed)
+    session = [*dirs.session, "--credential", str(cred), "--env", "NSCONFINE_TEST_PASSED"]
+    result = nsconfine("plan", *session, "--bwrap-args", env=env)
+    assert result.returncode == 0, result.stderr
+    options = json.loads(result.stdout)
+    assert isinstance(options, list)
+    assert all(isinstance(option, str) for option in options)
+    assert "--unshare-user" in options
+    # The variables are there, their values hidden: the test sees the values would be printed.
+    for name in ("API_TOKEN", "NSCONFINE_TEST_PASSED"):
+        index = options.index(name)
+        assert options[index - 1 : index + 2] == ["--setenv", name, "(hidden)"]
+    for shown in ("--bwrap-args", "--json", None):
+        output = nsconfine("plan", *session, *([shown] if shown else []), env=env)
+        assert output.returncode == 0, output.stderr
+        assert token not in output.stdout + output.stderr
+        assert passed not in output.stdout + output.stderr
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.parametrize(
+    ("script", "status"),
+    [("exit 0", 0), ("exit 7", 7), ("kill -TERM $$", 143), ("kill -KILL $$", 137)],
+)
+def test_run_returns_the_command_status(dirs: Dirs, script: str, status: int) -> None:
+    """`run` exits with the command's status, or 128+N when a signal N killed it."""
+    result = nsconfine("run", *dirs.session, "--", "/bin/sh", "-c", script)
+    assert result.returncode == status, result.stderr
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_run_passes_the_credential_to_the_command(dirs: Dirs) -> None:
+    """A credential variable is in the confined command's environment, though never printed."""
+    token = f"cred-{secrets.token_hex(16)}"
+    cred = write_credential(dirs.root / "session.env", f"API_TOKEN={token}\n")
+    result = nsconfine(
+        "run", *dirs.session, "--credential", cred, "--", "/bin/sh", "-c", 'echo "$API_TOKEN"'
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{token}\n"
+
+
+def console_script() -> str:
+    """The installed `nsconfine` script: next to this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / "nsconfine"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("nsconfine")
+    assert found is not None, "the nsconfine console script is not installed"
+    return found
+
+
+def test_console_script_is_installed_and_works(dirs: Dirs) -> None:
+    """The `nsconfine` console script exists and behaves like `python -m nsconfine`."""
+    script = [console_script()]
+    assert os.access(script[0], os.X_OK)
+    result = nsconfine("plan", *dirs.session, "--json", program=script)
+    assert result.returncode == 0, result.stderr
+    assert "entries" in json.loads(result.stdout)
+    assert_refused(nsconfine("frob", program=script), 64, "usage")

@@ -1,0 +1,224 @@
+"""The plan model: entries are well-formed and reasoned, plans ordered, manifests complete."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from nsconfine import _plan as p
+from nsconfine._errors import PlanError
+from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
+
+ENTRY_KEYS = {"kind", "source", "dest", "mode", "reason"}
+
+
+def sample_plan() -> Plan:
+    """A small plan with one entry of every kind, given out of execution order."""
+    return Plan.of(
+        [
+            p.remount_ro("/", "read-only root"),
+            p.rw_bind("/srv/ws", "/srv/ws", "the workspace"),
+            p.directory("/srv/ws/home", "an empty HOME"),
+            p.data(b"root:x:0:0::/:/bin/sh\n", "/etc/passwd", "names root only"),
+            p.tmpfs("/tmp", "a private /tmp"),
+            p.ro_bind("/usr", "/usr", "system programs", sha256="ab" * 32),
+            p.symlink("usr/bin", "/bin", "merged /usr"),
+            p.proc("/proc", "own pids"),
+            p.dev("/dev", "harmless devices"),
+        ],
+        env=[
+            EnvVar("HOME", "/srv/ws/home", Origin.NSCONFINE),
+            EnvVar("FROM_LAUNCHER", "launcher-value-1f3a", Origin.LAUNCHER),
+            EnvVar("TOKEN", "credential-value-9c2e", Origin.CREDENTIAL),
+        ],
+        chdir="/srv/ws",
+        deny=[DenyRule("/root/.ssh", "SSH keys"), DenyRule("/root", "home", inside=False)],
+    )
+
+
+@pytest.mark.parametrize("reason", ["", " ", "\t\n  "])
+def test_entry_without_reason_is_refused(reason: str) -> None:
+    """An entry whose reason is empty or only whitespace cannot be built."""
+    with pytest.raises(PlanError, match="no reason") as refused:
+        p.tmpfs("/tmp", reason)
+    assert refused.value.code == "plan-refused"
+    assert refused.value.exit_status == 65
+
+
+def test_entry_with_reason_is_built() -> None:
+    """An entry with a reason is built and keeps it (the control for the refusal above)."""
+    assert p.tmpfs("/tmp", "a private /tmp").reason == "a private /tmp"
+
+
+@pytest.mark.parametrize(
+    "dest", ["tmp", "", "./tmp", "/tmp/", "/tmp/../etc", "/tmp/./x", "/tmp//x", "/a/.."]
+)
+def test_destination_must_be_absolute_and_normalized(dest: str) -> None:
+    """A relative or non-normalized destination is refused."""
+    with pytest.raises(PlanError, match="absolute, normalized") as refused:
+        p.tmpfs(dest, "a reason")
+    assert refused.value.code == "plan-refused"
+
+
+def test_double_slash_destination_is_refused() -> None:
+    """A destination with two leading slashes is not normalized and is refused."""
+    with pytest.raises(PlanError):
+        p.tmpfs("//tmp", "a reason")
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        pytest.param(lambda: Entry(Kind.BIND, "/x", Mode.RO, "why"), id="bind-without-source"),
+        pytest.param(lambda: Entry(Kind.SYMLINK, "/x", Mode.RO, "why"), id="symlink-no-target"),
+        pytest.param(
+            lambda: Entry(Kind.TMPFS, "/x", Mode.RW, "why", source="/host"), id="tmpfs-source"
+        ),
+        pytest.param(lambda: Entry(Kind.DIR, "/x", Mode.RW, "why", source="/h"), id="dir-source"),
+        pytest.param(lambda: Entry(Kind.PROC, "/x", Mode.RW, "why", source="/h"), id="proc-src"),
+        pytest.param(lambda: Entry(Kind.DATA, "/x", Mode.RO, "why"), id="data-without-content"),
+        pytest.param(
+            lambda: Entry(Kind.TMPFS, "/x", Mode.RW, "why", content=b"x"), id="tmpfs-content"
+        ),
+        pytest.param(
+            lambda: Entry(Kind.BIND, "/x", Mode.RO, "why", source="/h", content=b"x"),
+            id="bind-content",
+        ),
+        pytest.param(
+            lambda: Entry(Kind.TMPFS, "/x", Mode.RW, "why", sha256="ab" * 32), id="tmpfs-pin"
+        ),
+        pytest.param(lambda: p.rw_bind("/h\0x", "/x", "why"), id="nul-in-source"),
+        pytest.param(lambda: p.tmpfs("/x\0y", "why"), id="nul-in-dest"),
+        pytest.param(lambda: p.tmpfs("/", "why"), id="tmpfs-over-root"),
+        pytest.param(lambda: p.rw_bind("/srv", "/", "why"), id="bind-over-root"),
+    ],
+)
+def test_kind_needs_the_right_source_and_content(build: Callable[[], Entry]) -> None:
+    """An entry whose source, content or digest does not fit its kind is refused."""
+    with pytest.raises(PlanError) as refused:
+        build()
+    assert refused.value.code == "plan-refused"
+
+
+def test_every_kind_builds_with_its_own_fields() -> None:
+    """Each kind builds when given exactly the fields it needs (the control for the above)."""
+    entries = sample_plan().entries
+    assert {entry.kind for entry in entries} == set(Kind)
+    assert p.remount_ro("/", "read-only root").dest == "/"
+
+
+def test_plan_sorts_parents_before_children_and_remount_last() -> None:
+    """A plan puts every entry after those above it, and remount-ro entries after all others."""
+    entries = sample_plan().entries
+    dests = [entry.dest for entry in entries]
+    for index, entry in enumerate(entries):
+        for parent in entries[index + 1 :]:
+            assert not entry.dest.startswith(parent.dest.rstrip("/") + "/") or (
+                parent.kind is Kind.REMOUNT_RO
+            ), f"{parent.dest} comes after its child {entry.dest}: {dests}"
+    assert entries[-1].kind is Kind.REMOUNT_RO
+    assert all(entry.kind is not Kind.REMOUNT_RO for entry in entries[:-1])
+    assert dests.index("/srv/ws") < dests.index("/srv/ws/home")
+
+
+def test_plan_sorts_a_child_given_first_after_its_parent() -> None:
+    """A tmpfs given after a bind below it is still set up first, so it cannot hide the bind."""
+    plan = Plan.of([p.rw_bind("/srv/ws", "/tmp/ws", "ws"), p.tmpfs("/tmp", "tmp")])
+    assert [entry.dest for entry in plan.entries] == ["/tmp", "/tmp/ws"]
+
+
+def test_plan_refuses_duplicate_destinations() -> None:
+    """Two entries at the same destination are refused, naming it."""
+    with pytest.raises(PlanError, match="/tmp") as refused:
+        Plan.of([p.tmpfs("/tmp", "one"), p.rw_bind("/srv", "/tmp", "two")])
+    assert refused.value.code == "plan-refused"
+
+
+def test_plan_refuses_duplicate_environment_names() -> None:
+    """Setting one environment variable twice is refused, naming it."""
+    with pytest.raises(PlanError, match="TOKEN") as refused:
+        Plan.of(
+            [p.tmpfs("/tmp", "tmp")],
+            env=[
+                EnvVar("TOKEN", "a", Origin.NSCONFINE),
+                EnvVar("OTHER", "b", Origin.NSCONFINE),
+                EnvVar("TOKEN", "c", Origin.CREDENTIAL),
+            ],
+        )
+    assert refused.value.code == "plan-refused"
+
+
+def test_without_drops_exactly_the_entry_at_dest() -> None:
+    """`without(dest)` returns the plan less that entry, keeping env, chdir and deny rules."""
+    plan = sample_plan()
+    smaller = plan.without("/tmp")
+    assert [e.dest for e in smaller.entries] == [e.dest for e in plan.entries if e.dest != "/tmp"]
+    assert (smaller.env, smaller.chdir, smaller.deny) == (plan.env, plan.chdir, plan.deny)
+    assert "/tmp" in [e.dest for e in plan.entries]  # the original is unchanged
+
+
+def test_without_an_absent_dest_is_refused() -> None:
+    """`without` of a destination the plan does not have is refused, naming it."""
+    with pytest.raises(PlanError, match="/nowhere"):
+        sample_plan().without("/nowhere")
+
+
+def test_manifest_has_a_row_per_entry_with_its_reason() -> None:
+    """The manifest table has a header and one row per entry showing kind, mode, dest, reason."""
+    plan = sample_plan()
+    lines = plan.manifest().splitlines()
+    assert lines[0].split() == ["KIND", "MODE", "DEST", "SOURCE", "REASON"]
+    rows = lines[1 : 1 + len(plan.entries)]
+    for row, entry in zip(rows, plan.entries, strict=True):
+        assert row.split()[:3] == [str(entry.kind), str(entry.mode), entry.dest]
+        assert row.endswith(entry.reason)
+        assert entry.source_label in row
+    assert lines[1 + len(plan.entries)] == ""
+    assert "working directory: /srv/ws" in lines
+
+
+def test_to_json_entry_keys_are_exact() -> None:
+    """Each manifest entry has exactly kind, source, dest, mode, reason, plus sha256 or content
+    only where the entry has one."""
+    plan = sample_plan()
+    record = plan.to_json()
+    assert set(record) == {"entries", "env", "chdir", "deny"}
+    assert len(record["entries"]) == len(plan.entries)
+    for entry, shown in zip(plan.entries, record["entries"], strict=True):
+        extra = set()
+        if entry.sha256 is not None:
+            extra.add("sha256")
+            assert shown["sha256"] == entry.sha256
+        if entry.content is not None:
+            extra.add("content")
+            assert shown["content"] == entry.content.decode()
+        assert set(shown) == ENTRY_KEYS | extra
+        assert (shown["kind"], shown["dest"], shown["mode"], shown["reason"]) == (
+            str(entry.kind),
+            entry.dest,
+            str(entry.mode),
+            entry.reason,
+        )
+    assert record["chdir"] == "/srv/ws"
+    assert record["deny"][1] == {"path": "/root", "reason": "home", "inside": False}
+    assert json.loads(plan.manifest_json()) == record
+
+
+def test_secret_environment_values_are_hidden() -> None:
+    """Launcher and credential values show as (hidden) in both manifests; nsconfine's own show."""
+    plan = sample_plan()
+    shown = {v["name"]: v for v in plan.to_json()["env"]}
+    assert shown["HOME"] == {"name": "HOME", "value": "/srv/ws/home", "origin": "nsconfine"}
+    assert shown["FROM_LAUNCHER"] == {
+        "name": "FROM_LAUNCHER",
+        "value": "(hidden)",
+        "origin": "launcher",
+    }
+    assert shown["TOKEN"] == {"name": "TOKEN", "value": "(hidden)", "origin": "credential"}
+    for text in (plan.manifest(), plan.manifest_json(), repr(plan)):
+        assert "launcher-value-1f3a" not in text
+        assert "credential-value-9c2e" not in text
+    assert "  TOKEN=(hidden)  [credential]" in plan.manifest().splitlines()
+    assert "  HOME=/srv/ws/home  [nsconfine]" in plan.manifest().splitlines()
