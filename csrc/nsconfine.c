@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -451,4 +452,11 @@ int nsc_probe_userns(int *stage_out)
         return EIO;
     }
     return 0;
+}
+
+
+int nsc_realpath(const char *path, char *out)
+{
+    _Static_assert(NSC_PATH_MAX >= PATH_MAX, "realpath(3) writes up to PATH_MAX bytes");
+    return realpath(path, out) == NULL ? errno : 0;
 }

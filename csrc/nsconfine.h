@@ -53,4 +53,9 @@ int nsc_memfd_sealed(const char *name, const char *data, size_t len,
 /* Can a child of this process create a user namespace and map itself? */
 int nsc_probe_userns(int *stage_out);
 
+/* The path with every symlink resolved (as realpath(3)) into out, NSC_PATH_MAX bytes: the
+ * policy lint resolves every bind source on every launch. */
+#define NSC_PATH_MAX 4096
+int nsc_realpath(const char *path, char *out);
+
 #endif

@@ -6,10 +6,13 @@ mounts: `~/link-to-ssh` is refused exactly like `~/.ssh`.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import os
 import pwd
 from collections.abc import Iterable, Sequence
 
+from nsconfine import _syscalls
 from nsconfine._errors import PlanError
 from nsconfine._plan import DenyRule, Plan
 
@@ -49,47 +52,87 @@ SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
 )
 
 
+@functools.cache
+def _user(uid: int) -> pwd.struct_passwd:
+    # Read once per uid: the password database costs a file parse per lookup.
+    return pwd.getpwuid(uid)
+
+
+def invoking_user() -> pwd.struct_passwd:
+    """The password entry of the user nsconfine runs as."""
+    return _user(os.getuid())
+
+
 def invoking_user_home() -> str:
     """The home of the user nsconfine runs as, from the password database."""
-    return pwd.getpwuid(os.getuid()).pw_dir
+    return invoking_user().pw_dir
 
 
-def _resolve(path: str) -> str:
-    # Deny rules name paths that often do not exist (no ~/.aws here): resolve what does exist
-    # and keep the rest as written, so a later-created store is still covered by name.
-    return os.path.realpath(path)
+def resolve(path: str) -> str:
+    """path with its symlinks resolved, as far as it exists; the rest kept as written, so a
+    rule still covers a store created later by its name."""
+    try:
+        return _syscalls.realpath(path)
+    except OSError:
+        parent, name = os.path.split(path)
+        return path if parent == path else os.path.join(resolve(parent), name)
 
 
 def home_rules(home: str) -> list[DenyRule]:
     """The home itself (no bind of it or above) and every credential store inside it."""
-    home = _resolve(home)
+    home = resolve(home)
     rules = [DenyRule(home, "the user's home directory: sessions get an empty HOME", False)]
     rules += [
-        DenyRule(_resolve(os.path.join(home, name)), reason)
+        DenyRule(resolve(os.path.join(home, name)), reason)
         for name, reason in HOME_CREDENTIAL_STORES
     ]
     return rules
 
 
+_STORE_PARENTS = sorted({os.path.dirname(name) for name, _ in HOME_CREDENTIAL_STORES})
+_default_deny_cache: dict[tuple[object, ...], tuple[DenyRule, ...]] = {}
+
+
+def _directory_versions(homes: Iterable[str]) -> tuple[int, ...]:
+    # Creating, removing or renaming a store changes its parent directory's mtime: the
+    # resolved rules are reused only while none of those directories changed.
+    versions = []
+    for home in homes:
+        for parent in _STORE_PARENTS:
+            try:
+                versions.append(os.stat(os.path.join(home, parent)).st_mtime_ns)
+            except OSError:
+                versions.append(-1)
+    return tuple(versions)
+
+
 def default_deny(homes: Sequence[str] = ()) -> tuple[DenyRule, ...]:
     """The deny set every plan starts with: each home and its stores, the host's secrets, the
     user's agent sockets and runtime keyrings."""
+    all_homes = tuple(dict.fromkeys([invoking_user_home(), *homes]))
+    agent = os.environ.get("SSH_AUTH_SOCK")
+    key = (all_homes, os.getuid(), agent, _directory_versions(all_homes))
+    cached = _default_deny_cache.get(key)
+    if cached is not None:
+        return cached
     rules: list[DenyRule] = []
-    for home in {invoking_user_home(), *homes}:
+    for home in all_homes:
         rules += home_rules(home)
-    rules += [DenyRule(_resolve(path), reason) for path, reason in SYSTEM_SECRETS]
+    rules += [DenyRule(resolve(path), reason) for path, reason in SYSTEM_SECRETS]
     runtime = f"/run/user/{os.getuid()}"
     rules.append(DenyRule(f"{runtime}/gnupg", "gpg-agent's sockets"))
     rules.append(DenyRule(f"{runtime}/keyring", "the desktop keyring's sockets"))
-    agent = os.environ.get("SSH_AUTH_SOCK")
     if agent:
-        rules.append(DenyRule(_resolve(agent), "the ssh-agent holding the user's keys"))
-    return tuple(_unique(rules))
+        rules.append(DenyRule(resolve(agent), "the ssh-agent holding the user's keys"))
+    result = tuple(_unique(rules))
+    _default_deny_cache.clear()  # one host, one user: only the newest key is worth keeping
+    _default_deny_cache[key] = result
+    return result
 
 
 def deny_paths(paths: Iterable[str], reason: str) -> list[DenyRule]:
     """Rules for extra host paths no bind may expose (the data root, the canonical checkout)."""
-    return [DenyRule(_resolve(path), reason) for path in paths]
+    return [DenyRule(resolve(path), reason) for path in paths]
 
 
 def _unique(rules: Iterable[DenyRule]) -> list[DenyRule]:
@@ -106,31 +149,66 @@ def _is_within(path: str, ancestor: str) -> bool:
     return path == ancestor or ancestor == "/" or path.startswith(ancestor + "/")
 
 
-def violated_rule(resolved_source: str, rules: Iterable[DenyRule]) -> DenyRule | None:
-    """The first rule a bind of resolved_source would break, or None."""
-    for rule in rules:
-        if _is_within(rule.path, resolved_source):  # the source is the path or contains it
-            return rule
-        if rule.inside and _is_within(resolved_source, rule.path):
-            return rule
-    return None
+class _DenyIndex:
+    """The rules arranged so that judging one source costs a walk up its ancestors and one
+    binary search, not a pass over every rule."""
+
+    def __init__(self, rules: Sequence[DenyRule]) -> None:
+        self.rules = tuple(rules)
+        self.by_path = {rule.path: rule for rule in reversed(self.rules)}  # first rule wins
+        self.inside = {rule.path: rule for rule in reversed(self.rules) if rule.inside}
+        self.sorted_paths = sorted(self.by_path)
+
+    def violated(self, source: str) -> DenyRule | None:
+        # Is the source a denied path, or does it contain one?
+        if source in self.by_path:
+            return self.by_path[source]
+        prefix = source.rstrip("/") + "/"
+        at = bisect.bisect_left(self.sorted_paths, prefix)
+        if at < len(self.sorted_paths) and self.sorted_paths[at].startswith(prefix):
+            return self.by_path[self.sorted_paths[at]]
+        # Does it lie inside a path denied with everything inside it?
+        ancestor = source
+        while ancestor != "/":
+            ancestor = os.path.dirname(ancestor)
+            if ancestor in self.inside:
+                return self.inside[ancestor]
+        return None
+
+
+_index_cache: dict[tuple[DenyRule, ...], _DenyIndex] = {}
+
+
+def _index(rules: tuple[DenyRule, ...]) -> _DenyIndex:
+    index = _index_cache.get(rules)
+    if index is None:
+        if len(_index_cache) > 32:
+            _index_cache.clear()
+        index = _index_cache[rules] = _DenyIndex(rules)
+    return index
+
+
+def violated_rule(resolved_source: str, rules: Sequence[DenyRule]) -> DenyRule | None:
+    """A rule a bind of resolved_source would break, or None."""
+    return _index(tuple(rules)).violated(resolved_source)
 
 
 def check_plan(plan: Plan) -> None:
     """Refuse the plan (PlanError) if any bind's source is missing, is `/`, or breaks a rule."""
+    index = _index(plan.deny)
     for entry in plan.entries:
         if not entry.is_host_bind:
             continue
         try:
-            resolved = os.path.realpath(entry.source, strict=True)
+            resolved = _syscalls.realpath(entry.source)
         except OSError as error:
             raise PlanError(
-                f"{entry.source} (for {entry.dest}) cannot be bound: {error.strerror}; "
-                "create it or drop it from the session"
+                f"{entry.source} (for {entry.dest}) cannot be bound: "
+                f"{os.strerror(error.errno or 0)}; create it or drop it from the session"
             ) from None
         if resolved == "/":
             raise PlanError(f"{entry.source} resolves to / and would expose the whole host")
-        rule = violated_rule(resolved, plan.deny)
+        rule = index.violated(resolved)
         if rule is not None:
             shown = entry.source if resolved == entry.source else f"{entry.source} (-> {resolved})"
             relation = "is or contains" if _is_within(rule.path, resolved) else "lies inside"

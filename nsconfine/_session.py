@@ -9,7 +9,6 @@ inside the run directory. Paths are the same inside as outside.
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,7 +18,14 @@ from nsconfine import _plan as p
 from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
 from nsconfine._plan import EnvVar, Origin, Plan
-from nsconfine._policy import check_plan, default_deny, deny_paths, invoking_user_home
+from nsconfine._policy import (
+    check_plan,
+    default_deny,
+    deny_paths,
+    invoking_user,
+    invoking_user_home,
+    resolve,
+)
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -141,9 +147,9 @@ def build_plan(
         deny += tuple(deny_paths([session.credential], "the session's credential file"))
     deny += tuple(deny_paths(session.deny, "denied by --deny"))
     for home in (invoking_user_home(), *homes):
+        resolved_home = resolve(home)
         for name, where in (("workspace", session.workspace), ("run directory", session.run_dir)):
-            resolved = os.path.realpath(where)
-            if _is_same_or_above(resolved, os.path.realpath(home)):
+            if _is_same_or_above(resolve(where), resolved_home):
                 raise PlanError(
                     f"the {name} {where} is the home directory {home} or above it: use a "
                     f"directory of its own, e.g. {home}/work/<session>"
@@ -171,9 +177,31 @@ def _require_directory(path: str, what: str) -> None:
         raise PlanError(f"the {what} {path} is not a directory")
 
 
-def system_entries(home: str) -> list[p.Entry]:
+_system_cache: dict[tuple[object, ...], tuple[p.Entry, ...]] = {}
+
+
+def system_entries(home: str) -> tuple[p.Entry, ...]:
     """The read-only system: /usr and its merged links, the needed /etc files, synthetic
-    passwd and group, a new /proc, a minimal /dev, a private /tmp, and a read-only root."""
+    passwd and group, a new /proc, a minimal /dev, a private /tmp, and a read-only root.
+
+    Reused while / , /etc and /etc/ssl are unchanged (adding, removing or replacing a file
+    there changes the directory's mtime); the lint re-resolves every source at launch anyway."""
+    key = (home, os.getuid(), *(_mtime(path) for path in ("/", "/etc", "/etc/ssl")))
+    cached = _system_cache.get(key)
+    if cached is None:
+        _system_cache.clear()
+        cached = _system_cache[key] = tuple(_system_entries(home))
+    return cached
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _system_entries(home: str) -> list[p.Entry]:
     entries = [p.ro_bind("/usr", "/usr", "system programs and libraries the tools run")]
     for link in USR_MERGED_LINKS:
         if os.path.islink(link):
@@ -202,7 +230,7 @@ def _etc_entry(path: str, reason: str) -> list[p.Entry]:
     # the link's target still work; any other link is bound by what it resolves to.
     if os.path.islink(path):
         target = os.readlink(path)
-        resolved = os.path.realpath(path)
+        resolved = resolve(path)
         if resolved.startswith("/usr/") and os.path.exists(resolved):
             return [p.symlink(target, path, reason)]
         if not os.path.exists(resolved):
@@ -214,7 +242,7 @@ def _etc_entry(path: str, reason: str) -> list[p.Entry]:
 def _identity_files(home: str) -> list[p.Entry]:
     # Tools look the uid up (node's os.userInfo(), ssh, whoami); the host's passwd and group
     # would list every user, so the session gets files that name only itself.
-    user = pwd.getpwuid(os.getuid())
+    user = invoking_user()
     passwd = f"{user.pw_name}:x:{user.pw_uid}:{user.pw_gid}::{home}:/bin/sh\n"
     group = f"{user.pw_name}:x:{user.pw_gid}:\n"
     if user.pw_uid != 0:
@@ -263,7 +291,7 @@ def _require_exists(path: str, what: str) -> None:
 
 def session_environment(session: Session, environ: Mapping[str, str]) -> list[EnvVar]:
     """HOME, PATH, USER and LOGNAME, the allowlisted variables, then the credential's."""
-    user = pwd.getpwuid(os.getuid()).pw_name
+    user = invoking_user().pw_name
     harness_dirs = dict.fromkeys(os.path.dirname(h.path) for h in session.harness)
     path = ":".join([*harness_dirs, DEFAULT_PATH])
     chosen = {"HOME": session.home, "PATH": path, "USER": user, "LOGNAME": user}

@@ -15,6 +15,9 @@ _NULL = ffi.NULL
 _nsc_spawn = lib.nsc_spawn
 _nsc_memfd_sealed = lib.nsc_memfd_sealed
 _nsc_probe_userns = lib.nsc_probe_userns
+_nsc_realpath = lib.nsc_realpath
+_string = ffi.string
+_PATH_MAX: Final[int] = lib.NSC_PATH_MAX
 _STAGE_EXEC: Final[int] = lib.NSC_STAGE_EXEC
 _MAX_PASS_FDS: Final[int] = lib.NSC_MAX_PASS_FDS
 
@@ -123,3 +126,12 @@ def probe_user_namespace() -> None:
     err = _nsc_probe_userns(stage)
     if err:
         raise _error(err, stage[0])
+
+
+def realpath(path: str) -> str:
+    """The path with every symlink resolved, like realpath(3); OSError if it does not exist."""
+    buffer = _new("char[]", _PATH_MAX)
+    err = _nsc_realpath(os.fsencode(path), buffer)
+    if err:
+        raise SyscallError(err, "realpath", path)
+    return os.fsdecode(_string(buffer))
