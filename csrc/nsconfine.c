@@ -90,8 +90,9 @@ struct spawn_args {
     const char *path;
     char *const *argv;
     char *const *envp;
-    int sources[3 + NSC_MAX_PASS_FDS]; /* fd to place at each target, -1: keep */
-    int n_targets;                     /* 3 + n_pass_fds */
+    int *sources; /* fd to place at each target, -1: keep */
+    int *moved;   /* the child's copy of each source, above the target range */
+    int n_targets; /* 3 + n_pass_fds */
     int pdeathsig;
     pid_t parent;
     int errpipe_w;
@@ -189,7 +190,7 @@ static int spawn_child(void *opaque)
      * dup2(copy, fd) clears it.
      */
     int first = a->n_targets;
-    int moved[3 + NSC_MAX_PASS_FDS];
+    int *moved = a->moved;
     if (errpipe_w < first) {
         errpipe_w = fcntl(errpipe_w, F_DUPFD_CLOEXEC, first);
         if (errpipe_w < 0)
@@ -219,20 +220,18 @@ static int spawn_child(void *opaque)
     child_fail(errpipe_w, NSC_STAGE_EXEC);
 }
 
-int nsc_spawn(const char *path, char *const argv[], char *const envp[],
-              int stdin_fd, int stdout_fd, int stderr_fd,
-              const int pass_fds[], int n_pass_fds,
-              int pdeathsig, int *pid_out, int *stage_out)
+static int spawn_with(int *buffers, const char *path, char *const argv[], char *const envp[],
+                      int stdin_fd, int stdout_fd, int stderr_fd,
+                      const int pass_fds[], int n_pass_fds,
+                      int pdeathsig, int *pid_out, int *stage_out)
 {
-    *pid_out = -1;
-    *stage_out = NSC_STAGE_NONE;
-    if (n_pass_fds < 0 || n_pass_fds > NSC_MAX_PASS_FDS)
-        return EINVAL;
 
     struct spawn_args a = {
         .path = path, .argv = argv, .envp = envp,
         .n_targets = 3 + n_pass_fds, .pdeathsig = pdeathsig, .parent = getpid(),
     };
+    a.sources = buffers;
+    a.moved = buffers + a.n_targets;
     a.sources[0] = stdin_fd;
     a.sources[1] = stdout_fd;
     a.sources[2] = stderr_fd;
@@ -313,6 +312,28 @@ int nsc_spawn(const char *path, char *const argv[], char *const envp[],
     }
     *stage_out = report.stage;
     return report.err;
+}
+
+int nsc_spawn(const char *path, char *const argv[], char *const envp[],
+              int stdin_fd, int stdout_fd, int stderr_fd,
+              const int pass_fds[], int n_pass_fds,
+              int pdeathsig, int *pid_out, int *stage_out)
+{
+    *pid_out = -1;
+    *stage_out = NSC_STAGE_NONE;
+    if (n_pass_fds < 0 || n_pass_fds > NSC_MAX_PASS_FDS)
+        return EINVAL;
+    /* The fd tables live here, allocated before clone: the child shares this memory and must
+     * not call malloc, and a thousand fds would not fit its small stack. */
+    int *buffers = malloc(2 * (size_t)(3 + n_pass_fds) * sizeof(int));
+    if (buffers == NULL) {
+        *stage_out = NSC_STAGE_CLONE;
+        return ENOMEM;
+    }
+    int err = spawn_with(buffers, path, argv, envp, stdin_fd, stdout_fd, stderr_fd, pass_fds,
+                         n_pass_fds, pdeathsig, pid_out, stage_out);
+    free(buffers);
+    return err;
 }
 
 /* ------------------------------------------------------------------ memfd */

@@ -31,8 +31,8 @@
 #define NSC_STAGE_WAIT 17       /* waitpid */
 #define NSC_STAGE_SETSID 18     /* reserved */
 
-/* The child keeps its fd shuffle on its own small stack. */
-#define NSC_MAX_PASS_FDS 1024
+/* At most this many fds after 0-2 (a plan's copied files each take one). */
+#define NSC_MAX_PASS_FDS 65536
 
 /*
  * Start path (absolute, no PATH search) with argv and exactly envp; both

@@ -16,7 +16,7 @@ from nsconfine._plan import Entry, Kind, Mode, Plan
 ARGS_FD = 3  # the memfd holding the NUL-separated options
 INFO_FD = 4  # bwrap writes {"child-pid": N, …} here once the namespaces exist
 BLOCK_FD = 5  # the sandbox waits here for one byte before it execs the command
-FIRST_DATA_FD = 6  # then one memfd per data entry, in plan order
+FIRST_DATA_FD = 6  # then one fd per data or copy entry, in plan order
 
 # Every namespace but the network's; cgroup where the kernel has it.
 NAMESPACE_OPTIONS = (
@@ -54,13 +54,16 @@ REQUIRED_OPTIONS = (
     "--proc",
     "--dev",
     "--ro-bind-data",
+    "--perms",
+    "--file",
     "--remount-ro",
 )
 
 
-def data_entries(plan: Plan) -> list[Entry]:
-    """The entries whose content the launcher hands over as memfds, in fd order."""
-    return [entry for entry in plan.entries if entry.kind is Kind.DATA]
+def fd_entries(plan: Plan) -> list[Entry]:
+    """The entries whose content the launcher hands over as fds, in fd order: a memfd per
+    data entry, the opened host file per copy."""
+    return [entry for entry in plan.entries if entry.kind in (Kind.DATA, Kind.COPY)]
 
 
 def _entry_arguments(entry: Entry, data_fd: int) -> tuple[str, ...]:
@@ -80,6 +83,8 @@ def _entry_arguments(entry: Entry, data_fd: int) -> tuple[str, ...]:
             return ("--dev", entry.dest)
         case Kind.DATA:
             return ("--ro-bind-data", str(data_fd), entry.dest)
+        case Kind.COPY:
+            return ("--perms", f"{entry.perms:04o}", "--file", str(data_fd), entry.dest)
         case Kind.REMOUNT_RO:
             return ("--remount-ro", entry.dest)
 
@@ -93,7 +98,7 @@ def bwrap_options(plan: Plan) -> list[str]:
     data_fd = FIRST_DATA_FD
     for entry in plan.entries:
         arguments += _entry_arguments(entry, data_fd)
-        if entry.kind is Kind.DATA:
+        if entry.kind is Kind.DATA or entry.kind is Kind.COPY:
             data_fd += 1
     arguments += ("--chdir", plan.chdir)
     return arguments
@@ -102,6 +107,14 @@ def bwrap_options(plan: Plan) -> list[str]:
 def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:
     """bwrap's own argv: read the options from fd 3, then `--` and the command."""
     return [bwrap, "--args", str(ARGS_FD), "--", *argv]
+
+
+def compiled_options(plan: Plan) -> bytes:
+    """The plan's options, encoded once and kept on the (immutable) plan."""
+    if plan.compiled is None:
+        object.__setattr__(plan, "compiled", encode_options(bwrap_options(plan)))
+    assert plan.compiled is not None
+    return plan.compiled
 
 
 def encode_options(options: Sequence[str]) -> bytes:

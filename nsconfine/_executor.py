@@ -22,14 +22,9 @@ from collections.abc import Sequence
 from typing import IO, Any, Final
 
 from nsconfine import _syscalls
-from nsconfine._bwrap_args import (
-    bwrap_command_line,
-    bwrap_options,
-    data_entries,
-    encode_options,
-)
-from nsconfine._errors import SandboxUnavailable, UsageError
-from nsconfine._plan import Plan
+from nsconfine._bwrap_args import bwrap_command_line, compiled_options, fd_entries
+from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
+from nsconfine._plan import Kind, Plan
 
 # What a launch must see differ from the launcher's own; "net" is shared by design.
 CONFINING_NAMESPACES: Final = ("user", "mnt", "pid", "ipc", "uts", "cgroup")
@@ -119,6 +114,41 @@ class Sandbox:
         self.wait()
 
 
+def open_entry_fds(plan: Plan, fds: list[int]) -> None:
+    """Append to fds, in fd order, a sealed memfd per data entry and the opened source per
+    copy; on failure the caller closes what was appended."""
+    entries = fd_entries(plan)
+    _make_room_for(len(entries))
+    for entry in entries:
+        if entry.kind is Kind.DATA:
+            assert entry.content is not None
+            fds.append(_syscalls.memfd_sealed("nsconfine-data", entry.content))
+            continue
+        try:
+            fds.append(os.open(entry.source, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY))
+        except OSError as error:
+            raise PlanError(f"{entry.source} cannot be copied: {error.strerror}") from None
+
+
+def _make_room_for(count: int) -> None:
+    # A plan that copies a thousand files hands bwrap a thousand fds at once: raise the soft
+    # limit to the hard one when it would not fit (the hard limit is the user's real bound).
+    if count < 64:
+        return
+    import resource
+
+    needed = count + 64  # and the launcher's own
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and needed > hard:
+        raise PlanError(
+            f"the plan copies {count} files but only {hard} fds may be open: raise "
+            "`ulimit -Hn`, or bind the directory that holds them instead"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def launch(
     bwrap: str,
     plan: Plan,
@@ -131,7 +161,7 @@ def launch(
     """Run argv under bwrap on plan, as is: no lint, no preflight (see nsconfine.spawn)."""
     stdio = (_stdio_fd(stdin, "stdin"), _stdio_fd(stdout, "stdout"), _stdio_fd(stderr, "stderr"))
     command = [os.fsencode(arg) for arg in bwrap_command_line(bwrap, argv)]
-    options = encode_options(bwrap_options(plan))
+    options = compiled_options(plan)
     child_side: list[int] = []  # given to bwrap, closed here once it has them
     parent_side: list[int] = []  # kept here: the info pipe's read end, the block pipe's write end
     try:
@@ -142,9 +172,7 @@ def launch(
         block_read, block_write = os.pipe2(os.O_CLOEXEC)
         parent_side.append(block_write)
         child_side.append(block_read)
-        for entry in data_entries(plan):
-            assert entry.content is not None
-            child_side.append(_syscalls.memfd_sealed("nsconfine-data", entry.content))
+        open_entry_fds(plan, child_side)
         pid = _syscalls.spawn(
             command[0],
             command,

@@ -168,11 +168,11 @@ class _DenyIndex:
         if at < len(self.sorted_paths) and self.sorted_paths[at].startswith(prefix):
             return self.by_path[self.sorted_paths[at]]
         # Does it lie inside a path denied with everything inside it?
-        ancestor = source
-        while ancestor != "/":
-            ancestor = os.path.dirname(ancestor)
-            if ancestor in self.inside:
-                return self.inside[ancestor]
+        cut = len(source)
+        while (cut := source.rfind("/", 0, cut)) > 0:
+            rule = self.inside.get(source[:cut])
+            if rule is not None:
+                return rule
         return None
 
 

@@ -10,11 +10,8 @@ re-checks the namespaces themselves (nsconfine._executor), which costs a few sta
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import stat
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -109,6 +106,8 @@ class PreflightReport:
 
 def find_bwrap() -> str:
     """The bwrap to use: $NSCONFINE_BWRAP, else bwrap on PATH, as an absolute path."""
+    import shutil  # on first use only: launchers import nsconfine on their own start-up path
+
     configured = os.environ.get("NSCONFINE_BWRAP")
     if configured:
         if not os.path.isabs(configured):
@@ -124,36 +123,31 @@ def find_bwrap() -> str:
 
 
 def binary_identity(path: str) -> str:
-    """A key that changes whenever the binary at path might have (or nsconfine's canary)."""
+    """A key that changes whenever the binary at path might have (or nsconfine's canary).
+
+    Device and inode name the file itself, wherever symlinks lead; size, mtime and ctime
+    change with any write, chmod or replacement. One stat(), so every launch can afford it."""
     try:
-        real = os.path.realpath(path, strict=True)
-        info = os.stat(real)
+        info = os.stat(path)
     except OSError as error:
         raise SandboxUnavailable(f"bwrap {path} cannot be used: {error.strerror}") from None
-    if not stat.S_ISREG(info.st_mode) or not os.access(real, os.X_OK):
+    if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:
         raise SandboxUnavailable(f"bwrap {path} is not an executable file: {INSTALL_HINT}")
     if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
         raise SandboxUnavailable(
-            f"bwrap {real} is setuid/setgid: nsconfine confines with unprivileged user "
-            f"namespaces only and will not run a privileged bwrap; chmod u-s,g-s {real} or "
+            f"bwrap {path} is setuid/setgid: nsconfine confines with unprivileged user "
+            f"namespaces only and will not run a privileged bwrap; chmod u-s,g-s {path} or "
             "install Debian's bubblewrap package"
         )
-    fields = (
-        CANARY_VERSION,
-        os.geteuid(),
-        real,
-        info.st_dev,
-        info.st_ino,
-        info.st_size,
-        info.st_mtime_ns,
-        info.st_ctime_ns,
+    return (
+        f"v{CANARY_VERSION}-uid{os.geteuid()}-{info.st_dev}-{info.st_ino}-{info.st_size}"
+        f"-{info.st_mtime_ns}-{info.st_ctime_ns}"
     )
-    return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
 def check_options(bwrap: str) -> str:
     """Refuse a bwrap whose --help lacks an option nsconfine uses; return its version line."""
-    import subprocess
+    import subprocess  # on first use only, as above
 
     try:
         helped = subprocess.run(
@@ -250,6 +244,8 @@ exit 0
 
 def prove_bwrap(bwrap: str) -> None:
     """Run a canary session on bwrap and refuse it unless the session is confined."""
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="nsconfine-canary-") as world:
         runner = os.path.join(world, "runner")
         for sub in ("runner", "workspace", "run"):

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nsconfine import _plan as p
 from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
-from nsconfine._plan import EnvVar, Origin, Plan
+from nsconfine._plan import EnvVar, Kind, Origin, Plan
 from nsconfine._policy import (
     check_plan,
     default_deny,
@@ -28,6 +28,9 @@ from nsconfine._policy import (
 )
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# Up to this many runner files are bound one by one (their content stays live); more are copied.
+COPY_FILES_ABOVE = 16
 
 # The top-level links of a merged /usr (Debian ≥ 12): mirrored as the same symlinks.
 USR_MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -154,8 +157,9 @@ def build_plan(
                     f"the {name} {where} is the home directory {home} or above it: use a "
                     f"directory of its own, e.g. {home}/work/<session>"
                 )
+    system = system_entries(session.home)
     plan = Plan.of(
-        [*system_entries(session.home), *session_entries(session)],
+        [*system, *session_entries(session, reserved=system)],
         env=session_environment(session, environ),
         chdir=session.workspace,
         deny=deny,
@@ -254,7 +258,7 @@ def _identity_files(home: str) -> list[p.Entry]:
     ]
 
 
-def session_entries(session: Session) -> list[p.Entry]:
+def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[p.Entry]:
     """The session's own paths: harness, runner files, tool socket, workspace, run dir, HOME."""
     entries = []
     for harness in session.harness:
@@ -263,9 +267,6 @@ def session_entries(session: Session) -> list[p.Entry]:
             raise PlanError(f"the harness {harness.path} is not an executable file")
         reason = "harness executable" + (" (pinned by sha256)" if harness.sha256 else "")
         entries.append(p.ro_bind(harness.path, harness.path, reason, sha256=harness.sha256))
-    for path in session.ro:
-        _require_exists(path, "read-only path")
-        entries.append(p.ro_bind(path, path, "a file the runner loads (read-only)"))
     if session.tool_socket is not None:
         _require_exists(session.tool_socket, "tool socket")
         if not stat.S_ISSOCK(os.stat(session.tool_socket).st_mode):
@@ -281,7 +282,76 @@ def session_entries(session: Session) -> list[p.Entry]:
     if session.run_dir != session.workspace:
         entries.append(p.rw_bind(session.run_dir, session.run_dir, "the session's run directory"))
     entries.append(p.directory(session.home, "the session's empty HOME, inside its run directory"))
+    return entries + runner_entries(session.ro, [*reserved, *entries])
+
+
+def runner_entries(paths: Sequence[str], others: Sequence[p.Entry]) -> list[p.Entry]:
+    """The runner's read-only files and directories: a bind each, except that more than
+    COPY_FILES_ABOVE files are copied into a read-only tmpfs per common directory, because
+    bwrap re-reads /proc/self/mountinfo after every bind and n binds cost it O(n²). The
+    sandbox shows exactly the same paths either way."""
+    modes = {}
+    for path in paths:
+        try:
+            modes[path] = os.stat(path).st_mode
+        except OSError as error:
+            raise PlanError(
+                f"the read-only path {path} does not exist or cannot be used: {error.strerror}"
+            ) from None
+    files = [path for path, mode in modes.items() if stat.S_ISREG(mode)]
+    if len(files) <= COPY_FILES_ABOVE:
+        return [p.ro_bind(path, path, "a file the runner loads (read-only)") for path in paths]
+    dirs = [path for path, mode in modes.items() if not stat.S_ISREG(mode)]
+    entries = [p.ro_bind(path, path, "a directory the runner loads (read-only)") for path in dirs]
+    # A tmpfs may not replace another entry, nor hide part of a bound directory.
+    taken = {entry.dest for entry in others} | set(dirs)
+    bound = [entry.dest for entry in others if entry.kind is Kind.BIND] + dirs
+
+    def usable(root: str) -> bool:
+        return (
+            root != "/"
+            and root not in taken
+            and not any(root.startswith(dest + "/") for dest in bound)
+        )
+
+    roots, leftover = _copy_roots(sorted(files), usable)
+    reason = (
+        f"a runner file copied at launch ({len(files)} files: a bind each would cost bwrap "
+        "O(n²)); later edits on the host are not seen"
+    )
+    for root, members in roots.items():
+        entries.append(p.tmpfs(root, f"holds only the {len(members)} runner files copied below"))
+        entries += [
+            p.copy(member, member, reason, stat.S_IMODE(modes[member]) & 0o777)
+            for member in members
+        ]
+        entries.append(p.remount_ro(root, "the copied runner files are read-only"))
+    entries += [p.ro_bind(path, path, "a file the runner loads (read-only)") for path in leftover]
     return entries
+
+
+def _copy_roots(
+    files: list[str], usable: Callable[[str], bool]
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Files grouped under the deepest directory they share that is usable as a tmpfs root;
+    files that sit directly in an unusable directory are left to be bound one by one."""
+    root = os.path.dirname(files[0]) if len(files) == 1 else os.path.commonpath(files)
+    if usable(root):
+        return {root: files}, []
+    groups: dict[str, list[str]] = {}
+    leftover = []
+    for path in files:
+        below = path[len(root.rstrip("/")) + 1 :].split("/", 1)
+        if len(below) == 1:
+            leftover.append(path)
+        else:
+            groups.setdefault(os.path.join(root, below[0]), []).append(path)
+    roots: dict[str, list[str]] = {}
+    for members in groups.values():
+        more_roots, more_leftover = _copy_roots(members, usable)
+        roots.update(more_roots)
+        leftover += more_leftover
+    return roots, leftover
 
 
 def _require_exists(path: str, what: str) -> None:

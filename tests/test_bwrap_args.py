@@ -11,8 +11,8 @@ from nsconfine._bwrap_args import (
     NAMESPACE_OPTIONS,
     bwrap_command_line,
     bwrap_options,
-    data_entries,
     encode_options,
+    fd_entries,
 )
 from nsconfine._plan import EnvVar, Kind, Origin, Plan
 from nsconfine._session import Session, build_plan
@@ -75,14 +75,14 @@ def test_golden_options_of_a_small_plan() -> None:
     ]  # fmt: skip
 
 
-def test_data_fds_follow_data_entries_in_plan_order() -> None:
+def test_data_fds_follow_fd_entries_in_plan_order() -> None:
     """The nth data entry the launcher hands over is the one bwrap reads from fd 6+n."""
     plan = small_plan()
     options = bwrap_options(plan)
-    for number, entry in enumerate(data_entries(plan), start=6):
+    for number, entry in enumerate(fd_entries(plan), start=6):
         index = options.index(entry.dest)
         assert options[index - 2 : index] == ["--ro-bind-data", str(number)]
-    assert [e.content for e in data_entries(plan)] == [PASSWD, GROUP]
+    assert [e.content for e in fd_entries(plan)] == [PASSWD, GROUP]
 
 
 @pytest.mark.parametrize(
@@ -142,5 +142,5 @@ def test_session_plan_data_fds_are_numbered_from_six(session_plan: Plan) -> None
     """A session's generated files (passwd, group) are read from fds 6, 7, … in order."""
     options = bwrap_options(session_plan)
     fds = [options[i + 1] for i, option in enumerate(options) if option == "--ro-bind-data"]
-    assert fds == [str(6 + n) for n in range(len(data_entries(session_plan)))]
+    assert fds == [str(6 + n) for n in range(len(fd_entries(session_plan)))]
     assert len(fds) == sum(1 for e in session_plan.entries if e.kind is Kind.DATA) >= 2

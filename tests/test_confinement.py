@@ -26,10 +26,9 @@ from nsconfine._bwrap_args import (
     FIRST_DATA_FD,
     bwrap_command_line,
     bwrap_options,
-    data_entries,
     encode_options,
 )
-from nsconfine._executor import Sandbox, Stdio
+from nsconfine._executor import Sandbox, Stdio, open_entry_fds
 from nsconfine._plan import Plan
 from nsconfine._preflight import proven_bwrap
 from nsconfine._selftest import World, run_probe, run_script, unexplained_mounts
@@ -70,7 +69,7 @@ def naive_launch(
         del options[at : at + 2]
     options.remove("--die-with-parent")
     sources = [syscalls.memfd_sealed("args", encode_options(options))]
-    sources += [syscalls.memfd_sealed("data", e.content or b"") for e in data_entries(plan)]
+    open_entry_fds(plan, sources)
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in sources]
     targets = [ARGS_FD, *range(FIRST_DATA_FD, FIRST_DATA_FD + len(sources) - 1)]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(high, targets, strict=True)]

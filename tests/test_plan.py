@@ -27,6 +27,7 @@ def sample_plan() -> Plan:
             p.symlink("usr/bin", "/bin", "merged /usr"),
             p.proc("/proc", "own pids"),
             p.dev("/dev", "harmless devices"),
+            p.copy("/srv/runner.py", "/srv/ws/runner.py", "a runner file, copied", 0o644),
         ],
         env=[
             EnvVar("HOME", "/srv/ws/home", Origin.NSCONFINE),
@@ -180,8 +181,8 @@ def test_manifest_has_a_row_per_entry_with_its_reason() -> None:
 
 
 def test_to_json_entry_keys_are_exact() -> None:
-    """Each manifest entry has exactly kind, source, dest, mode, reason, plus sha256 or content
-    only where the entry has one."""
+    """Each manifest entry has exactly kind, source, dest, mode, reason, plus sha256, perms or
+    content only where the entry has one."""
     plan = sample_plan()
     record = plan.to_json()
     assert set(record) == {"entries", "env", "chdir", "deny"}
@@ -191,6 +192,9 @@ def test_to_json_entry_keys_are_exact() -> None:
         if entry.sha256 is not None:
             extra.add("sha256")
             assert shown["sha256"] == entry.sha256
+        if entry.perms is not None:
+            extra.add("perms")
+            assert shown["perms"] == f"{entry.perms:04o}"
         if entry.content is not None:
             extra.add("content")
             assert shown["content"] == entry.content.decode()

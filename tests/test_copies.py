@@ -1,0 +1,127 @@
+"""Many runner files are copied, not bound: the sandbox must show exactly the same paths.
+
+bwrap re-reads mountinfo after every bind, so a thousand file binds cost it seconds; past
+COPY_FILES_ABOVE files nsconfine copies them into a read-only tmpfs instead. These tests compare
+what a session sees both ways, and check that the lint and read-only-ness still hold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import nsconfine
+from nsconfine import _plan as p
+from nsconfine import _session
+from nsconfine._plan import Kind
+from nsconfine._selftest import run_script, unchecked_launcher
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+COUNT = 40
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A checkout with COUNT listed files in two directories, and unlisted siblings."""
+    checkout = tmp_path / "checkout"
+    listed = []
+    for index in range(COUNT):
+        path = checkout / ("src" if index % 2 else "lib") / f"m{index}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"module {index}\n")
+        listed.append(str(path))
+    (checkout / "src" / "unlisted.py").write_text("secret sibling\n")
+    (checkout / "notes").mkdir()
+    (checkout / "notes" / "private.md").write_text("secret\n")
+    (checkout / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (checkout / "run.sh").chmod(0o755)
+    listed.append(str(checkout / "run.sh"))
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "run").mkdir()
+    return tmp_path, listed
+
+
+def _session_plan(root: Path, listed: list[str]) -> nsconfine.Plan:
+    return nsconfine.Session(workspace=root / "ws", run_dir=root / "run", ro=listed).plan()
+
+
+FIND = "find {} | sort; cat {}"
+
+
+def test_copies_show_the_same_paths_as_binds(
+    tree: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With copies the session sees the same paths and contents as with one bind per file."""
+    root, listed = tree
+    copied = _session_plan(root, listed)
+    assert sum(entry.kind is Kind.COPY for entry in copied.entries) == len(listed)
+    monkeypatch.setattr(_session, "COPY_FILES_ABOVE", 10**6)
+    bound = _session_plan(root, listed)
+    assert not any(entry.kind is Kind.COPY for entry in bound.entries)
+    script = FIND.format(root / "checkout", " ".join(listed))
+    seen_copied = run_script(copied, script)
+    seen_bound = run_script(bound, script)
+    assert seen_copied.status == seen_bound.status == 0
+    assert seen_copied.stdout == seen_bound.stdout
+    assert "unlisted" not in seen_copied.stdout
+    assert "private.md" not in seen_copied.stdout
+
+
+def test_an_unlisted_sibling_would_show_if_bound(tree: tuple[Path, list[str]]) -> None:
+    """The comparison can fail: binding the unlisted sibling's directory makes it appear."""
+    root, listed = tree
+    plan = _session_plan(root, listed)
+    notes = str(root / "checkout" / "notes")
+    weakened = p.Plan.of(
+        [*plan.entries, p.ro_bind(notes, notes, "weakened")],
+        env=plan.env,
+        chdir=plan.chdir,
+        deny=plan.deny,
+    )
+    seen = run_script(weakened, f"find {root / 'checkout'}", unchecked_launcher)
+    assert "private.md" in seen.stdout
+
+
+def test_copies_are_read_only_and_keep_their_modes(tree: tuple[Path, list[str]]) -> None:
+    """A copied file cannot be written or replaced, and an executable copy still runs."""
+    root, listed = tree
+    target = listed[0]
+    outcome = run_script(
+        _session_plan(root, listed),
+        f"echo x >> {target}; rm -f {target}; touch {root}/checkout/lib/new.py; "
+        f"{root}/checkout/run.sh",
+    )
+    assert outcome.stdout == "ran\n"
+    assert outcome.stderr.count("Read-only file system") == 3
+    assert Path(target).read_text() == "module 0\n"
+
+
+def test_a_denied_file_is_refused_among_copies(tree: tuple[Path, list[str]]) -> None:
+    """The lint judges each copy's source like a bind: one denied file refuses the plan."""
+    root, listed = tree
+    secret = root / "data" / "store.db"
+    secret.parent.mkdir()
+    secret.write_text("secret\n")
+    session = nsconfine.Session(
+        workspace=root / "ws",
+        run_dir=root / "run",
+        ro=[*listed, str(secret)],
+        deny=[root / "data"],
+    )
+    with pytest.raises(nsconfine.PlanError, match="store.db"):
+        session.plan()
+
+
+def test_the_manifest_says_where_copies_are_made_and_why(tree: tuple[Path, list[str]]) -> None:
+    """Every copy is an entry with its reason, and each copy root is a tmpfs made read-only."""
+    root, listed = tree
+    plan = _session_plan(root, listed)
+    copies = [entry for entry in plan.entries if entry.kind is Kind.COPY]
+    assert all("copied at launch" in entry.reason for entry in copies)
+    roots = {entry.dest for entry in plan.entries if entry.kind is Kind.TMPFS} - {"/tmp"}
+    remounted = {entry.dest for entry in plan.entries if entry.kind is Kind.REMOUNT_RO}
+    assert roots
+    assert roots <= remounted
+    assert all(any(c.dest.startswith(r + "/") for r in roots) for c in copies)
