@@ -110,7 +110,7 @@ def test_a_denied_file_is_refused_among_copies(tree: tuple[Path, list[str]]) -> 
         ro=[*listed, str(secret)],
         deny=[root / "data"],
     )
-    with pytest.raises(nsconfine.PlanError, match="store.db"):
+    with pytest.raises(nsconfine.PlanError, match=r"store\.db"):
         session.plan()
 
 
