@@ -1,0 +1,127 @@
+"""The bench program runs and reports what benchmarks/README.md documents (never its times)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+TOP_LEVEL_KEYS = {
+    "schema",
+    "smoke",
+    "launches",
+    "elapsed_s",
+    "machine",
+    "versions",
+    "rows",
+    "targets",
+    "derived",
+    "skipped",
+    "samples",
+}
+ROW_KEYS = {
+    "section",
+    "name",
+    "unit",
+    "n",
+    "p50",
+    "p95",
+    "p99",
+    "mean",
+    "min",
+    "max",
+    "baseline",
+    "ratio_p50",
+    "ratio_p99",
+    "note",
+    "extra",
+}
+TARGET_KEYS = {"name", "goal", "value", "limit", "unit", "met", "value_over_limit"}
+SECTIONS = {"launch", "checks", "plan", "binds", "concurrency", "memory", "size", "cli"}
+ROWS = {
+    "launch.exec.nsconfine",
+    "launch.exec.floor",
+    "launch.exec.naive",
+    "launch.exec.process",
+    "launch.exit.nsconfine",
+    "launch.exit.floor",
+    "launch.exit.naive",
+    "launch.exit.process",
+    "plan.binds-0",
+    "plan.binds-1000",
+    "binds.nsconfine.0",
+    "binds.nsconfine.100",
+    "concurrency.nsconfine.32",
+    "memory.bwrap.rss",
+    "memory.launcher.python",
+    "size.20MiB.nsconfine",
+    "size.20MiB.naive",
+    "cli.run",
+    "cli.python",
+    "cli.bwrap",
+}
+TARGETS = {
+    "spawn-exec-p50-vs-floor",
+    "spawn-exec-p99-vs-floor",
+    "spawn-exit-p50-vs-floor",
+    "spawn-exit-p99-vs-floor",
+    "faster-than-naive-20MiB",
+    "plan-default",
+    "plan-1000-binds",
+    "import",
+    "cli-overhead",
+}
+
+
+@pytest.fixture(scope="module")
+def smoke_report(sandbox_ready: None) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "nsconfine.bench", "--smoke", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+@pytest.mark.confinement
+def test_smoke_json_has_the_documented_keys(smoke_report: dict[str, Any]) -> None:
+    """`--smoke --json` prints one JSON object with every documented top-level key."""
+    assert set(smoke_report) >= TOP_LEVEL_KEYS
+    assert smoke_report["smoke"] is True
+    assert smoke_report["schema"] == 1
+
+
+@pytest.mark.confinement
+def test_smoke_rows_cover_every_section_with_full_statistics(
+    smoke_report: dict[str, Any],
+) -> None:
+    """Every row carries n, the percentiles and its ratio fields, and every section has rows."""
+    rows = {row["name"]: row for row in smoke_report["rows"]}
+    assert set(rows) >= ROWS
+    assert {row["section"] for row in rows.values()} == SECTIONS
+    for row in rows.values():
+        assert set(row) >= ROW_KEYS, row["name"]
+        assert row["n"] == len(smoke_report["samples"][row["name"]]) >= 1
+        assert all(math.isfinite(row[key]) for key in ("p50", "p95", "p99"))
+        if row["baseline"] is not None:
+            assert row["baseline"] in rows
+            assert row["ratio_p50"] is not None
+
+
+@pytest.mark.confinement
+def test_smoke_judges_every_target(smoke_report: dict[str, Any]) -> None:
+    """Each target of issue 3 is judged, met or not, with the numbers it was judged on."""
+    targets = {target["name"]: target for target in smoke_report["targets"]}
+    assert set(targets) >= TARGETS
+    for target in targets.values():
+        assert set(target) >= TARGET_KEYS
+        assert isinstance(target["met"], bool)
+    assert {"cli_overhead_ms", "import_ms"} <= set(smoke_report["derived"])
