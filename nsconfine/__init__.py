@@ -10,6 +10,7 @@ from nsconfine._errors import (
 )
 from nsconfine._executor import Sandbox
 from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
+from nsconfine._pool import Pool
 from nsconfine._preflight import PreflightReport, preflight
 from nsconfine._session import Harness, Session
 from nsconfine._spawn import spawn
@@ -29,6 +30,7 @@ __all__ = [
     "Origin",
     "Plan",
     "PlanError",
+    "Pool",
     "PreflightReport",
     "Sandbox",
     "SandboxUnavailable",

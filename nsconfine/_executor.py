@@ -157,8 +157,12 @@ def launch(
     stdin: Stdio = None,
     stdout: Stdio = None,
     stderr: Stdio = None,
+    extra_fds: Sequence[int] = (),
 ) -> Sandbox:
-    """Run argv under bwrap on plan, as is: no lint, no preflight (see nsconfine.spawn)."""
+    """Run argv under bwrap on plan, as is: no lint, no preflight (see nsconfine.spawn).
+
+    extra_fds reach the command itself (bwrap passes on what it does not use), numbered from
+    FIRST_DATA_FD + len(fd_entries(plan)): the pool's exec shim gets its socket this way."""
     stdio = (_stdio_fd(stdin, "stdin"), _stdio_fd(stdout, "stdout"), _stdio_fd(stderr, "stderr"))
     command = [os.fsencode(arg) for arg in bwrap_command_line(bwrap, argv)]
     options = compiled_options(plan)
@@ -180,7 +184,7 @@ def launch(
             stdin=stdio[0],
             stdout=stdio[1],
             stderr=stdio[2],
-            pass_fds=child_side,
+            pass_fds=[*child_side, *extra_fds],
             pdeathsig=signal.SIGKILL,
         )
     except _syscalls.SyscallError as error:

@@ -1275,6 +1275,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; return the exit status."""
+    # The child interpreters it times must import the installed nsconfine: run from a clone,
+    # `python -m`/`-c` would put the source tree (without its compiled module) first.
+    os.environ["PYTHONSAFEPATH"] = "1"
     arguments = _parser().parse_args(argv)
     launches = arguments.launches or (5 if arguments.smoke else 200)
     if launches < 1:

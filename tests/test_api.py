@@ -23,6 +23,7 @@ def test_public_names_are_pinned() -> None:
         "Origin",
         "Plan",
         "PlanError",
+        "Pool",
         "PreflightReport",
         "Sandbox",
         "SandboxUnavailable",

@@ -78,9 +78,10 @@ TARGETS = {
 
 
 @pytest.fixture(scope="module")
-def smoke_report(sandbox_ready: None) -> dict[str, Any]:
+def smoke_report(sandbox_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "nsconfine.bench", "--smoke", "--json"],
+        cwd=tmp_path_factory.mktemp("bench"),  # not the source tree: it would shadow the install
         capture_output=True,
         text=True,
         timeout=300,

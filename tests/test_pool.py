@@ -1,0 +1,242 @@
+"""Pre-staged sandboxes (nsconfine.Pool) on real namespaces: a warm launch runs the caller's
+command, with the caller's stdio and environment, as confined as a spawn; staged sandboxes end
+when unused, when the pool closes and when the launcher dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nsconfine
+from nsconfine._pool import SHIM_DEST, SHIM_REASON
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+Launcher = Callable[..., nsconfine.Sandbox]
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> nsconfine.Plan:
+    """A default session's plan, in a fresh temp directory."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "run").mkdir()
+    return nsconfine.Session(workspace=tmp_path / "ws", run_dir=tmp_path / "run").plan()
+
+
+@pytest.fixture(params=["background", "inline"])
+def pool(request: pytest.FixtureRequest, plan: nsconfine.Plan) -> Iterator[nsconfine.Pool]:
+    """A pool of one staged sandbox, in each refill mode."""
+    with nsconfine.Pool(plan, refill=request.param) as staged:
+        yield staged
+
+
+def run(launch: Launcher, argv: list[str], **kwargs: object) -> tuple[int, str]:
+    """Launch argv with stdout on a pipe; its exit status and everything it printed."""
+    read_end, write_end = os.pipe()
+    try:
+        sandbox = launch(argv, stdout=write_end, **kwargs)
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as output:
+        printed = output.read().decode()
+    return sandbox.wait(timeout=30), printed
+
+
+def staged_processes(pool: nsconfine.Pool) -> list[psutil.Process]:
+    """bwrap, the sandbox's init and the shim of every staged sandbox."""
+    processes = []
+    for staged in list(pool._staged):
+        bwrap = psutil.Process(staged.pid)
+        processes += [bwrap, *bwrap.children(recursive=True)]
+    assert processes
+    return processes
+
+
+def wait_gone(pids: list[int], *, zombies_count_as_gone: bool) -> list[int]:
+    """The pids still alive after up to 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                zombie = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                continue
+            if not (zombie and zombies_count_as_gone):
+                alive.append(pid)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def test_warm_launch_runs_the_callers_argv_and_env(pool: nsconfine.Pool) -> None:
+    """The payload gets the argv and extra variables of the launch over the plan's env."""
+    script = 'printf "%s|%s|%s|%s" "$0" "$1" "$FOO" "$HOME"'
+    status, printed = run(pool.launch, ["sh", "-c", script, "zero", "one"], env={"FOO": "b r"})
+    home = next(v.value for v in pool.plan.env if v.name == "HOME")
+    assert (status, printed) == (0, f"zero|one|b r|{home}")
+
+
+def test_env_none_is_exactly_what_spawn_gives(pool: nsconfine.Pool) -> None:
+    """Without env the payload's environment is the one spawn's payload gets."""
+    _, warm = run(pool.launch, ["/usr/bin/env"])
+    _, cold = run(lambda argv, **kw: nsconfine.spawn(pool.plan, argv, **kw), ["/usr/bin/env"])
+    assert sorted(warm.splitlines()) == sorted(cold.splitlines())
+    assert "HOME=" in warm
+
+
+def test_stdio_fds_are_the_callers(pool: nsconfine.Pool, tmp_path: Path) -> None:
+    """stdin, stdout and stderr of the launch are the fds the payload reads and writes."""
+    (tmp_path / "in").write_text("from stdin\n")
+    with (
+        open(tmp_path / "in", "rb") as stdin,
+        open(tmp_path / "out", "wb") as stdout,
+        open(tmp_path / "err", "wb") as stderr,
+    ):
+        sandbox = pool.launch(
+            ["sh", "-c", "cat; echo to-stderr >&2"], stdin=stdin, stdout=stdout, stderr=stderr
+        )
+        assert sandbox.wait(timeout=30) == 0
+    assert (tmp_path / "out").read_text() == "from stdin\n"
+    assert (tmp_path / "err").read_text() == "to-stderr\n"
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"), [("exit 7", 7), ("exit 0", 0), ("kill -TERM $$", 128 + 15)]
+)
+def test_exit_status_propagates(pool: nsconfine.Pool, script: str, expected: int) -> None:
+    """The launch's status is the payload's, as spawn reports it."""
+    assert pool.launch(["sh", "-c", script]).wait(timeout=30) == expected
+    assert nsconfine.spawn(pool.plan, ["sh", "-c", script]).wait(timeout=30) == expected
+
+
+def test_exec_failure_raises_oserror(pool: nsconfine.Pool) -> None:
+    """A command that cannot be exec'd raises OSError with its errno; the pool carries on."""
+    with pytest.raises(OSError, match="execvp") as raised:
+        pool.launch(["no-such-command-anywhere"])
+    assert raised.value.errno == 2
+    assert run(pool.launch, ["sh", "-c", "echo still"]) == (0, "still\n")
+
+
+def test_staged_sandbox_is_confined(plan: nsconfine.Plan, tmp_path: Path) -> None:
+    """A file outside the plan is unreadable from a warm launch, and readable once bound."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the secret")
+    probe = ["sh", "-c", f"cat {secret}"]
+    with nsconfine.Pool(plan) as pool:
+        status, printed = run(pool.launch, probe)
+    assert status != 0
+    assert "the secret" not in printed
+    session = nsconfine.Session(workspace=tmp_path / "ws", run_dir=tmp_path / "run", ro=[secret])
+    with nsconfine.Pool(session.plan()) as pool:
+        assert run(pool.launch, probe) == (0, "the secret")
+
+
+def test_staged_sandbox_has_its_own_namespaces(pool: nsconfine.Pool) -> None:
+    """The staged shim runs in new user, mount and pid namespaces."""
+    assert pool.wait_staged(30)
+    shim = staged_processes(pool)[-1]
+    for name in ("user", "mnt", "pid"):
+        theirs = os.stat(f"/proc/{shim.pid}/ns/{name}").st_ino
+        assert theirs != os.stat(f"/proc/self/ns/{name}").st_ino
+
+
+def test_unused_staged_sandbox_expires_and_is_reaped(plan: nsconfine.Plan) -> None:
+    """A staged sandbox left idle past its timeout exits, and the pool reaps it."""
+    with nsconfine.Pool(plan, idle_timeout=0.5) as pool:
+        assert pool.wait_staged(30)
+        pids = [process.pid for process in staged_processes(pool)]
+        assert wait_gone(pids, zombies_count_as_gone=False) == []
+        assert pool.staged == 0
+        assert run(pool.launch, ["sh", "-c", "echo again"]) == (0, "again\n")
+
+
+def test_close_leaves_no_staged_process(plan: nsconfine.Plan) -> None:
+    """pool.close() kills and reaps every staged sandbox."""
+    pool = nsconfine.Pool(plan, size=2)
+    assert pool.wait_staged(30)
+    pids = [process.pid for process in staged_processes(pool)]
+    pool.close()
+    assert wait_gone(pids, zombies_count_as_gone=False) == []
+
+
+def test_launched_payload_outlives_close(plan: nsconfine.Plan) -> None:
+    """Closing the pool does not end a payload it launched (the stager thread outlives it)."""
+    with nsconfine.Pool(plan) as pool:
+        read_end, write_end = os.pipe()
+        sandbox = pool.launch(["sh", "-c", "sleep 0.5; echo done"], stdout=write_end)
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as output:
+        assert output.read() == b"done\n"
+    assert sandbox.wait(timeout=30) == 0
+
+
+def test_killed_launcher_leaves_no_staged_process(plan: nsconfine.Plan, tmp_path: Path) -> None:
+    """SIGKILL of the launcher takes its staged sandboxes with it."""
+    launcher_code = textwrap.dedent(
+        f"""
+        import json, sys, time
+        import nsconfine
+        session = nsconfine.Session(workspace={str(tmp_path / "ws")!r},
+                                    run_dir={str(tmp_path / "run")!r})
+        pool = nsconfine.Pool(session.plan(), size=2)
+        assert pool.wait_staged(30)
+        print(json.dumps([staged.pid for staged in pool._staged]), flush=True)
+        time.sleep(600)
+        """
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", launcher_code], cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert launcher.stdout is not None
+        line = launcher.stdout.readline()
+        bwraps = [psutil.Process(pid) for pid in json.loads(line)]
+        pids = [p.pid for bwrap in bwraps for p in (bwrap, *bwrap.children(recursive=True))]
+        assert len(pids) >= 6  # bwrap, its init and the shim, twice
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        assert wait_gone(pids, zombies_count_as_gone=True) == []
+    finally:
+        launcher.kill()
+        launcher.wait()
+        if launcher.stdout is not None:
+            launcher.stdout.close()
+
+
+def test_manifest_lists_the_shim_with_its_reason(pool: nsconfine.Pool) -> None:
+    """The pool's plan shows the shim's read-only, pinned bind and why it is there."""
+    entry = next(e for e in pool.plan.to_json()["entries"] if e["dest"] == SHIM_DEST)
+    assert (entry["kind"], entry["mode"], entry["reason"]) == ("bind", "ro", SHIM_REASON)
+    assert len(entry["sha256"]) == 64
+    assert SHIM_REASON in pool.plan.manifest()
+
+
+def test_a_plan_entry_at_the_shims_place_is_refused(plan: nsconfine.Plan) -> None:
+    """A plan that already mounts something over the shim's path cannot be pooled."""
+    from nsconfine._plan import Plan, tmpfs
+
+    taken = Plan.of([*plan.entries, tmpfs(SHIM_DEST, "in the way")], env=plan.env)
+    with pytest.raises(nsconfine.PlanError, match="exec shim"):
+        nsconfine.Pool(taken)
+
+
+def test_a_shim_in_a_denied_path_is_refused_by_name(plan: nsconfine.Plan) -> None:
+    """If the installed shim lies in a denied path, the pool says so and how to fix it."""
+    from nsconfine._plan import Plan
+    from nsconfine._pool import SHIM_PATH
+
+    rule = nsconfine.DenyRule(os.path.dirname(os.path.realpath(SHIM_PATH)), "stand-in store")
+    denied = Plan.of(plan.entries, env=plan.env, chdir=plan.chdir, deny=[*plan.deny, rule])
+    with pytest.raises(nsconfine.PlanError, match=r"exec shim .* install nsconfine outside"):
+        nsconfine.Pool(denied)
