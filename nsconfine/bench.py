@@ -53,7 +53,17 @@ from nsconfine._preflight import proven_bwrap
 from nsconfine._syscalls import memfd_sealed
 
 SCHEMA: Final = 1
-SECTIONS: Final = ("launch", "checks", "plan", "binds", "concurrency", "memory", "size", "cli")
+SECTIONS: Final = (
+    "launch",
+    "pool",
+    "checks",
+    "plan",
+    "binds",
+    "concurrency",
+    "memory",
+    "size",
+    "cli",
+)
 EXEC_ARGV: Final = ("/bin/echo", "-n", "x")  # its first output is the proof that it exec'd
 TRUE_ARGV: Final = ("/bin/true",)
 SLEEP_ARGV: Final = ("/bin/sleep", "1000")
@@ -464,6 +474,53 @@ def bench_launch(results: Results, w: World, config: Config) -> None:
         found = shutil.which(other)
         reason = "not installed" if found is None else f"found at {found}; no row implemented"
         results.skipped.append({"name": f"launch.exit.{other}", "reason": reason})
+
+
+def bench_pool(results: Results, w: World, config: Config) -> None:
+    """Warm launches from a Pool (staged ahead of need) against cold nsconfine.spawn."""
+    plan = w.session().plan()
+    launchers = Launchers(w.bwrap, plan)
+    with nsconfine.Pool(plan) as pool:
+
+        def warm(argv: Sequence[str], stdout: int) -> Waiter:
+            return pool.launch(list(argv), stdout=stdout).wait
+
+        def staged_then(sample: Callable[[], int]) -> Callable[[], int]:
+            def run() -> int:  # only the launch itself is timed: restaging is ahead of need
+                if not pool.wait_staged(30):
+                    raise BenchError("the pool could not stage a sandbox")
+                return sample()
+
+            return run
+
+        tasks = [
+            Task("pool.exec.warm", staged_then(until_exec(warm)), config.launches),
+            Task("pool.exec.cold", until_exec(launchers.nsconfine), config.launches),
+            Task("pool.exit.warm", staged_then(until_exit(warm, w.devnull)), config.launches),
+            Task("pool.exit.cold", until_exit(launchers.nsconfine, w.devnull), config.launches),
+        ]
+        _progress(f"pool: warm and cold launches x {config.launches} rounds")
+        samples = interleave(tasks)
+    for mode in ("exec", "exit"):
+        results.add(
+            Row(
+                "pool",
+                f"pool.{mode}.warm",
+                "ms",
+                _ms(samples[f"pool.{mode}.warm"]),
+                baseline=f"pool.{mode}.cold",
+                note="Pool.launch of a staged sandbox: one sendmsg, then exec",
+            )
+        )
+        results.add(
+            Row(
+                "pool",
+                f"pool.{mode}.cold",
+                "ms",
+                _ms(samples[f"pool.{mode}.cold"]),
+                note="nsconfine.spawn, the same plan",
+            )
+        )
 
 
 def bench_checks(results: Results, w: World, config: Config) -> None:
@@ -984,6 +1041,11 @@ def targets(results: Results) -> list[Target]:
                         "x",
                     )
                 )
+    warm = results.p("pool.exec.warm", "p50")
+    if warm is not None:
+        found.append(
+            Target("pool-warm-p50", "Pool warm launch p50 (to exec) <= 0.5 ms", warm, 0.5, "ms")
+        )
     sizes = sorted(
         {name.split(".")[1] for name in results.rows if name.startswith("size.")},
         key=lambda label: int(label[:-3]) * (1024 if label.endswith("GiB") else 1),
@@ -1238,6 +1300,7 @@ def plot(data: dict[str, Any], path: str) -> None:
 
 SECTION_FUNCTIONS: Final[dict[str, Callable[[Results, World, Config], None]]] = {
     "launch": bench_launch,
+    "pool": bench_pool,
     "checks": bench_checks,
     "plan": bench_plan,
     "binds": bench_binds,

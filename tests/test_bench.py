@@ -41,7 +41,7 @@ ROW_KEYS = {
     "extra",
 }
 TARGET_KEYS = {"name", "goal", "value", "limit", "unit", "met", "value_over_limit"}
-SECTIONS = {"launch", "checks", "plan", "binds", "concurrency", "memory", "size", "cli"}
+SECTIONS = {"launch", "pool", "checks", "plan", "binds", "concurrency", "memory", "size", "cli"}
 ROWS = {
     "launch.exec.nsconfine",
     "launch.exec.floor",
@@ -51,6 +51,8 @@ ROWS = {
     "launch.exit.floor",
     "launch.exit.naive",
     "launch.exit.process",
+    "pool.exec.warm",
+    "pool.exit.cold",
     "plan.binds-0",
     "plan.binds-1000",
     "binds.nsconfine.0",
@@ -72,6 +74,7 @@ TARGETS = {
     "faster-than-naive-20MiB",
     "plan-default",
     "plan-1000-binds",
+    "pool-warm-p50",
     "import",
     "cli-overhead",
 }
