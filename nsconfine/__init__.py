@@ -10,12 +10,25 @@ from nsconfine._errors import (
 )
 from nsconfine._executor import Sandbox
 from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
-from nsconfine._pool import Pool
 from nsconfine._preflight import PreflightReport, preflight
 from nsconfine._session import Harness, Session
 from nsconfine._spawn import spawn
 
 __version__ = "0.1.0"
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nsconfine._pool import Pool
+
+
+def __getattr__(name: str) -> object:
+    # Pool brings sockets and a thread along: only launchers that use it import them.
+    if name == "Pool":
+        from nsconfine._pool import Pool
+
+        return Pool
+    raise AttributeError(f"module 'nsconfine' has no attribute {name!r}")
+
 
 __all__ = [
     "CredentialInsecure",

@@ -12,12 +12,15 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from nsconfine._bwrap_args import bwrap_options
 from nsconfine._errors import NsconfineError, UsageError
 from nsconfine._plan import Origin, Plan
 from nsconfine._session import Harness, Session
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 

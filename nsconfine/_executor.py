@@ -13,24 +13,26 @@ write the byte that lets the command exec; on any doubt it kills bwrap and refus
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
 import threading
 from collections.abc import Sequence
-from typing import IO, Any, Final
 
 from nsconfine import _syscalls
 from nsconfine._bwrap_args import bwrap_command_line, compiled_options, fd_entries
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
 from nsconfine._plan import Kind, Plan
 
+TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
+if TYPE_CHECKING:
+    from typing import IO, Any, Final
+
+    Stdio = int | IO[Any] | None
+
 # What a launch must see differ from the launcher's own; "net" is shared by design.
 CONFINING_NAMESPACES: Final = ("user", "mnt", "pid", "ipc", "uts", "cgroup")
 INFO_TIMEOUT_SECONDS: Final = 10.0
-
-Stdio = int | IO[Any] | None
 
 
 def _stdio_fd(value: Stdio, name: str) -> int:
@@ -231,6 +233,8 @@ def _kill_and_reap(pid: int) -> int:
 
 def _read_info(bwrap: str, info_fd: int) -> dict[str, Any]:
     """bwrap's info object, or a refusal if bwrap exits or stays silent first."""
+    import json  # on the first launch: not on the import path of every launcher
+
     received = b""
     while True:
         ready, _, _ = select.select([info_fd], [], [], INFO_TIMEOUT_SECONDS)

@@ -9,13 +9,15 @@ deny rules that no bind may break (checked by nsconfine._policy before every lau
 from __future__ import annotations
 
 import enum
-import json
 import posixpath
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from nsconfine._errors import PlanError
+from nsconfine._record import Record
+
+TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Kind(enum.StrEnum):
@@ -39,20 +41,41 @@ class Mode(enum.StrEnum):
     RW = "rw"
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(Record):
     """One operation of the plan: source, destination, mode and the reason it must exist."""
 
+    FIELDS = ("kind", "dest", "mode", "reason", "source", "content", "sha256", "perms")
+    __slots__ = FIELDS
     kind: Kind
     dest: str
     mode: Mode
     reason: str
-    source: str = ""
-    content: bytes | None = None  # DATA only
-    sha256: str | None = None  # BIND only: the source must hash to this before launch
-    perms: int | None = None  # COPY only: the copy's permission bits
+    source: str
+    content: bytes | None  # DATA only
+    sha256: str | None  # BIND only: the source must hash to this before launch
+    perms: int | None  # COPY only: the copy's permission bits
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        dest: str,
+        mode: Mode,
+        reason: str,
+        source: str = "",
+        content: bytes | None = None,
+        sha256: str | None = None,
+        perms: int | None = None,
+    ) -> None:
+        self._set(
+            kind=kind,
+            dest=dest,
+            mode=mode,
+            reason=reason,
+            source=source,
+            content=content,
+            sha256=sha256,
+            perms=perms,
+        )
         if not self.reason.strip():
             raise PlanError(f"entry for {self.dest!r} has no reason: every entry must say why")
         normalized = posixpath.normpath(self.dest)
@@ -164,15 +187,18 @@ class Origin(enum.StrEnum):
     CREDENTIAL = "credential"  # read from the credential file: hidden
 
 
-@dataclass(frozen=True, slots=True)
-class EnvVar:
+class EnvVar(Record):
     """One variable of the session's environment, which starts empty."""
 
+    FIELDS = ("name", "value", "origin")
+    HIDDEN = frozenset({"value"})
+    __slots__ = FIELDS
     name: str
-    value: str = field(repr=False)
+    value: str
     origin: Origin
 
-    def __post_init__(self) -> None:
+    def __init__(self, name: str, value: str, origin: Origin) -> None:
+        self._set(name=name, value=value, origin=origin)
         # bwrap reads its options NUL-separated: a NUL here would smuggle in options.
         if not self.name or "=" in self.name or "\0" in self.name or "\0" in self.value:
             raise PlanError(f"environment variable {self.name!r} has an invalid name or value")
@@ -183,14 +209,18 @@ class EnvVar:
         return {"name": self.name, "value": shown, "origin": str(self.origin)}
 
 
-@dataclass(frozen=True, slots=True)
-class DenyRule:
+class DenyRule(Record):
     """A host path no bind may expose: a bind is refused when its resolved source is this path
     or contains it, and, when `inside` is set, when the source lies anywhere inside it."""
 
+    FIELDS = ("path", "reason", "inside")
+    __slots__ = FIELDS
     path: str
     reason: str
-    inside: bool = True
+    inside: bool
+
+    def __init__(self, path: str, reason: str, inside: bool = True) -> None:
+        self._set(path=path, reason=reason, inside=inside)
 
     def to_json(self) -> dict[str, Any]:
         """The manifest form of the rule."""
@@ -204,21 +234,27 @@ def _execution_order(entry: Entry) -> tuple[int, int]:
     return (1 if entry.kind is Kind.REMOUNT_RO else 0, depth)
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(Record):
     """Entries in execution order, the session's environment, its working directory, and the
     deny rules its binds are checked against before every launch."""
 
+    FIELDS = ("entries", "env", "chdir", "deny")
+    __slots__ = (*FIELDS, "compiled")
     entries: tuple[Entry, ...]
-    env: tuple[EnvVar, ...] = ()
-    chdir: str = "/"
-    deny: tuple[DenyRule, ...] = ()
-    # bwrap's encoded options, computed on the first launch: the plan never changes.
-    compiled: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    env: tuple[EnvVar, ...]
+    chdir: str
+    deny: tuple[DenyRule, ...]
+    compiled: bytes | None  # bwrap's encoded options, made on the first launch: plans don't change
 
-    def __post_init__(self) -> None:
-        ordered = tuple(sorted(self.entries, key=_execution_order))
-        object.__setattr__(self, "entries", ordered)
+    def __init__(
+        self,
+        entries: tuple[Entry, ...],
+        env: tuple[EnvVar, ...] = (),
+        chdir: str = "/",
+        deny: tuple[DenyRule, ...] = (),
+    ) -> None:
+        ordered = tuple(sorted(entries, key=_execution_order))
+        self._set(entries=ordered, env=tuple(env), chdir=chdir, deny=tuple(deny), compiled=None)
         seen: set[str] = set()
         for entry in ordered:
             if entry.kind is Kind.REMOUNT_RO:  # it changes a mount set up before it
@@ -242,7 +278,7 @@ class Plan:
         chdir: str = "/",
         deny: Sequence[DenyRule] = (),
     ) -> Plan:
-        """A plan from any iterables (the dataclass itself wants tuples)."""
+        """A plan from any iterables."""
         return cls(tuple(entries), tuple(env), chdir, tuple(deny))
 
     def without(self, dest: str) -> Plan:
@@ -285,4 +321,6 @@ class Plan:
 
     def manifest_json(self) -> str:
         """The manifest as JSON text."""
+        import json
+
         return json.dumps(self.to_json(), indent=2) + "\n"

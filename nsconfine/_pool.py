@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from nsconfine import _syscalls
 from nsconfine._bwrap_args import FIRST_DATA_FD, fd_entries
@@ -37,11 +37,14 @@ from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
 
 # The executor's private helpers, on purpose: a pool's stdio arguments mean what spawn's do, and
 # a staged sandbox is killed and reaped the way a failed launch is.
-from nsconfine._executor import Sandbox, Stdio, _kill_and_reap, _stdio_fd, launch
+from nsconfine._executor import Sandbox, _kill_and_reap, _stdio_fd, launch
 from nsconfine._pins import file_sha256, verify_pins
 from nsconfine._plan import Entry, Kind, Plan, ro_bind
 from nsconfine._policy import check_plan
 from nsconfine._preflight import proven_bwrap
+
+if TYPE_CHECKING:
+    from nsconfine._executor import Stdio
 
 SHIM_PATH: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim")
 SHIM_DEST: Final = "/run/nsconfine/shim"

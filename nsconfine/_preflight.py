@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
-from typing import Any, Final
 
 from nsconfine import _syscalls
 from nsconfine._bwrap_args import REQUIRED_OPTIONS
 from nsconfine._errors import NsconfineError, SandboxUnavailable
 from nsconfine._executor import launch
+from nsconfine._record import Record
 from nsconfine._session import Session, build_plan
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from typing import Any, Final
 
 CHECK_ORDER: Final = ("bwrap", "options", "user-namespaces", "canary")
 CANARY_VERSION: Final = 1  # bump when the canary's checks change: old proofs no longer count
@@ -69,22 +72,31 @@ BWRAP_FAILURES: Final = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
+class Check(Record):
     """One preflight check and what it found."""
 
+    FIELDS = ("name", "ok", "detail")
+    __slots__ = FIELDS
     name: str
     ok: bool
     detail: str
 
+    def __init__(self, name: str, ok: bool, detail: str) -> None:
+        self._set(name=name, ok=ok, detail=detail)
 
-@dataclass(slots=True)
+
 class PreflightReport:
     """What preflight found: ready means a launch on this host will be confined."""
 
-    bwrap: str | None = None
-    checks: list[Check] = field(default_factory=list)
-    error: NsconfineError | None = None
+    __slots__ = ("bwrap", "checks", "error")
+
+    def __init__(self, bwrap: str | None = None) -> None:
+        self.bwrap = bwrap
+        self.checks: list[Check] = []
+        self.error: NsconfineError | None = None
+
+    def __repr__(self) -> str:
+        return f"<PreflightReport ready={self.ready} bwrap={self.bwrap!r}>"
 
     @property
     def ready(self) -> bool:

@@ -13,7 +13,6 @@ the plan so that it must flip), which shows that no probe can pass on an unconfi
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -24,14 +23,17 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nsconfine import _plan as p
-from nsconfine._executor import Sandbox, Stdio, launch
+from nsconfine._executor import Sandbox, launch
 from nsconfine._plan import Kind, Plan
 from nsconfine._preflight import proven_bwrap
 from nsconfine._session import Harness, Session, build_plan
 from nsconfine._spawn import spawn
+
+if TYPE_CHECKING:
+    from nsconfine._executor import Stdio
 
 PROBE_TIMEOUT_SECONDS = 30.0
 
@@ -86,10 +88,9 @@ def _quote(path: str) -> str:
 
 def _add(*entries: p.Entry) -> Callable[[Plan], Plan]:
     def weaken(plan: Plan) -> Plan:
-        kept = [e for e in plan.entries if e.dest not in {n.dest for n in entries}]
-        return dataclasses.replace(
-            plan, entries=tuple(sorted([*kept, *entries], key=p._execution_order))
-        )
+        replaced = {entry.dest for entry in entries}
+        kept = [entry for entry in plan.entries if entry.dest not in replaced]
+        return plan.replace(entries=(*kept, *entries))  # the plan puts them in order
 
     return weaken
 
@@ -97,7 +98,7 @@ def _add(*entries: p.Entry) -> Callable[[Plan], Plan]:
 def _drop(dest: str, chdir: str | None = None) -> Callable[[Plan], Plan]:
     def weaken(plan: Plan) -> Plan:
         weaker = plan.without(dest)
-        return dataclasses.replace(weaker, chdir=chdir) if chdir else weaker
+        return weaker.replace(chdir=chdir) if chdir else weaker
 
     return weaken
 
@@ -349,8 +350,8 @@ class World:
                 True,
                 'printf %s "$ANTHROPIC_API_KEY"',
                 lambda outcome: outcome.stdout == f"sk-stand-in-{self.token}",
-                lambda plan: dataclasses.replace(
-                    plan, env=tuple(v for v in plan.env if v.name != "ANTHROPIC_API_KEY")
+                lambda plan: plan.replace(
+                    env=tuple(v for v in plan.env if v.name != "ANTHROPIC_API_KEY")
                 ),
             ),
             Probe(
@@ -358,7 +359,7 @@ class World:
                 True,
                 "exit 42",
                 lambda outcome: outcome.status == 42,
-                lambda plan: dataclasses.replace(plan, chdir="/nonexistent"),
+                lambda plan: plan.replace(chdir="/nonexistent"),
             ),
         ]
 

@@ -12,7 +12,6 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from nsconfine import _plan as p
 from nsconfine._credential import read_credential
@@ -26,6 +25,7 @@ from nsconfine._policy import (
     invoking_user_home,
     resolve,
 )
+from nsconfine._record import Record
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -56,12 +56,16 @@ _DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-@dataclass(frozen=True, slots=True)
-class Harness:
+class Harness(Record):
     """An executable the session runs (the agent), optionally pinned by its sha256."""
 
+    FIELDS = ("path", "sha256")
+    __slots__ = FIELDS
     path: str
-    sha256: str | None = None
+    sha256: str | None
+
+    def __init__(self, path: str, sha256: str | None = None) -> None:
+        self._set(path=path, sha256=sha256)
 
     @classmethod
     def parse(cls, spec: str) -> Harness:
@@ -74,18 +78,19 @@ class Harness:
         return cls(path, pin.lower())
 
 
-@dataclass(frozen=True, slots=True)
-class Session:
+class Session(Record):
     """What a role session needs; `plan()` turns it into the mount plan that confines it."""
 
+    FIELDS = ("workspace", "run_dir", "ro", "harness", "tool_socket", "env", "credential", "deny")
+    __slots__ = FIELDS
     workspace: str
     run_dir: str
-    ro: tuple[str, ...] = ()
-    harness: tuple[Harness, ...] = ()
-    tool_socket: str | None = None
-    env: tuple[str, ...] = ()
-    credential: str | None = None
-    deny: tuple[str, ...] = ()
+    ro: tuple[str, ...]
+    harness: tuple[Harness, ...]
+    tool_socket: str | None
+    env: tuple[str, ...]
+    credential: str | None
+    deny: tuple[str, ...]
 
     def __init__(
         self,
@@ -114,15 +119,16 @@ class Session:
                 raise UsageError(f"--env {name!r} is not a variable name")
             if name == "HOME":
                 raise UsageError("HOME cannot be passed: the session gets its own empty HOME")
-        setattr_ = object.__setattr__
-        setattr_(self, "workspace", path(workspace))
-        setattr_(self, "run_dir", path(run_dir))
-        setattr_(self, "ro", tuple(path(r) for r in ro))
-        setattr_(self, "harness", harnesses)
-        setattr_(self, "tool_socket", None if tool_socket is None else path(tool_socket))
-        setattr_(self, "env", names)
-        setattr_(self, "credential", None if credential is None else path(credential))
-        setattr_(self, "deny", tuple(path(d) for d in deny))
+        self._set(
+            workspace=path(workspace),
+            run_dir=path(run_dir),
+            ro=tuple(path(r) for r in ro),
+            harness=harnesses,
+            tool_socket=None if tool_socket is None else path(tool_socket),
+            env=names,
+            credential=None if credential is None else path(credential),
+            deny=tuple(path(d) for d in deny),
+        )
 
     @property
     def home(self) -> str:

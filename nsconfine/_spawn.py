@@ -9,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nsconfine._errors import UsageError
-from nsconfine._executor import Sandbox, Stdio, launch
+from nsconfine._executor import Sandbox, launch
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Plan
 from nsconfine._policy import check_plan
 from nsconfine._preflight import proven_bwrap
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from nsconfine._executor import Stdio
 
 
 def spawn(

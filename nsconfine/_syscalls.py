@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Final
 
 from nsconfine._native import ffi, lib  # type: ignore[import-not-found]
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from typing import Any, Final
 
 # Looked up once: spawn is on the launcher's hot path.
 _new = ffi.new

@@ -16,6 +16,7 @@ import textwrap
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -28,10 +29,13 @@ from nsconfine._bwrap_args import (
     bwrap_options,
     encode_options,
 )
-from nsconfine._executor import Sandbox, Stdio, open_entry_fds
+from nsconfine._executor import Sandbox, open_entry_fds
 from nsconfine._plan import Plan
 from nsconfine._preflight import proven_bwrap
 from nsconfine._selftest import World, run_probe, run_script, unexplained_mounts
+
+if TYPE_CHECKING:
+    from nsconfine._executor import Stdio
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
