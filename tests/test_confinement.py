@@ -185,6 +185,13 @@ def _sleeping_session(tmp_path: Path, *, naive: bool) -> tuple[subprocess.Popen[
     return launcher, int(launcher.stdout.readline())
 
 
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _tree_after_launcher_dies(launcher: subprocess.Popen[str], bwrap_pid: int) -> list[int]:
     bwrap = psutil.Process(bwrap_pid)
     deadline = time.monotonic() + 10
@@ -200,9 +207,12 @@ def _tree_after_launcher_dies(launcher: subprocess.Popen[str], bwrap_pid: int) -
     assert launcher.stdout is not None
     launcher.stdout.close()
     _, alive = psutil.wait_procs(tree, timeout=5)
-    survivors = [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-    for process in alive:
-        process.kill()
+    survivors = [p.pid for p in alive if _running(p)]
+    for process in alive:  # killing bwrap first may already have ended the rest
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
     return survivors
 
 
