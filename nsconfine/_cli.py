@@ -7,7 +7,6 @@ code's sysexits status; nothing runs and no traceback is shown.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -127,6 +126,8 @@ def _check(arguments: argparse.Namespace) -> int:
 
     report = preflight()
     if arguments.json:
+        import json  # only for --json: the CLI's start-up is on every session's launch path
+
         print(json.dumps(report.to_json(), indent=2))
     else:
         for check in report.checks:
@@ -141,6 +142,8 @@ def _check(arguments: argparse.Namespace) -> int:
 def _plan(arguments: argparse.Namespace) -> int:
     plan = _session(arguments).plan()
     if arguments.bwrap_args:
+        import json
+
         print(json.dumps(_shown_options(plan), indent=2))
     elif arguments.json:
         sys.stdout.write(plan.manifest_json())

@@ -118,20 +118,27 @@ class PreflightReport:
 
 def find_bwrap() -> str:
     """The bwrap to use: $NSCONFINE_BWRAP, else bwrap on PATH, as an absolute path."""
-    import shutil  # on first use only: launchers import nsconfine on their own start-up path
-
     configured = os.environ.get("NSCONFINE_BWRAP")
     if configured:
         if not os.path.isabs(configured):
-            found = shutil.which(configured)
+            found = _on_path(configured)
             if found is None:
                 raise SandboxUnavailable(f"NSCONFINE_BWRAP={configured} is not on PATH")
             configured = found
         return configured
-    found = shutil.which("bwrap")
+    found = _on_path("bwrap")
     if found is None:
         raise SandboxUnavailable(f"bwrap is not installed (not on PATH): {INSTALL_HINT}")
     return os.path.abspath(found)
+
+
+def _on_path(name: str) -> str | None:
+    # shutil.which, without importing shutil on every CLI start.
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 def binary_identity(path: str) -> str:
