@@ -4,7 +4,9 @@ bwrap is spawned by the C layer with exactly these fds (and 0, 1, 2):
     3  a sealed memfd with the plan's options (`--args 3`)
     4  the write end of the info pipe (`--info-fd 4`)
     5  the read end of the block pipe (`--block-fd 5`)
-    6… one sealed memfd per generated file (`--ro-bind-data N`)
+    6… one fd per data or copy entry, in plan order: a sealed memfd per generated file
+       (`--ro-bind-data N`), the opened host file per copy (`--file N`)
+    then any extra fds, which bwrap passes on to the command (the pool's shim socket)
 bwrap reports the sandbox's pid on the info pipe once the namespaces exist, and the sandbox
 waits on the block pipe after its mounts, before exec. In between, the launcher checks with its
 own eyes (/proc/<pid>/ns/*) that the sandbox really lives in new namespaces. Only then does it
