@@ -176,26 +176,14 @@ class _DenyIndex:
         return None
 
 
-_index_cache: dict[tuple[DenyRule, ...], _DenyIndex] = {}
-
-
-def _index(rules: tuple[DenyRule, ...]) -> _DenyIndex:
-    index = _index_cache.get(rules)
-    if index is None:
-        if len(_index_cache) > 32:
-            _index_cache.clear()
-        index = _index_cache[rules] = _DenyIndex(rules)
-    return index
-
-
 def violated_rule(resolved_source: str, rules: Sequence[DenyRule]) -> DenyRule | None:
     """A rule a bind of resolved_source would break, or None."""
-    return _index(tuple(rules)).violated(resolved_source)
+    return _DenyIndex(rules).violated(resolved_source)
 
 
 def check_plan(plan: Plan) -> None:
     """Refuse the plan (PlanError) if any bind's source is missing, is `/`, or breaks a rule."""
-    index = _index(plan.deny)
+    index = _DenyIndex(plan.deny)  # built afresh: cheaper than hashing the rules to look it up
     for entry in plan.entries:
         if not entry.is_host_bind:
             continue
