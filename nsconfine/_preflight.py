@@ -3,7 +3,7 @@
 A bwrap binary is trusted only after it has been proved: its `--help` must list every option
 nsconfine uses, the host must let a child create a user namespace, and a canary session on it
 must show an empty root with only its binds, read-only where asked, in its own pid namespace.
-The proof is remembered for the binary's identity (path, device, inode, size, mtime, ctime), in
+The proof is remembered for the binary's identity (device, inode, size, mtime, ctime), in
 memory and in ~/.cache/nsconfine, and redone whenever the binary changes. Every launch then
 re-checks the namespaces themselves (nsconfine._executor), which costs a few stat() calls.
 """
