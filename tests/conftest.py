@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,12 @@ def sandbox_ready() -> None:
         if MUST_WORK:
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """A workspace and a run directory (outside any stand-in home a test makes)."""
+    workspace, run_dir = tmp_path / "ws", tmp_path / "run"
+    workspace.mkdir()
+    run_dir.mkdir()
+    return workspace, run_dir

@@ -198,15 +198,6 @@ def test_oversized_file_is_insecure(tmp_path: Path) -> None:
         read_credential(str(path))
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    """A workspace and a run directory."""
-    workspace, run_dir = tmp_path / "ws", tmp_path / "run"
-    workspace.mkdir()
-    run_dir.mkdir()
-    return workspace, run_dir
-
-
 def test_values_reach_the_plan_env_as_credential(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
     """The file's variables are in the plan's environment with origin credential, passed to
     bwrap, and hidden in the manifest."""

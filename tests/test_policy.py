@@ -30,15 +30,6 @@ def home(tmp_path: Path) -> Path:
     return home.resolve()
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    """A workspace and a run directory outside the stand-in home."""
-    workspace, run_dir = tmp_path / "ws", tmp_path / "run"
-    workspace.mkdir()
-    run_dir.mkdir()
-    return workspace, run_dir
-
-
 def plan_for(
     home: Path,
     dirs: tuple[Path, Path],
