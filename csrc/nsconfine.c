@@ -23,7 +23,7 @@
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
 
-/* Room for the child's frames, its moved[] fds and lazy symbol binding. */
+/* Room for the child's frames and lazy symbol binding (its fd tables are on the heap). */
 #define CHILD_STACK_SIZE (64 * 1024)
 
 /* What a failed child writes to the error pipe before _exit(127). */
