@@ -1,0 +1,164 @@
+"""Helpers shared by the test modules (importable because pyproject sets pythonpath=tests).
+
+As root every session runs as an unprivileged account (`user=`): NSCONFINE_TEST_USER names it
+(CI creates one), else `nobody`. Its workspace and run directory must belong to it, and the
+directories above them must be traversable by it; `session_dirs` makes them so.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import nsconfine
+
+IS_ROOT = os.geteuid() == 0
+SESSION_USER: str | None = (os.environ.get("NSCONFINE_TEST_USER") or "nobody") if IS_ROOT else None
+
+
+def session_uid() -> int:
+    """The uid sessions run as: SESSION_USER's as root, else the caller's."""
+    return pwd.getpwnam(SESSION_USER).pw_uid if SESSION_USER else os.getuid()
+
+
+def session_gid() -> int:
+    """The primary gid sessions run as."""
+    return pwd.getpwnam(SESSION_USER).pw_gid if SESSION_USER else os.getgid()
+
+
+def give_to_session_user(*paths: Path | str) -> None:
+    """chown each path (recursively) to the session user, when running as root."""
+    if not IS_ROOT:
+        return
+    uid, gid = session_uid(), session_gid()
+    for path in paths:
+        for root, names, files in os.walk(path):
+            os.chown(root, uid, gid)
+            for name in [*names, *files]:
+                os.lchown(os.path.join(root, name), uid, gid)
+
+
+def open_up(path: Path | str) -> None:
+    """Let the session user traverse path and every directory above it (the test's own temp
+    directories are 0700 when made by root)."""
+    if not IS_ROOT:
+        return
+    current = Path(path)
+    while current != current.parent:
+        mode = current.stat().st_mode
+        if not mode & 0o001:
+            current.chmod((mode & 0o7777) | 0o011)
+        current = current.parent
+
+
+def session_dirs(root: Path, *names: str) -> list[Path]:
+    """Fresh directories under root that the session user owns and can reach."""
+    made = []
+    for name in names:
+        path = root / name
+        path.mkdir(parents=True, exist_ok=True)
+        made.append(path)
+    open_up(root)
+    give_to_session_user(*made)
+    return made
+
+
+def session(workspace: Path | str, run_dir: Path | str, **options: Any) -> nsconfine.Session:
+    """A Session as these tests launch it: as SESSION_USER when root."""
+    if SESSION_USER:
+        options.setdefault("user", SESSION_USER)
+    return nsconfine.Session(workspace=workspace, run_dir=run_dir, **options)
+
+
+def user_options() -> list[str]:
+    """The CLI's --user option for this run (empty unless root)."""
+    return ["--user", SESSION_USER] if SESSION_USER else []
+
+
+# Every python_child starts with this: session_plan() builds a plan as session() does.
+CHILD_PRELUDE = """
+import os, sys
+import nsconfine
+
+def session_plan(workspace, run_dir, user, **options):
+    if user:
+        options["user"] = user
+    return nsconfine.Session(workspace=workspace, run_dir=run_dir, **options).plan()
+"""
+
+
+def python_child(code: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
+    """Run CHILD_PRELUDE and code in a fresh interpreter started from /, so it imports the
+    installed package (the source tree, without its compiled parts, would shadow it from the
+    repository root)."""
+    program = CHILD_PRELUDE + textwrap.dedent(code)
+    popen.setdefault("cwd", "/")
+    return subprocess.Popen([sys.executable, "-c", program, *args], text=True, **popen)
+
+
+def pids_with(marker: str) -> list[int]:
+    """Host pids whose command line contains marker (zombies have none, so don't count)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                if marker.encode() in file.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def wait_until_gone(marker: str, timeout: float = 10.0) -> list[int]:
+    """Wait up to timeout for every process whose command line holds marker to end; return
+    the ones still there."""
+    deadline = time.monotonic() + timeout
+    while (alive := pids_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return alive
+
+
+def kill_all(pids: Iterable[int]) -> None:
+    """SIGKILL each pid, ignoring those already gone (cleanup after a failed check)."""
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def read_to_eof(fd: int, timeout: float) -> bytes | None:
+    """Everything on fd until EOF, or None if EOF does not come within timeout seconds."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    chunks = []
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def open_fds() -> list[int]:
+    """This process's open fd numbers."""
+    return sorted(int(name) for name in os.listdir("/proc/self/fd"))
+
+
+def shell(argv: Sequence[str]) -> list[str]:
+    """argv as /bin/sh -c would take it: a helper for readable probes."""
+    return ["/bin/sh", "-c", *argv]

@@ -1,0 +1,674 @@
+"""A session never holds host power, and a launcher never hangs on one.
+
+Each test tries a hole an attacker or a crash would use: host uid 0 through a root launcher,
+writable /proc/sys, setuid files left on the host, the launcher's session keyring, a sandbox
+left alive (holding its pipes) after kill() or the launcher's death, pool fd leaks and stale
+pins, select()'s fd limit, a bwrap planted through PATH, a FIFO among copied runner files, the
+caller's terminal, and ambiguous exit statuses. Where a layer can be switched off (through
+nsconfine._layers' test-only door), its twin shows the check failing without it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import pty
+import random
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import (
+    IS_ROOT,
+    SESSION_USER,
+    give_to_session_user,
+    kill_all,
+    open_fds,
+    pids_with,
+    python_child,
+    read_to_eof,
+    session,
+    session_dirs,
+    session_uid,
+    user_options,
+    wait_until_gone,
+)
+
+import nsconfine
+from nsconfine import _plan as p
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+root_only = pytest.mark.skipif(not IS_ROOT, reason="needs a root launcher")
+
+
+@pytest.fixture
+def ws_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A workspace and run directory the session user owns."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    return workspace, run_dir
+
+
+@pytest.fixture
+def plan(ws_run: tuple[Path, Path]) -> nsconfine.Plan:
+    """A default session's plan (as the session user when root)."""
+    return session(*ws_run).plan()
+
+
+def run(plan: nsconfine.Plan, script: str, **kwargs: object) -> tuple[int, str]:
+    """Run a shell snippet in a session; its status and stdout+stderr."""
+    read_end, write_end = os.pipe()
+    try:
+        sandbox = nsconfine.spawn(
+            plan, ["/bin/sh", "-c", script], stdout=write_end, stderr=write_end, **kwargs
+        )
+    finally:
+        os.close(write_end)
+    output = read_to_eof(read_end, 60)
+    os.close(read_end)
+    return sandbox.wait(timeout=60), (output or b"").decode(errors="replace")
+
+
+@pytest.fixture
+def without(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """Switch kernel layers off for one test (the test-only door of the mutation twins)."""
+
+    from nsconfine import _layers
+
+    def switch_off(*names: str) -> None:
+        monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(names))
+
+    return switch_off
+
+
+# ------------------------------------------------------------------ host uid 0
+
+
+@root_only
+def test_a_root_launch_without_user_is_refused(ws_run: tuple[Path, Path]) -> None:
+    """As root, a session that names no --user is refused and runs nothing."""
+    marker = ws_run[0] / "ran"
+    plan = nsconfine.Session(workspace=ws_run[0], run_dir=ws_run[1]).plan()
+    with pytest.raises(nsconfine.SandboxUnavailable, match="--user"):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
+    assert not marker.exists()
+
+
+@root_only
+def test_cli_root_launch_without_user_exits_69(ws_run: tuple[Path, Path]) -> None:
+    """The CLI says the same in one line and exits 69."""
+    marker = ws_run[0] / "ran"
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "run", "--workspace", str(ws_run[0]), "--run-dir",
+         str(ws_run[1]), "--", "/bin/sh", "-c", f"touch {marker}"],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 69, result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "--user" in result.stderr
+    assert not marker.exists()
+
+
+def test_the_session_never_holds_host_uid_0(plan: nsconfine.Plan) -> None:
+    """Every process of the session runs, on the host, as the session user (never uid 0),
+    and holds no capability."""
+    marker = f"nsconfine-uid-{os.urandom(6).hex()}"
+    with nsconfine.spawn(plan, ["/bin/sh", "-c", f"sleep 600 & wait # {marker}"]):
+        deadline = time.monotonic() + 10
+        while len(pids := pids_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        statuses = []
+        for pid in pids:
+            with open(f"/proc/{pid}/status") as status:
+                statuses.append(dict(line.split(":", 1) for line in status))
+    assert len(statuses) >= 2
+    for status in statuses:
+        assert status["Uid"].split() == [str(session_uid())] * 4
+        assert status["CapEff"].strip() == "0000000000000000"
+    if IS_ROOT:
+        assert session_uid() != 0
+
+
+def test_the_manifest_names_the_user(plan: nsconfine.Plan) -> None:
+    """The manifest shows whom the session runs as."""
+    assert f"uid {session_uid()}" in plan.manifest()
+    assert plan.to_json()["user"]["uid"] == session_uid()
+
+
+@root_only
+def test_the_run_dirs_must_be_writable_by_the_user(tmp_path: Path) -> None:
+    """As root, a workspace the session user cannot write is refused by name."""
+    workspace, run_dir = tmp_path / "ws", tmp_path / "run"
+    workspace.mkdir()
+    run_dir.mkdir()
+    give_to_session_user(run_dir)
+    with pytest.raises(nsconfine.PlanError, match=f"workspace {workspace}"):
+        session(workspace, run_dir).plan()
+
+
+# ------------------------------------------------------------------ /proc/sys
+
+_WRITE_EVERY_SYSCTL = r"""
+import os, sys
+opened = []
+for top in sys.argv[1:]:
+    for root, dirs, files in os.walk(top):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                os.close(os.open(path, os.O_WRONLY))  # opened, never written
+                opened.append(path)
+            except OSError:
+                pass
+print(len(opened), *opened[:5])
+"""
+
+
+def _writable_proc_entries(plan: nsconfine.Plan) -> list[str]:
+    return [e.dest for e in plan.entries if e.dest.startswith("/proc/") and e.kind == "bind"]
+
+
+def test_proc_sys_and_friends_are_read_only_entries(plan: nsconfine.Plan) -> None:
+    """/proc/sys (and every other writable procfs entry this host has) is a read-only entry
+    of the plan, with its reason."""
+    entries = {e.dest: e for e in plan.entries}
+    assert entries["/proc/sys"].mode == "ro"
+    assert entries["/proc/sys"].reason
+    for path in ("/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/mtrr", "/proc/pressure"):
+        if os.path.lexists(path):
+            assert entries[path].mode == "ro", path
+
+
+def test_no_sysctl_opens_for_write(plan: nsconfine.Plan) -> None:
+    """Not one file under the writable procfs entries opens for write in a session."""
+    tops = ["/proc/sys", *_writable_proc_entries(plan)]
+    status, output = run(plan, f"python3 -c '{_WRITE_EVERY_SYSCTL}' {' '.join(tops)}")
+    assert status == 0, output
+    assert output.split()[0] == "0", output
+
+
+def _sysctls_opened_for_write(plan: nsconfine.Plan) -> int:
+    from nsconfine._selftest import unchecked_launcher
+
+    read_end, write_end = os.pipe()
+    sandbox = unchecked_launcher(
+        plan,
+        ["python3", "-c", _WRITE_EVERY_SYSCTL, "/proc/sys"],
+        stdout=write_end,
+        stderr=write_end,
+    )
+    os.close(write_end)
+    output = (read_to_eof(read_end, 60) or b"").decode()
+    os.close(read_end)
+    sandbox.wait(timeout=60)
+    return int(output.split()[0])
+
+
+def test_without_the_entries_some_sysctl_opens_for_write(plan: nsconfine.Plan) -> None:
+    """The twin: without the read-only entries the session opens sysctls of its own
+    namespaces for write, so the check above can fail."""
+    weakened = plan.replace(entries=tuple(e for e in plan.entries if e.dest != "/proc/sys"))
+    assert _sysctls_opened_for_write(weakened) > 0
+
+
+@root_only
+def test_as_host_root_without_the_entries_every_sysctl_is_open(plan: nsconfine.Plan) -> None:
+    """The hole itself: a session left at host uid 0 without the entries can open the host's
+    sysctls (core_pattern among them) for write."""
+    weakened = plan.replace(
+        entries=tuple(e for e in plan.entries if e.dest != "/proc/sys"),
+        user=p.RunAs("root", 0, 0),
+    )
+    assert _sysctls_opened_for_write(weakened) > 100
+
+
+# ------------------------------------------------------------------ setuid files
+
+
+_PLANT_SETUID = r"""
+cp /bin/sh by-chmod && chmod 4755 by-chmod
+chmod g+s by-chmod
+python3 -c 'import os; os.umask(0); os.close(os.open("by-open", os.O_CREAT|os.O_WRONLY, 0o4755))'
+python3 -c 'import os; os.umask(0); os.mknod("by-mknod", 0o102755)'
+true
+"""
+
+
+def _setid_files(workspace: Path) -> list[str]:
+    return [
+        path.name
+        for path in workspace.iterdir()
+        if path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    ]
+
+
+def test_no_setuid_file_can_be_planted(plan: nsconfine.Plan, ws_run: tuple[Path, Path]) -> None:
+    """chmod u+s / g+s, open(O_CREAT) and mknod with set-id bits all fail: nothing in the
+    workspace keeps a setuid or setgid bit on the host."""
+    _status, output = run(plan, _PLANT_SETUID)
+    assert _setid_files(ws_run[0]) == [], output
+
+
+def test_without_seccomp_a_setuid_file_is_planted(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], without: object
+) -> None:
+    """The twin: with the seccomp layer off the same script leaves setuid files."""
+    without("seccomp")  # type: ignore[operator]
+    run(plan, _PLANT_SETUID)
+    assert set(_setid_files(ws_run[0])) >= {"by-chmod", "by-open", "by-mknod"}
+
+
+# ------------------------------------------------------------------ keyrings
+
+_KEYRING_LAUNCHER = r"""
+import ctypes
+from nsconfine import _layers
+if sys.argv[4]:
+    _layers.DISABLED_FOR_TESTS = frozenset(sys.argv[4].split(","))
+libc = ctypes.CDLL(None, use_errno=True)
+KEYCTL_JOIN_SESSION_KEYRING = 1
+assert libc.syscall(250, KEYCTL_JOIN_SESSION_KEYRING, None) > 0, ctypes.get_errno()
+serial = libc.syscall(248, b"user", b"nsconfine-test", sys.argv[3].encode(), len(sys.argv[3]), -3)
+assert serial > 0, ctypes.get_errno()
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[5])
+reader = (
+    "import ctypes,sys; libc=ctypes.CDLL(None,use_errno=True); b=ctypes.create_string_buffer(256);"
+    "n=libc.syscall(250, 11, int(sys.argv[1]), b, 256); print(b.raw[:n].decode() if n>0 else"
+    " 'refused %d' % ctypes.get_errno())"
+)
+sandbox = nsconfine.spawn(plan, ["python3", "-c", reader, str(serial)])
+sys.exit(sandbox.wait(timeout=60))
+"""
+
+
+def _read_launchers_key(ws_run: tuple[Path, Path], disabled: str) -> str:
+    secret = f"key-{os.urandom(6).hex()}"
+    child = python_child(
+        _KEYRING_LAUNCHER, str(ws_run[0]), str(ws_run[1]), secret, disabled, SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    return secret if secret in out else out
+
+
+def test_the_launchers_session_keyring_is_not_shared(ws_run: tuple[Path, Path]) -> None:
+    """A key in the launcher's session keyring cannot be read from a session."""
+    result = _read_launchers_key(ws_run, "")
+    assert result.startswith("refused"), result
+
+
+def test_without_a_fresh_keyring_the_key_is_read(ws_run: tuple[Path, Path]) -> None:
+    """The twin: without a fresh session keyring (and without seccomp, which blocks keyctl
+    too) the session reads the launcher's key."""
+    result = _read_launchers_key(ws_run, "session-keyring,seccomp")
+    assert result.startswith("key-"), result
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+def _sleeper(marker: str) -> list[str]:
+    return ["/bin/sh", "-c", f"exec sleep 600 # {marker}"]
+
+
+def test_kill_right_after_spawn_leaves_nothing(plan: nsconfine.Plan) -> None:
+    """kill() at once, or leaving the with block, ends every process of the session and its
+    stdout reaches EOF, every time."""
+    for attempt in range(30):
+        marker = f"nsconfine-kill-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        try:
+            sandbox = nsconfine.spawn(plan, _sleeper(marker), stdout=write_end)
+        finally:
+            os.close(write_end)
+        if attempt % 2:
+            sandbox.kill()
+            sandbox.wait(timeout=10)
+        else:
+            with sandbox:
+                pass
+        eof = read_to_eof(read_end, 5)
+        os.close(read_end)
+        alive = wait_until_gone(marker, 5)
+        kill_all(alive)
+        assert alive == [], f"attempt {attempt}"
+        assert eof is not None, f"attempt {attempt}: no EOF"
+
+
+_DYING_LAUNCHER = r"""
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[4])
+print("ready", flush=True)
+sandbox = nsconfine.spawn(
+    plan, ["/bin/sh", "-c", "exec sleep 600 # " + sys.argv[3]], stdout=int(sys.argv[5])
+)
+print("spawned", flush=True)
+sandbox.wait()
+"""
+
+
+def test_the_launchers_death_at_any_moment_leaves_nothing(ws_run: tuple[Path, Path]) -> None:
+    """SIGKILL of the launcher at any moment of a launch (before, during or right after
+    spawn) ends the whole session and its stdout reaches EOF."""
+    rng = random.Random(6)
+    for attempt in range(24):
+        marker = f"nsconfine-dying-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        child = python_child(
+            _DYING_LAUNCHER, str(ws_run[0]), str(ws_run[1]), marker, SESSION_USER or "",
+            str(write_end), stdout=subprocess.PIPE, pass_fds=(write_end,),
+        )  # fmt: skip
+        os.close(write_end)
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        if attempt % 3 == 0:
+            child.stdout.readline()  # right after spawn returned
+        else:
+            time.sleep(rng.uniform(0, 0.03))  # somewhere inside spawn
+        child.kill()
+        child.wait()
+        child.stdout.close()
+        eof = read_to_eof(read_end, 10)
+        os.close(read_end)
+        alive = wait_until_gone(marker, 5)
+        kill_all(alive)
+        assert alive == [], f"attempt {attempt}"
+        assert eof is not None, f"attempt {attempt}: no EOF"
+
+
+def test_a_forwarded_sigterm_leaves_nothing(ws_run: tuple[Path, Path]) -> None:
+    """SIGTERM to `nsconfine run` at any moment ends the session, and its stdout reaches EOF."""
+    rng = random.Random(7)
+    for attempt in range(12):
+        marker = f"nsconfine-term-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "nsconfine", "run", *user_options(),
+             "--workspace", str(ws_run[0]), "--run-dir", str(ws_run[1]), "--",
+             *_sleeper(marker)],
+            stdout=write_end, cwd="/",
+        )  # fmt: skip
+        os.close(write_end)
+        time.sleep(rng.uniform(0.05, 0.4))
+        cli.send_signal(signal.SIGTERM)
+        cli.wait(timeout=30)
+        eof = read_to_eof(read_end, 10)
+        os.close(read_end)
+        alive = wait_until_gone(marker, 5)
+        kill_all(alive)
+        assert alive == [], f"attempt {attempt}"
+        assert eof is not None, f"attempt {attempt}: no EOF"
+
+
+# ------------------------------------------------------------------ pools
+
+
+def test_a_busy_pool_leaks_no_fd(plan: nsconfine.Plan) -> None:
+    """Many warm launches leave the launcher with the fds it had."""
+    with nsconfine.Pool(plan) as pool:
+        pool.launch(["/bin/true"]).wait(timeout=30)
+        before = len(open_fds())
+        for _ in range(60):
+            pool.launch(["/bin/true"]).wait(timeout=30)
+        assert pool.wait_staged(30)
+        after = len(open_fds())
+    assert after <= before + 1, (before, after)
+
+
+def test_a_pool_checks_pins_at_launch(tmp_path: Path) -> None:
+    """A pinned harness rewritten after its sandbox was staged is refused at launch."""
+    import hashlib
+
+    workspace, run_dir, tools = session_dirs(tmp_path, "ws", "run", "tools")
+    harness = tools / "agent"
+    harness.write_text("#!/bin/sh\necho agent\n")
+    harness.chmod(0o755)
+    digest = hashlib.sha256(harness.read_bytes()).hexdigest()
+    plan = session(workspace, run_dir, harness=[f"{harness}@sha256:{digest}"]).plan()
+    marker = workspace / "ran"
+    with nsconfine.Pool(plan) as pool:
+        assert pool.wait_staged(30)
+        harness.write_text(f"#!/bin/sh\ntouch {marker}\n")
+        with pytest.raises(nsconfine.PlanError, match="sha256"):
+            pool.launch([str(harness)]).wait(timeout=30)
+    assert not marker.exists()
+
+
+_MANY_FDS = r"""
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 3"])
+assert sandbox.wait(timeout=30) == 3
+with nsconfine.Pool(plan) as pool:
+    assert pool.launch(["/bin/sh", "-c", "exit 4"]).wait(timeout=30) == 4
+print("ok")
+"""
+
+
+def test_a_launcher_with_many_fds_launches_and_waits(ws_run: tuple[Path, Path]) -> None:
+    """A launcher holding more than 1,023 fds can spawn, wait with a timeout, and use a pool."""
+    child = python_child(
+        _MANY_FDS, str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=120)
+    assert out == "ok\n", err
+
+
+# ------------------------------------------------------------------ where bwrap comes from
+
+
+def _planted_bwrap(directory: Path, marker: Path) -> Path:
+    real = nsconfine.preflight().bwrap
+    fake = directory / "bwrap"
+    fake.write_text(f'#!/bin/sh\ntouch {marker}\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("path", ["", ".", "::", ":/usr/bin", "bin"])
+def test_bwrap_is_never_found_through_a_relative_path_entry(
+    ws_run: tuple[Path, Path], path: str
+) -> None:
+    """Empty and relative PATH entries are skipped: a bwrap planted in the working directory
+    (a previous session's workspace) is never run."""
+    workspace = ws_run[0]
+    (workspace / "bin").mkdir()
+    marker = workspace / "planted-bwrap-ran"
+    _planted_bwrap(workspace, marker)
+    _planted_bwrap(workspace / "bin", marker)
+    code = r"""
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+try:
+    print(nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30))
+except nsconfine.SandboxUnavailable as refused:
+    print(refused.code)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "NSCONFINE_BWRAP"}
+    env["PATH"] = f"{path}:/usr/bin" if path else ""
+    child = python_child(
+        code, str(workspace), str(ws_run[1]), SESSION_USER or "",
+        cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert not marker.exists(), out + err
+    assert out.strip() in ("0", "sandbox-unavailable"), err
+
+
+def test_a_relative_nsconfine_bwrap_is_refused(
+    plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NSCONFINE_BWRAP must be an absolute path."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", "bwrap")
+    with pytest.raises(nsconfine.SandboxUnavailable, match="absolute"):
+        nsconfine.spawn(plan, ["/bin/true"])
+
+
+def test_a_bwrap_inside_a_writable_bind_is_refused(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bwrap a session could have written (inside its workspace) is refused by name."""
+    marker = ws_run[0] / "planted-bwrap-ran"
+    fake = _planted_bwrap(ws_run[0], marker)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(fake))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="writable"):
+        nsconfine.spawn(plan, ["/bin/true"])
+    assert not marker.exists()
+
+
+# ------------------------------------------------------------------ runner files
+
+
+_SPAWN_WITH_FIFO = r"""
+tree = sys.argv[1]
+files = [os.path.join(tree, f"f{i}.py") for i in range(20)]
+plan = session_plan(sys.argv[2], sys.argv[3], sys.argv[4], ro=files)
+os.unlink(files[7])
+os.mkfifo(files[7])
+try:
+    nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30)
+    print("ran")
+except nsconfine.PlanError as refused:
+    print(refused.code, refused.message)
+"""
+
+
+def test_a_fifo_among_copied_runner_files_is_refused(tmp_path: Path) -> None:
+    """A runner file swapped for a FIFO after the plan was built is refused, not waited on."""
+    workspace, run_dir, tree = session_dirs(tmp_path, "ws", "run", "tree")
+    for i in range(20):
+        (tree / f"f{i}.py").write_text(f"print({i})\n")
+    give_to_session_user(tree)
+    child = python_child(
+        _SPAWN_WITH_FIFO, str(tree), str(workspace), str(run_dir), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail("spawn hung on the FIFO")
+    assert out.startswith("plan-refused"), out + err
+    assert "f7.py" in out
+
+
+# ------------------------------------------------------------------ the caller's terminal
+
+
+def test_the_callers_terminal_is_restored(plan: nsconfine.Plan) -> None:
+    """A session that turns echo off and shrinks the window leaves the caller's terminal as
+    it found it."""
+    controller, terminal = pty.openpty()
+    try:
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        before = termios.tcgetattr(terminal)
+        sandbox = nsconfine.spawn(
+            plan,
+            ["/bin/sh", "-c", "stty -echo -icanon; stty rows 7 cols 7"],
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+        )
+        assert sandbox.wait(timeout=30) == 0
+        after = termios.tcgetattr(terminal)
+        size = struct.unpack("HHHH", fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8))
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert after == before
+    assert size[:2] == (40, 120)
+
+
+# ------------------------------------------------------------------ exit statuses
+
+
+def test_a_missing_command_raises_oserror(plan: nsconfine.Plan) -> None:
+    """A command that does not exist raises OSError with ENOENT and its name."""
+    with pytest.raises(OSError, match="no-such-command") as failed:
+        nsconfine.spawn(plan, ["no-such-command"])
+    assert failed.value.errno == errno.ENOENT
+    assert failed.value.filename == "no-such-command"
+
+
+def test_a_non_executable_command_raises_oserror(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path]
+) -> None:
+    """A command that is not executable raises OSError with EACCES."""
+    script = ws_run[0] / "script"
+    script.write_text("#!/bin/sh\n")
+    give_to_session_user(script)
+    with pytest.raises(OSError, match="script") as failed:
+        nsconfine.spawn(plan, [str(script)])
+    assert failed.value.errno == errno.EACCES
+
+
+def _cli_run(ws_run: tuple[Path, Path], *command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nsconfine", "run", *user_options(), "--workspace",
+         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--", *command],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_cli_exits_127_for_a_missing_command(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run -- no-such-command` exits 127, as a shell does, in one line."""
+    result = _cli_run(ws_run, "no-such-command")
+    assert result.returncode == 127, result.stderr
+    assert "no-such-command" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_cli_exit_1_is_the_commands_own(ws_run: tuple[Path, Path]) -> None:
+    """A command's own exit 1 is 1."""
+    assert _cli_run(ws_run, "/bin/sh", "-c", "exit 1").returncode == 1
+
+
+def test_a_sandbox_that_fails_to_set_up_is_69(ws_run: tuple[Path, Path]) -> None:
+    """A previous session that replaced run/home with a file makes the next launch's set-up
+    fail: the CLI exits 69 with nsconfine's refusal, the API raises SandboxUnavailable."""
+    home = ws_run[1] / "home"
+    if home.is_dir():
+        home.rmdir()
+    home.write_text("not a directory")
+    give_to_session_user(home)
+    result = _cli_run(ws_run, "/bin/true")
+    assert result.returncode == 69, result.stderr
+    assert "nsconfine: sandbox-unavailable: " in result.stderr
+    with pytest.raises(nsconfine.SandboxUnavailable):
+        nsconfine.spawn(session(*ws_run).plan(), ["/bin/true"])
+
+
+# ------------------------------------------------------------------ the proof sees them
+
+
+def test_selftest_proves_the_new_probes() -> None:
+    """`nsconfine selftest --json` includes the host-power probes and passes (as root through
+    an unprivileged account)."""
+    import json
+
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "selftest", "--json", *user_options()],
+        capture_output=True, text=True, cwd="/", timeout=300, check=False,
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    names = {row["check"] for row in report["checks"]}
+    for needed in (
+        "open a sysctl for write",
+        "read a key from the launcher's session keyring",
+        "plant a setuid file on the host",
+        "outlive a launch killed at once",
+    ):
+        assert needed in names, names
+    assert report["ok"], [row for row in report["checks"] if not row["ok"]]
+    assert result.returncode == 0
