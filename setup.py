@@ -1,6 +1,9 @@
 # cffi_modules cannot be declared in pyproject.toml alone (see README, "Building").
-# build_ext also builds csrc/shim.c, the exec shim of nsconfine.Pool, as an executable in the
-# package (nsconfine/_shim): in build_lib for `pip install .`, in the source tree for -e.
+# build_ext also builds nsconfine's two helper programs, as executables in the package: in
+# build_lib for `pip install .`, in the source tree for -e.
+#   nsconfine/_reaper  csrc/reaper.c: the launcher's child, which runs bwrap and kills what it
+#                      leaves behind
+#   nsconfine/_shim    csrc/shim.c: runs inside each sandbox and execs the command it is handed
 from __future__ import annotations
 
 import os
@@ -8,42 +11,42 @@ import os
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-SHIM_SOURCE = "csrc/shim.c"
-SHIM_NAME = "_shim"
-SHIM_FLAGS = ["-Wall", "-Wextra", "-O2"]  # shim.c defines _GNU_SOURCE itself
+HELPERS = {"_reaper": "csrc/reaper.c", "_shim": "csrc/shim.c"}
+HELPER_FLAGS = ["-Wall", "-Wextra", "-Werror", "-O2"]  # each defines _GNU_SOURCE itself
 
 
-class build_ext_with_shim(build_ext):
-    """build_ext, then the shim with the same compiler (so CC and the toolchain are shared)."""
+class build_ext_with_helpers(build_ext):
+    """build_ext, then the helpers with the same compiler (so CC and the toolchain are shared)."""
 
     def run(self) -> None:
         super().run()
-        self._build_shim()
+        for name, source in HELPERS.items():
+            self._build_helper(name, source)
 
-    def _shim_path(self) -> str:
+    def _helper_path(self, name: str) -> str:
         if self.inplace:
             package_dir = self.get_finalized_command("build_py").get_package_dir("nsconfine")
-            return os.path.join(package_dir, SHIM_NAME)
-        return os.path.join(self.build_lib, "nsconfine", SHIM_NAME)
+            return os.path.join(package_dir, name)
+        return os.path.join(self.build_lib, "nsconfine", name)
 
-    def _build_shim(self) -> None:
+    def _build_helper(self, name: str, source: str) -> None:
         from distutils.errors import LinkError  # setuptools vendors distutils
 
-        output = self._shim_path()
+        output = self._helper_path(name)
         objects = self.compiler.compile(
-            [SHIM_SOURCE], output_dir=self.build_temp, extra_postargs=SHIM_FLAGS
+            [source], output_dir=self.build_temp, include_dirs=["csrc"], extra_postargs=HELPER_FLAGS
         )
         os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
         try:
             # Static, so the shim runs in a plan that binds no libraries; stripped, so small.
             self.compiler.link_executable(objects, output, extra_postargs=["-static", "-s"])
         except LinkError:
-            self.warn("cannot link the exec shim statically (no libc.a?): linking it dynamically")
+            self.warn(f"cannot link {name} statically (no libc.a?): linking it dynamically")
             self.compiler.link_executable(objects, output, extra_postargs=["-s"])
         os.chmod(output, 0o755)
 
     def get_outputs(self) -> list[str]:
-        return [*super().get_outputs(), self._shim_path()]
+        return [*super().get_outputs(), *(self._helper_path(name) for name in HELPERS)]
 
 
-setup(cffi_modules=["csrc/_build.py:ffibuilder"], cmdclass={"build_ext": build_ext_with_shim})
+setup(cffi_modules=["csrc/_build.py:ffibuilder"], cmdclass={"build_ext": build_ext_with_helpers})

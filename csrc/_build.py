@@ -22,7 +22,7 @@ ffibuilder.set_source(
     "nsconfine._native",
     '#include "nsconfine.h"',
     # Relative to the repository root, where setup.py runs.
-    sources=["csrc/nsconfine.c"],
+    sources=["csrc/nsconfine.c", "csrc/seccomp.c"],
     include_dirs=["csrc"],
-    extra_compile_args=["-Wall", "-Wextra", "-O2", "-D_GNU_SOURCE"],
+    extra_compile_args=["-Wall", "-Wextra", "-Werror", "-O2", "-D_GNU_SOURCE"],
 )

@@ -8,6 +8,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
+#include <linux/keyctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -88,11 +90,15 @@ static pid_t waitpid_retry(pid_t pid, int *status)
 
 struct spawn_args {
     const char *path;
+    int exec_fd; /* >= 0: execveat this file instead of path */
     char *const *argv;
     char *const *envp;
     int *sources; /* fd to place at each target, -1: keep */
     int *moved;   /* the child's copy of each source, above the target range */
     int n_targets; /* 3 + n_pass_fds */
+    unsigned int flags; /* NSC_SPAWN_* */
+    uid_t run_uid;
+    gid_t run_gid;
     int pdeathsig;
     pid_t parent;
     int errpipe_w;
@@ -124,6 +130,76 @@ static int cloexec_from(int first)
     rlim_t end = lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur > INT_MAX ? INT_MAX : lim.rlim_cur;
     for (rlim_t fd = (rlim_t)first; fd < end; fd++)
         (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* EBADF: not open */
+    return 0;
+}
+
+/*
+ * Change ids with raw syscalls, never glibc's setresuid/setgroups: those
+ * broadcast the change to every thread of the process (a signal per thread,
+ * through nptl's setxid machinery), and this child runs on the caller's
+ * memory and thread descriptor, so glibc would make the *launcher's* threads
+ * change ids. A raw syscall changes this task alone, which is the point.
+ */
+static int become(uid_t uid, gid_t gid, int *stage)
+{
+    if (syscall(SYS_setgroups, 0, NULL) < 0) {
+        *stage = NSC_STAGE_DROP_GROUPS;
+        return -1;
+    }
+    if (syscall(SYS_setresgid, gid, gid, gid) < 0) {
+        *stage = NSC_STAGE_SETGID;
+        return -1;
+    }
+    if (syscall(SYS_setresuid, uid, uid, uid) < 0) {
+        *stage = NSC_STAGE_SETUID;
+        return -1;
+    }
+    /* Trust, but verify: every id is the one asked for, and no group is left. */
+    uid_t r, e, s;
+    gid_t rg, eg, sg;
+    *stage = NSC_STAGE_CHECK_IDS;
+    if (syscall(SYS_getresuid, &r, &e, &s) < 0 || syscall(SYS_getresgid, &rg, &eg, &sg) < 0)
+        return -1;
+    if (r != uid || e != uid || s != uid || rg != gid || eg != gid || sg != gid ||
+        syscall(SYS_getgroups, 0, NULL) != 0) {
+        errno = EPERM;
+        return -1;
+    }
+    return 0;
+}
+
+/* Clear every capability set this task may hold, and check that they are empty. */
+static int drop_capabilities(void)
+{
+    /* EINVAL: a kernel without ambient capabilities (before 4.3) has none to clear. */
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+        return -1;
+    struct __user_cap_header_struct header = { _LINUX_CAPABILITY_VERSION_3, 0 };
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capset, &header, data) < 0)
+        return -1;
+    if (syscall(SYS_capget, &header, data) < 0)
+        return -1;
+    for (int i = 0; i < _LINUX_CAPABILITY_U32S_3; i++) {
+        if (data[i].effective || data[i].permitted || data[i].inheritable) {
+            errno = EPERM;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/*
+ * The session's process tree must not share the launcher's session keyring
+ * (a broker's keys would be readable, and keys planted there would outlive
+ * the session): join a fresh anonymous one. ENOSYS: no keyrings, nothing to
+ * share.
+ */
+static int join_new_keyring(void)
+{
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0 && errno != ENOSYS)
+        return -1;
     return 0;
 }
 
@@ -165,11 +241,23 @@ static int spawn_child(void *opaque)
     if (sigprocmask(SIG_SETMASK, &a->parent_mask, NULL) < 0)
         child_fail(errpipe_w, NSC_STAGE_SIGNALS);
 
+    if ((a->flags & NSC_SPAWN_NEW_PGRP) && setpgid(0, 0) < 0)
+        child_fail(errpipe_w, NSC_STAGE_SETPGID);
+    int stage;
+    if ((a->flags & NSC_SPAWN_SET_IDS) && become(a->run_uid, a->run_gid, &stage) < 0)
+        child_fail(errpipe_w, stage);
+    if ((a->flags & NSC_SPAWN_DROP_CAPS) && drop_capabilities() < 0)
+        child_fail(errpipe_w, NSC_STAGE_CAPS);
+    if ((a->flags & NSC_SPAWN_NO_NEW_PRIVS) && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        child_fail(errpipe_w, NSC_STAGE_NO_NEW_PRIVS);
+    if ((a->flags & NSC_SPAWN_NEW_KEYRING) && join_new_keyring() < 0)
+        child_fail(errpipe_w, NSC_STAGE_KEYRING);
+
     /*
-     * The parent may have been killed before prctl took effect: then we
-     * were reparented, getppid() no longer names it, and no death signal
-     * will ever come. (PDEATHSIG fires when the parent *thread* exits, so
-     * a launcher must spawn from a thread that outlives the child.)
+     * After the ids changed (which clears the parent-death signal). The
+     * parent may have been killed before prctl took effect: then we were
+     * reparented, getppid() no longer names it, and no death signal will
+     * ever come. (PDEATHSIG fires when the parent *thread* exits.)
      */
     if (a->pdeathsig > 0) {
         if (prctl(PR_SET_PDEATHSIG, a->pdeathsig) < 0)
@@ -196,6 +284,12 @@ static int spawn_child(void *opaque)
         if (errpipe_w < 0)
             child_fail(a->errpipe_w, NSC_STAGE_DUP);
     }
+    int exec_fd = a->exec_fd;
+    if (exec_fd >= 0 && exec_fd < first) { /* its number may be a target: move it up too */
+        exec_fd = fcntl(exec_fd, F_DUPFD_CLOEXEC, first);
+        if (exec_fd < 0)
+            child_fail(errpipe_w, NSC_STAGE_DUP);
+    }
     for (int t = 0; t < a->n_targets; t++) {
         if (a->sources[t] < 0)
             continue;
@@ -216,19 +310,25 @@ static int spawn_child(void *opaque)
     if (cloexec_from(first) < 0)
         child_fail(errpipe_w, NSC_STAGE_CLOSE);
 
-    execve(a->path, a->argv, a->envp);
+    if (exec_fd >= 0)
+        syscall(SYS_execveat, exec_fd, "", a->argv, a->envp, AT_EMPTY_PATH);
+    else
+        execve(a->path, a->argv, a->envp);
     child_fail(errpipe_w, NSC_STAGE_EXEC);
 }
 
-static int spawn_with(int *buffers, const char *path, char *const argv[], char *const envp[],
+static int spawn_with(int *buffers, const char *path, int exec_fd, char *const argv[],
+                      char *const envp[],
                       int stdin_fd, int stdout_fd, int stderr_fd,
                       const int pass_fds[], int n_pass_fds,
+                      unsigned int flags, unsigned int run_uid, unsigned int run_gid,
                       int pdeathsig, int *pid_out, int *stage_out)
 {
-
     struct spawn_args a = {
-        .path = path, .argv = argv, .envp = envp,
-        .n_targets = 3 + n_pass_fds, .pdeathsig = pdeathsig, .parent = getpid(),
+        .path = path, .exec_fd = exec_fd, .argv = argv, .envp = envp,
+        .n_targets = 3 + n_pass_fds, .flags = flags,
+        .run_uid = (uid_t)run_uid, .run_gid = (gid_t)run_gid,
+        .pdeathsig = pdeathsig, .parent = getpid(),
     };
     a.sources = buffers;
     a.moved = buffers + a.n_targets;
@@ -314,9 +414,10 @@ static int spawn_with(int *buffers, const char *path, char *const argv[], char *
     return report.err;
 }
 
-int nsc_spawn(const char *path, char *const argv[], char *const envp[],
+int nsc_spawn(const char *path, int exec_fd, char *const argv[], char *const envp[],
               int stdin_fd, int stdout_fd, int stderr_fd,
               const int pass_fds[], int n_pass_fds,
+              unsigned int flags, unsigned int run_uid, unsigned int run_gid,
               int pdeathsig, int *pid_out, int *stage_out)
 {
     *pid_out = -1;
@@ -330,8 +431,9 @@ int nsc_spawn(const char *path, char *const argv[], char *const envp[],
         *stage_out = NSC_STAGE_CLONE;
         return ENOMEM;
     }
-    int err = spawn_with(buffers, path, argv, envp, stdin_fd, stdout_fd, stderr_fd, pass_fds,
-                         n_pass_fds, pdeathsig, pid_out, stage_out);
+    int err = spawn_with(buffers, path, exec_fd, argv, envp, stdin_fd, stdout_fd, stderr_fd,
+                         pass_fds, n_pass_fds, flags, run_uid, run_gid, pdeathsig, pid_out,
+                         stage_out);
     free(buffers);
     return err;
 }

@@ -29,21 +29,40 @@
 #define NSC_STAGE_UID_MAP 15    /* write /proc/self/uid_map */
 #define NSC_STAGE_GID_MAP 16    /* write /proc/self/gid_map */
 #define NSC_STAGE_WAIT 17       /* waitpid */
-#define NSC_STAGE_SETSID 18     /* reserved */
+#define NSC_STAGE_SETPGID 18    /* setpgid(0, 0) */
+#define NSC_STAGE_DROP_GROUPS 19 /* setgroups(0, NULL) */
+#define NSC_STAGE_SETGID 20     /* setresgid */
+#define NSC_STAGE_SETUID 21     /* setresuid */
+#define NSC_STAGE_CHECK_IDS 22  /* the ids after the drop are not the ones asked for: EPERM */
+#define NSC_STAGE_CAPS 23       /* clearing or checking capabilities */
+#define NSC_STAGE_NO_NEW_PRIVS 24 /* prctl(PR_SET_NO_NEW_PRIVS) */
+#define NSC_STAGE_KEYRING 25    /* keyctl(KEYCTL_JOIN_SESSION_KEYRING) */
+#define NSC_STAGE_FILTER 26     /* building the seccomp filter: ENOSPC, or ENOSYS off x86_64/aarch64 */
 
 /* At most this many fds after 0-2 (a plan's copied files each take one). */
 #define NSC_MAX_PASS_FDS 65536
 
+/* What nsc_spawn's child does before execve, in this order (see nsconfine.c). */
+#define NSC_SPAWN_NEW_PGRP 1      /* setpgid(0, 0): the terminal's signals do not reach it */
+#define NSC_SPAWN_SET_IDS 2       /* setgroups(0), then gid and uid to run_gid/run_uid; checked */
+#define NSC_SPAWN_DROP_CAPS 4     /* ambient, inheritable, permitted and effective: cleared, checked */
+#define NSC_SPAWN_NO_NEW_PRIVS 8  /* PR_SET_NO_NEW_PRIVS: no setuid or file-capability gain */
+#define NSC_SPAWN_NEW_KEYRING 16  /* join a fresh anonymous session keyring */
+
 /*
  * Start path (absolute, no PATH search) with argv and exactly envp; both
- * NULL-terminated. stdin_fd/stdout_fd/stderr_fd: -1 keeps 0/1/2, else the
- * fd to place there. pass_fds[i] lands at 3 + i; every other fd is closed.
- * pdeathsig > 0 sets PR_SET_PDEATHSIG in the child. Returns once execve
- * has succeeded (*pid_out is the child) or the child has been reaped.
+ * NULL-terminated. exec_fd >= 0 executes that open file instead of path
+ * (execveat, AT_EMPTY_PATH): a program in a memfd, which the child's account
+ * may run wherever the program was installed. stdin_fd/stdout_fd/stderr_fd: -1
+ * keeps 0/1/2, else the fd to place there. pass_fds[i] lands at 3 + i; every
+ * other fd is closed. flags: NSC_SPAWN_*. pdeathsig > 0 sets PR_SET_PDEATHSIG
+ * in the child, after any change of ids (which would clear it). Returns once
+ * the exec has succeeded (*pid_out is the child) or the child has been reaped.
  */
-int nsc_spawn(const char *path, char *const argv[], char *const envp[],
+int nsc_spawn(const char *path, int exec_fd, char *const argv[], char *const envp[],
               int stdin_fd, int stdout_fd, int stderr_fd,
               const int pass_fds[], int n_pass_fds,
+              unsigned int flags, unsigned int run_uid, unsigned int run_gid,
               int pdeathsig, int *pid_out, int *stage_out);
 
 /* A sealed, CLOEXEC memfd holding data, its offset at 0. */
@@ -57,5 +76,34 @@ int nsc_probe_userns(int *stage_out);
  * policy lint resolves every bind source on every launch. */
 #define NSC_PATH_MAX 4096
 int nsc_realpath(const char *path, char *out);
+
+/*
+ * The seccomp filter sessions run under (csrc/seccomp.c), as the raw
+ * struct sock_filter array bwrap's --seccomp reads: written into out (cap
+ * bytes), its length into *len_out. rules: NSC_SECCOMP_* groups.
+ */
+#define NSC_SECCOMP_MAX_BYTES 8192
+#define NSC_SECCOMP_SETID 1 /* no S_ISUID/S_ISGID by chmod, open, creat, mknod; no io_uring, openat2 */
+int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_t *len_out,
+                       int *stage_out);
+
+/*
+ * The wire between a launcher and the exec shim inside each sandbox (csrc/shim.c, which
+ * includes this header). The launch message is a header of five uint32 in native byte order
+ * (magic, fd mask, argc, envc, body size), then the body: argc NUL-terminated arguments and
+ * envc NUL-terminated NAME=VALUE strings. A failure report on the error pipe is two int32:
+ * errno and one of the stages below.
+ */
+#define NSC_SHIM_MAGIC 0x6e736331 /* "nsc1" */
+#define NSC_SHIM_MAX_BODY 67108864 /* 64 MiB */
+#define NSC_SHIM_PLACE_MASK 7      /* bit i: the next received fd goes to fd i (i = 0..2) */
+#define NSC_SHIM_CLOSE_MASK 112    /* bit 4 + i: close fd i; neither bit: keep it */
+#define NSC_SHIM_STAGE_RECV 1
+#define NSC_SHIM_STAGE_PROTOCOL 2
+#define NSC_SHIM_STAGE_DUP 3
+#define NSC_SHIM_STAGE_ENV 4
+#define NSC_SHIM_STAGE_CLOSE 5
+#define NSC_SHIM_STAGE_EXEC 6
+#define NSC_SHIM_STAGE_SIGNALS 7
 
 #endif

@@ -11,11 +11,14 @@
  *     struct launch_header (below), then `size` bytes: `argc` NUL-terminated
  *     arguments, then `envc` NUL-terminated NAME=VALUE strings
  *     SCM_RIGHTS on the first byte: the error pipe's write end, then one fd
- *     for each bit set in fd_mask (bit i: the fd to place at i, i = 0..2)
+ *     for each of the low bits set in fd_mask (bit i: the fd to place at i,
+ *     i = 0..2); bit 4 + i set instead closes fd i; neither keeps it
  *
- * It puts the fds in place (an unset bit closes that fd), sets the extra
- * variables over the environment bwrap gave it (the plan's), marks every fd
- * from 3 up close-on-exec and execvp's argv[0]. The error pipe is the
+ * It puts the fds in place, sets the extra variables over the environment
+ * bwrap gave it (the plan's), resets every signal disposition and the
+ * signal mask, marks every fd from 3 up close-on-exec and execvp's argv[0].
+ * nsconfine.spawn sends no fds (the command keeps the stdio bwrap got);
+ * nsconfine.Pool sends the caller's. The error pipe is the
  * launcher's proof: it closes at a successful exec (EOF); on failure the
  * shim writes {errno, stage} into it and exits 127. EOF on the socket (the
  * launcher closed the pool or died) or the idle timeout: exit 0, the
@@ -25,10 +28,13 @@
  * /usr. No Python, no locale, nothing it does not need.
  */
 #define _GNU_SOURCE
+#include "nsconfine.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,17 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SHIM_MAGIC 0x6e736331u /* "nsc1" */
-#define SHIM_MAX_BODY (64u << 20)
 #define SHIM_MAX_FDS 4 /* the error pipe and 0, 1, 2 */
-
-/* Stages a failure report names (nsconfine/_pool.py maps them to syscall names). */
-#define SHIM_STAGE_RECV 1
-#define SHIM_STAGE_PROTOCOL 2
-#define SHIM_STAGE_DUP 3
-#define SHIM_STAGE_ENV 4
-#define SHIM_STAGE_CLOSE 5
-#define SHIM_STAGE_EXEC 6
 
 #ifndef __NR_close_range
 #define __NR_close_range 436
@@ -187,20 +183,21 @@ int main(int argc, char **argv)
     if (n_fds > 0)
         errpipe = fds[0];
     if (r < 0)
-        fail(SHIM_STAGE_RECV);
-    int wanted = 1 + __builtin_popcount(h.fd_mask & 7u);
-    if (h.magic != SHIM_MAGIC || n_fds != wanted || h.argc == 0 || h.size > SHIM_MAX_BODY ||
-        (h.fd_mask & ~7u)) {
+        fail(NSC_SHIM_STAGE_RECV);
+    int wanted = 1 + __builtin_popcount(h.fd_mask & NSC_SHIM_PLACE_MASK);
+    if (h.magic != NSC_SHIM_MAGIC || n_fds != wanted || h.argc == 0 ||
+        h.size > NSC_SHIM_MAX_BODY || (h.fd_mask & ~(uint32_t)(NSC_SHIM_PLACE_MASK | NSC_SHIM_CLOSE_MASK)) ||
+        (h.fd_mask & (h.fd_mask >> 4) & NSC_SHIM_PLACE_MASK)) {
         errno = EPROTO;
-        fail(SHIM_STAGE_PROTOCOL);
+        fail(NSC_SHIM_STAGE_PROTOCOL);
     }
 
     char *body = malloc((size_t)h.size + 1);
     char **args = calloc((size_t)h.argc + 1, sizeof *args);
     if (!body || !args)
-        fail(SHIM_STAGE_RECV);
+        fail(NSC_SHIM_STAGE_RECV);
     if (read_exact((int)sock, body, h.size, NULL, NULL) != 0)
-        fail(SHIM_STAGE_RECV);
+        fail(NSC_SHIM_STAGE_RECV);
     body[h.size] = '\0';
 
     /* Split the body: argc arguments, then envc variables, each NUL-terminated. */
@@ -209,23 +206,23 @@ int main(int argc, char **argv)
         char *nul = memchr(p, '\0', (size_t)(limit - p));
         if (!nul) {
             errno = EPROTO;
-            fail(SHIM_STAGE_PROTOCOL);
+            fail(NSC_SHIM_STAGE_PROTOCOL);
         }
         if (i < h.argc) {
             args[i] = p;
         } else {
             if (!strchr(p, '=')) {
                 errno = EINVAL;
-                fail(SHIM_STAGE_ENV);
+                fail(NSC_SHIM_STAGE_ENV);
             }
             if (putenv(p) != 0)
-                fail(SHIM_STAGE_ENV);
+                fail(NSC_SHIM_STAGE_ENV);
         }
         p = nul + 1;
     }
     if (p != limit) {
         errno = EPROTO;
-        fail(SHIM_STAGE_PROTOCOL);
+        fail(NSC_SHIM_STAGE_PROTOCOL);
     }
 
     /*
@@ -236,27 +233,40 @@ int main(int argc, char **argv)
      */
     for (int i = 1; i < n_fds; i++) {
         if (fds[i] < 3 && (fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3)) < 0)
-            fail(SHIM_STAGE_DUP);
+            fail(NSC_SHIM_STAGE_DUP);
     }
     int next = 1;
     for (int target = 0; target < 3; target++) {
         if (h.fd_mask & (1u << target)) {
             if (dup2(fds[next++], target) < 0)
-                fail(SHIM_STAGE_DUP);
-        } else {
+                fail(NSC_SHIM_STAGE_DUP);
+        } else if (h.fd_mask & (0x10u << target)) {
             (void)close(target);
         }
     }
+
+    /* The command starts with default signal handling, whatever bwrap left. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig != SIGKILL && sig != SIGSTOP)
+            (void)sigaction(sig, &dfl, NULL); /* EINVAL for libc's own: nothing to reset */
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+        fail(NSC_SHIM_STAGE_SIGNALS);
     /* Everything else, the socket and the error pipe too, closes at exec. */
     if (syscall(__NR_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) < 0) {
         /* ENOSYS before Linux 5.9, EINVAL for the flag before 5.11. */
         if (errno != ENOSYS && errno != EINVAL)
-            fail(SHIM_STAGE_CLOSE);
+            fail(NSC_SHIM_STAGE_CLOSE);
         long max = sysconf(_SC_OPEN_MAX);
         for (long fd = 3; fd < (max < 0 || max > 65536 ? 65536 : max); fd++)
             (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* EBADF: not open */
     }
 
     execvp(args[0], args);
-    fail(SHIM_STAGE_EXEC);
+    fail(NSC_SHIM_STAGE_EXEC);
 }

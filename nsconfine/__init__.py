@@ -8,9 +8,9 @@ from nsconfine._errors import (
     SandboxUnavailable,
     UsageError,
 )
-from nsconfine._executor import Sandbox
-from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
+from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan, RunAs
 from nsconfine._preflight import PreflightReport, preflight
+from nsconfine._sandbox import Sandbox
 from nsconfine._session import Harness, Session
 from nsconfine._spawn import spawn
 
@@ -45,6 +45,7 @@ __all__ = [
     "PlanError",
     "Pool",
     "PreflightReport",
+    "RunAs",
     "Sandbox",
     "SandboxUnavailable",
     "Session",

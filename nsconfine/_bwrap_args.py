@@ -1,9 +1,12 @@
 """Plan → bwrap arguments: a pure function, golden-tested.
 
-The launcher places fds at fixed numbers in bwrap (see nsconfine._executor), so the argument
-vector depends on the plan alone and `nsconfine plan --bwrap-args` shows exactly what bwrap reads.
+The launcher places fds at fixed numbers (see nsconfine._executor), so the argument vector
+depends on the plan alone and `nsconfine plan --bwrap-args` shows exactly what bwrap reads.
 The options go in a sealed memfd read with `--args 3`, which keeps credential values out of
-/proc/<pid>/cmdline; bwrap only takes the command on its real command line, after `--`.
+/proc/<pid>/cmdline; bwrap only takes the command on its real command line, after `--`. That
+command is always nsconfine's exec shim (nsconfine._programs), run from the memfd at fd 7 as
+/proc/self/fd/7, which execs the session's own command once the launcher has checked the built
+sandbox.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ from nsconfine._plan import Entry, Kind, Mode, Plan
 
 ARGS_FD = 3  # the memfd holding the NUL-separated options
 INFO_FD = 4  # bwrap writes {"child-pid": N, …} here once the namespaces exist
-BLOCK_FD = 5  # the sandbox waits here for one byte before it execs the command
-FIRST_DATA_FD = 6  # then one fd per data or copy entry, in plan order
+SHIM_FD = 5  # the exec shim's socket to the launcher
+SECCOMP_FD = 6  # the memfd holding the seccomp filter (`--seccomp 6`)
+SHIM_PROGRAM_FD = 7  # the memfd holding the exec shim, which bwrap runs as /proc/self/fd/7
+LIFELINE_FD = 8  # the reaper's end of the launcher's lifeline; bwrap never sees it
+FIRST_DATA_FD = 9  # then one fd per data or copy entry, in plan order
 
 # Every namespace but the network's; cgroup where the kernel has it.
 NAMESPACE_OPTIONS = (
@@ -27,7 +33,7 @@ NAMESPACE_OPTIONS = (
     "--unshare-cgroup-try",
 )
 PROCESS_OPTIONS = (
-    "--die-with-parent",  # the sandbox dies with bwrap (bwrap itself gets PDEATHSIG from us)
+    "--die-with-parent",  # the sandbox dies with bwrap (bwrap itself with the reaper)
     "--new-session",  # no TIOCSTI into the launcher's terminal
     "--cap-drop",
     "ALL",  # run as root, bwrap would otherwise keep the caller's capabilities
@@ -45,7 +51,7 @@ REQUIRED_OPTIONS = (
     "--setenv",
     "--chdir",
     "--info-fd",
-    "--block-fd",
+    "--seccomp",
     "--bind",
     "--ro-bind",
     "--tmpfs",
@@ -89,12 +95,14 @@ def _entry_arguments(entry: Entry, data_fd: int) -> tuple[str, ...]:
             return ("--remount-ro", entry.dest)
 
 
-def bwrap_options(plan: Plan) -> list[str]:
+def bwrap_options(plan: Plan, *, seccomp: bool = True) -> list[str]:
     """The options nsconfine writes to the `--args` memfd for plan, in order."""
     arguments = [*NAMESPACE_OPTIONS, *PROCESS_OPTIONS]
     for variable in plan.env:
         arguments += ("--setenv", variable.name, variable.value)
-    arguments += ("--info-fd", str(INFO_FD), "--block-fd", str(BLOCK_FD))
+    arguments += ("--info-fd", str(INFO_FD))
+    if seccomp:
+        arguments += ("--seccomp", str(SECCOMP_FD))
     data_fd = FIRST_DATA_FD
     for entry in plan.entries:
         arguments += _entry_arguments(entry, data_fd)
@@ -104,17 +112,19 @@ def bwrap_options(plan: Plan) -> list[str]:
     return arguments
 
 
+def shim_command(idle_timeout_ms: int) -> list[str]:
+    """The command bwrap runs: the exec shim, on its socket, waiting at most idle_timeout_ms."""
+    return [f"/proc/self/fd/{SHIM_PROGRAM_FD}", str(SHIM_FD), str(idle_timeout_ms)]
+
+
 def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:
     """bwrap's own argv: read the options from fd 3, then `--` and the command."""
     return [bwrap, "--args", str(ARGS_FD), "--", *argv]
 
 
-def compiled_options(plan: Plan) -> bytes:
-    """The plan's options, encoded once and kept on the (immutable) plan."""
-    if plan.compiled is None:
-        object.__setattr__(plan, "compiled", encode_options(bwrap_options(plan)))
-    assert plan.compiled is not None
-    return plan.compiled
+def reaper_command_line(reaper: str, bwrap_argv: Sequence[str]) -> list[str]:
+    """The reaper's argv: its lifeline and the info fd it reports on, then bwrap's argv."""
+    return [reaper, str(LIFELINE_FD), str(INFO_FD), *bwrap_argv]
 
 
 def encode_options(options: Sequence[str]) -> bytes:

@@ -7,7 +7,6 @@ code's sysexits status; nothing runs and no traceback is shown.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+EXEC_FAILED_STATUS = 127  # as a shell: the command was not found or could not be executed
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,6 +69,11 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="another host path no bind may expose (repeatable)",
     )
+    group.add_argument(
+        "--user",
+        metavar="NAME",
+        help="the unprivileged account the session runs as (required when running as root)",
+    )
 
 
 def _parser() -> _Parser:
@@ -95,6 +100,11 @@ def _parser() -> _Parser:
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
     selftest = commands.add_parser("selftest", help="prove confinement on this host")
     selftest.add_argument("--json", action="store_true")
+    selftest.add_argument(
+        "--user",
+        metavar="NAME",
+        help="as root: the account the stand-in sessions run as (default: nobody)",
+    )
     return parser
 
 
@@ -108,6 +118,7 @@ def _session(arguments: argparse.Namespace) -> Session:
         env=arguments.env,
         credential=arguments.credential,
         deny=arguments.deny,
+        user=arguments.user,
     )
 
 
@@ -161,11 +172,18 @@ def _run(arguments: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
     plan = _session(arguments).plan()
-    sandbox = spawn(plan, command)
+    try:
+        sandbox = spawn(plan, command)
+    except OSError as error:  # not an NsconfineError: the command itself could not start
+        print(
+            f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: {error.strerror}",
+            file=sys.stderr,
+        )
+        return EXEC_FAILED_STATUS
 
-    # The launcher's signals go to bwrap, whose death takes the whole sandbox with it.
+    # The launcher's signals go to the command (its traps run); its end ends the session.
     def forward(number: int, _frame: object) -> None:
-        _send(sandbox.pid, number)
+        sandbox.send_signal(number)
 
     for number in FORWARDED_SIGNALS:
         signal.signal(number, forward)
@@ -173,17 +191,10 @@ def _run(arguments: argparse.Namespace) -> int:
     return 128 - status if status < 0 else status
 
 
-def _send(pid: int, number: int) -> None:
-    try:
-        os.kill(pid, number)
-    except ProcessLookupError:
-        pass
-
-
 def _selftest(arguments: argparse.Namespace) -> int:
     from nsconfine._selftest import run_selftest
 
-    return run_selftest(as_json=arguments.json)
+    return run_selftest(as_json=arguments.json, user=arguments.user)
 
 
 _COMMANDS = {"check": _check, "plan": _plan, "run": _run, "selftest": _selftest}

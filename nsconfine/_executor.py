@@ -1,30 +1,68 @@
-"""The executor: start bwrap on a plan, check the sandbox it made, then let the command run.
+"""The executor: build a sandbox for a plan, check it with the launcher's own eyes, and only
+then hand it its command. No lint here (nsconfine._spawn's gate does that before every launch).
 
-bwrap is spawned by the C layer with exactly these fds (and 0, 1, 2):
-    3  a sealed memfd with the plan's options (`--args 3`)
-    4  the write end of the info pipe (`--info-fd 4`)
-    5  the read end of the block pipe (`--block-fd 5`)
-    6… one fd per data or copy entry, in plan order: a sealed memfd per generated file
-       (`--ro-bind-data N`), the opened host file per copy (`--file N`)
-    then any extra fds, which bwrap passes on to the command (the pool's shim socket)
-bwrap reports the sandbox's pid on the info pipe once the namespaces exist, and the sandbox
-waits on the block pipe after its mounts, before exec. In between, the launcher checks with its
-own eyes (/proc/<pid>/ns/*) that the sandbox really lives in new namespaces. Only then does it
-write the byte that lets the command exec; on any doubt it kills bwrap and refuses.
+A launch, in order:
+
+1. The launcher's C child (csrc/nsconfine.c) takes the session's account (as root: the one the
+   plan names), drops every capability, sets no_new_privs, joins a fresh session keyring and
+   execs nsconfine's reaper (csrc/reaper.c, from a sealed memfd), which runs bwrap with exactly
+   these fds:
+       0-2  the session's stdio
+       3    a sealed memfd with the plan's options (`--args 3`)
+       4    the info pipe (`--info-fd 4`)
+       5    the exec shim's socket, passed through to the sandbox
+       6    a sealed memfd with the seccomp filter (`--seccomp 6`)
+       7    the sealed memfd holding the exec shim, which bwrap runs as /proc/self/fd/7
+       8    the reaper's end of the launcher's lifeline (the reaper keeps it from bwrap)
+       9…   one fd per data or copy entry, in plan order
+   The reaper ends the session once bwrap ends, once it gets SIGTERM, or once the lifeline
+   reaches EOF (every copy of its write end, held by the launcher process, is closed): the
+   launcher's death ends its sessions however it died, from whichever thread it launched.
+2. bwrap reports the sandbox's pid on the info pipe once the namespaces exist. The launcher
+   checks in /proc that this pid is bwrap's child (and bwrap the reaper's), and that its
+   namespaces are new.
+3. bwrap builds the mounts and runs the exec shim, which says it is ready on its socket; the
+   kernel attaches its pid (SCM_CREDENTIALS). The launcher checks that the shim lives in the
+   sandbox, and that the sandbox's mount table is exactly the plan (nsconfine._mounts).
+   The sandbox is now staged: built and checked, waiting for a command.
+4. hand_off sends the command (and, for a pool, its stdio and environment); the shim execs it.
+   EOF on a fresh error pipe means the exec succeeded; else the shim reports the errno, the
+   sandbox is torn down, and the launch raises OSError.
 """
 
 from __future__ import annotations
 
 import os
-import select
 import signal
-import threading
-from collections.abc import Sequence
+import socket
+import time
+from collections.abc import Mapping, Sequence
 
-from nsconfine import _syscalls
-from nsconfine._bwrap_args import bwrap_command_line, compiled_options, fd_entries
+from nsconfine import _layers, _syscalls, _terminal
+from nsconfine._bwrap_args import (
+    bwrap_command_line,
+    bwrap_options,
+    encode_options,
+    fd_entries,
+    reaper_command_line,
+    shim_command,
+)
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
+from nsconfine._mounts import mount_table_problems
 from nsconfine._plan import Kind, Plan
+from nsconfine._programs import (
+    REAPER_PATH,
+    SHIM_CLOSE_MASK,
+    SHIM_EXEC_STAGE,
+    SHIM_HEADER,
+    SHIM_MAGIC,
+    SHIM_MAX_BODY,
+    SHIM_PATH,
+    SHIM_REPORT,
+    SHIM_STAGES,
+    program_fd,
+)
+from nsconfine._sandbox import Sandbox
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
 if TYPE_CHECKING:
@@ -35,9 +73,12 @@ if TYPE_CHECKING:
 # What a launch must see differ from the launcher's own; "net" is shared by design.
 CONFINING_NAMESPACES: Final = ("user", "mnt", "pid", "ipc", "uts", "cgroup")
 INFO_TIMEOUT_SECONDS: Final = 10.0
+SETUP_TIMEOUT_SECONDS: Final = 120.0  # 10,000 copied files take bwrap seconds
+SPAWN_SHIM_TIMEOUT_MS: Final = 600_000  # a spawn hands its shim the command at once
 
 
-def _stdio_fd(value: Stdio, name: str) -> int:
+def stdio_fd(value: Stdio, name: str) -> int:
+    """The fd of a stdio argument: -1 for None (inherit), else the fd or the file's fileno()."""
     if value is None:
         return -1
     if isinstance(value, int):
@@ -64,58 +105,86 @@ def own_namespaces() -> dict[str, int]:
     return _own_namespaces
 
 
-class Sandbox:
-    """A running confined session: bwrap's process, with the sandbox's pid 1 below it."""
+# ------------------------------------------------------------------ the lifeline
 
-    def __init__(self, pid: int, child_pid: int) -> None:
-        self.pid = pid  # bwrap, the launcher's child
-        self.child_pid = child_pid  # the sandbox's init, in the launcher's pid namespace
-        self.returncode: int | None = None
-        self._lock = threading.Lock()
+_lifeline: tuple[int, int] | None = None  # this process's (read end, write end)
 
-    def __repr__(self) -> str:
-        return f"<Sandbox pid={self.pid} returncode={self.returncode}>"
 
-    def poll(self) -> int | None:
-        """The exit status if the session has ended, else None."""
-        with self._lock:
-            if self.returncode is None:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
+def _lifeline_read_end() -> int:
+    global _lifeline
+    if _lifeline is None:
+        _lifeline = os.pipe2(os.O_CLOEXEC)
+    return _lifeline[0]
 
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the session to end and return its status: the command's exit code, or
-        128+N if the command was killed by signal N, or -N if bwrap itself was.
-        Raises TimeoutError if it is still running after timeout seconds."""
-        if timeout is not None and self.returncode is None:
-            pidfd = os.pidfd_open(self.pid)
-            try:
-                if not select.select([pidfd], [], [], max(timeout, 0.0))[0]:
-                    raise TimeoutError(f"session {self.pid} still running after {timeout} s")
-            finally:
-                os.close(pidfd)
-        with self._lock:
-            if self.returncode is None:
-                _, status = os.waitpid(self.pid, 0)
-                self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
 
-    def kill(self) -> None:
-        """SIGKILL bwrap; the sandbox and everything in it die with it (--die-with-parent)."""
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+def _forget_lifeline_in_child() -> None:
+    # A forked child must not keep its parent's sessions alive after the parent dies; it
+    # makes a lifeline of its own if it launches.
+    global _lifeline
+    if _lifeline is not None:
+        for fd in _lifeline:
+            os.close(fd)
+        _lifeline = None
 
-    def __enter__(self) -> Sandbox:
-        return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.kill()
-        self.wait()
+os.register_at_fork(after_in_child=_forget_lifeline_in_child)
+
+
+# ------------------------------------------------------------------ staging
+
+_compiled: dict[int, tuple[Plan, bool, bytes]] = {}
+
+
+def compiled_options(plan: Plan, seccomp: bool) -> bytes:
+    """The plan's options, encoded once per plan object (plans are immutable)."""
+    hit = _compiled.get(id(plan))
+    if hit is not None and hit[0] is plan and hit[1] == seccomp:
+        return hit[2]
+    encoded = encode_options(bwrap_options(plan, seccomp=seccomp))
+    if len(_compiled) >= 64:
+        _compiled.clear()
+    _compiled[id(plan)] = (plan, seccomp, encoded)  # the plan is kept, so its id stays its own
+    return encoded
+
+
+class Staged:
+    """A sandbox built and checked, whose shim waits for its command."""
+
+    __slots__ = (
+        "command_pid",
+        "command_pidfd",
+        "init_pid",
+        "init_pidfd",
+        "reaper",
+        "reaper_pidfd",
+        "sock",
+        "started",
+        "stdio",
+        "timings",
+        "usable_until",
+    )
+
+    def __init__(self, reaper: int, reaper_pidfd: int, sock: socket.socket) -> None:
+        self.reaper = reaper
+        self.reaper_pidfd = reaper_pidfd
+        self.sock = sock
+        self.init_pid = self.init_pidfd = self.command_pid = self.command_pidfd = -1
+        self.started = time.perf_counter()
+        self.timings: dict[str, float] = {}
+        self.usable_until = 0.0
+        self.stdio: tuple[int, int, int] = (-1, -1, -1)
+
+    def mark(self, stage: str) -> None:
+        """Record when stage was reached, in seconds since the launch began."""
+        self.timings[stage] = time.perf_counter() - self.started
+
+    def pidfds(self) -> list[int]:
+        """The pidfds this staged sandbox holds."""
+        return [fd for fd in (self.reaper_pidfd, self.init_pidfd, self.command_pidfd) if fd >= 0]
+
+    def ended(self) -> bool:
+        """Has the reaper exited (the sandbox expired, failed or was killed)?"""
+        return _readable(self.reaper_pidfd, 0)
 
 
 def open_entry_fds(plan: Plan, fds: list[int]) -> None:
@@ -128,10 +197,23 @@ def open_entry_fds(plan: Plan, fds: list[int]) -> None:
             assert entry.content is not None
             fds.append(_syscalls.memfd_sealed("nsconfine-data", entry.content))
             continue
-        try:
-            fds.append(os.open(entry.source, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY))
-        except OSError as error:
-            raise PlanError(f"{entry.source} cannot be copied: {error.strerror}") from None
+        fds.append(_open_copy_source(entry.source))
+
+
+def _open_copy_source(path: str) -> int:
+    # Not through a symlink, and never blocking: a FIFO or device swapped in for a runner file
+    # would otherwise hang the launch (or read a device); only a regular file is copied.
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        raise PlanError(f"{path} cannot be copied: {error.strerror}") from None
+    import stat
+
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PlanError(f"{path} is no longer a regular file: refusing to copy it")
+    return fd
 
 
 def _make_room_for(count: int) -> None:
@@ -153,122 +235,192 @@ def _make_room_for(count: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def launch(
+def stage(
     bwrap: str,
     plan: Plan,
-    argv: Sequence[str],
     *,
-    stdin: Stdio = None,
-    stdout: Stdio = None,
-    stderr: Stdio = None,
-    extra_fds: Sequence[int] = (),
-) -> Sandbox:
-    """Run argv under bwrap on plan, as is: no lint, no preflight (see nsconfine.spawn).
-
-    extra_fds reach the command itself (bwrap passes on what it does not use), numbered from
-    FIRST_DATA_FD + len(fd_entries(plan)): the pool's exec shim gets its socket this way."""
-    stdio = (_stdio_fd(stdin, "stdin"), _stdio_fd(stdout, "stdout"), _stdio_fd(stderr, "stderr"))
-    command = [os.fsencode(arg) for arg in bwrap_command_line(bwrap, argv)]
-    options = compiled_options(plan)
-    child_side: list[int] = []  # given to bwrap, closed here once it has them
-    parent_side: list[int] = []  # kept here: the info pipe's read end, the block pipe's write end
+    stdio: tuple[int, int, int] = (-1, -1, -1),
+    idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
+) -> Staged:
+    """Build plan's sandbox under bwrap with the exec shim waiting inside; return once the
+    sandbox is checked (namespaces, shim, mount table). stdio: bwrap's 0-2 (-1: inherit)."""
+    seccomp = _layers.seccomp_program()
+    options = compiled_options(plan, seccomp is not None)
+    flags, uid, gid = _layers.spawn_flags(plan.user)
+    shim = shim_command(idle_timeout_ms)
+    reaper_fd, shim_fd = program_fd(REAPER_PATH), program_fd(SHIM_PATH)
+    argv = [
+        os.fsencode(a) for a in reaper_command_line(REAPER_PATH, bwrap_command_line(bwrap, shim))
+    ]
+    launcher_end, shim_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # The kernel then attaches the sender's pid to what the shim sends: its own, translated.
+    launcher_end.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    child_side: list[int] = []  # given to the reaper, closed here once it has them
+    info_read = -1
     try:
         child_side.append(_syscalls.memfd_sealed("nsconfine-args", options))
         info_read, info_write = os.pipe2(os.O_CLOEXEC)
-        parent_side.append(info_read)
         child_side.append(info_write)
-        block_read, block_write = os.pipe2(os.O_CLOEXEC)
-        parent_side.append(block_write)
-        child_side.append(block_read)
+        child_side.append(shim_end.fileno())
+        filter_fd = _syscalls.memfd_sealed("nsconfine-seccomp", seccomp or b"")
+        child_side.append(filter_fd)
+        child_side.append(shim_fd)
+        child_side.append(_lifeline_read_end())
         open_entry_fds(plan, child_side)
-        pid = _syscalls.spawn(
-            command[0],
-            command,
-            (),  # bwrap itself gets an empty environment; the session's is in the options
+        started = time.perf_counter()
+        reaper = _syscalls.spawn(
+            os.fsencode(REAPER_PATH),
+            argv,
+            (),  # bwrap gets an empty environment; the session's is in the options
             stdin=stdio[0],
             stdout=stdio[1],
             stderr=stdio[2],
-            pass_fds=[*child_side, *extra_fds],
-            pdeathsig=signal.SIGKILL,
+            pass_fds=child_side,
+            flags=flags,
+            uid=uid,
+            gid=gid,
+            exec_fd=reaper_fd,
         )
     except _syscalls.SyscallError as error:
-        for fd in parent_side:
-            os.close(fd)
-        raise SandboxUnavailable(f"cannot start {bwrap}: {error.strerror}") from None
-    except BaseException:
-        for fd in parent_side:
-            os.close(fd)
-        raise
-    finally:
-        for fd in child_side:
-            os.close(fd)
-    try:
-        child_pid = _confirm_sandbox(bwrap, pid, info_read)
-        os.write(block_write, b"x")
-    except _BwrapEnded as ended:
-        status = _kill_and_reap(pid)
+        if info_read >= 0:
+            os.close(info_read)
+        launcher_end.close()
         raise SandboxUnavailable(
-            f"{bwrap} {ended} (status {status}); its message is on the session's stderr, and "
-            "`nsconfine check` explains what to fix"
+            f"cannot start bwrap as {plan.user.name}: {error.strerror} ({error.syscall})"
         ) from None
     except BaseException:
-        _kill_and_reap(pid)
+        if info_read >= 0:
+            os.close(info_read)
+        launcher_end.close()
+        raise
+    finally:
+        shim_end.close()
+        # Not the socket's (closed above), nor the shim's program or the lifeline (kept).
+        for fd in child_side[:2] + child_side[3:4] + child_side[6:]:
+            os.close(fd)
+    staged = Staged(reaper, os.pidfd_open(reaper), launcher_end)
+    staged.started = started
+    staged.stdio = stdio
+    staged.mark("started")
+    try:
+        _confirm(bwrap, plan, staged, info_read)
+    except _SetupEnded as ended:
+        status = teardown(staged)
+        raise SandboxUnavailable(
+            f"the sandbox {ended} (bwrap's status {status}); bwrap's message is on the "
+            "session's stderr, and `nsconfine check` explains what to fix"
+        ) from None
+    except BaseException:
+        teardown(staged)
         raise
     finally:
         os.close(info_read)
-        os.close(block_write)
-    return Sandbox(pid, child_pid)
+    staged.mark("confirmed")
+    staged.usable_until = time.monotonic() + idle_timeout_ms / 1000 * 0.9
+    return staged
 
 
-class _BwrapEnded(Exception):
-    """bwrap, or its sandbox, ended before the command could start (the launcher reaps it)."""
+class _SetupEnded(Exception):
+    """bwrap, or its sandbox, ended before the command could start."""
 
 
-def _kill_and_reap(pid: int) -> int:
+def _readable(fd: int, timeout: float | None) -> bool:
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(timeout, 0.0) * 1000))
+
+
+def _confirm(bwrap: str, plan: Plan, staged: Staged, info_fd: int) -> None:
+    info = _read_info(bwrap, info_fd, staged.sock.fileno())
+    child: int = info["child-pid"]
     try:
-        os.kill(pid, signal.SIGKILL)
+        staged.init_pidfd = os.pidfd_open(child)
     except ProcessLookupError:
-        pass
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+        raise _SetupEnded("ended before it could be checked") from None
+    staged.init_pid = child
+    _check_init(bwrap, staged.reaper, child, info)
+    staged.mark("namespaces")
+    shim = _await_shim(staged)
+    try:
+        staged.command_pidfd = os.pidfd_open(shim)
+    except ProcessLookupError:
+        raise _SetupEnded("ended before its command could start") from None
+    staged.command_pid = shim
+    _check_shim(bwrap, child, shim)
+    try:
+        with open(f"/proc/{shim}/mountinfo") as file:
+            mountinfo = file.read()
+    except OSError:
+        raise _SetupEnded("ended before its mounts could be checked") from None
+    problems = mount_table_problems(mountinfo, plan, root=f"/proc/{shim}/root")
+    if problems:
+        raise SandboxUnavailable(
+            f"{bwrap} built a sandbox whose mounts differ from the plan ({'; '.join(problems)}): "
+            "nothing was run; this bwrap cannot be trusted, reinstall it"
+        )
 
 
-def _read_info(bwrap: str, info_fd: int) -> dict[str, Any]:
-    """bwrap's info object, or a refusal if bwrap exits or stays silent first."""
+def _read_info(bwrap: str, info_fd: int, shim_sock: int) -> dict[str, Any]:
+    """bwrap's info object, or a refusal if bwrap exits or stays silent first, or if the shim
+    speaks first (bubblewrap reports the sandbox before anything runs in it)."""
     import json  # on the first launch: not on the import path of every launcher
+    import select
 
+    poller = select.poll()
+    poller.register(info_fd, select.POLLIN)
+    poller.register(shim_sock, select.POLLIN)
     received = b""
+    deadline = time.monotonic() + INFO_TIMEOUT_SECONDS
     while True:
-        ready, _, _ = select.select([info_fd], [], [], INFO_TIMEOUT_SECONDS)
-        if not ready:
+        events = dict(poller.poll(max(deadline - time.monotonic(), 0) * 1000))
+        if info_fd not in events:
+            if events:
+                raise SandboxUnavailable(
+                    f"{bwrap} ran the command without reporting a sandbox first: it is not a "
+                    "bubblewrap nsconfine can trust"
+                )
             raise SandboxUnavailable(
                 f"{bwrap} did not report a sandbox within {INFO_TIMEOUT_SECONDS:g} s: it is not "
                 "a working bubblewrap; reinstall it or point NSCONFINE_BWRAP at one"
             )
         chunk = os.read(info_fd, 4096)
         if not chunk:
-            raise _BwrapEnded("exited before the sandbox existed")
+            raise _SetupEnded("could not be created: bwrap exited first")
         received += chunk
         try:
             info = json.loads(received)
         except ValueError:
             continue  # bwrap writes the object in one go, but a pipe may split it
+        if isinstance(info, dict) and isinstance(info.get("reaper-errno"), int):
+            raise SandboxUnavailable(
+                f"cannot run {bwrap}: {os.strerror(info['reaper-errno'])}; reinstall "
+                "bubblewrap or point NSCONFINE_BWRAP at a working one"
+            )
         if not isinstance(info, dict) or not isinstance(info.get("child-pid"), int):
             raise SandboxUnavailable(f"{bwrap} reported no sandbox pid: it is not bubblewrap")
         return info
 
 
-def _confirm_sandbox(bwrap: str, pid: int, info_fd: int) -> int:
-    """The sandbox's pid, once its parent and namespaces are checked from /proc."""
-    info = _read_info(bwrap, info_fd)
-    child: int = info["child-pid"]
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as stat_file:
+        return int(stat_file.read().rsplit(b")", 1)[1].split()[1])
+
+
+def _namespaces(pid: int) -> dict[str, int]:
+    return {name: os.stat(f"/proc/{pid}/ns/{name}").st_ino for name in own_namespaces()}
+
+
+def _check_init(bwrap: str, reaper: int, child: int, info: dict[str, Any]) -> None:
+    """The sandbox's init is bwrap's child, bwrap is the reaper's, and its namespaces are new."""
     try:
-        with open(f"/proc/{child}/stat", "rb") as stat_file:
-            parent = int(stat_file.read().rsplit(b")", 1)[1].split()[1])
-        theirs = {name: os.stat(f"/proc/{child}/ns/{name}").st_ino for name in own_namespaces()}
+        bwrap_pid = _parent(child)
+        grandparent = _parent(bwrap_pid)
+        theirs = _namespaces(child)
     except (OSError, ValueError, IndexError):
-        raise _BwrapEnded("lost its sandbox during set-up") from None
-    if parent != pid:
+        raise _SetupEnded("ended during set-up") from None
+    if grandparent != reaper:
         raise SandboxUnavailable(
             f"{bwrap} named pid {child} as its sandbox, but that is not its child: it is not "
             "a bubblewrap nsconfine can trust"
@@ -281,4 +433,190 @@ def _confirm_sandbox(bwrap: str, pid: int, info_fd: int) -> int:
                 "it): it does not confine; install Debian's bubblewrap or point "
                 "NSCONFINE_BWRAP at a real one"
             )
-    return child
+
+
+def _await_shim(staged: Staged) -> int:
+    """The shim's pid, from the kernel, once it says it is ready (the mounts are done)."""
+    import select
+    import struct
+
+    poller = select.poll()
+    poller.register(staged.sock.fileno(), select.POLLIN)
+    poller.register(staged.reaper_pidfd, select.POLLIN)
+    deadline = time.monotonic() + SETUP_TIMEOUT_SECONDS
+    while True:
+        left = deadline - time.monotonic()
+        events = dict(poller.poll(max(left, 0) * 1000))
+        if staged.sock.fileno() in events:
+            break
+        if events:
+            raise _SetupEnded("failed to set up")
+        if left <= 0:
+            raise SandboxUnavailable(
+                f"bwrap did not finish building the sandbox within {SETUP_TIMEOUT_SECONDS:g} s"
+            )
+    data, ancillary, _flags, _address = staged.sock.recvmsg(1, socket.CMSG_SPACE(12))
+    if data != b"R":
+        raise _SetupEnded("failed to set up")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid, _uid, _gid = struct.unpack("iII", payload[:12])
+            return int(pid)
+    raise SandboxUnavailable("the exec shim's message carried no sender: cannot check it")
+
+
+def _check_shim(bwrap: str, init: int, shim: int) -> None:
+    """The process that will become the command is the sandbox init's child, in its
+    namespaces."""
+    try:
+        parent = _parent(shim)
+        same = _namespaces(shim) == _namespaces(init)
+    except (OSError, ValueError, IndexError):
+        raise _SetupEnded("ended before its command could start") from None
+    if parent != init or not same:
+        raise SandboxUnavailable(
+            f"the process that would run the command (pid {shim}) is not inside the sandbox "
+            f"{bwrap} built: nothing was run; this bwrap cannot be trusted"
+        )
+
+
+def teardown(staged: Staged) -> int:
+    """Kill a staged or failed sandbox and everything in it; reap the reaper; its status."""
+    if staged.init_pidfd >= 0:
+        _signal(staged.init_pidfd, signal.SIGKILL)
+    _signal(staged.reaper_pidfd, signal.SIGTERM)
+    staged.sock.close()
+    _, status = os.waitpid(staged.reaper, 0)
+    for fd in staged.pidfds():
+        os.close(fd)
+    staged.reaper_pidfd = staged.init_pidfd = staged.command_pidfd = -1
+    return os.waitstatus_to_exitcode(status)
+
+
+def _signal(pidfd: int, number: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, number)
+    except ProcessLookupError:
+        pass
+
+
+# ------------------------------------------------------------------ the hand-off
+
+
+class StagedGone(Exception):
+    """The staged sandbox ended before it took its command (expired or killed)."""
+
+
+def _unread_by_peer(sock: socket.socket) -> int:
+    """Bytes sent on sock that its peer has not read yet (SIOCOUTQ)."""
+    import fcntl
+    import struct
+    import termios
+
+    return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0])
+
+
+def launch_message(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None,
+    stdio: Sequence[Stdio] | None,
+) -> tuple[bytes, list[int]]:
+    """The shim's launch message and the stdio fds it carries. stdio None: the command keeps
+    bwrap's stdio (spawn); else each is None (the launcher's own fd now), an fd or a file."""
+    if isinstance(argv, str | bytes) or not argv:
+        raise UsageError("argv must be a non-empty list of strings, the command and its args")
+    items = [os.fsencode(arg) for arg in argv]
+    for name, value in (env or {}).items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise UsageError(f"environment variable {name!r} has an invalid name or value")
+        items.append(os.fsencode(f"{name}={value}"))
+    body = b"\0".join(items) + b"\0"
+    if body.count(0) != len(items):
+        raise UsageError("an argument or environment value holds a NUL byte")
+    if len(body) > SHIM_MAX_BODY:
+        raise UsageError(f"argv and env take {len(body)} bytes; at most {SHIM_MAX_BODY}")
+    mask = 0
+    fds: list[int] = []
+    if stdio is not None:
+        for number, (given, name) in enumerate(
+            zip(stdio, ("stdin", "stdout", "stderr"), strict=True)
+        ):
+            fd = stdio_fd(given, name)
+            if fd < 0:  # None: the launcher's own fd, as spawn's bwrap would inherit it
+                try:
+                    os.fstat(number)
+                except OSError:
+                    mask |= SHIM_CLOSE_MASK & (0x10 << number)  # closed here: closed there too
+                    continue
+                fd = number
+            mask |= 1 << number
+            fds.append(fd)
+    header = SHIM_HEADER.pack(SHIM_MAGIC, mask, len(argv), len(items) - len(argv), len(body))
+    return header + body, fds
+
+
+def hand_off(
+    staged: Staged,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    stdio: Sequence[Stdio] | None = None,
+) -> Sandbox:
+    """Give a staged sandbox its command; return once the command has exec'd.
+
+    OSError (errno, "execvp", argv[0]) if it cannot be exec'd: the sandbox is then gone.
+    StagedGone if the sandbox ended before it took the command."""
+    import array
+    import select
+
+    message, fds = launch_message(argv, env, stdio)
+    # The command's stdio: for spawn, bwrap's (-1: the launcher's own 0, 1, 2).
+    own = [fd if fd >= 0 else number for number, fd in enumerate(staged.stdio)]
+    terminals = _terminal.save(own if stdio is None else fds)
+    report_read, report_write = os.pipe2(os.O_CLOEXEC)
+    try:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report_write, *fds]))]
+        try:
+            sent = staged.sock.sendmsg([message], rights, socket.MSG_NOSIGNAL)
+            if sent < len(message):  # a stream socket may take a large message in parts
+                staged.sock.sendall(memoryview(message)[sent:], socket.MSG_NOSIGNAL)
+        except (BrokenPipeError, ConnectionResetError):
+            raise StagedGone from None
+        finally:
+            os.close(report_write)  # now only the shim holds it: EOF comes with its exec
+        # EOF, or a report. If the shim died with the message still queued on its socket,
+        # the pipe's write end would sit in that queue and EOF would never come: its pidfd says
+        # it is gone, and the unread bytes say it never took the message.
+        poller = select.poll()
+        poller.register(report_read, select.POLLIN)
+        poller.register(staged.command_pidfd, select.POLLIN)
+        report = b""
+        while True:
+            events = dict(poller.poll())
+            if report_read in events:
+                chunk = os.read(report_read, SHIM_REPORT.size)
+                if not chunk:
+                    break
+                report += chunk
+            elif events:
+                if _unread_by_peer(staged.sock) > 0:
+                    raise StagedGone
+                # It took the message: EOF comes (another thread's spawn child may hold a
+                # copy of the write end for the instant before its exec).
+                poller.unregister(staged.command_pidfd)
+    except BaseException:
+        _terminal.restore(terminals)
+        teardown(staged)  # a half-launched sandbox is never left behind
+        raise
+    finally:
+        os.close(report_read)
+    if report:
+        _terminal.restore(terminals)
+        teardown(staged)
+        err, stage_number = SHIM_REPORT.unpack(report.ljust(SHIM_REPORT.size, b"\0")[:8])
+        syscall = SHIM_STAGES.get(stage_number, f"shim stage {stage_number}")
+        filename = argv[0] if stage_number == SHIM_EXEC_STAGE else None
+        raise _syscalls.SyscallError(err, syscall, filename)
+    staged.sock.close()
+    staged.mark("exec")
+    return Sandbox._launched(staged, terminals)

@@ -209,6 +209,27 @@ class EnvVar(Record):
         return {"name": self.name, "value": shown, "origin": str(self.origin)}
 
 
+class RunAs(Record):
+    """The account a session runs as, on the host and inside: its name, uid and primary gid
+    (it keeps no supplementary group)."""
+
+    FIELDS = ("name", "uid", "gid")
+    __slots__ = FIELDS
+    name: str
+    uid: int
+    gid: int
+
+    def __init__(self, name: str, uid: int, gid: int) -> None:
+        self._set(name=name, uid=uid, gid=gid)
+
+    def __str__(self) -> str:
+        return f"{self.name} (uid {self.uid}, gid {self.gid})"
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest form."""
+        return {"name": self.name, "uid": self.uid, "gid": self.gid}
+
+
 class DenyRule(Record):
     """A host path no bind may expose: a bind is refused when its resolved source is this path
     or contains it, and, when `inside` is set, when the source lies anywhere inside it."""
@@ -227,6 +248,19 @@ class DenyRule(Record):
         return {"path": self.path, "reason": self.reason, "inside": self.inside}
 
 
+def launcher_account() -> RunAs:
+    """The account the launcher itself runs as (a plan's default; refused at launch if root)."""
+    import os
+    import pwd
+
+    uid = os.geteuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:  # an account without a passwd entry (containers)
+        name = str(uid)
+    return RunAs(name, uid, os.getegid())
+
+
 def _execution_order(entry: Entry) -> tuple[int, int]:
     # bwrap runs operations in order, so a parent must be set up before anything below it
     # (a tmpfs on /tmp after a bind on /tmp/ws would hide the bind), and remounts go last.
@@ -235,16 +269,16 @@ def _execution_order(entry: Entry) -> tuple[int, int]:
 
 
 class Plan(Record):
-    """Entries in execution order, the session's environment, its working directory, and the
-    deny rules its binds are checked against before every launch."""
+    """Entries in execution order, the session's environment, its working directory, the deny
+    rules its binds are checked against before every launch, and the account it runs as."""
 
-    FIELDS = ("entries", "env", "chdir", "deny")
-    __slots__ = (*FIELDS, "compiled")
+    FIELDS = ("entries", "env", "chdir", "deny", "user")
+    __slots__ = FIELDS
     entries: tuple[Entry, ...]
     env: tuple[EnvVar, ...]
     chdir: str
     deny: tuple[DenyRule, ...]
-    compiled: bytes | None  # bwrap's encoded options, made on the first launch: plans don't change
+    user: RunAs
 
     def __init__(
         self,
@@ -252,9 +286,12 @@ class Plan(Record):
         env: tuple[EnvVar, ...] = (),
         chdir: str = "/",
         deny: tuple[DenyRule, ...] = (),
+        user: RunAs | None = None,
     ) -> None:
         ordered = tuple(sorted(entries, key=_execution_order))
-        self._set(entries=ordered, env=tuple(env), chdir=chdir, deny=tuple(deny), compiled=None)
+        if user is None:
+            user = launcher_account()
+        self._set(entries=ordered, env=tuple(env), chdir=chdir, deny=tuple(deny), user=user)
         seen: set[str] = set()
         for entry in ordered:
             if entry.kind is Kind.REMOUNT_RO:  # it changes a mount set up before it
@@ -277,24 +314,30 @@ class Plan(Record):
         env: Sequence[EnvVar] = (),
         chdir: str = "/",
         deny: Sequence[DenyRule] = (),
+        user: RunAs | None = None,
     ) -> Plan:
         """A plan from any iterables."""
-        return cls(tuple(entries), tuple(env), chdir, tuple(deny))
+        return cls(tuple(entries), tuple(env), chdir, tuple(deny), user)
 
     def without(self, dest: str) -> Plan:
         """This plan less the entry at dest (to show what a session cannot do without it)."""
         kept = tuple(entry for entry in self.entries if entry.dest != dest)
         if len(kept) == len(self.entries):
             raise PlanError(f"the plan has no entry at {dest}")
-        return Plan(kept, self.env, self.chdir, self.deny)
+        return self.replace(entries=kept)
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest as data: `{"entries": [...], "env": [...], "chdir": ..., "deny": [...]}`."""
+        """The manifest as data: `{"user": {...}, "entries": [...], "env": [...], "chdir": ...,
+        "deny": [...], "layers": [...]}`."""
+        from nsconfine._layers import LAYERS, active
+
         return {
+            "user": self.user.to_json(),
             "entries": [entry.to_json() for entry in self.entries],
             "env": [variable.to_json() for variable in self.env],
             "chdir": self.chdir,
             "deny": [rule.to_json() for rule in self.deny],
+            "layers": [{"name": name, "what": LAYERS[name]} for name in active()],
         }
 
     def manifest(self) -> str:
@@ -309,6 +352,7 @@ class Plan(Record):
             for row in rows
         ]
         lines.append("")
+        lines.append(f"runs as: {self.user}")
         lines.append(f"working directory: {self.chdir}")
         lines.append("environment (starts empty):")
         lines += [f"  {v.name}={v.to_json()['value']}  [{v.origin}]" for v in self.env]
@@ -317,6 +361,10 @@ class Plan(Record):
             f"  {rule.path}{'' if rule.inside else ' (itself or above)'}  {rule.reason}"
             for rule in self.deny
         ]
+        from nsconfine._layers import LAYERS, active
+
+        lines.append("kernel layers:")
+        lines += [f"  {name}: {LAYERS[name]}" for name in active()]
         return "\n".join(line.rstrip() for line in lines) + "\n"
 
     def manifest_json(self) -> str:

@@ -13,19 +13,18 @@ from __future__ import annotations
 import os
 import stat
 
+from nsconfine import _plan as p
 from nsconfine import _syscalls
 from nsconfine._bwrap_args import REQUIRED_OPTIONS
 from nsconfine._errors import NsconfineError, SandboxUnavailable
-from nsconfine._executor import launch
 from nsconfine._record import Record
-from nsconfine._session import Session, build_plan
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
     from typing import Any, Final
 
 CHECK_ORDER: Final = ("bwrap", "options", "user-namespaces", "canary")
-CANARY_VERSION: Final = 1  # bump when the canary's checks change: old proofs no longer count
+CANARY_VERSION: Final = 2  # bump when the canary's checks change: old proofs no longer count
 CANARY_TIMEOUT_SECONDS: Final = 20.0
 INSTALL_HINT: Final = "install bubblewrap (apt-get install bubblewrap) or set NSCONFINE_BWRAP"
 
@@ -117,25 +116,30 @@ class PreflightReport:
 
 
 def find_bwrap() -> str:
-    """The bwrap to use: $NSCONFINE_BWRAP, else bwrap on PATH, as an absolute path."""
+    """The bwrap to use: $NSCONFINE_BWRAP (an absolute path), else bwrap in an absolute
+    directory of PATH."""
     configured = os.environ.get("NSCONFINE_BWRAP")
     if configured:
         if not os.path.isabs(configured):
-            found = _on_path(configured)
-            if found is None:
-                raise SandboxUnavailable(f"NSCONFINE_BWRAP={configured} is not on PATH")
-            configured = found
+            raise SandboxUnavailable(
+                f"NSCONFINE_BWRAP={configured} is not an absolute path: a relative one would "
+                "be found from wherever the launcher runs; give the full path"
+            )
         return configured
     found = _on_path("bwrap")
     if found is None:
         raise SandboxUnavailable(f"bwrap is not installed (not on PATH): {INSTALL_HINT}")
-    return os.path.abspath(found)
+    return found
 
 
 def _on_path(name: str) -> str | None:
-    # shutil.which, without importing shutil on every CLI start.
+    # shutil.which, without importing shutil on every CLI start, and without its habit of
+    # searching the working directory: an empty or relative PATH entry is skipped, or a
+    # previous session's workspace could supply the next session's bwrap.
     for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
+        if not os.path.isabs(directory):
+            continue
+        candidate = os.path.join(directory, name)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -261,32 +265,76 @@ exit 0
 """
 
 
+def canary_account() -> p.RunAs:
+    """Whom the canary runs as: the launcher, or for a root launcher (whose sessions never run
+    as root) the unprivileged `nobody`."""
+    if os.geteuid() != 0:
+        return p.launcher_account()
+    import pwd
+
+    try:
+        nobody = pwd.getpwnam("nobody")
+        return p.RunAs("nobody", nobody.pw_uid, nobody.pw_gid)
+    except KeyError:
+        return p.RunAs("nobody", 65534, 65534)
+
+
+def canary_plan(world: str, account: p.RunAs) -> tuple[p.Plan, str, str, str]:
+    """The canary's plan (built from the plan model directly, not the session layer: no lint,
+    no home or TMPDIR layout matters), and its marker, secret and workspace paths."""
+    from nsconfine._system import system_entries
+
+    runner = os.path.join(world, "runner")
+    workspace = os.path.join(world, "workspace")
+    home = os.path.join(world, "home")
+    for directory in (runner, workspace, home):
+        os.mkdir(directory)
+    marker = os.path.join(runner, "marker")
+    secret = os.path.join(runner, "secret")
+    with open(marker, "w") as file:
+        file.write(os.urandom(8).hex())
+    with open(secret, "w") as file:
+        file.write("must stay hidden")
+    if os.geteuid() == 0:
+        os.chmod(world, 0o755)
+        for path in (world, runner, workspace, home, marker, secret):
+            os.chown(path, account.uid, account.gid)
+    plan = p.Plan.of(
+        [
+            *system_entries(account, home),
+            p.ro_bind(marker, marker, "the canary's runner file"),
+            p.rw_bind(workspace, workspace, "the canary's workspace"),
+            p.rw_bind(home, home, "the canary's HOME"),
+        ],
+        env=[p.EnvVar("PATH", "/usr/bin:/bin", p.Origin.NSCONFINE)],
+        chdir=workspace,
+        user=account,
+    )
+    return plan, marker, secret, workspace
+
+
 def prove_bwrap(bwrap: str) -> None:
     """Run a canary session on bwrap and refuse it unless the session is confined."""
-    import tempfile
+    import shutil
 
-    with tempfile.TemporaryDirectory(prefix="nsconfine-canary-") as world:
-        runner = os.path.join(world, "runner")
-        for sub in ("runner", "workspace", "run"):
-            os.mkdir(os.path.join(world, sub))
-        marker = os.path.join(runner, "marker")
-        secret = os.path.join(runner, "secret")
-        token = os.urandom(8).hex()
-        for path, text in ((marker, token), (secret, "must stay hidden")):
-            with open(path, "w") as file:
-                file.write(text)
-        workspace = os.path.join(world, "workspace")
-        session = Session(workspace=workspace, run_dir=os.path.join(world, "run"), ro=[marker])
-        plan = build_plan(session, environ={})
+    from nsconfine._accounts import scratch_directory
+    from nsconfine._executor import hand_off, stage
+
+    world = scratch_directory("nsconfine-canary-")
+    try:
+        plan, marker, secret, workspace = canary_plan(world, canary_account())
+        with open(marker) as file:
+            token = file.read()
         out_read, out_write = os.pipe2(os.O_CLOEXEC)
         err_read, err_write = os.pipe2(os.O_CLOEXEC)
         argv = ["/bin/sh", "-c", _CANARY_SCRIPT, "canary", marker, secret, workspace]
         try:
             try:
-                sandbox = launch(bwrap, plan, argv, stdin=None, stdout=out_write, stderr=err_write)
+                staged = stage(bwrap, plan, stdio=(-1, out_write, err_write))
             finally:
                 os.close(out_write)
                 os.close(err_write)
+            sandbox = hand_off(staged, argv)
             try:
                 status = sandbox.wait(CANARY_TIMEOUT_SECONDS)
             except TimeoutError:
@@ -301,17 +349,23 @@ def prove_bwrap(bwrap: str) -> None:
                 f"bwrap {bwrap} failed its canary session: {explain_bwrap_failure(errors)} "
                 f"(launch: {refused.message})"
             ) from None
+        except OSError as error:
+            raise SandboxUnavailable(
+                f"bwrap {bwrap}'s canary session could not run /bin/sh: {error}"
+            ) from None
         finally:
             os.close(out_read)
             os.close(err_read)
         landed = _read_text(os.path.join(workspace, "written")) == "proven\n"
-        if status != 0 or output != token or not landed:
-            raise SandboxUnavailable(
-                f"bwrap {bwrap} does not confine: its canary session "
-                f"{_CANARY_FAILURES.get(status, f'failed (status {status})')}; "
-                f"{explain_bwrap_failure(errors)}. Reinstall bubblewrap or point "
-                "NSCONFINE_BWRAP at a real one"
-            )
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+    if status != 0 or output != token or not landed:
+        raise SandboxUnavailable(
+            f"bwrap {bwrap} does not confine: its canary session "
+            f"{_CANARY_FAILURES.get(status, f'failed (status {status})')}; "
+            f"{explain_bwrap_failure(errors)}. Reinstall bubblewrap or point "
+            "NSCONFINE_BWRAP at a real one"
+        )
 
 
 _CANARY_FAILURES: Final = {
@@ -350,17 +404,25 @@ _proven: set[str] = set()
 _last_found: dict[tuple[str | None, str | None], str] = {}
 
 
-def proven_bwrap() -> str:
-    """The bwrap to launch with, proved once per binary identity (the per-launch fast path)."""
+def located_bwrap() -> str:
+    """find_bwrap(), remembered while NSCONFINE_BWRAP and PATH stay the same."""
     key = (os.environ.get("NSCONFINE_BWRAP"), os.environ.get("PATH"))
-    bwrap = _last_found.get(key) or find_bwrap()
+    bwrap = _last_found.get(key)
+    if bwrap is None:
+        bwrap = _last_found[key] = find_bwrap()
+    return bwrap
+
+
+def proven_bwrap(bwrap: str | None = None) -> str:
+    """bwrap (default: located_bwrap()), proved once per binary identity: the per-launch
+    fast path is one stat()."""
+    bwrap = located_bwrap() if bwrap is None else bwrap
     identity = binary_identity(bwrap)
     if identity not in _proven:
         if not os.path.exists(os.path.join(_cache_dir(), identity)):
             run_checks(bwrap)
             _remember(identity)
         _proven.add(identity)
-    _last_found[key] = bwrap
     return bwrap
 
 
@@ -372,7 +434,19 @@ def run_checks(bwrap: str, report: PreflightReport | None = None) -> None:
     check_user_namespaces()
     report.checks.append(Check("user-namespaces", True, "a child can create and map one"))
     prove_bwrap(bwrap)
-    report.checks.append(Check("canary", True, "a canary session was confined"))
+    account = canary_account()
+    report.checks.append(
+        Check("canary", True, f"a canary session, as {account.name}, was confined")
+    )
+    if os.geteuid() == 0:
+        report.checks.append(
+            Check(
+                "root",
+                True,
+                "this launcher is root: every session must name an unprivileged account to "
+                "run as (--user NAME, Session(user=...)); none ever holds host uid 0",
+            )
+        )
 
 
 def _remember(identity: str) -> None:

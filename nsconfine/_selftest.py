@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,9 +27,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nsconfine import _plan as p
-from nsconfine._executor import Sandbox, launch
-from nsconfine._plan import Kind, Plan
-from nsconfine._preflight import proven_bwrap
+from nsconfine._accounts import run_as, scratch_directory
+from nsconfine._errors import NsconfineError
+from nsconfine._executor import hand_off, stage, stdio_fd
+from nsconfine._mounts import mount_table_problems
+from nsconfine._plan import Plan, RunAs
+from nsconfine._preflight import canary_account, proven_bwrap
+from nsconfine._sandbox import Sandbox
 from nsconfine._session import Harness, Session, build_plan
 from nsconfine._spawn import spawn
 
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
     from nsconfine._executor import Stdio
 
 PROBE_TIMEOUT_SECONDS = 30.0
+KILLED_LAUNCHES = 10  # launches killed at once, each of which must leave nothing behind
 
 
 class Launcher(Protocol):
@@ -49,8 +55,10 @@ class Launcher(Protocol):
 def unchecked_launcher(
     plan: Plan, argv: Sequence[str], *, stdout: Stdio = None, stderr: Stdio = None
 ) -> Sandbox:
-    """Launch without the lint: only for weakened plans that must expose what the lint refuses."""
-    return launch(proven_bwrap(), plan, argv, stdout=stdout, stderr=stderr)
+    """Launch without the gate (no lint, no refusal of uid 0): only for weakened plans that
+    must expose what the gate refuses."""
+    stdio = (-1, stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
+    return hand_off(stage(proven_bwrap(), plan, stdio=stdio), argv)
 
 
 @dataclass(frozen=True)
@@ -65,13 +73,15 @@ class Outcome:
 @dataclass(frozen=True)
 class Probe:
     """One thing a session tries, whether it must be allowed, how the host judges it, and the
-    plan change that must flip it (bind what it must not see, or drop what it needs)."""
+    change that must flip it: to the plan (bind what it must not see, or drop what it needs)
+    or, for what a kernel layer refuses, that layer switched off (nsconfine._layers' door)."""
 
     name: str
     expect_allowed: bool
     script: str
     judge: Callable[[Outcome], bool]  # True when the host shows the action took effect
     weaken: Callable[[Plan], Plan]
+    layers_off: tuple[str, ...] = ()
 
 
 def _read(path: str) -> str | None:
@@ -105,10 +115,12 @@ def _drop(dest: str, chdir: str | None = None) -> Callable[[Plan], Plan]:
 
 class World:
     """A stand-in host: secrets, a data root, a checkout, a harness, a tool socket, two
-    sessions; `coder` is the session under test."""
+    sessions; `coder` is the session under test. A root launcher's sessions run as user (an
+    unprivileged account), who then owns the whole world, as a real stack's account would."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, user: RunAs | None = None) -> None:
         self.root = root
+        self.user = user if user is not None else run_as(None)
         self.token = os.urandom(8).hex()
         join = os.path.join
         self.home = join(root, "home")
@@ -149,6 +161,19 @@ class World:
         fd = os.open(self.credential, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, f"ANTHROPIC_API_KEY=sk-stand-in-{self.token}\n".encode())
         os.close(fd)
+        self.key_serial = 0  # a key in the launcher's session keyring, while running
+        self.key_payload = f"broker-key-{self.token}"
+        if os.geteuid() == 0:
+            self._give_to(self.user)
+
+    def _give_to(self, user: RunAs) -> None:
+        os.chmod(self.root, 0o755)  # mkdtemp's 0700 would keep the session's account out
+        for directory, names, files in os.walk(self.root):
+            os.chown(directory, user.uid, user.gid)
+            for name in names + files:
+                path = os.path.join(directory, name)
+                if path != self.credential:  # the launcher's, mode 0600
+                    os.lchown(path, user.uid, user.gid)
 
     def session(self) -> Session:
         """The coder session, as a launcher would describe it."""
@@ -162,6 +187,7 @@ class World:
             tool_socket=self.tool_socket,
             credential=self.credential,
             deny=[self.data_root],
+            user=self.user.name if os.geteuid() == 0 else None,
         )
 
     def plan(self) -> Plan:
@@ -175,6 +201,8 @@ class World:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(self.tool_socket)
         server.listen(8)
+        if os.geteuid() == 0:  # connecting takes write permission on the socket
+            os.chown(self.tool_socket, self.user.uid, self.user.gid)
         self._server = server
         threading.Thread(target=self._serve, daemon=True).start()
         self.host_process = subprocess.Popen(
@@ -182,9 +210,11 @@ class World:
         )
         self.leaked_fd = os.open(self.secrets["~/.ssh/id_ed25519"], os.O_RDONLY)
         os.set_inheritable(self.leaked_fd, True)
+        self.key_serial = _add_session_key(self.key_payload)
         try:
             yield self
         finally:
+            _revoke_key(self.key_serial)
             os.close(self.leaked_fd)
             self.host_process.kill()
             self.host_process.wait()
@@ -205,8 +235,61 @@ class World:
         probes = [self._read_probe(name, path) for name, path in self.secrets.items()]
         probes += self._write_refusals()
         probes += self._process_and_fd_refusals()
+        probes += self._host_power_refusals()
         probes += self._needs()
         return probes
+
+    def _host_power_refusals(self) -> list[Probe]:
+        planted = os.path.join(self.workspace, f"setuid-{self.token}")
+        plant = (
+            f"cp /bin/sh {_quote(planted)}-chmod; chmod 4755 {_quote(planted)}-chmod; "
+            "python3 -c 'import os, sys; os.umask(0); "
+            "os.close(os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o6755))' "
+            f"{_quote(planted)}-open; true"
+        )
+
+        def kept_a_setid_bit(outcome: Outcome) -> bool:
+            import stat
+
+            for suffix in ("-chmod", "-open"):
+                try:
+                    if os.lstat(planted + suffix).st_mode & (stat.S_ISUID | stat.S_ISGID):
+                        return True
+                except OSError:
+                    continue
+            return False
+
+        reader = (
+            "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+            "buf = ctypes.create_string_buffer(256); "
+            "n = libc.syscall(250, 11, int(sys.argv[1]), buf, 256); "  # keyctl(KEYCTL_READ)
+            "sys.stdout.write(buf.raw[:n].decode() if n > 0 else '')"
+        )
+        return [
+            Probe(
+                "open a sysctl for write",
+                False,
+                f"python3 -c {_quote(_OPEN_SYSCTLS)}",
+                lambda outcome: outcome.stdout.strip() not in ("", "0"),
+                _drop("/proc/sys"),
+            ),
+            Probe(
+                "read a key from the launcher's session keyring",
+                False,
+                f"python3 -c {_quote(reader)} {self.key_serial}",
+                lambda outcome: outcome.stdout == self.key_payload,
+                lambda plan: plan,
+                layers_off=("session-keyring",),
+            ),
+            Probe(
+                "plant a setuid file on the host",
+                False,
+                plant,
+                kept_a_setid_bit,
+                lambda plan: plan,
+                layers_off=("seccomp",),
+            ),
+        ]
 
     def _read_probe(self, name: str, path: str) -> Probe:
         truth = _read(path)
@@ -371,9 +454,15 @@ def run_probe(plan: Plan, probe: Probe, launcher: Launcher = spawn) -> tuple[boo
 
 
 def run_script(plan: Plan, script: str, launcher: Launcher = spawn) -> Outcome:
-    """Run a shell snippet in a fresh session on plan and collect what it did."""
+    """Run a shell snippet in a fresh session on plan and collect what it did. A launch that
+    is refused (a sandbox that cannot be built, a shell that cannot start) did nothing: its
+    outcome has status -1 and the refusal as its stderr."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        sandbox = launcher(plan, ["/bin/sh", "-c", script], stdout=out, stderr=err)
+        try:
+            sandbox = launcher(plan, ["/bin/sh", "-c", script], stdout=out, stderr=err)
+        except (NsconfineError, OSError) as refused:
+            err.seek(0)
+            return Outcome(-1, "", f"{err.read().decode(errors='replace')}{refused}")
         try:
             status = sandbox.wait(PROBE_TIMEOUT_SECONDS)
         except TimeoutError:
@@ -386,24 +475,111 @@ def run_script(plan: Plan, script: str, launcher: Launcher = spawn) -> Outcome:
         )
 
 
-def unexplained_mounts(mountinfo: str, plan: Plan) -> list[str]:
-    """Mount points in a sandbox's /proc/self/mountinfo that no plan entry accounts for."""
-    mounted = {e.dest for e in plan.entries if e.kind not in (Kind.DIR, Kind.SYMLINK)}
-    subtrees = [e.dest for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)]
-    unexplained = []
-    for line in mountinfo.splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        if point in mounted or any(point.startswith(tree + "/") for tree in subtrees):
-            continue
-        unexplained.append(point)
-    return unexplained
+_OPEN_SYSCTLS = r"""
+import os
+opened = 0
+for root, dirs, files in os.walk("/proc/sys"):
+    for name in files:
+        try:
+            os.close(os.open(os.path.join(root, name), os.O_WRONLY))  # opened, never written
+            opened += 1
+        except OSError:
+            pass
+print(opened)
+"""
 
 
-def run_selftest(*, as_json: bool = False) -> int:
-    """Build a stand-in world, run every probe confined, print the table; 0 if all hold."""
+def killed_launches_leave_nothing(
+    plan: Plan, launches: int = KILLED_LAUNCHES, launcher: Launcher = spawn
+) -> str | None:
+    """Launch `sleep` and kill the sandbox at once, launches times; None if every time its
+    stdout reached EOF and no process of it was left, else what was."""
+    import select
+    import time
+
+    for attempt in range(launches):
+        marker = f"nsconfine-killed-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        try:
+            sandbox = launcher(
+                plan, ["/bin/sh", "-c", f"exec sleep 600 # {marker}"], stdout=write_end
+            )
+        finally:
+            os.close(write_end)
+        sandbox.kill()
+        sandbox.wait()
+        poller = select.poll()
+        poller.register(read_end, select.POLLIN)
+        eof = bool(poller.poll(5000)) and os.read(read_end, 1) == b""
+        os.close(read_end)
+        deadline = time.monotonic() + 5
+        while (left := pids_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for pid in left:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        if left or not eof:
+            return f"attempt {attempt}: " + (f"pids {left} alive" if left else "no EOF")
+    return None
+
+
+def pids_with(marker: str) -> list[int]:
+    """Host pids whose command line holds marker (a zombie's is empty, so it does not count)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as file:
+                    if marker.encode() in file.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+_SYS_ADD_KEY, _SYS_KEYCTL = 248, 250  # x86_64; the probe is skipped where keyctl differs
+_KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_REVOKE = 1, 3
+_KEY_SPEC_SESSION_KEYRING = -3
+
+
+def _add_session_key(payload: str) -> int:
+    """Put a key (as a broker's secret) in this process's session keyring, a fresh one of its
+    own; its serial, or 0 where keyrings are unavailable."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        return 0
+    libc = _libc()
+    if libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        return 0
+    data = payload.encode()
+    serial = libc.syscall(
+        _SYS_ADD_KEY, b"user", b"nsconfine-selftest", data, len(data), _KEY_SPEC_SESSION_KEYRING
+    )
+    return max(int(serial), 0)
+
+
+def _revoke_key(serial: int) -> None:
+    if serial > 0:
+        _libc().syscall(_SYS_KEYCTL, _KEYCTL_REVOKE, serial)
+
+
+def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
+    """Build a stand-in world, run every probe confined, print the table; 0 if all hold.
+    As root, the stand-in sessions run as user (default: nobody)."""
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="nsconfine-selftest-") as root:
-        world = World(root)
+    account = run_as(user) if user else (canary_account() if os.geteuid() == 0 else None)
+    root = scratch_directory("nsconfine-selftest-")
+    try:
+        world = World(root, account)
         with world.running():
             plan = world.plan()
             for probe in world.probes():
@@ -419,15 +595,26 @@ def run_selftest(*, as_json: bool = False) -> int:
                     row["detail"] = f"status {outcome.status}: {outcome.stderr.strip()[-300:]}"
                 rows.append(row)
             mountinfo = run_script(plan, "cat /proc/self/mountinfo").stdout
-            extra = unexplained_mounts(mountinfo, plan)
+            problems = mount_table_problems(mountinfo, plan) if mountinfo else ["no mountinfo"]
             rows.append(
                 {
                     "check": "every mount is a plan entry",
                     "expected": "yes",
-                    "observed": "yes" if not extra else f"no: {', '.join(extra)}",
-                    "ok": not extra and bool(mountinfo),
+                    "observed": "yes" if not problems else f"no: {'; '.join(problems)}",
+                    "ok": not problems,
                 }
             )
+            left = killed_launches_leave_nothing(plan)
+            rows.append(
+                {
+                    "check": "outlive a launch killed at once",
+                    "expected": "refused",
+                    "observed": "refused" if left is None else f"allowed: {left}",
+                    "ok": left is None,
+                }
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     failed = [row for row in rows if not row["ok"]]
     if as_json:
         print(json.dumps({"ok": not failed, "checks": rows}, indent=2))

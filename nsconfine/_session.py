@@ -14,43 +14,19 @@ import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from nsconfine import _plan as p
+from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
-from nsconfine._plan import EnvVar, Kind, Origin, Plan
-from nsconfine._policy import (
-    check_plan,
-    default_deny,
-    deny_paths,
-    invoking_user,
-    invoking_user_home,
-    resolve,
-)
+from nsconfine._plan import EnvVar, Kind, Origin, Plan, RunAs
+from nsconfine._policy import check_plan, default_deny, deny_paths, invoking_user_home, resolve
 from nsconfine._record import Record
+from nsconfine._syscalls import realpath
+from nsconfine._system import system_entries
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Up to this many runner files are bound one by one (their content stays live); more are copied.
 COPY_FILES_ABOVE = 16
-
-# The top-level links of a merged /usr (Debian ≥ 12): mirrored as the same symlinks.
-USR_MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-
-# Of /etc, only what the harness and its tools need, each for a stated reason.
-ETC_NEEDS: tuple[tuple[str, str], ...] = (
-    ("/etc/ld.so.cache", "the dynamic linker's library index, so programs start"),
-    ("/etc/alternatives", "Debian's alternatives links that /usr/bin commands go through"),
-    ("/etc/nsswitch.conf", "how libc looks up users, groups and hosts"),
-    ("/etc/hosts", "static host names (localhost)"),
-    ("/etc/resolv.conf", "the DNS resolver, for the shared network"),
-    ("/etc/host.conf", "resolver options read by libc"),
-    ("/etc/gai.conf", "getaddrinfo's address ordering"),
-    ("/etc/services", "port names for network tools"),
-    ("/etc/protocols", "protocol names for network tools"),
-    ("/etc/ssl/certs", "the CA certificates that verify TLS servers (git, curl, the API)"),
-    ("/etc/ssl/openssl.cnf", "OpenSSL's configuration"),
-    ("/etc/ca-certificates.conf", "which CA certificates the system trusts"),
-    ("/etc/localtime", "the host's time zone"),
-)
 
 _DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -81,7 +57,17 @@ class Harness(Record):
 class Session(Record):
     """What a role session needs; `plan()` turns it into the mount plan that confines it."""
 
-    FIELDS = ("workspace", "run_dir", "ro", "harness", "tool_socket", "env", "credential", "deny")
+    FIELDS = (
+        "workspace",
+        "run_dir",
+        "ro",
+        "harness",
+        "tool_socket",
+        "env",
+        "credential",
+        "deny",
+        "user",
+    )
     __slots__ = FIELDS
     workspace: str
     run_dir: str
@@ -91,6 +77,7 @@ class Session(Record):
     env: tuple[str, ...]
     credential: str | None
     deny: tuple[str, ...]
+    user: str | int | None  # the account to run as (a root launcher must name one)
 
     def __init__(
         self,
@@ -103,6 +90,7 @@ class Session(Record):
         env: Iterable[str] = (),
         credential: str | os.PathLike[str] | None = None,
         deny: Iterable[str | os.PathLike[str]] = (),
+        user: str | int | None = None,
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
             absolute = os.path.abspath(os.fspath(value))
@@ -128,6 +116,7 @@ class Session(Record):
             env=names,
             credential=None if credential is None else path(credential),
             deny=tuple(path(d) for d in deny),
+            user=user,
         )
 
     @property
@@ -149,8 +138,9 @@ def build_plan(
     """The plan for session, checked against the deny set of the invoking user's home plus
     `homes` (selftest's stand-in home), with `--env` values taken from environ."""
     environ = os.environ if environ is None else environ
-    _require_directory(session.workspace, "workspace")
-    _require_directory(session.run_dir, "run directory")
+    user = run_as(session.user)
+    _require_directory(session.workspace, "workspace", user)
+    _require_directory(session.run_dir, "run directory", user)
     deny = default_deny(homes)
     if session.credential is not None:
         deny += tuple(deny_paths([session.credential], "the session's credential file"))
@@ -163,12 +153,15 @@ def build_plan(
                     f"the {name} {where} is the home directory {home} or above it: use a "
                     f"directory of its own, e.g. {home}/work/<session>"
                 )
-    system = system_entries(session.home)
+    system = system_entries(user, session.home)
+    own = session_entries(session, reserved=system)
+    _require_reachable(session, user)
     plan = Plan.of(
-        [*system, *session_entries(session, reserved=system)],
-        env=session_environment(session, environ),
+        [*system, *own],
+        env=session_environment(session, user, environ),
         chdir=session.workspace,
         deny=deny,
+        user=user,
     )
     check_plan(plan)
     return plan
@@ -178,90 +171,39 @@ def _is_same_or_above(path: str, other: str) -> bool:
     return path == other or path == "/" or other.startswith(path + "/")
 
 
-def _require_directory(path: str, what: str) -> None:
+def _require_directory(path: str, what: str, user: RunAs) -> None:
     try:
         mode = os.stat(path).st_mode
     except OSError as error:
         raise PlanError(f"the {what} {path} cannot be used: {error.strerror}") from None
     if not stat.S_ISDIR(mode):
         raise PlanError(f"the {what} {path} is not a directory")
+    problem = access_problem(path, user, READ | WRITE | SEARCH)
+    if problem is not None:
+        raise PlanError(
+            f"the {what} {path} is not writable by {user.name}, who runs the session "
+            f"({problem}): chown -R {user.name} {path}, or pick a directory it owns"
+        )
 
 
-_system_cache: dict[tuple[object, ...], tuple[p.Entry, ...]] = {}
-
-
-def system_entries(home: str) -> tuple[p.Entry, ...]:
-    """The read-only system: /usr and its merged links, the needed /etc files, synthetic
-    passwd and group, a new /proc, a minimal /dev, a private /tmp, and a read-only root.
-
-    Reused while / , /etc and /etc/ssl are unchanged (adding, removing or replacing a file
-    there changes the directory's mtime); the lint re-resolves every source at launch anyway."""
-    key = (home, os.getuid(), *(_mtime(path) for path in ("/", "/etc", "/etc/ssl")))
-    cached = _system_cache.get(key)
-    if cached is None:
-        _system_cache.clear()
-        cached = _system_cache[key] = tuple(_system_entries(home))
-    return cached
-
-
-def _mtime(path: str) -> int:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return -1
-
-
-def _system_entries(home: str) -> list[p.Entry]:
-    entries = [p.ro_bind("/usr", "/usr", "system programs and libraries the tools run")]
-    for link in USR_MERGED_LINKS:
-        if os.path.islink(link):
-            entries.append(p.symlink(os.readlink(link), link, "merged-/usr link, as on the host"))
-        elif os.path.isdir(link):
-            entries.append(p.ro_bind(link, link, "system directory of a host without merged /usr"))
-    for path, reason in ETC_NEEDS:
-        entries += _etc_entry(path, reason)
-    entries += _identity_files(home)
-    entries += [
-        p.proc("/proc", "a procfs of the sandbox's own pid namespace: no host processes"),
-        p.dev("/dev", "null, zero, random, tty and pts only: no host devices"),
-        p.tmpfs("/tmp", "a private /tmp: nothing shared with the host or other sessions"),
-        p.remount_ro(
-            "/",
-            "the sandbox's root is read-only: nothing can be written outside the writable mounts",
-        ),
-    ]
-    return entries
-
-
-def _etc_entry(path: str, reason: str) -> list[p.Entry]:
-    if not os.path.lexists(path):
-        return []
-    # A link into /usr (localtime -> /usr/share/zoneinfo/…) stays a link, so tools that read
-    # the link's target still work; any other link is bound by what it resolves to.
-    if os.path.islink(path):
-        target = os.readlink(path)
-        resolved = resolve(path)
-        if resolved.startswith("/usr/") and os.path.exists(resolved):
-            return [p.symlink(target, path, reason)]
-        if not os.path.exists(resolved):
-            return []
-        return [p.ro_bind(resolved, path, reason)]
-    return [p.ro_bind(path, path, reason)]
-
-
-def _identity_files(home: str) -> list[p.Entry]:
-    # Tools look the uid up (node's os.userInfo(), ssh, whoami); the host's passwd and group
-    # would list every user, so the session gets files that name only itself.
-    user = invoking_user()
-    passwd = f"{user.pw_name}:x:{user.pw_uid}:{user.pw_gid}::{home}:/bin/sh\n"
-    group = f"{user.pw_name}:x:{user.pw_gid}:\n"
-    if user.pw_uid != 0:
-        passwd = "root:x:0:0::/nonexistent:/bin/sh\n" + passwd
-        group = "root:x:0:\n" + group
-    return [
-        p.data(passwd.encode(), "/etc/passwd", "names the session's own user and root only"),
-        p.data(group.encode(), "/etc/group", "names the session's own group and root only"),
-    ]
+def _require_reachable(session: Session, user: RunAs) -> None:
+    """What bwrap binds it binds as the session's account, so that account must reach it: the
+    runner's files (and read them), the harness (and run it), the tool socket (and connect)."""
+    needs = [(path, READ) for path in session.ro]
+    needs += [(harness.path, READ | SEARCH) for harness in session.harness]
+    if session.tool_socket is not None:
+        needs.append((session.tool_socket, WRITE))
+    for path, bits in needs:
+        try:
+            resolved = realpath(path)
+        except OSError:
+            continue  # missing: refused by name where the entry is made
+        problem = access_problem(resolved, user, bits)
+        if problem is not None:
+            raise PlanError(
+                f"{path} cannot be given to the session, which runs as {user.name}: {problem}; "
+                "grant that account access, or run the session as one that has it"
+            )
 
 
 def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[p.Entry]:
@@ -327,8 +269,10 @@ def runner_entries(paths: Sequence[str], others: Sequence[p.Entry]) -> list[p.En
     )
     for root, members in roots.items():
         entries.append(p.tmpfs(root, f"holds only the {len(members)} runner files copied below"))
+        # The copy's source is the file the path resolves to now; at launch it is opened
+        # without following a symlink there, so a link swapped in later is refused.
         entries += [
-            p.copy(member, member, reason, stat.S_IMODE(modes[member]) & 0o777)
+            p.copy(realpath(member), member, reason, stat.S_IMODE(modes[member]) & 0o777)
             for member in members
         ]
         entries.append(p.remount_ro(root, "the copied runner files are read-only"))
@@ -365,12 +309,11 @@ def _require_exists(path: str, what: str) -> None:
         raise PlanError(f"the {what} {path} does not exist")
 
 
-def session_environment(session: Session, environ: Mapping[str, str]) -> list[EnvVar]:
+def session_environment(session: Session, user: RunAs, environ: Mapping[str, str]) -> list[EnvVar]:
     """HOME, PATH, USER and LOGNAME, the allowlisted variables, then the credential's."""
-    user = invoking_user().pw_name
     harness_dirs = dict.fromkeys(os.path.dirname(h.path) for h in session.harness)
     path = ":".join([*harness_dirs, DEFAULT_PATH])
-    chosen = {"HOME": session.home, "PATH": path, "USER": user, "LOGNAME": user}
+    chosen = {"HOME": session.home, "PATH": path, "USER": user.name, "LOGNAME": user.name}
     variables = {name: EnvVar(name, value, Origin.NSCONFINE) for name, value in chosen.items()}
     for name in session.env:
         if name in environ:

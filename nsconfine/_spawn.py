@@ -1,23 +1,85 @@
-"""Where a launch is refused: the checks every session passes before its command may run.
+"""Where a launch is refused: the one gate every session passes before its sandbox is built.
 
-There is no path from here to an unconfined command: a plan that fails the lint, a pinned file
-that changed, or a bwrap that is missing, broken or does not confine, refuses the launch.
+spawn and Pool both come through gate(). There is no path from here to an unconfined command:
+a session that would hold host uid 0, a plan that fails the lint, a pinned file that changed, a
+bwrap that is missing, broken or does not confine, or a program of the launch that a session
+could have written, refuses the launch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
-from nsconfine._errors import UsageError
-from nsconfine._executor import Sandbox, launch
+from nsconfine._accounts import SEARCH, access_problem
+from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
+from nsconfine._executor import hand_off, stage, stdio_fd
 from nsconfine._pins import verify_pins
-from nsconfine._plan import Plan
+from nsconfine._plan import Kind, Mode, Plan
 from nsconfine._policy import check_plan
-from nsconfine._preflight import proven_bwrap
+from nsconfine._preflight import located_bwrap, proven_bwrap
+from nsconfine._programs import REAPER_PATH, SHIM_PATH
+from nsconfine._sandbox import Sandbox
+from nsconfine._syscalls import realpath
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
     from nsconfine._executor import Stdio
+
+
+def gate(plan: Plan) -> str:
+    """Refuse plan unless every launch check passes; the proven bwrap to launch it with."""
+    euid = os.geteuid()
+    if plan.user.uid == 0:
+        raise SandboxUnavailable(
+            "this launcher runs as root and the session names no other account: it would hold "
+            "host uid 0; name an unprivileged account to run it as (--user NAME, "
+            "Session(user=...))"
+        )
+    if euid != 0 and plan.user.uid != euid:
+        raise UsageError(
+            f"the plan runs as {plan.user}, but only a root launcher can run a session as "
+            f"another account (this one is uid {euid})"
+        )
+    if not any(e.dest == "/proc" and e.kind is Kind.PROC for e in plan.entries):
+        raise PlanError(
+            "the plan has no /proc: the sandbox's first command (nsconfine's exec shim) runs "
+            "from it; keep the proc entry Session.plan() makes"
+        )
+    check_plan(plan)
+    verify_pins(plan)
+    bwrap = located_bwrap()
+    # Before bwrap is first run (its proof runs it): a planted one must never run at all.
+    _refuse_writable_programs(plan, {"bwrap": bwrap, "reaper": REAPER_PATH, "shim": SHIM_PATH})
+    # (A missing bwrap is left to proven_bwrap, which says how to install one.)
+    problem = access_problem(os.path.realpath(bwrap), plan.user, SEARCH)
+    if problem is not None and os.path.exists(bwrap):
+        raise SandboxUnavailable(
+            f"bwrap {bwrap} cannot be run by {plan.user.name}, who runs the session ({problem}): "
+            "install bubblewrap where that account can run it (Debian's /usr/bin/bwrap)"
+        )
+    return proven_bwrap(bwrap)
+
+
+def _refuse_writable_programs(plan: Plan, programs: dict[str, str]) -> None:
+    # A program the session could have written (a bwrap found in a previous session's
+    # workspace, nsconfine installed in a venv inside it) would run, outside the sandbox, with
+    # the launcher's trust at the next launch.
+    writable = [
+        realpath(e.source) for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW
+    ]
+    for name, path in programs.items():
+        try:
+            resolved = realpath(path)
+        except OSError:
+            continue  # missing: refused where it is used, with its own message
+        for root in writable:
+            if resolved == root or resolved.startswith(root.rstrip("/") + "/"):
+                raise SandboxUnavailable(
+                    f"the {name} {path} lies inside {root}, which the session can write (a "
+                    f"session could have put it there): use a {name} outside every writable "
+                    "bind"
+                )
 
 
 def spawn(
@@ -28,10 +90,10 @@ def spawn(
     stdout: Stdio = None,
     stderr: Stdio = None,
 ) -> Sandbox:
-    """Run argv confined by plan. Each stdio is None (inherit), an fd, or a file object."""
+    """Run argv confined by plan; return once it has exec'd. Each stdio is None (inherit), an
+    fd, or a file object. OSError if argv[0] cannot be executed in the sandbox."""
     if isinstance(argv, str | bytes) or not argv:
         raise UsageError("argv must be a non-empty list of strings, the command and its args")
-    check_plan(plan)
-    verify_pins(plan)
-    bwrap = proven_bwrap()
-    return launch(bwrap, plan, argv, stdin=stdin, stdout=stdout, stderr=stderr)
+    stdio = (stdio_fd(stdin, "stdin"), stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
+    bwrap = gate(plan)
+    return hand_off(stage(bwrap, plan, stdio=stdio), argv)

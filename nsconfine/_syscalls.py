@@ -19,10 +19,28 @@ _nsc_spawn = lib.nsc_spawn
 _nsc_memfd_sealed = lib.nsc_memfd_sealed
 _nsc_probe_userns = lib.nsc_probe_userns
 _nsc_realpath = lib.nsc_realpath
+_nsc_seccomp_filter = lib.nsc_seccomp_filter
 _string = ffi.string
 _PATH_MAX: Final[int] = lib.NSC_PATH_MAX
 _STAGE_EXEC: Final[int] = lib.NSC_STAGE_EXEC
 _MAX_PASS_FDS: Final[int] = lib.NSC_MAX_PASS_FDS
+
+# nsc_spawn's flags: what its child does before execve (csrc/nsconfine.h).
+SPAWN_NEW_PGRP: Final[int] = lib.NSC_SPAWN_NEW_PGRP
+SPAWN_SET_IDS: Final[int] = lib.NSC_SPAWN_SET_IDS
+SPAWN_DROP_CAPS: Final[int] = lib.NSC_SPAWN_DROP_CAPS
+SPAWN_NO_NEW_PRIVS: Final[int] = lib.NSC_SPAWN_NO_NEW_PRIVS
+SPAWN_NEW_KEYRING: Final[int] = lib.NSC_SPAWN_NEW_KEYRING
+
+# The exec shim's wire (NSC_SHIM_* in csrc/nsconfine.h), by name without the prefix.
+SHIM_WIRE: Final[dict[str, int]] = {
+    name.removeprefix("NSC_SHIM_"): getattr(lib, name)
+    for name in dir(lib)
+    if name.startswith("NSC_SHIM_")
+}
+
+# nsc_seccomp_filter's rule groups.
+SECCOMP_SETID: Final[int] = lib.NSC_SECCOMP_SETID
 
 _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_PIPE: "pipe2",
@@ -42,7 +60,15 @@ _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_UID_MAP: "write /proc/self/uid_map",
     lib.NSC_STAGE_GID_MAP: "write /proc/self/gid_map",
     lib.NSC_STAGE_WAIT: "waitpid",
-    lib.NSC_STAGE_SETSID: "setsid",
+    lib.NSC_STAGE_SETPGID: "setpgid",
+    lib.NSC_STAGE_DROP_GROUPS: "setgroups",
+    lib.NSC_STAGE_SETGID: "setresgid",
+    lib.NSC_STAGE_SETUID: "setresuid",
+    lib.NSC_STAGE_CHECK_IDS: "getresuid (the ids did not change as asked)",
+    lib.NSC_STAGE_CAPS: "capset",
+    lib.NSC_STAGE_NO_NEW_PRIVS: "prctl(PR_SET_NO_NEW_PRIVS)",
+    lib.NSC_STAGE_KEYRING: "keyctl(KEYCTL_JOIN_SESSION_KEYRING)",
+    lib.NSC_STAGE_FILTER: "seccomp filter",
 }
 
 
@@ -91,9 +117,17 @@ def spawn(
     stdout: int = -1,
     stderr: int = -1,
     pass_fds: Sequence[int] = (),
+    flags: int = 0,
+    uid: int = 0,
+    gid: int = 0,
     pdeathsig: int = 0,
+    exec_fd: int = -1,
 ) -> int:
-    """Exec path with argv, exactly env and only the given fds; return the pid once exec worked."""
+    """Exec path with argv, exactly env and only the given fds; return the pid once exec worked.
+
+    flags (SPAWN_*) say what the child does first: a new process group, the ids uid/gid,
+    no capabilities, no new privileges, a fresh session keyring. exec_fd >= 0 runs that open
+    file (a program in a memfd) instead of path, which then only names it in errors."""
     if not argv:
         raise ValueError("argv must not be empty")
     if b"\0" in path:
@@ -106,7 +140,21 @@ def spawn(
     fds = tuple(pass_fds)
     out = _new("int[2]")
     err = _nsc_spawn(
-        path, c_argv, c_env, stdin, stdout, stderr, fds, len(fds), pdeathsig, out, out + 1
+        path,
+        exec_fd,
+        c_argv,
+        c_env,
+        stdin,
+        stdout,
+        stderr,
+        fds,
+        len(fds),
+        flags,
+        uid,
+        gid,
+        pdeathsig,
+        out,
+        out + 1,
     )
     if err:
         stage = out[1]
@@ -138,3 +186,14 @@ def realpath(path: str) -> str:
     if err:
         raise SyscallError(err, "realpath", path)
     return os.fsdecode(_string(buffer))
+
+
+def seccomp_filter(rules: int) -> bytes:
+    """The sessions' seccomp filter with the given rule groups, as bwrap's --seccomp reads it."""
+    buffer = _new("unsigned char[]", lib.NSC_SECCOMP_MAX_BYTES)
+    length = _new("size_t *")
+    stage = _new("int *")
+    err = _nsc_seccomp_filter(rules, buffer, lib.NSC_SECCOMP_MAX_BYTES, length, stage)
+    if err:
+        raise _error(err, stage[0])
+    return bytes(ffi.buffer(buffer, length[0]))

@@ -36,11 +36,13 @@ from typing import Any, Final
 import psutil
 
 import nsconfine
+from nsconfine import _layers, _syscalls
+from nsconfine._accounts import run_as
 from nsconfine._bwrap_args import (
     ARGS_FD,
-    BLOCK_FD,
     FIRST_DATA_FD,
     INFO_FD,
+    SECCOMP_FD,
     bwrap_options,
     encode_options,
 )
@@ -73,6 +75,7 @@ MEMFD_SEALS: Final = (
     fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 )
 OTHER_SANDBOXES: Final = ("firejail", "nsjail")
+SESSION_USER: Final = "nobody"  # whom sessions run as when the bench runs as root
 
 # Launch as a function: start argv with stdout on the given fd, return "wait for its status".
 Waiter = Callable[[], int]
@@ -202,20 +205,13 @@ def _high_copy(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
 
 
-def without_info_and_block(options: Sequence[str]) -> list[str]:
-    """The options less `--info-fd 4 --block-fd 5`: a floor that checks nothing needs neither."""
-    dropped = {("--info-fd", str(INFO_FD)), ("--block-fd", str(BLOCK_FD))}
-    kept: list[str] = []
-    index = 0
-    while index < len(options):
-        if tuple(options[index : index + 2]) in dropped:
-            index += 2
-            continue
-        kept.append(options[index])
-        index += 1
-    if len(kept) != len(options) - 4:
-        raise BenchError("the plan's options lack --info-fd 4 --block-fd 5")
-    return kept
+def without_info(options: Sequence[str]) -> list[str]:
+    """The options less `--info-fd 4`: a floor that checks nothing needs no report. The
+    seccomp filter stays: the floor is bwrap with the same program."""
+    at = list(options).index("--info-fd")
+    if options[at + 1] != str(INFO_FD):
+        raise BenchError("the plan's options lack --info-fd 4")
+    return [*options[:at], *options[at + 2 :]]
 
 
 _libc: ctypes.CDLL | None = None
@@ -239,33 +235,42 @@ class Launchers:
             _libc = ctypes.CDLL(None, use_errno=True)
         self.bwrap = bwrap
         self.plan = plan
-        self.options = without_info_and_block(bwrap_options(plan))
+        self.options = without_info(bwrap_options(plan))
         self.encoded = encode_options(self.options)
+        self.seccomp = _layers.seccomp_program() or b""
+        # As root, bwrap runs as the session's account in every variant, as nsconfine runs it.
+        self.ids = (plan.user.uid, plan.user.gid) if os.geteuid() == 0 else None
 
     def nsconfine(self, argv: Sequence[str], stdout: int) -> Waiter:
         """nsconfine.spawn: lint, pins, proven bwrap, launch with the namespace check."""
         return nsconfine.spawn(self.plan, list(argv), stdout=stdout).wait
 
     def floor(self, argv: Sequence[str], stdout: int) -> Waiter:
-        """The same bwrap vector via os.posix_spawn, fds placed as the executor places them."""
+        """The same bwrap vector and seccomp filter, bwrap spawned directly (a vfork-style
+        clone, as root after taking the session's ids): no reaper, no shim, no check."""
         made = [_memfd("bench-args", self.encoded)]
-        high: list[int] = []
         try:
+            # fds 3..8 as a launch has them (4, 5, 7 and 8 unused here), then the data fds.
+            filter_fd = _memfd("bench-seccomp", self.seccomp)
+            made += [made[0], made[0], filter_fd, made[0], made[0]]
+            assert made.index(filter_fd) + ARGS_FD == SECCOMP_FD
+            assert len(made) + ARGS_FD == FIRST_DATA_FD
             open_entry_fds(self.plan, made)  # the data memfds and copied files, as a launch does
-            high = [_high_copy(fd) for fd in (*made, stdout)]
-            actions = [(os.POSIX_SPAWN_DUP2, high[0], ARGS_FD)]
-            actions += [
-                (os.POSIX_SPAWN_DUP2, fd, FIRST_DATA_FD + i) for i, fd in enumerate(high[1:-1])
-            ]
-            actions.append((os.POSIX_SPAWN_DUP2, high[-1], 1))
-            pid = os.posix_spawn(
-                self.bwrap,
-                [self.bwrap, "--args", str(ARGS_FD), "--", *argv],
-                {},
-                file_actions=actions,
+            flags, uid, gid = 0, 0, 0
+            if self.ids is not None:
+                flags, (uid, gid) = _syscalls.SPAWN_SET_IDS, self.ids
+            pid = _syscalls.spawn(
+                os.fsencode(self.bwrap),
+                [os.fsencode(a) for a in (self.bwrap, "--args", str(ARGS_FD), "--", *argv)],
+                (),
+                stdout=stdout,
+                pass_fds=made,
+                flags=flags,
+                uid=uid,
+                gid=gid,
             )
         finally:
-            for fd in (*made, *high):
+            for fd in set(made):
                 os.close(fd)
         return lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
@@ -280,17 +285,25 @@ class Launchers:
                 numbers[option] if i and self.options[i - 1] in FD_OPTIONS else option
                 for i, option in enumerate(self.options)
             ]
+            filter_fd = _memfd("bench-seccomp", self.seccomp)
+            options = [str(filter_fd) if o == str(SECCOMP_FD) and i and options[i - 1] ==
+                       "--seccomp" else o for i, o in enumerate(options)]  # fmt: skip
             args_fd = _memfd("bench-args", encode_options(options))
+            ids: dict[str, Any] = {}
+            if self.ids is not None:
+                ids = {"user": self.ids[0], "group": self.ids[1], "extra_groups": []}
             try:
                 process = subprocess.Popen(
                     [self.bwrap, "--args", str(args_fd), "--", *argv],
                     stdout=stdout,
                     env={},
-                    pass_fds=(args_fd, *data_fds),
+                    pass_fds=(args_fd, filter_fd, *data_fds),
                     preexec_fn=_set_pdeathsig,
+                    **ids,
                 )
             finally:
                 os.close(args_fd)
+                os.close(filter_fd)
         finally:
             for fd in data_fds:
                 os.close(fd)
@@ -362,7 +375,10 @@ class World:
 
     def session(self, binds: int = 0) -> nsconfine.Session:
         return nsconfine.Session(
-            workspace=self.workspace, run_dir=self.run_dir, ro=self.files[:binds]
+            workspace=self.workspace,
+            run_dir=self.run_dir,
+            ro=self.files[:binds],
+            user=SESSION_USER if os.geteuid() == 0 else None,
         )
 
 
@@ -383,6 +399,11 @@ def world(files: int) -> Iterator[World]:
             with open(path, "w") as file:
                 file.write(f"{index}\n")
             paths.append(path)
+        if os.geteuid() == 0:  # the sessions' account owns the bench's world
+            os.chmod(root, 0o755)
+            account = run_as(SESSION_USER)
+            for path in (root, workspace, run_dir, binds, *paths):
+                os.chown(path, account.uid, account.gid)
         yield World(root, workspace, run_dir, paths, devnull, proven_bwrap())
     finally:
         os.close(devnull)
@@ -759,7 +780,9 @@ def bench_memory(results: Results, w: World, config: Config) -> None:
         }
         for sandbox in sandboxes:
             payload = _wait_for_payload(sandbox.child_pid, "sleep")
-            monitor = psutil.Process(sandbox.pid).memory_full_info()
+            monitor_process = psutil.Process(sandbox.child_pid).parent()
+            assert monitor_process is not None
+            monitor = monitor_process.memory_full_info()
             init = psutil.Process(sandbox.child_pid).memory_full_info()
             mib = 1 << 20
             per["monitor.rss"].append(monitor.rss / mib)
@@ -918,7 +941,8 @@ def _import_breakdown() -> dict[str, Any]:
 def bench_cli(results: Results, w: World, config: Config) -> None:
     """Whole-process `nsconfine run` against python's start-up plus the bwrap floor."""
     python = sys.executable
-    session_args = ["--workspace", w.workspace, "--run-dir", w.run_dir, "--", *TRUE_ARGV]
+    user = ["--user", SESSION_USER] if os.geteuid() == 0 else []
+    session_args = ["--workspace", w.workspace, "--run-dir", w.run_dir, *user, "--", *TRUE_ARGV]
     commands: dict[str, tuple[list[str], str]] = {
         "cli.run": (
             [python, "-m", "nsconfine", "run", *session_args],
@@ -1273,10 +1297,10 @@ def table(data: dict[str, Any]) -> str:
 
 def plot(data: dict[str, Any], path: str) -> None:
     """Latency CDFs of the launch rows, to path."""
-    import matplotlib
+    import matplotlib  # type: ignore[import-not-found]  # the optional [plot] extra
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found]
 
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for axis, mode in zip(axes, ("exec", "exit"), strict=True):

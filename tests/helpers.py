@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import nsconfine
+from nsconfine._selftest import pids_with as pids_with  # re-exported for the tests
 
 IS_ROOT = os.geteuid() == 0
 SESSION_USER: str | None = (os.environ.get("NSCONFINE_TEST_USER") or "nobody") if IS_ROOT else None
@@ -103,21 +104,6 @@ def python_child(code: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", program, *args], text=True, **popen)
 
 
-def pids_with(marker: str) -> list[int]:
-    """Host pids whose command line contains marker (zombies have none, so don't count)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as file:
-                if marker.encode() in file.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 def wait_until_gone(marker: str, timeout: float = 10.0) -> list[int]:
     """Wait up to timeout for every process whose command line holds marker to end; return
     the ones still there."""
@@ -141,7 +127,7 @@ def read_to_eof(fd: int, timeout: float) -> bytes | None:
     import select
 
     deadline = time.monotonic() + timeout
-    chunks = []
+    chunks: list[bytes] = []
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     while True:

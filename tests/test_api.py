@@ -25,6 +25,7 @@ def test_public_names_are_pinned() -> None:
         "PlanError",
         "Pool",
         "PreflightReport",
+        "RunAs",
         "Sandbox",
         "SandboxUnavailable",
         "Session",

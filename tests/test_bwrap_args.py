@@ -8,11 +8,14 @@ import pytest
 
 from nsconfine import _plan as p
 from nsconfine._bwrap_args import (
+    FIRST_DATA_FD,
     NAMESPACE_OPTIONS,
     bwrap_command_line,
     bwrap_options,
     encode_options,
     fd_entries,
+    reaper_command_line,
+    shim_command,
 )
 from nsconfine._plan import EnvVar, Kind, Origin, Plan
 from nsconfine._session import Session, build_plan
@@ -60,15 +63,15 @@ def test_golden_options_of_a_small_plan() -> None:
         "--setenv", "HOME", "/tmp/home",
         "--setenv", "TOKEN", "s3cret value",
         "--info-fd", "4",
-        "--block-fd", "5",
+        "--seccomp", "6",
         "--tmpfs", "/tmp",
         "--ro-bind", "/usr", "/usr",
         "--symlink", "usr/bin", "/bin",
         "--proc", "/proc",
         "--dev", "/dev",
         "--bind", "/srv/ws", "/srv/ws",
-        "--ro-bind-data", "6", "/etc/passwd",
-        "--ro-bind-data", "7", "/etc/group",
+        "--ro-bind-data", "9", "/etc/passwd",
+        "--ro-bind-data", "10", "/etc/group",
         "--dir", "/tmp/home",
         "--remount-ro", "/",
         "--chdir", "/srv/ws",
@@ -76,10 +79,10 @@ def test_golden_options_of_a_small_plan() -> None:
 
 
 def test_data_fds_follow_fd_entries_in_plan_order() -> None:
-    """The nth data entry the launcher hands over is the one bwrap reads from fd 6+n."""
+    """The nth data entry the launcher hands over is the one bwrap reads from fd 9+n."""
     plan = small_plan()
     options = bwrap_options(plan)
-    for number, entry in enumerate(fd_entries(plan), start=6):
+    for number, entry in enumerate(fd_entries(plan), start=FIRST_DATA_FD):
         index = options.index(entry.dest)
         assert options[index - 2 : index] == ["--ro-bind-data", str(number)]
     assert [e.content for e in fd_entries(plan)] == [PASSWD, GROUP]
@@ -98,6 +101,23 @@ def test_command_line_always_puts_the_command_after_double_dash(argv: list[str])
         "--",
         *argv,
     ]
+
+
+def test_without_seccomp_the_option_is_left_out() -> None:
+    """The seccomp layer is the one option a test's twin may leave out; nothing else moves."""
+    with_filter = bwrap_options(small_plan())
+    without = bwrap_options(small_plan(), seccomp=False)
+    at = with_filter.index("--seccomp")
+    assert with_filter[:at] + with_filter[at + 2 :] == without
+
+
+def test_the_reaper_runs_bwrap_with_its_lifeline_and_info_fd() -> None:
+    """The launcher's child is the reaper, told its lifeline and info fds, then bwrap's argv."""
+    bwrap = bwrap_command_line("/usr/bin/bwrap", shim_command(5000))
+    assert reaper_command_line("/x/_reaper", bwrap) == [
+        "/x/_reaper", "8", "4",
+        "/usr/bin/bwrap", "--args", "3", "--", "/proc/self/fd/7", "5", "5000",
+    ]  # fmt: skip
 
 
 def test_encode_options_is_nul_terminated() -> None:
@@ -138,9 +158,9 @@ def test_session_plan_never_binds_the_host_root(session_plan: Plan) -> None:
     assert options[-4:-2] == ["--remount-ro", "/"]
 
 
-def test_session_plan_data_fds_are_numbered_from_six(session_plan: Plan) -> None:
-    """A session's generated files (passwd, group) are read from fds 6, 7, … in order."""
+def test_session_plan_data_fds_are_numbered_from_nine(session_plan: Plan) -> None:
+    """A session's generated files (passwd, group) are read from fds 9, 10, … in order."""
     options = bwrap_options(session_plan)
     fds = [options[i + 1] for i, option in enumerate(options) if option == "--ro-bind-data"]
-    assert fds == [str(6 + n) for n in range(len(fd_entries(session_plan)))]
+    assert fds == [str(FIRST_DATA_FD + n) for n in range(len(fd_entries(session_plan)))]
     assert len(fds) == sum(1 for e in session_plan.entries if e.kind is Kind.DATA) >= 2

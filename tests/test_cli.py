@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import session_dirs, user_options
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -65,8 +66,14 @@ class Dirs:
 
     @property
     def session(self) -> list[str]:
-        """The session options."""
-        return ["--workspace", str(self.workspace), "--run-dir", str(self.run_dir)]
+        """The session options (as root, with the --user sessions run as)."""
+        return [
+            "--workspace",
+            str(self.workspace),
+            "--run-dir",
+            str(self.run_dir),
+            *user_options(),
+        ]
 
     @property
     def marker_command(self) -> list[str]:
@@ -77,9 +84,7 @@ class Dirs:
 @pytest.fixture
 def dirs(tmp_path: Path) -> Dirs:
     """A fresh workspace and run directory."""
-    workspace, run_dir = tmp_path / "ws", tmp_path / "run"
-    workspace.mkdir()
-    run_dir.mkdir()
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     return Dirs(workspace, run_dir, tmp_path)
 
 

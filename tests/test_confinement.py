@@ -10,29 +10,28 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import subprocess
-import sys
-import textwrap
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
 import pytest
+from helpers import SESSION_USER, open_up
 
-from nsconfine import _selftest
+from nsconfine import _layers, _selftest
+from nsconfine._accounts import run_as
 from nsconfine._bwrap_args import (
     ARGS_FD,
     FIRST_DATA_FD,
+    INFO_FD,
     bwrap_command_line,
     bwrap_options,
     encode_options,
 )
-from nsconfine._executor import Sandbox, open_entry_fds
+from nsconfine._executor import open_entry_fds
+from nsconfine._mounts import mount_table_problems
 from nsconfine._plan import Plan
 from nsconfine._preflight import proven_bwrap
-from nsconfine._selftest import World, run_probe, run_script, unexplained_mounts
+from nsconfine._selftest import World, killed_launches_leave_nothing, run_probe, run_script
 
 if TYPE_CHECKING:
     from nsconfine._executor import Stdio
@@ -40,10 +39,16 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 
+def stand_in_world(root: Path) -> World:
+    """A stand-in host under root, owned by the session user when running as root."""
+    open_up(root)
+    return World(str(root), run_as(SESSION_USER))
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     """A fresh stand-in host with its tool socket served and its secret fd leaked."""
-    with World(str(tmp_path)).running() as running:
+    with stand_in_world(tmp_path).running() as running:
         yield running
 
 
@@ -59,17 +64,40 @@ def _probe(world: World, name: str) -> _selftest.Probe:
     return next(probe for probe in world.probes() if probe.name == name)
 
 
+class NaiveSandbox:
+    """The handle of a naive launch: bwrap's pid, killed and waited for directly."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """bwrap's exit status (the command's), blocking."""
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    def kill(self) -> None:
+        """SIGKILL bwrap, and nothing else."""
+        os.kill(self.pid, signal.SIGKILL)
+
+
 def naive_launch(
-    plan: Plan, argv: Sequence[str], *, stdout: Stdio = None, stderr: Stdio = None
-) -> Sandbox:
-    """bwrap on the same options, started the naive way: os.posix_spawn, every inheritable fd
-    passed on, no PDEATHSIG and no --die-with-parent, no namespace check: what nsconfine's
-    executor exists to avoid."""
+    plan: Plan,
+    argv: Sequence[str],
+    *,
+    stdout: Stdio = None,
+    stderr: Stdio = None,
+    keep_info: bool = False,
+) -> NaiveSandbox:
+    """bwrap on the same options and the same account, started the naive way: os.posix_spawn
+    (as root, through setpriv), every inheritable fd passed on, no reaper, no
+    --die-with-parent, no namespace or mount check, the command run directly: what nsconfine's
+    executor exists to avoid. keep_info: report the sandbox's pid on the info fd (to kill
+    bwrap right after it, as kill() at once would)."""
     import nsconfine._syscalls as syscalls
 
-    options = bwrap_options(plan)
-    for option in ("--info-fd", "--block-fd"):
-        at = options.index(option)
+    options = bwrap_options(plan, seccomp=False)
+    if not keep_info:
+        at = options.index("--info-fd")
         del options[at : at + 2]
     options.remove("--die-with-parent")
     sources = [syscalls.memfd_sealed("args", encode_options(options))]
@@ -81,11 +109,24 @@ def naive_launch(
         if stream is not None:
             fd = stream if isinstance(stream, int) else stream.fileno()
             actions.append((os.POSIX_SPAWN_DUP2, fd, number))
+    info_read = -1
+    if keep_info:
+        info_read, info_write = os.pipe()
+        actions.append((os.POSIX_SPAWN_DUP2, info_write, INFO_FD))
     bwrap = proven_bwrap()
-    pid = os.posix_spawn(bwrap, bwrap_command_line(bwrap, argv), {}, file_actions=actions)
+    command = bwrap_command_line(bwrap, argv)
+    if os.geteuid() == 0:
+        user = plan.user
+        command = ["/usr/bin/setpriv", f"--reuid={user.uid}", f"--regid={user.gid}",
+                   "--clear-groups", *command]  # fmt: skip
+    pid = os.posix_spawn(command[0], command, {}, file_actions=actions)
     for fd in [*sources, *high]:
         os.close(fd)
-    return Sandbox(pid, 0)
+    if keep_info:
+        os.close(info_write)
+        os.read(info_read, 4096)  # the sandbox exists: kill() now lands in bwrap's window
+        os.close(info_read)
+    return NaiveSandbox(pid)
 
 
 @pytest.mark.parametrize("name", _probe_names())
@@ -97,26 +138,31 @@ def test_probe_holds_on_the_real_plan(world: World, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", _probe_names())
-def test_probe_flips_on_a_weakened_plan(world: World, name: str) -> None:
+def test_probe_flips_on_a_weakened_plan(
+    world: World, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same probe comes out the other way once the plan exposes the secret or loses the
     entry the need depends on: the check can fail."""
     probe = _probe(world, name)
     plan = world.plan()
     launcher: _selftest.Launcher = _selftest.unchecked_launcher
     if name == "use an fd the launcher leaked":
-        launcher = naive_launch  # the weakening is a launcher that passes fds on
-    if name == "write /usr" and os.geteuid() != 0:
-        # Unprivileged, the host's own permissions refuse too: that is what must hold here.
-        assert not os.access("/usr", os.W_OK)
+        launcher = naive_launch  # type: ignore[assignment]  # a launcher that passes fds on
+    if name == "write /usr":
+        # Sessions never run as root, so the host's own permissions refuse too: that is what
+        # must hold here (the read-only bind is the second wall).
+        assert not _writable_by(Path("/usr"), plan.user.uid)
         return
     weakened = probe.weaken(plan)
-    assert weakened != plan or launcher is naive_launch
-    try:
-        allowed, outcome = run_probe(weakened, probe, launcher)
-    finally:
-        if name == "write /usr":
-            Path(f"/usr/nsconfine-probe-{world.token}").unlink(missing_ok=True)
+    assert weakened != plan or name == "use an fd the launcher leaked" or probe.layers_off
+    monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(probe.layers_off))
+    allowed, outcome = run_probe(weakened, probe, launcher)
     assert allowed != probe.expect_allowed, outcome
+
+
+def _writable_by(path: Path, uid: int) -> bool:
+    info = path.stat()
+    return (info.st_uid == uid and bool(info.st_mode & 0o200)) or bool(info.st_mode & 0o002)
 
 
 def test_host_secrets_are_really_there(world: World) -> None:
@@ -126,18 +172,29 @@ def test_host_secrets_are_really_there(world: World) -> None:
 
 
 def test_every_mount_is_a_plan_entry(world: World) -> None:
-    """/proc/self/mountinfo inside the session lists only mounts the plan accounts for."""
+    """/proc/self/mountinfo inside the session is exactly the plan's mounts and modes."""
     plan = world.plan()
     mountinfo = run_script(plan, "cat /proc/self/mountinfo").stdout
     assert mountinfo.count("\n") >= len([e for e in plan.entries if e.kind != "symlink"]) - 5
-    assert unexplained_mounts(mountinfo, plan) == []
+    assert mount_table_problems(mountinfo, plan) == []
 
 
 def test_an_unlisted_mount_is_caught(world: World) -> None:
-    """The whole-truth check fails when the sandbox has a mount the plan does not list."""
+    """The whole-truth check fails when the sandbox has a mount the plan does not list, or a
+    mode other than the plan's."""
     plan = world.plan()
     mountinfo = run_script(plan, "cat /proc/self/mountinfo").stdout
-    assert unexplained_mounts(mountinfo, plan.without(world.workspace)) == [world.workspace]
+    assert mount_table_problems(mountinfo, plan.without(world.workspace)) == [
+        f"{world.workspace} is mounted, and no plan entry accounts for it"
+    ]
+    as_ro = plan.replace(
+        entries=tuple(
+            e.replace(mode="ro") if e.dest == world.workspace else e for e in plan.entries
+        )
+    )
+    assert mount_table_problems(mountinfo, as_ro) == [
+        f"{world.workspace} is mounted rw, the plan says ro"
+    ]
 
 
 def test_session_cannot_gain_privileges_as_root(world: World) -> None:
@@ -159,70 +216,19 @@ def test_environment_is_only_the_plan(world: World) -> None:
     assert names == {v.name for v in plan.env} | {"PWD"}
 
 
-def _sleeping_session(tmp_path: Path, *, naive: bool) -> tuple[subprocess.Popen[str], int]:
-    """A launcher process that starts a session running sleep; it prints bwrap's pid."""
-    code = textwrap.dedent(
-        f"""
-        import sys, time
-        from nsconfine import Session, spawn
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        plan = Session(workspace={str(tmp_path / "ws")!r}, run_dir={str(tmp_path / "run")!r}).plan()
-        if {naive!r}:
-            from test_confinement import naive_launch
-            sandbox = naive_launch(plan, ["/bin/sleep", "600"])
-        else:
-            sandbox = spawn(plan, ["/bin/sleep", "600"])
-        print(sandbox.pid, flush=True)
-        time.sleep(600)
-        """
-    )
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "run").mkdir()
-    launcher = subprocess.Popen(  # not from the source tree: it would shadow the install
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path
-    )
-    assert launcher.stdout is not None
-    return launcher, int(launcher.stdout.readline())
+def test_a_launch_killed_at_once_leaves_nothing(world: World) -> None:
+    """kill() right after spawn, ten times over, leaves no process and every stdout at EOF."""
+    assert killed_launches_leave_nothing(world.plan()) is None
 
 
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def test_a_naive_launch_killed_at_once_leaves_its_command_running(world: World) -> None:
+    """The same check fails for bwrap started directly and killed as soon as its sandbox
+    exists (before the sandbox's own death signal is set): the check can fail."""
 
+    def kill_bwrap_in_its_window(
+        plan: Plan, argv: Sequence[str], *, stdout: Stdio = None
+    ) -> NaiveSandbox:
+        return naive_launch(plan, argv, stdout=stdout, keep_info=True)
 
-def _tree_after_launcher_dies(launcher: subprocess.Popen[str], bwrap_pid: int) -> list[int]:
-    bwrap = psutil.Process(bwrap_pid)
-    deadline = time.monotonic() + 10
-    tree: list[psutil.Process] = []
-    while time.monotonic() < deadline:  # wait until sleep has exec'd inside the sandbox
-        tree = [bwrap, *bwrap.children(recursive=True)]
-        if any(p.name() == "sleep" for p in tree):
-            break
-        time.sleep(0.01)
-    assert any(p.name() == "sleep" for p in tree)
-    launcher.send_signal(signal.SIGKILL)
-    launcher.wait()
-    assert launcher.stdout is not None
-    launcher.stdout.close()
-    _, alive = psutil.wait_procs(tree, timeout=5)
-    survivors = [p.pid for p in alive if _running(p)]
-    for process in alive:  # killing bwrap first may already have ended the rest
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return survivors
-
-
-def test_killing_the_launcher_kills_the_session(tmp_path: Path) -> None:
-    """SIGKILL of the launcher leaves no process of its session alive."""
-    launcher, bwrap_pid = _sleeping_session(tmp_path, naive=False)
-    assert _tree_after_launcher_dies(launcher, bwrap_pid) == []
-
-
-def test_a_naive_launch_outlives_its_launcher(tmp_path: Path) -> None:
-    """The same check fails for bwrap started without PDEATHSIG: the check can fail."""
-    launcher, bwrap_pid = _sleeping_session(tmp_path, naive=True)
-    assert _tree_after_launcher_dies(launcher, bwrap_pid) != []
+    left = killed_launches_leave_nothing(world.plan(), 3, kill_bwrap_in_its_window)  # type: ignore[arg-type]
+    assert left is not None

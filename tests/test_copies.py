@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import open_up, session, session_dirs
 
 import nsconfine
 from nsconfine import _plan as p
@@ -38,13 +39,13 @@ def tree(tmp_path: Path) -> tuple[Path, list[str]]:
     (checkout / "run.sh").write_text("#!/bin/sh\necho ran\n")
     (checkout / "run.sh").chmod(0o755)
     listed.append(str(checkout / "run.sh"))
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "run").mkdir()
+    session_dirs(tmp_path, "ws", "run")
+    open_up(checkout)
     return tmp_path, listed
 
 
 def _session_plan(root: Path, listed: list[str]) -> nsconfine.Plan:
-    return nsconfine.Session(workspace=root / "ws", run_dir=root / "run", ro=listed).plan()
+    return session(root / "ws", root / "run", ro=listed).plan()
 
 
 FIND = "find {} | sort; cat {}"
@@ -74,12 +75,7 @@ def test_an_unlisted_sibling_would_show_if_bound(tree: tuple[Path, list[str]]) -
     root, listed = tree
     plan = _session_plan(root, listed)
     notes = str(root / "checkout" / "notes")
-    weakened = p.Plan.of(
-        [*plan.entries, p.ro_bind(notes, notes, "weakened")],
-        env=plan.env,
-        chdir=plan.chdir,
-        deny=plan.deny,
-    )
+    weakened = plan.replace(entries=(*plan.entries, p.ro_bind(notes, notes, "weakened")))
     seen = run_script(weakened, f"find {root / 'checkout'}", unchecked_launcher)
     assert "private.md" in seen.stdout
 

@@ -8,17 +8,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from helpers import SESSION_USER, open_up, python_child, session, session_dirs
 
 import nsconfine
-from nsconfine._pool import SHIM_DEST, SHIM_REASON
+from nsconfine._programs import SHIM_PATH
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -28,9 +27,7 @@ Launcher = Callable[..., nsconfine.Sandbox]
 @pytest.fixture
 def plan(tmp_path: Path) -> nsconfine.Plan:
     """A default session's plan, in a fresh temp directory."""
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "run").mkdir()
-    return nsconfine.Session(workspace=tmp_path / "ws", run_dir=tmp_path / "run").plan()
+    return session(*session_dirs(tmp_path, "ws", "run")).plan()
 
 
 @pytest.fixture(params=["background", "inline"])
@@ -53,11 +50,11 @@ def run(launch: Launcher, argv: list[str], **kwargs: object) -> tuple[int, str]:
 
 
 def staged_processes(pool: nsconfine.Pool) -> list[psutil.Process]:
-    """bwrap, the sandbox's init and the shim of every staged sandbox."""
+    """The reaper, bwrap, the sandbox's init and the shim of every staged sandbox."""
     processes = []
     for staged in list(pool._staged):
-        bwrap = psutil.Process(staged.pid)
-        processes += [bwrap, *bwrap.children(recursive=True)]
+        reaper = psutil.Process(staged.reaper)
+        processes += [reaper, *reaper.children(recursive=True)]
     assert processes
     return processes
 
@@ -130,6 +127,7 @@ def test_exec_failure_raises_oserror(pool: nsconfine.Pool) -> None:
 
 def test_staged_sandbox_is_confined(plan: nsconfine.Plan, tmp_path: Path) -> None:
     """A file outside the plan is unreadable from a warm launch, and readable once bound."""
+    open_up(tmp_path)
     secret = tmp_path / "secret.txt"
     secret.write_text("the secret")
     probe = ["sh", "-c", f"cat {secret}"]
@@ -137,8 +135,7 @@ def test_staged_sandbox_is_confined(plan: nsconfine.Plan, tmp_path: Path) -> Non
         status, printed = run(pool.launch, probe)
     assert status != 0
     assert "the secret" not in printed
-    session = nsconfine.Session(workspace=tmp_path / "ws", run_dir=tmp_path / "run", ro=[secret])
-    with nsconfine.Pool(session.plan()) as pool:
+    with nsconfine.Pool(session(tmp_path / "ws", tmp_path / "run", ro=[secret]).plan()) as pool:
         assert run(pool.launch, probe) == (0, "the secret")
 
 
@@ -183,27 +180,26 @@ def test_launched_payload_outlives_close(plan: nsconfine.Plan) -> None:
 
 def test_killed_launcher_leaves_no_staged_process(plan: nsconfine.Plan, tmp_path: Path) -> None:
     """SIGKILL of the launcher takes its staged sandboxes with it."""
-    launcher_code = textwrap.dedent(
-        f"""
-        import json, sys, time
-        import nsconfine
-        session = nsconfine.Session(workspace={str(tmp_path / "ws")!r},
-                                    run_dir={str(tmp_path / "run")!r})
-        pool = nsconfine.Pool(session.plan(), size=2)
-        assert pool.wait_staged(30)
-        print(json.dumps([staged.pid for staged in pool._staged]), flush=True)
-        time.sleep(600)
-        """
-    )
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", launcher_code], cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    launcher_code = """
+import json, time
+pool = nsconfine.Pool(session_plan(sys.argv[1], sys.argv[2], sys.argv[3]), size=2)
+assert pool.wait_staged(30)
+print(json.dumps([staged.reaper for staged in pool._staged]), flush=True)
+time.sleep(600)
+"""
+    launcher = python_child(
+        launcher_code,
+        str(tmp_path / "ws"),
+        str(tmp_path / "run"),
+        SESSION_USER or "",
+        stdout=subprocess.PIPE,
     )
     try:
         assert launcher.stdout is not None
         line = launcher.stdout.readline()
-        bwraps = [psutil.Process(pid) for pid in json.loads(line)]
-        pids = [p.pid for bwrap in bwraps for p in (bwrap, *bwrap.children(recursive=True))]
-        assert len(pids) >= 6  # bwrap, its init and the shim, twice
+        reapers = [psutil.Process(pid) for pid in json.loads(line)]
+        pids = [p.pid for one in reapers for p in (one, *one.children(recursive=True))]
+        assert len(pids) >= 8  # the reaper, bwrap, its init and the shim, twice
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
         assert wait_gone(pids, zombies_count_as_gone=True) == []
@@ -214,29 +210,20 @@ def test_killed_launcher_leaves_no_staged_process(plan: nsconfine.Plan, tmp_path
             launcher.stdout.close()
 
 
-def test_manifest_lists_the_shim_with_its_reason(pool: nsconfine.Pool) -> None:
-    """The pool's plan shows the shim's read-only, pinned bind and why it is there."""
-    entry = next(e for e in pool.plan.to_json()["entries"] if e["dest"] == SHIM_DEST)
-    assert (entry["kind"], entry["mode"], entry["reason"]) == ("bind", "ro", SHIM_REASON)
-    assert len(entry["sha256"]) == 64
-    assert SHIM_REASON in pool.plan.manifest()
-
-
-def test_a_plan_entry_at_the_shims_place_is_refused(plan: nsconfine.Plan) -> None:
-    """A plan that already mounts something over the shim's path cannot be pooled."""
-    from nsconfine._plan import Plan, tmpfs
-
-    taken = Plan.of([*plan.entries, tmpfs(SHIM_DEST, "in the way")], env=plan.env)
+def test_a_plan_without_proc_is_refused(plan: nsconfine.Plan) -> None:
+    """The exec shim runs from /proc/self/fd: a plan without /proc cannot be launched, pooled
+    or not, and says why."""
     with pytest.raises(nsconfine.PlanError, match="exec shim"):
-        nsconfine.Pool(taken)
+        nsconfine.Pool(plan.without("/proc"))
+    with pytest.raises(nsconfine.PlanError, match="exec shim"):
+        nsconfine.spawn(plan.without("/proc"), ["/bin/true"])
 
 
-def test_a_shim_in_a_denied_path_is_refused_by_name(plan: nsconfine.Plan) -> None:
-    """If the installed shim lies in a denied path, the pool says so and how to fix it."""
-    from nsconfine._plan import Plan
-    from nsconfine._pool import SHIM_PATH
-
-    rule = nsconfine.DenyRule(os.path.dirname(os.path.realpath(SHIM_PATH)), "stand-in store")
-    denied = Plan.of(plan.entries, env=plan.env, chdir=plan.chdir, deny=[*plan.deny, rule])
-    with pytest.raises(nsconfine.PlanError, match=r"exec shim .* install nsconfine outside"):
-        nsconfine.Pool(denied)
+def test_nsconfine_installed_in_a_denied_path_still_launches(plan: nsconfine.Plan) -> None:
+    """nsconfine's own programs run from memfds, never bound: a deny rule over the place it is
+    installed in refuses nothing, and the session cannot see that place."""
+    installed = os.path.dirname(os.path.realpath(SHIM_PATH))
+    denied = plan.replace(deny=(*plan.deny, nsconfine.DenyRule(installed, "stand-in store")))
+    with nsconfine.Pool(denied) as pool:
+        status, printed = run(pool.launch, ["sh", "-c", f"ls {installed} || echo unseen"])
+    assert (status, printed.split()[-1]) == (0, "unseen")

@@ -13,15 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import SESSION_USER, open_up, session, session_dirs
 
 import nsconfine
+import nsconfine._programs
 from nsconfine import _plan as p
+from nsconfine._accounts import run_as
 from nsconfine._preflight import find_bwrap
 from nsconfine._selftest import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 REAL_BWRAP = find_bwrap()
+SHIM_PATH = nsconfine._programs.SHIM_PATH
 
 FAKES = {
     # Fails like a host with user namespaces switched off, but answers --help like bwrap.
@@ -30,24 +34,23 @@ FAKES = {
         echo 'bwrap: Creating new namespace failed: nesting depth or' \
             '/proc/sys/user/max_*_namespaces exceeded' >&2
         exit 1""",
-    # Runs the command without any sandbox at all.
+    # Runs the command (nsconfine's shim, found on the host) without any sandbox at all.
     "unconfining": f"""
         case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
-        while [ "$1" != "--" ]; do shift; done; shift
-        exec "$@" """,
+        while [ "$1" != "--" ]; do shift; done; shift 2
+        exec {SHIM_PATH} "$@" """,
     # A real bwrap that binds the host's /tmp over the plan's private one.
     "exposing": f"""
         case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
         args=$1 fd=$2; shift 2
         exec {REAL_BWRAP} "$args" "$fd" --bind /tmp /tmp "$@" """,
-    # Claims a sandbox that is really itself, then runs the command once unblocked.
+    # Claims a sandbox that is really itself, then runs the command (nsconfine's shim).
     "lying": f"""
         case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
         echo "{{\\"child-pid\\": $$}}" >&4
         exec 4>&-
-        head -c1 <&5 >/dev/null
-        while [ "$1" != "--" ]; do shift; done; shift
-        exec "$@" """,
+        while [ "$1" != "--" ]; do shift; done; shift 2
+        exec {SHIM_PATH} "$@" """,
     # An old bwrap without the options nsconfine needs.
     "old": """
         echo 'usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]'
@@ -60,8 +63,8 @@ FAKES = {
 
 EXPECTED_REASONS = {
     "failing": "max_user_namespaces",
-    "unconfining": "failed its canary session",
-    "exposing": "saw a file next to its bind that was never bound",
+    "unconfining": "without reporting a sandbox",
+    "exposing": "mounts differ from the plan",
     "lying": "not its child",
     "old": "lacks --unshare-user",
     "broken": "does not run",
@@ -77,9 +80,7 @@ def marker(tmp_path: Path) -> Path:
 @pytest.fixture
 def plan(tmp_path: Path) -> nsconfine.Plan:
     """A plain session's plan."""
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "run").mkdir()
-    return nsconfine.Session(workspace=tmp_path / "ws", run_dir=tmp_path / "run").plan()
+    return session(*session_dirs(tmp_path, "ws", "run")).plan()
 
 
 @pytest.fixture
@@ -180,16 +181,13 @@ def test_a_changed_bwrap_is_proved_again(
 
 def test_a_refused_bind_runs_nothing(tmp_path: Path, marker: Path) -> None:
     """A plan that binds a secret, built by hand past Session, is refused by spawn itself."""
-    with World(str(tmp_path / "world")).running() as world:
+    open_up(tmp_path)
+    (tmp_path / "world").mkdir()
+    with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
         plan = world.plan()
         secret = world.secrets["~/.ssh/id_ed25519"]
-        weakened = p.Plan.of(
-            [*plan.entries, p.ro_bind(secret, secret, "wants the key")],
-            env=plan.env,
-            chdir=plan.chdir,
-            deny=plan.deny,
-        )
-        (tmp_path / "ws").mkdir()
+        weakened = plan.replace(entries=(*plan.entries, p.ro_bind(secret, secret, "wants it")))
+        session_dirs(tmp_path, "ws")
         with pytest.raises(nsconfine.PlanError, match=r"\.ssh"):
             nsconfine.spawn(weakened, ["/bin/sh", "-c", f"touch {marker}"])
     assert not marker.exists()
@@ -197,7 +195,9 @@ def test_a_refused_bind_runs_nothing(tmp_path: Path, marker: Path) -> None:
 
 def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, marker: Path) -> None:
     """A harness whose content no longer matches its pin is refused before launch."""
-    with World(str(tmp_path / "world")).running() as world:
+    open_up(tmp_path)
+    (tmp_path / "world").mkdir()
+    with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
         plan = world.plan()
         with open(world.harness, "a") as harness:
             harness.write(f"touch {marker}\n")

@@ -1,0 +1,134 @@
+"""The whole-truth check: does a sandbox's mount table hold exactly the plan's mounts?
+
+Run on every launch, before the command may exec, against /proc/<pid>/mountinfo of the process
+that will become the command. Every mount point must be one the plan sets up (or lie below a
+new /proc or /dev, whose inner mounts bwrap makes itself, or be a mount the host has below a
+bound directory, which a recursive bind carries in); every mount the plan sets up must be there;
+each must be read-only or writable as the plan says; and each must be what the plan says: a new
+tmpfs or proc, or, for a bind, the very file or directory of its source: the launcher looks at
+the destination through the sandbox's own root (/proc/<pid>/root) and compares device and inode
+with the source's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from nsconfine._plan import Kind, Plan
+
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+class Mount:
+    """One line of mountinfo, as far as the check needs it."""
+
+    __slots__ = ("fstype", "mode")
+
+    def __init__(self, mode: str, fstype: str) -> None:
+        self.mode = mode  # "ro" or "rw"
+        self.fstype = fstype
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as \ooo.
+    return _ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> dict[str, Mount]:
+    """Mount point -> its mount, the topmost at each point winning."""
+    points: dict[str, Mount] = {}
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 7 or "-" not in fields[6:]:
+            continue
+        fstype = fields[fields.index("-", 6) + 1]
+        mode = "ro" if "ro" in fields[5].split(",") else "rw"
+        points[_unescape(fields[4])] = Mount(mode, fstype)
+    return points
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _expected(plan: Plan) -> dict[str, tuple[str, str]]:
+    """Mount point -> (mode, what): what is a file system type, or "bind" for a bind."""
+    expected = {"/": ("rw", "tmpfs")}
+    for entry in plan.entries:
+        if entry.kind is Kind.BIND:
+            expected[entry.dest] = (str(entry.mode), "bind")
+        elif entry.kind in (Kind.TMPFS, Kind.DEV, Kind.DATA):  # a data file sits on a tmpfs
+            expected[entry.dest] = ("ro" if entry.kind is Kind.DATA else "rw", "tmpfs")
+        elif entry.kind is Kind.PROC:
+            expected[entry.dest] = ("rw", "proc")
+        elif entry.kind is Kind.REMOUNT_RO:
+            expected[entry.dest] = ("ro", expected.get(entry.dest, ("ro", "?"))[1])
+    return expected
+
+
+def mount_table_problems(
+    mountinfo: str, plan: Plan, root: str | None = None, host_mountinfo: str | None = None
+) -> list[str]:
+    """What in the sandbox's mountinfo differs from the plan (empty when they agree).
+
+    root is the sandbox's root as the launcher reaches it (/proc/<pid>/root): each bind's
+    destination is looked at through it. None (a session reading its own table) skips that
+    part. host_mountinfo is the launcher's own table, consulted only for mounts below a bound
+    directory; None reads /proc/self/mountinfo when one is found."""
+    expected = _expected(plan)
+    observed = parse_mountinfo(mountinfo)
+    made_by_bwrap = [e.dest for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)]
+    binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
+    problems = []
+    host_points: set[str] | None = None
+    for point, mount in observed.items():
+        want = expected.get(point)
+        if want is not None:
+            mode, what = want
+            if mount.mode != mode:
+                problems.append(f"{point} is mounted {mount.mode}, the plan says {mode}")
+            if what != "bind" and mount.fstype != what:
+                problems.append(f"{point} is a {mount.fstype} mount, the plan's is a {what}")
+            continue
+        if any(point.startswith(tree + "/") for tree in made_by_bwrap):
+            continue
+        carried = _host_path_below_bind(point, binds)
+        if carried is not None:
+            if host_points is None:
+                host_points = set(parse_mountinfo(host_mountinfo or _read_own_mountinfo()))
+            if carried in host_points:
+                continue
+        problems.append(f"{point} is mounted, and no plan entry accounts for it")
+    problems += [
+        f"{point} is not mounted, though the plan sets it up"
+        for point in expected
+        if point not in observed
+    ]
+    if root is not None:
+        for entry in plan.entries:
+            if entry.kind is Kind.BIND:
+                seen = _identity(root + entry.dest)
+                if seen is None or seen != _identity(entry.source):
+                    problems.append(f"{entry.dest} does not show {entry.source}")
+    return problems
+
+
+def _host_path_below_bind(point: str, binds: dict[str, str]) -> str | None:
+    """The host path that point shows, if it lies below a bound directory."""
+    best = ""
+    for dest in binds:
+        if point.startswith(dest.rstrip("/") + "/") and len(dest) > len(best):
+            best = dest
+    if not best:
+        return None
+    return binds[best].rstrip("/") + point[len(best.rstrip("/")) :]
+
+
+def _read_own_mountinfo() -> str:
+    with open("/proc/self/mountinfo") as file:
+        return file.read()

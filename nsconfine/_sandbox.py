@@ -1,0 +1,143 @@
+"""The handle of a running session, shaped like subprocess.Popen.
+
+    pid          the launcher's child: nsconfine's reaper, which runs bwrap (what wait() reaps)
+    child_pid    the sandbox's init, bwrap's child, in the launcher's pid namespace
+    command_pid  the command, in the launcher's pid namespace
+    returncode   None while it runs; then the command's exit status, 128+N if the command was
+                 killed by signal N, or -N if the sandbox itself was (kill())
+    timings      seconds from the launch's start to each stage: "started" (bwrap's reaper
+                 running), "namespaces" (checked), "confirmed" (mounts checked), "exec"
+
+Signals go to the command (send_signal, terminate); kill() ends the whole sandbox at once, and
+leaving a `with` block kills it and waits. Every wait polls pidfds, never select(): a launcher
+with thousands of fds is fine. Only nsconfine makes these handles.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from nsconfine import _terminal
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from nsconfine._executor import Staged
+    from nsconfine._terminal import Saved
+
+
+class Sandbox:
+    """A running confined session (made by spawn and Pool.launch, never by hand)."""
+
+    __slots__ = (
+        "_command_pidfd",
+        "_init_pidfd",
+        "_lock",
+        "_reaper_pidfd",
+        "_terminals",
+        "child_pid",
+        "command_pid",
+        "pid",
+        "returncode",
+        "timings",
+    )
+    pid: int
+    child_pid: int
+    command_pid: int
+    returncode: int | None
+    timings: dict[str, float]
+    _reaper_pidfd: int
+    _init_pidfd: int
+    _command_pidfd: int
+    _terminals: list[Saved]
+    _lock: threading.Lock
+
+    def __init__(self, *_args: object, **_kwargs: object) -> None:
+        raise TypeError("Sandbox handles come from nsconfine.spawn or Pool.launch")
+
+    @classmethod
+    def _launched(cls, staged: Staged, terminals: list[Saved]) -> Sandbox:
+        self = object.__new__(cls)
+        self.pid = staged.reaper
+        self.child_pid = staged.init_pid
+        self.command_pid = staged.command_pid
+        self.returncode = None
+        self.timings = dict(staged.timings)
+        self._reaper_pidfd = staged.reaper_pidfd
+        self._init_pidfd = staged.init_pidfd
+        self._command_pidfd = staged.command_pidfd
+        self._terminals = terminals
+        self._lock = threading.Lock()
+        return self
+
+    def __repr__(self) -> str:
+        return f"<Sandbox pid={self.pid} returncode={self.returncode}>"
+
+    def poll(self) -> int | None:
+        """The exit status if the session has ended, else None."""
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): status lost
+                    pid, status = self.pid, 0
+                if pid:
+                    self._ended(os.waitstatus_to_exitcode(status))
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the session to end and return its status (see the module's docstring).
+        Raises TimeoutError if it is still running after timeout seconds."""
+        if self.returncode is None:
+            import select
+
+            poller = select.poll()
+            poller.register(self._reaper_pidfd, select.POLLIN)
+            wait_ms = None if timeout is None else max(timeout, 0.0) * 1000
+            if not poller.poll(wait_ms) and self.poll() is None:
+                raise TimeoutError(f"session {self.pid} still running after {timeout} s")
+        status = self.poll()  # the reaper has exited: this reaps it (or another thread did)
+        assert status is not None
+        return status
+
+    def send_signal(self, number: int) -> None:
+        """Send signal number to the command (nothing once the session has ended)."""
+        with self._lock:
+            if self.returncode is None:
+                _send(self._command_pidfd, number)
+
+    def terminate(self) -> None:
+        """SIGTERM to the command."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """End the whole sandbox now: SIGKILL to its init (so to every process inside), and
+        the reaper tears down bwrap and anything it left."""
+        with self._lock:
+            if self.returncode is None:
+                _send(self._init_pidfd, signal.SIGKILL)
+                _send(self._reaper_pidfd, signal.SIGTERM)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Kill the session and wait for it."""
+        self.kill()
+        self.wait()
+
+    def _ended(self, status: int) -> None:
+        # Called with the lock held, once: the pidfds go, and the caller's terminal comes back.
+        self.returncode = status
+        for fd in (self._reaper_pidfd, self._init_pidfd, self._command_pidfd):
+            os.close(fd)
+        _terminal.restore(self._terminals)
+        self._terminals = []
+
+
+def _send(pidfd: int, number: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, number)
+    except ProcessLookupError:
+        pass
