@@ -12,7 +12,19 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 HELPERS = {"_reaper": "csrc/reaper.c", "_shim": "csrc/shim.c"}
-HELPER_FLAGS = ["-Wall", "-Wextra", "-Werror", "-O2"]  # each defines _GNU_SOURCE itself
+# No libc (csrc/freestanding.h says why): static, freestanding, our own _start.
+HELPER_FLAGS = [
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-O2",
+    "-ffreestanding",
+    "-fno-stack-protector",
+    "-fno-tree-loop-distribute-patterns",  # keep memcpy's loop from becoming a memcpy call
+    "-fno-asynchronous-unwind-tables",
+    "-fno-pie",
+]
+HELPER_LINK_FLAGS = ["-static", "-nostdlib", "-no-pie", "-s", "-lgcc"]  # libgcc: popcount
 
 
 class build_ext_with_helpers(build_ext):
@@ -30,19 +42,15 @@ class build_ext_with_helpers(build_ext):
         return os.path.join(self.build_lib, "nsconfine", name)
 
     def _build_helper(self, name: str, source: str) -> None:
-        from distutils.errors import LinkError  # setuptools vendors distutils
-
         output = self._helper_path(name)
         objects = self.compiler.compile(
-            [source], output_dir=self.build_temp, include_dirs=["csrc"], extra_postargs=HELPER_FLAGS
+            [source, "csrc/freestanding.c"],
+            output_dir=os.path.join(self.build_temp, name),
+            include_dirs=["csrc"],
+            extra_postargs=HELPER_FLAGS,
         )
         os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
-        try:
-            # Static, so the shim runs in a plan that binds no libraries; stripped, so small.
-            self.compiler.link_executable(objects, output, extra_postargs=["-static", "-s"])
-        except LinkError:
-            self.warn(f"cannot link {name} statically (no libc.a?): linking it dynamically")
-            self.compiler.link_executable(objects, output, extra_postargs=["-s"])
+        self.compiler.link_executable(objects, output, extra_postargs=HELPER_LINK_FLAGS)
         os.chmod(output, 0o755)
 
     def get_outputs(self) -> list[str]:

@@ -8,7 +8,7 @@
  * clone until its pid 1 starts (bubblewrap sets it only then). Kill bwrap in
  * that window (the launcher dies, or kill() comes right after spawn) and the
  * child is orphaned: blocked forever on bwrap's eventfd, or going on to run
- * the command, either way holding every fd it inherited, so nobody reading
+ * its command, either way holding every fd it inherited, so nobody reading
  * the session's stdout ever sees EOF. The reaper is a child subreaper: any
  * orphan of bwrap becomes its child, and it kills them all once bwrap ends.
  *
@@ -25,248 +25,169 @@
  *
  * The launcher started it with everything bwrap needs at the right fd
  * numbers; bwrap inherits them all, and the reaper closes its own copies
- * once bwrap runs, so it never holds a session's pipe open. Static, no libc
- * beyond syscall wrappers, async-signal-safe throughout.
+ * once bwrap runs, so it never holds a session's pipe open. No libc (see
+ * freestanding.h): it runs once per launch, and must start fast.
  */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/prctl.h>
-#include <sys/signalfd.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "freestanding.h"
 
-#ifndef __NR_close_range
-#define __NR_close_range 436
-#endif
+#define TEARDOWN_SIGNALS                                                                       \
+    (KSIGBIT(SIGTERM) | KSIGBIT(SIGINT) | KSIGBIT(SIGHUP) | KSIGBIT(SIGQUIT))
 
-static volatile int exec_errno; /* written by the vfork child, read once it is gone */
-
-static int parse_fd(const char *text)
-{
-    char *end;
-    errno = 0;
-    long fd = strtol(text, &end, 10);
-    return (*end || errno || fd < 0 || fd > INT_MAX) ? -1 : (int)fd;
-}
-
-static void write_all(int fd, const char *buf, size_t len)
-{
-    while (len > 0) {
-        ssize_t n = write(fd, buf, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return;
-        buf += n;
-        len -= (size_t)n;
-    }
-}
-
-static void report_exec_failure(int info_fd, int err)
+static void report_exec_failure(int info_fd, long err)
 {
     char text[64] = "{\"reaper-errno\": ";
     size_t n = strlen(text);
-    char digits[12];
-    int nd = 0;
-    do {
-        digits[nd++] = (char)('0' + err % 10);
-        err /= 10;
-    } while (err > 0 && nd < (int)sizeof digits);
-    while (nd > 0)
-        text[n++] = digits[--nd];
+    n += format_unsigned(text + n, (unsigned long)err);
     text[n++] = '}';
     text[n++] = '\n';
-    write_all(info_fd, text, n);
+    (void)sys_write_all(info_fd, text, n);
 }
 
-/* Close every fd but keep_a and keep_b (keep_a < keep_b). */
-static void close_all_but(int keep_a, int keep_b)
+/* Start bwrap: a plain fork (this process is small), so the child may use its own stack. */
+static long start_bwrap(char **argv, char **envp, const ksigset_t *old_mask, int status_fd)
 {
-    unsigned int ranges[3][2] = {
-        { 0, (unsigned int)keep_a - 1 },
-        { (unsigned int)keep_a + 1, (unsigned int)keep_b - 1 },
-        { (unsigned int)keep_b + 1, ~0U },
-    };
-    for (int i = 0; i < 3; i++) {
-        if (ranges[i][0] > ranges[i][1] || (i == 0 && keep_a == 0))
-            continue;
-        if (syscall(__NR_close_range, ranges[i][0], ranges[i][1], 0) < 0) {
-            /* Before Linux 5.9: one by one, up to a bound nothing sensible exceeds. */
-            unsigned int last = ranges[i][1] > 65535 ? 65535 : ranges[i][1];
-            for (unsigned int fd = ranges[i][0]; fd <= last; fd++)
-                (void)close((int)fd);
-        }
-    }
+    long parent = SYS0(__NR_getpid);
+    long pid = SYS5(__NR_clone, SIGCHLD, 0, 0, 0, 0);
+    if (pid != 0)
+        return pid;
+    (void)sys_sigprocmask(SIG_SETMASK, old_mask, 0);
+    /* bwrap dies with us (and we die only after killing what it leaves); if we were
+     * killed before prctl took, no death signal would ever come. */
+    long err = SYS5(__NR_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (err == 0 && SYS0(__NR_getppid) != parent)
+        err = -ESRCH;
+    if (err == 0)
+        err = SYS3(__NR_execve, argv[0], argv, envp);
+    int code = (int)-err;
+    (void)sys_write_all(status_fd, &code, sizeof code);
+    sys_exit(127);
 }
 
-/* SIGKILL every child this process has (bwrap's orphans land here); 0 if it had none. */
-static int kill_children(void)
+/* SIGKILL every child this process has (bwrap's orphans land here). */
+static void kill_children(void)
 {
     char path[64] = "/proc/self/task/";
-    char digits[12];
-    int nd = 0, n = (int)strlen(path);
-    pid_t self = getpid();
-    do {
-        digits[nd++] = (char)('0' + self % 10);
-        self /= 10;
-    } while (self > 0);
-    while (nd > 0)
-        path[n++] = digits[--nd];
+    size_t n = strlen(path);
+    n += format_unsigned(path + n, (unsigned long)SYS0(__NR_getpid));
     memcpy(path + n, "/children", sizeof "/children");
-
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    long fd = SYS4(__NR_openat, AT_FDCWD_, path, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
-        return -1;
-    char buf[4096];
-    ssize_t got;
-    int found = 0;
+        return;
+    char buf[4096]; /* "PID PID …": a session leaves a handful of orphans at most */
+    long len = 0, got;
+    while (len < (long)sizeof buf &&
+           (got = sys_read((int)fd, buf + len, sizeof buf - (size_t)len)) > 0)
+        len += got;
+    (void)SYS1(__NR_close, fd);
     long pid = 0;
-    int in_number = 0;
-    while ((got = read(fd, buf, sizeof buf)) > 0 || (got < 0 && errno == EINTR)) {
-        for (ssize_t i = 0; i < got; i++) {
-            if (buf[i] >= '0' && buf[i] <= '9') {
-                pid = pid * 10 + (buf[i] - '0');
-                in_number = 1;
-            } else if (in_number) {
-                (void)kill((pid_t)pid, SIGKILL);
-                found = 1;
-                pid = 0;
-                in_number = 0;
-            }
+    for (long i = 0; i <= len; i++) {
+        if (i < len && buf[i] >= '0' && buf[i] <= '9') {
+            pid = pid * 10 + (buf[i] - '0');
+        } else if (pid > 0) {
+            (void)SYS2(__NR_kill, pid, SIGKILL);
+            pid = 0;
         }
     }
-    if (in_number) {
-        (void)kill((pid_t)pid, SIGKILL);
-        found = 1;
-    }
-    (void)close(fd);
-    return found;
 }
 
 /* Kill and reap every child left, including orphans reparented while doing so. */
 static void sweep(void)
 {
     for (;;) {
-        (void)kill_children();
+        kill_children();
         int status;
-        pid_t reaped = waitpid(-1, &status, __WALL);
-        if (reaped < 0 && errno == ECHILD)
+        if (RETRY(SYS4(__NR_wait4, -1, &status, __WALL, 0)) == -ECHILD)
             return;
     }
 }
 
 __attribute__((noreturn)) static void exit_like(int status)
 {
-    if (WIFEXITED(status))
-        _exit(WEXITSTATUS(status));
-    int sig = WTERMSIG(status);
-    sigset_t only;
-    sigemptyset(&only);
-    sigaddset(&only, sig);
-    (void)signal(sig, SIG_DFL);
-    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* no core file for a re-raised SIGSEGV */
-    (void)kill(getpid(), sig);
-    (void)sigprocmask(SIG_UNBLOCK, &only, NULL);
-    _exit(128 + sig);
+    if ((status & 0x7f) == 0) /* exited */
+        sys_exit((status >> 8) & 0xff);
+    int sig = status & 0x7f;
+    struct ksigaction dfl = { 0 };
+    ksigset_t only = KSIGBIT(sig);
+    (void)SYS4(__NR_rt_sigaction, sig, &dfl, 0, sizeof(ksigset_t));
+    (void)SYS5(__NR_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0); /* no core for a re-raised SIGSEGV */
+    (void)SYS2(__NR_kill, SYS0(__NR_getpid), sig);
+    (void)sys_sigprocmask(SIG_UNBLOCK, &only, 0);
+    sys_exit(128 + sig);
 }
 
-int main(int argc, char **argv)
+int helper_main(int argc, char **argv, char **envp)
 {
     if (argc < 4)
         return 2;
-    int lifeline = parse_fd(argv[1]);
-    int info_fd = parse_fd(argv[2]);
+    long lifeline = parse_unsigned(argv[1]);
+    long info_fd = parse_unsigned(argv[2]);
     if (lifeline < 0 || info_fd < 0)
         return 2;
-
-    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+    if (SYS5(__NR_prctl, PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
         return 2;
-    sigset_t watched, old;
-    sigemptyset(&watched);
-    int signals[] = { SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT };
-    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++)
-        sigaddset(&watched, signals[i]);
-    if (sigprocmask(SIG_BLOCK, &watched, &old) < 0)
+    ksigset_t watched = KSIGBIT(SIGCHLD) | TEARDOWN_SIGNALS, old;
+    if (sys_sigprocmask(SIG_BLOCK, &watched, &old) < 0)
         return 2;
-    int sigfd = signalfd(-1, &watched, SFD_CLOEXEC);
+    long sigfd = SYS4(__NR_signalfd4, -1, &watched, sizeof watched, O_CLOEXEC);
     if (sigfd < 0)
         return 2;
-    /* bwrap must not inherit the lifeline: it would keep itself alive. */
-    if (fcntl(lifeline, F_SETFD, FD_CLOEXEC) < 0)
+    /* bwrap must not inherit the lifeline (it would keep the launcher "alive"). */
+    if (SYS3(__NR_fcntl, lifeline, F_SETFD, FD_CLOEXEC) < 0)
         return 2;
 
-    pid_t self = getpid();
-    pid_t bwrap = vfork();
-    if (bwrap == 0) {
-        (void)sigprocmask(SIG_SETMASK, &old, NULL);
-        /* bwrap dies with us (and we die only after killing what it leaves); if we were
-         * killed before prctl took, no death signal would ever come. */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) {
-            exec_errno = errno;
-            _exit(127);
-        }
-        if (getppid() != self) {
-            exec_errno = ESRCH;
-            _exit(127);
-        }
-        execv(argv[3], argv + 3);
-        exec_errno = errno;
-        _exit(127);
+    /* The exec's outcome: EOF on this close-on-exec pipe, or bwrap's errno. */
+    int status_pipe[2];
+    if (SYS2(__NR_pipe2, status_pipe, O_CLOEXEC) < 0)
+        return 2;
+    long bwrap = start_bwrap(argv + 3, envp, &old, status_pipe[1]);
+    (void)SYS1(__NR_close, status_pipe[1]);
+    int exec_errno = 0;
+    long got = bwrap < 0 ? 0 : sys_read(status_pipe[0], &exec_errno, sizeof exec_errno);
+    if (bwrap < 0 || got == (long)sizeof exec_errno) {
+        report_exec_failure((int)info_fd, bwrap < 0 ? -bwrap : exec_errno);
+        sweep();
+        return 127;
     }
-    if (bwrap < 0 || exec_errno != 0) {
-        report_exec_failure(info_fd, bwrap < 0 ? errno : exec_errno);
-        if (bwrap > 0)
-            (void)waitpid(bwrap, NULL, 0);
-        _exit(127);
-    }
-    if (sigfd < lifeline)
-        close_all_but(sigfd, lifeline);
-    else
-        close_all_but(lifeline, sigfd);
+    (void)SYS1(__NR_close, status_pipe[0]);
+
+    /* Keep only the lifeline and the signalfd: a session's pipes must reach EOF. */
+    int low = (int)(sigfd < lifeline ? sigfd : lifeline);
+    int high = (int)(sigfd < lifeline ? lifeline : sigfd);
+    if (low > 0)
+        (void)sys_close_range(0, (unsigned int)low - 1, 0);
+    if (high > low + 1)
+        (void)sys_close_range((unsigned int)low + 1, (unsigned int)high - 1, 0);
+    (void)sys_close_range((unsigned int)high + 1, ~0U, 0);
 
     int torn_down = 0;
     for (;;) {
-        struct pollfd fds[2] = { { sigfd, POLLIN, 0 }, { lifeline, POLLIN, 0 } };
-        if (poll(fds, torn_down ? 1 : 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
+        struct pollfd fds[2] = { { (int)sigfd, POLLIN, 0 }, { (int)lifeline, POLLIN, 0 } };
+        long ready = SYS5(__NR_ppoll, fds, torn_down ? 1 : 2, 0, 0, 0);
+        if (ready < 0 && ready != -EINTR)
             break;
-        }
-        int teardown = 0;
-        if (fds[1].revents)
-            teardown = 1; /* EOF (or an error): the launcher is gone */
-        if (fds[0].revents & POLLIN) {
+        int teardown = !torn_down && ready > 0 && fds[1].revents != 0; /* launcher gone */
+        if (ready > 0 && (fds[0].revents & POLLIN)) {
             struct signalfd_siginfo info;
-            while (read(sigfd, &info, sizeof info) == (ssize_t)sizeof info) {
-                if (info.ssi_signo != SIGCHLD)
-                    teardown = 1;
-                break;
-            }
+            if (sys_read((int)sigfd, &info, sizeof info) == (long)sizeof info &&
+                info.ssi_signo != SIGCHLD)
+                teardown = 1;
         }
         if (teardown && !torn_down) {
-            (void)kill(bwrap, SIGKILL);
+            (void)SYS2(__NR_kill, bwrap, SIGKILL);
             torn_down = 1;
         }
         int status;
-        pid_t reaped;
-        while ((reaped = waitpid(-1, &status, WNOHANG | __WALL)) > 0) {
+        long reaped;
+        while ((reaped = SYS4(__NR_wait4, -1, &status, WNOHANG | __WALL, 0)) > 0) {
             if (reaped == bwrap) {
                 sweep();
                 exit_like(status);
             }
         }
     }
-    (void)kill(bwrap, SIGKILL);
+    (void)SYS2(__NR_kill, bwrap, SIGKILL);
     int status = 0;
-    while (waitpid(bwrap, &status, __WALL) < 0 && errno == EINTR)
-        ;
+    (void)RETRY(SYS4(__NR_wait4, bwrap, &status, __WALL, 0));
     sweep();
     exit_like(status);
 }

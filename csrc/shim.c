@@ -1,56 +1,42 @@
 /*
- * nsconfine's exec shim: the command bwrap execs in a pre-staged sandbox.
+ * nsconfine's exec shim: the first command of every sandbox (bwrap runs it
+ * from a sealed memfd, as /proc/self/fd/7).
  *
  *     _shim SOCKET_FD IDLE_TIMEOUT_MS
  *
  * The sandbox is already built (namespaces, mounts, environment, working
  * directory) when this runs; what is missing is the caller's command. The
- * shim writes one byte 'R' on its socket (the launcher's sign that the shim
- * started), then waits for ONE launch message (nsconfine/_pool.py writes it):
+ * shim writes one byte 'R' on its socket (the launcher's sign that the
+ * sandbox is built; the kernel attaches the shim's pid to it), then waits for
+ * ONE launch message (nsconfine/_executor.py writes it; the numbers are
+ * NSC_SHIM_* in nsconfine.h):
  *
- *     struct launch_header (below), then `size` bytes: `argc` NUL-terminated
- *     arguments, then `envc` NUL-terminated NAME=VALUE strings
- *     SCM_RIGHTS on the first byte: the error pipe's write end, then one fd
- *     for each of the low bits set in fd_mask (bit i: the fd to place at i,
- *     i = 0..2); bit 4 + i set instead closes fd i; neither keeps it
+ *     a header of five uint32 (magic, fd mask, argc, envc, body size), then
+ *     `size` bytes: argc NUL-terminated arguments, then envc NUL-terminated
+ *     NAME=VALUE strings; SCM_RIGHTS on the first byte: the error pipe's
+ *     write end, then one fd for each of the low bits set in the fd mask (bit
+ *     i: the fd to place at i, i = 0..2); bit 4 + i instead closes fd i;
+ *     neither keeps it
  *
  * It puts the fds in place, sets the extra variables over the environment
- * bwrap gave it (the plan's), resets every signal disposition and the
- * signal mask, marks every fd from 3 up close-on-exec and execvp's argv[0].
- * nsconfine.spawn sends no fds (the command keeps the stdio bwrap got);
- * nsconfine.Pool sends the caller's. The error pipe is the
- * launcher's proof: it closes at a successful exec (EOF); on failure the
- * shim writes {errno, stage} into it and exits 127. EOF on the socket (the
- * launcher closed the pool or died) or the idle timeout: exit 0, the
- * sandbox ends and the launcher reaps it.
+ * bwrap gave it (the plan's), resets every signal disposition and the signal
+ * mask, marks every fd from 3 up close-on-exec and execs argv[0] as execvp
+ * would (a name without a slash is searched in the PATH of that environment;
+ * a file the kernel cannot execute is run with /bin/sh). nsconfine.spawn
+ * sends no fds (the command keeps the stdio bwrap got); nsconfine.Pool sends
+ * the caller's. The error pipe is the launcher's proof: it closes at a
+ * successful exec (EOF); on failure the shim writes {errno, stage} into it
+ * and exits 127. EOF on the socket (the launcher closed the sandbox or died)
+ * or the idle timeout: exit 0, the sandbox ends and the launcher reaps it.
  *
- * Statically linked where the toolchain can, so it runs in a plan without
- * /usr. No Python, no locale, nothing it does not need.
+ * No libc (see freestanding.h): it starts once per launch.
  */
-#define _GNU_SOURCE
+#include "freestanding.h"
 #include "nsconfine.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
 #define SHIM_MAX_FDS 4 /* the error pipe and 0, 1, 2 */
-
-#ifndef __NR_close_range
-#define __NR_close_range 436
-#endif
-#ifndef CLOSE_RANGE_CLOEXEC
-#define CLOSE_RANGE_CLOEXEC (1U << 2)
-#endif
+#define DEFAULT_PATH "/bin:/usr/bin" /* execvp's, when the environment has no PATH */
+#define MAX_PATH_BYTES 4096
 
 struct launch_header {
     uint32_t magic;
@@ -60,213 +46,275 @@ struct launch_header {
     uint32_t size;
 };
 
-struct report {
-    int32_t err;
-    int32_t stage;
-};
-
 static int errpipe = -1;
 
-__attribute__((noreturn)) static void fail(int stage)
+__attribute__((noreturn)) static void fail(long err, int stage)
 {
-    struct report r = { errno, stage };
-    if (errpipe >= 0) {
-        ssize_t n;
-        do
-            n = write(errpipe, &r, sizeof r);
-        while (n < 0 && errno == EINTR);
-    }
-    _exit(127);
+    int32_t report[2] = { (int32_t)-err, stage };
+    if (errpipe >= 0)
+        (void)sys_write_all(errpipe, report, sizeof report);
+    sys_exit(127);
 }
 
-static long long now_ms(void)
+static void *map(size_t bytes)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    long p = sys_map(bytes);
+    if (p < 0 && p > -4096)
+        fail(p, NSC_SHIM_STAGE_RECV);
+    return (void *)p;
 }
 
 /*
- * Wait until the socket is readable. 0 on data (or EOF, which the read then
+ * Wait until the socket is readable: 0 on data (or EOF, which the read then
  * sees), -1 when the idle time is up with nothing queued. A message that
  * lands as the timer runs out still counts: the launcher only uses a staged
  * sandbox before its deadline, so anything queued is a real launch.
  */
-static int wait_readable(int sock, long long timeout_ms)
+static int wait_readable(int sock, long timeout_ms)
 {
-    long long deadline = now_ms() + timeout_ms;
-    for (;;) {
-        long long left = deadline - now_ms();
-        struct pollfd p = { .fd = sock, .events = POLLIN };
-        int r = poll(&p, 1, left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left);
-        if (r > 0)
-            return 0;
-        if (r < 0 && errno != EINTR)
-            return 0; /* let recvmsg report it */
-        if (r == 0 && left <= 0) {
-            char c;
-            return recv(sock, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0 ? 0 : -1;
-        }
-    }
+    struct pollfd p = { sock, POLLIN, 0 };
+    struct __kernel_timespec limit = { timeout_ms / 1000, (timeout_ms % 1000) * 1000000 };
+    long r = RETRY(SYS5(__NR_ppoll, &p, 1, &limit, 0, 0));
+    if (r != 0)
+        return 0;
+    char c;
+    return SYS6(__NR_recvfrom, sock, &c, 1, MSG_PEEK_ | MSG_DONTWAIT_, 0, 0) > 0 ? 0 : -1;
 }
 
-/* Read exactly len bytes; the first call also collects the passed fds. */
+/* Read exactly len bytes; the first call also collects the passed fds. 1: clean EOF. */
 static int read_exact(int sock, void *buf, size_t len, int *fds, int *n_fds)
 {
     size_t done = 0;
     while (done < len) {
         union {
-            struct cmsghdr align;
-            char buf[CMSG_SPACE(sizeof(int) * SHIM_MAX_FDS)];
+            struct kcmsghdr align;
+            char buf[KCMSG_SPACE(sizeof(int) * SHIM_MAX_FDS)];
         } control;
         struct iovec iov = { (char *)buf + done, len - done };
-        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+        struct kmsghdr msg = { 0 };
+        msg.iov = &iov;
+        msg.iovlen = 1;
         if (fds) {
-            msg.msg_control = control.buf;
-            msg.msg_controllen = sizeof control.buf;
+            msg.control = control.buf;
+            msg.controllen = sizeof control.buf;
         }
-        ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
+        long n = RETRY(SYS3(__NR_recvmsg, sock, &msg, MSG_CMSG_CLOEXEC_));
         if (n < 0)
-            return -1;
-        if (n == 0)
-            return done == 0 ? 1 : -1; /* EOF: clean only before a message began */
+            fail(n, NSC_SHIM_STAGE_RECV);
+        if (n == 0) {
+            if (done == 0)
+                return 1;
+            fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL); /* EOF inside a message */
+        }
         if (fds) {
-            if (msg.msg_flags & MSG_CTRUNC) {
-                errno = EMSGSIZE;
-                return -1;
+            if (msg.flags & MSG_CTRUNC_)
+                fail(-EMSGSIZE, NSC_SHIM_STAGE_RECV);
+            struct kcmsghdr *c = msg.controllen >= sizeof *c ? (void *)control.buf : 0;
+            if (c && c->level == SOL_SOCKET_ && c->type == SCM_RIGHTS_) {
+                size_t count = (c->len - sizeof *c) / sizeof(int);
+                for (size_t i = 0; i < count && *n_fds < SHIM_MAX_FDS; i++)
+                    memcpy(&fds[(*n_fds)++], KCMSG_DATA(c) + i * sizeof(int), sizeof(int));
             }
-            for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                    for (size_t i = 0; i < count && *n_fds < SHIM_MAX_FDS; i++)
-                        memcpy(&fds[(*n_fds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-                }
-            }
-            fds = NULL; /* fds travel with the first byte only */
+            fds = 0; /* fds travel with the first byte only */
         }
         done += (size_t)n;
     }
     return 0;
 }
 
-int main(int argc, char **argv)
+/* Length of the NAME= part of a NAME=VALUE string (0 if it has no '='). */
+static size_t name_length(const char *var)
+{
+    for (size_t n = 0; var[n]; n++) {
+        if (var[n] == '=')
+            return n + 1;
+    }
+    return 0;
+}
+
+/* envp with the message's variables added, each replacing one of the same name. */
+static char **merge_environment(char **envp, char **extra, uint32_t envc)
+{
+    size_t count = 0;
+    while (envp[count])
+        count++;
+    char **merged = map((count + envc + 1) * sizeof *merged);
+    size_t out = 0;
+    for (size_t i = 0; i < count; i++) {
+        size_t len = name_length(envp[i]);
+        int replaced = 0;
+        for (uint32_t j = 0; j < envc && !replaced; j++)
+            replaced = len && name_length(extra[j]) == len && memcmp(envp[i], extra[j], len) == 0;
+        if (!replaced)
+            merged[out++] = envp[i];
+    }
+    for (uint32_t j = 0; j < envc; j++)
+        merged[out++] = extra[j];
+    merged[out] = 0;
+    return merged;
+}
+
+static const char *lookup(char **envp, const char *name, size_t len)
+{
+    for (; *envp; envp++) {
+        if (memcmp(*envp, name, len) == 0)
+            return *envp + len;
+    }
+    return 0;
+}
+
+/* execve, and as execvp: a file the kernel cannot run as a program is run with /bin/sh. */
+static long exec_file(const char *path, char **args, char **envp)
+{
+    long err = SYS3(__NR_execve, path, args, envp);
+    if (err == -ENOEXEC) {
+        /* args has one free slot before it: the caller allocated it for this. */
+        char **with_shell = args - 1;
+        char *name = args[0];
+        with_shell[0] = "/bin/sh";
+        args[0] = (char *)path;
+        err = SYS3(__NR_execve, "/bin/sh", with_shell, envp);
+        args[0] = name;
+    }
+    return err;
+}
+
+/* execvp's search: a name with a slash is a path; else each PATH entry in turn. */
+__attribute__((noreturn)) static void exec_command(char **args, char **envp)
+{
+    const char *name = args[0];
+    size_t name_len = strlen(name);
+    for (size_t i = 0; i < name_len; i++) {
+        if (name[i] == '/')
+            fail(exec_file(name, args, envp), NSC_SHIM_STAGE_EXEC);
+    }
+    if (name_len == 0)
+        fail(-ENOENT, NSC_SHIM_STAGE_EXEC);
+    const char *search = lookup(envp, "PATH=", 5);
+    if (!search)
+        search = DEFAULT_PATH;
+    long saw_eacces = 0;
+    char path[MAX_PATH_BYTES];
+    for (const char *p = search;; p++) {
+        const char *end = p;
+        while (*end && *end != ':')
+            end++;
+        size_t dir_len = (size_t)(end - p);
+        if (dir_len == 0) { /* an empty entry is the working directory */
+            p = ".";
+            dir_len = 1;
+        }
+        if (dir_len + 1 + name_len + 1 <= sizeof path) {
+            memcpy(path, p, dir_len);
+            path[dir_len] = '/';
+            memcpy(path + dir_len + 1, name, name_len + 1);
+            long err = exec_file(path, args, envp);
+            if (err == -EACCES)
+                saw_eacces = 1;
+            else if (err != -ENOENT && err != -ENOTDIR && err != -ESTALE && err != -ENODEV &&
+                     err != -ETIMEDOUT)
+                fail(err, NSC_SHIM_STAGE_EXEC);
+        }
+        if (!*end)
+            break;
+        p = end;
+    }
+    fail(saw_eacces ? -EACCES : -ENOENT, NSC_SHIM_STAGE_EXEC);
+}
+
+int helper_main(int argc, char **argv, char **envp)
 {
     if (argc != 3)
         return 2;
-    char *end;
-    long sock = strtol(argv[1], &end, 10);
-    if (*end || sock < 3 || sock > INT_MAX)
-        return 2;
-    long long timeout_ms = strtoll(argv[2], &end, 10);
-    if (*end || timeout_ms < 0)
+    long sock = parse_unsigned(argv[1]);
+    long timeout_ms = parse_unsigned(argv[2]);
+    if (sock < 3 || timeout_ms < 0)
         return 2;
 
-    /* Started: the launcher waits for this before it counts the sandbox as staged. */
-    ssize_t w;
-    do
-        w = write((int)sock, "R", 1);
-    while (w < 0 && errno == EINTR);
-    if (w != 1)
+    /* Built: the launcher waits for this before it checks the sandbox. */
+    if (sys_write_all((int)sock, "R", 1) != 1)
         return 0;
-
     if (wait_readable((int)sock, timeout_ms) < 0)
-        _exit(0);
+        return 0;
 
     struct launch_header h;
     int fds[SHIM_MAX_FDS];
     int n_fds = 0;
-    int r = read_exact((int)sock, &h, sizeof h, fds, &n_fds);
-    if (r == 1)
-        _exit(0);
+    if (read_exact((int)sock, &h, sizeof h, fds, &n_fds) == 1)
+        return 0;
     if (n_fds > 0)
         errpipe = fds[0];
-    if (r < 0)
-        fail(NSC_SHIM_STAGE_RECV);
     int wanted = 1 + __builtin_popcount(h.fd_mask & NSC_SHIM_PLACE_MASK);
     if (h.magic != NSC_SHIM_MAGIC || n_fds != wanted || h.argc == 0 ||
-        h.size > NSC_SHIM_MAX_BODY || (h.fd_mask & ~(uint32_t)(NSC_SHIM_PLACE_MASK | NSC_SHIM_CLOSE_MASK)) ||
-        (h.fd_mask & (h.fd_mask >> 4) & NSC_SHIM_PLACE_MASK)) {
-        errno = EPROTO;
-        fail(NSC_SHIM_STAGE_PROTOCOL);
-    }
+        h.size > NSC_SHIM_MAX_BODY ||
+        (h.fd_mask & ~(uint32_t)(NSC_SHIM_PLACE_MASK | NSC_SHIM_CLOSE_MASK)) ||
+        (h.fd_mask & (h.fd_mask >> 4) & NSC_SHIM_PLACE_MASK))
+        fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
 
-    char *body = malloc((size_t)h.size + 1);
-    char **args = calloc((size_t)h.argc + 1, sizeof *args);
-    if (!body || !args)
-        fail(NSC_SHIM_STAGE_RECV);
-    if (read_exact((int)sock, body, h.size, NULL, NULL) != 0)
-        fail(NSC_SHIM_STAGE_RECV);
+    char *body = map((size_t)h.size + 1);
+    /* One slot before the arguments, for /bin/sh should the command need it. */
+    char **slots = map(((size_t)h.argc + 2) * sizeof *slots);
+    char **args = slots + 1;
+    char **extra = map(((size_t)h.envc + 1) * sizeof *extra);
+    if (h.size && read_exact((int)sock, body, h.size, 0, 0) != 0)
+        fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
     body[h.size] = '\0';
 
     /* Split the body: argc arguments, then envc variables, each NUL-terminated. */
     char *p = body, *limit = body + h.size;
     for (uint32_t i = 0; i < h.argc + h.envc; i++) {
-        char *nul = memchr(p, '\0', (size_t)(limit - p));
-        if (!nul) {
-            errno = EPROTO;
-            fail(NSC_SHIM_STAGE_PROTOCOL);
-        }
-        if (i < h.argc) {
+        char *nul = p;
+        while (nul < limit && *nul)
+            nul++;
+        if (nul == limit)
+            fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
+        if (i < h.argc)
             args[i] = p;
-        } else {
-            if (!strchr(p, '=')) {
-                errno = EINVAL;
-                fail(NSC_SHIM_STAGE_ENV);
-            }
-            if (putenv(p) != 0)
-                fail(NSC_SHIM_STAGE_ENV);
-        }
+        else if (name_length(p) > 1)
+            extra[i - h.argc] = p;
+        else
+            fail(-EINVAL, NSC_SHIM_STAGE_ENV);
         p = nul + 1;
     }
-    if (p != limit) {
-        errno = EPROTO;
-        fail(NSC_SHIM_STAGE_PROTOCOL);
-    }
+    if (p != limit)
+        fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
+    args[h.argc] = 0;
+    char **environment = merge_environment(envp, extra, h.envc);
 
     /*
      * A received fd lands on the lowest free number, which is below 3 if
      * bwrap was started with a closed stdio fd: move such fds up first, so
-     * no dup2 below clobbers a source still to be placed. dup2 clears
-     * FD_CLOEXEC on the target, which is what the payload needs.
+     * no placement below clobbers a source still to be placed. dup3 clears
+     * close-on-exec on the target, which is what the command needs.
      */
     for (int i = 1; i < n_fds; i++) {
-        if (fds[i] < 3 && (fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3)) < 0)
-            fail(NSC_SHIM_STAGE_DUP);
+        if (fds[i] < 3) {
+            long moved = SYS3(__NR_fcntl, fds[i], F_DUPFD_CLOEXEC, 3);
+            if (moved < 0)
+                fail(moved, NSC_SHIM_STAGE_DUP);
+            fds[i] = (int)moved;
+        }
     }
     int next = 1;
     for (int target = 0; target < 3; target++) {
         if (h.fd_mask & (1u << target)) {
-            if (dup2(fds[next++], target) < 0)
-                fail(NSC_SHIM_STAGE_DUP);
+            long r = SYS3(__NR_dup3, fds[next++], target, 0);
+            if (r < 0)
+                fail(r, NSC_SHIM_STAGE_DUP);
         } else if (h.fd_mask & (0x10u << target)) {
-            (void)close(target);
+            (void)SYS1(__NR_close, target);
         }
     }
 
     /* The command starts with default signal handling, whatever bwrap left. */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++) {
-        if (sig != SIGKILL && sig != SIGSTOP)
-            (void)sigaction(sig, &dfl, NULL); /* EINVAL for libc's own: nothing to reset */
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
-        fail(NSC_SHIM_STAGE_SIGNALS);
+    reset_signal_dispositions();
+    ksigset_t none = 0;
+    long r = sys_sigprocmask(SIG_SETMASK, &none, 0);
+    if (r < 0)
+        fail(r, NSC_SHIM_STAGE_SIGNALS);
     /* Everything else, the socket and the error pipe too, closes at exec. */
-    if (syscall(__NR_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) < 0) {
-        /* ENOSYS before Linux 5.9, EINVAL for the flag before 5.11. */
-        if (errno != ENOSYS && errno != EINVAL)
-            fail(NSC_SHIM_STAGE_CLOSE);
-        long max = sysconf(_SC_OPEN_MAX);
-        for (long fd = 3; fd < (max < 0 || max > 65536 ? 65536 : max); fd++)
-            (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* EBADF: not open */
-    }
-
-    execvp(args[0], args);
-    fail(NSC_SHIM_STAGE_EXEC);
+    r = sys_close_range(3, ~0U, CLOSE_RANGE_CLOEXEC_);
+    if (r < 0)
+        fail(r, NSC_SHIM_STAGE_CLOSE);
+    exec_command(args, environment);
 }

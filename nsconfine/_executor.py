@@ -48,7 +48,7 @@ from nsconfine._bwrap_args import (
     shim_command,
 )
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
-from nsconfine._mounts import mount_table_problems
+from nsconfine._mounts import mount_table_problems, source_identities
 from nsconfine._plan import Kind, Plan
 from nsconfine._programs import (
     REAPER_PATH,
@@ -333,6 +333,7 @@ def _readable(fd: int, timeout: float | None) -> bool:
 
 
 def _confirm(bwrap: str, plan: Plan, staged: Staged, info_fd: int) -> None:
+    sources = source_identities(plan)  # while bwrap starts: off the critical path
     info = _read_info(bwrap, info_fd, staged.sock.fileno())
     child: int = info["child-pid"]
     try:
@@ -354,7 +355,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, info_fd: int) -> None:
             mountinfo = file.read()
     except OSError:
         raise _SetupEnded("ended before its mounts could be checked") from None
-    problems = mount_table_problems(mountinfo, plan, root=f"/proc/{shim}/root")
+    problems = mount_table_problems(mountinfo, plan, root=f"/proc/{shim}/root", sources=sources)
     if problems:
         raise SandboxUnavailable(
             f"{bwrap} built a sandbox whose mounts differ from the plan ({'; '.join(problems)}): "
@@ -467,7 +468,7 @@ def _await_shim(staged: Staged) -> int:
 
 def _check_shim(bwrap: str, init: int, shim: int) -> None:
     """The process that will become the command is the sandbox init's child, in its
-    namespaces."""
+    namespaces (read now: bwrap enters a second user namespace after it reports the first)."""
     try:
         parent = _parent(shim)
         same = _namespaces(shim) == _namespaces(init)

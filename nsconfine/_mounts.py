@@ -71,14 +71,25 @@ def _expected(plan: Plan) -> dict[str, tuple[str, str]]:
     return expected
 
 
+def source_identities(plan: Plan) -> dict[str, tuple[int, int] | None]:
+    """Each bind's destination -> its source's (device, inode) now: taken while bwrap builds the
+    sandbox, so that only the sandbox's side is left for after."""
+    return {e.dest: _identity(e.source) for e in plan.entries if e.kind is Kind.BIND}
+
+
 def mount_table_problems(
-    mountinfo: str, plan: Plan, root: str | None = None, host_mountinfo: str | None = None
+    mountinfo: str,
+    plan: Plan,
+    root: str | None = None,
+    sources: dict[str, tuple[int, int] | None] | None = None,
+    host_mountinfo: str | None = None,
 ) -> list[str]:
     """What in the sandbox's mountinfo differs from the plan (empty when they agree).
 
     root is the sandbox's root as the launcher reaches it (/proc/<pid>/root): each bind's
-    destination is looked at through it. None (a session reading its own table) skips that
-    part. host_mountinfo is the launcher's own table, consulted only for mounts below a bound
+    destination is looked at through it and compared with sources (source_identities(plan),
+    taken now if None). root None (a session reading its own table) skips that part.
+    host_mountinfo is the launcher's own table, consulted only for mounts below a bound
     directory; None reads /proc/self/mountinfo when one is found."""
     expected = _expected(plan)
     observed = parse_mountinfo(mountinfo)
@@ -110,11 +121,12 @@ def mount_table_problems(
         if point not in observed
     ]
     if root is not None:
-        for entry in plan.entries:
-            if entry.kind is Kind.BIND:
-                seen = _identity(root + entry.dest)
-                if seen is None or seen != _identity(entry.source):
-                    problems.append(f"{entry.dest} does not show {entry.source}")
+        if sources is None:
+            sources = source_identities(plan)
+        for dest, source in sources.items():
+            seen = _identity(root + dest)
+            if seen is None or seen != source:
+                problems.append(f"{dest} does not show {binds[dest]}")
     return problems
 
 
