@@ -1,0 +1,296 @@
+"""The deny set is every home the launcher has, and the lint judges what a path is.
+
+A home is not only the password database's: $HOME, the directories tools are pointed at instead
+of the home's defaults ($XDG_CONFIG_HOME, $GNUPGHOME, $CLAUDE_CONFIG_DIR, …), the home of
+$SUDO_USER and, for a root launcher, the home of the account the session runs as. A path is not
+only its name: a hardlink to a key, a bind-mount view of ~/.ssh and a symlink re-pointed after a
+plan was first built are judged by the file they are. Readable output cannot be forged, and a
+plan bwrap could not run is refused when it is built.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import IS_ROOT, SESSION_USER, open_up, session_dirs
+
+from nsconfine import _plan as p
+from nsconfine import _policy
+from nsconfine._errors import PlanError
+from nsconfine._plan import Kind, Plan
+from nsconfine._session import Session, build_plan
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> Path:
+    """A stand-in home (as a test harness or a systemd unit's $HOME would be), with secrets."""
+    home = tmp_path / "standin-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (home / ".claude").mkdir()
+    (home / ".claude" / ".credentials.json").write_text('{"token": "x"}\n')
+    (home / ".config" / "app").mkdir(parents=True)
+    (home / ".config" / "app" / "secrets").write_text("token=1\n")
+    (home / "notes.txt").write_text("nothing secret\n")
+    return home.resolve()
+
+
+@pytest.fixture
+def ws_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A workspace and run directory for the session's account."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    return workspace, run_dir
+
+
+def plan(ws_run: tuple[Path, Path], environ: dict[str, str], **options: object) -> Plan:
+    """The checked plan of a session, built with environ as the launcher's environment."""
+    if SESSION_USER:
+        options.setdefault("user", SESSION_USER)
+    session = Session(workspace=ws_run[0], run_dir=ws_run[1], **options)  # type: ignore[arg-type]
+    return build_plan(session, environ=environ)
+
+
+def refusal(ws_run: tuple[Path, Path], environ: dict[str, str], **options: object) -> str:
+    """The message the plan is refused with."""
+    with pytest.raises(PlanError) as refused:
+        plan(ws_run, environ, **options)
+    return refused.value.message
+
+
+# ------------------------------------------------------------------ every home
+
+
+@pytest.mark.parametrize(
+    "secret", [".ssh/id_ed25519", ".ssh", ".claude/.credentials.json", ".config/app/secrets"]
+)
+def test_a_stand_in_home_s_stores_are_denied(
+    ws_run: tuple[Path, Path], standin: Path, secret: str
+) -> None:
+    """$HOME's stores are denied even when $HOME is not the password database's home."""
+    message = refusal(ws_run, {"HOME": str(standin)}, ro=[standin / secret])
+    assert str(standin) in message
+
+
+def test_a_stand_in_home_itself_is_denied(ws_run: tuple[Path, Path], standin: Path) -> None:
+    """$HOME itself cannot be bound, and a file in it outside every store can."""
+    assert "home" in refusal(ws_run, {"HOME": str(standin)}, ro=[standin])
+    bound = plan(ws_run, {"HOME": str(standin)}, ro=[standin / "notes.txt"])
+    assert str(standin / "notes.txt") in {e.source for e in bound.entries}
+
+
+def test_a_workspace_equal_to_home_is_refused(standin: Path, tmp_path: Path) -> None:
+    """$HOME (or above it) as the workspace is refused."""
+    (run := tmp_path / "run2").mkdir()
+    with pytest.raises(PlanError, match="home"):
+        build_plan(Session(workspace=standin, run_dir=run), environ={"HOME": str(standin)})
+
+
+@pytest.mark.parametrize(
+    ("variable", "relative"),
+    [
+        ("XDG_CONFIG_HOME", "cfg"),
+        ("XDG_DATA_HOME", "data"),
+        ("XDG_STATE_HOME", "state"),
+        ("GNUPGHOME", "gnupg"),
+        ("CLAUDE_CONFIG_DIR", "claude"),
+        ("CODEX_HOME", "codex"),
+        ("DOCKER_CONFIG", "docker"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "aws-credentials"),
+        ("AWS_CONFIG_FILE", "aws-config"),
+        ("KUBECONFIG", "kubeconfig"),
+        ("GIT_CONFIG_GLOBAL", "gitconfig"),
+    ],
+)
+def test_directories_tools_are_pointed_at_are_denied(
+    ws_run: tuple[Path, Path], tmp_path: Path, variable: str, relative: str
+) -> None:
+    """A store moved by its variable ($XDG_CONFIG_HOME, $GNUPGHOME, …) is denied, and the
+    manifest says which variable the rule came from."""
+    store = tmp_path / "elsewhere" / relative
+    store.parent.mkdir(exist_ok=True)
+    if variable.endswith(("_FILE", "KUBECONFIG", "GLOBAL")):
+        store.write_text("secret\n")
+    else:
+        store.mkdir()
+        (store / "secret").write_text("secret\n")
+    message = refusal(ws_run, {variable: str(store)}, ro=[store])
+    assert relative in message
+    made = plan(ws_run, {variable: str(store)})
+    origins = {rule.path: rule.origin for rule in made.deny}
+    assert variable in origins[str(store.resolve())]
+
+
+def test_sudo_user_s_home_is_denied(ws_run: tuple[Path, Path]) -> None:
+    """The home of $SUDO_USER is denied (sudo -E keeps the caller's variables)."""
+    import pwd
+
+    someone = next(e for e in pwd.getpwall() if e.pw_uid != os.getuid() and e.pw_dir != "/")
+    made = plan(ws_run, {"SUDO_USER": someone.pw_name})
+    assert any("SUDO_USER" in rule.origin for rule in made.deny), made.deny
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only a root launcher names another account")
+def test_the_session_account_s_home_is_denied(ws_run: tuple[Path, Path]) -> None:
+    """As root, the home of the account the session runs as is denied with its stores."""
+    import pwd
+
+    assert SESSION_USER is not None
+    home = pwd.getpwnam(SESSION_USER).pw_dir
+    made = plan(ws_run, {})
+    assert any(rule.path.startswith(home) and "--user" in rule.origin for rule in made.deny)
+
+
+def test_every_rule_says_where_it_came_from(ws_run: tuple[Path, Path], standin: Path) -> None:
+    """Each deny rule in the manifest names its origin."""
+    made = plan(ws_run, {"HOME": str(standin)})
+    assert all(rule.origin for rule in made.deny)
+    assert any(rule.origin == "$HOME" for rule in made.deny)
+    assert "$HOME" in made.manifest()
+
+
+# ------------------------------------------------------------------ no stale cache
+
+
+def test_a_re_pointed_symlink_is_judged_afresh(
+    ws_run: tuple[Path, Path], standin: Path, tmp_path: Path
+) -> None:
+    """In a long-lived launcher, re-pointing ~/.ssh (a symlink) at another directory makes
+    that directory denied at once: the decision equals a fresh one."""
+    first, second = tmp_path / "keys-1", tmp_path / "keys-2"
+    for keys in (first, second):
+        keys.mkdir()
+        (keys / "id_ed25519").write_text("key\n")
+    ssh = standin / ".ssh"
+    for child in ssh.iterdir():
+        child.unlink()
+    ssh.rmdir()
+    ssh.symlink_to(first)
+    environ = {"HOME": str(standin)}
+    assert str(first) in refusal(ws_run, environ, ro=[first / "id_ed25519"])
+    plan(ws_run, environ, ro=[second / "id_ed25519"])  # allowed: not a store (yet)
+    ssh.unlink()
+    ssh.symlink_to(second)
+    assert str(second) in refusal(ws_run, environ, ro=[second / "id_ed25519"])
+
+
+# ------------------------------------------------------------------ what a path is
+
+
+def test_a_hardlink_to_a_key_is_refused(ws_run: tuple[Path, Path], standin: Path) -> None:
+    """A hardlink to ~/.ssh/id_ed25519 elsewhere is the key: refused."""
+    link = ws_run[0].parent / "innocent.txt"
+    os.link(standin / ".ssh" / "id_ed25519", link)
+    assert ".ssh" in refusal(ws_run, {"HOME": str(standin)}, ro=[link])
+
+
+_BIND_VIEW = r"""
+import os, subprocess, sys
+from nsconfine import _plan as p, _policy
+from nsconfine._errors import PlanError
+home, view, deny_home = sys.argv[1], sys.argv[2], sys.argv[3]
+subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), view], check=True)
+rules = _policy.default_deny(homes=[deny_home], environ={})
+plan = p.Plan.of([p.ro_bind(view, "/keys", "a view")], deny=rules)
+try:
+    _policy.check_plan(plan)
+    print("allowed")
+except PlanError as refused:
+    print("refused", refused.message)
+"""
+
+
+def test_a_bind_mount_view_of_ssh_is_refused(standin: Path, tmp_path: Path) -> None:
+    """A host bind-mount view of ~/.ssh at another path is ~/.ssh: refused (checked in a
+    private mount namespace, as root or in a user namespace)."""
+    view = tmp_path / "view"
+    view.mkdir()
+    unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
+    result = subprocess.run(
+        [*unshare, sys.executable, "-c", _BIND_VIEW, str(standin), str(view), str(standin)],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.stdout.startswith("refused"), result.stdout + result.stderr
+    assert ".ssh" in result.stdout
+
+
+@pytest.mark.parametrize("socket_name", ["docker.sock", "podman/podman.sock", "bus"])
+def test_user_daemon_sockets_are_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, socket_name: str
+) -> None:
+    """The rootless Docker, Podman and D-Bus session sockets cannot be a tool socket."""
+    import socket
+
+    runtime = tmp_path / "runtime"
+    path = runtime / socket_name
+    path.parent.mkdir(parents=True)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    path.chmod(0o777)  # connectable by the session's account: only the deny rule may refuse
+    open_up(path.parent)
+    try:
+        message = refusal(ws_run, {"XDG_RUNTIME_DIR": str(runtime)}, tool_socket=path)
+    finally:
+        server.close()
+    assert socket_name.split("/")[-1] in message
+
+
+def test_deny_root_refuses_every_bind(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--deny /` refuses every bind instead of doing nothing."""
+    (runner := tmp_path / "runner.py").write_text("print(1)\n")
+    assert refusal(ws_run, {}, ro=[runner], deny=["/"])
+
+
+# ------------------------------------------------------------------ output and limits
+
+
+@pytest.mark.parametrize("name", ["line\nbind rw ~/.ssh", "bell\a", "tab\there", "esc\x1b[31m"])
+def test_control_characters_in_paths_are_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, name: str
+) -> None:
+    """A path with a newline or another control character cannot forge a manifest row: it is
+    refused by name, escaped."""
+    path = tmp_path / name
+    path.write_text("x\n")
+    message = refusal(ws_run, {}, ro=[path])
+    assert "\n" not in message
+    assert "control character" in message
+
+
+def test_manifest_escapes_what_it_prints() -> None:
+    """Every human-readable field of a manifest is printed with control characters escaped."""
+    plan = Plan.of(
+        [p.tmpfs("/tmp", "reason with\nnew line")],
+        env=[p.EnvVar("X", "v\nbind rw /root", p.Origin.NSCONFINE)],
+    )
+    text = plan.manifest()
+    assert "reason with\\nnew line" in text
+    assert "v\\nbind rw /root" in text
+    assert not any(line.startswith("bind rw /root") for line in text.splitlines())
+
+
+def test_a_plan_bwrap_cannot_run_is_refused_when_built(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A 10,000-file session, past bwrap's 9,000 arguments, is refused when its plan is built,
+    saying what to do."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    files = []
+    for index in range(10_000):
+        path = tree / f"f{index}.py"
+        path.write_text("")
+        files.append(path)
+    message = refusal(ws_run, {}, ro=files)
+    assert "9000" in message or "9,000" in message
+    assert "--ro" in message
+
+
+def test_rules_of_kind_bind_only_judge_sources() -> None:
+    """A plan without any bind passes the lint whatever the rules (the control)."""
+    rules = [p.DenyRule("/", "everything", origin="--deny")]
+    _policy.check_plan(Plan.of([p.tmpfs("/tmp", "private")], deny=rules))
+    assert all(e.kind is not Kind.BIND for e in Plan.of([p.tmpfs("/tmp", "x")]).entries)
