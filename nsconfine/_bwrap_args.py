@@ -24,6 +24,9 @@ SHIM_PROGRAM_FD = 7  # the memfd holding the exec shim, which bwrap runs as /pro
 LIFELINE_FD = 8  # the reaper's end of the launcher's lifeline; bwrap never sees it
 FIRST_DATA_FD = 9  # then one fd per data or copy entry, in plan order
 
+# bwrap's MAX_ARGS: the options it reads from --args and its command line, counted together.
+MAX_BWRAP_ARGUMENTS = 9000
+
 # Every namespace but the network's; cgroup where the kernel has it.
 NAMESPACE_OPTIONS = (
     "--unshare-user",

@@ -48,6 +48,18 @@ def parse_mountinfo(text: str) -> dict[str, Mount]:
     return points
 
 
+def mount_roots(text: str) -> dict[str, tuple[str, str]]:
+    """Mount point -> (device "major:minor", the mount's root inside its file system), the
+    topmost at each point winning: where a path lies in its file system, whatever mount (a
+    bind-mount view among them) it is reached through."""
+    roots: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) >= 5:
+            roots[_unescape(fields[4])] = (fields[2], _unescape(fields[3]))
+    return roots
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     try:
         info = os.stat(path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import posixpath
+import re
 from collections.abc import Iterable, Sequence
 
 from nsconfine._errors import PlanError
@@ -18,6 +19,18 @@ from nsconfine._record import Record
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
 if TYPE_CHECKING:
     from typing import Any
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def printable(text: str) -> str:
+    """text with control characters written as escapes: what a person reads (a manifest row, a
+    refusal) cannot be forged by a newline or a terminal sequence inside a path."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
 class Kind(enum.StrEnum):
@@ -81,8 +94,13 @@ class Entry(Record):
         normalized = posixpath.normpath(self.dest)
         if not self.dest.startswith("/") or normalized != self.dest or self.dest.startswith("//"):
             raise PlanError(f"destination {self.dest!r} must be an absolute, normalized path")
-        if "\0" in self.dest or "\0" in self.source:
-            raise PlanError(f"destination or source of {self.dest!r} contains a NUL byte")
+        if _CONTROL.search(self.dest) or (
+            self.kind is not Kind.SYMLINK and _CONTROL.search(self.source)
+        ):
+            raise PlanError(
+                f"{printable(self.source or self.dest)} holds a control character (a newline, a "
+                "tab, an escape): such paths could forge the manifest a reviewer reads; rename it"
+            )
         needs_source = self.kind in (Kind.BIND, Kind.SYMLINK, Kind.COPY)
         if needs_source != bool(self.source):
             raise PlanError(f"a {self.kind} entry for {self.dest!r} has the wrong source")
@@ -231,21 +249,29 @@ class RunAs(Record):
 
 
 class DenyRule(Record):
-    """A host path no bind may expose: a bind is refused when its resolved source is this path
-    or contains it, and, when `inside` is set, when the source lies anywhere inside it."""
+    """A host path no bind may expose: a bind is refused when its source is this path or
+    contains it, and, when `inside` is set, when the source lies anywhere inside it. The path
+    is kept as derived (the lint resolves it afresh on every check); origin says where the
+    rule came from ($HOME, $XDG_CONFIG_HOME, --deny, …)."""
 
-    FIELDS = ("path", "reason", "inside")
+    FIELDS = ("path", "reason", "inside", "origin")
     __slots__ = FIELDS
     path: str
     reason: str
     inside: bool
+    origin: str
 
-    def __init__(self, path: str, reason: str, inside: bool = True) -> None:
-        self._set(path=path, reason=reason, inside=inside)
+    def __init__(self, path: str, reason: str, inside: bool = True, origin: str = "") -> None:
+        self._set(path=path, reason=reason, inside=inside, origin=origin)
 
     def to_json(self) -> dict[str, Any]:
         """The manifest form of the rule."""
-        return {"path": self.path, "reason": self.reason, "inside": self.inside}
+        return {
+            "path": self.path,
+            "reason": self.reason,
+            "inside": self.inside,
+            "origin": self.origin,
+        }
 
 
 def launcher_account() -> RunAs:
@@ -343,7 +369,10 @@ class Plan(Record):
     def manifest(self) -> str:
         """The manifest as a table a reviewer reads, then the environment and deny rules."""
         rows = [("KIND", "MODE", "DEST", "SOURCE", "REASON")]
-        rows += [(str(e.kind), str(e.mode), e.dest, e.source_label, e.reason) for e in self.entries]
+        rows += [
+            (str(e.kind), str(e.mode), e.dest, printable(e.source_label), printable(e.reason))
+            for e in self.entries
+        ]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [
             "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
@@ -352,13 +381,17 @@ class Plan(Record):
             for row in rows
         ]
         lines.append("")
-        lines.append(f"runs as: {self.user}")
-        lines.append(f"working directory: {self.chdir}")
+        lines.append(f"runs as: {printable(str(self.user))}")
+        lines.append(f"working directory: {printable(self.chdir)}")
         lines.append("environment (starts empty):")
-        lines += [f"  {v.name}={v.to_json()['value']}  [{v.origin}]" for v in self.env]
+        lines += [
+            f"  {printable(v.name)}={printable(v.to_json()['value'])}  [{v.origin}]"
+            for v in self.env
+        ]
         lines.append("no bind may expose:")
         lines += [
-            f"  {rule.path}{'' if rule.inside else ' (itself or above)'}  {rule.reason}"
+            f"  {printable(rule.path)}{'' if rule.inside else ' (itself or above)'}  "
+            f"{printable(rule.reason)}  [from {printable(rule.origin or 'the plan')}]"
             for rule in self.deny
         ]
         from nsconfine._layers import LAYERS, active

@@ -1,28 +1,44 @@
-"""Where a bind is refused: the deny set and the lint every plan passes before it launches.
+"""Where a bind is refused: the deny set, and the lint every plan passes before it launches.
 
-A bind is judged by its resolved source (symlinks followed), because that is what the kernel
-mounts: `~/link-to-ssh` is refused exactly like `~/.ssh`.
+The deny set is built from every home the launcher has: the password database's and $HOME
+(they differ under systemd units, containers, `sudo -E`, test harnesses), the directories tools
+are pointed at instead of a home's defaults ($XDG_CONFIG_HOME, $GNUPGHOME, $CLAUDE_CONFIG_DIR,
+…), $SUDO_USER's home, and for a root launcher the home of the account a session runs as. Each
+rule keeps the path as it was derived and says where it came from.
+
+The lint judges what a path *is*, afresh on every check (nothing resolved is cached, so a
+symlink re-pointed since the last launch counts at once):
+
+- every rule and every bind source is resolved (symlinks followed) now;
+- both are placed in their file system: the mount that holds them (from the launcher's own
+  mount table) gives its device and the path inside that file system, so a bind-mount view of
+  ~/.ssh at /tmp/view is ~/.ssh;
+- a source is refused when it is, contains or lies inside a denied path in that sense, or when
+  it is the very file (device and inode) a rule names, which a hardlink is.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import os
 import pwd
-from collections.abc import Iterable, Sequence
+import stat
+from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine import _syscalls
 from nsconfine._errors import PlanError
-from nsconfine._plan import DenyRule, Plan
+from nsconfine._plan import DenyRule, Entry, Kind, Mode, Plan, RunAs, printable
 
 # Credential stores under a home directory, each with why it must stay out of every session.
 HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
     (".ssh", "SSH keys and known hosts"),
     (".gnupg", "GnuPG private keys"),
     (".config", "application settings and secrets (gh, gcloud, agents, …)"),
+    (".local/share", "application data (keyrings, tokens, histories)"),
+    (".local/state", "application state (histories, sessions)"),
     (".claude", "the host's Claude Code login and history"),
     (".claude.json", "the host's Claude Code settings and account"),
+    (".codex", "the host's Codex login and history"),
     (".git-credentials", "git's stored HTTPS passwords and tokens"),
     (".gitconfig", "git identity and credential helpers"),
     (".netrc", "passwords for FTP/HTTP hosts"),
@@ -36,11 +52,30 @@ HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
     (".cargo/credentials.toml", "crates.io tokens"),
     (".password-store", "pass(1) password store"),
     (".pki", "NSS certificate and key databases"),
-    (".local/share/keyrings", "GNOME keyring"),
     (".terraform.d", "Terraform Cloud tokens"),
     (".vault-token", "HashiCorp Vault token"),
     (".cache/nsconfine", "nsconfine's own record of proven bwrap binaries"),
 )
+
+# Variables that move a store out of the home: each names a directory or file a tool uses
+# instead of the home's default. KUBECONFIG may list several files.
+STORE_VARIABLES: tuple[tuple[str, str], ...] = (
+    ("XDG_CONFIG_HOME", "application settings and secrets"),
+    ("XDG_DATA_HOME", "application data (keyrings, tokens, histories)"),
+    ("XDG_STATE_HOME", "application state (histories, sessions)"),
+    ("GNUPGHOME", "GnuPG private keys"),
+    ("CLAUDE_CONFIG_DIR", "Claude Code's login and settings"),
+    ("CODEX_HOME", "Codex's login and settings"),
+    ("DOCKER_CONFIG", "registry logins"),
+    ("AWS_SHARED_CREDENTIALS_FILE", "AWS keys"),
+    ("AWS_CONFIG_FILE", "AWS configuration and SSO tokens"),
+    ("KUBECONFIG", "Kubernetes cluster credentials"),
+    ("GIT_CONFIG_GLOBAL", "git identity and credential helpers"),
+)
+
+# How many entries of a denied directory are looked through for another name of a file with
+# several: a bound, so that a launch never walks a huge ~/.local/share.
+HARDLINK_SCAN = 20_000
 
 SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
     ("/etc/shadow", "the host's password hashes"),
@@ -51,21 +86,28 @@ SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
     ("/var/run/docker.sock", "the Docker daemon: root on the host"),
 )
 
+# Sockets in a user's runtime directory ($XDG_RUNTIME_DIR, /run/user/UID) that hand out power.
+RUNTIME_SOCKETS: tuple[tuple[str, str], ...] = (
+    ("gnupg", "gpg-agent's sockets"),
+    ("keyring", "the desktop keyring's sockets"),
+    ("docker.sock", "a rootless Docker daemon: every container as that user"),
+    ("podman/podman.sock", "a rootless Podman service: every container as that user"),
+    ("bus", "the D-Bus session bus: the desktop's services (secrets, systemd --user)"),
+    ("systemd", "systemd's user manager: starts any unit as that user"),
+)
 
-@functools.cache
-def _user(uid: int) -> pwd.struct_passwd:
-    # Read once per uid: the password database costs a file parse per lookup.
-    return pwd.getpwuid(uid)
 
-
-def invoking_user() -> pwd.struct_passwd:
-    """The password entry of the user nsconfine runs as."""
-    return _user(os.getuid())
+def _account(uid: int) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwuid(uid)
+    except KeyError:  # an account without a passwd entry (containers)
+        return None
 
 
 def invoking_user_home() -> str:
     """The home of the user nsconfine runs as, from the password database."""
-    return invoking_user().pw_dir
+    entry = _account(os.getuid())
+    return entry.pw_dir if entry else "/"
 
 
 def resolve(path: str) -> str:
@@ -78,61 +120,104 @@ def resolve(path: str) -> str:
         return path if parent == path else os.path.join(resolve(parent), name)
 
 
-def home_rules(home: str) -> list[DenyRule]:
+def _owns_home(entry: pwd.struct_passwd) -> bool:
+    # A system account's "home" (/usr/sbin for daemon, / for many) is a system directory it
+    # does not own, where no credential store of its lives: denying it would deny /usr. A home
+    # that does not exist (/nonexistent) holds nothing yet, and is denied by name.
+    try:
+        return os.stat(entry.pw_dir).st_uid == entry.pw_uid
+    except OSError:
+        return True
+
+
+def homes_of(
+    environ: Mapping[str, str], account: RunAs | None, extra: Sequence[str]
+) -> list[tuple[str, str]]:
+    """Every home the launcher has, each with where it came from, first occurrence kept."""
+    found: list[tuple[str, str]] = []
+    own = _account(os.getuid())
+    if own is not None and _owns_home(own):
+        found.append((own.pw_dir, f"the password database's home of {own.pw_name}"))
+    if environ.get("HOME"):
+        found.append((environ["HOME"], "$HOME"))
+    sudo_user = environ.get("SUDO_USER")
+    if sudo_user:
+        try:
+            entry = pwd.getpwnam(sudo_user)
+        except KeyError:
+            entry = None
+        if entry is not None and _owns_home(entry):
+            found.append((entry.pw_dir, f"$SUDO_USER ({sudo_user})'s home"))
+    if account is not None and account.uid != os.getuid():
+        entry = _account(account.uid)
+        if entry is not None and _owns_home(entry):
+            found.append((entry.pw_dir, f"--user {account.name}'s home"))
+    found += [(home, "a stand-in home") for home in extra]
+    seen: set[str] = set()
+    kept = []
+    for home, origin in found:
+        home = os.path.abspath(home)
+        if home not in seen and home != "/":
+            seen.add(home)
+            kept.append((home, origin))
+    return kept
+
+
+def home_rules(home: str, origin: str) -> list[DenyRule]:
     """The home itself (no bind of it or above) and every credential store inside it."""
-    home = resolve(home)
-    rules = [DenyRule(home, "the user's home directory: sessions get an empty HOME", False)]
+    rules = [
+        DenyRule(home, "a home directory: sessions get an empty HOME", inside=False, origin=origin)
+    ]
     rules += [
-        DenyRule(resolve(os.path.join(home, name)), reason)
+        DenyRule(os.path.join(home, name), reason, origin=origin)
         for name, reason in HOME_CREDENTIAL_STORES
     ]
     return rules
 
 
-_STORE_PARENTS = sorted({os.path.dirname(name) for name, _ in HOME_CREDENTIAL_STORES})
-_default_deny_cache: dict[tuple[object, ...], tuple[DenyRule, ...]] = {}
-
-
-def _directory_versions(homes: Iterable[str]) -> tuple[int, ...]:
-    # Creating, removing or renaming a store changes its parent directory's mtime: the
-    # resolved rules are reused only while none of those directories changed.
-    versions = []
-    for home in homes:
-        for parent in _STORE_PARENTS:
-            try:
-                versions.append(os.stat(os.path.join(home, parent)).st_mtime_ns)
-            except OSError:
-                versions.append(-1)
-    return tuple(versions)
-
-
-def default_deny(homes: Sequence[str] = ()) -> tuple[DenyRule, ...]:
-    """The deny set every plan starts with: each home and its stores, the host's secrets, the
-    user's agent sockets and runtime keyrings."""
-    all_homes = tuple(dict.fromkeys([invoking_user_home(), *homes]))
-    agent = os.environ.get("SSH_AUTH_SOCK")
-    key = (all_homes, os.getuid(), agent, _directory_versions(all_homes))
-    cached = _default_deny_cache.get(key)
-    if cached is not None:
-        return cached
+def default_deny(
+    homes: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    account: RunAs | None = None,
+) -> tuple[DenyRule, ...]:
+    """The deny set every plan starts with: each home and its stores, the stores tools are
+    pointed at, the host's secrets, and the runtime sockets of the launcher and the account.
+    homes: extra (stand-in) homes; environ: the launcher's environment."""
+    environ = os.environ if environ is None else environ
     rules: list[DenyRule] = []
-    for home in all_homes:
-        rules += home_rules(home)
-    rules += [DenyRule(resolve(path), reason) for path, reason in SYSTEM_SECRETS]
-    runtime = f"/run/user/{os.getuid()}"
-    rules.append(DenyRule(f"{runtime}/gnupg", "gpg-agent's sockets"))
-    rules.append(DenyRule(f"{runtime}/keyring", "the desktop keyring's sockets"))
-    if agent:
-        rules.append(DenyRule(resolve(agent), "the ssh-agent holding the user's keys"))
-    result = tuple(_unique(rules))
-    _default_deny_cache.clear()  # one host, one user: only the newest key is worth keeping
-    _default_deny_cache[key] = result
-    return result
+    for home, origin in homes_of(environ, account, homes):
+        if os.path.isdir(home):
+            rules += home_rules(home, origin)
+        else:  # no store can be bound from a home that does not exist; it, by its name
+            rules += home_rules(home, origin)[:1]
+    for variable, reason in STORE_VARIABLES:
+        value = environ.get(variable, "")
+        for path in value.split(os.pathsep) if variable == "KUBECONFIG" else [value]:
+            if os.path.isabs(path):
+                rules.append(DenyRule(os.path.normpath(path), reason, origin=f"${variable}"))
+    rules += [DenyRule(path, reason, origin="the host") for path, reason in SYSTEM_SECRETS]
+    runtimes = [(f"/run/user/{os.getuid()}", "the launcher's runtime directory")]
+    if environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
+        runtimes.append((environ["XDG_RUNTIME_DIR"], "$XDG_RUNTIME_DIR"))
+    if account is not None and account.uid != os.getuid():
+        runtimes.append((f"/run/user/{account.uid}", f"--user {account.name}'s runtime directory"))
+    for runtime, origin in runtimes:
+        if os.path.isdir(runtime):
+            rules += [
+                DenyRule(os.path.join(runtime, name), reason, origin=origin)
+                for name, reason in RUNTIME_SOCKETS
+            ]
+    agent = environ.get("SSH_AUTH_SOCK", "")
+    if agent.startswith("/"):
+        rules.append(
+            DenyRule(agent, "the ssh-agent holding the user's keys", origin="$SSH_AUTH_SOCK")
+        )
+    return tuple(_unique(rules))
 
 
-def deny_paths(paths: Iterable[str], reason: str) -> list[DenyRule]:
+def deny_paths(paths: Iterable[str], reason: str, origin: str) -> list[DenyRule]:
     """Rules for extra host paths no bind may expose (the data root, the canonical checkout)."""
-    return [DenyRule(resolve(path), reason) for path in paths]
+    return [DenyRule(path, reason, origin=origin) for path in paths]
 
 
 def _unique(rules: Iterable[DenyRule]) -> list[DenyRule]:
@@ -145,45 +230,174 @@ def _unique(rules: Iterable[DenyRule]) -> list[DenyRule]:
     return kept
 
 
-def _is_within(path: str, ancestor: str) -> bool:
+# ------------------------------------------------------------------ judging what a path is
+
+
+def _within(path: str, ancestor: str) -> bool:
     return path == ancestor or ancestor == "/" or path.startswith(ancestor + "/")
 
 
-class _DenyIndex:
-    """The rules arranged so that judging one source costs a walk up its ancestors and one
-    binary search, not a pass over every rule."""
+class _Places:
+    """Where paths lie in their file systems: (device, path inside the file system), from the
+    launcher's mount table, read once per check."""
+
+    def __init__(self) -> None:
+        from nsconfine._mounts import mount_roots
+
+        with open("/proc/self/mountinfo") as file:
+            self.mounts = mount_roots(file.read())  # mount point -> (device, root), topmost
+
+    def of(self, resolved: str) -> tuple[str, str]:
+        point = resolved
+        while point not in self.mounts:  # the nearest mount point above (or at) the path
+            if point == "/":
+                return "", resolved
+            point = os.path.dirname(point)
+        device, root = self.mounts[point]
+        rest = resolved[len(point) :] if point != "/" else resolved
+        return device, os.path.normpath(root.rstrip("/") + "/" + rest.lstrip("/"))
+
+
+class _Index:
+    """Paths (of one namespace of names) arranged so that judging one costs a walk up its
+    ancestors and a binary search, not a pass over every rule."""
+
+    def __init__(self) -> None:
+        self.exact: dict[str, DenyRule] = {}
+        self.inside: dict[str, DenyRule] = {}
+        self.ordered: list[str] = []
+
+    def add(self, path: str, rule: DenyRule) -> None:
+        self.exact.setdefault(path, rule)  # the first rule for a path wins
+        if rule.inside:
+            self.inside.setdefault(path, rule)
+
+    def seal(self) -> None:
+        self.ordered = sorted(self.exact)
+
+    def violated(self, path: str) -> tuple[DenyRule, str] | None:
+        if path in self.exact:
+            return self.exact[path], "is or contains"
+        prefix = path.rstrip("/") + "/"
+        at = bisect.bisect_left(self.ordered, prefix)
+        if at < len(self.ordered) and self.ordered[at].startswith(prefix):
+            return self.exact[self.ordered[at]], "is or contains"
+        ancestor = path
+        while ancestor != "/":
+            ancestor = os.path.dirname(ancestor)
+            if ancestor in self.inside:
+                return self.inside[ancestor], "lies inside"
+        return None
+
+
+class Judge:
+    """The rules, resolved and placed now, and indexed twice: by host path (a source that
+    contains a denied mount point is caught there) and by place in a file system (a
+    bind-mount view is caught there); then by file identity (a hardlink)."""
 
     def __init__(self, rules: Sequence[DenyRule]) -> None:
-        self.rules = tuple(rules)
-        self.by_path = {rule.path: rule for rule in reversed(self.rules)}  # first rule wins
-        self.inside = {rule.path: rule for rule in reversed(self.rules) if rule.inside}
-        self.sorted_paths = sorted(self.by_path)
+        self.places = _Places()
+        self.by_path = _Index()
+        self.by_place: dict[str, _Index] = {}
+        self.identities: dict[tuple[int, int], DenyRule] = {}
+        self.denied_dirs: list[tuple[DenyRule, str, int]] = []  # for the hardlink walk
+        self.everything: DenyRule | None = None
+        resolved_dirs: dict[str, str] = {}
+        for rule in rules:
+            resolved, info = _resolve_with(rule.path, resolved_dirs)
+            if resolved == "/":
+                self.everything = rule
+            self.by_path.add(resolved, rule)
+            device, place = self.places.of(resolved)
+            self.by_place.setdefault(device, _Index()).add(place, rule)
+            if info is not None:
+                self.identities.setdefault((info.st_dev, info.st_ino), rule)
+                if rule.inside and stat.S_ISDIR(info.st_mode):
+                    self.denied_dirs.append((rule, resolved, info.st_dev))
+        self.by_path.seal()
+        for index in self.by_place.values():
+            index.seal()
 
-    def violated(self, source: str) -> DenyRule | None:
-        # Is the source a denied path, or does it contain one?
-        if source in self.by_path:
-            return self.by_path[source]
-        prefix = source.rstrip("/") + "/"
-        at = bisect.bisect_left(self.sorted_paths, prefix)
-        if at < len(self.sorted_paths) and self.sorted_paths[at].startswith(prefix):
-            return self.by_path[self.sorted_paths[at]]
-        # Does it lie inside a path denied with everything inside it?
-        cut = len(source)
-        while (cut := source.rfind("/", 0, cut)) > 0:
-            rule = self.inside.get(source[:cut])
-            if rule is not None:
-                return rule
+    def violated(self, source: str) -> tuple[DenyRule, str] | None:
+        """The rule a bind of the (resolved) source would break, and how; or None."""
+        if self.everything is not None:
+            return self.everything, "lies inside"
+        found = self.by_path.violated(source)
+        if found is not None:
+            return found
+        device, place = self.places.of(source)
+        index = self.by_place.get(device)
+        found = index.violated(place) if index is not None else None
+        if found is not None:
+            return found
+        try:
+            info = os.stat(source)
+        except OSError:
+            return None
+        rule = self.identities.get((info.st_dev, info.st_ino))
+        if rule is not None:
+            return rule, "is (the same file as)"
+        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            return self._hardlinked(info)
         return None
+
+    def _hardlinked(self, info: os.stat_result) -> tuple[DenyRule, str] | None:
+        """The rule whose denied directory holds another name of this file (a hardlink), or
+        None. Walked only for files with more than one name, at most HARDLINK_SCAN entries per
+        directory."""
+        identity = (info.st_dev, info.st_ino)
+        for rule, resolved, device in self.denied_dirs:
+            if device != info.st_dev:
+                continue
+            seen = 0
+            for root, dirs, files in os.walk(resolved):
+                for name in files:
+                    if _identity(os.path.join(root, name)) == identity:
+                        return rule, "is a hardlink to a file in"
+                seen += len(files) + len(dirs)
+                if seen > HARDLINK_SCAN:
+                    break
+        return None
+
+
+def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result | None]:
+    """path resolved as resolve() does, and its stat if it exists; memo holds the resolved
+    parents of missing paths (many rules share a home) for the length of one check."""
+    try:
+        resolved = _syscalls.realpath(path)
+    except OSError:
+        parent, name = os.path.split(path)
+        if parent == path:
+            return path, None
+        if parent not in memo:
+            memo[parent] = _resolve_with(parent, memo)[0]
+        return os.path.join(memo[parent], name), None
+    try:
+        return resolved, os.stat(resolved)
+    except OSError:
+        return resolved, None
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 def violated_rule(resolved_source: str, rules: Sequence[DenyRule]) -> DenyRule | None:
     """A rule a bind of resolved_source would break, or None."""
-    return _DenyIndex(rules).violated(resolved_source)
+    found = Judge(rules).violated(resolved_source)
+    return None if found is None else found[0]
 
 
 def check_plan(plan: Plan) -> None:
-    """Refuse the plan (PlanError) if any bind's source is missing, is `/`, or breaks a rule."""
-    index = _DenyIndex(plan.deny)  # built afresh: cheaper than hashing the rules to look it up
+    """Refuse the plan (PlanError) if any bind's source is missing, is `/`, breaks a rule, or
+    would make writable what another entry binds read-only."""
+    judge = Judge(plan.deny)
+    writable: list[tuple[Entry, tuple[str, str]]] = []
+    read_only: list[tuple[Entry, tuple[str, str]]] = []
     for entry in plan.entries:
         if not entry.is_host_bind:
             continue
@@ -191,16 +405,49 @@ def check_plan(plan: Plan) -> None:
             resolved = _syscalls.realpath(entry.source)
         except OSError as error:
             raise PlanError(
-                f"{entry.source} (for {entry.dest}) cannot be bound: "
+                f"{printable(entry.source)} (for {printable(entry.dest)}) cannot be bound: "
                 f"{os.strerror(error.errno or 0)}; create it or drop it from the session"
             ) from None
         if resolved == "/":
-            raise PlanError(f"{entry.source} resolves to / and would expose the whole host")
-        rule = index.violated(resolved)
-        if rule is not None:
-            shown = entry.source if resolved == entry.source else f"{entry.source} (-> {resolved})"
-            relation = "is or contains" if _is_within(rule.path, resolved) else "lies inside"
             raise PlanError(
-                f"{shown} {relation} {rule.path} ({rule.reason}); no session may see it: "
-                "bind a narrower path that holds no secrets"
+                f"{printable(entry.source)} resolves to / and would expose the whole host"
             )
+        found = judge.violated(resolved)
+        if found is not None:
+            rule, relation = found
+            shown = printable(entry.source)
+            if resolved != entry.source:
+                shown += f" (-> {printable(resolved)})"
+            raise PlanError(
+                f"{shown} {relation} {printable(rule.path)} ({rule.reason}; from "
+                f"{rule.origin}); no session may see it: bind a narrower path that holds no "
+                "secrets"
+            )
+        place = judge.places.of(resolved)
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW:
+            writable.append((entry, place))
+        else:
+            read_only.append((entry, place))
+    _refuse_writable_aliases(writable, read_only)
+
+
+def _refuse_writable_aliases(
+    writable: Sequence[tuple[Entry, tuple[str, str]]],
+    read_only: Sequence[tuple[Entry, tuple[str, str]]],
+) -> None:
+    """A file the plan binds read-only must not also be reachable through a writable bind at
+    another place in the sandbox (a symlink a session planted where the next workspace goes
+    leads exactly there). At its own place, a read-only bind inside a writable one (a runner
+    file in the workspace) covers it, and is fine."""
+    for rw, (device, inside) in writable:
+        for ro, (ro_device, ro_inside) in read_only:
+            if ro_device != device or not _within(ro_inside, inside):
+                continue
+            there = os.path.normpath(rw.dest + "/" + ro_inside[len(inside) :].lstrip("/"))
+            if there != ro.dest:
+                raise PlanError(
+                    f"{printable(ro.source)} is bound read-only at {printable(ro.dest)}, but the "
+                    f"writable bind of {printable(rw.source)} shows it at {printable(there)} as "
+                    "well: the session could change it there; keep read-only files out of "
+                    "writable directories, and check for symlinks a session planted"
+                )

@@ -17,8 +17,8 @@ from nsconfine import _plan as p
 from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
-from nsconfine._plan import EnvVar, Kind, Origin, Plan, RunAs
-from nsconfine._policy import check_plan, default_deny, deny_paths, invoking_user_home, resolve
+from nsconfine._plan import EnvVar, Kind, Origin, Plan, RunAs, printable
+from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
 from nsconfine._record import Record
 from nsconfine._syscalls import realpath
 from nsconfine._system import system_entries
@@ -141,17 +141,22 @@ def build_plan(
     user = run_as(session.user)
     _require_directory(session.workspace, "workspace", user)
     _require_directory(session.run_dir, "run directory", user)
-    deny = default_deny(homes)
+    deny = default_deny(homes, environ, user)
     if session.credential is not None:
-        deny += tuple(deny_paths([session.credential], "the session's credential file"))
-    deny += tuple(deny_paths(session.deny, "denied by --deny"))
-    for home in (invoking_user_home(), *homes):
-        resolved_home = resolve(home)
+        deny += tuple(
+            deny_paths([session.credential], "the session's credential file", "--credential")
+        )
+    deny += tuple(deny_paths(session.deny, "denied by --deny", "--deny"))
+    for rule in deny:
+        if rule.inside:
+            continue  # only homes are denied "itself or above"
+        home = resolve(rule.path)
         for name, where in (("workspace", session.workspace), ("run directory", session.run_dir)):
-            if _is_same_or_above(resolve(where), resolved_home):
+            if _is_same_or_above(resolve(where), home):
                 raise PlanError(
-                    f"the {name} {where} is the home directory {home} or above it: use a "
-                    f"directory of its own, e.g. {home}/work/<session>"
+                    f"the {name} {printable(where)} is the home directory {printable(rule.path)} "
+                    f"({rule.origin}) or above it: use a directory of its own, e.g. "
+                    f"{printable(rule.path)}/work/<session>"
                 )
     system = system_entries(user, session.home)
     own = session_entries(session, reserved=system)
@@ -164,7 +169,21 @@ def build_plan(
         user=user,
     )
     check_plan(plan)
+    _require_runnable(plan, len(session.ro))
     return plan
+
+
+def _require_runnable(plan: Plan, runner_paths: int) -> None:
+    """Refuse a plan with more options than bwrap accepts, now rather than at launch."""
+    from nsconfine._bwrap_args import MAX_BWRAP_ARGUMENTS, bwrap_options
+
+    count = len(bwrap_options(plan)) + 8  # and the command line: --args 3 -- the shim …
+    if count > MAX_BWRAP_ARGUMENTS:
+        raise PlanError(
+            f"the plan takes {count} bwrap arguments, and bwrap accepts at most "
+            f"{MAX_BWRAP_ARGUMENTS} ({runner_paths} read-only paths, most of the plan): give "
+            "the directories that hold the runner files (--ro DIR) instead of listing each file"
+        )
 
 
 def _is_same_or_above(path: str, other: str) -> bool:

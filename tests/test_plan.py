@@ -206,7 +206,7 @@ def test_to_json_entry_keys_are_exact() -> None:
             entry.reason,
         )
     assert record["chdir"] == "/srv/ws"
-    assert record["deny"][1] == {"path": "/root", "reason": "home", "inside": False}
+    assert record["deny"][1] == {"path": "/root", "reason": "home", "inside": False, "origin": ""}
     assert json.loads(plan.manifest_json()) == record
 
 
