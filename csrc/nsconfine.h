@@ -78,6 +78,17 @@ int nsc_probe_userns(int *stage_out);
 int nsc_realpath(const char *path, char *out);
 
 /*
+ * An O_PATH, close-on-exec fd for the absolute path, opened without following
+ * any symlink on the way (ELOOP if one is there): a bind source is handed to
+ * bwrap as exactly the file the lint judged. openat2(RESOLVE_NO_SYMLINKS |
+ * RESOLVE_NO_MAGICLINKS) where the kernel has it (5.6), else one openat
+ * (O_NOFOLLOW) per component. force_walk: the fallback, for the test that
+ * forces it.
+ */
+#define NSC_STAGE_OPEN 27
+int nsc_open_path(const char *path, int force_walk, int *fd_out, int *stage_out);
+
+/*
  * The seccomp filter sessions run under (csrc/seccomp.c), as the raw
  * struct sock_filter array bwrap's --seccomp reads: written into out (cap
  * bytes), its length into *len_out. rules: NSC_SECCOMP_* groups.

@@ -22,7 +22,7 @@ SHIM_FD = 5  # the exec shim's socket to the launcher
 SECCOMP_FD = 6  # the memfd holding the seccomp filter (`--seccomp 6`)
 SHIM_PROGRAM_FD = 7  # the memfd holding the exec shim, which bwrap runs as /proc/self/fd/7
 LIFELINE_FD = 8  # the reaper's end of the launcher's lifeline; bwrap never sees it
-FIRST_DATA_FD = 9  # then one fd per data or copy entry, in plan order
+FIRST_DATA_FD = 9  # then one fd per data, copy or bind entry, in plan order
 
 # bwrap's MAX_ARGS: the options it reads from --args and its command line, counted together.
 MAX_BWRAP_ARGUMENTS = 9000
@@ -69,14 +69,19 @@ REQUIRED_OPTIONS = (
 )
 
 
-def fd_entries(plan: Plan) -> list[Entry]:
-    """The entries whose content the launcher hands over as fds, in fd order: a memfd per
-    data entry, the opened host file per copy."""
-    return [entry for entry in plan.entries if entry.kind in (Kind.DATA, Kind.COPY)]
+def fd_entries(plan: Plan, *, bind_fds: bool = True) -> list[Entry]:
+    """The entries the launcher hands over as fds, in fd order: a memfd per data entry, the
+    opened host file per copy, and (bind_fds: when bwrap takes --bind-fd) the opened source of
+    each bind."""
+    kinds = (Kind.DATA, Kind.COPY, Kind.BIND) if bind_fds else (Kind.DATA, Kind.COPY)
+    return [entry for entry in plan.entries if entry.kind in kinds]
 
 
-def _entry_arguments(entry: Entry, data_fd: int) -> tuple[str, ...]:
+def _entry_arguments(entry: Entry, data_fd: int, bind_fds: bool) -> tuple[str, ...]:
     match entry.kind:
+        case Kind.BIND if bind_fds:
+            option = "--ro-bind-fd" if entry.mode is Mode.RO else "--bind-fd"
+            return (option, str(data_fd), entry.dest)
         case Kind.BIND:
             option = "--ro-bind" if entry.mode is Mode.RO else "--bind"
             return (option, entry.source, entry.dest)
@@ -98,8 +103,10 @@ def _entry_arguments(entry: Entry, data_fd: int) -> tuple[str, ...]:
             return ("--remount-ro", entry.dest)
 
 
-def bwrap_options(plan: Plan, *, seccomp: bool = True) -> list[str]:
-    """The options nsconfine writes to the `--args` memfd for plan, in order."""
+def bwrap_options(plan: Plan, *, seccomp: bool = True, bind_fds: bool = True) -> list[str]:
+    """The options nsconfine writes to the `--args` memfd for plan, in order. bind_fds: each
+    bind's source is an fd the launcher opened (`--bind-fd`), else its path (a bwrap without
+    --bind-fd; the mount check after set-up then does the whole job)."""
     arguments = [*NAMESPACE_OPTIONS, *PROCESS_OPTIONS]
     for variable in plan.env:
         arguments += ("--setenv", variable.name, variable.value)
@@ -108,8 +115,8 @@ def bwrap_options(plan: Plan, *, seccomp: bool = True) -> list[str]:
         arguments += ("--seccomp", str(SECCOMP_FD))
     data_fd = FIRST_DATA_FD
     for entry in plan.entries:
-        arguments += _entry_arguments(entry, data_fd)
-        if entry.kind is Kind.DATA or entry.kind is Kind.COPY:
+        arguments += _entry_arguments(entry, data_fd, bind_fds)
+        if entry.kind in (Kind.DATA, Kind.COPY) or (entry.kind is Kind.BIND and bind_fds):
             data_fd += 1
     arguments += ("--chdir", plan.chdir)
     return arguments

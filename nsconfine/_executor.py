@@ -38,7 +38,7 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 
-from nsconfine import _layers, _syscalls, _terminal
+from nsconfine import _layers, _mountpoints, _syscalls, _terminal
 from nsconfine._bwrap_args import (
     bwrap_command_line,
     bwrap_options,
@@ -48,7 +48,7 @@ from nsconfine._bwrap_args import (
     shim_command,
 )
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
-from nsconfine._mounts import mount_table_problems, source_identities
+from nsconfine._mounts import mount_table_problems
 from nsconfine._plan import Kind, Plan
 from nsconfine._programs import (
     REAPER_PATH,
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from typing import IO, Any, Final
 
     Stdio = int | IO[Any] | None
+    Identity = tuple[int, int]
 
 # What a launch must see differ from the launcher's own; "net" is shared by design.
 CONFINING_NAMESPACES: Final = ("user", "mnt", "pid", "ipc", "uts", "cgroup")
@@ -132,18 +133,18 @@ os.register_at_fork(after_in_child=_forget_lifeline_in_child)
 
 # ------------------------------------------------------------------ staging
 
-_compiled: dict[int, tuple[Plan, bool, bytes]] = {}
+_compiled: dict[int, tuple[Plan, tuple[bool, bool], bytes]] = {}
 
 
-def compiled_options(plan: Plan, seccomp: bool) -> bytes:
+def compiled_options(plan: Plan, seccomp: bool, bind_fds: bool) -> bytes:
     """The plan's options, encoded once per plan object (plans are immutable)."""
     hit = _compiled.get(id(plan))
-    if hit is not None and hit[0] is plan and hit[1] == seccomp:
+    if hit is not None and hit[0] is plan and hit[1] == (seccomp, bind_fds):
         return hit[2]
-    encoded = encode_options(bwrap_options(plan, seccomp=seccomp))
+    encoded = encode_options(bwrap_options(plan, seccomp=seccomp, bind_fds=bind_fds))
     if len(_compiled) >= 64:
         _compiled.clear()
-    _compiled[id(plan)] = (plan, seccomp, encoded)  # the plan is kept, so its id stays its own
+    _compiled[id(plan)] = (plan, (seccomp, bind_fds), encoded)  # kept: its id stays its own
     return encoded
 
 
@@ -153,6 +154,7 @@ class Staged:
     __slots__ = (
         "command_pid",
         "command_pidfd",
+        "info_fd",
         "init_pid",
         "init_pidfd",
         "reaper",
@@ -160,6 +162,7 @@ class Staged:
         "sock",
         "started",
         "stdio",
+        "stubs",
         "timings",
         "usable_until",
     )
@@ -173,6 +176,8 @@ class Staged:
         self.timings: dict[str, float] = {}
         self.usable_until = 0.0
         self.stdio: tuple[int, int, int] = (-1, -1, -1)
+        self.info_fd = -1
+        self.stubs: list[_mountpoints.Stub] = []
 
     def mark(self, stage: str) -> None:
         """Record when stage was reached, in seconds since the launch began."""
@@ -187,17 +192,23 @@ class Staged:
         return _readable(self.reaper_pidfd, 0)
 
 
-def open_entry_fds(plan: Plan, fds: list[int]) -> None:
-    """Append to fds, in fd order, a sealed memfd per data entry and the opened source per
-    copy; on failure the caller closes what was appended."""
-    entries = fd_entries(plan)
+def open_entry_fds(
+    plan: Plan, fds: list[int], bind_sources: dict[str, int] | None = None
+) -> None:
+    """Append to fds, in fd order, a sealed memfd per data entry, the opened source per copy,
+    and (bind_sources given) each bind's opened source, moved out of bind_sources (so that a
+    launch holds each fd once); on failure the caller closes what was appended."""
+    entries = fd_entries(plan, bind_fds=bind_sources is not None)
     _make_room_for(len(entries))
     for entry in entries:
         if entry.kind is Kind.DATA:
             assert entry.content is not None
             fds.append(_syscalls.memfd_sealed("nsconfine-data", entry.content))
-            continue
-        fds.append(_open_copy_source(entry.source))
+        elif entry.kind is Kind.BIND:
+            assert bind_sources is not None
+            fds.append(bind_sources.pop(entry.dest))
+        else:
+            fds.append(_open_copy_source(entry.source))
 
 
 def _open_copy_source(path: str) -> int:
@@ -239,13 +250,64 @@ def stage(
     bwrap: str,
     plan: Plan,
     *,
+    judged: Mapping[str, Identity | None] | None = None,
+    bind_fds: bool = True,
     stdio: tuple[int, int, int] = (-1, -1, -1),
     idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
 ) -> Staged:
     """Build plan's sandbox under bwrap with the exec shim waiting inside; return once the
-    sandbox is checked (namespaces, shim, mount table). stdio: bwrap's 0-2 (-1: inherit)."""
+    sandbox is checked (namespaces, shim, mount table). judged: each source's identity as the
+    lint saw it (check_plan's result); bind_fds: bwrap takes --bind-fd; stdio: bwrap's 0-2
+    (-1: inherit)."""
+    stubs = _mountpoints.prepare(plan, judged or {})
+    try:
+        sources = _mountpoints.open_sources(plan, judged or {}, stubs)
+    except BaseException:
+        _mountpoints.remove(stubs)
+        raise
+    try:
+        identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
+        staged = _start(bwrap, plan, sources if bind_fds else None, stdio, idle_timeout_ms)
+    except BaseException:
+        _mountpoints.remove(stubs)
+        raise
+    finally:
+        for fd in sources.values():
+            os.close(fd)
+    staged.stubs = stubs
+    try:
+        _confirm(bwrap, plan, staged, identities)
+    except _SetupEnded as ended:
+        status = teardown(staged)
+        raise SandboxUnavailable(
+            f"the sandbox {ended} (bwrap's status {status}); bwrap's message is on the "
+            "session's stderr, and `nsconfine check` explains what to fix"
+        ) from None
+    except BaseException:
+        teardown(staged)
+        raise
+    finally:
+        os.close(staged.info_fd)
+    staged.mark("confirmed")
+    staged.usable_until = time.monotonic() + idle_timeout_ms / 1000 * 0.9
+    return staged
+
+
+def _fd_identity(fd: int) -> Identity:
+    info = os.fstat(fd)
+    return (info.st_dev, info.st_ino)
+
+
+def _start(
+    bwrap: str,
+    plan: Plan,
+    bind_sources: dict[str, int] | None,
+    stdio: tuple[int, int, int],
+    idle_timeout_ms: int,
+) -> Staged:
+    """Spawn the reaper with bwrap's fds in place (see the module's docstring)."""
     seccomp = _layers.seccomp_program()
-    options = compiled_options(plan, seccomp is not None)
+    options = compiled_options(plan, seccomp is not None, bind_sources is not None)
     flags, uid, gid = _layers.spawn_flags(plan.user)
     shim = shim_command(idle_timeout_ms)
     reaper_fd, shim_fd = program_fd(REAPER_PATH), program_fd(SHIM_PATH)
@@ -262,11 +324,10 @@ def stage(
         info_read, info_write = os.pipe2(os.O_CLOEXEC)
         child_side.append(info_write)
         child_side.append(shim_end.fileno())
-        filter_fd = _syscalls.memfd_sealed("nsconfine-seccomp", seccomp or b"")
-        child_side.append(filter_fd)
+        child_side.append(_syscalls.memfd_sealed("nsconfine-seccomp", seccomp or b""))
         child_side.append(shim_fd)
         child_side.append(_lifeline_read_end())
-        open_entry_fds(plan, child_side)
+        open_entry_fds(plan, child_side, bind_sources)
         started = time.perf_counter()
         reaper = _syscalls.spawn(
             os.fsencode(REAPER_PATH),
@@ -301,22 +362,8 @@ def stage(
     staged = Staged(reaper, os.pidfd_open(reaper), launcher_end)
     staged.started = started
     staged.stdio = stdio
+    staged.info_fd = info_read
     staged.mark("started")
-    try:
-        _confirm(bwrap, plan, staged, info_read)
-    except _SetupEnded as ended:
-        status = teardown(staged)
-        raise SandboxUnavailable(
-            f"the sandbox {ended} (bwrap's status {status}); bwrap's message is on the "
-            "session's stderr, and `nsconfine check` explains what to fix"
-        ) from None
-    except BaseException:
-        teardown(staged)
-        raise
-    finally:
-        os.close(info_read)
-    staged.mark("confirmed")
-    staged.usable_until = time.monotonic() + idle_timeout_ms / 1000 * 0.9
     return staged
 
 
@@ -332,9 +379,8 @@ def _readable(fd: int, timeout: float | None) -> bool:
     return bool(poller.poll(None if timeout is None else max(timeout, 0.0) * 1000))
 
 
-def _confirm(bwrap: str, plan: Plan, staged: Staged, info_fd: int) -> None:
-    sources = source_identities(plan)  # while bwrap starts: off the critical path
-    info = _read_info(bwrap, info_fd, staged.sock.fileno())
+def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Identity]) -> None:
+    info = _read_info(bwrap, staged.info_fd, staged.sock.fileno())
     child: int = info["child-pid"]
     try:
         staged.init_pidfd = os.pidfd_open(child)
@@ -491,6 +537,7 @@ def teardown(staged: Staged) -> int:
     for fd in staged.pidfds():
         os.close(fd)
     staged.reaper_pidfd = staged.init_pidfd = staged.command_pidfd = -1
+    _mountpoints.remove(staged.stubs)
     return os.waitstatus_to_exitcode(status)
 
 

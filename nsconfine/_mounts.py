@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 
 from nsconfine._plan import Kind, Plan
 
@@ -83,24 +84,19 @@ def _expected(plan: Plan) -> dict[str, tuple[str, str]]:
     return expected
 
 
-def source_identities(plan: Plan) -> dict[str, tuple[int, int] | None]:
-    """Each bind's destination -> its source's (device, inode) now: taken while bwrap builds the
-    sandbox, so that only the sandbox's side is left for after."""
-    return {e.dest: _identity(e.source) for e in plan.entries if e.kind is Kind.BIND}
-
-
 def mount_table_problems(
     mountinfo: str,
     plan: Plan,
     root: str | None = None,
-    sources: dict[str, tuple[int, int] | None] | None = None,
+    sources: Mapping[str, tuple[int, int] | None] | None = None,
     host_mountinfo: str | None = None,
 ) -> list[str]:
     """What in the sandbox's mountinfo differs from the plan (empty when they agree).
 
     root is the sandbox's root as the launcher reaches it (/proc/<pid>/root): each bind's
-    destination is looked at through it and compared with sources (source_identities(plan),
-    taken now if None). root None (a session reading its own table) skips that part.
+    destination is looked at through it and compared with sources (dest -> the (device, inode)
+    of the source the launcher opened; each bind's source as it is now if None). root None (a
+    session reading its own table) skips that part.
     host_mountinfo is the launcher's own table, consulted only for mounts below a bound
     directory; None reads /proc/self/mountinfo when one is found."""
     expected = _expected(plan)
@@ -134,7 +130,7 @@ def mount_table_problems(
     ]
     if root is not None:
         if sources is None:
-            sources = source_identities(plan)
+            sources = {e.dest: _identity(e.source) for e in plan.entries if e.kind is Kind.BIND}
         for dest, source in sources.items():
             seen = _identity(root + dest)
             if seen is None or seen != source:

@@ -57,7 +57,7 @@ class Mode(enum.StrEnum):
 class Entry(Record):
     """One operation of the plan: source, destination, mode and the reason it must exist."""
 
-    FIELDS = ("kind", "dest", "mode", "reason", "source", "content", "sha256", "perms")
+    FIELDS = ("kind", "dest", "mode", "reason", "source", "content", "sha256", "perms", "stub")
     __slots__ = FIELDS
     kind: Kind
     dest: str
@@ -67,6 +67,7 @@ class Entry(Record):
     content: bytes | None  # DATA only
     sha256: str | None  # BIND only: the source must hash to this before launch
     perms: int | None  # COPY only: the copy's permission bits
+    stub: str | None  # BIND only: "file" or "dir" when a missing source is made empty at launch
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class Entry(Record):
         content: bytes | None = None,
         sha256: str | None = None,
         perms: int | None = None,
+        stub: str | None = None,
     ) -> None:
         self._set(
             kind=kind,
@@ -88,6 +90,7 @@ class Entry(Record):
             content=content,
             sha256=sha256,
             perms=perms,
+            stub=stub,
         )
         if not self.reason.strip():
             raise PlanError(f"entry for {self.dest!r} has no reason: every entry must say why")
@@ -110,6 +113,8 @@ class Entry(Record):
             raise PlanError(f"only copies, and every copy, carry permission bits ({self.dest!r})")
         if self.sha256 is not None and self.kind is not Kind.BIND:
             raise PlanError(f"only binds can be pinned by digest ({self.dest!r})")
+        if self.stub not in (None, "file", "dir") or (self.stub and self.kind is not Kind.BIND):
+            raise PlanError(f"only binds can have a stub, a file or a dir ({self.dest!r})")
         if self.dest == "/" and self.kind is not Kind.REMOUNT_RO:
             raise PlanError("nothing may be mounted over the sandbox's root itself")
 
@@ -133,11 +138,15 @@ class Entry(Record):
             record["content"] = self.content.decode("utf-8", "replace")
         if self.perms is not None:
             record["perms"] = f"{self.perms:04o}"
+        if self.stub is not None:
+            record["stub"] = self.stub
         return record
 
     @property
     def source_label(self) -> str:
         """The source as a reader sees it: a path, a symlink target, or what makes the file."""
+        if self.stub is not None and self.source == self.dest:
+            return f"{self.source} (or an empty {self.stub} made at launch)"
         if self.kind is Kind.DATA:
             import hashlib  # only manifests need it; launchers import nsconfine at start-up
 
@@ -147,9 +156,13 @@ class Entry(Record):
         return self.source or f"(new {self.kind})"
 
 
-def ro_bind(source: str, dest: str, reason: str, *, sha256: str | None = None) -> Entry:
-    """A host path the session may read but not change."""
-    return Entry(Kind.BIND, dest, Mode.RO, reason, source=source, sha256=sha256)
+def ro_bind(
+    source: str, dest: str, reason: str, *, sha256: str | None = None, stub: str | None = None
+) -> Entry:
+    """A host path the session may read but not change. stub ("file" or "dir"): if the path
+    is missing at launch, nsconfine makes it, empty, as the mount point (so that the session
+    cannot create it) and removes it after the session."""
+    return Entry(Kind.BIND, dest, Mode.RO, reason, source=source, sha256=sha256, stub=stub)
 
 
 def rw_bind(source: str, dest: str, reason: str) -> Entry:

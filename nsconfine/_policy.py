@@ -20,6 +20,7 @@ symlink re-pointed since the last launch counts at once):
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import pwd
 import stat
@@ -392,10 +393,13 @@ def violated_rule(resolved_source: str, rules: Sequence[DenyRule]) -> DenyRule |
     return None if found is None else found[0]
 
 
-def check_plan(plan: Plan) -> None:
+def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
     """Refuse the plan (PlanError) if any bind's source is missing, is `/`, breaks a rule, or
-    would make writable what another entry binds read-only."""
+    would make writable what another entry binds read-only. Returns what it judged: each
+    source's (device, inode), None for a stub not made yet; the launch checks the files it
+    opens against it."""
     judge = Judge(plan.deny)
+    judged: dict[str, tuple[int, int] | None] = {}
     writable: list[tuple[Entry, tuple[str, str]]] = []
     read_only: list[tuple[Entry, tuple[str, str]]] = []
     for entry in plan.entries:
@@ -404,6 +408,9 @@ def check_plan(plan: Plan) -> None:
         try:
             resolved = _syscalls.realpath(entry.source)
         except OSError as error:
+            if entry.stub is not None and error.errno == errno.ENOENT:
+                judged[entry.source] = None  # made empty at launch: nothing to judge yet
+                continue
             raise PlanError(
                 f"{printable(entry.source)} (for {printable(entry.dest)}) cannot be bound: "
                 f"{os.strerror(error.errno or 0)}; create it or drop it from the session"
@@ -423,12 +430,47 @@ def check_plan(plan: Plan) -> None:
                 f"{rule.origin}); no session may see it: bind a narrower path that holds no "
                 "secrets"
             )
+        judged[entry.source] = _identity(resolved)
         place = judge.places.of(resolved)
         if entry.kind is Kind.BIND and entry.mode is Mode.RW:
             writable.append((entry, place))
         else:
             read_only.append((entry, place))
     _refuse_writable_aliases(writable, read_only)
+    _refuse_symlinks_in_writable(plan)
+    return judged
+
+
+def _refuse_symlinks_in_writable(plan: Plan) -> None:
+    """A source that lies inside a writable bind must be reached without a symlink below
+    that bind: the session may have planted one there, to lead a later read-only bind (or a
+    runner file) to any file its account can read. And a writable bind itself must not be a
+    symlink (a session may have put one where the broker will put the next workspace)."""
+    tops = [
+        (entry.source.rstrip("/"), _syscalls.realpath(entry.source))
+        for entry in plan.entries
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW and os.path.exists(entry.source)
+    ]
+    for entry in plan.entries:
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW and os.path.islink(entry.source):
+            target = printable(os.readlink(entry.source))
+            raise PlanError(
+                f"{printable(entry.source)} is a symlink (to {target}): a writable bind is "
+                "given by its real path, so that no session can plant one where the next "
+                "workspace goes"
+            )
+        if not entry.is_host_bind or not os.path.lexists(entry.source):
+            continue
+        for top, resolved_top in tops:
+            if entry.source == top or not entry.source.startswith(top + "/"):
+                continue
+            expected = resolved_top.rstrip("/") + entry.source[len(top) :]
+            if _syscalls.realpath(entry.source) != expected:
+                raise PlanError(
+                    f"{printable(entry.source)} runs through a symlink inside the writable bind "
+                    f"{printable(top)}: a session may have planted it to lead this bind "
+                    "elsewhere; remove the symlink, or give the file's real path"
+                )
 
 
 def _refuse_writable_aliases(

@@ -155,7 +155,14 @@ class Pool:
     # ------------------------------------------------------------ taking and refilling
 
     def _stage_one(self) -> Staged:
-        return stage(gate(self.plan), self.plan, idle_timeout_ms=int(self.idle_timeout * 1000))
+        cleared = gate(self.plan)
+        return stage(
+            cleared.bwrap,
+            self.plan,
+            judged=cleared.judged,
+            bind_fds=cleared.bind_fds,
+            idle_timeout_ms=int(self.idle_timeout * 1000),
+        )
 
     def _take(self) -> Staged:
         """A live staged sandbox, or one staged now."""

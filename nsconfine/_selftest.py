@@ -32,7 +32,7 @@ from nsconfine._errors import NsconfineError
 from nsconfine._executor import hand_off, stage, stdio_fd
 from nsconfine._mounts import mount_table_problems
 from nsconfine._plan import Plan, RunAs
-from nsconfine._preflight import canary_account, proven_bwrap
+from nsconfine._preflight import canary_account, proven_bwrap, takes_bind_fds
 from nsconfine._sandbox import Sandbox
 from nsconfine._session import Harness, Session, build_plan
 from nsconfine._spawn import spawn
@@ -58,7 +58,8 @@ def unchecked_launcher(
     """Launch without the gate (no lint, no refusal of uid 0): only for weakened plans that
     must expose what the gate refuses."""
     stdio = (-1, stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
-    return hand_off(stage(proven_bwrap(), plan, stdio=stdio), argv)
+    bwrap = proven_bwrap()
+    return hand_off(stage(bwrap, plan, bind_fds=takes_bind_fds(bwrap), stdio=stdio), argv)
 
 
 @dataclass(frozen=True)

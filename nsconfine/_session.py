@@ -19,6 +19,7 @@ from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
 from nsconfine._plan import EnvVar, Kind, Origin, Plan, RunAs, printable
 from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
+from nsconfine._protect import protected_entries
 from nsconfine._record import Record
 from nsconfine._syscalls import realpath
 from nsconfine._system import system_entries
@@ -67,6 +68,8 @@ class Session(Record):
         "credential",
         "deny",
         "user",
+        "protect",
+        "unprotect",
     )
     __slots__ = FIELDS
     workspace: str
@@ -78,6 +81,8 @@ class Session(Record):
     credential: str | None
     deny: tuple[str, ...]
     user: str | int | None  # the account to run as (a root launcher must name one)
+    protect: tuple[str, ...]  # more paths the host trusts, relative to the workspace
+    unprotect: tuple[str, ...]  # default protected names to leave writable
 
     def __init__(
         self,
@@ -91,6 +96,8 @@ class Session(Record):
         credential: str | os.PathLike[str] | None = None,
         deny: Iterable[str | os.PathLike[str]] = (),
         user: str | int | None = None,
+        protect: Iterable[str] = (),
+        unprotect: Iterable[str] = (),
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
             absolute = os.path.abspath(os.fspath(value))
@@ -117,6 +124,8 @@ class Session(Record):
             credential=None if credential is None else path(credential),
             deny=tuple(path(d) for d in deny),
             user=user,
+            protect=tuple(protect),
+            unprotect=tuple(unprotect),
         )
 
     @property
@@ -249,7 +258,38 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
     if session.run_dir != session.workspace:
         entries.append(p.rw_bind(session.run_dir, session.run_dir, "the session's run directory"))
     entries.append(p.directory(session.home, "the session's empty HOME, inside its run directory"))
-    return entries + runner_entries(session.ro, [*reserved, *entries])
+    entries += runner_entries(session.ro, [*reserved, *entries])
+    taken = {entry.dest for entry in entries}
+    entries += [
+        entry
+        for entry in protected_entries(session.workspace, session.protect, session.unprotect)
+        if entry.dest not in taken
+    ]
+    return entries + pin_parents(entries)
+
+
+PIN_REASON = (
+    "a mount point of itself, writable as before: renaming it cannot carry the read-only "
+    "paths below it away (EBUSY)"
+)
+
+
+def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
+    """A writable self-bind of every directory between a writable bind and an entry inside
+    it: `mv lib lib.old` would otherwise take a read-only lib/config.py along and leave room
+    for a forged one. Only directories that exist (a missing one is an entry's own stub)."""
+    writable = [e.dest for e in entries if e.kind is Kind.BIND and e.mode is p.Mode.RW]
+    taken = {entry.dest for entry in entries}
+    pins: dict[str, p.Entry] = {}
+    for entry in entries:
+        for top in writable:
+            if entry.dest == top or not entry.dest.startswith(top.rstrip("/") + "/"):
+                continue
+            parent = os.path.dirname(entry.dest)
+            while parent != top and parent not in taken and os.path.isdir(parent):
+                pins.setdefault(parent, p.rw_bind(parent, parent, PIN_REASON))
+                parent = os.path.dirname(parent)
+    return list(pins.values())
 
 
 def runner_entries(paths: Sequence[str], others: Sequence[p.Entry]) -> list[p.Entry]:

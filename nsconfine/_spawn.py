@@ -17,18 +17,30 @@ from nsconfine._executor import hand_off, stage, stdio_fd
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Kind, Mode, Plan
 from nsconfine._policy import check_plan
-from nsconfine._preflight import located_bwrap, proven_bwrap
+from nsconfine._preflight import located_bwrap, proven_bwrap, takes_bind_fds
 from nsconfine._programs import REAPER_PATH, SHIM_PATH
 from nsconfine._sandbox import Sandbox
 from nsconfine._syscalls import realpath
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
-    from nsconfine._executor import Stdio
+    from nsconfine._executor import Identity, Stdio
 
 
-def gate(plan: Plan) -> str:
-    """Refuse plan unless every launch check passes; the proven bwrap to launch it with."""
+class Cleared:
+    """What the gate hands the executor: the proven bwrap, whether it binds by fd, and each
+    source's identity as the lint judged it."""
+
+    __slots__ = ("bind_fds", "bwrap", "judged")
+
+    def __init__(self, bwrap: str, bind_fds: bool, judged: dict[str, Identity | None]) -> None:
+        self.bwrap = bwrap
+        self.bind_fds = bind_fds
+        self.judged = judged
+
+
+def gate(plan: Plan) -> Cleared:
+    """Refuse plan unless every launch check passes; what the launch then needs."""
     euid = os.geteuid()
     if plan.user.uid == 0:
         raise SandboxUnavailable(
@@ -46,7 +58,7 @@ def gate(plan: Plan) -> str:
             "the plan has no /proc: the sandbox's first command (nsconfine's exec shim) runs "
             "from it; keep the proc entry Session.plan() makes"
         )
-    check_plan(plan)
+    judged = check_plan(plan)
     verify_pins(plan)
     bwrap = located_bwrap()
     # Before bwrap is first run (its proof runs it): a planted one must never run at all.
@@ -58,7 +70,8 @@ def gate(plan: Plan) -> str:
             f"bwrap {bwrap} cannot be run by {plan.user.name}, who runs the session ({problem}): "
             "install bubblewrap where that account can run it (Debian's /usr/bin/bwrap)"
         )
-    return proven_bwrap(bwrap)
+    proven_bwrap(bwrap)
+    return Cleared(bwrap, takes_bind_fds(bwrap), judged)
 
 
 def _refuse_writable_programs(plan: Plan, programs: dict[str, str]) -> None:
@@ -95,5 +108,8 @@ def spawn(
     if isinstance(argv, str | bytes) or not argv:
         raise UsageError("argv must be a non-empty list of strings, the command and its args")
     stdio = (stdio_fd(stdin, "stdin"), stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
-    bwrap = gate(plan)
-    return hand_off(stage(bwrap, plan, stdio=stdio), argv)
+    cleared = gate(plan)
+    staged = stage(
+        cleared.bwrap, plan, judged=cleared.judged, bind_fds=cleared.bind_fds, stdio=stdio
+    )
+    return hand_off(staged, argv)

@@ -20,6 +20,7 @@ _nsc_memfd_sealed = lib.nsc_memfd_sealed
 _nsc_probe_userns = lib.nsc_probe_userns
 _nsc_realpath = lib.nsc_realpath
 _nsc_seccomp_filter = lib.nsc_seccomp_filter
+_nsc_open_path = lib.nsc_open_path
 _string = ffi.string
 _PATH_MAX: Final[int] = lib.NSC_PATH_MAX
 _STAGE_EXEC: Final[int] = lib.NSC_STAGE_EXEC
@@ -69,6 +70,7 @@ _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_NO_NEW_PRIVS: "prctl(PR_SET_NO_NEW_PRIVS)",
     lib.NSC_STAGE_KEYRING: "keyctl(KEYCTL_JOIN_SESSION_KEYRING)",
     lib.NSC_STAGE_FILTER: "seccomp filter",
+    lib.NSC_STAGE_OPEN: "open (no symlinks)",
 }
 
 
@@ -197,3 +199,17 @@ def seccomp_filter(rules: int) -> bytes:
     if err:
         raise _error(err, stage[0])
     return bytes(ffi.buffer(buffer, length[0]))
+
+
+# Set by the test that forces the component-by-component fallback of open_no_symlinks.
+FORCE_WALK = False
+
+
+def open_no_symlinks(path: str) -> int:
+    """An O_PATH, close-on-exec fd for the absolute path, with no symlink followed on the way:
+    OSError (ELOOP) if one is there, (ENOENT) if it is gone."""
+    out = _new("int[2]")
+    err = _nsc_open_path(os.fsencode(path), 1 if FORCE_WALK else 0, out, out + 1)
+    if err:
+        raise SyscallError(err, "open (no symlinks)", path)
+    return int(out[0])

@@ -205,6 +205,19 @@ def _high_copy(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
 
 
+def make_stubs(plan: Plan) -> None:
+    """Make the empty protected files and directories that nsconfine makes at each launch (and
+    removes after), once: the floor runs bwrap on the same options, which need them."""
+    for entry in plan.entries:
+        if entry.stub is not None and not os.path.lexists(entry.source):
+            if entry.stub == "dir":
+                os.mkdir(entry.source)
+            else:
+                open(entry.source, "x").close()
+            if os.geteuid() == 0:
+                os.chown(entry.source, plan.user.uid, plan.user.gid)
+
+
 def without_info(options: Sequence[str]) -> list[str]:
     """The options less `--info-fd 4`: a floor that checks nothing needs no report. The
     seccomp filter stays: the floor is bwrap with the same program."""
@@ -235,7 +248,9 @@ class Launchers:
             _libc = ctypes.CDLL(None, use_errno=True)
         self.bwrap = bwrap
         self.plan = plan
-        self.options = without_info(bwrap_options(plan))
+        # bwrap resolves each bind's path itself: its own cost, the floor's.
+        self.options = without_info(bwrap_options(plan, bind_fds=False))
+        make_stubs(plan)
         self.encoded = encode_options(self.options)
         self.seccomp = _layers.seccomp_program() or b""
         # As root, bwrap runs as the session's account in every variant, as nsconfine runs it.

@@ -65,13 +65,13 @@ def test_golden_options_of_a_small_plan() -> None:
         "--info-fd", "4",
         "--seccomp", "6",
         "--tmpfs", "/tmp",
-        "--ro-bind", "/usr", "/usr",
+        "--ro-bind-fd", "9", "/usr",
         "--symlink", "usr/bin", "/bin",
         "--proc", "/proc",
         "--dev", "/dev",
-        "--bind", "/srv/ws", "/srv/ws",
-        "--ro-bind-data", "9", "/etc/passwd",
-        "--ro-bind-data", "10", "/etc/group",
+        "--bind-fd", "10", "/srv/ws",
+        "--ro-bind-data", "11", "/etc/passwd",
+        "--ro-bind-data", "12", "/etc/group",
         "--dir", "/tmp/home",
         "--remount-ro", "/",
         "--chdir", "/srv/ws",
@@ -84,8 +84,8 @@ def test_data_fds_follow_fd_entries_in_plan_order() -> None:
     options = bwrap_options(plan)
     for number, entry in enumerate(fd_entries(plan), start=FIRST_DATA_FD):
         index = options.index(entry.dest)
-        assert options[index - 2 : index] == ["--ro-bind-data", str(number)]
-    assert [e.content for e in fd_entries(plan)] == [PASSWD, GROUP]
+        assert options[index - 1] == str(number)
+    assert [e.content for e in fd_entries(plan) if e.content] == [PASSWD, GROUP]
 
 
 @pytest.mark.parametrize(
@@ -101,6 +101,16 @@ def test_command_line_always_puts_the_command_after_double_dash(argv: list[str])
         "--",
         *argv,
     ]
+
+
+def test_without_bind_fd_sources_are_paths() -> None:
+    """For a bwrap without --bind-fd, binds name their sources and data fds come first."""
+    options = bwrap_options(small_plan(), bind_fds=False)
+    assert options[options.index("/usr") - 1 : options.index("/usr") + 2] == [
+        "--ro-bind", "/usr", "/usr"
+    ]  # fmt: skip
+    assert "--bind-fd" not in options
+    assert options[options.index("/etc/passwd") - 1] == "9"
 
 
 def test_without_seccomp_the_option_is_left_out() -> None:
@@ -161,6 +171,7 @@ def test_session_plan_never_binds_the_host_root(session_plan: Plan) -> None:
 def test_session_plan_data_fds_are_numbered_from_nine(session_plan: Plan) -> None:
     """A session's generated files (passwd, group) are read from fds 9, 10, … in order."""
     options = bwrap_options(session_plan)
-    fds = [options[i + 1] for i, option in enumerate(options) if option == "--ro-bind-data"]
+    fd_options = ("--ro-bind-data", "--ro-bind-fd", "--bind-fd", "--file")
+    fds = [options[i + 1] for i, option in enumerate(options) if option in fd_options]
     assert fds == [str(FIRST_DATA_FD + n) for n in range(len(fd_entries(session_plan)))]
-    assert len(fds) == sum(1 for e in session_plan.entries if e.kind is Kind.DATA) >= 2
+    assert sum(1 for e in session_plan.entries if e.kind is Kind.DATA) >= 2

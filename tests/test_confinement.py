@@ -94,14 +94,16 @@ def naive_launch(
     executor exists to avoid. keep_info: report the sandbox's pid on the info fd (to kill
     bwrap right after it, as kill() at once would)."""
     import nsconfine._syscalls as syscalls
+    from nsconfine.bench import make_stubs
 
-    options = bwrap_options(plan, seccomp=False)
+    make_stubs(plan)  # the protected paths' stubs nsconfine would make (and later remove)
+    options = bwrap_options(plan, seccomp=False, bind_fds=False)
     if not keep_info:
         at = options.index("--info-fd")
         del options[at : at + 2]
     options.remove("--die-with-parent")
     sources = [syscalls.memfd_sealed("args", encode_options(options))]
-    open_entry_fds(plan, sources)
+    open_entry_fds(plan, sources)  # no bind sources: data and copies only
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in sources]
     targets = [ARGS_FD, *range(FIRST_DATA_FD, FIRST_DATA_FD + len(sources) - 1)]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(high, targets, strict=True)]

@@ -50,6 +50,7 @@ def test_a_planted_symlink_where_the_next_workspace_goes_is_refused(tmp_path: Pa
     lib.mkdir(parents=True)
     (lib / "runner.py").write_text("canonical\n")
     open_up(lib)
+    give_to_session_user(lib)  # as a broker's own checkout would be: only the alias refuses
     plan_a = session(tasks, run_a).plan()
     assert run(plan_a, f"ln -s ../checkout/lib {tasks}/42")[0] == 0
     with pytest.raises(nsconfine.PlanError, match="read-only"):
@@ -58,7 +59,11 @@ def test_a_planted_symlink_where_the_next_workspace_goes_is_refused(tmp_path: Pa
 
 
 def _swapper(directory: Path, target: Path, stop: threading.Event) -> None:
-    """Swap directory with a symlink to target, and back, as fast as it can."""
+    """Swap directory with a symlink to target, and back, staying in each state from a
+    fraction of a millisecond to longer than a launch: every moment of a launch is hit."""
+    import random
+
+    rng = random.Random(7)
     real = directory.with_name(directory.name + ".real")
     link = directory.with_name(directory.name + ".link")
     while not stop.is_set():
@@ -66,10 +71,11 @@ def _swapper(directory: Path, target: Path, stop: threading.Event) -> None:
             os.symlink(target, link)
             os.rename(directory, real)
             os.rename(link, directory)
-            time.sleep(0.0005)
+            time.sleep(rng.choice((0.0002, 0.002, 0.02)))
             os.rename(directory, link)
             os.rename(real, directory)
             os.unlink(link)
+            time.sleep(rng.choice((0.0002, 0.002, 0.05)))
         except OSError:
             pass
 
@@ -91,7 +97,7 @@ def test_a_concurrent_swapper_cannot_redirect_a_read_only_bind(tmp_path: Path) -
     swapper.start()
     outcomes = []
     try:
-        for _ in range(40):
+        for _ in range(60):
             outcomes.append(run(plan, probe))
     finally:
         stop.set()
@@ -271,7 +277,7 @@ def test_the_manifest_lists_each_protected_path_with_its_reason(repo: tuple[Path
 def test_without_protection_git_config_is_writable(repo: tuple[Path, Path]) -> None:
     """The twin: with every path unprotected, the session rewrites .git/config."""
     workspace = repo[0]
-    from nsconfine._session import PROTECTED
+    from nsconfine._protect import PROTECTED
 
     plan = session(*repo, unprotect=[name for name, _, _ in PROTECTED]).plan()
     assert not any(e.dest.endswith(".git/config") for e in plan.entries if e.kind is Kind.BIND)
