@@ -74,6 +74,20 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the unprivileged account the session runs as (required when running as root)",
     )
+    group.add_argument(
+        "--protect",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another path (relative to the workspace) the host trusts: kept read-only",
+    )
+    group.add_argument(
+        "--unprotect",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a protected name (.envrc, .vscode, …) to leave writable (repeatable)",
+    )
 
 
 def _parser() -> _Parser:
@@ -119,6 +133,8 @@ def _session(arguments: argparse.Namespace) -> Session:
         credential=arguments.credential,
         deny=arguments.deny,
         user=arguments.user,
+        protect=arguments.protect,
+        unprotect=arguments.unprotect,
     )
 
 

@@ -192,9 +192,7 @@ class Staged:
         return _readable(self.reaper_pidfd, 0)
 
 
-def open_entry_fds(
-    plan: Plan, fds: list[int], bind_sources: dict[str, int] | None = None
-) -> None:
+def open_entry_fds(plan: Plan, fds: list[int], bind_sources: dict[str, int] | None = None) -> None:
     """Append to fds, in fd order, a sealed memfd per data entry, the opened source per copy,
     and (bind_sources given) each bind's opened source, moved out of bind_sources (so that a
     launch holds each fd once); on failure the caller closes what was appended."""

@@ -155,6 +155,11 @@ class World:
             os.makedirs(path, exist_ok=True)
         with open(os.path.join(self.workspace, "input.txt"), "w") as file:
             file.write(f"input {self.token}\n")
+        # The workspace is a repository: its .git/config is a file the host trusts.
+        self.git_config = os.path.join(self.workspace, ".git", "config")
+        os.makedirs(os.path.dirname(self.git_config))
+        with open(self.git_config, "w") as file:
+            file.write("[core]\n\trepositoryformatversion = 0\n")
         os.makedirs(os.path.dirname(self.harness))
         with open(self.harness, "w") as file:
             file.write(f"#!/bin/sh\necho harness {self.token}\n")
@@ -237,8 +242,74 @@ class World:
         probes += self._write_refusals()
         probes += self._process_and_fd_refusals()
         probes += self._host_power_refusals()
+        probes += self._trusted_file_refusals()
         probes += self._needs()
         return probes
+
+    def _trusted_file_refusals(self) -> list[Probe]:
+        envrc = os.path.join(self.workspace, ".envrc")
+        git_dir = os.path.dirname(self.git_config)
+
+        def unprotected(*dests: str) -> Callable[[Plan], Plan]:
+            return lambda plan: plan.replace(
+                entries=tuple(e for e in plan.entries if e.dest not in dests)
+            )
+
+        return [
+            Probe(
+                "rewrite .git/config, whose commands the host runs",
+                False,
+                f"cd {_quote(self.workspace)}; "
+                "printf '\tfsmonitor = touch /tmp/pwned\n' >> .git/config; "
+                "mv .git .git.old && mkdir .git && echo '[core] fsmonitor = x' > .git/config; "
+                "true",
+                lambda outcome: "fsmonitor" in (_read(self.git_config) or ""),
+                unprotected(self.git_config, git_dir),
+            ),
+            Probe(
+                "create an .envrc, which the host's shell runs",
+                False,
+                f"echo 'echo pwned' > {_quote(envrc)}",
+                lambda outcome: "pwned" in (_read(envrc) or ""),
+                unprotected(envrc),
+            ),
+        ]
+
+    def planted_symlink_leaks(self, launcher: Launcher = spawn, check: bool = True) -> str | None:
+        """The attack of a session that plants `next -> …/checkout` in its workspace, where
+        the broker will put the next session's workspace: None if the next launch is refused or
+        sees nothing of the checkout beyond its runner file; else what it read. check=False
+        builds the second plan past the lint (the twin that must leak)."""
+        planted = os.path.join(self.workspace, "next")
+        checkout = os.path.dirname(self.runner_file)
+        plant = run_script(self.plan(), f"ln -sfn {_quote(checkout)} {_quote(planted)}")
+        if plant.status != 0:
+            return f"could not plant: {plant.stderr.strip()}"
+        try:
+            if check:
+                next_plan = build_plan(
+                    self.session().replace(workspace=planted, ro=(self.runner_file,)),
+                    homes=[self.home],
+                    environ={},
+                )
+            else:
+                entry = p.rw_bind(planted, planted, "the next session's workspace")
+                next_plan = self.plan().replace(
+                    entries=(*self.plan().entries, entry), chdir=planted
+                )
+        except NsconfineError:
+            return None
+        finally:
+            if check:
+                os.unlink(planted)
+        secret = self.secrets["the checkout outside the runner's files"]
+        outcome = run_script(
+            next_plan, f"cat {_quote(planted)}/{os.path.basename(secret)}", launcher
+        )
+        if not check:
+            os.unlink(planted)
+        truth = _read(secret)
+        return outcome.stdout if truth and outcome.stdout == truth else None
 
     def _host_power_refusals(self) -> list[Probe]:
         planted = os.path.join(self.workspace, f"setuid-{self.token}")
@@ -612,6 +683,15 @@ def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
                     "expected": "refused",
                     "observed": "refused" if left is None else f"allowed: {left}",
                     "ok": left is None,
+                }
+            )
+            leaked = world.planted_symlink_leaks()
+            rows.append(
+                {
+                    "check": "redirect the next workspace by a planted symlink",
+                    "expected": "refused",
+                    "observed": "refused" if leaked is None else "allowed",
+                    "ok": leaked is None,
                 }
             )
     finally:

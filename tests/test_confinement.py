@@ -234,3 +234,10 @@ def test_a_naive_launch_killed_at_once_leaves_its_command_running(world: World) 
 
     left = killed_launches_leave_nothing(world.plan(), 3, kill_bwrap_in_its_window)  # type: ignore[arg-type]
     assert left is not None
+
+
+def test_the_planted_symlink_twin_leaks(world: World) -> None:
+    """selftest's planted-symlink check can fail: past the lint, the next session's workspace
+    leads into the checkout and its internal file is read."""
+    assert world.planted_symlink_leaks() is None
+    assert world.planted_symlink_leaks(_selftest.unchecked_launcher, check=False) is not None

@@ -618,6 +618,9 @@ def test_selftest_proves_the_new_probes() -> None:
         "read a key from the launcher's session keyring",
         "plant a setuid file on the host",
         "outlive a launch killed at once",
+        "redirect the next workspace by a planted symlink",
+        "rewrite .git/config, whose commands the host runs",
+        "create an .envrc, which the host's shell runs",
     ):
         assert needed in names, names
     assert report["ok"], [row for row in report["checks"] if not row["ok"]]
