@@ -32,6 +32,7 @@ from helpers import (
     give_to_session_user,
     kill_all,
     open_fds,
+    open_up,
     pids_with,
     python_child,
     read_to_eof,
@@ -516,16 +517,29 @@ def test_a_fifo_among_copied_runner_files_is_refused(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ the caller's terminal
 
 
+_TERMINAL_MESS = r"""
+import fcntl, os, termios
+fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK)
+fcntl.ioctl(0, termios.TIOCEXCL)
+termios.tcflow(0, termios.TCOOFF)
+"""
+
+
 def test_the_callers_terminal_is_restored(plan: nsconfine.Plan) -> None:
-    """A session that turns echo off and shrinks the window leaves the caller's terminal as
-    it found it."""
+    """A session that turns echo off, shrinks the window, makes the terminal non-blocking and
+    exclusive and suspends its output leaves the caller's terminal as it found it."""
     controller, terminal = pty.openpty()
     try:
         fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         before = termios.tcgetattr(terminal)
+        flags = fcntl.fcntl(terminal, fcntl.F_GETFL)
         sandbox = nsconfine.spawn(
             plan,
-            ["/bin/sh", "-c", "stty -echo -icanon; stty rows 7 cols 7"],
+            [
+                "/bin/sh",
+                "-c",
+                f"stty -echo -icanon; stty rows 7 cols 7; python3 -c '{_TERMINAL_MESS}'",
+            ],
             stdin=terminal,
             stdout=terminal,
             stderr=terminal,
@@ -533,6 +547,10 @@ def test_the_callers_terminal_is_restored(plan: nsconfine.Plan) -> None:
         assert sandbox.wait(timeout=30) == 0
         after = termios.tcgetattr(terminal)
         size = struct.unpack("HHHH", fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8))
+        assert fcntl.fcntl(terminal, fcntl.F_GETFL) == flags
+        os.close(os.open(os.ttyname(terminal), os.O_RDWR | os.O_NOCTTY))  # not exclusive
+        os.write(terminal, b"flows\n")  # output not suspended: this returns
+        assert os.read(controller, 100).endswith(b"flows\r\n")
     finally:
         os.close(controller)
         os.close(terminal)
@@ -625,3 +643,195 @@ def test_selftest_proves_the_new_probes() -> None:
         assert needed in names, names
     assert report["ok"], [row for row in report["checks"] if not row["ok"]]
     assert result.returncode == 0
+
+
+# ------------------------------------------------------------------ found by an attacker's pass
+
+
+def test_bwrap_is_used_by_its_resolved_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PATH entry that is a symlink is resolved once: every later use (proof, exec) names the
+    real file, so a symlink flipped between them cannot swap the binary."""
+    from nsconfine._preflight import located_bwrap
+
+    (link := tmp_path / "pbin").symlink_to("/usr/bin")
+    monkeypatch.setenv("PATH", f"{link}:/usr/bin")
+    monkeypatch.delenv("NSCONFINE_BWRAP", raising=False)
+    found = located_bwrap()
+    assert found == os.path.realpath(found)
+    assert not found.startswith(str(tmp_path))
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only a root launcher must refuse a bwrap others can write")
+@pytest.mark.parametrize("how", ["owned-by-the-session-account", "world-writable-directory"])
+def test_a_bwrap_others_can_change_is_refused_as_root(
+    plan: nsconfine.Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """As root, a bwrap that anyone but root could replace (its file or a directory above it)
+    is refused before it ever runs."""
+    import shutil
+
+    place = tmp_path / "bins"
+    place.mkdir()
+    open_up(place)
+    copy = place / "bwrap"
+    shutil.copy("/usr/bin/bwrap", copy)
+    if how == "owned-by-the-session-account":
+        give_to_session_user(place)
+    else:
+        place.chmod(0o777)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(copy))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="could be replaced"):
+        nsconfine.spawn(plan, ["/bin/true"])
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only a root launcher could run bwrap as root")
+def test_bwrap_never_runs_as_root(
+    plan: nsconfine.Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root, bwrap is never run as root, not even to ask it for --help."""
+    place = tmp_path / "bins"
+    place.mkdir()
+    open_up(place)
+    log = tmp_path / "uids"
+    log.touch()
+    log.chmod(0o666)
+    wrapper = place / "bwrap"
+    wrapper.write_text(f'#!/bin/sh\nid -u >> {log}\nexec /usr/bin/bwrap "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(wrapper))
+    nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30)
+    uids = log.read_text().split()
+    assert uids
+    assert "0" not in uids
+
+
+def test_nested_user_namespaces_are_refused(plan: nsconfine.Plan) -> None:
+    """A session cannot make a user namespace of its own (where it could mount overlays and
+    mqueue file systems, and so make set-id files behind the seccomp filter)."""
+    _status, output = run(plan, "unshare -Ur true && echo NESTED")
+    assert "NESTED" not in output, output
+
+
+def test_without_the_layer_nested_user_namespaces_work(
+    plan: nsconfine.Plan, without: Callable[..., None]
+) -> None:
+    """The twin: with nested user namespaces allowed, the same command succeeds."""
+    without("no-nested-userns")
+    _status, output = run(plan, "unshare -Ur true && echo NESTED")
+    assert "NESTED" in output, output
+
+
+_MQ_SETGID = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.umask(0)
+fd = libc.mq_open(b"/nsconfine-probe", os.O_CREAT | os.O_RDWR, 0o2644, None)
+print("created" if fd >= 0 else "refused %d" % ctypes.get_errno())
+"""
+
+
+def test_mq_open_cannot_ask_for_a_set_id_mode(plan: nsconfine.Plan) -> None:
+    """mq_open with a set-group-ID mode is refused (EPERM) by the seccomp filter."""
+    _status, output = run(plan, f"python3 -c '{_MQ_SETGID}'")
+    assert output.startswith("refused 1"), output
+
+
+_ABSTRACT = "nsconfine-test-abstract-{}"
+
+
+def _abstract_listener() -> tuple[object, str]:
+    import socket
+
+    name = _ABSTRACT.format(os.urandom(4).hex())
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("\0" + name)
+    server.listen(4)
+    return server, name
+
+
+_CONNECT = (
+    "import socket,sys; s=socket.socket(socket.AF_UNIX)\n"
+    "try:\n    s.connect('\\0'+sys.argv[1]); print('connected')\n"
+    "except OSError as e:\n    print('refused', e.errno)"
+)
+
+
+def test_host_abstract_sockets_are_unreachable(plan: nsconfine.Plan) -> None:
+    """A session cannot connect to a host abstract unix socket (where it could park its own
+    stdout, so that no reader of it ever sees EOF): the Landlock scope refuses it."""
+    from nsconfine import _syscalls
+
+    if _syscalls.landlock_abi() < 6:
+        pytest.skip("this kernel's Landlock has no scopes (ABI < 6)")
+    server, name = _abstract_listener()
+    try:
+        _status, output = run(plan, f'python3 -c "{_CONNECT}" {name}')
+    finally:
+        server.close()  # type: ignore[attr-defined]
+    assert output.startswith("refused"), output
+
+
+def test_without_landlock_host_abstract_sockets_are_reached(
+    plan: nsconfine.Plan, without: Callable[..., None]
+) -> None:
+    """The twin: without the Landlock layer the same connect succeeds."""
+    without("landlock")
+    server, name = _abstract_listener()
+    try:
+        _status, output = run(plan, f'python3 -c "{_CONNECT}" {name}')
+    finally:
+        server.close()  # type: ignore[attr-defined]
+    assert output.startswith("connected"), output
+
+
+def test_sigterm_to_run_ends_even_a_session_that_ignores_it(ws_run: tuple[Path, Path]) -> None:
+    """SIGTERM to `nsconfine run` reaches the command; a session that ignores it is killed
+    when the grace period ends: nothing is left, and its stdout reaches EOF."""
+    marker = f"nsconfine-grace-{os.urandom(6).hex()}"
+    read_end, write_end = os.pipe()
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", *user_options(), "--grace", "1",
+         "--workspace", str(ws_run[0]), "--run-dir", str(ws_run[1]), "--",
+         "/bin/sh", "-c", f"trap '' TERM; sleep 600 & wait; sleep 600 # {marker}"],
+        stdout=write_end, cwd="/",
+    )  # fmt: skip
+    os.close(write_end)
+    time.sleep(1.5)
+    cli.send_signal(signal.SIGTERM)
+    assert cli.wait(timeout=30) != 0
+    eof = read_to_eof(read_end, 10)
+    os.close(read_end)
+    alive = wait_until_gone(marker, 5)
+    kill_all(alive)
+    assert alive == []
+    assert eof is not None
+
+
+def test_a_refused_argv_leaves_nothing_staged(ws_run: tuple[Path, Path]) -> None:
+    """A launch refused for its argv or environment (a NUL byte, a bad name) leaves no pidfd
+    and no process behind, from spawn as from a pool."""
+    plan = session(*ws_run).plan()
+    with nsconfine.Pool(plan, refill="inline") as pool:
+        pool.launch(["/bin/true"]).wait(timeout=30)
+        before = open_fds()
+        for _ in range(5):
+            with pytest.raises(nsconfine.UsageError):
+                pool.launch(["/bin/true", "a\0b"])
+            with pytest.raises(nsconfine.UsageError):
+                pool.launch(["/bin/true"], env={"BAD=NAME": "x"})
+            with pytest.raises(nsconfine.UsageError):
+                nsconfine.spawn(plan, ["/bin/true", "a\0b"])
+        assert len(open_fds()) <= len(before) + 1
+
+
+def test_user_zero_is_refused_as_uid_0() -> None:
+    """`--user 0` is refused as uid 0, not as an unknown account."""
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "plan", "--user", "0", "--workspace", "/tmp",
+         "--run-dir", "/tmp"],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 64
+    assert "uid 0" in result.stderr
