@@ -101,6 +101,7 @@ struct spawn_args {
     unsigned int flags; /* NSC_SPAWN_* */
     uid_t run_uid;
     gid_t run_gid;
+    int landlock_fd; /* >= 0: landlock_restrict_self with it */
     int pdeathsig;
     pid_t parent;
     int errpipe_w;
@@ -254,6 +255,8 @@ static int spawn_child(void *opaque)
         child_fail(errpipe_w, NSC_STAGE_NO_NEW_PRIVS);
     if ((a->flags & NSC_SPAWN_NEW_KEYRING) && join_new_keyring() < 0)
         child_fail(errpipe_w, NSC_STAGE_KEYRING);
+    if (a->landlock_fd >= 0 && syscall(SYS_landlock_restrict_self, a->landlock_fd, 0) < 0)
+        child_fail(errpipe_w, NSC_STAGE_LANDLOCK);
 
     /*
      * After the ids changed (which clears the parent-death signal). The
@@ -324,12 +327,12 @@ static int spawn_with(int *buffers, const char *path, int exec_fd, char *const a
                       int stdin_fd, int stdout_fd, int stderr_fd,
                       const int pass_fds[], int n_pass_fds,
                       unsigned int flags, unsigned int run_uid, unsigned int run_gid,
-                      int pdeathsig, int *pid_out, int *stage_out)
+                      int landlock_fd, int pdeathsig, int *pid_out, int *stage_out)
 {
     struct spawn_args a = {
         .path = path, .exec_fd = exec_fd, .argv = argv, .envp = envp,
         .n_targets = 3 + n_pass_fds, .flags = flags,
-        .run_uid = (uid_t)run_uid, .run_gid = (gid_t)run_gid,
+        .run_uid = (uid_t)run_uid, .run_gid = (gid_t)run_gid, .landlock_fd = landlock_fd,
         .pdeathsig = pdeathsig, .parent = getpid(),
     };
     a.sources = buffers;
@@ -420,7 +423,7 @@ int nsc_spawn(const char *path, int exec_fd, char *const argv[], char *const env
               int stdin_fd, int stdout_fd, int stderr_fd,
               const int pass_fds[], int n_pass_fds,
               unsigned int flags, unsigned int run_uid, unsigned int run_gid,
-              int pdeathsig, int *pid_out, int *stage_out)
+              int landlock_fd, int pdeathsig, int *pid_out, int *stage_out)
 {
     *pid_out = -1;
     *stage_out = NSC_STAGE_NONE;
@@ -434,8 +437,8 @@ int nsc_spawn(const char *path, int exec_fd, char *const argv[], char *const env
         return ENOMEM;
     }
     int err = spawn_with(buffers, path, exec_fd, argv, envp, stdin_fd, stdout_fd, stderr_fd,
-                         pass_fds, n_pass_fds, flags, run_uid, run_gid, pdeathsig, pid_out,
-                         stage_out);
+                         pass_fds, n_pass_fds, flags, run_uid, run_gid, landlock_fd, pdeathsig,
+                         pid_out, stage_out);
     free(buffers);
     return err;
 }
@@ -663,4 +666,50 @@ int nsc_open_path(const char *path, int force_walk, int *fd_out, int *stage_out)
     if (err)
         *stage_out = NSC_STAGE_OPEN;
     return err;
+}
+
+
+/* ------------------------------------------------------------ landlock */
+
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#define SYS_landlock_add_rule 445
+#define SYS_landlock_restrict_self 446
+#endif
+#define LANDLOCK_CREATE_RULESET_VERSION_ (1U << 0)
+#define LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET_ (1ULL << 0)
+#define LANDLOCK_SCOPE_SIGNAL_ (1ULL << 1)
+
+/* The ABI 6 layout of struct landlock_ruleset_attr (older headers lack `scoped`). */
+struct ruleset_attr_v6 {
+    unsigned long long handled_access_fs;
+    unsigned long long handled_access_net;
+    unsigned long long scoped;
+};
+
+int nsc_landlock_abi(void)
+{
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION_);
+    return abi < 0 ? 0 : (int)abi;
+}
+
+int nsc_landlock_scopes(int *fd_out, int *stage_out)
+{
+    *fd_out = -1;
+    *stage_out = NSC_STAGE_NONE;
+    if (nsc_landlock_abi() < 6) {
+        *stage_out = NSC_STAGE_LANDLOCK;
+        return EOPNOTSUPP;
+    }
+    struct ruleset_attr_v6 attr = {
+        .scoped = LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET_ | LANDLOCK_SCOPE_SIGNAL_,
+    };
+    long fd = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+    if (fd < 0) {
+        *stage_out = NSC_STAGE_LANDLOCK;
+        return errno;
+    }
+    (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+    *fd_out = (int)fd;
+    return 0;
 }

@@ -63,7 +63,19 @@ int nsc_spawn(const char *path, int exec_fd, char *const argv[], char *const env
               int stdin_fd, int stdout_fd, int stderr_fd,
               const int pass_fds[], int n_pass_fds,
               unsigned int flags, unsigned int run_uid, unsigned int run_gid,
-              int pdeathsig, int *pid_out, int *stage_out);
+              int landlock_fd, int pdeathsig, int *pid_out, int *stage_out);
+
+/*
+ * Landlock. nsc_landlock_abi: the kernel's Landlock ABI version, 0 if it has none.
+ * nsc_landlock_scopes: a ruleset that handles no file system or network access, only
+ * scopes (ABI >= 6): abstract unix sockets and signals may not reach outside the domain.
+ * nsc_spawn's child restricts itself with it (landlock_fd) after no_new_privs, before exec:
+ * bwrap still mounts freely (file system rights would stop it), and the whole session then
+ * lives in that domain.
+ */
+#define NSC_STAGE_LANDLOCK 28
+int nsc_landlock_abi(void);
+int nsc_landlock_scopes(int *fd_out, int *stage_out);
 
 /* A sealed, CLOEXEC memfd holding data, its offset at 0. */
 int nsc_memfd_sealed(const char *name, const char *data, size_t len,

@@ -123,6 +123,7 @@ static void setid_rules(struct program *p)
     refuse_setid_mode(p, __NR_fchmodat2, 2);
     refuse_setid_mode(p, __NR_mknodat, 2);
     refuse_setid_create(p, __NR_openat, 2, 3);
+    refuse_setid_create(p, __NR_mq_open, 1, 2); /* a queue file, copied up by an overlay */
 #ifdef __NR_chmod /* the legacy calls that aarch64 never had */
     refuse_setid_mode(p, __NR_chmod, 1);
     refuse_setid_mode(p, __NR_creat, 1);

@@ -19,11 +19,14 @@ READ, WRITE, SEARCH = 0o4, 0o2, 0o1
 
 def run_as(user: str | int | None) -> RunAs:
     """The account a session runs as: the launcher's own, or (for a root launcher) the named
-    one. Refused: an unknown account, uid 0, and another account without root."""
+    one, by name or uid (a name of digits only is a uid, as useradd allows no such name).
+    Refused: an unknown account, uid 0, and another account without root."""
     import pwd
 
     if user is None:
         return launcher_account()
+    if isinstance(user, str) and user.isascii() and user.isdigit():
+        user = int(user)
     try:
         entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
     except (KeyError, OverflowError):

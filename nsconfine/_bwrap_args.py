@@ -47,6 +47,7 @@ PROCESS_OPTIONS = (
 REQUIRED_OPTIONS = (
     "--args",
     *NAMESPACE_OPTIONS,
+    "--disable-userns",
     "--die-with-parent",
     "--new-session",
     "--cap-drop",
@@ -103,11 +104,16 @@ def _entry_arguments(entry: Entry, data_fd: int, bind_fds: bool) -> tuple[str, .
             return ("--remount-ro", entry.dest)
 
 
-def bwrap_options(plan: Plan, *, seccomp: bool = True, bind_fds: bool = True) -> list[str]:
+def bwrap_options(
+    plan: Plan, *, seccomp: bool = True, bind_fds: bool = True, disable_userns: bool = True
+) -> list[str]:
     """The options nsconfine writes to the `--args` memfd for plan, in order. bind_fds: each
     bind's source is an fd the launcher opened (`--bind-fd`), else its path (a bwrap without
-    --bind-fd; the mount check after set-up then does the whole job)."""
+    --bind-fd; the mount check after set-up then does the whole job). seccomp and
+    disable_userns are off only in the test suite's mutation twins (nsconfine._layers)."""
     arguments = [*NAMESPACE_OPTIONS, *PROCESS_OPTIONS]
+    if disable_userns:
+        arguments.append("--disable-userns")
     for variable in plan.env:
         arguments += ("--setenv", variable.name, variable.value)
     arguments += ("--info-fd", str(INFO_FD))

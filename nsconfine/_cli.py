@@ -20,8 +20,23 @@ TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
     from typing import NoReturn
 
+    from nsconfine._sandbox import Sandbox
+
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 EXEC_FAILED_STATUS = 127  # as a shell: the command was not found or could not be executed
+DEFAULT_GRACE_SECONDS = 10.0
+
+
+def _seconds(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +126,15 @@ def _parser() -> _Parser:
     )
     run = commands.add_parser("run", help="run a command confined")
     _add_session_options(run)
+    run.add_argument(
+        "--grace",
+        type=_seconds,
+        default=DEFAULT_GRACE_SECONDS,
+        metavar="SECONDS",
+        help="after a signal is passed on to the command, how long it may take to end before "
+        f"the whole session is killed; a second signal kills at once (default "
+        f"{DEFAULT_GRACE_SECONDS:g})",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
     selftest = commands.add_parser("selftest", help="prove confinement on this host")
     selftest.add_argument("--json", action="store_true")
@@ -197,14 +221,45 @@ def _run(arguments: argparse.Namespace) -> int:
         )
         return EXEC_FAILED_STATUS
 
-    # The launcher's signals go to the command (its traps run); its end ends the session.
-    def forward(number: int, _frame: object) -> None:
-        sandbox.send_signal(number)
-
-    for number in FORWARDED_SIGNALS:
-        signal.signal(number, forward)
-    status = sandbox.wait()
+    status = _wait_passing_signals(sandbox, arguments.grace)
     return 128 - status if status < 0 else status
+
+
+def _wait_passing_signals(sandbox: Sandbox, grace: float) -> int:
+    """Wait for the session. The first signal the launcher gets goes to the command (its traps
+    run); if the session has not ended grace seconds later, or at a second signal, the whole
+    session is killed: a command that ignores SIGTERM cannot outlive its launcher's intent."""
+    import os
+    import select
+    import time
+
+    # The handlers only wake the poll below (the wakeup fd carries the signal numbers): no
+    # work, and no lock, inside a signal handler.
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    for number in FORWARDED_SIGNALS:
+        signal.signal(number, lambda _number, _frame: None)
+    poller = select.poll()
+    poller.register(sandbox.sentinel, select.POLLIN)
+    poller.register(wake_read, select.POLLIN)
+    deadline: float | None = None
+    signalled = False
+    while sandbox.poll() is None:
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0) * 1000
+        events = dict(poller.poll(timeout))
+        if not events:  # the grace period is over
+            sandbox.kill()
+            deadline = None
+        elif wake_read in events:
+            for received in os.read(wake_read, 64):
+                if signalled:
+                    sandbox.kill()
+                    deadline = None
+                else:
+                    signalled = True
+                    sandbox.send_signal(received)
+                    deadline = time.monotonic() + grace
+    return sandbox.wait()
 
 
 def _selftest(arguments: argparse.Namespace) -> int:

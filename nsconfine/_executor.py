@@ -133,18 +133,21 @@ os.register_at_fork(after_in_child=_forget_lifeline_in_child)
 
 # ------------------------------------------------------------------ staging
 
-_compiled: dict[int, tuple[Plan, tuple[bool, bool], bytes]] = {}
+_compiled: dict[int, tuple[Plan, tuple[bool, bool, bool], bytes]] = {}
 
 
 def compiled_options(plan: Plan, seccomp: bool, bind_fds: bool) -> bytes:
     """The plan's options, encoded once per plan object (plans are immutable)."""
+    switches = (seccomp, bind_fds, _layers.disables_userns())
     hit = _compiled.get(id(plan))
-    if hit is not None and hit[0] is plan and hit[1] == (seccomp, bind_fds):
+    if hit is not None and hit[0] is plan and hit[1] == switches:
         return hit[2]
-    encoded = encode_options(bwrap_options(plan, seccomp=seccomp, bind_fds=bind_fds))
+    encoded = encode_options(
+        bwrap_options(plan, seccomp=seccomp, bind_fds=bind_fds, disable_userns=switches[2])
+    )
     if len(_compiled) >= 64:
         _compiled.clear()
-    _compiled[id(plan)] = (plan, (seccomp, bind_fds), encoded)  # kept: its id stays its own
+    _compiled[id(plan)] = (plan, switches, encoded)  # kept: its id stays its own
     return encoded
 
 
@@ -339,6 +342,7 @@ def _start(
             uid=uid,
             gid=gid,
             exec_fd=reaper_fd,
+            landlock_fd=_layers.landlock_ruleset(),
         )
     except _syscalls.SyscallError as error:
         if info_read >= 0:
@@ -562,14 +566,30 @@ def _unread_by_peer(sock: socket.socket) -> int:
     return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0])
 
 
-def launch_message(
+class Launch:
+    """A command checked and encoded for the shim, before any sandbox is taken for it."""
+
+    __slots__ = ("argv", "fds", "message")
+
+    def __init__(self, argv: Sequence[str], message: bytes, fds: list[int] | None) -> None:
+        self.argv = argv
+        self.message = message  # the header and the NUL-separated argv and env
+        self.fds = fds  # the stdio fds it carries; None: the command keeps bwrap's
+
+
+def prepare_launch(
     argv: Sequence[str],
-    env: Mapping[str, str] | None,
-    stdio: Sequence[Stdio] | None,
-) -> tuple[bytes, list[int]]:
-    """The shim's launch message and the stdio fds it carries. stdio None: the command keeps
-    bwrap's stdio (spawn); else each is None (the launcher's own fd now), an fd or a file."""
-    if isinstance(argv, str | bytes) or not argv:
+    env: Mapping[str, str] | None = None,
+    stdio: Sequence[Stdio] | None = None,
+) -> Launch:
+    """Check argv and env and encode them for the shim (UsageError: nothing was staged yet).
+    stdio None: the command keeps bwrap's stdio (spawn); else each is None (the launcher's own
+    fd now), an fd or a file."""
+    if (
+        isinstance(argv, str | bytes)
+        or not argv
+        or not all(isinstance(arg, str | bytes | os.PathLike) for arg in argv)
+    ):
         raise UsageError("argv must be a non-empty list of strings, the command and its args")
     items = [os.fsencode(arg) for arg in argv]
     for name, value in (env or {}).items():
@@ -598,16 +618,10 @@ def launch_message(
             mask |= 1 << number
             fds.append(fd)
     header = SHIM_HEADER.pack(SHIM_MAGIC, mask, len(argv), len(items) - len(argv), len(body))
-    return header + body, fds
+    return Launch(argv, header + body, fds if stdio is not None else None)
 
 
-def hand_off(
-    staged: Staged,
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    stdio: Sequence[Stdio] | None = None,
-) -> Sandbox:
+def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     """Give a staged sandbox its command; return once the command has exec'd.
 
     OSError (errno, "execvp", argv[0]) if it cannot be exec'd: the sandbox is then gone.
@@ -615,10 +629,10 @@ def hand_off(
     import array
     import select
 
-    message, fds = launch_message(argv, env, stdio)
+    message, fds = launch.message, launch.fds or []
     # The command's stdio: for spawn, bwrap's (-1: the launcher's own 0, 1, 2).
     own = [fd if fd >= 0 else number for number, fd in enumerate(staged.stdio)]
-    terminals = _terminal.save(own if stdio is None else fds)
+    terminals = _terminal.save(own if launch.fds is None else fds)
     report_read, report_write = os.pipe2(os.O_CLOEXEC)
     try:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report_write, *fds]))]
@@ -661,7 +675,7 @@ def hand_off(
         teardown(staged)
         err, stage_number = SHIM_REPORT.unpack(report.ljust(SHIM_REPORT.size, b"\0")[:8])
         syscall = SHIM_STAGES.get(stage_number, f"shim stage {stage_number}")
-        filename = argv[0] if stage_number == SHIM_EXEC_STAGE else None
+        filename = launch.argv[0] if stage_number == SHIM_EXEC_STAGE else None
         raise _syscalls.SyscallError(err, syscall, filename)
     staged.sock.close()
     staged.mark("exec")

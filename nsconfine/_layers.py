@@ -32,16 +32,57 @@ LAYERS: Final = {
         "no_new_privs and no capabilities: no setuid binary or file capability raises the "
         "session's power"
     ),
+    "no-nested-userns": (
+        "no user namespace inside (bwrap's --disable-userns): no overlay, mqueue or cgroup "
+        "file system of the session's own, and none of the kernel's user-namespace surface"
+    ),
+    "landlock": (
+        "a Landlock scope (ABI 6 and later): no connecting to an abstract unix socket outside "
+        "the sandbox, no signal to a process outside it"
+    ),
 }
 
 DISABLED_FOR_TESTS: frozenset[str] = frozenset()
 
+LANDLOCK_SCOPES_ABI: Final = 6
+
 _filter: bytes | None = None
+_ruleset: int | None = None
+_abi: int | None = None
 
 
 def active() -> list[str]:
-    """The layers a launch applies now."""
-    return [name for name in LAYERS if name not in DISABLED_FOR_TESTS]
+    """The layers a launch applies now (on this kernel: Landlock scopes need ABI 6)."""
+    return [name for name in LAYERS if name not in DISABLED_FOR_TESTS and _available(name)]
+
+
+def _available(name: str) -> bool:
+    return name != "landlock" or landlock_abi() >= LANDLOCK_SCOPES_ABI
+
+
+def landlock_abi() -> int:
+    """This kernel's Landlock ABI (0: none), asked once."""
+    global _abi
+    if _abi is None:
+        _abi = _syscalls.landlock_abi()
+    return _abi
+
+
+def disables_userns() -> bool:
+    """Does bwrap get --disable-userns?"""
+    return "no-nested-userns" not in DISABLED_FOR_TESTS
+
+
+def landlock_ruleset() -> int:
+    """The scope-only Landlock ruleset the launcher's child restricts itself with before it
+    execs the reaper (made once; its fd is close-on-exec), or -1 where this kernel has no
+    scopes or a test switched the layer off."""
+    global _ruleset
+    if "landlock" in DISABLED_FOR_TESTS or not _available("landlock"):
+        return -1
+    if _ruleset is None:
+        _ruleset = _syscalls.landlock_scopes()
+    return _ruleset
 
 
 def seccomp_program() -> bytes | None:

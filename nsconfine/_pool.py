@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from nsconfine._errors import SandboxUnavailable, UsageError
-from nsconfine._executor import Staged, StagedGone, hand_off, stage, teardown
+from nsconfine._executor import Staged, StagedGone, hand_off, prepare_launch, stage, teardown
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Plan
 from nsconfine._sandbox import Sandbox
@@ -123,6 +123,7 @@ class Pool:
         environment. That environment is the plan's (exactly what spawn gives), with env's
         variables added or replacing the plan's. Each stdio is None (the launcher's own fd at
         this call), an fd or a file object. OSError if argv[0] cannot be executed."""
+        launch = prepare_launch(argv, env, (stdin, stdout, stderr))  # before a sandbox is taken
         for _attempt in range(3):
             staged = self._take()
             try:
@@ -131,7 +132,7 @@ class Pool:
                 self._give_back(staged)
                 raise
             try:
-                sandbox = hand_off(staged, argv, env=env, stdio=(stdin, stdout, stderr))
+                sandbox = hand_off(staged, launch)
             except StagedGone:
                 continue  # it expired or was killed as we took it: take another
             self._after_launch()

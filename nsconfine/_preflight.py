@@ -180,12 +180,26 @@ def check_options(bwrap: str) -> tuple[str, frozenset[str]]:
     optional options it has."""
     import subprocess  # on first use only, as above
 
+    # A root launcher never runs bwrap as root, not even for its --help: as the canary's
+    # unprivileged account, with no group and nothing to lose.
+    user = group = None
+    extra_groups: list[int] | None = None
+    if os.geteuid() == 0:
+        runner = canary_account()
+        user, group, extra_groups = runner.uid, runner.gid, []
     try:
-        helped = subprocess.run(
-            [bwrap, "--help"], env={}, capture_output=True, timeout=10, check=False
-        )
-        version = subprocess.run(
-            [bwrap, "--version"], env={}, capture_output=True, timeout=10, check=False
+        helped, version = (
+            subprocess.run(
+                [bwrap, option],
+                env={},
+                capture_output=True,
+                timeout=10,
+                check=False,
+                user=user,
+                group=group,
+                extra_groups=extra_groups,
+            )
+            for option in ("--help", "--version")
         )
     except (OSError, subprocess.SubprocessError) as error:
         raise SandboxUnavailable(f"bwrap {bwrap} does not run: {error}; {INSTALL_HINT}") from None
@@ -339,7 +353,7 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
     import shutil
 
     from nsconfine._accounts import scratch_directory
-    from nsconfine._executor import hand_off, stage
+    from nsconfine._executor import hand_off, prepare_launch, stage
 
     world = scratch_directory("nsconfine-canary-")
     try:
@@ -355,7 +369,7 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
             finally:
                 os.close(out_write)
                 os.close(err_write)
-            sandbox = hand_off(staged, argv)
+            sandbox = hand_off(staged, prepare_launch(argv))
             try:
                 status = sandbox.wait(CANARY_TIMEOUT_SECONDS)
             except TimeoutError:
@@ -426,12 +440,59 @@ _last_found: dict[tuple[str | None, str | None], str] = {}
 
 
 def located_bwrap() -> str:
-    """find_bwrap(), remembered while NSCONFINE_BWRAP and PATH stay the same."""
+    """find_bwrap(), resolved to the real file once, and remembered while NSCONFINE_BWRAP and
+    PATH stay the same: every later use (its proof, its exec) names that file, so a symlink
+    flipped meanwhile cannot swap the binary."""
     key = (os.environ.get("NSCONFINE_BWRAP"), os.environ.get("PATH"))
     bwrap = _last_found.get(key)
     if bwrap is None:
-        bwrap = _last_found[key] = find_bwrap()
+        found = find_bwrap()
+        try:
+            found = _syscalls.realpath(found)
+        except OSError:
+            pass  # missing: binary_identity says so, with how to install one
+        bwrap = _last_found[key] = found
     return bwrap
+
+
+def untrusted_reason(path: str) -> str | None:
+    """Why someone other than root (or, for an unprivileged launcher, the launcher itself)
+    could replace the file at path, or None. The file and every directory above it must be
+    owned by them and writable by no group or other; a sticky directory writable by all
+    (/tmp) is fine when what lies in it is theirs."""
+    trusted_owners = {0, os.geteuid()}
+    current = path
+    below_owner: int | None = None
+    while True:
+        try:
+            info = os.lstat(current)
+        except OSError as error:
+            return f"{current}: {error.strerror}"
+        writable_by_others = info.st_mode & 0o022
+        sticky_and_below_is_ours = (
+            stat.S_ISDIR(info.st_mode)
+            and info.st_mode & stat.S_ISVTX
+            and below_owner in trusted_owners
+        )
+        if info.st_uid not in trusted_owners:
+            return f"{current} belongs to uid {info.st_uid}"
+        if writable_by_others and not sticky_and_below_is_ours:
+            return f"{current} is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+        if current == "/":
+            return None
+        below_owner = info.st_uid
+        current = os.path.dirname(current)
+
+
+def refuse_untrusted(path: str, what: str) -> None:
+    """Refuse to run a program (bwrap, nsconfine's own) that someone else could replace."""
+    reason = untrusted_reason(path)
+    if reason is not None:
+        raise SandboxUnavailable(
+            f"the {what} {path} could be replaced by someone else ({reason}): nsconfine runs "
+            "only programs that root (or this launcher's own account) controls; install it "
+            "where only they can write"
+        )
 
 
 def proven_bwrap(bwrap: str | None = None) -> str:
@@ -509,8 +570,9 @@ def preflight() -> PreflightReport:
     """Check this host from scratch (no cached proof): ready, or the refusal and why."""
     report = PreflightReport()
     try:
-        report.bwrap = find_bwrap()
+        report.bwrap = located_bwrap()
         identity = binary_identity(report.bwrap)
+        refuse_untrusted(report.bwrap, "bwrap")
         report.checks.append(Check("bwrap", True, report.bwrap))
         _remember(identity, run_checks(report.bwrap, report))
     except SandboxUnavailable as refused:

@@ -5,6 +5,8 @@
     command_pid  the command, in the launcher's pid namespace
     returncode   None while it runs; then the command's exit status, 128+N if the command was
                  killed by signal N, or -N if the sandbox itself was (kill())
+    sentinel     an fd that becomes readable once the session has ended, for a launcher's own
+                 poll or event loop (as multiprocessing.Process.sentinel); wait() then reaps
     timings      seconds from the launch's start to each stage: "started" (bwrap's reaper
                  running), "namespaces" (checked), "confirmed" (mounts checked), "exec"
 
@@ -77,6 +79,12 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"<Sandbox pid={self.pid} returncode={self.returncode}>"
+
+    @property
+    def sentinel(self) -> int:
+        """An fd readable once the session has ended (the reaper's pidfd). The handle owns it
+        and closes it once it has reaped the session (returncode set)."""
+        return self._reaper_pidfd
 
     def poll(self) -> int | None:
         """The exit status if the session has ended, else None."""

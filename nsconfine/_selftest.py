@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nsconfine import _plan as p
 from nsconfine._accounts import run_as, scratch_directory
 from nsconfine._errors import NsconfineError
-from nsconfine._executor import hand_off, stage, stdio_fd
+from nsconfine._executor import hand_off, prepare_launch, stage, stdio_fd
 from nsconfine._mounts import mount_table_problems
 from nsconfine._plan import Plan, RunAs
 from nsconfine._preflight import canary_account, proven_bwrap, takes_bind_fds
 from nsconfine._sandbox import Sandbox
-from nsconfine._session import Harness, Session, build_plan
+from nsconfine._session import Harness, Session, build_plan, session_entries
 from nsconfine._spawn import spawn
+from nsconfine._system import system_entries
 
 if TYPE_CHECKING:
     from nsconfine._executor import Stdio
@@ -57,9 +58,10 @@ def unchecked_launcher(
 ) -> Sandbox:
     """Launch without the gate (no lint, no refusal of uid 0): only for weakened plans that
     must expose what the gate refuses."""
+    launch = prepare_launch(argv)
     stdio = (-1, stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
     bwrap = proven_bwrap()
-    return hand_off(stage(bwrap, plan, bind_fds=takes_bind_fds(bwrap), stdio=stdio), argv)
+    return hand_off(stage(bwrap, plan, bind_fds=takes_bind_fds(bwrap), stdio=stdio), launch)
 
 
 @dataclass(frozen=True)
@@ -292,10 +294,19 @@ class World:
                     homes=[self.home],
                     environ={},
                 )
-            else:
-                entry = p.rw_bind(planted, planted, "the next session's workspace")
-                next_plan = self.plan().replace(
-                    entries=(*self.plan().entries, entry), chdir=planted
+            else:  # past the lint (and without protected paths, each of which refuses too)
+                from nsconfine._protect import PROTECTED
+
+                session = self.session().replace(
+                    workspace=planted,
+                    ro=(self.runner_file,),
+                    unprotect=tuple(name for name, _, _ in PROTECTED),
+                )
+                system = system_entries(self.user, session.home)
+                next_plan = Plan.of(
+                    [*system, *session_entries(session, reserved=system)],
+                    chdir=planted,
+                    user=self.user,
                 )
         except NsconfineError:
             return None

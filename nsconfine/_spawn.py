@@ -13,11 +13,16 @@ from collections.abc import Sequence
 
 from nsconfine._accounts import SEARCH, access_problem
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
-from nsconfine._executor import hand_off, stage, stdio_fd
+from nsconfine._executor import hand_off, prepare_launch, stage, stdio_fd
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Kind, Mode, Plan
 from nsconfine._policy import check_plan
-from nsconfine._preflight import located_bwrap, proven_bwrap, takes_bind_fds
+from nsconfine._preflight import (
+    located_bwrap,
+    proven_bwrap,
+    refuse_untrusted,
+    takes_bind_fds,
+)
 from nsconfine._programs import REAPER_PATH, SHIM_PATH
 from nsconfine._sandbox import Sandbox
 from nsconfine._syscalls import realpath
@@ -62,7 +67,11 @@ def gate(plan: Plan) -> Cleared:
     verify_pins(plan)
     bwrap = located_bwrap()
     # Before bwrap is first run (its proof runs it): a planted one must never run at all.
-    _refuse_writable_programs(plan, {"bwrap": bwrap, "reaper": REAPER_PATH, "shim": SHIM_PATH})
+    programs = {"bwrap": bwrap, "reaper": REAPER_PATH, "shim": SHIM_PATH}
+    _refuse_writable_programs(plan, programs)
+    if os.path.exists(bwrap):
+        for name, path in programs.items():
+            refuse_untrusted(path, name)
     # (A missing bwrap is left to proven_bwrap, which says how to install one.)
     problem = access_problem(os.path.realpath(bwrap), plan.user, SEARCH)
     if problem is not None and os.path.exists(bwrap):
@@ -105,11 +114,10 @@ def spawn(
 ) -> Sandbox:
     """Run argv confined by plan; return once it has exec'd. Each stdio is None (inherit), an
     fd, or a file object. OSError if argv[0] cannot be executed in the sandbox."""
-    if isinstance(argv, str | bytes) or not argv:
-        raise UsageError("argv must be a non-empty list of strings, the command and its args")
+    launch = prepare_launch(argv)  # a refused command never has a sandbox built for it
     stdio = (stdio_fd(stdin, "stdin"), stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
     cleared = gate(plan)
     staged = stage(
         cleared.bwrap, plan, judged=cleared.judged, bind_fds=cleared.bind_fds, stdio=stdio
     )
-    return hand_off(staged, argv)
+    return hand_off(staged, launch)

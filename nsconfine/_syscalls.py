@@ -21,6 +21,8 @@ _nsc_probe_userns = lib.nsc_probe_userns
 _nsc_realpath = lib.nsc_realpath
 _nsc_seccomp_filter = lib.nsc_seccomp_filter
 _nsc_open_path = lib.nsc_open_path
+_nsc_landlock_abi = lib.nsc_landlock_abi
+_nsc_landlock_scopes = lib.nsc_landlock_scopes
 _string = ffi.string
 _PATH_MAX: Final[int] = lib.NSC_PATH_MAX
 _STAGE_EXEC: Final[int] = lib.NSC_STAGE_EXEC
@@ -71,6 +73,7 @@ _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_KEYRING: "keyctl(KEYCTL_JOIN_SESSION_KEYRING)",
     lib.NSC_STAGE_FILTER: "seccomp filter",
     lib.NSC_STAGE_OPEN: "open (no symlinks)",
+    lib.NSC_STAGE_LANDLOCK: "landlock",
 }
 
 
@@ -124,12 +127,14 @@ def spawn(
     gid: int = 0,
     pdeathsig: int = 0,
     exec_fd: int = -1,
+    landlock_fd: int = -1,
 ) -> int:
     """Exec path with argv, exactly env and only the given fds; return the pid once exec worked.
 
     flags (SPAWN_*) say what the child does first: a new process group, the ids uid/gid,
-    no capabilities, no new privileges, a fresh session keyring. exec_fd >= 0 runs that open
-    file (a program in a memfd) instead of path, which then only names it in errors."""
+    no capabilities, no new privileges, a fresh session keyring; landlock_fd >= 0 (a ruleset)
+    then restricts it. exec_fd >= 0 runs that open file (a program in a memfd) instead of path,
+    which then only names it in errors."""
     if not argv:
         raise ValueError("argv must not be empty")
     if b"\0" in path:
@@ -154,6 +159,7 @@ def spawn(
         flags,
         uid,
         gid,
+        landlock_fd,
         pdeathsig,
         out,
         out + 1,
@@ -212,4 +218,18 @@ def open_no_symlinks(path: str) -> int:
     err = _nsc_open_path(os.fsencode(path), 1 if FORCE_WALK else 0, out, out + 1)
     if err:
         raise SyscallError(err, "open (no symlinks)", path)
+    return int(out[0])
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: no Landlock)."""
+    return int(_nsc_landlock_abi())
+
+
+def landlock_scopes() -> int:
+    """A Landlock ruleset fd that scopes abstract unix sockets and signals (ABI >= 6)."""
+    out = _new("int[2]")
+    err = _nsc_landlock_scopes(out, out + 1)
+    if err:
+        raise _error(err, out[1])
     return int(out[0])

@@ -1,10 +1,12 @@
 """The caller's terminal, as a session found it.
 
 A session whose stdio is the caller's terminal can change that terminal's settings (echo off,
-raw mode, a 7x7 window) and leave them changed. The launcher records each terminal among the
-session's stdio at launch and puts its settings and window size back once the session has
-ended. (A session cannot inject input there: it runs in a new session without a controlling
-terminal, and the seccomp filter refuses TIOCSTI.)
+raw mode, a 7x7 window), its open file's flags (O_NONBLOCK, shared with the caller), make it
+exclusive (TIOCEXCL: no one else may open it) or suspend its output (TCOOFF: the caller's next
+write blocks), and leave all that changed. The launcher records each terminal among the
+session's stdio at launch and puts it back once the session has ended. (A session cannot inject
+input there: bwrap's --new-session leaves it without a controlling terminal, which TIOCSTI
+needs.)
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    # (a private duplicate of the terminal's fd, its termios attributes, its window size)
-    Saved = tuple[int, list[Any], bytes]
+    # (a private duplicate of the terminal's fd, its termios attributes, its window size,
+    # its file status flags, whether it was exclusive)
+    Saved = tuple[int, list[Any], bytes, int, bool]
+
+_TIOCGEXCL = 0x80045440  # _IOR('T', 0x40, int), Linux 3.8; not in Python's termios
 
 
 def save(fds: Iterable[int]) -> list[Saved]:
@@ -37,9 +42,11 @@ def save(fds: Iterable[int]) -> list[Saved]:
         try:
             attributes = termios.tcgetattr(fd)
             size = fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8)
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            exclusive = int.from_bytes(fcntl.ioctl(fd, _TIOCGEXCL, b"\0" * 4), "little") != 0
         except (OSError, termios.error):
             continue
-        saved.append((os.dup(fd), attributes, size))  # os.dup is close-on-exec
+        saved.append((os.dup(fd), attributes, size, flags, exclusive))  # dup: close-on-exec
     return saved
 
 
@@ -55,10 +62,13 @@ def restore(saved: list[Saved]) -> None:
     # with the signal blocked the change is made.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
     try:
-        for fd, attributes, size in saved:
+        for fd, attributes, size, flags, exclusive in saved:
             try:
                 termios.tcsetattr(fd, termios.TCSANOW, attributes)
                 fcntl.ioctl(fd, termios.TIOCSWINSZ, size)
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+                fcntl.ioctl(fd, termios.TIOCEXCL if exclusive else termios.TIOCNXCL)
+                termios.tcflow(fd, termios.TCOON)  # output the session suspended flows again
             except (OSError, termios.error):
                 pass  # the terminal is gone: nothing to restore
             finally:

@@ -60,6 +60,7 @@ def test_golden_options_of_a_small_plan() -> None:
         "--cap-drop",
         "ALL",
         "--clearenv",
+        "--disable-userns",
         "--setenv", "HOME", "/tmp/home",
         "--setenv", "TOKEN", "s3cret value",
         "--info-fd", "4",
