@@ -40,6 +40,7 @@ def give_to_session_user(*paths: Path | str) -> None:
         return
     uid, gid = session_uid(), session_gid()
     for path in paths:
+        os.lchown(path, uid, gid)  # a file too (os.walk yields nothing for one)
         for root, names, files in os.walk(path):
             os.chown(root, uid, gid)
             for name in [*names, *files]:

@@ -299,3 +299,74 @@ def test_rules_of_kind_bind_only_judge_sources() -> None:
     rules = [p.DenyRule("/", "everything", origin="--deny")]
     _policy.check_plan(Plan.of([p.tmpfs("/tmp", "private")], deny=rules))
     assert all(e.kind is not Kind.BIND for e in Plan.of([p.tmpfs("/tmp", "x")]).entries)
+
+
+# ------------------------------------------------------------------ found by an attacker's pass
+
+
+def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
+    ws_run: tuple[Path, Path], standin: Path, tmp_path: Path
+) -> None:
+    """A directory whose file system holds a second name of a denied key may hold that name:
+    binding it is refused, naming the key."""
+    lib = tmp_path / "checkout" / "lib"
+    lib.mkdir(parents=True)
+    os.link(standin / ".ssh" / "id_ed25519", lib / "key")
+    assert "id_ed25519" in refusal(ws_run, {"HOME": str(standin)}, ro=[lib])
+
+
+_VIEW_BELOW = r"""
+import os, subprocess, sys
+from nsconfine import _plan as p, _policy
+from nsconfine._errors import PlanError
+home, lib = sys.argv[1], sys.argv[2]
+subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), os.path.join(lib, "view")],
+               check=True)
+rules = _policy.default_deny(homes=[home], environ={})
+plan = p.Plan.of([p.ro_bind(lib, "/lib", "a runner directory")], deny=rules)
+try:
+    _policy.check_plan(plan)
+    print("allowed")
+except PlanError as refused:
+    print("refused", refused.message)
+"""
+
+
+def test_a_bind_mount_view_below_a_bound_directory_is_refused(
+    standin: Path, tmp_path: Path
+) -> None:
+    """A host mount of ~/.ssh below a bound directory would be carried into the sandbox (bwrap
+    binds recursively): refused."""
+    lib = tmp_path / "lib"
+    (lib / "view").mkdir(parents=True)
+    unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
+    result = subprocess.run(
+        [*unshare, sys.executable, "-c", _VIEW_BELOW, str(standin), str(lib)],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.stdout.startswith("refused"), result.stdout + result.stderr
+    assert ".ssh" in result.stdout
+
+
+@pytest.mark.parametrize("character", ["\u0085", "\u009b", "\u202e", "\u2066", "\u2028"])
+def test_unicode_controls_are_escaped(character: str) -> None:
+    """C1 controls, bidi overrides and line separators are escaped in readable output."""
+    plan = Plan.of([p.tmpfs("/tmp", f"reason{character}bind rw /root/.ssh")])
+    assert character not in plan.manifest()
+    assert character not in p.printable(f"x{character}y")
+
+
+def test_a_dangling_tool_socket_is_a_clean_refusal(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A tool socket that is a dangling symlink is refused by name, not a traceback."""
+    (link := tmp_path / "tool.sock").symlink_to(tmp_path / "gone.sock")
+    assert "tool.sock" in refusal(ws_run, {}, tool_socket=link)
+
+
+def test_a_store_variable_with_a_tilde_is_denied(ws_run: tuple[Path, Path], standin: Path) -> None:
+    """AWS_SHARED_CREDENTIALS_FILE=~/creds (as a systemd unit writes it, unexpanded) denies
+    the file in every home."""
+    (creds := standin / "creds").write_text("aws_secret_access_key=x\n")
+    environ = {"HOME": str(standin), "AWS_SHARED_CREDENTIALS_FILE": "~/creds"}
+    assert "creds" in refusal(ws_run, environ, ro=[creds])

@@ -307,3 +307,213 @@ def test_protection_holds_for_the_session_user(tmp_path: Path) -> None:
     assert (workspace / "ordinary.txt").read_text() == "ok\n"
     if SESSION_USER:
         assert (workspace / "ordinary.txt").owner() == SESSION_USER
+
+
+# ------------------------------------------------------------------ found by an attacker's pass
+
+
+def _host_git(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The host's git in the workspace, as the host user would run it (no global config)."""
+    environ = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(workspace.parent)}
+    return subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", str(workspace), *args],
+        capture_output=True, text=True, env=environ, check=False,
+    )  # fmt: skip
+
+
+_EVIL_CONFIG = "[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch /tmp/pwned\\n"
+
+
+def test_commondir_cannot_redirect_git_config(repo: tuple[Path, Path]) -> None:
+    """A session cannot point .git/commondir at a directory of its own, whose config (and
+    hooks) the host's git would then run."""
+    workspace = repo[0]
+    plan = session(*repo).plan()
+    run(
+        plan,
+        f"cd {workspace}; mkdir -p evil; cp -r .git/objects .git/refs .git/HEAD evil/; "
+        f"printf '{_EVIL_CONFIG}' > evil/config; echo ../evil > .git/commondir; true",
+    )
+    assert _host_git(workspace, "config", "--get", "core.fsmonitor").stdout == ""
+    assert _host_git(workspace, "status", "--short").returncode == 0
+
+
+def test_git_works_with_commondir_protected(repo: tuple[Path, Path]) -> None:
+    """The control for the test above: git in the session and on the host keeps working."""
+    plan = session(*repo).plan()
+    status, output = run(plan, _git_script(repo[0]))
+    assert status == 0, output
+    assert _host_git(repo[0], "log", "--oneline").stdout.count("\n") == 2
+
+
+@pytest.mark.parametrize("linked", [".git/config", ".git/hooks/pre-commit", ".envrc"])
+def test_a_hardlink_cannot_keep_a_protected_file_writable(
+    repo: tuple[Path, Path], linked: str
+) -> None:
+    """A second name for a protected file (made by an earlier session, before the file was
+    protected) does not make it writable: the launch is refused, or the file is unchanged."""
+    workspace = repo[0]
+    target = workspace / linked
+    if not target.exists():
+        target.write_text("#!/bin/sh\n")
+    give_to_session_user(target)
+    before = target.read_text()
+    os.link(target, workspace / "notes.txt")
+    plan = session(*repo).plan()
+    run(plan, f"echo evil >> {workspace}/notes.txt")
+    assert target.read_text() == before
+
+
+def test_a_hardlinked_read_only_runner_file_is_refused(tmp_path: Path) -> None:
+    """A --ro file inside the workspace with a second, writable name there is refused."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    (runner := workspace / "runner.py").write_text("print(1)\n")
+    os.link(runner, workspace / "alias.py")
+    give_to_session_user(workspace)
+    with pytest.raises(nsconfine.NsconfineError, match=r"runner\.py"):
+        nsconfine.spawn(session(workspace, run_dir, ro=[runner]).plan(), ["/bin/true"]).wait()
+
+
+def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_path: Path) -> None:
+    """Session A (another launcher process) ends while session B of the same workspace runs:
+    B's protected paths stay protected, and no stub is left once both have ended."""
+    from helpers import python_child
+
+    workspace = repo[0]
+    (run_b,) = session_dirs(tmp_path, "run-b")
+    before = sorted(str(p) for p in workspace.rglob("*"))
+    first = python_child(
+        """
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
+        nsconfine.spawn(plan, ["sleep", "1.5"]).wait()
+        """,
+        str(workspace), str(repo[1]), SESSION_USER or "",
+    )  # fmt: skip
+    time.sleep(0.7)  # A is running: B's launch finds A's stubs
+    plan_b = session(workspace, run_b).plan()
+    _status, output = run(
+        plan_b,
+        f"cd {workspace}; sleep 2.5; (echo evil > .mcp.json) 2>/dev/null; "
+        "(mkdir -p .vscode && echo {{}} > .vscode/tasks.json) 2>/dev/null; ls -a",
+    )
+    assert first.wait(timeout=60) == 0
+    assert (
+        not (workspace / ".mcp.json").exists()
+        or "evil" not in (workspace / ".mcp.json").read_text()
+    )
+    assert not (workspace / ".vscode" / "tasks.json").exists(), output
+    assert sorted(str(p) for p in workspace.rglob("*")) == before
+
+
+@pytest.fixture
+def repo_with_submodule(repo: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """The repo fixture with a submodule `sub` and a linked worktree `wt` beside it."""
+    workspace = repo[0]
+    environ = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path)}
+    source = tmp_path / "sub-source"
+
+    def git(where: Path, *args: str) -> None:
+        subprocess.run(
+            ["git", "-c", "safe.directory=*", "-c", "protocol.file.allow=always",
+             "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(where), *args],
+            check=True, capture_output=True, env=environ,
+        )  # fmt: skip
+
+    source.mkdir()
+    git(source, "init", "-q")
+    git(source, "commit", "-q", "--allow-empty", "-m", "s")
+    git(workspace, "submodule", "-q", "add", str(source), "sub")
+    git(workspace, "worktree", "add", "-q", str(workspace / "wt"))
+    give_to_session_user(workspace)
+    return repo
+
+
+@pytest.mark.parametrize(
+    "relative",
+    [".git/modules/sub/config", ".git/modules/sub/hooks/x", ".git/worktrees/wt/commondir"],
+)
+def test_submodule_and_worktree_git_dirs_are_protected(
+    repo_with_submodule: tuple[Path, Path], relative: str
+) -> None:
+    """A submodule's git directory (.git/modules/NAME) and a linked worktree's are protected
+    like the repository's own."""
+    workspace = repo_with_submodule[0]
+    target = workspace / relative
+    before = target.read_text() if target.exists() else None
+    plan = session(*repo_with_submodule).plan()
+    run(plan, f"(printf '{_EVIL_CONFIG}' >> {target}) 2>/dev/null; true")
+    if before is None:
+        assert not target.exists()
+    else:
+        assert target.read_text() == before
+
+
+def test_a_deep_repository_is_protected(repo: tuple[Path, Path]) -> None:
+    """A repository six levels below the workspace is found and protected."""
+    workspace = repo[0]
+    deep = workspace / "a" / "b" / "c" / "d" / "e" / "deep"
+    deep.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(deep)], check=True, capture_output=True)
+    give_to_session_user(workspace)
+    plan = session(*repo).plan()
+    assert str(deep / ".git" / "config") in {e.dest for e in plan.entries}
+
+
+def test_a_repository_scan_cut_short_refuses_the_plan(
+    repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workspace with more directories than the scan looks through is refused by name,
+    never protected less than it says."""
+    from nsconfine import _protect
+
+    monkeypatch.setattr(_protect, "REPOSITORY_SCAN", 20)
+    for index in range(30):
+        (repo[0] / f"d{index}").mkdir()
+    with pytest.raises(nsconfine.PlanError, match="directories"):
+        session(*repo).plan()
+
+
+@pytest.mark.parametrize("name", [".claude", ".vscode"])
+def test_a_file_where_a_protected_directory_goes_stays(repo: tuple[Path, Path], name: str) -> None:
+    """A regular file where a protected directory belongs is kept read-only: the session cannot
+    replace it by the directory the host trusts."""
+    workspace = repo[0]
+    (blocker := workspace / "vendor" / "lib" / name).write_text("a file\n")
+    give_to_session_user(workspace)
+    plan = session(*repo).plan()
+    run(
+        plan,
+        f"cd {blocker.parent}; rm -f {name}; mkdir -p {name}/commands; "
+        f"echo evil > {name}/settings.json; echo evil > {name}/tasks.json; true",
+    )
+    assert blocker.is_file()
+    assert blocker.read_text() == "a file\n"
+
+
+def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None:
+    """A workspace named through a legitimate symlink (made by the host) launches."""
+    session_dirs(tmp_path / "real", "ws", "run")
+    (alias := tmp_path / "alias").symlink_to(tmp_path / "real")
+    plan = session(alias / "ws", alias / "run").plan()
+    assert run(plan, "true") == (0, "")
+
+
+def test_many_repositories_are_refused_by_what_they_are(repo: tuple[Path, Path]) -> None:
+    """A workspace with more repositories than one plan can protect is refused, saying so (not
+    blaming runner files)."""
+    for index in range(400):
+        subprocess.run(["git", "init", "-q", str(repo[0] / f"r{index}")], check=True,
+                       capture_output=True)  # fmt: skip
+    with pytest.raises(nsconfine.PlanError, match="repositories") as refused:
+        session(*repo).plan()
+    assert "runner files" not in refused.value.message
+
+
+def test_a_stub_turned_into_a_dangling_symlink_is_a_clean_refusal(repo: tuple[Path, Path]) -> None:
+    """A plan built, then its stub's place made a dangling symlink before the launch: a clean
+    refusal (never an OSError that reads as the command failing)."""
+    workspace = repo[0]
+    plan = session(*repo).plan()
+    (workspace / ".mcp.json").symlink_to("/nonexistent")
+    with pytest.raises(nsconfine.NsconfineError):
+        nsconfine.spawn(plan, ["/bin/true"]).wait()
