@@ -91,3 +91,10 @@ def scratch_directory(prefix: str) -> str:
             except OSError:
                 continue
     return tempfile.mkdtemp(prefix=prefix)
+
+
+def records_directory(name: str) -> str:
+    """Where nsconfine keeps its records of kind name for this account:
+    $XDG_CACHE_HOME/nsconfine/name, else ~/.cache/nsconfine/name (both in every deny set)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "nsconfine", name)

@@ -260,12 +260,7 @@ def stage(
     sandbox is checked (namespaces, shim, mount table). judged: each source's identity as the
     lint saw it (check_plan's result); bind_fds: bwrap takes --bind-fd; stdio: bwrap's 0-2
     (-1: inherit)."""
-    stubs = _mountpoints.prepare(plan, judged or {})
-    try:
-        sources = _mountpoints.open_sources(plan, judged or {}, stubs)
-    except BaseException:
-        _mountpoints.remove(stubs)
-        raise
+    stubs, sources = _mountpoints.open_for_launch(plan, judged or {})
     try:
         identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
         staged = _start(bwrap, plan, sources if bind_fds else None, stdio, idle_timeout_ms)

@@ -12,8 +12,17 @@ GHSA-pxhw-h44j-8pfx), and creates what is missing. So, before bwrap runs:
 - every mount point that lies inside a writable bind (a protected path, a pinned directory, a
   runner file in the workspace, HOME in the run directory) is walked from the writable bind's
   own fd one component at a time without following symlinks; a symlink anywhere is refused by
-  name; a missing stub is made (an empty file or directory, the session's account's) and
-  removed after the session if it is still the empty one made here.
+  name; a missing stub is made (see nsconfine._plan.STUBS, the session's account's);
+- a read-only file there must have no second name (a hardlink the session can write), and a
+  read-only directory there no such file and no symlink out to where the session writes.
+
+Stubs are shared by every launch of a workspace, from any process of this account: each launch
+that binds one holds a shared lock on its token (a file named by the stub's device and inode in
+the account's records directory, which no session can see) for as long as its sandbox lives,
+and the last one to let go removes the stub, if it is still the one made. Tokens are taken and
+stubs removed under one lock of the records directory, so a stub is never removed between
+another launch finding it and locking its token. A stub left by a launcher that was killed is
+adopted by the next launch that finds its token, and removed after it.
 
 What stays open: a process that swaps a directory for a symlink *during* a launch, after this
 walk and before bwrap makes its mount point, can still send bwrap's mount elsewhere in the
@@ -25,48 +34,123 @@ directories mount points stop a session of the same plan from doing it.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
-import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from nsconfine import _syscalls
 from nsconfine._errors import PlanError, SandboxUnavailable
-from nsconfine._plan import Entry, Kind, Mode, Plan, RunAs, printable
+from nsconfine._plan import COMMONDIR_STUB, Entry, Kind, Mode, Plan, RunAs, printable
 
 Identity = tuple[int, int]
 
+# How many entries of a read-only directory inside a writable bind are looked through for a
+# second name or a symlink out; past it the launch is refused.
+PROTECTED_DIRECTORY_SCAN = 10_000
+
 
 class Stub:
-    """An empty file or directory made at launch as a mount point, removed once no sandbox of
-    this process binds it any more: found again from its writable bind's resolved path, one
-    component at a time, without following symlinks, and removed only if still the same empty
-    file or directory. (Launches of one workspace from different processes do not know of each
-    other's stubs: one may remove a stub another is about to bind, which then fails to set up.)"""
+    """A mount point made at launch (or adopted from an earlier launch), held through its
+    token until the sandbox that binds it ends."""
 
-    __slots__ = ("identity", "kind", "parts", "top", "users")
+    __slots__ = ("identity", "kind", "parts", "token", "top")
 
-    def __init__(self, top: str, parts: list[str], kind: str, identity: Identity) -> None:
-        self.top = top
-        self.parts = parts
+    def __init__(
+        self, top: str, parts: list[str], kind: str, identity: Identity, token: int
+    ) -> None:
+        self.top = top  # the writable bind's resolved path
+        self.parts = parts  # the path below it, one component each
         self.kind = kind
         self.identity = identity
-        self.users = 1  # sandboxes of this process that bind it
+        self.token = token  # an fd holding a shared lock on the stub's token
 
 
-_made: dict[Identity, Stub] = {}  # the stubs this process made and has not removed yet
-_made_lock = threading.Lock()
+# ------------------------------------------------------------------ the records of stubs
 
 
-def _use(fd: int, stubs: list[Stub]) -> None:
-    """If fd is a stub this process made (for another sandbox of the same workspace), count
-    this sandbox among its users and keep it in stubs."""
-    info = os.fstat(fd)
-    with _made_lock:
-        stub = _made.get((info.st_dev, info.st_ino))
-        if stub is not None and stub not in stubs:
-            stub.users += 1
-            stubs.append(stub)
+def _records() -> str:
+    """The account's directory of stub tokens, made 0700 if missing; refused if anyone else
+    could write it."""
+    from nsconfine._accounts import records_directory
+
+    directory = records_directory("mountpoints")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError:
+        # No writable home (a system account): a directory of this uid's own in /tmp, which
+        # every launcher of this account with the same environment picks alike.
+        directory = f"/tmp/nsconfine-{os.geteuid()}/mountpoints"
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as error:
+            raise SandboxUnavailable(
+                f"cannot keep the records of the mount points it makes in "
+                f"{printable(directory)} ({error.strerror}): set XDG_CACHE_HOME to a directory "
+                "this account can write"
+            ) from None
+    info = os.lstat(directory)
+    parent = os.lstat(os.path.dirname(directory))
+    if any(i.st_uid != os.geteuid() or i.st_mode & 0o022 for i in (info, parent)):
+        raise SandboxUnavailable(
+            f"{printable(directory)} must belong to this account and be writable by no one "
+            "else: it records the mount points nsconfine makes in workspaces"
+        )
+    return directory
+
+
+@contextmanager
+def _records_locked() -> Iterator[str]:
+    """The records directory, with its lock held (by this open file: threads exclude each
+    other too)."""
+    directory = _records()
+    fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield directory
+    finally:
+        os.close(fd)
+
+
+def _token_path(records: str, identity: Identity) -> str:
+    return os.path.join(records, f"{identity[0]}-{identity[1]}")
+
+
+def _take_token(records: str, identity: Identity, where: str, create: bool) -> int:
+    """A shared lock on identity's token, made (create) or found naming where; -1 if there is
+    no such token (the file at where is not a stub)."""
+    path = _token_path(records, identity)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        return -1
+    if create:
+        os.ftruncate(fd, 0)
+        os.write(fd, os.fsencode(where))
+    elif os.pread(fd, 8192, 0) != os.fsencode(where):  # the inode number, reused elsewhere
+        os.close(fd)
+        return -1
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def is_stub(path: str) -> bool:
+    """Is the file at path a stub a launch of this account made (and still holds, or left)?
+    A plan built while another session of the workspace runs treats it as missing, as it
+    will be once that session ends."""
+    try:
+        info = os.lstat(path)
+        records = _records()
+        with open(_token_path(records, (info.st_dev, info.st_ino)), "rb") as token:
+            recorded = token.read(8192)
+    except (OSError, SandboxUnavailable):
+        return False
+    where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    return recorded == os.fsencode(where)
+
+
+# ------------------------------------------------------------------ preparing a launch
 
 
 def _outermost_writable(plan: Plan) -> list[Entry]:
@@ -84,40 +168,55 @@ def _inside(dest: str, top: str) -> str | None:
     return dest[len(prefix) :] if dest.startswith(prefix) else None
 
 
-def prepare(plan: Plan, judged: Mapping[str, Identity | None]) -> list[Stub]:
+def open_for_launch(
+    plan: Plan, judged: Mapping[str, Identity | None]
+) -> tuple[list[Stub], dict[str, int]]:
     """Walk, check and (where the plan says so) make every mount point inside the plan's
-    writable binds; the stubs made. judged: each source's identity as the lint saw it."""
+    writable binds, then open every bind's source; the stubs held and dest -> an O_PATH fd of
+    each source (the caller closes them, and removes the stubs once the sandbox is gone).
+    judged: each source's identity as the lint saw it."""
+    tops = [(top, _resolved(top.source)) for top in _outermost_writable(plan)]
+    inner = [
+        (entry, top, resolved, relative)
+        for entry in plan.entries
+        if entry.kind in (Kind.BIND, Kind.DIR)
+        for top, resolved in tops
+        if (relative := _inside(entry.dest, top.dest)) is not None
+    ]
     stubs: list[Stub] = []
+    fds: dict[str, int] = {}
     try:
-        for top in _outermost_writable(plan):
-            top_fd = _open_judged(top.source, judged)
-            try:
-                for entry in plan.entries:
-                    relative = _inside(entry.dest, top.dest)
-                    if relative is not None and entry.kind in (Kind.BIND, Kind.DIR):
-                        stub = _mount_point(top, top_fd, relative, entry, plan.user)
-                        if stub is not None:
-                            stubs.append(stub)
-            finally:
-                os.close(top_fd)
+        if inner:
+            with _records_locked() as records:
+                for entry, top, resolved, relative in inner:
+                    stub = _mount_point(records, top, resolved, relative, entry, plan.user)
+                    if stub is not None:
+                        stubs.append(stub)
+                    if entry.kind is Kind.BIND:  # opened while no launch can remove a stub
+                        fds[entry.dest] = _open_inside(resolved, relative, entry, judged)
+        for entry in plan.entries:
+            if entry.kind is Kind.BIND and entry.dest not in fds:
+                fds[entry.dest] = _open_judged(entry.source, judged)
+        writable = [resolved for _top, resolved in tops]
+        for entry, _top, _resolved_top, _relative in inner:
+            if entry.kind is Kind.BIND and entry.mode is Mode.RO:
+                _refuse_writable_names(entry, fds[entry.dest], writable)
     except BaseException:
+        for fd in fds.values():
+            os.close(fd)
         remove(stubs)
         raise
-    return stubs
+    return stubs, fds
 
 
-def prepare_one(plan: Plan, entry: Entry, judged: Mapping[str, Identity | None]) -> list[Stub]:
-    """prepare() for one entry: its stub, made again."""
-    for top in _outermost_writable(plan):
-        relative = _inside(entry.dest, top.dest)
-        if relative is not None:
-            top_fd = _open_judged(top.source, judged)
-            try:
-                stub = _mount_point(top, top_fd, relative, entry, plan.user)
-            finally:
-                os.close(top_fd)
-            return [] if stub is None else [stub]
-    return []
+def _resolved(path: str) -> str:
+    try:
+        return _syscalls.realpath(path)
+    except OSError as error:
+        raise SandboxUnavailable(
+            f"{printable(path)} cannot be reached ({error.strerror}): it changed since its plan "
+            "was checked; nothing was run"
+        ) from None
 
 
 def _open_judged(source: str, judged: Mapping[str, Identity | None]) -> int:
@@ -131,6 +230,11 @@ def _open_judged(source: str, judged: Mapping[str, Identity | None]) -> int:
             f"{printable(source)} changed since its plan was checked ({error.strerror}): a "
             "symlink appeared on its way, or it is gone; nothing was run"
         ) from None
+    _check_judged(fd, source, judged)
+    return fd
+
+
+def _check_judged(fd: int, source: str, judged: Mapping[str, Identity | None]) -> None:
     info = os.fstat(fd)
     expected = judged.get(source)
     if expected is not None and expected != (info.st_dev, info.st_ino):
@@ -139,76 +243,78 @@ def _open_judged(source: str, judged: Mapping[str, Identity | None]) -> int:
             f"{printable(source)} was replaced since its plan was checked: nothing was run; "
             "launch again"
         )
-    return fd
 
 
-def open_sources(
-    plan: Plan, judged: Mapping[str, Identity | None], stubs: list[Stub]
-) -> dict[str, int]:
-    """dest -> an O_PATH fd of each bind's source (see _open_judged); the caller closes them.
-    A stub is anyone's empty placeholder, judged by nobody: if another launch of the same
-    workspace removed it since prepare() saw it, it is made again (and added to stubs)."""
-    fds: dict[str, int] = {}
-    try:
-        for entry in plan.entries:
-            if entry.kind is not Kind.BIND:
-                continue
-            if entry.stub is None:
-                fds[entry.dest] = _open_judged(entry.source, judged)
-                continue
-            for _attempt in range(3):
-                try:
-                    fds[entry.dest] = _syscalls.open_no_symlinks(entry.source)
-                    _use(fds[entry.dest], stubs)
-                    break
-                except OSError as error:
-                    if error.errno == errno.ENOENT:
-                        stubs += prepare_one(plan, entry, judged)
-                        continue
-                    raise SandboxUnavailable(
-                        f"{printable(entry.source)} cannot be opened ({error.strerror}): a "
-                        "symlink appeared on its way; nothing was run"
-                    ) from None
-            else:
-                raise SandboxUnavailable(f"{printable(entry.source)} keeps disappearing")
-    except BaseException:
-        for fd in fds.values():
-            os.close(fd)
-        raise
-    return fds
-
-
-def _mount_point(top: Entry, top_fd: int, relative: str, entry: Entry, user: RunAs) -> Stub | None:
-    """Walk from the writable bind's fd to entry's mount point without following symlinks;
-    make it if the entry says so (a stub, or a DIR the session keeps). The stub made, if any."""
-    parts = relative.split("/")
-    fd = os.dup(top_fd)
+def _walk_to_parent(top: str, parts: list[str], where: str) -> int:
+    """An O_PATH fd of the directory holding parts[-1] below top, reached one component at a
+    time without following a symlink (refused by name: a session may have planted it)."""
+    fd = _syscalls.open_no_symlinks(top)
     try:
         for depth, part in enumerate(parts[:-1]):
-            where = os.path.join(top.dest, *parts[: depth + 1])
             try:
                 next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
             except OSError as error:
-                raise PlanError(_refusal(where, error)) from None
+                shown = os.path.join(os.path.dirname(where), *parts[: depth + 1])
+                raise PlanError(_refusal(shown, error)) from None
             os.close(fd)
             fd = next_fd
-        name = parts[-1]
-        where = entry.dest
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_inside(
+    top: str, relative: str, entry: Entry, judged: Mapping[str, Identity | None]
+) -> int:
+    """An O_PATH fd of a bind's source that lies inside a writable bind, reached from that
+    bind's resolved path (a symlink above the workspace, the host's own, is fine)."""
+    parts = relative.split("/")
+    parent = _walk_to_parent(top, parts, entry.dest)
+    try:
+        fd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as error:
+        raise SandboxUnavailable(
+            f"{printable(entry.source)} cannot be opened ({error.strerror}): it changed during "
+            "the launch; nothing was run"
+        ) from None
+    finally:
+        os.close(parent)
+    if stat.S_ISLNK(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PlanError(_refusal(entry.dest, None))
+    _check_judged(fd, entry.source, judged)
+    return fd
+
+
+def _mount_point(
+    records: str, top: Entry, resolved: str, relative: str, entry: Entry, user: RunAs
+) -> Stub | None:
+    """Walk from the writable bind to entry's mount point without following symlinks; make
+    it if it is missing and the entry says so (a stub, or a DIR the session keeps). The stub
+    this launch now holds, if it is one (made now, or by an earlier launch)."""
+    parts = relative.split("/")
+    parent = _walk_to_parent(resolved, parts, entry.dest)
+    name, where = parts[-1], os.path.join(resolved, relative)
+    try:
         try:
-            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
         except FileNotFoundError:
-            made = _make(fd, name, where, entry, user)
+            made = _make(parent, name, entry, user)
             if made is None:
                 return None
-            stub = Stub(_syscalls.realpath(top.source), parts, made[0], made[1])
-            with _made_lock:
-                _made[stub.identity] = stub
-            return stub
-        if stat.S_ISLNK(mode):
-            raise PlanError(_refusal(where, None))
-        return None
+            kind, identity = made
+            token = _take_token(records, identity, where, create=True)
+            return Stub(resolved, parts, kind, identity, token)
+        if stat.S_ISLNK(info.st_mode):
+            raise PlanError(_refusal(entry.dest, None))
+        if entry.stub is None:
+            return None
+        identity = (info.st_dev, info.st_ino)
+        token = _take_token(records, identity, where, create=False)
+        return None if token < 0 else Stub(resolved, parts, entry.stub, identity, token)
     finally:
-        os.close(fd)
+        os.close(parent)
 
 
 def _refusal(where: str, error: OSError | None) -> str:
@@ -220,29 +326,26 @@ def _refusal(where: str, error: OSError | None) -> str:
     return f"{printable(where)} cannot be used as a mount point: {error.strerror}"
 
 
-def _make(
-    parent_fd: int, name: str, where: str, entry: Entry, user: RunAs
-) -> tuple[str, Identity] | None:
+def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> tuple[str, Identity] | None:
     """Make the missing mount point; its kind and identity if it is a stub to remove later."""
     kind = "dir" if entry.kind is Kind.DIR else entry.stub
     if kind is None:
         raise PlanError(
-            f"{printable(where)} is missing since its plan was built: build the plan again"
+            f"{printable(entry.dest)} is missing since its plan was built: build the plan again"
         )
     try:
         if kind == "dir":
             os.mkdir(name, 0o755, dir_fd=parent_fd)
         else:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(name, flags, 0o644, dir_fd=parent_fd))
-    except FileExistsError:
-        # Another launch of this workspace made it meanwhile: theirs to remove, ours to use,
-        # unless it is a symlink.
-        if stat.S_ISLNK(os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode):
-            raise PlanError(_refusal(where, None)) from None
-        return None
+            fd = os.open(name, flags, 0o644, dir_fd=parent_fd)
+            try:
+                if kind == "commondir":
+                    os.write(fd, COMMONDIR_STUB)
+            finally:
+                os.close(fd)
     except OSError as error:
-        raise PlanError(f"{printable(where)} cannot be made: {error.strerror}") from None
+        raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from None
     if os.geteuid() == 0 and user.uid != 0:
         os.chown(name, user.uid, user.gid, dir_fd=parent_fd, follow_symlinks=False)
     if entry.kind is Kind.DIR:
@@ -251,32 +354,116 @@ def _make(
     return kind, (info.st_dev, info.st_ino)
 
 
+def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
+    """A read-only bind inside a writable one must not be writable under another name: a
+    file with a second name (a hardlink, made while it was not protected) is written through
+    that name; a directory must hold no such file, and no symlink out to where the session
+    writes (the host would follow it into the session's own files)."""
+    info = os.fstat(fd)
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise PlanError(
+            f"{printable(entry.source)} has {info.st_nlink} names (hardlinks): another may lie "
+            "where the session writes and change it there; keep one name "
+            f"(`find {printable(entry.source)} -samefile` … lists them), then launch again"
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        return
+    seen = 0
+    base = f"/proc/self/fd/{fd}"
+    own = os.path.realpath(base).rstrip("/") + "/"
+    for root, dirs, files in os.walk(base):
+        for name in [*files, *dirs]:
+            path = os.path.join(root, name)
+            shown = printable(entry.source + path[len(base) :])
+            member = os.lstat(path)
+            if stat.S_ISREG(member.st_mode) and member.st_nlink > 1:
+                raise PlanError(
+                    f"{shown} has {member.st_nlink} names (hardlinks): another may lie where "
+                    "the session writes and change it there; keep one name, then launch again"
+                )
+            if stat.S_ISLNK(member.st_mode):
+                target = os.path.realpath(path)
+                leaves = not (target + "/").startswith(own)
+                if leaves and any(_within(target, top) for top in writable):
+                    raise PlanError(
+                        f"{shown} is a symlink to {printable(target)}, which the session can "
+                        "write: the host would follow it into the session's own file; make it "
+                        "a file, or remove it"
+                    )
+        seen += len(files) + len(dirs)
+        if seen > PROTECTED_DIRECTORY_SCAN:
+            raise PlanError(
+                f"{printable(entry.source)} holds more than {PROTECTED_DIRECTORY_SCAN:,} "
+                "entries: too many to check that none can be changed from the workspace"
+            )
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+# ------------------------------------------------------------------ after a sandbox
+
+
 def remove(stubs: list[Stub]) -> None:
-    """A sandbox is done with stubs: remove each one no other sandbox of this process binds,
-    if it is still the empty file or directory made at launch."""
-    for stub in reversed(stubs):
-        with _made_lock:
-            stub.users -= 1
-            if stub.users > 0:
-                continue
-            _made.pop(stub.identity, None)
-        parent = -1
-        try:
-            parent = _syscalls.open_no_symlinks(stub.top)
-            for part in stub.parts[:-1]:
-                next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=parent)
-                os.close(parent)
-                parent = next_fd
-            name = stub.parts[-1]
-            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            if (info.st_dev, info.st_ino) == stub.identity:
-                if stub.kind == "dir" and stat.S_ISDIR(info.st_mode):
-                    os.rmdir(name, dir_fd=parent)  # refused if not empty: then kept
-                elif stat.S_ISREG(info.st_mode) and info.st_size == 0:
-                    os.unlink(name, dir_fd=parent)
-        except OSError:
-            pass  # gone, changed or no longer empty: not ours to remove
-        finally:
-            if parent >= 0:
-                os.close(parent)
+    """A sandbox is done with stubs: let go of each, and remove those no other launch holds,
+    if each is still the stub made."""
+    if not stubs:
+        return
+    try:
+        with _records_locked() as records:
+            for stub in reversed(stubs):
+                os.close(stub.token)
+                _remove_if_unused(records, stub)
+    except SandboxUnavailable:
+        for stub in stubs:  # the records went away: keep the stubs, let go of the tokens
+            try:
+                os.close(stub.token)
+            except OSError:
+                pass
     stubs.clear()
+
+
+def _remove_if_unused(records: str, stub: Stub) -> None:
+    token_path = _token_path(records, stub.identity)
+    try:
+        token = os.open(token_path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(token, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another launch holds it: the last one removes it
+        os.close(token)
+        return
+    try:
+        _remove_stub(stub)
+        os.unlink(token_path)
+    except OSError:
+        pass
+    finally:
+        os.close(token)
+
+
+def _remove_stub(stub: Stub) -> None:
+    """Remove the stub if it is still the one made: the same inode, and empty (or, for a
+    commondir, holding "." alone)."""
+    parent = -1
+    try:
+        parent = _walk_to_parent(stub.top, stub.parts, os.path.join(stub.top, *stub.parts))
+        name = stub.parts[-1]
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if (info.st_dev, info.st_ino) != stub.identity:
+            return
+        if stub.kind == "dir" and stat.S_ISDIR(info.st_mode):
+            os.rmdir(name, dir_fd=parent)  # refused if not empty: then kept
+        elif stat.S_ISREG(info.st_mode) and info.st_size == _stub_size(stub.kind):
+            os.unlink(name, dir_fd=parent)
+    except (OSError, PlanError):
+        pass  # gone, changed or no longer empty: not ours to remove
+    finally:
+        if parent >= 0:
+            os.close(parent)
+
+
+def _stub_size(kind: str) -> int:
+    return len(COMMONDIR_STUB) if kind == "commondir" else 0

@@ -21,16 +21,37 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # refused in paths outright
+_SUSPECT = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII is looked at
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+# Unicode categories a terminal may act on instead of showing: controls (C0, C1), format
+# characters (bidi overrides and isolates, zero-width ones), line and paragraph separators.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def is_hidden(character: str) -> bool:
+    """Would a terminal act on character rather than show it (a newline, a bidi override)?"""
+    if " " <= character <= "~":
+        return False
+    import unicodedata  # only for text that is not plain ASCII
+
+    return unicodedata.category(character) in _HIDDEN_CATEGORIES
 
 
 def printable(text: str) -> str:
-    """text with control characters written as escapes: what a person reads (a manifest row, a
-    refusal) cannot be forged by a newline or a terminal sequence inside a path."""
-    if not _CONTROL.search(text):
+    """text with control and format characters written as escapes: what a person reads (a
+    manifest row, a refusal) cannot be forged by a newline, a C1 control, a bidi override or a
+    terminal sequence inside a path."""
+    if not _SUSPECT.search(text):
         return text
-    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+    return "".join(_escaped(c) if is_hidden(c) else c for c in text)
+
+
+def _escaped(character: str) -> str:
+    code = ord(character)
+    if character in _ESCAPES:
+        return _ESCAPES[character]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class Kind(enum.StrEnum):
@@ -113,8 +134,10 @@ class Entry(Record):
             raise PlanError(f"only copies, and every copy, carry permission bits ({self.dest!r})")
         if self.sha256 is not None and self.kind is not Kind.BIND:
             raise PlanError(f"only binds can be pinned by digest ({self.dest!r})")
-        if self.stub not in (None, "file", "dir") or (self.stub and self.kind is not Kind.BIND):
-            raise PlanError(f"only binds can have a stub, a file or a dir ({self.dest!r})")
+        if (self.stub is not None and self.stub not in STUBS) or (
+            self.stub and self.kind is not Kind.BIND
+        ):
+            raise PlanError(f"only binds can have a stub, one of {sorted(STUBS)} ({self.dest!r})")
         if self.dest == "/" and self.kind is not Kind.REMOUNT_RO:
             raise PlanError("nothing may be mounted over the sandbox's root itself")
 
@@ -146,7 +169,7 @@ class Entry(Record):
     def source_label(self) -> str:
         """The source as a reader sees it: a path, a symlink target, or what makes the file."""
         if self.stub is not None and self.source == self.dest:
-            return f"{self.source} (or an empty {self.stub} made at launch)"
+            return f"{self.source} (or {STUBS[self.stub]} made at launch)"
         if self.kind is Kind.DATA:
             import hashlib  # only manifests need it; launchers import nsconfine at start-up
 
@@ -156,12 +179,21 @@ class Entry(Record):
         return self.source or f"(new {self.kind})"
 
 
+# What a bind's stub is: made as its mount point when its source is missing at launch (so that
+# the session cannot create it), and removed after the session.
+STUBS = {
+    "file": "an empty file",
+    "dir": "an empty dir",
+    "commondir": 'a git commondir naming its own directory (".")',
+}
+COMMONDIR_STUB = b".\n"  # git's commondir for "this git directory": nothing changes for git
+
+
 def ro_bind(
     source: str, dest: str, reason: str, *, sha256: str | None = None, stub: str | None = None
 ) -> Entry:
-    """A host path the session may read but not change. stub ("file" or "dir"): if the path
-    is missing at launch, nsconfine makes it, empty, as the mount point (so that the session
-    cannot create it) and removes it after the session."""
+    """A host path the session may read but not change. stub (a key of STUBS): what nsconfine
+    makes as the mount point if the path is missing at launch."""
     return Entry(Kind.BIND, dest, Mode.RO, reason, source=source, sha256=sha256, stub=stub)
 
 

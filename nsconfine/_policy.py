@@ -74,9 +74,14 @@ STORE_VARIABLES: tuple[tuple[str, str], ...] = (
     ("GIT_CONFIG_GLOBAL", "git identity and credential helpers"),
 )
 
-# How many entries of a denied directory are looked through for another name of a file with
-# several: a bound, so that a launch never walks a huge ~/.local/share.
-HARDLINK_SCAN = 20_000
+# A secret with more than one name (a hardlink) is the same secret under each. The denied
+# directories are looked through this deep, and this far in all, for files with several names
+# (key material sits near the top: ~/.ssh/id_*, ~/.config/gh/hosts.yml); a bound directory on
+# the same file system as one is then looked through for another name of it, this far, and
+# refused if it is too large to tell.
+LINKED_DEPTH = 3
+LINKED_SCAN = 5_000
+BOUND_SCAN = 50_000
 
 SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
     ("/etc/shadow", "the host's password hashes"),
@@ -186,16 +191,26 @@ def default_deny(
     homes: extra (stand-in) homes; environ: the launcher's environment."""
     environ = os.environ if environ is None else environ
     rules: list[DenyRule] = []
-    for home, origin in homes_of(environ, account, homes):
+    every_home = homes_of(environ, account, homes)
+    for home, origin in every_home:
         if os.path.isdir(home):
             rules += home_rules(home, origin)
         else:  # no store can be bound from a home that does not exist; it, by its name
             rules += home_rules(home, origin)[:1]
     for variable, reason in STORE_VARIABLES:
         value = environ.get(variable, "")
-        for path in value.split(os.pathsep) if variable == "KUBECONFIG" else [value]:
-            if os.path.isabs(path):
-                rules.append(DenyRule(os.path.normpath(path), reason, origin=f"${variable}"))
+        for named in value.split(os.pathsep) if variable == "KUBECONFIG" else [value]:
+            for path in _store_paths(named, [home for home, _ in every_home]):
+                rules.append(DenyRule(path, reason, origin=f"${variable}"))
+    cache = environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(cache):
+        rules.append(
+            DenyRule(
+                os.path.join(os.path.normpath(cache), "nsconfine"),
+                "nsconfine's own records (proven bwrap binaries, mount points it made)",
+                origin="$XDG_CACHE_HOME",
+            )
+        )
     rules += [DenyRule(path, reason, origin="the host") for path, reason in SYSTEM_SECRETS]
     runtimes = [(f"/run/user/{os.getuid()}", "the launcher's runtime directory")]
     if environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
@@ -214,6 +229,16 @@ def default_deny(
             DenyRule(agent, "the ssh-agent holding the user's keys", origin="$SSH_AUTH_SOCK")
         )
     return tuple(_unique(rules))
+
+
+def _store_paths(named: str, homes: Sequence[str]) -> list[str]:
+    """The paths a store variable's value names: itself if absolute; with a leading ~ (a
+    systemd unit does not expand it, the tool does), the same path in every home."""
+    if os.path.isabs(named):
+        return [os.path.normpath(named)]
+    if named == "~" or named.startswith("~/"):
+        return [os.path.normpath(os.path.join(home, named[2:])) for home in homes]
+    return []
 
 
 def deny_paths(paths: Iterable[str], reason: str, origin: str) -> list[DenyRule]:
@@ -301,8 +326,10 @@ class Judge:
         self.by_path = _Index()
         self.by_place: dict[str, _Index] = {}
         self.identities: dict[tuple[int, int], DenyRule] = {}
-        self.denied_dirs: list[tuple[DenyRule, str, int]] = []  # for the hardlink walk
+        self.denied_dirs: list[tuple[DenyRule, str]] = []  # looked through for hardlinks
+        self.linked: dict[tuple[int, int], tuple[DenyRule, str]] | None = None  # made lazily
         self.everything: DenyRule | None = None
+        self.linked_files: list[tuple[DenyRule, str, os.stat_result]] = []
         resolved_dirs: dict[str, str] = {}
         for rule in rules:
             resolved, info = _resolve_with(rule.path, resolved_dirs)
@@ -314,7 +341,9 @@ class Judge:
             if info is not None:
                 self.identities.setdefault((info.st_dev, info.st_ino), rule)
                 if rule.inside and stat.S_ISDIR(info.st_mode):
-                    self.denied_dirs.append((rule, resolved, info.st_dev))
+                    self.denied_dirs.append((rule, resolved))
+                elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                    self.linked_files.append((rule, resolved, info))
         self.by_path.seal()
         for index in self.by_place.values():
             index.seal()
@@ -339,26 +368,96 @@ class Judge:
         if rule is not None:
             return rule, "is (the same file as)"
         if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-            return self._hardlinked(info)
+            named = self._linked().get((info.st_dev, info.st_ino))
+            if named is not None:
+                return named[0], f"is another name (a hardlink) of {printable(named[1])}, in"
+        if stat.S_ISDIR(info.st_mode):
+            return self._mounted_below(source) or self._linked_below(source, info.st_dev)
         return None
 
-    def _hardlinked(self, info: os.stat_result) -> tuple[DenyRule, str] | None:
-        """The rule whose denied directory holds another name of this file (a hardlink), or
-        None. Walked only for files with more than one name, at most HARDLINK_SCAN entries per
-        directory."""
-        identity = (info.st_dev, info.st_ino)
-        for rule, resolved, device in self.denied_dirs:
-            if device != info.st_dev:
-                continue
-            seen = 0
-            for root, dirs, files in os.walk(resolved):
-                for name in files:
-                    if _identity(os.path.join(root, name)) == identity:
-                        return rule, "is a hardlink to a file in"
-                seen += len(files) + len(dirs)
-                if seen > HARDLINK_SCAN:
-                    break
+    def _mounted_below(self, source: str) -> tuple[DenyRule, str] | None:
+        """A host mount below source that shows a denied place (bwrap binds recursively, so a
+        bind-mount view of ~/.ssh inside a bound directory would come along)."""
+        prefix = source.rstrip("/") + "/"
+        for point, (device, root) in self.places.mounts.items():
+            index = self.by_place.get(device)
+            if index is not None and point.startswith(prefix):
+                found = index.violated(root)
+                if found is not None:
+                    return found[0], f"holds a mount ({printable(point)}) of"
         return None
+
+    def _linked(self) -> dict[tuple[int, int], tuple[DenyRule, str]]:
+        """Denied files with more than one name: named by a rule, or in a denied directory
+        (LINKED_DEPTH deep, LINKED_SCAN entries in all). Looked for once per check."""
+        if self.linked is None:
+            self.linked = {
+                (info.st_dev, info.st_ino): (rule, path) for rule, path, info in self.linked_files
+            }
+            budget = LINKED_SCAN
+            for rule, directory in self.denied_dirs:
+                budget = _collect_linked(directory, rule, LINKED_DEPTH, budget, self.linked)
+        return self.linked
+
+    def _linked_below(self, source: str, device: int) -> tuple[DenyRule, str] | None:
+        """The denied file with several names of which source holds one, looked for only when
+        such a file lies on source's file system; a directory too large to look through is
+        refused, as it could hold one."""
+        wanted = {
+            identity: named for identity, named in self._linked().items() if identity[0] == device
+        }
+        if not wanted:
+            return None
+        seen = 0
+        for root, dirs, files in os.walk(source):
+            for name in files:
+                path = os.path.join(root, name)
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                named = wanted.get((info.st_dev, info.st_ino))
+                if named is not None:
+                    return named[
+                        0
+                    ], f"holds {printable(path)}, another name of {printable(named[1])}, in"
+            seen += len(files) + len(dirs)
+            if seen > BOUND_SCAN:
+                rule, key = next(iter(wanted.values()))
+                return rule, (
+                    f"is too large to look through for another name of {printable(key)} (it "
+                    "has several, on the same file system), in"
+                )
+        return None
+
+
+def _collect_linked(
+    directory: str,
+    rule: DenyRule,
+    depth: int,
+    budget: int,
+    found: dict[tuple[int, int], tuple[DenyRule, str]],
+) -> int:
+    """Add the files with several names in directory (depth levels down) to found; the
+    budget of entries left."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return budget
+    for entry in entries:
+        budget -= 1
+        if budget <= 0:
+            return 0
+        try:
+            if entry.is_file(follow_symlinks=False):
+                info = entry.stat(follow_symlinks=False)
+                if info.st_nlink > 1:
+                    found.setdefault((info.st_dev, info.st_ino), (rule, entry.path))
+            elif depth > 1 and entry.is_dir(follow_symlinks=False):
+                budget = _collect_linked(entry.path, rule, depth - 1, budget, found)
+        except OSError:
+            continue
+    return budget
 
 
 def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result | None]:
@@ -465,7 +564,11 @@ def _refuse_symlinks_in_writable(plan: Plan) -> None:
             if entry.source == top or not entry.source.startswith(top + "/"):
                 continue
             expected = resolved_top.rstrip("/") + entry.source[len(top) :]
-            if _syscalls.realpath(entry.source) != expected:
+            try:
+                actual = _syscalls.realpath(entry.source)
+            except OSError:  # a symlink to nothing
+                actual = ""
+            if actual != expected:
                 raise PlanError(
                     f"{printable(entry.source)} runs through a symlink inside the writable bind "
                     f"{printable(top)}: a session may have planted it to lead this bind "

@@ -25,7 +25,7 @@ from nsconfine._executor import Staged, StagedGone, hand_off, prepare_launch, st
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Plan
 from nsconfine._sandbox import Sandbox
-from nsconfine._spawn import gate
+from nsconfine._spawn import gate, refusing_os_errors
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -55,7 +55,8 @@ class Pool:
             raise UsageError("idle_timeout must be a positive number of seconds")
         if refill not in ("background", "inline"):
             raise UsageError('refill must be "background" or "inline"')
-        gate(plan)  # refused here exactly as spawn would refuse it
+        with refusing_os_errors():
+            gate(plan)  # refused here exactly as spawn would refuse it
         self.plan = plan
         self.size = size
         self.idle_timeout = float(idle_timeout)
@@ -156,14 +157,15 @@ class Pool:
     # ------------------------------------------------------------ taking and refilling
 
     def _stage_one(self) -> Staged:
-        cleared = gate(self.plan)
-        return stage(
-            cleared.bwrap,
-            self.plan,
-            judged=cleared.judged,
-            bind_fds=cleared.bind_fds,
-            idle_timeout_ms=int(self.idle_timeout * 1000),
-        )
+        with refusing_os_errors():
+            cleared = gate(self.plan)
+            return stage(
+                cleared.bwrap,
+                self.plan,
+                judged=cleared.judged,
+                bind_fds=cleared.bind_fds,
+                idle_timeout_ms=int(self.idle_timeout * 1000),
+            )
 
     def _take(self) -> Staged:
         """A live staged sandbox, or one staged now."""

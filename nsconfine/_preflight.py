@@ -431,8 +431,9 @@ def _read_all(fd: int) -> str:
 
 
 def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "nsconfine", "proven-bwrap")
+    from nsconfine._accounts import records_directory
+
+    return records_directory("proven-bwrap")
 
 
 _proven: dict[str, frozenset[str]] = {}  # identity -> the optional options it has

@@ -3,14 +3,22 @@
 A session writes its workspace; the host later runs git, direnv, editors and agents there,
 which trust what they find: `git config core.fsmonitor '…'` in a workspace runs on the host's
 next `git status`. So these paths are read-only in every session, at the workspace's top and
-in every repository inside it that exists at launch:
+in every repository inside it that exists at launch (any depth; not inside node_modules or a
+virtualenv):
 
-- an existing one is bound read-only onto itself;
+- an existing one is bound read-only onto itself (whatever it is: a file where a protected
+  directory belongs is kept too, so that the directory cannot take its place);
 - a missing one is made at launch as an empty file or directory, bound read-only (so it cannot
   be created), and removed after the session;
 - every directory between the workspace and a protected path is bound onto itself (writable,
   as it was), which makes it a mount point: renaming it (`mv .git .git.old`, then a fresh
   `.git/config`) fails with EBUSY instead of carrying the protection away.
+
+git's own trusted files are protected in every git directory of such a repository: its own
+(.git), each submodule's (.git/modules/NAME) and each linked worktree's (.git/worktrees/NAME),
+and one a `.git` file points to inside the workspace: `config` and `hooks` (git runs what they
+name), and `commondir`, which names the directory git takes config and hooks from. A missing
+commondir is made holding ".", the git directory itself, which changes nothing for git.
 
 The list is the caller's to extend (`--protect PATH`, relative to the workspace) or shorten
 (`--unprotect NAME`). Anything else a session wrote (Makefiles, scripts, venvs, a repository
@@ -25,12 +33,15 @@ from collections.abc import Iterable, Sequence
 
 from nsconfine import _plan as p
 from nsconfine._errors import PlanError
+from nsconfine._mountpoints import is_stub
 from nsconfine._plan import printable
 
-# (name relative to the workspace or a repository, "file" or "dir", why the host trusts it)
+# (name relative to a repository, what to make if missing, why the host trusts it). Names under
+# .git/ apply to every git directory of the repository (see the module's docstring).
 PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".git/config", "file", "git runs what it names on the host (core.fsmonitor, aliases)"),
     (".git/hooks", "dir", "git runs these hooks on the host"),
+    (".git/commondir", "commondir", "git takes its config and hooks from the directory it names"),
     (".gitmodules", "file", "git clones and runs submodule URLs and commands from it"),
     (".envrc", "file", "direnv runs it in the host's shell"),
     (".vscode", "dir", "the editor runs tasks and settings from it on the host"),
@@ -47,11 +58,15 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".bash_profile", "file", "a login shell started here on the host runs it"),
 )
 
-# The repository scan: this deep below the workspace, at most this many directories, never
-# into these (large, generated, or git's own).
-REPOSITORY_DEPTH = 4
-REPOSITORY_SCAN = 5_000
-NOT_SCANNED = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox"})
+# The repository scan looks through at most this many directories, never into these (large
+# and generated); past it the plan is refused rather than protecting less than it says.
+REPOSITORY_SCAN = 20_000
+NOT_SCANNED = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox"})
+# Each repository adds a dozen read-only binds, and bwrap takes at most 9,000 arguments.
+MAX_REPOSITORIES = 64
+# What a linked worktree's git directory holds that git trusts (config and hooks are the
+# common directory's).
+WORKTREE_NAMES = frozenset({".git/commondir"})
 
 
 def protected_names(protect: Iterable[str], unprotect: Iterable[str]) -> list[tuple[str, str, str]]:
@@ -70,13 +85,15 @@ def protected_names(protect: Iterable[str], unprotect: Iterable[str]) -> list[tu
 
 
 def repositories(workspace: str) -> list[str]:
-    """The workspace and every git repository inside it (a directory with a .git, file or
-    directory), not through symlinks, within REPOSITORY_DEPTH and REPOSITORY_SCAN."""
+    """The workspace and every git repository inside it (a directory whose .git is a pointer
+    file, or a git directory with a HEAD), found without following symlinks. PlanError when
+    there are more than MAX_REPOSITORIES, or more than REPOSITORY_SCAN directories to look
+    through."""
     found = [workspace]
-    queue = [(workspace, 0)]
+    queue = [workspace]
     seen = 0
-    while queue and seen < REPOSITORY_SCAN:
-        directory, depth = queue.pop(0)
+    while queue:
+        directory = queue.pop()
         try:
             entries = list(os.scandir(directory))
         except OSError:
@@ -84,52 +101,154 @@ def repositories(workspace: str) -> list[str]:
         for entry in entries:
             if not entry.is_dir(follow_symlinks=False) or entry.name in NOT_SCANNED:
                 continue
+            if entry.name == ".git":
+                continue  # a git directory: looked through by git_directories()
             seen += 1
-            if os.path.lexists(os.path.join(entry.path, ".git")):
+            if seen > REPOSITORY_SCAN:
+                raise PlanError(
+                    f"the workspace {printable(workspace)} holds more than {REPOSITORY_SCAN:,} "
+                    "directories (outside node_modules and virtualenvs): nsconfine looks through "
+                    "all of them for git repositories whose trusted files it keeps read-only, "
+                    "and will not protect less than it says; make the workspace smaller, or "
+                    "--unprotect every protected name"
+                )
+            if _is_repository(entry.path):
                 found.append(entry.path)
-            if depth + 1 < REPOSITORY_DEPTH:
-                queue.append((entry.path, depth + 1))
+            queue.append(entry.path)
+    if len(found) - 1 > MAX_REPOSITORIES:
+        raise PlanError(
+            f"the workspace {printable(workspace)} holds {len(found) - 1} git repositories: "
+            f"nsconfine keeps the trusted files of each read-only, at most {MAX_REPOSITORIES} "
+            "in one plan (each adds a dozen binds); remove some, or --unprotect the protected "
+            "names"
+        )
     return found
+
+
+def _is_repository(directory: str) -> bool:
+    dot_git = os.path.join(directory, ".git")
+    try:
+        mode = os.lstat(dot_git).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and os.path.lexists(dot_git + "/HEAD"))
+
+
+def git_directories(repository: str, workspace: str) -> list[tuple[str, bool]]:
+    """Each git directory of a repository that lies in the workspace, and whether it is a
+    linked worktree's: .git itself, or the one a .git pointer file names; then every
+    submodule's under modules/ (at any depth: a name may hold slashes, a submodule have its
+    own) and every worktree's under worktrees/. Not through symlinks; PlanError past
+    REPOSITORY_SCAN directories."""
+    dot_git = os.path.join(repository, ".git")
+    top = _pointed_to(dot_git, workspace) if os.path.isfile(dot_git) else dot_git
+    if top is None or os.path.islink(top) or not os.path.isdir(top):
+        return []
+    is_linked = os.path.basename(os.path.dirname(top)) == "worktrees"
+    found: list[tuple[str, bool]] = []
+    # (directory, what it is): "gitdir", "worktree" (a linked worktree's git directory), or
+    # "name" (a directory under modules/ without a HEAD: part of a submodule's name)
+    pending = [(top, "worktree" if is_linked else "gitdir")]
+    seen = 0
+    while pending:
+        directory, what = pending.pop()
+        seen += 1
+        if seen > REPOSITORY_SCAN:
+            raise PlanError(
+                f"{printable(dot_git)} holds more than {REPOSITORY_SCAN:,} directories of "
+                "submodules and worktrees: nsconfine will not protect less than it says"
+            )
+        if what == "name":
+            pending += [(d, _module(d)) for d in _subdirectories(directory)]
+            continue
+        found.append((directory, what == "worktree"))
+        pending += [(d, _module(d)) for d in _subdirectories(directory + "/modules")]
+        pending += [
+            (d, "worktree")
+            for d in _subdirectories(directory + "/worktrees")
+            if os.path.lexists(d + "/HEAD")
+        ]
+    return found
+
+
+def _module(directory: str) -> str:
+    return "gitdir" if os.path.lexists(directory + "/HEAD") else "name"
+
+
+def _subdirectories(directory: str) -> list[str]:
+    """The directories in directory (not symlinks to one); none if it cannot be read."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    return [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+
+
+def _pointed_to(pointer: str, workspace: str) -> str | None:
+    """The git directory a `.git` file names, if it lies inside the workspace (one outside is
+    not the session's to write)."""
+    try:
+        with open(pointer, "rb") as file:
+            line = file.read(4096).split(b"\n", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        return None
+    if not line.startswith("gitdir: "):
+        return None
+    target = os.path.join(os.path.dirname(pointer), line[len("gitdir: ") :].strip())
+    resolved = os.path.realpath(target)
+    inside = os.path.realpath(workspace).rstrip("/") + "/"
+    return resolved if resolved.startswith(inside) else None
 
 
 def protected_entries(
     workspace: str, protect: Sequence[str] = (), unprotect: Sequence[str] = ()
 ) -> list[p.Entry]:
-    """A read-only entry for each protected path of each repository in the workspace (made
-    empty at launch if missing). The directories above them are pinned by the session layer,
-    as for any read-only path inside a writable bind."""
+    """A read-only entry for each protected path of each repository in the workspace (made at
+    launch if missing). The directories above them are pinned by the session layer, as for
+    any read-only path inside a writable bind."""
     names = protected_names(protect, unprotect)
+    if not names:
+        return []
+    git_names = [item for item in names if item[0].startswith(".git/")]
+    tree_names = [item for item in names if not item[0].startswith(".git/")]
     entries: dict[str, p.Entry] = {}
-    for base in repositories(workspace):
-        pointer = os.path.join(base, ".git")
-        if ".git/config" in {name for name, _, _ in names} and os.path.isfile(pointer):
-            why = "a gitdir pointer: git on the host follows it; read-only"
-            entries.setdefault(pointer, p.ro_bind(pointer, pointer, why))
-        for name, kind, reason in names:
-            if name.startswith(".git/") and not os.path.isdir(os.path.join(base, ".git")):
-                continue  # not a repository (or a worktree): nothing of git's to protect here
-            target = _first_missing_or_whole(base, name)
-            if target is None:
-                continue
-            path, is_whole = target
-            stub = kind if is_whole else "dir"
+
+    def protect_path(base: str, name: str, kind: str, reason: str) -> None:
+        target = _to_protect(base, name, kind)
+        if target is not None:
+            path, stub = target
             why = f"{reason}: read-only, so the host never runs what a session wrote"
             entries.setdefault(path, p.ro_bind(path, path, why, stub=stub))
+
+    for base in repositories(workspace):
+        pointer = os.path.join(base, ".git")
+        if git_names and os.path.isfile(pointer) and not os.path.islink(pointer):
+            why = "a gitdir pointer: git on the host follows it; read-only"
+            entries.setdefault(pointer, p.ro_bind(pointer, pointer, why))
+        for gitdir, is_worktree in git_directories(base, workspace) if git_names else []:
+            for name, kind, reason in git_names:
+                if not is_worktree or name in WORKTREE_NAMES:
+                    protect_path(gitdir, name[len(".git/") :], kind, reason)
+        for name, kind, reason in tree_names:
+            protect_path(base, name, kind, reason)
     return list(entries.values())
 
 
-def _first_missing_or_whole(base: str, name: str) -> tuple[str, bool] | None:
-    """The path to protect for name under base: name itself if every directory above it
-    exists, else the first missing directory on the way (an empty read-only one blocks
-    everything below it). Refused: a symlink on the way (a session may have planted it)."""
+def _to_protect(base: str, name: str, kind: str) -> tuple[str, str] | None:
+    """The path to bind read-only for name under base, and what to make there if it is
+    missing at launch: name itself; or, if a directory on the way is missing, that directory
+    (an empty read-only one blocks everything below it); or, if something else than a
+    directory is on the way, that (kept as it is, so the directory cannot take its place).
+    Refused: a symlink on the way (a session may have planted it)."""
     path = base
     parts = name.split("/")
     for index, part in enumerate(parts):
         path = os.path.join(path, part)
+        last = index == len(parts) - 1
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
-            return path, index == len(parts) - 1
+            return path, kind if last else "dir"
         except OSError as error:
             raise PlanError(f"{printable(path)} cannot be protected: {error.strerror}") from None
         if stat.S_ISLNK(mode):
@@ -138,6 +257,8 @@ def _first_missing_or_whole(base: str, name: str) -> tuple[str, bool] | None:
                 "session may have planted it; remove it (or --unprotect "
                 f"{printable(name)})"
             )
-        if index < len(parts) - 1 and not stat.S_ISDIR(mode):
-            return None  # .git is a file (a worktree or submodule): its config lives elsewhere
-    return path, True
+        if not last and not stat.S_ISDIR(mode):
+            return path, "file"  # in the way of the directory: kept, so none can be made
+        if not last and is_stub(path):
+            return path, "dir"  # another session's stub: judged as the missing directory it is
+    return path, kind

@@ -364,8 +364,11 @@ def _copy_roots(
 
 
 def _require_exists(path: str, what: str) -> None:
-    if not os.path.lexists(path):
-        raise PlanError(f"the {what} {path} does not exist")
+    if not os.path.exists(path):
+        shown = printable(path)
+        if os.path.lexists(path):
+            raise PlanError(f"the {what} {shown} is a symlink to nothing (a dangling symlink)")
+        raise PlanError(f"the {what} {shown} does not exist")
 
 
 def session_environment(session: Session, user: RunAs, environ: Mapping[str, str]) -> list[EnvVar]:

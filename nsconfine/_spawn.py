@@ -9,13 +9,14 @@ could have written, refuses the launch.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from nsconfine._accounts import SEARCH, access_problem
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
 from nsconfine._executor import hand_off, prepare_launch, stage, stdio_fd
 from nsconfine._pins import verify_pins
-from nsconfine._plan import Kind, Mode, Plan
+from nsconfine._plan import Kind, Mode, Plan, printable
 from nsconfine._policy import check_plan
 from nsconfine._preflight import (
     located_bwrap,
@@ -116,8 +117,23 @@ def spawn(
     fd, or a file object. OSError if argv[0] cannot be executed in the sandbox."""
     launch = prepare_launch(argv)  # a refused command never has a sandbox built for it
     stdio = (stdio_fd(stdin, "stdin"), stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
-    cleared = gate(plan)
-    staged = stage(
-        cleared.bwrap, plan, judged=cleared.judged, bind_fds=cleared.bind_fds, stdio=stdio
-    )
-    return hand_off(staged, launch)
+    with refusing_os_errors():
+        cleared = gate(plan)
+        staged = stage(
+            cleared.bwrap, plan, judged=cleared.judged, bind_fds=cleared.bind_fds, stdio=stdio
+        )
+    return hand_off(staged, launch)  # OSError from here on: the command could not start
+
+
+@contextmanager
+def refusing_os_errors() -> Iterator[None]:
+    """Until the command is handed over, an OSError (a path that changed under the lint, a
+    race with a hostile workspace) is a refusal of the launch, never a failure of the command."""
+    try:
+        yield
+    except OSError as error:
+        where = f" ({printable(error.filename)})" if error.filename else ""
+        raise SandboxUnavailable(
+            f"the launch was refused: {error.strerror or error}{where} changed while it was "
+            "checked or built; nothing was run, launch again"
+        ) from None

@@ -255,7 +255,9 @@ def test_no_stub_is_left_behind(repo: tuple[Path, Path]) -> None:
     before = sorted(str(p) for p in workspace.rglob("*"))
     plan = session(*repo).plan()
     assert run(plan, "true")[0] == 0
-    assert sorted(str(p) for p in workspace.rglob("*")) == before
+    after = sorted(str(p) for p in workspace.rglob("*"))
+    assert set(after) ^ set(before) == set(), set(after) ^ set(before)
+    assert after == before
 
 
 def test_the_manifest_lists_each_protected_path_with_its_reason(repo: tuple[Path, Path]) -> None:
@@ -402,7 +404,9 @@ def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_
         or "evil" not in (workspace / ".mcp.json").read_text()
     )
     assert not (workspace / ".vscode" / "tasks.json").exists(), output
-    assert sorted(str(p) for p in workspace.rglob("*")) == before
+    after = sorted(str(p) for p in workspace.rglob("*"))
+    assert set(after) ^ set(before) == set(), set(after) ^ set(before)
+    assert after == before
 
 
 @pytest.fixture
@@ -517,3 +521,31 @@ def test_a_stub_turned_into_a_dangling_symlink_is_a_clean_refusal(repo: tuple[Pa
     (workspace / ".mcp.json").symlink_to("/nonexistent")
     with pytest.raises(nsconfine.NsconfineError):
         nsconfine.spawn(plan, ["/bin/true"]).wait()
+
+
+def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, Path]) -> None:
+    """A launcher killed with SIGKILL leaves its stubs; the next session of the workspace
+    adopts them and removes them when it ends."""
+    from helpers import python_child
+
+    workspace = repo[0]
+    before = sorted(str(p) for p in workspace.rglob("*"))
+    launcher = python_child(
+        """
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
+        nsconfine.spawn(plan, ["sleep", "600"])
+        print("launched", flush=True)
+        sys.stdin.read()
+        """,
+        str(workspace), str(repo[1]), SESSION_USER or "",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert launcher.stdout is not None
+    assert launcher.stdin is not None
+    with launcher.stdin, launcher.stdout:
+        assert launcher.stdout.readline() == "launched\n"
+        launcher.kill()
+        launcher.wait()
+    assert (workspace / ".mcp.json").exists()  # left behind (its sandbox dies with it)
+    assert run(session(*repo).plan(), "true")[0] == 0
+    assert sorted(str(p) for p in workspace.rglob("*")) == before
