@@ -36,7 +36,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from nsconfine import _layers, _mountpoints, _syscalls, _terminal
 from nsconfine._bwrap_args import (
@@ -251,27 +251,36 @@ def stage(
     bwrap: str,
     plan: Plan,
     *,
-    judged: Mapping[str, Identity | None] | None = None,
+    lint: Callable[[], Mapping[str, Identity | None]] | None = None,
     bind_fds: bool = True,
     stdio: tuple[int, int, int] = (-1, -1, -1),
     idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
 ) -> Staged:
     """Build plan's sandbox under bwrap with the exec shim waiting inside; return once the
-    sandbox is checked (namespaces, shim, mount table). judged: each source's identity as the
-    lint saw it (check_plan's result); bind_fds: bwrap takes --bind-fd; stdio: bwrap's 0-2
-    (-1: inherit)."""
-    stubs, sources = _mountpoints.open_for_launch(plan, judged or {})
+    sandbox is checked (namespaces, shim, mount table). lint: the plan's own checks (the
+    gate's lint()), run while bwrap builds the sandbox, which no command enters unless they
+    pass; what it judged is checked against the sources opened. bind_fds: bwrap takes
+    --bind-fd; stdio: bwrap's 0-2 (-1: inherit)."""
+    try:
+        stubs, sources = _mountpoints.open_for_launch(plan)
+    except BaseException:
+        _lint_first(lint)  # a refusal of the plan explains more than what it led to
+        raise
     try:
         identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
         staged = _start(bwrap, plan, sources if bind_fds else None, stdio, idle_timeout_ms)
     except BaseException:
         _mountpoints.remove(stubs)
+        _lint_first(lint)
         raise
     finally:
         for fd in sources.values():
             os.close(fd)
     staged.stubs = stubs
     try:
+        if lint is not None:  # bwrap is building the sandbox meanwhile
+            _mountpoints.check_judged(plan, identities, lint())
+            staged.mark("linted")
         _confirm(bwrap, plan, staged, identities)
     except _SetupEnded as ended:
         status = teardown(staged)
@@ -287,6 +296,12 @@ def stage(
     staged.mark("confirmed")
     staged.usable_until = time.monotonic() + idle_timeout_ms / 1000 * 0.9
     return staged
+
+
+def _lint_first(lint: Callable[[], object] | None) -> None:
+    """Run lint, if given, so that its refusal is the one raised."""
+    if lint is not None:
+        lint()
 
 
 def _fd_identity(fd: int) -> Identity:
@@ -392,6 +407,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     except ProcessLookupError:
         raise _SetupEnded("ended before its command could start") from None
     staged.command_pid = shim
+    staged.mark("built")  # bwrap has made every mount, and the shim is waiting
     _check_shim(bwrap, child, shim)
     try:
         with open(f"/proc/{shim}/mountinfo") as file:

@@ -168,13 +168,11 @@ def _inside(dest: str, top: str) -> str | None:
     return dest[len(prefix) :] if dest.startswith(prefix) else None
 
 
-def open_for_launch(
-    plan: Plan, judged: Mapping[str, Identity | None]
-) -> tuple[list[Stub], dict[str, int]]:
+def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
     """Walk, check and (where the plan says so) make every mount point inside the plan's
     writable binds, then open every bind's source; the stubs held and dest -> an O_PATH fd of
-    each source (the caller closes them, and removes the stubs once the sandbox is gone).
-    judged: each source's identity as the lint saw it."""
+    each source (the caller closes them, removes the stubs once the sandbox is gone, and checks
+    the fds against what the lint judged: check_judged)."""
     tops = [(top, _resolved(top.source)) for top in _outermost_writable(plan)]
     inner = [
         (entry, top, resolved, relative)
@@ -193,10 +191,10 @@ def open_for_launch(
                     if stub is not None:
                         stubs.append(stub)
                     if entry.kind is Kind.BIND:  # opened while no launch can remove a stub
-                        fds[entry.dest] = _open_inside(resolved, relative, entry, judged)
+                        fds[entry.dest] = _open_inside(resolved, relative, entry)
         for entry in plan.entries:
             if entry.kind is Kind.BIND and entry.dest not in fds:
-                fds[entry.dest] = _open_judged(entry.source, judged)
+                fds[entry.dest] = _open_source(entry.source)
         writable = [resolved for _top, resolved in tops]
         for entry, _top, _resolved_top, _relative in inner:
             if entry.kind is Kind.BIND and entry.mode is Mode.RO:
@@ -219,9 +217,9 @@ def _resolved(path: str) -> str:
         ) from None
 
 
-def _open_judged(source: str, judged: Mapping[str, Identity | None]) -> int:
-    """An O_PATH fd of source as the lint resolved it, with no symlink followed; refused if
-    a symlink appeared on the way or the file changed since the lint looked."""
+def _open_source(source: str) -> int:
+    """An O_PATH fd of source resolved as the lint resolves it, with no symlink followed on
+    the way; refused if a symlink appeared there since."""
     resolved = _syscalls.realpath(source) if os.path.lexists(source) else source
     try:
         fd = _syscalls.open_no_symlinks(resolved)
@@ -230,19 +228,21 @@ def _open_judged(source: str, judged: Mapping[str, Identity | None]) -> int:
             f"{printable(source)} changed since its plan was checked ({error.strerror}): a "
             "symlink appeared on its way, or it is gone; nothing was run"
         ) from None
-    _check_judged(fd, source, judged)
     return fd
 
 
-def _check_judged(fd: int, source: str, judged: Mapping[str, Identity | None]) -> None:
-    info = os.fstat(fd)
-    expected = judged.get(source)
-    if expected is not None and expected != (info.st_dev, info.st_ino):
-        os.close(fd)
-        raise SandboxUnavailable(
-            f"{printable(source)} was replaced since its plan was checked: nothing was run; "
-            "launch again"
-        )
+def check_judged(
+    plan: Plan, opened: Mapping[str, Identity], judged: Mapping[str, Identity | None]
+) -> None:
+    """Each bind's opened source (dest -> its identity) is the very file the lint judged
+    (None: a stub, judged by nobody)."""
+    for entry in plan.entries:
+        expected = judged.get(entry.source) if entry.kind is Kind.BIND else None
+        if expected is not None and opened.get(entry.dest) != expected:
+            raise SandboxUnavailable(
+                f"{printable(entry.source)} was replaced while it was checked: nothing was "
+                "run; launch again"
+            )
 
 
 def _walk_to_parent(top: str, parts: list[str], where: str) -> int:
@@ -264,9 +264,7 @@ def _walk_to_parent(top: str, parts: list[str], where: str) -> int:
     return fd
 
 
-def _open_inside(
-    top: str, relative: str, entry: Entry, judged: Mapping[str, Identity | None]
-) -> int:
+def _open_inside(top: str, relative: str, entry: Entry) -> int:
     """An O_PATH fd of a bind's source that lies inside a writable bind, reached from that
     bind's resolved path (a symlink above the workspace, the host's own, is fine)."""
     parts = relative.split("/")
@@ -283,7 +281,6 @@ def _open_inside(
     if stat.S_ISLNK(os.fstat(fd).st_mode):
         os.close(fd)
         raise PlanError(_refusal(entry.dest, None))
-    _check_judged(fd, entry.source, judged)
     return fd
 
 
@@ -370,7 +367,7 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
         return
     seen = 0
     base = f"/proc/self/fd/{fd}"
-    own = os.path.realpath(base).rstrip("/") + "/"
+    own = _syscalls.realpath(base).rstrip("/") + "/"
     for root, dirs, files in os.walk(base):
         for name in [*files, *dirs]:
             path = os.path.join(root, name)
@@ -382,7 +379,10 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
                     "the session writes and change it there; keep one name, then launch again"
                 )
             if stat.S_ISLNK(member.st_mode):
-                target = os.path.realpath(path)
+                try:
+                    target = _syscalls.realpath(path)
+                except OSError:
+                    continue  # a symlink to nothing leads nowhere the session writes
                 leaves = not (target + "/").startswith(own)
                 if leaves and any(_within(target, top) for top in writable):
                     raise PlanError(

@@ -25,7 +25,7 @@ from nsconfine._executor import Staged, StagedGone, hand_off, prepare_launch, st
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Plan
 from nsconfine._sandbox import Sandbox
-from nsconfine._spawn import gate, refusing_os_errors
+from nsconfine._spawn import gate, lint, refusing_os_errors
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -56,7 +56,8 @@ class Pool:
         if refill not in ("background", "inline"):
             raise UsageError('refill must be "background" or "inline"')
         with refusing_os_errors():
-            gate(plan)  # refused here exactly as spawn would refuse it
+            lint(plan)  # refused here exactly as spawn would refuse it
+            gate(plan)
         self.plan = plan
         self.size = size
         self.idle_timeout = float(idle_timeout)
@@ -162,7 +163,7 @@ class Pool:
             return stage(
                 cleared.bwrap,
                 self.plan,
-                judged=cleared.judged,
+                lint=lambda: lint(self.plan),
                 bind_fds=cleared.bind_fds,
                 idle_timeout_ms=int(self.idle_timeout * 1000),
             )

@@ -8,7 +8,9 @@
     sentinel     an fd that becomes readable once the session has ended, for a launcher's own
                  poll or event loop (as multiprocessing.Process.sentinel); wait() then reaps
     timings      seconds from the launch's start to each stage: "started" (bwrap's reaper
-                 running), "namespaces" (checked), "confirmed" (mounts checked), "exec"
+                 running), "linted" (the plan's checks passed, while bwrap builds),
+                 "namespaces" (checked), "built" (bwrap done, the shim waiting), "confirmed"
+                 (mounts checked), "exec"
 
 Signals go to the command (send_signal, terminate); kill() ends the whole sandbox at once, and
 leaving a `with` block kills it and waits. Every wait polls pidfds, never select(): a launcher

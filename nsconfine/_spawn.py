@@ -37,16 +37,25 @@ class Cleared:
     """What the gate hands the executor: the proven bwrap, whether it binds by fd, and each
     source's identity as the lint judged it."""
 
-    __slots__ = ("bind_fds", "bwrap", "judged")
+    __slots__ = ("bind_fds", "bwrap")
 
-    def __init__(self, bwrap: str, bind_fds: bool, judged: dict[str, Identity | None]) -> None:
+    def __init__(self, bwrap: str, bind_fds: bool) -> None:
         self.bwrap = bwrap
         self.bind_fds = bind_fds
-        self.judged = judged
+
+
+def lint(plan: Plan) -> dict[str, Identity | None]:
+    """The plan's own checks: the policy lint and the harness pins; what the lint judged (each
+    bind source's identity). A launch runs it while bwrap builds the sandbox (see stage), and
+    hands the command over only once it has passed."""
+    judged = check_plan(plan)
+    verify_pins(plan)
+    return judged
 
 
 def gate(plan: Plan) -> Cleared:
-    """Refuse plan unless every launch check passes; what the launch then needs."""
+    """Refuse plan unless every check due before bwrap runs passes (who the session runs as,
+    which bwrap, proven); what the launch then needs. The plan's own checks are lint()."""
     euid = os.geteuid()
     if plan.user.uid == 0:
         raise SandboxUnavailable(
@@ -64,8 +73,6 @@ def gate(plan: Plan) -> Cleared:
             "the plan has no /proc: the sandbox's first command (nsconfine's exec shim) runs "
             "from it; keep the proc entry Session.plan() makes"
         )
-    judged = check_plan(plan)
-    verify_pins(plan)
     bwrap = located_bwrap()
     # Before bwrap is first run (its proof runs it): a planted one must never run at all.
     programs = {"bwrap": bwrap, "reaper": REAPER_PATH, "shim": SHIM_PATH}
@@ -81,7 +88,7 @@ def gate(plan: Plan) -> Cleared:
             "install bubblewrap where that account can run it (Debian's /usr/bin/bwrap)"
         )
     proven_bwrap(bwrap)
-    return Cleared(bwrap, takes_bind_fds(bwrap), judged)
+    return Cleared(bwrap, takes_bind_fds(bwrap))
 
 
 def _refuse_writable_programs(plan: Plan, programs: dict[str, str]) -> None:
@@ -120,7 +127,7 @@ def spawn(
     with refusing_os_errors():
         cleared = gate(plan)
         staged = stage(
-            cleared.bwrap, plan, judged=cleared.judged, bind_fds=cleared.bind_fds, stdio=stdio
+            cleared.bwrap, plan, lint=lambda: lint(plan), bind_fds=cleared.bind_fds, stdio=stdio
         )
     return hand_off(staged, launch)  # OSError from here on: the command could not start
 

@@ -1312,10 +1312,10 @@ def table(data: dict[str, Any]) -> str:
 
 def plot(data: dict[str, Any], path: str) -> None:
     """Latency CDFs of the launch rows, to path."""
-    import matplotlib  # type: ignore[import-not-found]  # the optional [plot] extra
+    import matplotlib  # type: ignore[import-not-found,unused-ignore]  # the [plot] extra
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
 
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for axis, mode in zip(axes, ("exec", "exit"), strict=True):
