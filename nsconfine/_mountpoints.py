@@ -70,9 +70,25 @@ class Stub:
 # ------------------------------------------------------------------ the records of stubs
 
 
+_records_found: dict[tuple[int, str | None, str | None], str] = {}
+
+
 def _records() -> str:
     """The account's directory of stub tokens, made 0700 if missing; refused if anyone else
-    could write it."""
+    could write it. Found once per account and environment (forget_records() on a miss)."""
+    key = (os.geteuid(), os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+    found = _records_found.get(key)
+    if found is None:
+        found = _records_found[key] = _find_records()
+    return found
+
+
+def forget_records() -> None:
+    """Look for the records directory afresh (it was removed, or the environment changed)."""
+    _records_found.clear()
+
+
+def _find_records() -> str:
     from nsconfine._accounts import records_directory
 
     directory = records_directory("mountpoints")
@@ -105,7 +121,14 @@ def _records_locked() -> Iterator[str]:
     """The records directory, with its lock held (by this open file: threads exclude each
     other too)."""
     directory = _records()
-    fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.path.join(directory, ".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:  # removed since it was found: make it again
+        forget_records()
+        directory = _records()
+        lock = os.path.join(directory, ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield directory

@@ -259,6 +259,12 @@ def _unique(rules: Iterable[DenyRule]) -> list[DenyRule]:
 # ------------------------------------------------------------------ judging what a path is
 
 
+def _parent(path: str) -> str:
+    """The directory holding an absolute, normalized path (os.path.dirname, without its
+    generality: the lint walks up hundreds of paths per check)."""
+    return path[: path.rfind("/")] or "/"
+
+
 def _within(path: str, ancestor: str) -> bool:
     return path == ancestor or ancestor == "/" or path.startswith(ancestor + "/")
 
@@ -278,7 +284,7 @@ class _Places:
         while point not in self.mounts:  # the nearest mount point above (or at) the path
             if point == "/":
                 return "", resolved
-            point = os.path.dirname(point)
+            point = _parent(point)
         device, root = self.mounts[point]
         rest = resolved[len(point) :] if point != "/" else resolved
         return device, os.path.normpath(root.rstrip("/") + "/" + rest.lstrip("/"))
@@ -310,7 +316,7 @@ class _Index:
             return self.exact[self.ordered[at]], "is or contains"
         ancestor = path
         while ancestor != "/":
-            ancestor = os.path.dirname(ancestor)
+            ancestor = _parent(ancestor)
             if ancestor in self.inside:
                 return self.inside[ancestor], "lies inside"
         return None
