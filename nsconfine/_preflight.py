@@ -459,9 +459,10 @@ def located_bwrap() -> str:
 def untrusted_reason(path: str) -> str | None:
     """Why someone other than root (or, for an unprivileged launcher, the launcher itself)
     could replace the file at path, or None. The file and every directory above it must be
-    owned by them and writable by no group or other; a sticky directory writable by all
-    (/tmp) is fine when what lies in it is theirs."""
+    owned by them, and writable by no other group than theirs, nor by all; a sticky directory
+    writable by all (/tmp) is fine when what lies in it is theirs."""
     trusted_owners = {0, os.geteuid()}
+    trusted_groups = {0, os.getegid()}  # root's group; a user's own (a umask of 002)
     current = path
     below_owner: int | None = None
     while True:
@@ -469,7 +470,9 @@ def untrusted_reason(path: str) -> str | None:
             info = os.lstat(current)
         except OSError as error:
             return f"{current}: {error.strerror}"
-        writable_by_others = info.st_mode & 0o022
+        writable_by_others = info.st_mode & 0o002 or (
+            info.st_mode & 0o020 and info.st_gid not in trusted_groups
+        )
         sticky_and_below_is_ours = (
             stat.S_ISDIR(info.st_mode)
             and info.st_mode & stat.S_ISVTX
