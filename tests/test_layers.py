@@ -1,0 +1,529 @@
+"""The kernel layers past bwrap, each proved on real sessions and each shown failing without it.
+
+A probe program runs in a session and tries every call the seccomp filter refuses, with
+arguments the kernel itself would reject differently (a NULL path: EFAULT; a bad flag:
+EINVAL), so that the errno tells the filter's answer from the kernel's. The same program under
+a session with the layer switched off (nsconfine._layers' test-only door) must get the
+kernel's answers. Calls whose kernel answer is the filter's (acct, pivot_root) are proved on
+the filter program itself (tests/test_seccomp_program.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import give_to_session_user, open_up, read_to_eof, session, session_dirs
+
+import nsconfine
+from nsconfine import _layers
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+@pytest.fixture
+def ws_run(tmp_path: Path) -> tuple[Path, Path]:
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    return workspace, run_dir
+
+
+@pytest.fixture
+def without(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Switch kernel layers off for one test (the test-only door of the mutation twins)."""
+
+    def switch_off(*names: str) -> None:
+        monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(names))
+
+    return switch_off
+
+
+def run(plan: nsconfine.Plan, argv: list[str], timeout: float = 120) -> tuple[int, str]:
+    """argv's status and stdout+stderr, in a session of plan."""
+    read_end, write_end = os.pipe()
+    try:
+        sandbox = nsconfine.spawn(plan, argv, stdout=write_end, stderr=write_end)
+    finally:
+        os.close(write_end)
+    output = read_to_eof(read_end, timeout)
+    os.close(read_end)
+    return sandbox.wait(timeout=timeout), (output or b"").decode(errors="replace")
+
+
+def sh(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
+    return run(plan, ["/bin/sh", "-c", script])
+
+
+# ------------------------------------------------------------------ the seccomp filter
+
+PROBE = r"""
+import ctypes, errno, json, os, socket, fcntl, termios
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+X = {
+  "add_key": (248, 0, 0, 0, 0, 0), "keyctl": (250, 0, -3, 0), "request_key": (249, 0, 0, 0, 0),
+  "mbind": (237, 1, 0, 0, 0, 0, 0), "get_mempolicy": (239, 0, 0, 0, 0, 0),
+  "set_mempolicy": (238, 0, 0, 0), "migrate_pages": (256, 0, 0, 0, 0),
+  "move_pages": (279, 0, 0, 0, 0, 0, 0), "set_mempolicy_home_node": (450, 0, 0, 0, 0),
+  "quotactl": (179, 0, 0, 0, 0), "uselib": (134, 0),
+  "mount": (165, 0, 0, 0, 0, 0), "umount2": (166, 0, 0xffff), "chroot": (161, 0),
+  "open_tree": (428, -1, 0, 0), "move_mount": (429, -1, 0, -1, 0, 0), "fsopen": (430, 0, 0),
+  "fsconfig": (431, -1, 0, 0, 0, 0), "fsmount": (432, -1, 0, 0), "fspick": (433, -1, 0, 0),
+  "mount_setattr": (442, -1, 0, 0, 0, 0),
+  "unshare": (272, 0x10000000 | 0x00020000 | 0x80000000), "setns": (308, -1, 0),
+  "clone": (56, 0x00020000 | 0x00000200, 0, 0, 0, 0), "clone3": (435, 0, 0),
+  "perf_event_open": (298, 0, 0, -1, -1, 0), "bpf": (321, 0x7fffffff, 0, 0),
+  "userfaultfd": (323, 0xffffffff), "kexec_load": (246, 0, 0, 0, 0),
+  "kexec_file_load": (320, -1, -1, 0, 0, 0), "init_module": (175, 0, 0, 0),
+  "finit_module": (313, -1, 0, 0), "delete_module": (176, 0, 0),
+  "personality": (135, 0x0040000), "io_uring_setup": (425, 1, 0),
+  "ptrace_pid_1": (101, 0x4206, 1, 0, 0), "process_vm_readv_pid_1": (310, 1, 0, 0, 0, 0, 0),
+}
+out = {name: call(*args) for name, args in X.items()}
+out["personality_query"] = call(135, 0xffffffff)
+for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_VSOCK", "AF_PACKET"):
+    family = getattr(socket, name)
+    datagram = name in ("AF_NETLINK", "AF_PACKET", "AF_VSOCK")
+    kind = socket.SOCK_DGRAM if datagram else socket.SOCK_STREAM
+    ctypes.set_errno(0)
+    fd = libc.socket(int(family), int(kind), 0)
+    out["socket_" + name] = "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
+    if fd >= 0: os.close(fd)
+null = os.open("/dev/null", os.O_RDWR)
+for name, request in (("TIOCSTI", termios.TIOCSTI), ("TIOCLINUX", 0x541C),
+                      ("TIOCSTI_high_bits", termios.TIOCSTI | (1 << 32))):
+    try:
+        fcntl.ioctl(null, request, b"x")
+        out["devnull_" + name] = "ok"
+    except OSError as e:
+        out["devnull_" + name] = errno.errorcode[e.errno]
+print(json.dumps(out))
+"""
+
+# The filter's answer for each probe, and the kernel's own on this kind of host (the
+# mutation twin): each differs, so each probe can fail.
+REFUSED = {
+    "add_key": "EPERM", "keyctl": "EPERM", "request_key": "EPERM", "mbind": "EPERM",
+    "get_mempolicy": "EPERM", "set_mempolicy": "EPERM", "migrate_pages": "EPERM",
+    "move_pages": "EPERM", "set_mempolicy_home_node": "EPERM", "quotactl": "EPERM",
+    "uselib": "EPERM", "mount": "EPERM", "umount2": "EPERM", "chroot": "EPERM",
+    "open_tree": "ENOSYS", "move_mount": "ENOSYS", "fsopen": "ENOSYS", "fsconfig": "ENOSYS",
+    "fsmount": "ENOSYS", "fspick": "ENOSYS", "mount_setattr": "ENOSYS", "unshare": "EPERM",
+    "setns": "EPERM", "clone": "EPERM", "clone3": "ENOSYS", "perf_event_open": "EPERM",
+    "bpf": "EPERM", "userfaultfd": "EPERM", "kexec_load": "EPERM", "kexec_file_load": "EPERM",
+    "init_module": "EPERM", "finit_module": "EPERM", "delete_module": "EPERM",
+    "personality": "EPERM", "io_uring_setup": "EPERM", "ptrace_pid_1": "EPERM",
+    "process_vm_readv_pid_1": "EPERM", "socket_AF_VSOCK": "EAFNOSUPPORT",
+    "socket_AF_PACKET": "EAFNOSUPPORT", "devnull_TIOCSTI": "EPERM", "devnull_TIOCLINUX": "EPERM",
+    "devnull_TIOCSTI_high_bits": "EPERM",
+}  # fmt: skip
+ALLOWED = ("personality_query", "socket_AF_UNIX", "socket_AF_INET", "socket_AF_INET6",
+           "socket_AF_NETLINK")  # fmt: skip
+
+
+def probe(plan: nsconfine.Plan) -> dict[str, str]:
+    status, output = run(plan, ["python3", "-c", PROBE])
+    assert status == 0, output
+    result: dict[str, str] = json.loads(output.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The probe's results in one default session (shared by the tests below)."""
+    workspace, run_dir = session_dirs(tmp_path_factory.mktemp("probe"), "ws", "run")
+    return probe(session(workspace, run_dir).plan())
+
+
+@pytest.mark.parametrize("call", sorted(REFUSED))
+def test_the_filter_refuses(probed: dict[str, str], call: str) -> None:
+    """Each call the filter covers gets the filter's errno."""
+    assert probed[call] == REFUSED[call]
+
+
+@pytest.mark.parametrize("call", ALLOWED)
+def test_the_filter_lets_through(probed: dict[str, str], call: str) -> None:
+    """The socket families programs need, and asking for the personality, still work."""
+    assert probed[call] == "ok"
+
+
+def test_without_the_filter_the_kernel_answers(
+    ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: with the seccomp layer off, every probe gets another answer (the kernel's),
+    except those only the pid-1 guard or nested user namespaces decide."""
+    without("seccomp")
+    result = probe(session(*ws_run).plan())
+    landlock_decides = {"ptrace_pid_1", "process_vm_readv_pid_1"}
+    same = [c for c in REFUSED if c not in landlock_decides and result[c] == REFUSED[c]]
+    assert same == [], same
+
+
+_ARCH = r"""
+import ctypes, mmap, os, sys
+which = sys.argv[1]
+if which == "x32":
+    libc = ctypes.CDLL(None, use_errno=True)
+    r = libc.syscall(ctypes.c_long(0x40000000 + 39))
+    print("returned", r, ctypes.get_errno(), flush=True)
+else:  # int $0x80 with eax = 20 (i386 getpid): b8 14 00 00 00 cd 80 c3
+    code = b"\xb8\x14\x00\x00\x00\xcd\x80\xc3"
+    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    m.write(code)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    f = ctypes.CFUNCTYPE(ctypes.c_int)(address)
+    print("returned", f(), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the i386 and x32 entries are x86's")
+@pytest.mark.parametrize("entry", ["i386", "x32"])
+def test_foreign_syscall_entries_kill(ws_run: tuple[Path, Path], entry: str) -> None:
+    """A syscall through the i386 (int 0x80) or x32 entry kills the process (SIGSYS)."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _ARCH, entry])
+    assert "returned" not in output, output
+    assert status == 128 + 31, (status, output)
+
+
+def test_without_the_filter_the_i386_entry_runs(
+    ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: without the filter, int 0x80 returns."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the i386 entry is x86's")
+    without("seccomp")
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _ARCH, "i386"])
+    assert "returned" in output, (status, output)
+
+
+_PTY = r"""
+import errno, fcntl, os, pty, termios
+controller, terminal = pty.openpty()
+for name, request in (("TIOCSTI", termios.TIOCSTI), ("TIOCLINUX", 0x541C)):
+    try:
+        fcntl.ioctl(terminal, request, b"\x06")
+        print(name, "ok")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+"""
+
+
+def test_tiocsti_and_tioclinux_fail_on_a_pty(ws_run: tuple[Path, Path]) -> None:
+    """On a pty of the session's own, TIOCSTI and TIOCLINUX are refused."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _PTY])
+    assert status == 0, output
+    assert "TIOCSTI EPERM" in output
+    assert "TIOCLINUX EPERM" in output
+
+
+def test_setuid_chmod_fails(ws_run: tuple[Path, Path]) -> None:
+    """chmod u+s on the session's own file fails, and the bit is not set."""
+    target = ws_run[0] / "tool"
+    _status, output = sh(
+        session(*ws_run).plan(), f"cp /bin/true {target}; chmod u+s {target}; echo $?"
+    )
+    assert output.strip().endswith("1"), output
+    assert not target.stat().st_mode & 0o4000
+
+
+# ------------------------------------------------------------------ ordinary work still works
+
+
+def _wheel(directory: Path) -> Path:
+    """A minimal pure-Python wheel, made by hand (no build tools, no network)."""
+    path = directory / "nsconfine_probe-1.0-py3-none-any.whl"
+    files = {
+        "nsconfine_probe/__init__.py": "VALUE = 42\n",
+        "nsconfine_probe-1.0.dist-info/METADATA": (
+            "Metadata-Version: 2.1\nName: nsconfine-probe\nVersion: 1.0\n"
+        ),
+        "nsconfine_probe-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = "".join(f"{name},,\n" for name in files) + "nsconfine_probe-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        archive.writestr("nsconfine_probe-1.0.dist-info/RECORD", record)
+    return path
+
+
+def test_ordinary_work_still_works(ws_run: tuple[Path, Path]) -> None:
+    """Under every layer: python, git, gcc, node, pip installing a local wheel into a venv,
+    multiprocessing and threads."""
+    workspace = ws_run[0]
+    wheel = _wheel(workspace)
+    (workspace / "hello.c").write_text('#include <stdio.h>\nint main(){puts("c ok");}\n')
+    give_to_session_user(workspace)
+    script = f"""
+set -e
+cd {workspace}
+python3 -c 'print("python ok")'
+git init -q repo && cd repo && echo x > f && git add f
+git -c user.name=a -c user.email=a@a commit -qm one && echo git ok && cd ..
+gcc -o hello hello.c && ./hello
+node -e 'console.log("node ok")'
+python3 -m venv venv && venv/bin/pip install -q --no-index {wheel.name}
+venv/bin/python -c 'import nsconfine_probe; print("pip ok", nsconfine_probe.VALUE)'
+python3 -c 'import multiprocessing as m; print("mp ok", sum(m.Pool(2).map(abs, [-1, -2])))'
+python3 -c 'import threading as t; x = t.Thread(target=print, args=("threads ok",)); x.start()'
+"""
+    status, output = sh(session(*ws_run).plan(), script)
+    assert status == 0, output
+    for word in ("python ok", "git ok", "c ok", "node ok", "pip ok 42", "mp ok 3", "threads ok"):
+        assert word in output, output
+
+
+def test_a_debugger_still_works_on_the_session_s_own_programs(ws_run: tuple[Path, Path]) -> None:
+    """ptrace of the session's own child (as gdb and strace do) works; only pid 1 is out of
+    reach."""
+    script = r"""
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+child = os.fork()
+if child == 0:
+    signal.pause()
+    os._exit(0)
+r = libc.ptrace(16, child, 0, 0)  # PTRACE_ATTACH
+print("attach", r, ctypes.get_errno())
+os.waitpid(child, 0)
+os.kill(child, signal.SIGKILL)
+"""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", script])
+    assert "attach 0" in output, (status, output)
+
+
+# ------------------------------------------------------------------ pid 1 integrity
+
+_PID_1 = r"""
+import ctypes, errno, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, f):
+    try:
+        f()
+        print(name, "ok")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+def ptrace():
+    # PTRACE_SEIZE: attached without stopping it (PTRACE_ATTACH would leave pid 1 stopped,
+    # and the session hung, once this probe exits)
+    if libc.ptrace(0x4206, 1, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "ptrace")
+attempt("ptrace", ptrace)
+attempt("mem", lambda: os.close(os.open("/proc/1/mem", os.O_RDWR)))
+attempt("signal", lambda: os.kill(1, signal.SIGUSR1))
+"""
+
+
+def test_pid_1_is_out_of_reach(ws_run: tuple[Path, Path]) -> None:
+    """The payload cannot ptrace the sandbox's pid 1, open its memory for writing or signal
+    it, so the exit status the launcher reads is the command's."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _PID_1])
+    assert status == 0, output
+    assert "ptrace EPERM" in output
+    assert "mem EACCES" in output or "mem EPERM" in output
+    assert "signal EPERM" in output
+
+
+def test_without_the_layers_pid_1_is_reached(
+    ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: without Landlock, /proc/1/mem opens for writing."""
+    without("landlock")
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _PID_1])
+    assert "mem ok" in output, (status, output)
+
+
+# ------------------------------------------------------------------ Landlock scopes
+
+
+def test_kill_of_a_process_outside_fails(ws_run: tuple[Path, Path]) -> None:
+    """A signal from the session to a process outside its Landlock domain (its own pid 1,
+    the only one it can name) is refused."""
+    _status, output = sh(session(*ws_run).plan(), "kill -USR1 1 2>&1; echo status=$?")
+    assert "status=1" in output, output
+
+
+def test_the_tool_socket_works_under_landlock(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """A path socket (the tool socket) is reachable while abstract sockets outside are not."""
+    if _layers.landlock_abi() < _layers.LANDLOCK_SCOPES_ABI:
+        pytest.skip("no Landlock scopes on this kernel")
+    path = tmp_path / "sock" / "tool.sock"
+    path.parent.mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(1)
+    path.chmod(0o777)
+    open_up(path.parent)
+    try:
+        plan = session(*ws_run, tool_socket=path).plan()
+        connect = (
+            "import socket; s = socket.socket(socket.AF_UNIX); "
+            f"s.connect({str(path)!r}); print('tool ok')"
+        )
+        status, output = run(plan, ["python3", "-c", connect])
+    finally:
+        server.close()
+    assert "tool ok" in output, (status, output)
+
+
+# ------------------------------------------------------------------ nested user namespaces
+
+_NESTED_BWRAP = (
+    "bwrap --ro-bind /usr /usr --symlink usr/lib64 /lib64 --symlink usr/lib /lib "
+    "--symlink usr/bin /bin -- /bin/true && echo NESTED-BWRAP"
+)
+
+
+def test_nested_namespaces_fail_by_default(ws_run: tuple[Path, Path]) -> None:
+    """unshare -U and a nested bwrap fail in a default session."""
+    _status, output = sh(
+        session(*ws_run).plan(), f"unshare -U true && echo NESTED-UNSHARE; {_NESTED_BWRAP}"
+    )
+    assert "NESTED-UNSHARE" not in output
+    assert "NESTED-BWRAP" not in output
+
+
+def test_nested_namespaces_work_when_opted_in(ws_run: tuple[Path, Path]) -> None:
+    """With allow_nested_userns, unshare -U and a nested bwrap work, and the manifest says
+    why they were allowed."""
+    reason = "the harness sandboxes its own tools with bwrap"
+    plan = session(*ws_run, allow_nested_userns=reason).plan()
+    assert reason in plan.manifest()
+    _status, output = sh(plan, f"unshare -U true && echo NESTED-UNSHARE; {_NESTED_BWRAP}")
+    assert "NESTED-UNSHARE" in output, output
+    assert "NESTED-BWRAP" in output, output
+
+
+def test_the_cli_takes_allow_nested_userns(ws_run: tuple[Path, Path]) -> None:
+    """`--allow-nested-userns REASON` on the CLI puts the reason in the manifest."""
+    from helpers import user_options
+
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "plan", *user_options(), "--workspace",
+         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--allow-nested-userns", "codex's own"],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "codex's own" in result.stdout
+
+
+# ------------------------------------------------------------------ the network
+
+
+@pytest.fixture
+def loopback_listener() -> Iterator[int]:
+    """A host TCP listener on 127.0.0.1: its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+
+
+_CONNECT_TCP = (
+    "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), "
+    "timeout=5); print('reached')\nexcept OSError as e:\n    print('unreachable', e.errno)"
+)
+
+
+def test_network_none_cuts_the_host_loopback(
+    ws_run: tuple[Path, Path], loopback_listener: int
+) -> None:
+    """With network none, a host loopback listener is unreachable; the session has its own
+    loopback."""
+    plan = session(*ws_run, network="none").plan()
+    assert "network: none" in plan.manifest()
+    _status, output = run(plan, ["python3", "-c", _CONNECT_TCP, str(loopback_listener)])
+    assert output.startswith("unreachable"), output
+
+
+def test_network_host_reaches_the_host_loopback(
+    ws_run: tuple[Path, Path], loopback_listener: int
+) -> None:
+    """The control: with network host (the default) the same listener is reached."""
+    _status, output = run(
+        session(*ws_run).plan(), ["python3", "-c", _CONNECT_TCP, str(loopback_listener)]
+    )
+    assert output.startswith("reached"), output
+
+
+def test_network_none_cuts_host_abstract_sockets_on_any_kernel(
+    ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """Even without Landlock, network none puts the session in a network namespace of its own:
+    host abstract sockets are out of reach."""
+    without("landlock")
+    name = f"nsconfine-test-{os.urandom(4).hex()}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("\0" + name)
+    server.listen(1)
+    connect = (
+        "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+        "    s.connect('\\0' + sys.argv[1]); print('connected')\nexcept OSError as e:\n"
+        "    print('refused', e.errno)"
+    )
+    try:
+        _status, output = run(
+            session(*ws_run, network="none").plan(), ["python3", "-c", connect, name]
+        )
+    finally:
+        server.close()
+    assert output.startswith("refused"), output
+
+
+def test_a_bad_network_is_a_usage_error(ws_run: tuple[Path, Path]) -> None:
+    """network must be host or none."""
+    with pytest.raises(nsconfine.UsageError, match="network"):
+        session(*ws_run, network="proxy").plan()
+
+
+# ------------------------------------------------------------------ what check and the manifest say
+
+
+def test_check_lists_each_layer() -> None:
+    """`nsconfine check --json` has a row per layer and whether this host has it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "check", "--json"],
+        capture_output=True, text=True, cwd="/", timeout=120, check=False,
+    )  # fmt: skip
+    rows = {row["name"]: row for row in json.loads(result.stdout)["checks"]}
+    for layer in ("landlock", "seccomp", "no-nested-userns", "bind-fd"):
+        assert layer in rows, sorted(rows)
+    assert "ABI" in rows["landlock"]["detail"]
+
+
+def test_the_manifest_shows_the_layers(ws_run: tuple[Path, Path]) -> None:
+    """The manifest lists each layer a plan applies."""
+    text = session(*ws_run).plan().manifest()
+    for layer in ("seccomp", "no-nested-userns", "landlock"):
+        assert f"  {layer}:" in text
+
+
+def test_selftest_has_a_probe_per_layer() -> None:
+    """selftest proves each layer this host has."""
+    from helpers import SESSION_USER
+
+    argv = [sys.executable, "-m", "nsconfine", "selftest", "--json"]
+    if SESSION_USER:
+        argv += ["--user", SESSION_USER]
+    result = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=600, check=False)
+    report = json.loads(result.stdout)
+    names = " ".join(row["name"] for row in report["checks"])
+    for needed in ("keyring syscall", "abstract socket", "pid 1", "nested user namespace",
+                   "socket family"):  # fmt: skip
+        assert needed in names, names
+    assert report["ok"], [row for row in report["checks"] if not row["ok"]]

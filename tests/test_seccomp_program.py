@@ -1,0 +1,143 @@
+"""The seccomp program itself, run through a classic-BPF interpreter written here.
+
+Real sessions prove the filter where the kernel's own answer differs from the filter's
+(tests/test_layers.py). Where they agree (acct, pivot_root and syslog fail with EPERM for an
+unprivileged caller anyway), only the program can show that the filter would refuse the call
+should the kernel ever let it through: each case below is the action the program returns for a
+syscall as seccomp would present it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+
+import pytest
+
+from nsconfine import _syscalls
+
+SECCOMP_RET_KILL_PROCESS = 0x80000000
+SECCOMP_RET_ERRNO = 0x00050000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+AUDIT_ARCH_X86_64 = 0xC000003E
+AUDIT_ARCH_I386 = 0x40000003
+AUDIT_ARCH_AARCH64 = 0xC00000B7
+NATIVE = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}[os.uname().machine]
+
+pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64 numbers below")
+
+
+def run_filter(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int = NATIVE) -> int:
+    """The action of a classic BPF seccomp program for one syscall (the subset of BPF the
+    generator emits: loads of absolute words, jumps against constants, returns)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    insns = [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
+    accumulator, pc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        klass = code & 0x07
+        if klass == 0x00:  # BPF_LD | BPF_W | BPF_ABS
+            assert code == 0x20, hex(code)
+            accumulator = struct.unpack_from("<I", data, k)[0]
+            pc += 1
+        elif klass == 0x05:  # BPF_JMP
+            op = code & 0xF0
+            if op == 0x00:  # BPF_JA
+                pc += 1 + k
+                continue
+            taken = {
+                0x10: accumulator == k,  # JEQ
+                0x20: accumulator > k,  # JGT
+                0x30: accumulator >= k,  # JGE
+                0x40: accumulator & k != 0,  # JSET
+            }[op]
+            pc += 1 + (jt if taken else jf)
+        elif klass == 0x06:  # BPF_RET | BPF_K
+            return k
+        elif klass == 0x04:  # BPF_ALU (AND with a constant)
+            assert code == 0x54, hex(code)
+            accumulator &= k
+            pc += 1
+        else:
+            raise AssertionError(f"unexpected BPF instruction {code:#x}")
+
+
+def errno_of(value: int) -> int:
+    return SECCOMP_RET_ERRNO | value
+
+
+DEFAULT = _syscalls.seccomp_filter(_syscalls.SECCOMP_DEFAULT)
+NESTED = _syscalls.seccomp_filter(_syscalls.SECCOMP_NESTED_USERNS)
+
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+CLONE_FILES = 0x00000400
+TIOCSTI = 0x5412
+
+CASES = [
+    # (name, nr, args, action by default, action with nested user namespaces allowed)
+    ("read", 0, (), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("acct", 163, (0,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("syslog", 103, (10,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("pivot_root", 155, (), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
+    ("mount", 165, (), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
+    ("keyctl", 250, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("add_key", 248, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("mbind", 237, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("kexec_load", 246, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("init_module", 175, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("bpf", 321, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("perf_event_open", 298, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("userfaultfd", 323, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("open_tree", 428, (), errno_of(errno.ENOSYS), SECCOMP_RET_ALLOW),
+    ("clone3", 435, (), errno_of(errno.ENOSYS), errno_of(errno.ENOSYS)),
+    ("io_uring_setup", 425, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("unshare newuser", 272, (CLONE_NEWUSER,), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
+    ("unshare files", 272, (CLONE_FILES,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("clone newns", 56, (CLONE_NEWNS,), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
+    ("clone thread", 56, (0x3D0F00,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("setns", 308, (3, 0), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
+    ("ptrace pid 1", 101, (16, 1), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("ptrace pid 2", 101, (16, 2), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("process_vm_writev pid 1", 311, (1,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("process_vm_readv pid 9", 310, (9,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("personality default", 135, (0,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("personality query", 135, (0xFFFFFFFF,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("personality other", 135, (0x0040000,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("socket unix", 41, (1,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("socket inet6", 41, (10,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("socket netlink", 41, (16,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("socket packet", 41, (17,), errno_of(errno.EAFNOSUPPORT), errno_of(errno.EAFNOSUPPORT)),
+    ("socket vsock", 41, (40,), errno_of(errno.EAFNOSUPPORT), errno_of(errno.EAFNOSUPPORT)),
+    ("ioctl TIOCSTI", 16, (0, TIOCSTI), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("ioctl TIOCSTI, high bits", 16, (0, TIOCSTI | 1 << 32), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("ioctl TIOCLINUX", 16, (0, 0x541C), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("ioctl FIONREAD", 16, (0, 0x541B), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("chmod setuid", 90, (0, 0o4755), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("chmod plain", 90, (0, 0o755), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("x32 getpid", 0x40000000 + 39, (), SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_KILL_PROCESS),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "nr", "args", "default", "nested"), CASES, ids=[c[0] for c in CASES]
+)
+def test_the_program_answers(
+    name: str, nr: int, args: tuple[int, ...], default: int, nested: int
+) -> None:
+    """The default program, and the one for a session allowed nested user namespaces."""
+    assert run_filter(DEFAULT, nr, args) == default, name
+    assert run_filter(NESTED, nr, args) == nested, name
+
+
+def test_a_foreign_architecture_is_killed() -> None:
+    """A syscall through the i386 entry (another arch in seccomp_data) kills the process."""
+    assert run_filter(DEFAULT, 20, (), arch=AUDIT_ARCH_I386) == SECCOMP_RET_KILL_PROCESS
+
+
+def test_the_interpreter_can_fail() -> None:
+    """The control: a program that allows everything answers ALLOW where the filter refuses."""
+    allow_all = struct.pack("<HBBI", 0x06, 0, 0, SECCOMP_RET_ALLOW)
+    assert run_filter(allow_all, 163, (0,)) == SECCOMP_RET_ALLOW
