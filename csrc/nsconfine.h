@@ -107,6 +107,10 @@ int nsc_open_path(const char *path, int force_walk, int *fd_out, int *stage_out)
  */
 #define NSC_SECCOMP_MAX_BYTES 8192
 #define NSC_SECCOMP_SETID 1 /* no S_ISUID/S_ISGID by chmod, open, creat, mknod; no io_uring, openat2 */
+#define NSC_SECCOMP_KERNEL 2 /* keyrings, NUMA, acct, syslog, quotas, perf, bpf, userfaultfd, kexec,
+                                modules, personality, clone3, ptrace of pid 1, socket families,
+                                TIOCSTI and TIOCLINUX */
+#define NSC_SECCOMP_NAMESPACES 4 /* no new namespace, no setns, no mount API */
 int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_t *len_out,
                        int *stage_out);
 

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 
 #if defined(__x86_64__)
@@ -44,11 +45,40 @@
 #ifndef __NR_fchmodat2
 #define __NR_fchmodat2 452
 #endif
+#ifndef __NR_clone3
+#define __NR_clone3 435
+#endif
+#ifndef __NR_open_tree
+#define __NR_open_tree 428
+#define __NR_move_mount 429
+#define __NR_fsopen 430
+#define __NR_fsconfig 431
+#define __NR_fsmount 432
+#define __NR_fspick 433
+#endif
+#ifndef __NR_mount_setattr
+#define __NR_mount_setattr 442
+#endif
+#ifndef __NR_quotactl_fd
+#define __NR_quotactl_fd 443
+#endif
+#ifndef __NR_set_mempolicy_home_node
+#define __NR_set_mempolicy_home_node 450
+#endif
 #ifndef __O_TMPFILE
 #define __O_TMPFILE 020000000
 #endif
 
 #define MAX_INSNS (NSC_SECCOMP_MAX_BYTES / sizeof(struct sock_filter))
+/* The namespace flags of clone (whose low byte is the exit signal, so no CLONE_NEWTIME) and
+ * of unshare. */
+#define CLONE_NAMESPACES 0x7e020000u /* NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET */
+#define UNSHARE_NAMESPACES (CLONE_NAMESPACES | 0x80u) /* and NEWTIME */
+#define TIOCSTI_ 0x5412u
+#define TIOCLINUX_ 0x541cu
+#define PER_LINUX_ 0u
+#define PER_LINUX32_ 8u
+#define PERSONALITY_QUERY 0xffffffffu
 #define SETID_BITS (S_ISUID | S_ISGID)
 #define RET_ERRNO(e) (SECCOMP_RET_ERRNO | ((e) & SECCOMP_RET_DATA))
 
@@ -84,6 +114,40 @@ static void refuse(struct program *p, unsigned int nr, int err)
 {
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, nr);
     ret(p, RET_ERRNO(err));
+}
+
+/* nr fails with err when the low 32 bits of argument arg equal one of values (n of them). */
+static void refuse_if_equal(struct program *p, unsigned int nr, int arg, const unsigned int *values,
+                            unsigned char n, int err)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 3), nr);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
+    for (unsigned char i = 0; i < n; i++)
+        emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - i), 0, values[i]);
+    ret(p, SECCOMP_RET_ALLOW);
+    ret(p, RET_ERRNO(err));
+}
+
+/* nr fails with err unless the low 32 bits of argument arg equal one of values (n of them). */
+static void allow_only_equal(struct program *p, unsigned int nr, int arg, const unsigned int *values,
+                             unsigned char n, int err)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 3), nr);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
+    for (unsigned char i = 0; i < n; i++)
+        emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - i), 0, values[i]);
+    ret(p, RET_ERRNO(err));
+    ret(p, SECCOMP_RET_ALLOW);
+}
+
+/* nr fails with err when argument arg has any of the bits in mask. */
+static void refuse_if_any_bit(struct program *p, unsigned int nr, int arg, unsigned int mask, int err)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, nr);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
+    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 1, mask);
+    ret(p, RET_ERRNO(err));
+    ret(p, SECCOMP_RET_ALLOW);
 }
 
 /* nr fails with EPERM when argument mode_arg asks for a set-user-ID or set-group-ID bit. */
@@ -136,6 +200,68 @@ static void setid_rules(struct program *p)
     refuse(p, __NR_io_uring_register, EPERM);
 }
 
+/*
+ * Kernel surface no session needs, modelled on flatpak's list: the keyrings (the launcher's
+ * session keyring is already out of reach; this keeps a session from making its own), NUMA
+ * policy, accounting, the kernel log, quotas, perf, bpf, userfaultfd (a classic exploit aid),
+ * kexec and modules, and any personality but Linux's (which can turn off ASLR). clone3 gets
+ * ENOSYS: its flags sit in a struct the filter cannot read, and libc falls back to clone. The
+ * sandbox's pid 1 holds the exit status the launcher reads: no ptrace or process_vm_* of it
+ * (the session's own programs stay debuggable; Landlock covers /proc/1/mem). Sockets: UNIX,
+ * INET, INET6 and NETLINK only. TIOCSTI and TIOCLINUX push input into a terminal (the request
+ * is compared on its low 32 bits, as the kernel reads it).
+ */
+static void kernel_rules(struct program *p)
+{
+    static const unsigned int pid_1[] = { 1 };
+    static const unsigned int personalities[] = { PER_LINUX_, PER_LINUX32_, PERSONALITY_QUERY };
+    static const unsigned int families[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
+    static const unsigned int ioctls[] = { TIOCSTI_, TIOCLINUX_ };
+    static const unsigned int refused[] = {
+        __NR_add_key, __NR_keyctl, __NR_request_key,
+        __NR_mbind, __NR_get_mempolicy, __NR_set_mempolicy, __NR_migrate_pages,
+        __NR_move_pages, __NR_set_mempolicy_home_node,
+        __NR_acct, __NR_syslog, __NR_quotactl, __NR_quotactl_fd,
+        __NR_perf_event_open, __NR_bpf, __NR_userfaultfd,
+        __NR_kexec_load, __NR_kexec_file_load,
+        __NR_init_module, __NR_finit_module, __NR_delete_module,
+#ifdef __NR_uselib
+        __NR_uselib,
+#endif
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        refuse(p, refused[i], EPERM);
+    refuse(p, __NR_clone3, ENOSYS);
+    allow_only_equal(p, __NR_personality, 0, personalities, 3, EPERM);
+    refuse_if_equal(p, __NR_ptrace, 1, pid_1, 1, EPERM);
+    refuse_if_equal(p, __NR_process_vm_readv, 0, pid_1, 1, EPERM);
+    refuse_if_equal(p, __NR_process_vm_writev, 0, pid_1, 1, EPERM);
+    allow_only_equal(p, __NR_socket, 0, families, 4, EAFNOSUPPORT);
+    refuse_if_equal(p, __NR_ioctl, 1, ioctls, 2, EPERM);
+}
+
+/*
+ * No namespace of the session's own (bwrap's --disable-userns already stops new user
+ * namespaces; without one the rest needs capabilities it lacks, so these are a second wall):
+ * unshare and clone with a namespace flag, setns, the mount calls, and the new mount API
+ * (ENOSYS, so that libc and tools fall back to mount(2), which fails plainly). A session
+ * allowed nested user namespaces (a harness that runs bwrap itself) gets none of this.
+ */
+static void namespace_rules(struct program *p)
+{
+    static const unsigned int mount_calls[] = { __NR_mount, __NR_umount2, __NR_pivot_root,
+                                                __NR_chroot, __NR_setns };
+    static const unsigned int mount_api[] = { __NR_open_tree, __NR_move_mount, __NR_fsopen,
+                                              __NR_fsconfig, __NR_fsmount, __NR_fspick,
+                                              __NR_mount_setattr };
+    for (size_t i = 0; i < sizeof mount_calls / sizeof mount_calls[0]; i++)
+        refuse(p, mount_calls[i], EPERM);
+    for (size_t i = 0; i < sizeof mount_api / sizeof mount_api[0]; i++)
+        refuse(p, mount_api[i], ENOSYS);
+    refuse_if_any_bit(p, __NR_unshare, 0, UNSHARE_NAMESPACES, EPERM);
+    refuse_if_any_bit(p, __NR_clone, 0, CLONE_NAMESPACES, EPERM);
+}
+
 int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_t *len_out,
                        int *stage_out)
 {
@@ -160,6 +286,10 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
 #endif
     if (rules & NSC_SECCOMP_SETID)
         setid_rules(&p);
+    if (rules & NSC_SECCOMP_KERNEL)
+        kernel_rules(&p);
+    if (rules & NSC_SECCOMP_NAMESPACES)
+        namespace_rules(&p);
     ret(&p, SECCOMP_RET_ALLOW);
     size_t bytes = p.n * sizeof p.insns[0];
     if (p.overflow || bytes > cap) {

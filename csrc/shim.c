@@ -2,7 +2,7 @@
  * nsconfine's exec shim: the first command of every sandbox (bwrap runs it
  * from a sealed memfd, as /proc/self/fd/7).
  *
- *     _shim SOCKET_FD IDLE_TIMEOUT_MS
+ *     _shim SOCKET_FD IDLE_TIMEOUT_MS GUARD_PID_1
  *
  * The sandbox is already built (namespaces, mounts, environment, working
  * directory) when this runs; what is missing is the caller's command. The
@@ -29,6 +29,12 @@
  * and exits 127. EOF on the socket (the launcher closed the sandbox or died)
  * or the idle timeout: exit 0, the sandbox ends and the launcher reaps it.
  *
+ * With GUARD_PID_1 = 1 the shim first takes a Landlock domain of its own, scoped
+ * (ABI 6): its command, and all it starts, can then neither ptrace, read or
+ * write the memory of, nor signal the sandbox's pid 1 (bwrap's init, outside
+ * that domain), which holds the exit status the launcher reads; nor connect to
+ * an abstract socket outside it. If that fails it sends 'L' instead of 'R'.
+ *
  * No libc (see freestanding.h): it starts once per launch.
  */
 #include "freestanding.h"
@@ -47,6 +53,22 @@ struct launch_header {
 };
 
 static int errpipe = -1;
+
+#define LANDLOCK_CREATE_RULESET 444
+#define LANDLOCK_RESTRICT_SELF 446
+#define LANDLOCK_SCOPES 3 /* LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL */
+
+/* A scope-only Landlock domain over this process and what it execs; 0, or -errno. */
+static long guard_pid_1(void)
+{
+    uint64_t attr[3] = { 0, 0, LANDLOCK_SCOPES }; /* fs, net, scoped (the ABI 6 layout) */
+    long fd = SYS3(LANDLOCK_CREATE_RULESET, attr, sizeof attr, 0);
+    if (fd < 0)
+        return fd;
+    long r = SYS2(LANDLOCK_RESTRICT_SELF, fd, 0);
+    (void)SYS1(__NR_close, fd);
+    return r;
+}
 
 __attribute__((noreturn)) static void fail(long err, int stage)
 {
@@ -224,12 +246,17 @@ __attribute__((noreturn)) static void exec_command(char **args, char **envp)
 
 int helper_main(int argc, char **argv, char **envp)
 {
-    if (argc != 3)
+    if (argc != 4)
         return 2;
     long sock = parse_unsigned(argv[1]);
     long timeout_ms = parse_unsigned(argv[2]);
-    if (sock < 3 || timeout_ms < 0)
+    long guard = parse_unsigned(argv[3]);
+    if (sock < 3 || timeout_ms < 0 || guard < 0 || guard > 1)
         return 2;
+    if (guard && guard_pid_1() < 0) {
+        (void)sys_write_all((int)sock, "L", 1);
+        return 3;
+    }
 
     /* Built: the launcher waits for this before it checks the sandbox. */
     if (sys_write_all((int)sock, "R", 1) != 1)

@@ -48,6 +48,7 @@ REQUIRED_OPTIONS = (
     "--args",
     *NAMESPACE_OPTIONS,
     "--disable-userns",
+    "--unshare-net",
     "--die-with-parent",
     "--new-session",
     "--cap-drop",
@@ -112,6 +113,8 @@ def bwrap_options(
     --bind-fd; the mount check after set-up then does the whole job). seccomp and
     disable_userns are off only in the test suite's mutation twins (nsconfine._layers)."""
     arguments = [*NAMESPACE_OPTIONS, *PROCESS_OPTIONS]
+    if plan.network == "none":
+        arguments.append("--unshare-net")  # a namespace of its own, loopback only
     if disable_userns:
         arguments.append("--disable-userns")
     for variable in plan.env:
@@ -128,9 +131,15 @@ def bwrap_options(
     return arguments
 
 
-def shim_command(idle_timeout_ms: int) -> list[str]:
-    """The command bwrap runs: the exec shim, on its socket, waiting at most idle_timeout_ms."""
-    return [f"/proc/self/fd/{SHIM_PROGRAM_FD}", str(SHIM_FD), str(idle_timeout_ms)]
+def shim_command(idle_timeout_ms: int, guard_pid_1: bool) -> list[str]:
+    """The command bwrap runs: the exec shim, on its socket, waiting at most idle_timeout_ms;
+    guard_pid_1: it takes a Landlock domain that keeps its command from pid 1."""
+    return [
+        f"/proc/self/fd/{SHIM_PROGRAM_FD}",
+        str(SHIM_FD),
+        str(idle_timeout_ms),
+        "1" if guard_pid_1 else "0",
+    ]
 
 
 def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:

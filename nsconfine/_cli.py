@@ -97,6 +97,18 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         help="another path (relative to the workspace) the host trusts: kept read-only",
     )
     group.add_argument(
+        "--network",
+        choices=("host", "none"),
+        default="host",
+        help="host: the launcher's network (default); none: a loopback of its own",
+    )
+    group.add_argument(
+        "--allow-nested-userns",
+        metavar="REASON",
+        help="let the session make user namespaces of its own (a harness that runs bwrap "
+        "itself), saying why: the manifest shows it",
+    )
+    group.add_argument(
         "--unprotect",
         action="append",
         default=[],
@@ -159,6 +171,8 @@ def _session(arguments: argparse.Namespace) -> Session:
         user=arguments.user,
         protect=arguments.protect,
         unprotect=arguments.unprotect,
+        network=arguments.network,
+        allow_nested_userns=arguments.allow_nested_userns or False,
     )
 
 

@@ -71,8 +71,8 @@ if TYPE_CHECKING:
     Stdio = int | IO[Any] | None
     Identity = tuple[int, int]
 
-# What a launch must see differ from the launcher's own; "net" is shared by design.
-CONFINING_NAMESPACES: Final = ("user", "mnt", "pid", "ipc", "uts", "cgroup")
+# What a launch must see differ from the launcher's own ("net" too, for a network of its own).
+CONFINING_NAMESPACES: Final = ("user", "mnt", "pid", "ipc", "uts", "cgroup", "net")
 INFO_TIMEOUT_SECONDS: Final = 10.0
 SETUP_TIMEOUT_SECONDS: Final = 120.0  # 10,000 copied files take bwrap seconds
 SPAWN_SHIM_TIMEOUT_MS: Final = 600_000  # a spawn hands its shim the command at once
@@ -138,7 +138,7 @@ _compiled: dict[int, tuple[Plan, tuple[bool, bool, bool], bytes]] = {}
 
 def compiled_options(plan: Plan, seccomp: bool, bind_fds: bool) -> bytes:
     """The plan's options, encoded once per plan object (plans are immutable)."""
-    switches = (seccomp, bind_fds, _layers.disables_userns())
+    switches = (seccomp, bind_fds, _layers.disables_userns(plan))
     hit = _compiled.get(id(plan))
     if hit is not None and hit[0] is plan and hit[1] == switches:
         return hit[2]
@@ -317,10 +317,10 @@ def _start(
     idle_timeout_ms: int,
 ) -> Staged:
     """Spawn the reaper with bwrap's fds in place (see the module's docstring)."""
-    seccomp = _layers.seccomp_program()
+    seccomp = _layers.seccomp_program(plan)
     options = compiled_options(plan, seccomp is not None, bind_sources is not None)
     flags, uid, gid = _layers.spawn_flags(plan.user)
-    shim = shim_command(idle_timeout_ms)
+    shim = shim_command(idle_timeout_ms, _layers.shim_guards_pid_1())
     reaper_fd, shim_fd = program_fd(REAPER_PATH), program_fd(SHIM_PATH)
     argv = [
         os.fsencode(a) for a in reaper_command_line(REAPER_PATH, bwrap_command_line(bwrap, shim))
@@ -399,7 +399,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     except ProcessLookupError:
         raise _SetupEnded("ended before it could be checked") from None
     staged.init_pid = child
-    _check_init(bwrap, staged.reaper, child, info)
+    _check_init(bwrap, staged.reaper, child, info, plan.network == "none")
     staged.mark("namespaces")
     shim = _await_shim(staged)
     try:
@@ -472,8 +472,11 @@ def _namespaces(pid: int) -> dict[str, int]:
     return {name: os.stat(f"/proc/{pid}/ns/{name}").st_ino for name in own_namespaces()}
 
 
-def _check_init(bwrap: str, reaper: int, child: int, info: dict[str, Any]) -> None:
-    """The sandbox's init is bwrap's child, bwrap is the reaper's, and its namespaces are new."""
+def _check_init(
+    bwrap: str, reaper: int, child: int, info: dict[str, Any], own_network: bool
+) -> None:
+    """The sandbox's init is bwrap's child, bwrap is the reaper's, and its namespaces are new
+    (the network's only when the plan gives it one of its own)."""
     try:
         bwrap_pid = _parent(child)
         grandparent = _parent(bwrap_pid)
@@ -486,6 +489,8 @@ def _check_init(bwrap: str, reaper: int, child: int, info: dict[str, Any]) -> No
             "a bubblewrap nsconfine can trust"
         )
     for name, own in own_namespaces().items():
+        if name == "net" and not own_network:
+            continue
         claimed = info.get(f"{name}-namespace", theirs[name])
         if theirs[name] == own or claimed != theirs[name]:
             raise SandboxUnavailable(
@@ -516,6 +521,11 @@ def _await_shim(staged: Staged) -> int:
                 f"bwrap did not finish building the sandbox within {SETUP_TIMEOUT_SECONDS:g} s"
             )
     data, ancillary, _flags, _address = staged.sock.recvmsg(1, socket.CMSG_SPACE(12))
+    if data == b"L":
+        raise SandboxUnavailable(
+            "the exec shim could not take the Landlock domain that keeps the command away from "
+            "the sandbox's pid 1: nothing was run; `nsconfine check` shows this kernel's layers"
+        )
     if data != b"R":
         raise _SetupEnded("failed to set up")
     for level, kind, payload in ancillary:

@@ -1,8 +1,18 @@
 """The kernel layers every session gets past its mount namespace, and how they are asked for.
 
-They are not options: no plan, flag or variable turns one off. DISABLED_FOR_TESTS is the one
-door, for the test suite's mutation twins (each layer's test must fail without it); nothing in
-the package sets it, and a launch with it set says so on every manifest it prints.
+They are not options: no flag or variable turns one off. A plan may allow nested user
+namespaces, with a reason the manifest shows (a harness that sandboxes its own tools with
+bwrap); that lifts "no-nested-userns" alone. DISABLED_FOR_TESTS is the one other door, for the
+test suite's mutation twins (each layer's test must fail without it); nothing in the package
+sets it, and the manifest lists only the layers a launch applies.
+
+Where each layer lives:
+- seccomp: the filter (csrc/seccomp.c) bwrap loads in the sandbox's pid 1 and the command;
+- session-keyring and no-new-privileges: the launcher's C child, before it execs the reaper;
+- no-nested-userns: bwrap's --disable-userns, and the filter's namespace rules;
+- landlock: a scope-only domain in the launcher's C child (no abstract socket and no signal
+  out of the sandbox), and a second one the exec shim takes before it execs the command, so
+  that the command cannot reach the sandbox's pid 1 either (ptrace, /proc/1/mem, signals).
 """
 
 from __future__ import annotations
@@ -15,14 +25,16 @@ TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
     from typing import Final
 
-    from nsconfine._plan import RunAs
+    from nsconfine._plan import Plan, RunAs
 
 # What each layer does, for the manifest.
 LAYERS: Final = {
     "seccomp": (
-        "a seccomp filter: no set-user-ID or set-group-ID bit by chmod, open, creat or mknod "
-        "(a file left setuid in a workspace would run as the session's user for anyone); no "
-        "io_uring, no openat2"
+        "a seccomp filter: no set-user-ID or set-group-ID bit by chmod, open, creat, mknod or "
+        "mq_open; no io_uring; no keyrings, NUMA policy, accounting, kernel log, quotas, perf, "
+        "bpf, userfaultfd, kexec or modules; no other personality; no ptrace of pid 1; only "
+        "UNIX, INET, INET6 and NETLINK sockets; no TIOCSTI or TIOCLINUX; no other syscall "
+        "entry (x32, i386)"
     ),
     "session-keyring": (
         "a fresh session keyring: the launcher's keys are not reachable, and keys a session "
@@ -33,31 +45,46 @@ LAYERS: Final = {
         "session's power"
     ),
     "no-nested-userns": (
-        "no user namespace inside (bwrap's --disable-userns): no overlay, mqueue or cgroup "
-        "file system of the session's own, and none of the kernel's user-namespace surface"
+        "no namespace of its own (bwrap's --disable-userns, and the filter refuses unshare, "
+        "setns, namespace flags and the mount calls): no overlay, mqueue or cgroup file "
+        "system of the session's own, and none of the kernel's user-namespace surface"
     ),
     "landlock": (
-        "a Landlock scope (ABI 6 and later): no connecting to an abstract unix socket outside "
-        "the sandbox, no signal to a process outside it"
+        "Landlock scopes (ABI 6 and later): no connecting to an abstract unix socket outside "
+        "the sandbox, no signal to a process outside it; and the command is kept out of reach "
+        "of the sandbox's pid 1 (no ptrace, no /proc/1/mem, no signal), which holds its exit "
+        "status"
     ),
 }
 
-DISABLED_FOR_TESTS: frozenset[str] = frozenset()
+NESTED_USERNS_REOPENS: Final = (
+    "this re-opens the kernel's user-namespace surface (a kernel bug there is reachable), "
+    "mounts of the session's own (overlay, mqueue, cgroupfs: where the host delegates cgroups "
+    "to this account, a nested cgroupfs reaches them) and the mount system calls"
+)
 
 LANDLOCK_SCOPES_ABI: Final = 6
 
-_filter: bytes | None = None
+DISABLED_FOR_TESTS: frozenset[str] = frozenset()
+
+_filters: dict[int, bytes] = {}
 _ruleset: int | None = None
 _abi: int | None = None
 
 
-def active() -> list[str]:
-    """The layers a launch applies now (on this kernel: Landlock scopes need ABI 6)."""
-    return [name for name in LAYERS if name not in DISABLED_FOR_TESTS and _available(name)]
+def active(plan: Plan | None = None) -> list[str]:
+    """The layers a launch of plan applies on this kernel (Landlock scopes need ABI 6)."""
+    return [name for name in LAYERS if _applies(name, plan)]
 
 
-def _available(name: str) -> bool:
-    return name != "landlock" or landlock_abi() >= LANDLOCK_SCOPES_ABI
+def _applies(name: str, plan: Plan | None) -> bool:
+    if name in DISABLED_FOR_TESTS:
+        return False
+    if name == "landlock":
+        return landlock_abi() >= LANDLOCK_SCOPES_ABI
+    if name == "no-nested-userns":
+        return plan is None or plan.nested_userns is None
+    return True
 
 
 def landlock_abi() -> int:
@@ -68,9 +95,21 @@ def landlock_abi() -> int:
     return _abi
 
 
-def disables_userns() -> bool:
-    """Does bwrap get --disable-userns?"""
-    return "no-nested-userns" not in DISABLED_FOR_TESTS
+def disables_userns(plan: Plan) -> bool:
+    """Does bwrap get --disable-userns for plan?"""
+    return _applies("no-nested-userns", plan)
+
+
+def seccomp_program(plan: Plan) -> bytes | None:
+    """The seccomp filter bwrap loads for plan's sessions (each variant built once), or None
+    in a test that switched it off."""
+    if "seccomp" in DISABLED_FOR_TESTS:
+        return None
+    rules = _syscalls.SECCOMP_DEFAULT if disables_userns(plan) else _syscalls.SECCOMP_NESTED_USERNS
+    program = _filters.get(rules)
+    if program is None:
+        program = _filters[rules] = _syscalls.seccomp_filter(rules)
+    return program
 
 
 def landlock_ruleset() -> int:
@@ -78,22 +117,17 @@ def landlock_ruleset() -> int:
     execs the reaper (made once; its fd is close-on-exec), or -1 where this kernel has no
     scopes or a test switched the layer off."""
     global _ruleset
-    if "landlock" in DISABLED_FOR_TESTS or not _available("landlock"):
+    if not _applies("landlock", None):
         return -1
     if _ruleset is None:
         _ruleset = _syscalls.landlock_scopes()
     return _ruleset
 
 
-def seccomp_program() -> bytes | None:
-    """The seccomp filter bwrap loads for every session (built once), or None in a test that
-    switched it off."""
-    global _filter
-    if "seccomp" in DISABLED_FOR_TESTS:
-        return None
-    if _filter is None:
-        _filter = _syscalls.seccomp_filter(_syscalls.SECCOMP_SETID)
-    return _filter
+def shim_guards_pid_1() -> bool:
+    """Does the exec shim take a Landlock domain of its own before the command (so that the
+    command cannot ptrace, write or signal the sandbox's pid 1)?"""
+    return _applies("landlock", None)
 
 
 def spawn_flags(user: RunAs) -> tuple[int, int, int]:

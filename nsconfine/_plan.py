@@ -13,7 +13,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Sequence
 
-from nsconfine._errors import PlanError
+from nsconfine._errors import PlanError, UsageError
 from nsconfine._record import Record
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
@@ -339,17 +339,29 @@ def _execution_order(entry: Entry) -> tuple[int, int]:
     return (1 if entry.kind is Kind.REMOUNT_RO else 0, depth)
 
 
+# A session's network: the launcher's own ("host"), or a namespace of its own with only a
+# loopback ("none"). Room is left for a filtering proxy.
+NETWORKS = {
+    "host": "the launcher's network, shared: anything the launcher can reach",
+    "none": "a network namespace of its own with only a loopback: no host service, no host "
+    "abstract socket",
+}
+
+
 class Plan(Record):
     """Entries in execution order, the session's environment, its working directory, the deny
-    rules its binds are checked against before every launch, and the account it runs as."""
+    rules its binds are checked against before every launch, the account it runs as, its
+    network, and why it may make user namespaces of its own (None: it may not)."""
 
-    FIELDS = ("entries", "env", "chdir", "deny", "user")
+    FIELDS = ("entries", "env", "chdir", "deny", "user", "network", "nested_userns")
     __slots__ = FIELDS
     entries: tuple[Entry, ...]
     env: tuple[EnvVar, ...]
     chdir: str
     deny: tuple[DenyRule, ...]
     user: RunAs
+    network: str
+    nested_userns: str | None
 
     def __init__(
         self,
@@ -358,11 +370,25 @@ class Plan(Record):
         chdir: str = "/",
         deny: tuple[DenyRule, ...] = (),
         user: RunAs | None = None,
+        network: str = "host",
+        nested_userns: str | None = None,
     ) -> None:
         ordered = tuple(sorted(entries, key=_execution_order))
         if user is None:
             user = launcher_account()
-        self._set(entries=ordered, env=tuple(env), chdir=chdir, deny=tuple(deny), user=user)
+        if network not in NETWORKS:
+            raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
+        if nested_userns is not None and not nested_userns.strip():
+            raise UsageError("nested user namespaces are allowed only with a reason")
+        self._set(
+            entries=ordered,
+            env=tuple(env),
+            chdir=chdir,
+            deny=tuple(deny),
+            user=user,
+            network=network,
+            nested_userns=nested_userns,
+        )
         seen: set[str] = set()
         for entry in ordered:
             if entry.kind is Kind.REMOUNT_RO:  # it changes a mount set up before it
@@ -386,9 +412,11 @@ class Plan(Record):
         chdir: str = "/",
         deny: Sequence[DenyRule] = (),
         user: RunAs | None = None,
+        network: str = "host",
+        nested_userns: str | None = None,
     ) -> Plan:
         """A plan from any iterables."""
-        return cls(tuple(entries), tuple(env), chdir, tuple(deny), user)
+        return cls(tuple(entries), tuple(env), chdir, tuple(deny), user, network, nested_userns)
 
     def without(self, dest: str) -> Plan:
         """This plan less the entry at dest (to show what a session cannot do without it)."""
@@ -399,7 +427,7 @@ class Plan(Record):
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as data: `{"user": {...}, "entries": [...], "env": [...], "chdir": ...,
-        "deny": [...], "layers": [...]}`."""
+        "deny": [...], "network": ..., "nested_userns": ..., "layers": [...]}`."""
         from nsconfine._layers import LAYERS, active
 
         return {
@@ -408,7 +436,9 @@ class Plan(Record):
             "env": [variable.to_json() for variable in self.env],
             "chdir": self.chdir,
             "deny": [rule.to_json() for rule in self.deny],
-            "layers": [{"name": name, "what": LAYERS[name]} for name in active()],
+            "network": self.network,
+            "nested_userns": self.nested_userns,
+            "layers": [{"name": name, "what": LAYERS[name]} for name in active(self)],
         }
 
     def manifest(self) -> str:
@@ -427,6 +457,7 @@ class Plan(Record):
         ]
         lines.append("")
         lines.append(f"runs as: {printable(str(self.user))}")
+        lines.append(f"network: {self.network} ({NETWORKS[self.network]})")
         lines.append(f"working directory: {printable(self.chdir)}")
         lines.append("environment (starts empty):")
         lines += [
@@ -439,10 +470,15 @@ class Plan(Record):
             f"{printable(rule.reason)}  [from {printable(rule.origin or 'the plan')}]"
             for rule in self.deny
         ]
-        from nsconfine._layers import LAYERS, active
+        from nsconfine._layers import LAYERS, NESTED_USERNS_REOPENS, active
 
         lines.append("kernel layers:")
-        lines += [f"  {name}: {LAYERS[name]}" for name in active()]
+        lines += [f"  {name}: {LAYERS[name]}" for name in active(self)]
+        if self.nested_userns is not None:
+            lines.append(
+                f"nested user namespaces: allowed ({printable(self.nested_userns)}); "
+                f"{NESTED_USERNS_REOPENS}"
+            )
         return "\n".join(line.rstrip() for line in lines) + "\n"
 
     def manifest_json(self) -> str:

@@ -528,6 +528,7 @@ def run_checks(bwrap: str, report: PreflightReport | None = None) -> frozenset[s
     report.checks.append(
         Check("canary", True, f"a canary session, as {account.name}, was confined")
     )
+    report.checks += layer_checks()
     if os.geteuid() == 0:
         report.checks.append(
             Check(
@@ -538,6 +539,45 @@ def run_checks(bwrap: str, report: PreflightReport | None = None) -> frozenset[s
             )
         )
     return features
+
+
+def layer_checks() -> list[Check]:
+    """A row per kernel layer: whether this host has it (the canary ran under all of them)."""
+    from nsconfine import _layers
+
+    abi = _layers.landlock_abi()
+    if abi >= _layers.LANDLOCK_SCOPES_ABI:
+        landlock = (
+            f"ABI {abi}: scopes applied (no abstract socket or signal out of the sandbox; the "
+            "command kept from the sandbox's pid 1)"
+        )
+    else:
+        landlock = (
+            f"ABI {abi}: no scopes (they need ABI {_layers.LANDLOCK_SCOPES_ABI}, Linux 6.12): "
+            "abstract unix sockets on the host stay reachable unless --network none, and pid 1 "
+            "is kept from ptrace and process_vm_* by the filter only (its /proc/1/mem is not)"
+        )
+    program = _syscalls.seccomp_filter(_syscalls.SECCOMP_DEFAULT)
+    return [
+        Check("landlock", True, landlock),
+        Check(
+            "seccomp",
+            True,
+            f"a filter of {len(program) // 8} instructions, passed to bwrap by fd: "
+            + _layers.LAYERS["seccomp"].removeprefix("a seccomp filter: "),
+        ),
+        Check(
+            "no-nested-userns",
+            True,
+            "bwrap's --disable-userns and the filter's namespace rules; a session may be "
+            "allowed its own (--allow-nested-userns REASON)",
+        ),
+        Check(
+            "keyring",
+            True,
+            "each session joins a fresh session keyring; the filter refuses the keyring calls",
+        ),
+    ]
 
 
 def _remember(identity: str, features: frozenset[str]) -> None:

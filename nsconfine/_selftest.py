@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from nsconfine import _layers
 from nsconfine import _plan as p
 from nsconfine._accounts import run_as, scratch_directory
 from nsconfine._errors import NsconfineError
@@ -125,6 +126,7 @@ class World:
         self.root = root
         self.user = user if user is not None else run_as(None)
         self.token = os.urandom(8).hex()
+        self.abstract_name = f"nsconfine-selftest-{self.token}"  # a host abstract socket
         join = os.path.join
         self.home = join(root, "home")
         self.secrets = {
@@ -219,9 +221,13 @@ class World:
         self.leaked_fd = os.open(self.secrets["~/.ssh/id_ed25519"], os.O_RDONLY)
         os.set_inheritable(self.leaked_fd, True)
         self.key_serial = _add_session_key(self.key_payload)
+        abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        abstract.bind("\0" + self.abstract_name)
+        abstract.listen(8)
         try:
             yield self
         finally:
+            abstract.close()
             _revoke_key(self.key_serial)
             os.close(self.leaked_fd)
             self.host_process.kill()
@@ -245,7 +251,78 @@ class World:
         probes += self._process_and_fd_refusals()
         probes += self._host_power_refusals()
         probes += self._trusted_file_refusals()
+        probes += self._layer_refusals()
         probes += self._needs()
+        return probes
+
+    def _layer_refusals(self) -> list[Probe]:
+        """A probe per kernel layer this host has, each judged by what the session got done."""
+        keyring = (
+            "import ctypes; libc = ctypes.CDLL(None); "
+            "print('made' if libc.syscall(250, 0, -3, 1) > 0 else 'refused')"  # keyctl
+        )
+        families = (
+            "import socket\nfor f in ('AF_VSOCK', 'AF_ALG', 'AF_TIPC', 'AF_RDS', 'AF_CAN', "
+            "'AF_PACKET', 'AF_BLUETOOTH'):\n    family = getattr(socket, f, None)\n"
+            "    for kind in (socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_STREAM):\n"
+            "        try:\n            socket.socket(family, kind).close(); print('opened', f)\n"
+            "        except (OSError, TypeError):\n            pass"
+        )
+        probes = [
+            Probe(
+                "make keys with the keyring syscalls",
+                False,
+                f"python3 -c {_quote(keyring)}",
+                lambda outcome: outcome.stdout.strip() == "made",
+                lambda plan: plan,
+                layers_off=("seccomp",),
+            ),
+            Probe(
+                "open a socket family past UNIX, INET and NETLINK",
+                False,
+                f"python3 -c {_quote(families)}",
+                lambda outcome: "opened" in outcome.stdout,
+                lambda plan: plan,
+                layers_off=("seccomp",),
+            ),
+            Probe(
+                "make a nested user namespace",
+                False,
+                "unshare -U true && echo made",
+                lambda outcome: outcome.stdout.strip() == "made",
+                lambda plan: plan,
+                layers_off=("no-nested-userns",),
+            ),
+        ]
+        if _layers.landlock_abi() >= _layers.LANDLOCK_SCOPES_ABI:
+            connect = (
+                "import socket, sys; s = socket.socket(socket.AF_UNIX)\ntry:\n"
+                "    s.connect('\\0' + sys.argv[1]); print('connected')\n"
+                "except OSError:\n    print('refused')"
+            )
+            pid_1 = (
+                "import ctypes, os; libc = ctypes.CDLL(None)\n"
+                "try:\n    os.close(os.open('/proc/1/mem', os.O_RDWR)); print('reached')\n"
+                "except OSError:\n    print('refused')"
+            )
+            probes += [
+                Probe(
+                    "connect to a host abstract socket",
+                    False,
+                    f"python3 -c {_quote(connect)} {self.abstract_name}",
+                    lambda outcome: outcome.stdout.strip() == "connected",
+                    lambda plan: plan,
+                    layers_off=("landlock",),
+                ),
+                Probe(
+                    "write the memory of the sandbox's pid 1",
+                    False,
+                    f"python3 -c {_quote(pid_1)}",
+                    lambda outcome: outcome.stdout.strip() == "reached",
+                    lambda plan: plan,
+                    layers_off=("landlock",),
+                ),
+            ]
         return probes
 
     def _trusted_file_refusals(self) -> list[Probe]:
@@ -362,7 +439,7 @@ class World:
                 f"python3 -c {_quote(reader)} {self.key_serial}",
                 lambda outcome: outcome.stdout == self.key_payload,
                 lambda plan: plan,
-                layers_off=("session-keyring",),
+                layers_off=("session-keyring", "seccomp"),  # the filter refuses keyctl too
             ),
             Probe(
                 "plant a setuid file on the host",

@@ -17,7 +17,7 @@ from nsconfine import _plan as p
 from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
-from nsconfine._plan import EnvVar, Kind, Origin, Plan, RunAs, printable
+from nsconfine._plan import NETWORKS, EnvVar, Kind, Origin, Plan, RunAs, printable
 from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
 from nsconfine._protect import protected_entries
 from nsconfine._record import Record
@@ -70,6 +70,8 @@ class Session(Record):
         "user",
         "protect",
         "unprotect",
+        "network",
+        "allow_nested_userns",
     )
     __slots__ = FIELDS
     workspace: str
@@ -83,6 +85,8 @@ class Session(Record):
     user: str | int | None  # the account to run as (a root launcher must name one)
     protect: tuple[str, ...]  # more paths the host trusts, relative to the workspace
     unprotect: tuple[str, ...]  # default protected names to leave writable
+    network: str  # "host" (the launcher's) or "none" (a loopback of its own)
+    allow_nested_userns: str | None  # why it may make user namespaces (None: it may not)
 
     def __init__(
         self,
@@ -98,6 +102,8 @@ class Session(Record):
         user: str | int | None = None,
         protect: Iterable[str] = (),
         unprotect: Iterable[str] = (),
+        network: str = "host",
+        allow_nested_userns: bool | str | None = False,
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
             absolute = os.path.abspath(os.fspath(value))
@@ -108,6 +114,8 @@ class Session(Record):
             h if isinstance(h, Harness) else Harness.parse(os.fspath(h)) for h in harness
         )
         harnesses = tuple(Harness(path(h.path), h.sha256) for h in harnesses)
+        if network not in NETWORKS:
+            raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
         names = tuple(env)
         for name in names:
             if not _ENV_NAME.match(name):
@@ -126,6 +134,8 @@ class Session(Record):
             user=user,
             protect=tuple(protect),
             unprotect=tuple(unprotect),
+            network=network,
+            allow_nested_userns=_nested_userns_reason(allow_nested_userns),
         )
 
     @property
@@ -176,6 +186,8 @@ def build_plan(
         chdir=session.workspace,
         deny=deny,
         user=user,
+        network=session.network,
+        nested_userns=session.allow_nested_userns,
     )
     check_plan(plan)
     _require_runnable(plan, len(session.ro))
@@ -361,6 +373,20 @@ def _copy_roots(
         roots.update(more_roots)
         leftover += more_leftover
     return roots, leftover
+
+
+NESTED_USERNS_DEFAULT_REASON = "the session's harness sandboxes its own tools (bwrap inside)"
+
+
+def _nested_userns_reason(allowed: bool | str | None) -> str | None:
+    """allow_nested_userns as the plan keeps it: the reason it is allowed, or None."""
+    if allowed is True:
+        return NESTED_USERNS_DEFAULT_REASON
+    if allowed is False or allowed is None:
+        return None
+    if isinstance(allowed, str) and allowed.strip():
+        return allowed.strip()
+    raise UsageError("allow_nested_userns is True, False or the reason it is allowed")
 
 
 def _require_exists(path: str, what: str) -> None:

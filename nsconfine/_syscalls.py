@@ -44,6 +44,11 @@ SHIM_WIRE: Final[dict[str, int]] = {
 
 # nsc_seccomp_filter's rule groups.
 SECCOMP_SETID: Final[int] = lib.NSC_SECCOMP_SETID
+SECCOMP_KERNEL: Final[int] = lib.NSC_SECCOMP_KERNEL
+SECCOMP_NAMESPACES: Final[int] = lib.NSC_SECCOMP_NAMESPACES
+# Every session's filter, and the one for a session allowed user namespaces of its own.
+SECCOMP_DEFAULT: Final[int] = SECCOMP_SETID | SECCOMP_KERNEL | SECCOMP_NAMESPACES
+SECCOMP_NESTED_USERNS: Final[int] = SECCOMP_SETID | SECCOMP_KERNEL
 
 _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_PIPE: "pipe2",

@@ -124,10 +124,10 @@ def test_without_seccomp_the_option_is_left_out() -> None:
 
 def test_the_reaper_runs_bwrap_with_its_lifeline_and_info_fd() -> None:
     """The launcher's child is the reaper, told its lifeline and info fds, then bwrap's argv."""
-    bwrap = bwrap_command_line("/usr/bin/bwrap", shim_command(5000))
+    bwrap = bwrap_command_line("/usr/bin/bwrap", shim_command(5000, guard_pid_1=True))
     assert reaper_command_line("/x/_reaper", bwrap) == [
         "/x/_reaper", "8", "4",
-        "/usr/bin/bwrap", "--args", "3", "--", "/proc/self/fd/7", "5", "5000",
+        "/usr/bin/bwrap", "--args", "3", "--", "/proc/self/fd/7", "5", "5000", "1",
     ]  # fmt: skip
 
 

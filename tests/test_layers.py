@@ -522,8 +522,8 @@ def test_selftest_has_a_probe_per_layer() -> None:
         argv += ["--user", SESSION_USER]
     result = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=600, check=False)
     report = json.loads(result.stdout)
-    names = " ".join(row["name"] for row in report["checks"])
-    for needed in ("keyring syscall", "abstract socket", "pid 1", "nested user namespace",
+    names = " ".join(row["check"] for row in report["checks"])
+    for needed in ("keyring syscalls", "abstract socket", "pid 1", "nested user namespace",
                    "socket family"):  # fmt: skip
         assert needed in names, names
     assert report["ok"], [row for row in report["checks"] if not row["ok"]]

@@ -185,7 +185,16 @@ def test_to_json_entry_keys_are_exact() -> None:
     content only where the entry has one."""
     plan = sample_plan()
     record = plan.to_json()
-    assert set(record) == {"user", "entries", "env", "chdir", "deny", "layers"}
+    assert set(record) == {
+        "user",
+        "entries",
+        "env",
+        "chdir",
+        "deny",
+        "network",
+        "nested_userns",
+        "layers",
+    }
     assert len(record["entries"]) == len(plan.entries)
     for entry, shown in zip(plan.entries, record["entries"], strict=True):
         extra = set()

@@ -39,7 +39,7 @@ def run_filter(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 
         klass = code & 0x07
         if klass == 0x00:  # BPF_LD | BPF_W | BPF_ABS
             assert code == 0x20, hex(code)
-            accumulator = struct.unpack_from("<I", data, k)[0]
+            accumulator = int(struct.unpack_from("<I", data, k)[0])
             pc += 1
         elif klass == 0x05:  # BPF_JMP
             op = code & 0xF0
@@ -54,7 +54,7 @@ def run_filter(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 
             }[op]
             pc += 1 + (jt if taken else jf)
         elif klass == 0x06:  # BPF_RET | BPF_K
-            return k
+            return int(k)
         elif klass == 0x04:  # BPF_ALU (AND with a constant)
             assert code == 0x54, hex(code)
             accumulator &= k
