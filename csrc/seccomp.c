@@ -116,28 +116,17 @@ static void refuse(struct program *p, unsigned int nr, int err)
     ret(p, RET_ERRNO(err));
 }
 
-/* nr fails with err when the low 32 bits of argument arg equal one of values (n of them). */
-static void refuse_if_equal(struct program *p, unsigned int nr, int arg, const unsigned int *values,
-                            unsigned char n, int err)
+/* nr returns on_match when the low 32 bits of argument arg equal one of values (n of them),
+ * else otherwise. */
+static void by_argument(struct program *p, unsigned int nr, int arg, const unsigned int *values,
+                        unsigned char n, unsigned int on_match, unsigned int otherwise)
 {
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 3), nr);
     emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
     for (unsigned char i = 0; i < n; i++)
         emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - i), 0, values[i]);
-    ret(p, SECCOMP_RET_ALLOW);
-    ret(p, RET_ERRNO(err));
-}
-
-/* nr fails with err unless the low 32 bits of argument arg equal one of values (n of them). */
-static void allow_only_equal(struct program *p, unsigned int nr, int arg, const unsigned int *values,
-                             unsigned char n, int err)
-{
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 3), nr);
-    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
-    for (unsigned char i = 0; i < n; i++)
-        emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - i), 0, values[i]);
-    ret(p, RET_ERRNO(err));
-    ret(p, SECCOMP_RET_ALLOW);
+    ret(p, otherwise);
+    ret(p, on_match);
 }
 
 /* nr fails with err when argument arg has any of the bits in mask. */
@@ -232,12 +221,13 @@ static void kernel_rules(struct program *p)
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         refuse(p, refused[i], EPERM);
     refuse(p, __NR_clone3, ENOSYS);
-    allow_only_equal(p, __NR_personality, 0, personalities, 3, EPERM);
-    refuse_if_equal(p, __NR_ptrace, 1, pid_1, 1, EPERM);
-    refuse_if_equal(p, __NR_process_vm_readv, 0, pid_1, 1, EPERM);
-    refuse_if_equal(p, __NR_process_vm_writev, 0, pid_1, 1, EPERM);
-    allow_only_equal(p, __NR_socket, 0, families, 4, EAFNOSUPPORT);
-    refuse_if_equal(p, __NR_ioctl, 1, ioctls, 2, EPERM);
+    const unsigned int allow = SECCOMP_RET_ALLOW, eperm = RET_ERRNO(EPERM);
+    by_argument(p, __NR_personality, 0, personalities, 3, allow, eperm);
+    by_argument(p, __NR_ptrace, 1, pid_1, 1, eperm, allow);
+    by_argument(p, __NR_process_vm_readv, 0, pid_1, 1, eperm, allow);
+    by_argument(p, __NR_process_vm_writev, 0, pid_1, 1, eperm, allow);
+    by_argument(p, __NR_socket, 0, families, 4, allow, RET_ERRNO(EAFNOSUPPORT));
+    by_argument(p, __NR_ioctl, 1, ioctls, 2, eperm, allow);
 }
 
 /*
