@@ -13,6 +13,7 @@ makes CPython fork instead of vfork, so it slows down as the launcher grows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import fcntl
 import gc
@@ -58,6 +59,7 @@ SCHEMA: Final = 1
 SECTIONS: Final = (
     "launch",
     "pool",
+    "layers",
     "checks",
     "plan",
     "binds",
@@ -557,6 +559,70 @@ def bench_pool(results: Results, w: World, config: Config) -> None:
                 note="nsconfine.spawn, the same plan",
             )
         )
+
+
+@contextmanager
+def layers_off() -> Iterator[None]:
+    """Every kernel layer switched off (the test suite's door), to measure what they cost."""
+    saved = _layers.DISABLED_FOR_TESTS
+    _layers.DISABLED_FOR_TESTS = frozenset(_layers.LAYERS)
+    try:
+        yield
+    finally:
+        _layers.DISABLED_FOR_TESTS = saved
+
+
+def bench_layers(results: Results, w: World, config: Config) -> None:
+    """What the kernel layers (seccomp, keyring, Landlock, no nested user namespaces) cost:
+    a cold spawn and a warm Pool launch with them and without them."""
+    plan = w.session().plan()
+    launchers = Launchers(w.bwrap, plan)
+
+    def without_layers(argv: Sequence[str], stdout: int) -> Waiter:
+        with layers_off():
+            return launchers.nsconfine(argv, stdout)
+
+    tasks = [
+        Task("layers.spawn.on", until_exec(launchers.nsconfine), config.launches),
+        Task("layers.spawn.off", until_exec(without_layers), config.launches),
+    ]
+    _progress(f"layers: spawn with and without them x {config.launches} rounds")
+    samples = interleave(tasks)
+    # A pool stages in the background, so each pool runs in a phase of its own.
+    for label in ("on", "off"):
+        with contextlib.ExitStack() as stack:
+            if label == "off":
+                stack.enter_context(layers_off())
+            pool = stack.enter_context(nsconfine.Pool(plan))
+
+            def warm(argv: Sequence[str], stdout: int, pool: nsconfine.Pool = pool) -> Waiter:
+                return pool.launch(list(argv), stdout=stdout).wait
+
+            def staged(pool: nsconfine.Pool = pool) -> int:
+                if not pool.wait_staged(30):
+                    raise BenchError("the pool could not stage a sandbox")
+                return until_exec(warm)()
+
+            _progress(f"layers: warm pool launches, layers {label} x {config.launches} rounds")
+            samples[f"layers.pool.{label}"] = interleave(
+                [Task(f"layers.pool.{label}", staged, config.launches)]
+            )[f"layers.pool.{label}"]
+    notes = {
+        "spawn": "nsconfine.spawn to exec",
+        "pool": "Pool.launch of a staged sandbox, to exec (each pool in a phase of its own)",
+    }
+    for kind in ("spawn", "pool"):
+        for label in ("on", "off"):
+            results.add(
+                Row(
+                    "layers",
+                    f"layers.{kind}.{label}",
+                    "ms",
+                    _ms(samples[f"layers.{kind}.{label}"]),
+                    baseline=f"layers.{kind}.off" if label == "on" else None,
+                    note=f"{notes[kind]}, layers {label}",
+                )
+            )
 
 
 def bench_checks(results: Results, w: World, config: Config) -> None:
@@ -1080,6 +1146,17 @@ def targets(results: Results) -> list[Target]:
                         "x",
                     )
                 )
+    layered = ratio("layers.pool.on", "layers.pool.off", "p50")
+    if layered is not None:
+        found.append(
+            Target(
+                "pool-layers-p50",
+                "Pool warm launch p50 with the layers <= 1.2x without them",
+                layered,
+                1.2,
+                "x",
+            )
+        )
     warm = results.p("pool.exec.warm", "p50")
     if warm is not None:
         found.append(
@@ -1340,6 +1417,7 @@ def plot(data: dict[str, Any], path: str) -> None:
 SECTION_FUNCTIONS: Final[dict[str, Callable[[Results, World, Config], None]]] = {
     "launch": bench_launch,
     "pool": bench_pool,
+    "layers": bench_layers,
     "checks": bench_checks,
     "plan": bench_plan,
     "binds": bench_binds,

@@ -41,7 +41,9 @@ ROW_KEYS = {
     "extra",
 }
 TARGET_KEYS = {"name", "goal", "value", "limit", "unit", "met", "value_over_limit"}
-SECTIONS = {"launch", "pool", "checks", "plan", "binds", "concurrency", "memory", "size", "cli"}
+SECTIONS = {
+    "launch", "pool", "layers", "checks", "plan", "binds", "concurrency", "memory", "size", "cli"
+}  # fmt: skip
 ROWS = {
     "launch.exec.nsconfine",
     "launch.exec.floor",
@@ -53,6 +55,10 @@ ROWS = {
     "launch.exit.process",
     "pool.exec.warm",
     "pool.exit.cold",
+    "layers.spawn.on",
+    "layers.spawn.off",
+    "layers.pool.on",
+    "layers.pool.off",
     "plan.binds-0",
     "plan.binds-1000",
     "binds.nsconfine.0",
@@ -67,6 +73,7 @@ ROWS = {
     "cli.bwrap",
 }
 TARGETS = {
+    "pool-layers-p50",
     "spawn-exec-p50-vs-floor",
     "spawn-exec-p99-vs-floor",
     "spawn-exit-p50-vs-floor",
