@@ -1,0 +1,366 @@
+"""What a real agent needs inside a session, each shown working in real sessions: the
+terminal's and locale's variables, literal values, a fresh or persistent HOME, the system
+files tools read, a git identity, harness packages installed by npm, signals, and `explain`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import (
+    open_up,
+    read_to_eof,
+    session,
+    session_dirs,
+    user_options,
+)
+
+import nsconfine
+from nsconfine._plan import Kind
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+@pytest.fixture
+def ws_run(tmp_path: Path) -> tuple[Path, Path]:
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    return workspace, run_dir
+
+
+def run(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
+    read_end, write_end = os.pipe()
+    try:
+        sandbox = nsconfine.spawn(
+            plan, ["/bin/sh", "-c", script], stdout=write_end, stderr=write_end
+        )
+    finally:
+        os.close(write_end)
+    output = read_to_eof(read_end, 120)
+    os.close(read_end)
+    return sandbox.wait(timeout=120), (output or b"").decode(errors="replace")
+
+
+def cli(*arguments: str, **popen: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nsconfine", *arguments],
+        capture_output=True, text=True, cwd="/", timeout=120, check=False, **popen,  # type: ignore[call-overload]
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ the environment
+
+
+def test_terminal_and_locale_variables_pass_by_default(
+    ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TERM, COLORTERM, LANG, LC_* and TZ pass without being named, shown in the manifest."""
+    for name, value in {"TERM": "xterm-256color", "COLORTERM": "truecolor", "LANG": "C.UTF-8",
+                        "LC_TIME": "C", "TZ": "UTC"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    plan = session(*ws_run).plan()
+    _status, output = run(plan, "echo $TERM $COLORTERM $LANG $LC_TIME $TZ")
+    assert output.strip() == "xterm-256color truecolor C.UTF-8 C UTC", output
+    assert "TERM=xterm-256color" in plan.manifest()  # not secret: shown
+
+
+def test_terminal_variables_can_be_left_out(
+    ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pass_terminal=False leaves them out."""
+    monkeypatch.setenv("TERM", "xterm-256color")
+    plan = session(*ws_run, pass_terminal=False).plan()
+    assert run(plan, "echo [$TERM]")[1].strip() == "[]"
+
+
+def test_setenv_sets_literal_values(ws_run: tuple[Path, Path]) -> None:
+    """--setenv NAME=VALUE (setenv= in the API) sets a literal value, shown in the manifest."""
+    plan = session(*ws_run, setenv={"NPM_CONFIG_UPDATE_NOTIFIER": "false"}).plan()
+    assert run(plan, "echo $NPM_CONFIG_UPDATE_NOTIFIER")[1].strip() == "false"
+    assert "NPM_CONFIG_UPDATE_NOTIFIER=false" in plan.manifest()
+    result = cli("plan", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
+                 str(ws_run[1]), "--setenv", "A=b c")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "A=b c" in result.stdout
+
+
+@pytest.mark.parametrize("bad", ["NOEQUALS", "=x", "HOME=/x", "1A=x"])
+def test_a_bad_setenv_is_refused(ws_run: tuple[Path, Path], bad: str) -> None:
+    """A malformed --setenv, or one that sets HOME, is a usage error naming it."""
+    result = cli("plan", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
+                 str(ws_run[1]), "--setenv", bad)  # fmt: skip
+    assert result.returncode == 64, result.stdout
+    assert "setenv" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------ HOME
+
+
+def test_home_persists_by_default(ws_run: tuple[Path, Path]) -> None:
+    """home="persist": what one launch leaves in HOME, the next one finds."""
+    plan = session(*ws_run).plan()
+    run(plan, "echo kept > $HOME/note")
+    assert run(plan, "cat $HOME/note")[1].strip() == "kept"
+
+
+def test_a_fresh_home_is_empty_every_launch(ws_run: tuple[Path, Path]) -> None:
+    """home="fresh": each launch gets an empty HOME, and nothing of it reaches the run dir."""
+    plan = session(*ws_run, home="fresh").plan()
+    _status, output = run(plan, "echo gone > $HOME/note; ls -A $HOME")
+    assert output.strip() == "note", output
+    assert run(plan, "ls -A $HOME")[1].strip() == ""
+    assert not (ws_run[1] / "home" / "note").exists()
+
+
+# ------------------------------------------------------------------ system files
+
+
+def test_system_files_tools_read_are_there(ws_run: tuple[Path, Path]) -> None:
+    """/etc/os-release, /etc/locale.alias and /etc/manpath.config are readable, and
+    /etc/machine-id is the session's own, not the host's."""
+    plan = session(*ws_run).plan()
+    _status, output = run(
+        plan,
+        "cat /etc/os-release | head -1; test -r /etc/locale.alias && echo alias; "
+        "test -r /etc/manpath.config && echo manpath; cat /etc/machine-id",
+    )
+    lines = output.split()
+    assert "alias" in lines, output
+    assert "manpath" in lines, output
+    machine_id = lines[-1]
+    assert len(machine_id) == 32, output
+    with open("/etc/machine-id") as file:
+        assert machine_id != file.read().strip()
+    entries = {e.dest: e for e in plan.entries}
+    assert "host's" in entries["/etc/machine-id"].reason
+
+
+def test_cpu_topology_is_visible(ws_run: tuple[Path, Path]) -> None:
+    """A read-only /sys subset: lscpu works and reports this host's CPUs; /sys is not
+    writable."""
+    _status, output = run(
+        session(*ws_run).plan(),
+        "lscpu | grep -i '^CPU(s):'; nproc; (echo x > /sys/devices/system/cpu/x) 2>&1 || true",
+    )
+    assert "CPU(s):" in output, output
+    assert str(os.cpu_count()) in output
+    assert "Read-only" in output or "Permission denied" in output
+
+
+def test_the_jvm_profile_runs_javac_and_mvn(ws_run: tuple[Path, Path]) -> None:
+    """javac -version and mvn -v work with the jvm profile (their /etc through /usr links)."""
+    plan = session(*ws_run, profile=["jvm"]).plan()
+    _status, output = run(plan, "javac -version && mvn -v -q 2>&1 | head -1 && echo JVM-OK")
+    assert "JVM-OK" in output, output
+
+
+# ------------------------------------------------------------------ git identity
+
+
+def test_a_git_identity_lets_a_fresh_session_commit(ws_run: tuple[Path, Path]) -> None:
+    """--git-identity gives commits an author and committer through a generated, read-only
+    HOME .gitconfig listed in the manifest."""
+    plan = session(*ws_run, git_identity="Coder Bot <coder@example.org>").plan()
+    _status, output = run(
+        plan,
+        f"cd {ws_run[0]} && git init -q r && cd r && git commit -q --allow-empty -m one && "
+        "git log --format='%an <%ae> / %cn' && (echo x >> $HOME/.gitconfig) 2>&1",
+    )
+    assert "Coder Bot <coder@example.org> / Coder Bot" in output, output
+    assert "Read-only" in output or "Permission denied" in output, output
+    gitconfig = next(e for e in plan.entries if e.dest.endswith("/.gitconfig"))
+    assert gitconfig.kind is Kind.DATA
+    assert b"coder@example.org" in (gitconfig.content or b"")
+
+
+@pytest.mark.root  # only root can make a repository another account owns
+def test_a_repository_of_another_owner_is_usable(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """A repository bound read-only from another owner is usable (safe.directory)."""
+    repo = tmp_path / "theirs"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-q", "--allow-empty", "-m", "theirs"], check=True)  # fmt: skip
+    open_up(repo)
+    for root, dirs, files in os.walk(repo):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+    plan = session(*ws_run, ro=[repo], git_identity="A <a@a>").plan()
+    _status, output = run(plan, f"git -C {repo} log --format=%s")
+    assert output.strip() == "theirs", output
+
+
+def test_a_bad_git_identity_is_refused(ws_run: tuple[Path, Path]) -> None:
+    """An identity without a name and an address in angle brackets is a usage error."""
+    with pytest.raises(nsconfine.UsageError, match="git identity"):
+        session(*ws_run, git_identity="no address").plan()
+
+
+# ------------------------------------------------------------------ harness packages
+
+
+@pytest.fixture
+def npm_package(tmp_path: Path) -> Path:
+    """An npm-style install: node_modules/.bin/tool -> ../tool/bin/tool.js, whose package needs
+    an optional dependency in a package of its own (as Codex's does)."""
+    modules = tmp_path / "prefix" / "node_modules"
+    (modules / "tool" / "bin").mkdir(parents=True)
+    (modules / "tool-native").mkdir()
+    (modules / "tool" / "package.json").write_text(
+        json.dumps(
+            {"name": "tool", "version": "1.0.0", "optionalDependencies": {"tool-native": "1.0.0"}}
+        )
+    )
+    (modules / "tool-native" / "package.json").write_text(
+        json.dumps({"name": "tool-native", "version": "1.0.0"})
+    )
+    (modules / "tool-native" / "native.txt").write_text("native part\n")
+    entry = modules / "tool" / "bin" / "tool.js"
+    entry.write_text(
+        "#!/usr/bin/env node\nconst p = require('path');\n"
+        "const f = require.resolve('tool-native/package.json');\n"
+        "console.log(require('fs').readFileSync(p.join(p.dirname(f), 'native.txt'), 'utf8'));\n"
+    )
+    entry.chmod(0o755)
+    (modules / ".bin").mkdir()
+    (modules / ".bin" / "tool").symlink_to("../tool/bin/tool.js")
+    (modules / "other-package").mkdir()
+    (modules / "other-package" / "secret.txt").write_text("not the harness's\n")
+    open_up(modules)
+    for root, dirs, _files in os.walk(modules):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+    return modules / ".bin" / "tool"
+
+
+def test_a_harness_symlink_binds_its_package(ws_run: tuple[Path, Path], npm_package: Path) -> None:
+    """A --harness that is npm's .bin link binds the package it resolves into and the packages
+    it depends on, read-only, and recreates the link: the tool runs by its name."""
+    plan = session(*ws_run, harness=[npm_package]).plan()
+    _status, output = run(plan, "tool")
+    assert "native part" in output, output
+    link = next(e for e in plan.entries if e.dest == str(npm_package))
+    assert link.kind is Kind.SYMLINK
+    assert link.source == "../tool/bin/tool.js"
+    _status, output = run(plan, f"cat {npm_package.parent.parent}/other-package/secret.txt")
+    assert "not the harness's" not in output
+
+
+def test_a_pin_covers_the_resolved_entry_file(ws_run: tuple[Path, Path], npm_package: Path) -> None:
+    """A digest given with a symlinked harness pins the file the link resolves to."""
+    import hashlib
+
+    target = npm_package.resolve()
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    plan = session(*ws_run, harness=[f"{npm_package}@sha256:{digest}"]).plan()
+    assert run(plan, "tool")[0] == 0
+    target.write_text(target.read_text() + "// changed\n")
+    with pytest.raises(nsconfine.NsconfineError, match=r"sha256|digest|pin"):
+        nsconfine.spawn(plan, ["tool"]).wait()
+
+
+def test_an_empty_harness_is_refused(ws_run: tuple[Path, Path]) -> None:
+    """--harness "" is refused by name, not taken for the working directory."""
+    result = cli("plan", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
+                 str(ws_run[1]), "--harness", "")  # fmt: skip
+    assert result.returncode in (64, 65), result.stdout
+    assert "harness" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------ signals
+
+
+def _run_cli(ws_run: tuple[Path, Path], script: str) -> tuple[subprocess.Popen[bytes], int]:
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", *user_options(), "--workspace",
+         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--", "/bin/sh", "-c", script],
+        stdout=write_end, cwd="/",
+    )  # fmt: skip
+    os.close(write_end)
+    return process, read_end
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGWINCH,
+    ],
+)
+def test_signals_reach_the_command(ws_run: tuple[Path, Path], number: int) -> None:
+    """Each signal sent to `nsconfine run` reaches the command: its trap runs, and the CLI
+    exits with the command's status."""
+    name = signal.Signals(number).name[3:]
+    script = f"trap 'echo got-{name}; exit 42' {name}; echo ready; while :; do sleep 0.1; done"
+    process, read_end = _run_cli(ws_run, script)
+    ready = os.read(read_end, 100)
+    assert ready.startswith(b"ready"), ready
+    process.send_signal(number)
+    status = process.wait(timeout=30)
+    output = (read_to_eof(read_end, 10) or b"").decode()
+    os.close(read_end)
+    assert f"got-{name}" in output, output
+    assert status == 42
+
+
+def test_sigwinch_does_not_start_the_grace_period(ws_run: tuple[Path, Path]) -> None:
+    """A window-size change is passed on and nothing more: the session keeps running."""
+    script = "trap 'echo winch' WINCH; echo ready; sleep 3; echo done"
+    process, read_end = _run_cli(ws_run, script)
+    assert os.read(read_end, 100).startswith(b"ready")
+    for _ in range(3):
+        process.send_signal(signal.SIGWINCH)
+        time.sleep(0.2)
+    assert process.wait(timeout=30) == 0
+    output = (read_to_eof(read_end, 10) or b"").decode()
+    os.close(read_end)
+    assert "done" in output, output
+
+
+# ------------------------------------------------------------------ explain
+
+
+def test_explain_says_through_which_entry(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine explain PATH SESSION` names the entry, its mode and reason."""
+    result = cli("explain", "/usr/bin/git", *user_options(), "--workspace", str(ws_run[0]),
+                 "--run-dir", str(ws_run[1]))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "/usr" in result.stdout
+    assert "ro" in result.stdout
+    workspace_file = ws_run[0] / "src" / "main.py"
+    result = cli("explain", str(workspace_file), *user_options(), "--workspace",
+                 str(ws_run[0]), "--run-dir", str(ws_run[1]))  # fmt: skip
+    assert "rw" in result.stdout
+    assert "workspace" in result.stdout
+
+
+def test_explain_names_the_deny_rule(ws_run: tuple[Path, Path]) -> None:
+    """A denied path: which rule, where it came from, and that the session cannot see it."""
+    home = os.path.expanduser("~")
+    result = cli("explain", f"{home}/.ssh/id_ed25519", *user_options(), "--workspace",
+                 str(ws_run[0]), "--run-dir", str(ws_run[1]))  # fmt: skip
+    assert result.returncode == 1, result.stdout
+    assert ".ssh" in result.stdout
+    assert "SSH keys" in result.stdout
+
+
+def test_explain_says_when_nothing_grants_a_path(ws_run: tuple[Path, Path]) -> None:
+    """A path no entry grants (and no rule denies): 'nothing in the plan grants it'."""
+    result = cli("explain", "/var/lib/dpkg/status", *user_options(), "--workspace",
+                 str(ws_run[0]), "--run-dir", str(ws_run[1]))  # fmt: skip
+    assert result.returncode == 1
+    assert "nothing in the plan grants it" in result.stdout
