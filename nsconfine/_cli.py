@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from nsconfine._bwrap_args import bwrap_options
 from nsconfine._errors import NsconfineError, UsageError
-from nsconfine._plan import Origin, Plan
+from nsconfine._plan import Plan
 from nsconfine._session import Harness, Session
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 
     from nsconfine._sandbox import Sandbox
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# The signals run passes on to the command; the first of ENDING_SIGNALS also starts the grace
+# period after which the whole session is killed.
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
 EXEC_FAILED_STATUS = 127  # as a shell: the command was not found or could not be executed
 DEFAULT_GRACE_SECONDS = 10.0
 
@@ -115,6 +118,29 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="a protected name (.envrc, .vscode, …) to leave writable (repeatable)",
     )
+    group.add_argument(
+        "--setenv",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a literal, non-secret value (repeatable; shown in the manifest)",
+    )
+    group.add_argument(
+        "--no-terminal-env",
+        action="store_true",
+        help="do not pass TERM, COLORTERM, LANG, LANGUAGE, LC_* and TZ (passed by default)",
+    )
+    group.add_argument(
+        "--home",
+        choices=("persist", "fresh"),
+        default="persist",
+        help="persist: RUN/home, kept from launch to launch (default); fresh: empty each launch",
+    )
+    group.add_argument(
+        "--git-identity",
+        metavar='"NAME <EMAIL>"',
+        help="who the session's commits are by (a generated, read-only HOME .gitconfig)",
+    )
 
 
 def _parser() -> _Parser:
@@ -148,6 +174,11 @@ def _parser() -> _Parser:
         f"{DEFAULT_GRACE_SECONDS:g})",
     )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
+    explain = commands.add_parser(
+        "explain", help="would a session see PATH, through which entry, or why not"
+    )
+    explain.add_argument("path", metavar="PATH")
+    _add_session_options(explain)
     selftest = commands.add_parser("selftest", help="prove confinement on this host")
     selftest.add_argument("--json", action="store_true")
     selftest.add_argument(
@@ -173,11 +204,15 @@ def _session(arguments: argparse.Namespace) -> Session:
         unprotect=arguments.unprotect,
         network=arguments.network,
         allow_nested_userns=arguments.allow_nested_userns or False,
+        setenv=arguments.setenv,
+        pass_terminal=not arguments.no_terminal_env,
+        home_mode=arguments.home,
+        git_identity=arguments.git_identity,
     )
 
 
 def _shown_options(plan: Plan) -> list[str]:
-    hidden = {v.value for v in plan.env if v.origin is not Origin.NSCONFINE}
+    hidden = {v.value for v in plan.env if not v.origin.shown}
     options = bwrap_options(plan)
     # A secret is only ever a --setenv value, which directly follows its name.
     return [
@@ -266,7 +301,9 @@ def _wait_passing_signals(sandbox: Sandbox, grace: float) -> int:
             deadline = None
         elif wake_read in events:
             for received in os.read(wake_read, 64):
-                if signalled:
+                if received not in ENDING_SIGNALS:
+                    sandbox.send_signal(received)  # passed on, nothing more
+                elif signalled:
                     sandbox.kill()
                     deadline = None
                 else:
@@ -282,7 +319,21 @@ def _selftest(arguments: argparse.Namespace) -> int:
     return run_selftest(as_json=arguments.json, user=arguments.user)
 
 
-_COMMANDS = {"check": _check, "plan": _plan, "run": _run, "selftest": _selftest}
+def _explain(arguments: argparse.Namespace) -> int:
+    from nsconfine._explain import explain
+
+    visible, lines = explain(_session(arguments).plan(), arguments.path)
+    print("\n".join(lines))
+    return 0 if visible else 1
+
+
+_COMMANDS = {
+    "check": _check,
+    "plan": _plan,
+    "run": _run,
+    "explain": _explain,
+    "selftest": _selftest,
+}
 
 
 def main(argv: Sequence[str]) -> int:

@@ -200,7 +200,7 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
     inner = [
         (entry, top, resolved, relative)
         for entry in plan.entries
-        if entry.kind in (Kind.BIND, Kind.DIR)
+        if entry.kind in (Kind.BIND, Kind.DIR, Kind.TMPFS, Kind.DATA)
         for top, resolved in tops
         if (relative := _inside(entry.dest, top.dest)) is not None
     ]
@@ -328,11 +328,12 @@ def _mount_point(
             return Stub(resolved, parts, kind, identity, token)
         if stat.S_ISLNK(info.st_mode):
             raise PlanError(_refusal(entry.dest, None))
-        if entry.stub is None:
+        stub_kind = _stub_kind(entry)
+        if stub_kind is None:
             return None
         identity = (info.st_dev, info.st_ino)
         token = _take_token(records, identity, where, create=False)
-        return None if token < 0 else Stub(resolved, parts, entry.stub, identity, token)
+        return None if token < 0 else Stub(resolved, parts, stub_kind, identity, token)
     finally:
         os.close(parent)
 
@@ -346,9 +347,16 @@ def _refusal(where: str, error: OSError | None) -> str:
     return f"{printable(where)} cannot be used as a mount point: {error.strerror}"
 
 
+def _stub_kind(entry: Entry) -> str | None:
+    """What is made as entry's mount point and removed after (a generated file's is an empty
+    file); None for what is made and kept (a directory the session owns: HOME) or not made."""
+    return "file" if entry.kind is Kind.DATA else entry.stub
+
+
 def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> tuple[str, Identity] | None:
     """Make the missing mount point; its kind and identity if it is a stub to remove later."""
-    kind = "dir" if entry.kind is Kind.DIR else entry.stub
+    kept = entry.kind in (Kind.DIR, Kind.TMPFS)  # the session's own directory (HOME)
+    kind = "dir" if kept else _stub_kind(entry)
     if kind is None:
         raise PlanError(
             f"{printable(entry.dest)} is missing since its plan was built: build the plan again"
@@ -368,8 +376,8 @@ def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> tuple[str, Id
         raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from None
     if os.geteuid() == 0 and user.uid != 0:
         os.chown(name, user.uid, user.gid, dir_fd=parent_fd, follow_symlinks=False)
-    if entry.kind is Kind.DIR:
-        return None  # the session's own (HOME): kept
+    if kept:
+        return None
     info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     return kind, (info.st_dev, info.st_ino)
 

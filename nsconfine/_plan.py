@@ -246,8 +246,15 @@ class Origin(enum.StrEnum):
     """Where an environment variable's value comes from; secrets are never printed."""
 
     NSCONFINE = "nsconfine"  # set by nsconfine itself (HOME, PATH, …): shown
+    TERMINAL = "terminal"  # the launcher's terminal and locale (TERM, LANG, …): shown
+    SETENV = "setenv"  # a literal, non-secret value (--setenv, a profile): shown
     LAUNCHER = "launcher"  # passed from the launcher's environment by --env: hidden
     CREDENTIAL = "credential"  # read from the credential file: hidden
+
+    @property
+    def shown(self) -> bool:
+        """Is a value of this origin printed in manifests (never a secret's)?"""
+        return self in (Origin.NSCONFINE, Origin.TERMINAL, Origin.SETENV)
 
 
 class EnvVar(Record):
@@ -268,7 +275,7 @@ class EnvVar(Record):
 
     def to_json(self) -> dict[str, str]:
         """The manifest form: the value only when nsconfine chose it, so no secret is printed."""
-        shown = self.value if self.origin is Origin.NSCONFINE else "(hidden)"
+        shown = self.value if self.origin.shown else "(hidden)"
         return {"name": self.name, "value": shown, "origin": str(self.origin)}
 
 

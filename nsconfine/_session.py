@@ -17,6 +17,7 @@ from nsconfine import _plan as p
 from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
+from nsconfine._harness import harness_entries
 from nsconfine._plan import NETWORKS, EnvVar, Kind, Origin, Plan, RunAs, printable
 from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
 from nsconfine._protect import protected_entries
@@ -72,6 +73,10 @@ class Session(Record):
         "unprotect",
         "network",
         "allow_nested_userns",
+        "setenv",
+        "pass_terminal",
+        "home_mode",
+        "git_identity",
     )
     __slots__ = FIELDS
     workspace: str
@@ -87,6 +92,10 @@ class Session(Record):
     unprotect: tuple[str, ...]  # default protected names to leave writable
     network: str  # "host" (the launcher's) or "none" (a loopback of its own)
     allow_nested_userns: str | None  # why it may make user namespaces (None: it may not)
+    setenv: tuple[tuple[str, str], ...]  # literal, non-secret values
+    pass_terminal: bool  # TERM, COLORTERM, LANG, LC_* and TZ from the launcher
+    home_mode: str  # "persist" (RUN/home, kept) or "fresh" (an empty tmpfs each launch)
+    git_identity: str | None  # "Name <email>" for commits
 
     def __init__(
         self,
@@ -104,6 +113,10 @@ class Session(Record):
         unprotect: Iterable[str] = (),
         network: str = "host",
         allow_nested_userns: bool | str | None = False,
+        setenv: Mapping[str, str] | Iterable[str | tuple[str, str]] = (),
+        pass_terminal: bool = True,
+        home_mode: str = "persist",
+        git_identity: str | None = None,
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
             absolute = os.path.abspath(os.fspath(value))
@@ -114,6 +127,10 @@ class Session(Record):
             h if isinstance(h, Harness) else Harness.parse(os.fspath(h)) for h in harness
         )
         harnesses = tuple(Harness(path(h.path), h.sha256) for h in harnesses)
+        if home_mode not in HOME_MODES:
+            raise UsageError(f"home_mode {home_mode!r}: it is one of {', '.join(HOME_MODES)}")
+        if git_identity is not None:
+            git_identity_parts(git_identity)  # refused now if malformed
         if network not in NETWORKS:
             raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
         names = tuple(env)
@@ -136,6 +153,10 @@ class Session(Record):
             unprotect=tuple(unprotect),
             network=network,
             allow_nested_userns=_nested_userns_reason(allow_nested_userns),
+            setenv=tuple(_literal_values(setenv)),
+            pass_terminal=bool(pass_terminal),
+            home_mode=home_mode,
+            git_identity=git_identity,
         )
 
     @property
@@ -248,13 +269,11 @@ def _require_reachable(session: Session, user: RunAs) -> None:
 
 def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[p.Entry]:
     """The session's own paths: harness, runner files, tool socket, workspace, run dir, HOME."""
-    entries = []
+    entries: list[p.Entry] = []
     for harness in session.harness:
-        _require_exists(harness.path, "harness")
-        if not os.access(harness.path, os.X_OK) or os.path.isdir(harness.path):
-            raise PlanError(f"the harness {harness.path} is not an executable file")
-        reason = "harness executable" + (" (pinned by sha256)" if harness.sha256 else "")
-        entries.append(p.ro_bind(harness.path, harness.path, reason, sha256=harness.sha256))
+        for entry in harness_entries(harness.path, harness.sha256):
+            if all(entry.dest != other.dest for other in entries):  # packages two share
+                entries.append(entry)
     if session.tool_socket is not None:
         _require_exists(session.tool_socket, "tool socket")
         if not stat.S_ISSOCK(os.stat(session.tool_socket).st_mode):
@@ -269,7 +288,19 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
     entries.append(p.rw_bind(session.workspace, session.workspace, "the session's workspace"))
     if session.run_dir != session.workspace:
         entries.append(p.rw_bind(session.run_dir, session.run_dir, "the session's run directory"))
-    entries.append(p.directory(session.home, "the session's empty HOME, inside its run directory"))
+    if session.home_mode == "fresh":
+        entries.append(
+            p.tmpfs(session.home, "the session's HOME: empty at every launch, gone after it")
+        )
+    else:
+        entries.append(
+            p.directory(
+                session.home,
+                "the session's HOME, inside its run directory: kept from launch to launch",
+            )
+        )
+    if session.git_identity is not None:
+        entries.append(gitconfig_entry(session.home, session.git_identity))
     entries += runner_entries(session.ro, [*reserved, *entries])
     taken = {entry.dest for entry in entries}
     entries += [
@@ -375,6 +406,63 @@ def _copy_roots(
     return roots, leftover
 
 
+# Passed from the launcher by default (pass_terminal): how to draw and speak, never a secret.
+TERMINAL_VARIABLES = frozenset({"TERM", "COLORTERM", "LANG", "LANGUAGE", "TZ"})
+HOME_MODES = ("persist", "fresh")
+_IDENTITY = re.compile(r"\s*(?P<name>[^<>\n\0]*[^<>\s])\s*<(?P<email>[^<>\s\0]+)>\s*\Z")
+
+
+def _literal_values(
+    setenv: Mapping[str, str] | Iterable[str | tuple[str, str]],
+) -> list[tuple[str, str]]:
+    """setenv as (name, value) pairs: from a mapping, NAME=VALUE strings (--setenv), or
+    pairs."""
+    pairs: list[tuple[str, str]] = []
+    for item in setenv.items() if isinstance(setenv, Mapping) else setenv:
+        if isinstance(item, str):
+            name, equals, value = item.partition("=")
+            if not equals:
+                raise UsageError(f"--setenv {item!r}: give NAME=VALUE")
+            pairs.append((name, value))
+        else:
+            pairs.append((item[0], item[1]))
+    for name, value in pairs:
+        if not _ENV_NAME.match(name):
+            raise UsageError(f"--setenv {name!r}=…: {name!r} is not a variable name")
+        if name == "HOME":
+            raise UsageError("--setenv cannot set HOME: the session gets its own")
+        if "\0" in value:
+            raise UsageError(f"--setenv {name}: the value holds a NUL byte")
+    return [(str(name), str(value)) for name, value in pairs]
+
+
+def git_identity_parts(identity: str) -> tuple[str, str]:
+    """("Name", "email") of a "Name <email>" identity, or UsageError."""
+    found = _IDENTITY.match(identity)
+    if found is None:
+        raise UsageError(
+            f"git identity {printable(identity)!r}: give it as 'Name <email@example.org>'"
+        )
+    return found["name"], found["email"]
+
+
+def gitconfig_entry(home: str, identity: str) -> p.Entry:
+    """A generated, read-only HOME/.gitconfig: who commits, and that repositories of other
+    owners (bound read-only) may be used."""
+    name, email = git_identity_parts(identity)
+
+    def quoted(value: str) -> str:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    text = f"[user]\n\tname = {quoted(name)}\n\temail = {quoted(email)}\n[safe]\n\tdirectory = *\n"
+    return p.data(
+        text.encode(),
+        os.path.join(home, ".gitconfig"),
+        "the session's git identity (--git-identity), and safe.directory for repositories "
+        "bound from other owners; generated, read-only",
+    )
+
+
 NESTED_USERNS_DEFAULT_REASON = "the session's harness sandboxes its own tools (bwrap inside)"
 
 
@@ -398,11 +486,18 @@ def _require_exists(path: str, what: str) -> None:
 
 
 def session_environment(session: Session, user: RunAs, environ: Mapping[str, str]) -> list[EnvVar]:
-    """HOME, PATH, USER and LOGNAME, the allowlisted variables, then the credential's."""
+    """HOME, PATH, USER and LOGNAME; the terminal's and locale's variables; the literal values;
+    the allowlisted variables; then the credential's."""
     harness_dirs = dict.fromkeys(os.path.dirname(h.path) for h in session.harness)
     path = ":".join([*harness_dirs, DEFAULT_PATH])
     chosen = {"HOME": session.home, "PATH": path, "USER": user.name, "LOGNAME": user.name}
     variables = {name: EnvVar(name, value, Origin.NSCONFINE) for name, value in chosen.items()}
+    if session.pass_terminal:
+        for name, value in environ.items():
+            if name in TERMINAL_VARIABLES or (name.startswith("LC_") and _ENV_NAME.match(name)):
+                variables[name] = EnvVar(name, value, Origin.TERMINAL)
+    for name, value in session.setenv:
+        variables[name] = EnvVar(name, value, Origin.SETENV)
     for name in session.env:
         if name in environ:
             variables[name] = EnvVar(name, environ[name], Origin.LAUNCHER)

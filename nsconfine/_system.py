@@ -30,6 +30,16 @@ ETC_NEEDS: tuple[tuple[str, str], ...] = (
     ("/etc/ssl/openssl.cnf", "OpenSSL's configuration"),
     ("/etc/ca-certificates.conf", "which CA certificates the system trusts"),
     ("/etc/localtime", "the host's time zone"),
+    ("/etc/os-release", "the distribution's name and version (harnesses and tools read it)"),
+    ("/etc/locale.alias", "locale name aliases, for setlocale"),
+    ("/etc/manpath.config", "where man looks for pages"),
+)
+
+# Of /sys, what runtimes read to size themselves (lscpu, nproc-alikes, the JVM, node): the
+# CPU and NUMA topology, read-only.
+SYS_NEEDS: tuple[tuple[str, str], ...] = (
+    ("/sys/devices/system/cpu", "the CPU topology (lscpu, runtimes sizing their threads)"),
+    ("/sys/devices/system/node", "the NUMA topology (runtimes placing their memory)"),
 )
 
 # The parts of procfs a process with enough privilege can write, which change the host (or
@@ -82,6 +92,7 @@ def _system_entries(user: RunAs, home: str) -> list[p.Entry]:
     for path, reason in ETC_NEEDS:
         entries += _etc_entry(path, reason)
     entries += identity_files(user, home)
+    entries.append(machine_id(home))
     entries.append(
         p.proc("/proc", "a procfs of the sandbox's own pid namespace: no host processes")
     )
@@ -90,6 +101,12 @@ def _system_entries(user: RunAs, home: str) -> list[p.Entry]:
         for path, reason in PROC_READ_ONLY
         if _world_readable(path)
     ]
+    entries += [
+        p.ro_bind(path, path, f"read-only: {reason}")
+        for path, reason in SYS_NEEDS
+        if _world_readable(path)
+    ]
+    entries += own_cgroup()
     entries += [
         p.dev("/dev", "null, zero, random, tty and pts only: no host devices"),
         p.tmpfs("/tmp", "a private /tmp: nothing shared with the host or other sessions"),
@@ -127,6 +144,52 @@ def _etc_entry(path: str, reason: str) -> list[p.Entry]:
             return [p.symlink(target, path, reason)]
         return [p.ro_bind(resolved, path, reason)]
     return [p.ro_bind(path, path, reason)]
+
+
+def machine_id(home: str) -> p.Entry:
+    """A machine-id of the session's own: the same for every launch of one run directory (its
+    HOME), different for every other, and not the host's (which identifies the machine)."""
+    import hashlib
+
+    try:
+        with open("/etc/machine-id", "rb") as file:
+            host = file.read()
+    except OSError:
+        host = b""
+    digest = hashlib.sha256(b"nsconfine machine-id\0" + host + b"\0" + os.fsencode(home))
+    return p.data(
+        digest.hexdigest()[:32].encode() + b"\n",
+        "/etc/machine-id",
+        "the session's own machine id (derived from its run directory), not the host's",
+    )
+
+
+def own_cgroup() -> list[p.Entry]:
+    """The launcher's cgroup (cgroup v2), which its sessions share, read-only at
+    /sys/fs/cgroup: runtimes read their CPU and memory limits there (inside, the cgroup
+    namespace makes it the root). Not the host's root cgroup, which lists every process."""
+    try:
+        with open("/proc/self/cgroup") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return []
+    unified = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if unified is None or unified == "/":
+        return []  # the root cgroup holds every process of the host, and no limits
+    for hierarchy in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        if os.path.isfile(os.path.join(hierarchy, "cgroup.controllers")):
+            source = os.path.normpath(hierarchy + "/" + unified.lstrip("/"))
+            if _world_readable(source):
+                return [
+                    p.ro_bind(
+                        source,
+                        "/sys/fs/cgroup",
+                        "read-only: the launcher's cgroup, which the session shares: its CPU "
+                        "and memory limits",
+                    )
+                ]
+            return []
+    return []
 
 
 def identity_files(user: RunAs, home: str) -> list[p.Entry]:

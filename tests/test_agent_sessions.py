@@ -47,10 +47,10 @@ def run(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
     return sandbox.wait(timeout=120), (output or b"").decode(errors="replace")
 
 
-def cli(*arguments: str, **popen: object) -> subprocess.CompletedProcess[str]:
+def cli(*arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "nsconfine", *arguments],
-        capture_output=True, text=True, cwd="/", timeout=120, check=False, **popen,  # type: ignore[call-overload]
+        capture_output=True, text=True, cwd="/", timeout=120, check=False,
     )  # fmt: skip
 
 
@@ -112,7 +112,7 @@ def test_home_persists_by_default(ws_run: tuple[Path, Path]) -> None:
 
 def test_a_fresh_home_is_empty_every_launch(ws_run: tuple[Path, Path]) -> None:
     """home="fresh": each launch gets an empty HOME, and nothing of it reaches the run dir."""
-    plan = session(*ws_run, home="fresh").plan()
+    plan = session(*ws_run, home_mode="fresh").plan()
     _status, output = run(plan, "echo gone > $HOME/note; ls -A $HOME")
     assert output.strip() == "note", output
     assert run(plan, "ls -A $HOME")[1].strip() == ""
