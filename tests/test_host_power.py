@@ -518,10 +518,14 @@ def test_a_fifo_among_copied_runner_files_is_refused(tmp_path: Path) -> None:
 
 
 _TERMINAL_MESS = r"""
-import fcntl, os, termios
+import fcntl, os, struct, termios
 fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK)
 fcntl.ioctl(0, termios.TIOCEXCL)
 termios.tcflow(0, termios.TCOOFF)
+try:
+    fcntl.ioctl(0, termios.TIOCSETD, struct.pack("i", 27))  # N_NULL: every read and write fails
+except OSError:
+    pass
 """
 
 
@@ -548,6 +552,8 @@ def test_the_callers_terminal_is_restored(plan: nsconfine.Plan) -> None:
         after = termios.tcgetattr(terminal)
         size = struct.unpack("HHHH", fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8))
         assert fcntl.fcntl(terminal, fcntl.F_GETFL) == flags
+        discipline = struct.unpack("i", fcntl.ioctl(terminal, termios.TIOCGETD, b"\0" * 4))[0]
+        assert discipline == 0  # N_TTY
         os.close(os.open(os.ttyname(terminal), os.O_RDWR | os.O_NOCTTY))  # not exclusive
         os.write(terminal, b"flows\n")  # output not suspended: this returns
         assert os.read(controller, 100).endswith(b"flows\r\n")

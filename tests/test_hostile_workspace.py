@@ -549,3 +549,32 @@ def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, P
     assert (workspace / ".mcp.json").exists()  # left behind (its sandbox dies with it)
     assert run(session(*repo).plan(), "true")[0] == 0
     assert sorted(str(p) for p in workspace.rglob("*")) == before
+
+
+@pytest.mark.parametrize("target", ["/etc/shadow", "fifo"])
+def test_a_git_symlink_at_the_workspace_top_is_never_followed(tmp_path: Path, target: str) -> None:
+    """A session plants `.git -> /etc/shadow` (or a FIFO) at its workspace's top: the next plan
+    is refused by name, without the launcher opening what it points to (a FIFO would hang it,
+    a root launcher would read any file)."""
+    import threading
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    if target == "fifo":
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        target = str(fifo)
+    (workspace / ".git").symlink_to(target)
+    outcome: list[object] = []
+
+    def build() -> None:
+        try:
+            outcome.append(session(workspace, run_dir).plan())
+        except nsconfine.NsconfineError as refused:
+            outcome.append(refused)
+
+    builder = threading.Thread(target=build, daemon=True)
+    builder.start()
+    builder.join(20)
+    assert not builder.is_alive(), "building the plan hangs on the planted .git"
+    assert isinstance(outcome[0], nsconfine.PlanError), outcome
+    assert ".git" in str(outcome[0])

@@ -527,3 +527,72 @@ def test_selftest_has_a_probe_per_layer() -> None:
                    "socket family"):  # fmt: skip
         assert needed in names, names
     assert report["ok"], [row for row in report["checks"] if not row["ok"]]
+
+
+# ------------------------------------------------------------------ found by an attacker's pass
+
+_INIT_LIMITS = r"""
+import ctypes, errno, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, result):
+    print(name, "ok" if result == 0 else errno.errorcode[ctypes.get_errno()])
+limit = (ctypes.c_ulong * 2)(1, 1)
+attempt("prlimit", libc.prlimit(1, resource.RLIMIT_CPU, limit, None))
+attempt("setpriority", libc.setpriority(0, 1, 19))
+mask = (ctypes.c_ulong * 16)(1)
+attempt("sched_setaffinity", libc.sched_setaffinity(1, ctypes.sizeof(mask), mask))
+"""
+
+
+def test_the_sandbox_s_pid_1_cannot_be_limited_to_death(ws_run: tuple[Path, Path]) -> None:
+    """The command cannot give pid 1 a CPU limit (which kills it, and with it the status), nor
+    renice or pin it."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_LIMITS])
+    assert status == 0, output
+    for call in ("prlimit", "setpriority", "sched_setaffinity"):
+        assert f"{call} EPERM" in output, output
+
+
+def test_without_the_filter_pid_1_can_be_limited(
+    ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: without the filter, prlimit of pid 1 succeeds."""
+    without("seccomp")
+    _status, output = run(
+        session(*ws_run).plan(),
+        ["python3", "-c", _INIT_LIMITS.replace("(1, 1)", "(3600, 3600)")],
+    )
+    assert "prlimit ok" in output, output
+
+
+_SOCKETPAIR = r"""
+import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+pair = (ctypes.c_int * 2)()
+for name in ("AF_VSOCK", "AF_PACKET", "AF_UNIX"):
+    ctypes.set_errno(0)
+    r = libc.socketpair(int(getattr(socket, name)), socket.SOCK_DGRAM, 0, pair)
+    print(name, "ok" if r == 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_socketpair_is_held_to_the_same_families(ws_run: tuple[Path, Path]) -> None:
+    """socketpair() of a family socket() may not open gets EAFNOSUPPORT from the filter (never
+    reaching that family's code); AF_UNIX pairs work."""
+    _status, output = run(session(*ws_run).plan(), ["python3", "-c", _SOCKETPAIR])
+    assert "AF_VSOCK EAFNOSUPPORT" in output, output
+    assert "AF_PACKET EAFNOSUPPORT" in output, output
+    assert "AF_UNIX ok" in output, output
+
+
+def test_an_empty_nested_userns_reason_is_refused(ws_run: tuple[Path, Path]) -> None:
+    """--allow-nested-userns '' is a usage error, not silently ignored."""
+    from helpers import user_options
+
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "plan", *user_options(), "--workspace",
+         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--allow-nested-userns", ""],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 64, result.stdout
+    assert "reason" in result.stderr
