@@ -76,6 +76,7 @@
 #define UNSHARE_NAMESPACES (CLONE_NAMESPACES | 0x80u) /* and NEWTIME */
 #define TIOCSTI_ 0x5412u
 #define TIOCLINUX_ 0x541cu
+#define TIOCSETD_ 0x5423u
 #define PER_LINUX_ 0u
 #define PER_LINUX32_ 8u
 #define PERSONALITY_QUERY 0xffffffffu
@@ -197,15 +198,16 @@ static void setid_rules(struct program *p)
  * ENOSYS: its flags sit in a struct the filter cannot read, and libc falls back to clone. The
  * sandbox's pid 1 holds the exit status the launcher reads: no ptrace or process_vm_* of it
  * (the session's own programs stay debuggable; Landlock covers /proc/1/mem). Sockets: UNIX,
- * INET, INET6 and NETLINK only. TIOCSTI and TIOCLINUX push input into a terminal (the request
- * is compared on its low 32 bits, as the kernel reads it).
+ * INET, INET6 and NETLINK only, by socket and socketpair alike. TIOCSTI and TIOCLINUX push input
+ * into a terminal, TIOCSETD swaps its line discipline (N_NULL leaves the caller's terminal
+ * dead); the request is compared on its low 32 bits, as the kernel reads it.
  */
 static void kernel_rules(struct program *p)
 {
     static const unsigned int pid_1[] = { 1 };
     static const unsigned int personalities[] = { PER_LINUX_, PER_LINUX32_, PERSONALITY_QUERY };
     static const unsigned int families[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
-    static const unsigned int ioctls[] = { TIOCSTI_, TIOCLINUX_ };
+    static const unsigned int ioctls[] = { TIOCSTI_, TIOCLINUX_, TIOCSETD_ };
     static const unsigned int refused[] = {
         __NR_add_key, __NR_keyctl, __NR_request_key,
         __NR_mbind, __NR_get_mempolicy, __NR_set_mempolicy, __NR_migrate_pages,
@@ -226,8 +228,17 @@ static void kernel_rules(struct program *p)
     by_argument(p, __NR_ptrace, 1, pid_1, 1, eperm, allow);
     by_argument(p, __NR_process_vm_readv, 0, pid_1, 1, eperm, allow);
     by_argument(p, __NR_process_vm_writev, 0, pid_1, 1, eperm, allow);
+    /* A CPU limit on pid 1 kills it (and the status with it); its priority and CPUs are the
+     * sandbox's own to keep (setpriority's who is its argument 1). */
+    by_argument(p, __NR_prlimit64, 0, pid_1, 1, eperm, allow);
+    by_argument(p, __NR_setpriority, 1, pid_1, 1, eperm, allow);
+    by_argument(p, __NR_sched_setaffinity, 0, pid_1, 1, eperm, allow);
+    by_argument(p, __NR_sched_setscheduler, 0, pid_1, 1, eperm, allow);
+    by_argument(p, __NR_sched_setparam, 0, pid_1, 1, eperm, allow);
+    by_argument(p, __NR_sched_setattr, 0, pid_1, 1, eperm, allow);
     by_argument(p, __NR_socket, 0, families, 4, allow, RET_ERRNO(EAFNOSUPPORT));
-    by_argument(p, __NR_ioctl, 1, ioctls, 2, eperm, allow);
+    by_argument(p, __NR_socketpair, 0, families, 4, allow, RET_ERRNO(EAFNOSUPPORT));
+    by_argument(p, __NR_ioctl, 1, ioctls, 3, eperm, allow);
 }
 
 /*

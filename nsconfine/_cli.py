@@ -203,12 +203,20 @@ def _session(arguments: argparse.Namespace) -> Session:
         protect=arguments.protect,
         unprotect=arguments.unprotect,
         network=arguments.network,
-        allow_nested_userns=arguments.allow_nested_userns or False,
+        allow_nested_userns=_nested_reason(arguments.allow_nested_userns),
         setenv=arguments.setenv,
         pass_terminal=not arguments.no_terminal_env,
         home_mode=arguments.home,
         git_identity=arguments.git_identity,
     )
+
+
+def _nested_reason(given: str | None) -> str | bool:
+    if given is None:
+        return False
+    if not given.strip():
+        raise UsageError("--allow-nested-userns needs a reason: why the session makes its own")
+    return given
 
 
 def _shown_options(plan: Plan) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 from nsconfine import _plan as p
 from nsconfine._errors import PlanError
@@ -97,11 +98,22 @@ def _with_dependencies(package: str) -> list[str]:
 
 
 def _dependency_names(package: str) -> list[str]:
+    try:  # never through a symlink, never blocking on a FIFO, a regular file of sane size
+        fd = os.open(
+            os.path.join(package, "package.json"),
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        )
+    except OSError:
+        return []
     try:
-        with open(os.path.join(package, "package.json"), "rb") as file:
-            manifest = json.load(file)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 1 << 20:
+            return []
+        manifest = json.loads(os.read(fd, 1 << 20))
     except (OSError, ValueError):
         return []
+    finally:
+        os.close(fd)
     names: list[str] = []
     for key in ("dependencies", "optionalDependencies"):
         table = manifest.get(key) if isinstance(manifest, dict) else None

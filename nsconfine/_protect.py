@@ -141,7 +141,16 @@ def git_directories(repository: str, workspace: str) -> list[tuple[str, bool]]:
     own) and every worktree's under worktrees/. Not through symlinks; PlanError past
     REPOSITORY_SCAN directories."""
     dot_git = os.path.join(repository, ".git")
-    top = _pointed_to(dot_git, workspace) if os.path.isfile(dot_git) else dot_git
+    try:
+        mode = os.lstat(dot_git).st_mode
+    except OSError:
+        return []
+    if stat.S_ISLNK(mode):
+        raise PlanError(
+            f"{printable(dot_git)} is a symlink: a session may have planted it to make the "
+            "launcher read what it points to; remove it (a worktree's .git is a file)"
+        )
+    top = _pointed_to(dot_git, workspace) if stat.S_ISREG(mode) else dot_git
     if top is None or os.path.islink(top) or not os.path.isdir(top):
         return []
     is_linked = os.path.basename(os.path.dirname(top)) == "worktrees"
@@ -187,11 +196,20 @@ def _subdirectories(directory: str) -> list[str]:
 def _pointed_to(pointer: str, workspace: str) -> str | None:
     """The git directory a `.git` file names, if it lies inside the workspace (one outside is
     not the session's to write)."""
+    # Read as the session wrote it: never through a symlink, never blocking (a FIFO), and only
+    # a regular file.
     try:
-        with open(pointer, "rb") as file:
-            line = file.read(4096).split(b"\n", 1)[0].decode("utf-8", "replace")
+        fd = os.open(pointer, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        line = os.read(fd, 4096).split(b"\n", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if not line.startswith("gitdir: "):
         return None
     target = os.path.join(os.path.dirname(pointer), line[len("gitdir: ") :].strip())

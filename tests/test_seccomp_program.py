@@ -116,6 +116,13 @@ CASES = [
     ("ioctl TIOCLINUX", 16, (0, 0x541C), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("ioctl FIONREAD", 16, (0, 0x541B), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("chmod setuid", 90, (0, 0o4755), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("prlimit64 pid 1", 302, (1,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("prlimit64 self", 302, (0,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("setpriority pid 1", 141, (0, 1), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("sched_setaffinity pid 1", 203, (1,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("socketpair unix", 53, (1,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("socketpair vsock", 53, (40,), errno_of(errno.EAFNOSUPPORT), errno_of(errno.EAFNOSUPPORT)),
+    ("ioctl TIOCSETD", 16, (0, 0x5423), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("chmod plain", 90, (0, 0o755), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("x32 getpid", 0x40000000 + 39, (), SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_KILL_PROCESS),
 ]  # fmt: skip
