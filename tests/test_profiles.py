@@ -1,0 +1,249 @@
+"""Profiles: a TOML file (or a built-in name) that says what a kind of session gets, each entry
+with its reason; command-line options add to it. Errors name the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import open_up, read_to_eof, session, session_dirs, user_options
+
+import nsconfine
+from nsconfine._plan import Kind, Mode
+
+BUILT_IN = ("claude-code", "codex", "git", "node", "python", "jvm", "tls",
+            "coder", "reviewer", "researcher")  # fmt: skip
+
+
+@pytest.fixture
+def ws_run(tmp_path: Path) -> tuple[Path, Path]:
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    return workspace, run_dir
+
+
+def cli(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nsconfine", *arguments],
+        capture_output=True, text=True, cwd="/", timeout=120, check=False, env=env,
+    )  # fmt: skip
+
+
+def run(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
+    read_end, write_end = os.pipe()
+    try:
+        sandbox = nsconfine.spawn(
+            plan, ["/bin/sh", "-c", script], stdout=write_end, stderr=write_end
+        )
+    finally:
+        os.close(write_end)
+    output = read_to_eof(read_end, 120)
+    os.close(read_end)
+    return sandbox.wait(timeout=120), (output or b"").decode(errors="replace")
+
+
+def write_profile(directory: Path, text: str, name: str = "mine.toml") -> Path:
+    path = directory / name
+    path.write_text(text)
+    open_up(directory)
+    path.chmod(0o644)
+    return path
+
+
+def credential(directory: Path, text: str = "ANTHROPIC_API_KEY=sk-test\n") -> Path:
+    path = directory / "agent.env"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+# ------------------------------------------------------------------ built-ins
+
+
+def test_profiles_lists_every_built_in_with_what_it_is_for() -> None:
+    """`nsconfine profiles` lists the built-in profiles, each with a description."""
+    result = cli("profiles")
+    assert result.returncode == 0, result.stderr
+    for name in BUILT_IN:
+        line = next((line for line in result.stdout.splitlines() if line.startswith(name)), "")
+        assert len(line.split(None, 1)) == 2, (name, result.stdout)
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_each_built_in_profile_builds_a_plan(
+    ws_run: tuple[Path, Path], tmp_path: Path, name: str
+) -> None:
+    """Every built-in profile gives a plan (with a credential where it asks for one), and each
+    entry it adds says which profile added it."""
+    needs = name in ("claude-code", "codex")
+    plan = session(
+        *ws_run, profile=[name], credential=credential(tmp_path) if needs else None
+    ).plan()
+    added = [e for e in plan.entries if f"[profile {name}]" in e.reason]
+    variables = [v for v in plan.env if v.origin == "setenv"]
+    assert added or variables or name in ("coder", "researcher"), name
+
+
+def test_plan_shows_what_a_profile_adds(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine plan --profile node` shows the values the profile sets."""
+    result = cli("plan", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
+                 str(ws_run[1]), "--profile", "node")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "NPM_CONFIG_UPDATE_NOTIFIER=false" in result.stdout
+
+
+def test_an_agent_profile_without_a_credential_refuses(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """claude-code without a credential refuses before anything starts, naming the file it
+    looked for."""
+    environ = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    result = cli("run", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
+                 str(ws_run[1]), "--profile", "claude-code", "--", "/bin/true",
+                 env=environ)  # fmt: skip
+    assert result.returncode == 78, (result.stdout, result.stderr)
+    assert "credential-missing" in result.stderr
+    assert str(tmp_path / "cfg" / "nsconfine" / "claude-code.env") in result.stderr
+
+
+def test_an_agent_gets_nothing_of_the_host_s_claude(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The claude-code profile binds nothing of the host's ~/.claude; the agent's own state
+    lives in its HOME inside the run directory."""
+    plan = session(*ws_run, profile=["claude-code"], credential=credential(tmp_path)).plan()
+    home = os.path.expanduser("~")
+    assert not any(e.source.startswith(f"{home}/.claude") for e in plan.entries)
+    assert dict((v.name, v.value) for v in plan.env)["HOME"].startswith(str(ws_run[1]))
+
+
+# ------------------------------------------------------------------ a profile of one's own
+
+
+def test_a_profile_file_binds_sets_and_passes(
+    ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile's binds (with reasons), literal values and passed names reach the session;
+    command-line options add to it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "table.csv").write_text("a,b\n")
+    open_up(data)
+    (data / "table.csv").chmod(0o644)
+    profile = write_profile(
+        tmp_path,
+        f"""
+description = "a test profile"
+env = ["NSC_TEST_PASSED"]
+network = "none"
+
+[setenv]
+NSC_TEST_LITERAL = "literal"
+
+[[bind]]
+source = "{data}"
+mode = "ro"
+reason = "the data the runner reads"
+""",
+    )
+    monkeypatch.setenv("NSC_TEST_PASSED", "passed")
+    plan = session(*ws_run, profile=[str(profile)], setenv={"NSC_TEST_CLI": "cli"}).plan()
+    assert plan.network == "none"
+    entry = next(e for e in plan.entries if e.dest == str(data))
+    assert entry.mode is Mode.RO
+    assert "the data the runner reads" in entry.reason
+    _status, output = run(
+        plan, f"cat {data}/table.csv; echo $NSC_TEST_LITERAL $NSC_TEST_PASSED $NSC_TEST_CLI"
+    )
+    assert "a,b" in output
+    assert "literal passed cli" in output, output
+
+
+def test_command_line_options_win_over_the_profile(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A scalar given on the command line (network) overrides the profile's."""
+    profile = write_profile(tmp_path, 'description = "x"\nnetwork = "none"\n')
+    assert session(*ws_run, profile=[str(profile)], network="host").plan().network == "host"
+
+
+def test_a_profile_cannot_bind_a_denied_path(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """A profile's binds pass the same lint: a home's credential store is refused."""
+    home = os.path.expanduser("~")
+    profile = write_profile(
+        tmp_path,
+        f'description = "x"\n[[bind]]\nsource = "{home}/.ssh"\nmode = "ro"\nreason = "keys"\n',
+    )
+    with pytest.raises(nsconfine.PlanError, match=r"\.ssh"):
+        session(*ws_run, profile=[str(profile)]).plan()
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ('description = "x"\nnetwork = "everywhere"\n', 2, "network"),
+        ('description = "x"\n\n[[bind]]\nsource = "/usr"\nmode = "ro"\n', 3, "reason"),
+        ('description = "x"\nunknown_key = 1\n', 2, "unknown_key"),
+        ('description = "x"\nenv = "NOT_A_LIST"\n', 2, "env"),
+        ('description = "x"\n[[bind]]\nsource = "/usr"\nmode = "rx"\nreason = "r"\n', 5, "mode"),
+        ('description = "x"\nnetwork = \n', 2, ""),
+    ],
+)
+def test_profile_errors_name_the_file_line_and_key(
+    ws_run: tuple[Path, Path], tmp_path: Path, text: str, line: int, key: str
+) -> None:
+    """A malformed profile is a usage error naming the file, the line and the key: never a
+    traceback, and nothing runs."""
+    profile = write_profile(tmp_path, text)
+    result = cli("run", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
+                 str(ws_run[1]), "--profile", str(profile), "--", "/bin/true")  # fmt: skip
+    assert result.returncode == 64, (result.stdout, result.stderr)
+    assert str(profile) in result.stderr
+    assert f"line {line}" in result.stderr
+    assert key in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unknown_profile_name_is_refused(ws_run: tuple[Path, Path]) -> None:
+    """A name that is neither built in nor a file is refused, listing the built-in ones."""
+    with pytest.raises(nsconfine.UsageError, match="claude-code"):
+        session(*ws_run, profile=["no-such-profile"]).plan()
+
+
+def test_include_cycles_are_refused(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """Profiles that include each other are refused, not followed forever."""
+    a = write_profile(tmp_path, f'description = "a"\ninclude = ["{tmp_path}/b.toml"]\n', "a.toml")
+    write_profile(tmp_path, f'description = "b"\ninclude = ["{a}"]\n', "b.toml")
+    with pytest.raises(nsconfine.UsageError, match="include"):
+        session(*ws_run, profile=[str(a)]).plan()
+
+
+# ------------------------------------------------------------------ the roles
+
+
+def test_the_reviewer_reads_the_workspace_and_writes_only_its_notes(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """reviewer: the workspace is read-only, but for its notes."""
+    workspace = ws_run[0]
+    (workspace / "code.py").write_text("print(1)\n")
+    from helpers import give_to_session_user
+
+    give_to_session_user(workspace)
+    plan = session(*ws_run, profile=["reviewer"]).plan()
+    workspace_entry = next(e for e in plan.entries if e.dest == str(workspace))
+    assert workspace_entry.mode is Mode.RO
+    _status, output = run(
+        plan,
+        f"cat {workspace}/code.py; (echo x >> {workspace}/code.py) 2>&1; "
+        f"echo looked > {workspace}/notes/review.md && echo NOTED",
+    )
+    assert "print(1)" in output
+    assert "NOTED" in output, output
+    assert (workspace / "code.py").read_text() == "print(1)\n"
+    assert (workspace / "notes" / "review.md").read_text() == "looked\n"
+    assert any(e.kind is Kind.BIND and e.mode is Mode.RW and e.dest.endswith("/notes")
+               for e in plan.entries)  # fmt: skip
