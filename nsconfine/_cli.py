@@ -102,7 +102,7 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--network",
         choices=("host", "none"),
-        default="host",
+        default=None,
         help="host: the launcher's network (default); none: a loopback of its own",
     )
     group.add_argument(
@@ -119,6 +119,14 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         help="a protected name (.envrc, .vscode, …) to leave writable (repeatable)",
     )
     group.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="NAME|FILE",
+        help="a built-in profile (nsconfine profiles) or a TOML profile file (repeatable); "
+        "the other options add to it",
+    )
+    group.add_argument(
         "--setenv",
         action="append",
         default=[],
@@ -133,7 +141,7 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--home",
         choices=("persist", "fresh"),
-        default="persist",
+        default=None,
         help="persist: RUN/home, kept from launch to launch (default); fresh: empty each launch",
     )
     group.add_argument(
@@ -179,6 +187,7 @@ def _parser() -> _Parser:
     )
     explain.add_argument("path", metavar="PATH")
     _add_session_options(explain)
+    commands.add_parser("profiles", help="list the built-in profiles")
     selftest = commands.add_parser("selftest", help="prove confinement on this host")
     selftest.add_argument("--json", action="store_true")
     selftest.add_argument(
@@ -208,6 +217,7 @@ def _session(arguments: argparse.Namespace) -> Session:
         pass_terminal=not arguments.no_terminal_env,
         home_mode=arguments.home,
         git_identity=arguments.git_identity,
+        profile=arguments.profile,
     )
 
 
@@ -327,6 +337,16 @@ def _selftest(arguments: argparse.Namespace) -> int:
     return run_selftest(as_json=arguments.json, user=arguments.user)
 
 
+def _profiles(_arguments: argparse.Namespace) -> int:
+    from nsconfine._profiles import built_in
+
+    profiles = built_in()
+    width = max(len(name) for name in profiles)
+    for name, description in profiles.items():
+        print(f"{name.ljust(width)}  {description}")
+    return 0
+
+
 def _explain(arguments: argparse.Namespace) -> int:
     from nsconfine._explain import explain
 
@@ -340,6 +360,7 @@ _COMMANDS = {
     "plan": _plan,
     "run": _run,
     "explain": _explain,
+    "profiles": _profiles,
     "selftest": _selftest,
 }
 

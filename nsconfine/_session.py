@@ -20,10 +20,15 @@ from nsconfine._errors import PlanError, UsageError
 from nsconfine._harness import harness_entries
 from nsconfine._plan import NETWORKS, EnvVar, Kind, Origin, Plan, RunAs, printable
 from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
+from nsconfine._profiles import Bind, chain
 from nsconfine._protect import protected_entries
 from nsconfine._record import Record
 from nsconfine._syscalls import realpath
 from nsconfine._system import system_entries
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -77,6 +82,10 @@ class Session(Record):
         "pass_terminal",
         "home_mode",
         "git_identity",
+        "profile",
+        "binds",
+        "workspace_mode",
+        "credential_needed_by",
     )
     __slots__ = FIELDS
     workspace: str
@@ -90,12 +99,17 @@ class Session(Record):
     user: str | int | None  # the account to run as (a root launcher must name one)
     protect: tuple[str, ...]  # more paths the host trusts, relative to the workspace
     unprotect: tuple[str, ...]  # default protected names to leave writable
-    network: str  # "host" (the launcher's) or "none" (a loopback of its own)
+    network: str | None  # "host" (the launcher's; None: the profile's, else host) or "none"
     allow_nested_userns: str | None  # why it may make user namespaces (None: it may not)
     setenv: tuple[tuple[str, str], ...]  # literal, non-secret values
     pass_terminal: bool  # TERM, COLORTERM, LANG, LC_* and TZ from the launcher
-    home_mode: str  # "persist" (RUN/home, kept) or "fresh" (an empty tmpfs each launch)
+    home_mode: str | None  # "persist" (RUN/home, kept; None: the profile's, else persist) or
+    # "fresh" (an empty tmpfs each launch)
     git_identity: str | None  # "Name <email>" for commits
+    profile: tuple[str, ...]  # profiles (built-in names or files), applied by plan()
+    binds: tuple[Bind, ...]  # more host paths, each with its reason (from profiles)
+    workspace_mode: str | None  # "rw" (None: the profile's, else rw) or "ro"
+    credential_needed_by: tuple[str, ...]  # profiles that refuse a launch without a credential
 
     def __init__(
         self,
@@ -111,12 +125,16 @@ class Session(Record):
         user: str | int | None = None,
         protect: Iterable[str] = (),
         unprotect: Iterable[str] = (),
-        network: str = "host",
+        network: str | None = None,
         allow_nested_userns: bool | str | None = False,
         setenv: Mapping[str, str] | Iterable[str | tuple[str, str]] = (),
         pass_terminal: bool = True,
-        home_mode: str = "persist",
+        home_mode: str | None = None,
         git_identity: str | None = None,
+        profile: str | Iterable[str] = (),
+        binds: Iterable[Bind] = (),
+        workspace_mode: str | None = None,
+        credential_needed_by: Iterable[str] = (),
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
             absolute = os.path.abspath(os.fspath(value))
@@ -126,12 +144,16 @@ class Session(Record):
         harnesses = tuple(
             h if isinstance(h, Harness) else Harness.parse(os.fspath(h)) for h in harness
         )
+        if any(not h.path for h in harnesses):
+            raise UsageError("a harness path is empty: name the harness executable (--harness)")
         harnesses = tuple(Harness(path(h.path), h.sha256) for h in harnesses)
-        if home_mode not in HOME_MODES:
+        if home_mode is not None and home_mode not in HOME_MODES:
             raise UsageError(f"home_mode {home_mode!r}: it is one of {', '.join(HOME_MODES)}")
+        if workspace_mode is not None and workspace_mode not in ("rw", "ro"):
+            raise UsageError(f"workspace_mode {workspace_mode!r}: it is rw or ro")
         if git_identity is not None:
             git_identity_parts(git_identity)  # refused now if malformed
-        if network not in NETWORKS:
+        if network is not None and network not in NETWORKS:
             raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
         names = tuple(env)
         for name in names:
@@ -157,6 +179,10 @@ class Session(Record):
             pass_terminal=bool(pass_terminal),
             home_mode=home_mode,
             git_identity=git_identity,
+            profile=(profile,) if isinstance(profile, str) else tuple(profile),
+            binds=tuple(binds),
+            workspace_mode=workspace_mode,
+            credential_needed_by=tuple(credential_needed_by),
         )
 
     @property
@@ -178,9 +204,21 @@ def build_plan(
     """The plan for session, checked against the deny set of the invoking user's home plus
     `homes` (selftest's stand-in home), with `--env` values taken from environ."""
     environ = os.environ if environ is None else environ
+    session = with_profiles(session, environ)
     user = run_as(session.user)
-    _require_directory(session.workspace, "workspace", user)
-    _require_directory(session.run_dir, "run directory", user)
+    writable = READ | WRITE | SEARCH
+    _require_directory(
+        session.workspace,
+        "workspace",
+        user,
+        writable if session.workspace_mode == "rw" else READ | SEARCH,
+    )
+    _require_directory(session.run_dir, "run directory", user, writable)
+    if session.credential is None and session.credential_needed_by:
+        raise PlanError(
+            f"the {', '.join(session.credential_needed_by)} profile needs a credential: give "
+            "--credential FILE (KEY=VALUE, mode 0600)"
+        )
     deny = default_deny(homes, environ, user)
     if session.credential is not None:
         deny += tuple(
@@ -207,7 +245,7 @@ def build_plan(
         chdir=session.workspace,
         deny=deny,
         user=user,
-        network=session.network,
+        network=session.network or "host",
         nested_userns=session.allow_nested_userns,
     )
     check_plan(plan)
@@ -232,17 +270,18 @@ def _is_same_or_above(path: str, other: str) -> bool:
     return path == other or path == "/" or other.startswith(path + "/")
 
 
-def _require_directory(path: str, what: str, user: RunAs) -> None:
+def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
     try:
         mode = os.stat(path).st_mode
     except OSError as error:
         raise PlanError(f"the {what} {path} cannot be used: {error.strerror}") from None
     if not stat.S_ISDIR(mode):
         raise PlanError(f"the {what} {path} is not a directory")
-    problem = access_problem(path, user, READ | WRITE | SEARCH)
+    problem = access_problem(path, user, bits)
     if problem is not None:
+        verb = "writable" if bits & WRITE else "readable"
         raise PlanError(
-            f"the {what} {path} is not writable by {user.name}, who runs the session "
+            f"the {what} {path} is not {verb} by {user.name}, who runs the session "
             f"({problem}): chown -R {user.name} {path}, or pick a directory it owns"
         )
 
@@ -285,9 +324,15 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
                 "the tool socket the session calls (connecting needs no write access to the mount)",
             )
         )
-    entries.append(p.rw_bind(session.workspace, session.workspace, "the session's workspace"))
+    if session.workspace_mode == "ro":
+        entries.append(
+            p.ro_bind(session.workspace, session.workspace, "the session's workspace, read-only")
+        )
+    else:
+        entries.append(p.rw_bind(session.workspace, session.workspace, "the session's workspace"))
     if session.run_dir != session.workspace:
         entries.append(p.rw_bind(session.run_dir, session.run_dir, "the session's run directory"))
+    entries += profile_entries(session, [*reserved, *entries])
     if session.home_mode == "fresh":
         entries.append(
             p.tmpfs(session.home, "the session's HOME: empty at every launch, gone after it")
@@ -303,11 +348,12 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
         entries.append(gitconfig_entry(session.home, session.git_identity))
     entries += runner_entries(session.ro, [*reserved, *entries])
     taken = {entry.dest for entry in entries}
-    entries += [
-        entry
-        for entry in protected_entries(session.workspace, session.protect, session.unprotect)
-        if entry.dest not in taken
-    ]
+    if session.workspace_mode != "ro":  # a read-only workspace keeps everything read-only
+        entries += [
+            entry
+            for entry in protected_entries(session.workspace, session.protect, session.unprotect)
+            if entry.dest not in taken
+        ]
     return entries + pin_parents(entries)
 
 
@@ -509,3 +555,156 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
                 raise PlanError("the credential file cannot set HOME")
             variables[name] = EnvVar(name, value, Origin.CREDENTIAL)
     return list(variables.values())
+
+
+# ------------------------------------------------------------------ profiles
+
+
+def with_profiles(session: Session, environ: Mapping[str, str]) -> Session:
+    """session with its profiles applied (nsconfine._profiles): each profile's values, in
+    include order, then the session's own, which add to lists and win over scalars."""
+    if not session.profile:
+        return session.replace(
+            network=session.network or "host",
+            home_mode=session.home_mode or "persist",
+            workspace_mode=session.workspace_mode or "rw",
+        )
+    scalars: dict[str, Any] = {}
+    lists: dict[str, list[str]] = {key: [] for key in ("env", "protect", "unprotect", "deny")}
+    setenv: dict[str, str] = {}
+    binds: list[Bind] = []
+    needs_credential: list[str] = []
+    for profile in chain(list(session.profile)):
+        values = profile.values
+        for key in lists:
+            lists[key] += values.get(key, [])
+        setenv.update(values.get("setenv", {}))
+        for key in ("network", "home", "workspace", "git_identity", "allow_nested_userns",
+                    "credential"):  # fmt: skip
+            if key in values:
+                scalars[key] = values[key]
+        if values.get("requires_credential"):
+            needs_credential.append(profile.name)
+        binds += [
+            bind.replace(reason=f"{bind.reason} [profile {profile.name}]") for bind in profile.binds
+        ]
+    credential = session.credential
+    if credential is None and "credential" in scalars:
+        credential = _expand(scalars["credential"], session, environ)
+    return session.replace(
+        profile=(),
+        env=tuple(dict.fromkeys([*lists["env"], *session.env])),
+        protect=(*lists["protect"], *session.protect),
+        unprotect=(*lists["unprotect"], *session.unprotect),
+        deny=(*lists["deny"], *session.deny),
+        setenv=(*setenv.items(), *session.setenv),
+        network=session.network or scalars.get("network", "host"),
+        home_mode=session.home_mode or scalars.get("home", "persist"),
+        workspace_mode=session.workspace_mode or scalars.get("workspace", "rw"),
+        git_identity=session.git_identity or scalars.get("git_identity"),
+        allow_nested_userns=session.allow_nested_userns or scalars.get("allow_nested_userns"),
+        credential=credential,
+        binds=(*binds, *session.binds),
+        credential_needed_by=tuple(
+            dict.fromkeys([*needs_credential, *session.credential_needed_by])
+        ),
+    )
+
+
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def _expand(text: str, session: Session, environ: Mapping[str, str]) -> str | None:
+    """A profile path with {workspace}, {run_dir}, {home}, {config} and $NAME filled in; None
+    if it names a variable the launcher's environment does not set."""
+    config = environ.get("XDG_CONFIG_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".config"
+    )
+    places = {"workspace": session.workspace, "run_dir": session.run_dir,
+              "home": session.home, "config": config}  # fmt: skip
+    for name, value in places.items():
+        text = text.replace("{" + name + "}", value)
+    missing: list[str] = []
+
+    def variable(found: re.Match[str]) -> str:
+        name = found.group(1) or found.group(2)
+        value = environ.get(name, "")
+        if not value:
+            missing.append(name)
+        return value
+
+    text = _VARIABLE.sub(variable, text)
+    return None if missing else os.path.abspath(os.path.expanduser(text))
+
+
+def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry]:
+    """The binds profiles give (and any Session(binds=...)), each with its reason; a bind
+    already given by another entry at the same place is left out."""
+    import glob
+
+    entries: list[p.Entry] = []
+    taken = {entry.dest for entry in others}
+    shown = {e.dest: (e.source, str(e.mode)) for e in others if e.kind is Kind.BIND}
+
+    def already_shown(source: str, dest: str, mode: str) -> bool:
+        # The same host path at the same place, in the same mode, through a bind above it.
+        parent = dest
+        while parent != "/":
+            parent = os.path.dirname(parent)
+            if parent in shown:
+                above, above_mode = shown[parent]
+                return above + dest[len(parent) :] == source and above_mode == mode
+        return False
+
+    for bind in session.binds:
+        source = _expand(bind.source, session, os.environ)
+        dest = _expand(bind.dest, session, os.environ)
+        if source is None or dest is None:
+            continue  # it names a variable the launcher does not set
+        pairs = [(source, dest)]
+        if glob.has_magic(source):
+            pairs = [(match, match) for match in sorted(glob.glob(source))]
+        for one_source, one_dest in pairs:
+            if one_dest in taken or already_shown(one_source, one_dest, bind.mode):
+                continue
+            if not os.path.lexists(one_source):
+                if bind.mkdir and bind.mode == "rw":
+                    _make_bind_directory(one_source, session)
+                elif bind.optional:
+                    continue
+                else:
+                    raise PlanError(
+                        f"{printable(one_source)} (a bind of the profile: {bind.reason}) does "
+                        "not exist"
+                    )
+            make = p.rw_bind if bind.mode == "rw" else p.ro_bind
+            entries.append(make(one_source, one_dest, bind.reason))
+            taken.add(one_dest)
+    return entries
+
+
+def _make_bind_directory(path: str, session: Session) -> None:
+    """Make a profile's missing writable directory (mkdir = true), only inside the workspace or
+    run directory, without following a symlink, as the session's account."""
+    parent, name = os.path.split(path)
+    inside = any(
+        parent == top or parent.startswith(top + "/")
+        for top in (session.workspace, session.run_dir)
+    )
+    if not inside or realpath(parent) != parent:
+        raise PlanError(
+            f"{printable(path)} is made only inside the workspace or run directory, through no "
+            "symlink"
+        )
+    parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent_fd)
+        user = run_as(session.user)
+        if os.geteuid() == 0 and user.uid != 0:
+            os.chown(name, user.uid, user.gid, dir_fd=parent_fd, follow_symlinks=False)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise PlanError(f"{printable(path)} cannot be made: {error.strerror}") from None
+    finally:
+        os.close(parent_fd)

@@ -1,0 +1,245 @@
+"""Profiles: what a kind of session gets, in a TOML file, each entry with its reason.
+
+A profile is a built-in name (nsconfine/profiles/NAME.toml, listed by `nsconfine profiles`) or a
+file. Its keys:
+
+    description = "what it is for"                      (required)
+    include = ["node", "tls", "/path/other.toml"]        profiles it builds on, applied first
+    env = ["NAME", …]                                    passed from the launcher, when set
+    [setenv] NAME = "value"                              literal, non-secret values
+    [[bind]] source, mode ("ro" | "rw"), reason          (required), and optionally:
+             dest (default: source), optional (skip it when missing),
+             mkdir (make a missing rw directory, inside the workspace or run directory)
+    protect, unprotect, deny = ["…"]                     as the command-line options
+    network = "host" | "none"; home = "persist" | "fresh"; workspace = "rw" | "ro"
+    git_identity = "Name <email>"; allow_nested_userns = "reason"
+    credential = "~/.config/nsconfine/agent.env"         the file, if none is given
+    requires_credential = true                           refuse a launch without one
+
+A bind's source (and dest) may name {workspace}, {run_dir} or {home}, and $NAME for a variable
+of the launcher's environment (a bind whose variable is unset is skipped); a source with * or ?
+binds every path it matches. Command-line options add to a profile: lists are joined, and a
+value given there wins over the profile's. Errors name the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from nsconfine._errors import UsageError
+from nsconfine._record import Record
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from typing import Any
+
+BUILT_IN_DIRECTORY = os.path.join(os.path.dirname(__file__), "profiles")
+
+_SCALARS = {
+    "description": str,
+    "network": str,
+    "home": str,
+    "workspace": str,
+    "git_identity": str,
+    "allow_nested_userns": str,
+    "credential": str,
+    "requires_credential": bool,
+}
+_LISTS = ("include", "env", "protect", "unprotect", "deny")
+_CHOICES = {"network": ("host", "none"), "home": ("persist", "fresh"), "workspace": ("rw", "ro")}
+_BIND_KEYS = {"source": str, "dest": str, "mode": str, "reason": str, "optional": bool,
+              "mkdir": bool}  # fmt: skip
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class Bind(Record):
+    """A host path a profile gives the session, with the profile's reason."""
+
+    FIELDS = ("source", "dest", "mode", "reason", "optional", "mkdir")
+    __slots__ = FIELDS
+    source: str
+    dest: str
+    mode: str
+    reason: str
+    optional: bool
+    mkdir: bool
+
+    def __init__(
+        self,
+        source: str,
+        dest: str,
+        mode: str,
+        reason: str,
+        optional: bool = False,
+        mkdir: bool = False,
+    ) -> None:
+        self._set(source=source, dest=dest, mode=mode, reason=reason, optional=optional,
+                  mkdir=mkdir)  # fmt: skip
+
+
+class Profile(Record):
+    """One profile file, checked."""
+
+    FIELDS = ("name", "path", "values", "binds")
+    __slots__ = FIELDS
+    name: str
+    path: str
+    values: dict[str, Any]  # the scalar, list and setenv keys it sets
+    binds: tuple[Bind, ...]
+
+    def __init__(self, name: str, path: str, values: dict[str, Any], binds: tuple[Bind, ...]):
+        self._set(name=name, path=path, values=values, binds=binds)
+
+
+def built_in() -> dict[str, str]:
+    """Built-in profile name -> its description."""
+    names = sorted(
+        name[: -len(".toml")] for name in os.listdir(BUILT_IN_DIRECTORY) if name.endswith(".toml")
+    )
+    return {name: load(name).values["description"] for name in names}
+
+
+def load(name: str) -> Profile:
+    """A built-in profile by name, or a profile file by path."""
+    if os.sep in name or name.endswith(".toml"):
+        path = os.path.abspath(name)
+        label = path
+    else:
+        path = os.path.join(BUILT_IN_DIRECTORY, f"{name}.toml")
+        label = name
+        if not os.path.isfile(path):
+            known = ", ".join(sorted(n[:-5] for n in os.listdir(BUILT_IN_DIRECTORY)))
+            raise UsageError(
+                f"profile {name!r}: no such built-in profile ({known}); or give a file's path"
+            )
+    try:
+        with open(path, "rb") as file:
+            raw = file.read()
+    except OSError as error:
+        raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from None
+    return _checked(label, path, raw.decode("utf-8", "replace"))
+
+
+def chain(names: list[str]) -> list[Profile]:
+    """The profiles named, each after the ones it includes, each once; a cycle is refused."""
+    ordered: list[Profile] = []
+    seen: set[str] = set()
+
+    def visit(name: str, stack: tuple[str, ...]) -> None:
+        profile = load(name)
+        if profile.path in stack:
+            raise UsageError(
+                f"profile {profile.path}: it includes itself (through {' -> '.join(stack)})"
+            )
+        if profile.path in seen:
+            return
+        for included in profile.values.get("include", []):
+            visit(_relative(included, profile.path), (*stack, profile.path))
+        seen.add(profile.path)
+        ordered.append(profile)
+
+    for name in names:
+        visit(name, ())
+    return ordered
+
+
+def _relative(name: str, including: str) -> str:
+    """An include as written: a built-in name, or a path relative to the including file."""
+    if os.sep in name and not os.path.isabs(name):
+        return os.path.join(os.path.dirname(including), name)
+    return name
+
+
+# ------------------------------------------------------------------ checking a file
+
+
+class _Where:
+    """Finds the line a key is on (tomllib reports positions only for syntax errors)."""
+
+    def __init__(self, label: str, text: str) -> None:
+        self.label = label
+        self.lines = text.splitlines()
+
+    def line_of(self, key: str, after: int = 0) -> int:
+        pattern = re.compile(rf"\s*(\[\[?)?\s*{re.escape(key)}\s*(=|\]\]?)")
+        for number, line in enumerate(self.lines[after:], start=after + 1):
+            if pattern.match(line):
+                return number
+        return after + 1 if after else 1
+
+    def error(self, line: int, key: str, problem: str) -> UsageError:
+        return UsageError(f"profile {self.label}, line {line}, key {key}: {problem}")
+
+
+def _checked(label: str, path: str, text: str) -> Profile:
+    import tomllib
+
+    where = _Where(path, text)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        found = re.search(r"line (\d+)", str(error))
+        line = int(found.group(1)) if found else 1
+        raise UsageError(f"profile {path}, line {line}: not valid TOML: {error}") from None
+    values: dict[str, Any] = {}
+    binds: list[Bind] = []
+    for key, value in data.items():
+        line = where.line_of(key)
+        if key in _SCALARS:
+            if not isinstance(value, _SCALARS[key]):
+                raise where.error(line, key, f"must be a {_SCALARS[key].__name__}")
+            if key in _CHOICES and value not in _CHOICES[key]:
+                raise where.error(line, key, f"must be one of {', '.join(_CHOICES[key])}")
+            values[key] = value
+        elif key in _LISTS:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise where.error(line, key, "must be a list of strings")
+            if key == "env" and not all(_ENV_NAME.match(v) for v in value):
+                raise where.error(line, key, "must hold variable names")
+            values[key] = value
+        elif key == "setenv":
+            if not isinstance(value, dict) or not all(
+                isinstance(v, str) and _ENV_NAME.match(k) for k, v in value.items()
+            ):
+                raise where.error(line, key, 'must be a table of NAME = "value"')
+            values[key] = dict(value)
+        elif key == "bind":
+            if not isinstance(value, list):
+                raise where.error(line, key, "must be an array of tables ([[bind]])")
+            after = 0
+            for table in value:
+                after = where.line_of("bind", after)
+                binds.append(_checked_bind(where, after, table))
+        else:
+            raise where.error(line, key, "is not a profile key (see nsconfine/_profiles.py)")
+    if "description" not in values:
+        raise where.error(1, "description", "is required: say what the profile is for")
+    name = label if os.sep not in label else os.path.basename(path).removesuffix(".toml")
+    return Profile(name, path, values, tuple(binds))
+
+
+def _checked_bind(where: _Where, line: int, table: object) -> Bind:
+    if not isinstance(table, dict):
+        raise where.error(line, "bind", "must be a table")
+    for key, value in table.items():
+        if key not in _BIND_KEYS:
+            raise where.error(where.line_of(key, line), key, "is not a key of [[bind]]")
+        if not isinstance(value, _BIND_KEYS[key]):
+            problem = f"must be a {_BIND_KEYS[key].__name__}"
+            raise where.error(where.line_of(key, line), key, problem)
+    for required in ("source", "mode", "reason"):
+        if required not in table or (isinstance(table[required], str) and not table[required]):
+            raise where.error(line, required, "is required in every [[bind]]")
+    if table["mode"] not in ("ro", "rw"):
+        raise where.error(where.line_of("mode", line), "mode", "must be ro or rw")
+    source: str = table["source"]
+    dest: str = table.get("dest", source)
+    return Bind(
+        source,
+        dest,
+        table["mode"],
+        table["reason"],
+        table.get("optional", False),
+        table.get("mkdir", False),
+    )
