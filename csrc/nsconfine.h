@@ -125,6 +125,8 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
 #define NSC_SHIM_MAX_BODY 67108864 /* 64 MiB */
 #define NSC_SHIM_PLACE_MASK 7      /* bit i: the next received fd goes to fd i (i = 0..2) */
 #define NSC_SHIM_CLOSE_MASK 112    /* bit 4 + i: close fd i; neither bit: keep it */
+#define NSC_SHIM_TTY 256           /* a new pty is the command's terminal: its controller is sent
+                                      back ('T' with the fd); the shim waits for 'G' to go on */
 #define NSC_SHIM_STAGE_RECV 1
 #define NSC_SHIM_STAGE_PROTOCOL 2
 #define NSC_SHIM_STAGE_DUP 3
@@ -132,5 +134,6 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
 #define NSC_SHIM_STAGE_CLOSE 5
 #define NSC_SHIM_STAGE_EXEC 6
 #define NSC_SHIM_STAGE_SIGNALS 7
+#define NSC_SHIM_STAGE_TTY 8
 
 #endif

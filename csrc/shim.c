@@ -18,6 +18,12 @@
  *     i: the fd to place at i, i = 0..2); bit 4 + i instead closes fd i;
  *     neither keeps it
  *
+ * With NSC_SHIM_TTY in the mask (and no fd to place), the shim opens a new pty
+ * in the sandbox's own devpts, starts a session of its own and makes the pty its
+ * controlling terminal and its 0, 1 and 2, and sends the
+ * controller back on the socket ('T', the fd by SCM_RIGHTS); it goes on once
+ * the launcher answers 'G' (having set the window size).
+ *
  * It puts the fds in place, sets the extra variables over the environment
  * bwrap gave it (the plan's), resets every signal disposition and the signal
  * mask, marks every fd from 3 up close-on-exec and execs argv[0] as execvp
@@ -142,6 +148,69 @@ static int read_exact(int sock, void *buf, size_t len, int *fds, int *n_fds)
         done += (size_t)n;
     }
     return 0;
+}
+
+#define TIOCSCTTY_ 0x540e
+#define TIOCSPTLCK_ 0x40045431
+#define TIOCGPTPEER_ 0x5441
+
+/* Send one byte and one fd on sock. */
+static long send_fd(int sock, char byte, int fd)
+{
+    union {
+        struct kcmsghdr align;
+        char buf[KCMSG_SPACE(sizeof(int))];
+    } control;
+    memset(&control, 0, sizeof control);
+    struct kcmsghdr *c = (struct kcmsghdr *)control.buf;
+    c->len = sizeof(struct kcmsghdr) + sizeof(int);
+    c->level = SOL_SOCKET_;
+    c->type = SCM_RIGHTS_;
+    memcpy(KCMSG_DATA(c), &fd, sizeof fd);
+    struct iovec iov = { &byte, 1 };
+    struct kmsghdr msg = { 0 };
+    msg.iov = &iov;
+    msg.iovlen = 1;
+    msg.control = control.buf;
+    msg.controllen = sizeof control.buf;
+    return RETRY(SYS3(__NR_sendmsg, sock, &msg, 0));
+}
+
+/*
+ * A new pty of the sandbox's own as the command's terminal: its controlling terminal and
+ * stdio; the controller goes to the launcher, which answers 'G' once it has set the size.
+ */
+static void take_new_terminal(int sock)
+{
+    long master = SYS4(__NR_openat, AT_FDCWD_, "/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC, 0);
+    if (master < 0)
+        fail(master, NSC_SHIM_STAGE_TTY);
+    int unlock = 0;
+    long r = SYS3(__NR_ioctl, master, TIOCSPTLCK_, &unlock);
+    long terminal = r < 0 ? r : SYS3(__NR_ioctl, master, TIOCGPTPEER_, O_RDWR);
+    if (terminal < 0)
+        fail(terminal, NSC_SHIM_STAGE_TTY);
+    /* A session of its own, whose leader can take a controlling terminal (bwrap's
+     * --new-session made pid 1 the leader of the sandbox's session). */
+    r = SYS0(__NR_setsid);
+    if (r >= 0)
+        r = SYS3(__NR_ioctl, terminal, TIOCSCTTY_, 0);
+    if (r < 0)
+        fail(r, NSC_SHIM_STAGE_TTY);
+    for (int target = 0; target < 3; target++) {
+        r = SYS3(__NR_dup3, terminal, target, 0);
+        if (r < 0)
+            fail(r, NSC_SHIM_STAGE_TTY);
+    }
+    if (terminal > 2)
+        (void)SYS1(__NR_close, terminal);
+    r = send_fd(sock, 'T', (int)master);
+    if (r < 0)
+        fail(r, NSC_SHIM_STAGE_TTY);
+    (void)SYS1(__NR_close, master);
+    char go = 0;
+    if (read_exact(sock, &go, 1, 0, 0) != 0 || go != 'G')
+        fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
 }
 
 /* Length of the NAME= part of a NAME=VALUE string (0 if it has no '='). */
@@ -274,8 +343,9 @@ int helper_main(int argc, char **argv, char **envp)
     int wanted = 1 + __builtin_popcount(h.fd_mask & NSC_SHIM_PLACE_MASK);
     if (h.magic != NSC_SHIM_MAGIC || n_fds != wanted || h.argc == 0 ||
         h.size > NSC_SHIM_MAX_BODY ||
-        (h.fd_mask & ~(uint32_t)(NSC_SHIM_PLACE_MASK | NSC_SHIM_CLOSE_MASK)) ||
-        (h.fd_mask & (h.fd_mask >> 4) & NSC_SHIM_PLACE_MASK))
+        (h.fd_mask & ~(uint32_t)(NSC_SHIM_PLACE_MASK | NSC_SHIM_CLOSE_MASK | NSC_SHIM_TTY)) ||
+        (h.fd_mask & (h.fd_mask >> 4) & NSC_SHIM_PLACE_MASK) ||
+        ((h.fd_mask & NSC_SHIM_TTY) && (h.fd_mask & NSC_SHIM_PLACE_MASK)))
         fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
 
     char *body = map((size_t)h.size + 1);
@@ -332,6 +402,9 @@ int helper_main(int argc, char **argv, char **envp)
             (void)SYS1(__NR_close, target);
         }
     }
+
+    if (h.fd_mask & NSC_SHIM_TTY)
+        take_new_terminal((int)sock);
 
     /* The command starts with default signal handling, whatever bwrap left. */
     reset_signal_dispositions();

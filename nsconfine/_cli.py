@@ -7,7 +7,6 @@ code's sysexits status; nothing runs and no traceback is shown.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -20,12 +19,7 @@ TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
     from typing import NoReturn
 
-    from nsconfine._sandbox import Sandbox
 
-# The signals run passes on to the command; the first of ENDING_SIGNALS also starts the grace
-# period after which the whole session is killed.
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
 EXEC_FAILED_STATUS = 127  # as a shell: the command was not found or could not be executed
 DEFAULT_GRACE_SECONDS = 10.0
 
@@ -181,6 +175,12 @@ def _parser() -> _Parser:
         f"the whole session is killed; a second signal kills at once (default "
         f"{DEFAULT_GRACE_SECONDS:g})",
     )
+    run.add_argument(
+        "--tty",
+        action="store_true",
+        help="give the command a terminal of its own (job control, Ctrl-C and Ctrl-Z for its "
+        "foreground job, window-size changes), copied to and from this one",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
     explain = commands.add_parser(
         "explain", help="would a session see PATH, through which entry, or why not"
@@ -271,6 +271,7 @@ def _plan(arguments: argparse.Namespace) -> int:
 
 
 def _run(arguments: argparse.Namespace) -> int:
+    from nsconfine._run import run_session
     from nsconfine._spawn import spawn
 
     command = list(arguments.command)
@@ -280,7 +281,7 @@ def _run(arguments: argparse.Namespace) -> int:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
     plan = _session(arguments).plan()
     try:
-        sandbox = spawn(plan, command)
+        sandbox = spawn(plan, command, tty=arguments.tty)
     except OSError as error:  # not an NsconfineError: the command itself could not start
         print(
             f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: {error.strerror}",
@@ -288,47 +289,8 @@ def _run(arguments: argparse.Namespace) -> int:
         )
         return EXEC_FAILED_STATUS
 
-    status = _wait_passing_signals(sandbox, arguments.grace)
+    status = run_session(sandbox, arguments.grace)
     return 128 - status if status < 0 else status
-
-
-def _wait_passing_signals(sandbox: Sandbox, grace: float) -> int:
-    """Wait for the session. The first signal the launcher gets goes to the command (its traps
-    run); if the session has not ended grace seconds later, or at a second signal, the whole
-    session is killed: a command that ignores SIGTERM cannot outlive its launcher's intent."""
-    import os
-    import select
-    import time
-
-    # The handlers only wake the poll below (the wakeup fd carries the signal numbers): no
-    # work, and no lock, inside a signal handler.
-    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-    for number in FORWARDED_SIGNALS:
-        signal.signal(number, lambda _number, _frame: None)
-    poller = select.poll()
-    poller.register(sandbox.sentinel, select.POLLIN)
-    poller.register(wake_read, select.POLLIN)
-    deadline: float | None = None
-    signalled = False
-    while sandbox.poll() is None:
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0) * 1000
-        events = dict(poller.poll(timeout))
-        if not events:  # the grace period is over
-            sandbox.kill()
-            deadline = None
-        elif wake_read in events:
-            for received in os.read(wake_read, 64):
-                if received not in ENDING_SIGNALS:
-                    sandbox.send_signal(received)  # passed on, nothing more
-                elif signalled:
-                    sandbox.kill()
-                    deadline = None
-                else:
-                    signalled = True
-                    sandbox.send_signal(received)
-                    deadline = time.monotonic() + grace
-    return sandbox.wait()
 
 
 def _selftest(arguments: argparse.Namespace) -> int:

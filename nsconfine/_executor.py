@@ -60,6 +60,7 @@ from nsconfine._programs import (
     SHIM_PATH,
     SHIM_REPORT,
     SHIM_STAGES,
+    SHIM_TTY,
     program_fd,
 )
 from nsconfine._sandbox import Sandbox
@@ -578,6 +579,44 @@ class StagedGone(Exception):
     """The staged sandbox ended before it took its command (expired or killed)."""
 
 
+def _receive_terminal(staged: Staged, report_read: int) -> int:
+    """The controller of the command's new terminal, sent by the shim ('T' and the fd), sized
+    as the launcher's own terminal (else 24x80), after which the shim is told to go on ('G').
+    -1 if the shim reported a failure (or ended) first."""
+    import array
+    import fcntl
+    import select
+    import struct
+    import termios
+
+    poller = select.poll()
+    for fd in (staged.sock.fileno(), report_read, staged.command_pidfd):
+        poller.register(fd, select.POLLIN)
+    if staged.sock.fileno() not in dict(poller.poll()):
+        return -1
+    fds = array.array("i")
+    # SO_PASSCRED is on: the credentials come along with the fd.
+    space = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(12)
+    data, ancillary, _flags, _address = staged.sock.recvmsg(1, space)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    if data != b"T" or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise SandboxUnavailable("the exec shim did not send the command's terminal")
+    controller = fds[0]
+    os.set_inheritable(controller, False)
+    size = struct.pack("HHHH", 24, 80, 0, 0)
+    try:
+        size = fcntl.ioctl(0, termios.TIOCGWINSZ, size)
+    except OSError:
+        pass  # the launcher has no terminal: the default
+    fcntl.ioctl(controller, termios.TIOCSWINSZ, size)
+    staged.sock.sendall(b"G", socket.MSG_NOSIGNAL)
+    return controller
+
+
 def _unread_by_peer(sock: socket.socket) -> int:
     """Bytes sent on sock that its peer has not read yet (SIOCOUTQ)."""
     import fcntl
@@ -590,22 +629,26 @@ def _unread_by_peer(sock: socket.socket) -> int:
 class Launch:
     """A command checked and encoded for the shim, before any sandbox is taken for it."""
 
-    __slots__ = ("argv", "fds", "message")
+    __slots__ = ("argv", "fds", "message", "tty")
 
-    def __init__(self, argv: Sequence[str], message: bytes, fds: list[int] | None) -> None:
+    def __init__(
+        self, argv: Sequence[str], message: bytes, fds: list[int] | None, tty: bool = False
+    ) -> None:
         self.argv = argv
         self.message = message  # the header and the NUL-separated argv and env
         self.fds = fds  # the stdio fds it carries; None: the command keeps bwrap's
+        self.tty = tty  # the command gets a new terminal (and the launcher its controller)
 
 
 def prepare_launch(
     argv: Sequence[str],
     env: Mapping[str, str] | None = None,
     stdio: Sequence[Stdio] | None = None,
+    tty: bool = False,
 ) -> Launch:
     """Check argv and env and encode them for the shim (UsageError: nothing was staged yet).
     stdio None: the command keeps bwrap's stdio (spawn); else each is None (the launcher's own
-    fd now), an fd or a file."""
+    fd now), an fd or a file. tty: the command's stdio is a new terminal instead."""
     if (
         isinstance(argv, str | bytes)
         or not argv
@@ -622,9 +665,9 @@ def prepare_launch(
         raise UsageError("an argument or environment value holds a NUL byte")
     if len(body) > SHIM_MAX_BODY:
         raise UsageError(f"argv and env take {len(body)} bytes; at most {SHIM_MAX_BODY}")
-    mask = 0
+    mask = SHIM_TTY if tty else 0
     fds: list[int] = []
-    if stdio is not None:
+    if stdio is not None and not tty:
         for number, (given, name) in enumerate(
             zip(stdio, ("stdin", "stdout", "stderr"), strict=True)
         ):
@@ -639,7 +682,7 @@ def prepare_launch(
             mask |= 1 << number
             fds.append(fd)
     header = SHIM_HEADER.pack(SHIM_MAGIC, mask, len(argv), len(items) - len(argv), len(body))
-    return Launch(argv, header + body, fds if stdio is not None else None)
+    return Launch(argv, header + body, fds if stdio is not None and not tty else None, tty)
 
 
 def hand_off(staged: Staged, launch: Launch) -> Sandbox:
@@ -655,6 +698,7 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     own = [fd if fd >= 0 else number for number, fd in enumerate(staged.stdio)]
     terminals = _terminal.save(own if launch.fds is None else fds)
     report_read, report_write = os.pipe2(os.O_CLOEXEC)
+    controller = -1  # the command's terminal, for a launch with tty
     try:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report_write, *fds]))]
         try:
@@ -665,6 +709,8 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
             raise StagedGone from None
         finally:
             os.close(report_write)  # now only the shim holds it: EOF comes with its exec
+        if launch.tty:
+            controller = _receive_terminal(staged, report_read)
         # EOF, or a report. If the shim died with the message still queued on its socket,
         # the pipe's write end would sit in that queue and EOF would never come: its pidfd says
         # it is gone, and the unread bytes say it never took the message.
@@ -688,16 +734,20 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     except BaseException:
         _terminal.restore(terminals)
         teardown(staged)  # a half-launched sandbox is never left behind
+        if controller >= 0:
+            os.close(controller)
         raise
     finally:
         os.close(report_read)
     if report:
         _terminal.restore(terminals)
         teardown(staged)
+        if controller >= 0:
+            os.close(controller)
         err, stage_number = SHIM_REPORT.unpack(report.ljust(SHIM_REPORT.size, b"\0")[:8])
         syscall = SHIM_STAGES.get(stage_number, f"shim stage {stage_number}")
         filename = launch.argv[0] if stage_number == SHIM_EXEC_STAGE else None
         raise _syscalls.SyscallError(err, syscall, filename)
     staged.sock.close()
     staged.mark("exec")
-    return Sandbox._launched(staged, terminals)
+    return Sandbox._launched(staged, terminals, controller)

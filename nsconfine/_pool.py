@@ -117,6 +117,7 @@ class Pool:
         stdin: Stdio = None,
         stdout: Stdio = None,
         stderr: Stdio = None,
+        tty: bool = False,
     ) -> Sandbox:
         """Run argv in a staged sandbox; return once it has exec'd.
 
@@ -125,7 +126,7 @@ class Pool:
         environment. That environment is the plan's (exactly what spawn gives), with env's
         variables added or replacing the plan's. Each stdio is None (the launcher's own fd at
         this call), an fd or a file object. OSError if argv[0] cannot be executed."""
-        launch = prepare_launch(argv, env, (stdin, stdout, stderr))  # before a sandbox is taken
+        launch = prepare_launch(argv, env, (stdin, stdout, stderr), tty)  # before one is taken
         for _attempt in range(3):
             staged = self._take()
             try:

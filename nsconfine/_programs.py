@@ -35,6 +35,7 @@ SHIM_MAGIC: Final = sys_.SHIM_WIRE["MAGIC"]
 SHIM_MAX_BODY: Final = sys_.SHIM_WIRE["MAX_BODY"]
 SHIM_PLACE_MASK: Final = sys_.SHIM_WIRE["PLACE_MASK"]
 SHIM_CLOSE_MASK: Final = sys_.SHIM_WIRE["CLOSE_MASK"]
+SHIM_TTY: Final = sys_.SHIM_WIRE["TTY"]
 SHIM_EXEC_STAGE: Final = sys_.SHIM_WIRE["STAGE_EXEC"]
 SHIM_STAGES: Final = {
     sys_.SHIM_WIRE["STAGE_RECV"]: "recvmsg",
@@ -44,6 +45,7 @@ SHIM_STAGES: Final = {
     sys_.SHIM_WIRE["STAGE_CLOSE"]: "close_range",
     sys_.SHIM_WIRE["STAGE_EXEC"]: "execvp",
     sys_.SHIM_WIRE["STAGE_SIGNALS"]: "sigprocmask",
+    sys_.SHIM_WIRE["STAGE_TTY"]: "a new terminal (/dev/ptmx)",
 }
 
 _INSTALL_HINT: Final = (

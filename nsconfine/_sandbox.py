@@ -7,6 +7,9 @@
                  killed by signal N, or -N if the sandbox itself was (kill())
     sentinel     an fd that becomes readable once the session has ended, for a launcher's own
                  poll or event loop (as multiprocessing.Process.sentinel); wait() then reaps
+    tty          for a launch with tty=True: the controller of the command's terminal (a pty of
+                 the sandbox's own, its controlling terminal), which the caller reads and
+                 writes; -1 otherwise. Closed once the handle has reaped the session.
     timings      seconds from the launch's start to each stage: "started" (bwrap's reaper
                  running), "linted" (the plan's checks passed, while bwrap builds),
                  "namespaces" (checked), "built" (bwrap done, the shim waiting), "confirmed"
@@ -47,12 +50,14 @@ class Sandbox:
         "pid",
         "returncode",
         "timings",
+        "tty",
     )
     pid: int
     child_pid: int
     command_pid: int
     returncode: int | None
     timings: dict[str, float]
+    tty: int
     _reaper_pidfd: int
     _init_pidfd: int
     _command_pidfd: int
@@ -64,13 +69,14 @@ class Sandbox:
         raise TypeError("Sandbox handles come from nsconfine.spawn or Pool.launch")
 
     @classmethod
-    def _launched(cls, staged: Staged, terminals: list[Saved]) -> Sandbox:
+    def _launched(cls, staged: Staged, terminals: list[Saved], tty: int = -1) -> Sandbox:
         self = object.__new__(cls)
         self.pid = staged.reaper
         self.child_pid = staged.init_pid
         self.command_pid = staged.command_pid
         self.returncode = None
         self.timings = dict(staged.timings)
+        self.tty = tty
         self._reaper_pidfd = staged.reaper_pidfd
         self._init_pidfd = staged.init_pidfd
         self._command_pidfd = staged.command_pidfd
@@ -147,6 +153,9 @@ class Sandbox:
         self.returncode = status
         for fd in (self._reaper_pidfd, self._init_pidfd, self._command_pidfd):
             os.close(fd)
+        if self.tty >= 0:
+            os.close(self.tty)
+            self.tty = -1
         _terminal.restore(self._terminals)
         self._terminals = []
         _mountpoints.remove(self._stubs)

@@ -119,10 +119,12 @@ def spawn(
     stdin: Stdio = None,
     stdout: Stdio = None,
     stderr: Stdio = None,
+    tty: bool = False,
 ) -> Sandbox:
     """Run argv confined by plan; return once it has exec'd. Each stdio is None (inherit), an
-    fd, or a file object. OSError if argv[0] cannot be executed in the sandbox."""
-    launch = prepare_launch(argv)  # a refused command never has a sandbox built for it
+    fd, or a file object; tty=True gives the command a new terminal of the sandbox's own instead
+    (its controller is the handle's tty). OSError if argv[0] cannot be executed there."""
+    launch = prepare_launch(argv, tty=tty)  # a refused command never has a sandbox built for it
     stdio = (stdio_fd(stdin, "stdin"), stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
     with refusing_os_errors():
         cleared = gate(plan)

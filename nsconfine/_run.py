@@ -1,0 +1,154 @@
+"""`nsconfine run`'s side of a running session: signals passed on, and (--tty) the terminal.
+
+Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH that reach the launcher
+go to the command (its traps run), and the launcher exits with its status. The first of the
+ending ones (INT, TERM, HUP, QUIT) also starts a grace period: if the session has not ended when
+it is over, or at a second such signal, the whole session is killed. The handlers only wake the
+loop below (the wakeup fd carries the signal numbers): no work, and no lock, inside a handler.
+
+With --tty the command has a terminal of its own (a pty of the sandbox's, its controlling
+terminal: job control, /dev/tty, Ctrl-C and Ctrl-Z for its foreground job). The launcher's own
+terminal is put in raw mode, so that every key reaches the session's terminal, and bytes are
+copied both ways; a window-size change (SIGWINCH) is copied to the session's terminal, whose
+kernel tells its foreground job. The launcher's terminal is put back as it was at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from nsconfine._sandbox import Sandbox
+
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
+_CHUNK = 65536
+
+
+class _Terminal:
+    """The copying between the launcher's stdin/stdout and the session's terminal."""
+
+    def __init__(self, controller: int) -> None:
+        import termios
+        import tty
+
+        self.controller = controller
+        self.open = True  # until the session's side of its terminal is closed
+        self.reading_stdin = True
+        self.saved = None
+        if os.isatty(0):
+            self.saved = termios.tcgetattr(0)
+            tty.setraw(0, termios.TCSANOW)
+        self.resize()
+
+    def resize(self) -> None:
+        """The launcher's window size, onto the session's terminal."""
+        import fcntl
+        import termios
+
+        for fd in (0, 1):
+            try:
+                size = fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8)
+            except OSError:
+                continue
+            fcntl.ioctl(self.controller, termios.TIOCSWINSZ, size)
+            return
+
+    def from_stdin(self) -> None:
+        data = os.read(0, _CHUNK)
+        if not data:
+            self.reading_stdin = False
+            return
+        _write_all(self.controller, data)
+
+    def to_stdout(self) -> bool:
+        """Copy what the session wrote; False once its terminal is closed on its side."""
+        try:
+            data = os.read(self.controller, _CHUNK)
+        except OSError:  # EIO: no process holds the session's end any more
+            return False
+        if not data:
+            return False
+        _write_all(1, data)
+        return True
+
+    def drain(self) -> None:
+        """What the session wrote before it ended."""
+        os.set_blocking(self.controller, False)
+        try:
+            while self.to_stdout():
+                pass
+        except BlockingIOError:
+            pass
+
+    def restore(self) -> None:
+        import termios
+
+        if self.saved is not None:
+            termios.tcsetattr(0, termios.TCSADRAIN, self.saved)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [])
+
+
+def run_session(sandbox: Sandbox, grace: float) -> int:
+    """Wait for the session, passing signals on (and copying its terminal, if it has one); its
+    status."""
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    for number in FORWARDED_SIGNALS:
+        signal.signal(number, lambda _number, _frame: None)
+    terminal = _Terminal(sandbox.tty) if sandbox.tty >= 0 else None
+    deadline: float | None = None
+    signalled = False
+    try:
+        while sandbox.poll() is None:
+            poller = select.poll()
+            poller.register(sandbox.sentinel, select.POLLIN)
+            poller.register(wake_read, select.POLLIN)
+            if terminal is not None:
+                if terminal.open:
+                    poller.register(terminal.controller, select.POLLIN)
+                if terminal.reading_stdin:
+                    poller.register(0, select.POLLIN)
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 0) * 1000
+            events = dict(poller.poll(timeout))
+            if not events:  # the grace period is over
+                sandbox.kill()
+                deadline = None
+                continue
+            if terminal is not None:
+                if events.get(0, 0) & (select.POLLIN | select.POLLHUP):
+                    terminal.from_stdin()
+                if terminal.controller in events and not terminal.to_stdout():
+                    terminal.open = terminal.reading_stdin = False
+            if sandbox.sentinel in events and terminal is not None and terminal.open:
+                terminal.drain()
+            if wake_read not in events:
+                continue
+            for received in os.read(wake_read, 64):
+                if received == signal.SIGWINCH and terminal is not None:
+                    terminal.resize()  # the session's terminal tells its foreground job
+                elif received not in ENDING_SIGNALS:
+                    sandbox.send_signal(received)  # passed on, nothing more
+                elif signalled:
+                    sandbox.kill()
+                    deadline = None
+                else:
+                    signalled = True
+                    sandbox.send_signal(received)
+                    deadline = time.monotonic() + grace
+    finally:
+        if terminal is not None:
+            terminal.restore()
+    return sandbox.wait()

@@ -1,0 +1,154 @@
+"""A terminal of the session's own (--tty, tty=True): a pty of the sandbox's devpts as its
+controlling terminal, job control, Ctrl-C and Ctrl-Z for the foreground job only, window-size
+changes relayed, and the caller's terminal put back."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+from helpers import session, session_dirs, user_options
+
+import nsconfine
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+@pytest.fixture
+def ws_run(tmp_path: Path) -> tuple[Path, Path]:
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    return workspace, run_dir
+
+
+def read_until(fd: int, wanted: bytes, timeout: float = 20) -> bytes:
+    """What fd gives until wanted shows up (or the timeout, or the end)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return seen
+
+
+def test_the_command_has_a_controlling_terminal(ws_run: tuple[Path, Path]) -> None:
+    """tty=True: the command's stdio is a pty of the sandbox's own, its controlling terminal:
+    tty names it, /dev/tty opens, and the command is its foreground job."""
+    script = (
+        "tty; echo via-dev-tty > /dev/tty; "
+        "python3 -c 'import os; print(\"foreground\", os.tcgetpgrp(0) == os.getpgrp())'"
+    )
+    sandbox = nsconfine.spawn(session(*ws_run).plan(), ["/bin/sh", "-c", script], tty=True)
+    output = read_until(sandbox.tty, b"foreground")
+    sandbox.wait(timeout=30)
+    assert b"/dev/pts/" in output, output
+    assert b"via-dev-tty" in output
+    assert b"foreground True" in output
+
+
+def test_without_tty_there_is_no_controlling_terminal(ws_run: tuple[Path, Path]) -> None:
+    """The control: without tty=True, /dev/tty cannot be opened."""
+    read_end, write_end = os.pipe()
+    sandbox = nsconfine.spawn(
+        session(*ws_run).plan(),
+        ["/bin/sh", "-c", "(: > /dev/tty) 2>&1 || echo no-tty"],
+        stdout=write_end,
+        stderr=write_end,
+    )
+    os.close(write_end)
+    output = read_until(read_end, b"no-tty")
+    os.close(read_end)
+    sandbox.wait(timeout=30)
+    assert b"no-tty" in output
+
+
+def test_ctrl_c_and_ctrl_z_reach_only_the_foreground_job(ws_run: tuple[Path, Path]) -> None:
+    """In an interactive bash on the session's terminal, Ctrl-C ends the foreground `sleep`
+    and Ctrl-Z stops one, while bash itself goes on."""
+    sandbox = nsconfine.spawn(
+        session(*ws_run).plan(), ["/bin/bash", "--norc", "--noprofile", "-i"], tty=True
+    )
+    try:
+        tty = sandbox.tty
+        os.write(tty, b"PS1='$ '; sleep 30\n")
+        time.sleep(1)
+        os.write(tty, b"\x03")  # Ctrl-C
+        os.write(tty, b"echo alive-$((20+1))\n")
+        assert b"alive-21" in read_until(tty, b"alive-21")
+        os.write(tty, b"sleep 31\n")
+        time.sleep(1)
+        os.write(tty, b"\x1a")  # Ctrl-Z
+        os.write(tty, b"jobs; echo listed-$((1+1))\n")
+        output = read_until(tty, b"listed-2")
+        assert b"Stopped" in output, output
+        assert b"sleep 31" in output
+        os.write(tty, b"kill -9 %1; wait; echo killed-$((2+2))\n")
+        assert b"killed-4" in read_until(tty, b"killed-4")
+        os.write(tty, b"exit 3\n")
+        assert sandbox.wait(timeout=30) == 3
+    finally:
+        sandbox.kill()
+        sandbox.wait()
+
+
+def test_window_size_changes_reach_the_session(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run --tty` under a terminal: the session starts with that terminal's size,
+    and a resize reaches it (SIGWINCH to the launcher, relayed)."""
+    controller, terminal = os.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    before = termios.tcgetattr(terminal)
+
+    def as_terminal_session() -> None:  # the CLI's controlling terminal is ours
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    script = "stty size; read line; stty size; echo bye"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", "--tty", *user_options(), "--workspace",
+         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--", "/bin/sh", "-c", script],
+        stdin=terminal, stdout=terminal, stderr=terminal, cwd="/",
+        preexec_fn=as_terminal_session,
+    )  # fmt: skip
+    try:
+        assert b"24 80" in read_until(controller, b"24 80")
+        fcntl.ioctl(controller, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        time.sleep(0.5)  # the kernel's SIGWINCH reaches the CLI, which relays the size
+        os.write(controller, b"go\r")
+        output = read_until(controller, b"bye")
+        assert b"30 100" in output, output
+        assert cli.wait(timeout=30) == 0
+        assert termios.tcgetattr(terminal) == before  # raw mode undone
+    finally:
+        if cli.poll() is None:
+            cli.send_signal(signal.SIGKILL)
+            cli.wait()
+        os.close(controller)
+        os.close(terminal)
+
+
+def test_the_session_cannot_push_input_into_its_own_terminal(ws_run: tuple[Path, Path]) -> None:
+    """TIOCSTI is refused even on the session's own terminal."""
+    script = (
+        "import fcntl, termios\ntry:\n    fcntl.ioctl(0, termios.TIOCSTI, b'x'); print('pushed')\n"
+        "except OSError as e:\n    print('refused', e.errno)"
+    )
+    sandbox = nsconfine.spawn(session(*ws_run).plan(), ["python3", "-c", script], tty=True)
+    output = read_until(sandbox.tty, b"\n")
+    sandbox.wait(timeout=30)
+    assert b"refused 1" in output, output
