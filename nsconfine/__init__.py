@@ -10,6 +10,7 @@ from nsconfine._errors import (
 )
 from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan, RunAs
 from nsconfine._preflight import PreflightReport, preflight
+from nsconfine._profiles import Bind
 from nsconfine._sandbox import Sandbox
 from nsconfine._session import Harness, Session
 from nsconfine._spawn import spawn
@@ -31,6 +32,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "Bind",
     "CredentialInsecure",
     "CredentialMissing",
     "DenyRule",

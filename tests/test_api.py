@@ -11,6 +11,7 @@ def test_public_names_are_pinned() -> None:
     """__all__ is exactly the documented API, sorted."""
     assert nsconfine.__all__ == sorted(nsconfine.__all__)
     assert set(nsconfine.__all__) == {
+        "Bind",
         "CredentialInsecure",
         "CredentialMissing",
         "DenyRule",
