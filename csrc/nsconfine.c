@@ -1,5 +1,8 @@
 /* nsconfine's native layer: see nsconfine.h for the contract. */
 #include "nsconfine.h"
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include <errno.h>
 #include <fcntl.h>
@@ -389,6 +392,11 @@ static int spawn_with(int *buffers, const char *path, int exec_fd, char *const a
     pthread_sigmask(SIG_SETMASK, &all, &a.parent_mask);
     pid_t pid = clone(spawn_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
     int clone_err = errno;
+#ifdef __SANITIZE_ADDRESS__
+    /* The child's frames poisoned this array's shadow (the memory is shared): clear it, or
+     * AddressSanitizer reports this frame's later neighbours (the CI's sanitizer build). */
+    __asan_unpoison_memory_region(stack, sizeof stack);
+#endif
     pthread_sigmask(SIG_SETMASK, &a.parent_mask, NULL);
     (void)close_retry(errpipe[1]);
     if (pid < 0) {

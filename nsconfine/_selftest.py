@@ -127,6 +127,8 @@ class World:
         self.user = user if user is not None else run_as(None)
         self.token = os.urandom(8).hex()
         self.abstract_name = f"nsconfine-selftest-{self.token}"  # a host abstract socket
+        # Host files outside root that a weakened twin may write; removed when the world ends.
+        self.outside_marks: list[str] = []
         join = os.path.join
         self.home = join(root, "home")
         self.secrets = {
@@ -230,6 +232,9 @@ class World:
             abstract.close()
             _revoke_key(self.key_serial)
             os.close(self.leaked_fd)
+            for mark in self.outside_marks:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(mark)
             self.host_process.kill()
             self.host_process.wait()
             server.close()
@@ -482,6 +487,7 @@ class World:
         etc_file = f"/etc/nsconfine-probe-{self.token}"
         usr_file = f"/usr/nsconfine-probe-{self.token}"
         host_tmp = f"/tmp/nsconfine-probe-{self.token}"
+        self.outside_marks += [etc_file, usr_file, host_tmp]
         in_sandbox = "weakened: the root stays writable"
         return [
             self._write_probe("/usr", usr_file, _add(p.rw_bind("/usr", "/usr", "weakened"))),

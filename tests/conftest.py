@@ -7,6 +7,7 @@ skipped proof is no proof.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,12 @@ import pytest
 MUST_WORK = os.environ.get("NSCONFINE_MUST_WORK") == "1"
 
 # Proofs of bwrap binaries are cached on disk; the suite proves them afresh in its own cache.
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="nsconfine-test-cache-")
+TEST_CACHE = tempfile.mkdtemp(prefix="nsconfine-test-cache-")
+os.environ["XDG_CACHE_HOME"] = TEST_CACHE
+
+
+def pytest_unconfigure() -> None:
+    shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -85,6 +85,9 @@ def launch(
         "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
         "LANG": "C.UTF-8",
     }
+    for name in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS"):  # CI's sanitizer run
+        if name in os.environ:
+            environ[name] = os.environ[name]
     return subprocess.run(
         [sys.executable, "-m", "nsconfine", "run", *user, "--profile", profile,
          "--harness", str(agent), "--credential", credential,

@@ -56,3 +56,23 @@ def test_the_tests_import_the_installed_package() -> None:
     from nsconfine import _syscalls
 
     assert Path(_syscalls.__file__).exists()
+
+
+def test_nsconfine_needs_nothing_but_cffi() -> None:
+    """The package's runtime dependency is cffi alone: importing it, building a plan and the
+    CLI's start-up load no psutil (the bench's, in the [bench] extra)."""
+    import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert [d.split(">")[0] for d in pyproject["project"]["dependencies"]] == ["cffi"]
+    probe = (
+        "import sys, nsconfine, nsconfine._cli, nsconfine._selftest, nsconfine._spawn\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psutil', 'matplotlib')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -94,7 +94,7 @@ def naive_launch(
     executor exists to avoid. keep_info: report the sandbox's pid on the info fd (to kill
     bwrap right after it, as kill() at once would)."""
     import nsconfine._syscalls as syscalls
-    from nsconfine.bench import make_stubs
+    from nsconfine.bench._core import make_stubs
 
     make_stubs(plan)  # the protected paths' stubs nsconfine would make (and later remove)
     options = bwrap_options(plan, seccomp=False, bind_fds=False)

@@ -78,6 +78,21 @@ def test_without_tty_there_is_no_controlling_terminal(ws_run: tuple[Path, Path])
     assert b"no-tty" in output
 
 
+def wait_for_foreground(tty: int, program: str, timeout: float = 20) -> None:
+    """Wait until program runs as the terminal's foreground job, so a Ctrl-C or Ctrl-Z
+    typed next reaches it and not the shell still starting it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{os.tcgetpgrp(tty)}/comm") as comm:
+                if comm.read().strip() == program:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"{program} never became the foreground job")
+
+
 def test_ctrl_c_and_ctrl_z_reach_only_the_foreground_job(ws_run: tuple[Path, Path]) -> None:
     """In an interactive bash on the session's terminal, Ctrl-C ends the foreground `sleep`
     and Ctrl-Z stops one, while bash itself goes on."""
@@ -87,12 +102,12 @@ def test_ctrl_c_and_ctrl_z_reach_only_the_foreground_job(ws_run: tuple[Path, Pat
     try:
         tty = sandbox.tty
         os.write(tty, b"PS1='$ '; sleep 30\n")
-        time.sleep(1)
+        wait_for_foreground(tty, "sleep")
         os.write(tty, b"\x03")  # Ctrl-C
         os.write(tty, b"echo alive-$((20+1))\n")
         assert b"alive-21" in read_until(tty, b"alive-21")
         os.write(tty, b"sleep 31\n")
-        time.sleep(1)
+        wait_for_foreground(tty, "sleep")
         os.write(tty, b"\x1a")  # Ctrl-Z
         os.write(tty, b"jobs; echo listed-$((1+1))\n")
         output = read_until(tty, b"listed-2")
@@ -101,7 +116,7 @@ def test_ctrl_c_and_ctrl_z_reach_only_the_foreground_job(ws_run: tuple[Path, Pat
         os.write(tty, b"kill -9 %1; wait; echo killed-$((2+2))\n")
         assert b"killed-4" in read_until(tty, b"killed-4")
         os.write(tty, b"exit 3\n")
-        assert sandbox.wait(timeout=30) == 3
+        assert sandbox.wait(timeout=30) == 3, read_until(tty, b"never", timeout=1)
     finally:
         sandbox.kill()
         sandbox.wait()

@@ -1,0 +1,5 @@
+"""`python -m nsconfine.bench`."""
+
+from nsconfine.bench._main import main
+
+raise SystemExit(main())

@@ -1,0 +1,452 @@
+"""The bench's parts every section uses: rows and results, the round-robin, the launchers
+compared, the world (a workspace and files) and the configuration."""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import gc
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import nsconfine
+from nsconfine import _layers, _syscalls
+from nsconfine._accounts import run_as
+from nsconfine._bwrap_args import (
+    ARGS_FD,
+    FIRST_DATA_FD,
+    INFO_FD,
+    SECCOMP_FD,
+    bwrap_options,
+    encode_options,
+)
+from nsconfine._executor import open_entry_fds
+from nsconfine._plan import Plan
+from nsconfine._preflight import proven_bwrap
+
+SCHEMA: Final = 1
+SECTIONS: Final = (
+    "launch",
+    "pool",
+    "layers",
+    "checks",
+    "plan",
+    "binds",
+    "concurrency",
+    "memory",
+    "size",
+    "cli",
+)
+EXEC_ARGV: Final = ("/bin/echo", "-n", "x")  # its first output is the proof that it exec'd
+TRUE_ARGV: Final = ("/bin/true",)
+SLEEP_ARGV: Final = ("/bin/sleep", "1000")
+HIGH_FD: Final = 64  # posix_spawn sources are moved up here so no dup2 clobbers another source
+PR_SET_PDEATHSIG: Final = 1
+MEMFD_SEALS: Final = (
+    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+)
+OTHER_SANDBOXES: Final = ("firejail", "nsjail")
+SESSION_USER: Final = "nobody"  # whom sessions run as when the bench runs as root
+
+# Launch as a function: start argv with stdout on the given fd, return "wait for its status".
+Waiter = Callable[[], int]
+Starter = Callable[[Sequence[str], int], Waiter]
+
+_now = time.perf_counter_ns
+
+
+class BenchError(Exception):
+    """A launch under measurement did not do what it must (a wrong status or output)."""
+
+
+# ---------------------------------------------------------------- statistics and rows
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of sorted values, interpolated between neighbours."""
+    if not ordered:
+        return math.nan
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(slots=True)
+class Row:
+    """One measured quantity: its samples (in unit), and the row it is compared with."""
+
+    section: str
+    name: str
+    unit: str
+    samples: list[float]
+    baseline: str | None = None
+    note: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, float]:
+        """n, p50, p95, p99, mean, min and max of the samples."""
+        ordered = sorted(self.samples)
+        return {
+            "n": len(ordered),
+            "p50": percentile(ordered, 0.50),
+            "p95": percentile(ordered, 0.95),
+            "p99": percentile(ordered, 0.99),
+            "mean": sum(ordered) / len(ordered) if ordered else math.nan,
+            "min": ordered[0] if ordered else math.nan,
+            "max": ordered[-1] if ordered else math.nan,
+        }
+
+
+@dataclass(slots=True)
+class Results:
+    """Everything one run measured, in the order it was measured."""
+
+    rows: dict[str, Row] = field(default_factory=dict)
+    derived: dict[str, Any] = field(default_factory=dict)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, row: Row) -> Row:
+        self.rows[row.name] = row
+        return row
+
+    def p(self, name: str, key: str = "p50") -> float | None:
+        row = self.rows.get(name)
+        return None if row is None or not row.samples else row.stats()[key]
+
+
+def _ms(samples_ns: Sequence[int]) -> list[float]:
+    return [value / 1e6 for value in samples_ns]
+
+
+def _us(samples_ns: Sequence[int]) -> list[float]:
+    return [value / 1e3 for value in samples_ns]
+
+
+def _progress(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(slots=True)
+class Task:
+    """One variant of a round-robin: a function returning one sample in nanoseconds."""
+
+    name: str
+    run: Callable[[], int]
+    rounds: int
+    warmup: int = 2
+
+
+def interleave(tasks: Sequence[Task]) -> dict[str, list[int]]:
+    """Run the tasks round-robin, each round starting one task later, so that no variant
+    always follows the same neighbour; a task with fewer rounds drops out when done."""
+    samples: dict[str, list[int]] = {task.name: [] for task in tasks}
+    gc.collect()
+    total = max(task.warmup + task.rounds for task in tasks)
+    for round_number in range(total):
+        shift = round_number % len(tasks)
+        for task in [*tasks[shift:], *tasks[:shift]]:
+            if round_number >= task.warmup + task.rounds:
+                continue
+            value = task.run()
+            if round_number >= task.warmup:
+                samples[task.name].append(value)
+    return samples
+
+
+# ---------------------------------------------------------------- the launchers
+
+
+def _check_status(status: int, what: str) -> None:
+    if status != 0:
+        raise BenchError(f"{what} exited with status {status}")
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, MEMFD_SEALS)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _high_copy(fd: int) -> int:
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+
+
+def make_stubs(plan: Plan) -> None:
+    """Make the empty protected files and directories that nsconfine makes at each launch (and
+    removes after), once: the floor runs bwrap on the same options, which need them."""
+    for entry in plan.entries:
+        if entry.stub is not None and not os.path.lexists(entry.source):
+            if entry.stub == "dir":
+                os.mkdir(entry.source)
+            else:
+                open(entry.source, "x").close()
+            if os.geteuid() == 0:
+                os.chown(entry.source, plan.user.uid, plan.user.gid)
+
+
+def without_info(options: Sequence[str]) -> list[str]:
+    """The options less `--info-fd 4`: a floor that checks nothing needs no report. The
+    seccomp filter stays: the floor is bwrap with the same program."""
+    at = list(options).index("--info-fd")
+    if options[at + 1] != str(INFO_FD):
+        raise BenchError("the plan's options lack --info-fd 4")
+    return [*options[:at], *options[at + 2 :]]
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def _set_pdeathsig() -> None:
+    assert _libc is not None
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+FD_OPTIONS = ("--ro-bind-data", "--file")  # the options whose argument is an fd number
+
+
+class Launchers:
+    """The four ways of starting a command this bench compares, on one plan."""
+
+    def __init__(self, bwrap: str, plan: Plan) -> None:
+        global _libc
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        self.bwrap = bwrap
+        self.plan = plan
+        # bwrap resolves each bind's path itself: its own cost, the floor's.
+        self.options = without_info(bwrap_options(plan, bind_fds=False))
+        make_stubs(plan)
+        self.encoded = encode_options(self.options)
+        self.seccomp = _layers.seccomp_program(plan) or b""
+        # As root, bwrap runs as the session's account in every variant, as nsconfine runs it.
+        self.ids = (plan.user.uid, plan.user.gid) if os.geteuid() == 0 else None
+
+    def nsconfine(self, argv: Sequence[str], stdout: int) -> Waiter:
+        """nsconfine.spawn: lint, pins, proven bwrap, launch with the namespace check."""
+        return nsconfine.spawn(self.plan, list(argv), stdout=stdout).wait
+
+    def floor(self, argv: Sequence[str], stdout: int) -> Waiter:
+        """The same bwrap vector and seccomp filter, bwrap spawned directly (a vfork-style
+        clone, as root after taking the session's ids): no reaper, no shim, no check."""
+        made = [_memfd("bench-args", self.encoded)]
+        try:
+            # fds 3..8 as a launch has them (4, 5, 7 and 8 unused here), then the data fds.
+            filter_fd = _memfd("bench-seccomp", self.seccomp)
+            made += [made[0], made[0], filter_fd, made[0], made[0]]
+            assert made.index(filter_fd) + ARGS_FD == SECCOMP_FD
+            assert len(made) + ARGS_FD == FIRST_DATA_FD
+            open_entry_fds(self.plan, made)  # the data memfds and copied files, as a launch does
+            flags, uid, gid = 0, 0, 0
+            if self.ids is not None:
+                flags, (uid, gid) = _syscalls.SPAWN_SET_IDS, self.ids
+            pid = _syscalls.spawn(
+                os.fsencode(self.bwrap),
+                [os.fsencode(a) for a in (self.bwrap, "--args", str(ARGS_FD), "--", *argv)],
+                (),
+                stdout=stdout,
+                pass_fds=made,
+                flags=flags,
+                uid=uid,
+                gid=gid,
+            )
+        finally:
+            for fd in set(made):
+                os.close(fd)
+        return lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    def naive(self, argv: Sequence[str], stdout: int) -> Waiter:
+        """subprocess.Popen with pass_fds and a preexec_fn setting PDEATHSIG via ctypes."""
+        data_fds: list[int] = []
+        try:
+            open_entry_fds(self.plan, data_fds)
+            # Popen keeps fds at their own numbers, so the options name those numbers.
+            numbers = {str(FIRST_DATA_FD + i): str(fd) for i, fd in enumerate(data_fds)}
+            options = [
+                numbers[option] if i and self.options[i - 1] in FD_OPTIONS else option
+                for i, option in enumerate(self.options)
+            ]
+            filter_fd = _memfd("bench-seccomp", self.seccomp)
+            options = [str(filter_fd) if o == str(SECCOMP_FD) and i and options[i - 1] ==
+                       "--seccomp" else o for i, o in enumerate(options)]  # fmt: skip
+            args_fd = _memfd("bench-args", encode_options(options))
+            ids: dict[str, Any] = {}
+            if self.ids is not None:
+                ids = {"user": self.ids[0], "group": self.ids[1], "extra_groups": []}
+            try:
+                process = subprocess.Popen(
+                    [self.bwrap, "--args", str(args_fd), "--", *argv],
+                    stdout=stdout,
+                    env={},
+                    pass_fds=(args_fd, filter_fd, *data_fds),
+                    preexec_fn=_set_pdeathsig,
+                    **ids,
+                )
+            finally:
+                os.close(args_fd)
+                os.close(filter_fd)
+        finally:
+            for fd in data_fds:
+                os.close(fd)
+        return process.wait
+
+    @staticmethod
+    def process(argv: Sequence[str], stdout: int) -> Waiter:
+        """No sandbox: argv itself via os.posix_spawn."""
+        source = _high_copy(stdout)
+        try:
+            pid = os.posix_spawn(
+                argv[0], list(argv), {}, file_actions=[(os.POSIX_SPAWN_DUP2, source, 1)]
+            )
+        finally:
+            os.close(source)
+        return lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def until_exec(start: Starter) -> Callable[[], int]:
+    """Nanoseconds from the call to the payload's first byte on a pipe (it has exec'd)."""
+
+    def sample() -> int:
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            began = _now()
+            waiter = start(EXEC_ARGV, write_end)
+            os.close(write_end)
+            write_end = -1
+            first = os.read(read_end, 1)
+            ended = _now()
+            _check_status(waiter(), "the exec payload")
+        finally:
+            if write_end >= 0:
+                os.close(write_end)
+            os.close(read_end)
+        if first != b"x":
+            raise BenchError(f"the exec payload wrote {first!r}, not b'x'")
+        return ended - began
+
+    return sample
+
+
+def until_exit(start: Starter, devnull: int) -> Callable[[], int]:
+    """Nanoseconds from the call to the payload's exit status (waited for)."""
+
+    def sample() -> int:
+        began = _now()
+        status = start(TRUE_ARGV, devnull)()
+        ended = _now()
+        _check_status(status, "/bin/true")
+        return ended - began
+
+    return sample
+
+
+# ---------------------------------------------------------------- the world
+
+
+@dataclass(slots=True)
+class World:
+    """The bench's files: a workspace, a run directory and files to bind read-only."""
+
+    root: str
+    workspace: str
+    run_dir: str
+    files: list[str]
+    devnull: int
+    bwrap: str
+
+    def session(self, binds: int = 0) -> nsconfine.Session:
+        return nsconfine.Session(
+            workspace=self.workspace,
+            run_dir=self.run_dir,
+            ro=self.files[:binds],
+            user=SESSION_USER if os.geteuid() == 0 else None,
+        )
+
+
+@contextmanager
+def world(files: int) -> Iterator[World]:
+    """A temporary directory holding the bench's session, removed afterwards."""
+    root = tempfile.mkdtemp(prefix="nsconfine-bench-")
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        workspace = os.path.join(root, "ws")
+        run_dir = os.path.join(root, "run")
+        binds = os.path.join(root, "binds")
+        for path in (workspace, run_dir, binds):
+            os.mkdir(path)
+        paths = []
+        for index in range(files):
+            path = os.path.join(binds, f"f{index:04d}")
+            with open(path, "w") as file:
+                file.write(f"{index}\n")
+            paths.append(path)
+        if os.geteuid() == 0:  # the sessions' account owns the bench's world
+            os.chmod(root, 0o755)
+            account = run_as(SESSION_USER)
+            for path in (root, workspace, run_dir, binds, *paths):
+                os.chown(path, account.uid, account.gid)
+        yield World(root, workspace, run_dir, paths, devnull, proven_bwrap())
+    finally:
+        os.close(devnull)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Repetitions per section, from --launches and --smoke."""
+
+    smoke: bool
+    launches: int
+
+    @property
+    def few(self) -> int:
+        return max(3, self.launches // 4)
+
+    @property
+    def bind_counts(self) -> tuple[int, ...]:
+        return (0, 10, 100) if self.smoke else (0, 10, 100, 300, 1000)
+
+    def bind_rounds(self, binds: int) -> int:
+        if binds >= 1000:
+            return max(2, self.launches // 40)
+        if binds >= 300:
+            return max(2, self.launches // 20)
+        return self.few
+
+    @property
+    def plan_rounds(self) -> int:
+        return 30 if self.smoke else 2000
+
+    @property
+    def concurrency_per_round(self) -> int:
+        return 32 if self.smoke else 96
+
+    @property
+    def concurrency_rounds(self) -> int:
+        return 1 if self.smoke else 3
+
+    @property
+    def live_sessions(self) -> int:
+        return 5 if self.smoke else 50
+
+    @property
+    def sizes_mib(self) -> tuple[int, ...]:
+        return (20, 256) if self.smoke else (20, 1024)

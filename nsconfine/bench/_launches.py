@@ -1,0 +1,349 @@
+"""Sections that time launches: launch, pool, layers, binds, concurrency, size."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+
+import nsconfine
+from nsconfine import _layers
+from nsconfine.bench._core import (
+    OTHER_SANDBOXES,
+    TRUE_ARGV,
+    BenchError,
+    Config,
+    Launchers,
+    Results,
+    Row,
+    Starter,
+    Task,
+    Waiter,
+    World,
+    _check_status,
+    _ms,
+    _now,
+    _progress,
+    interleave,
+    until_exec,
+    until_exit,
+    world,
+)
+
+
+def bench_launch(results: Results, w: World, config: Config) -> None:
+    """Launch latency of the default plan: nsconfine, bwrap floor, naive, no sandbox."""
+    launchers = Launchers(w.bwrap, w.session().plan())
+    variants: tuple[tuple[str, Starter], ...] = (
+        ("nsconfine", launchers.nsconfine),
+        ("floor", launchers.floor),
+        ("naive", launchers.naive),
+        ("process", launchers.process),
+    )
+    tasks = []
+    for name, start in variants:
+        tasks.append(Task(f"launch.exec.{name}", until_exec(start), config.launches))
+        tasks.append(Task(f"launch.exit.{name}", until_exit(start, w.devnull), config.launches))
+    _progress(f"launch latency: {len(tasks)} variants x {config.launches} rounds")
+    samples = interleave(tasks)
+    notes = {
+        "nsconfine": "nsconfine.spawn (lint, pins, proven bwrap, namespace check)",
+        "floor": "same bwrap vector via os.posix_spawn, no check",
+        "naive": "subprocess.Popen + preexec_fn prctl (fork)",
+        "process": "no sandbox: os.posix_spawn of the payload",
+    }
+    baselines = {"nsconfine": "floor", "floor": "process", "naive": "floor", "process": None}
+    for mode in ("exec", "exit"):
+        for name, _ in variants:
+            baseline = baselines[name]
+            results.add(
+                Row(
+                    "launch",
+                    f"launch.{mode}.{name}",
+                    "ms",
+                    _ms(samples[f"launch.{mode}.{name}"]),
+                    baseline=None if baseline is None else f"launch.{mode}.{baseline}",
+                    note=notes[name],
+                )
+            )
+    for other in OTHER_SANDBOXES:
+        found = shutil.which(other)
+        reason = "not installed" if found is None else f"found at {found}; no row implemented"
+        results.skipped.append({"name": f"launch.exit.{other}", "reason": reason})
+
+
+def bench_pool(results: Results, w: World, config: Config) -> None:
+    """Warm launches from a Pool (staged ahead of need) against cold nsconfine.spawn."""
+    plan = w.session().plan()
+    launchers = Launchers(w.bwrap, plan)
+    with nsconfine.Pool(plan) as pool:
+
+        def warm(argv: Sequence[str], stdout: int) -> Waiter:
+            return pool.launch(list(argv), stdout=stdout).wait
+
+        def staged_then(sample: Callable[[], int]) -> Callable[[], int]:
+            def run() -> int:  # only the launch itself is timed: restaging is ahead of need
+                if not pool.wait_staged(30):
+                    raise BenchError("the pool could not stage a sandbox")
+                return sample()
+
+            return run
+
+        tasks = [
+            Task("pool.exec.warm", staged_then(until_exec(warm)), config.launches),
+            Task("pool.exec.cold", until_exec(launchers.nsconfine), config.launches),
+            Task("pool.exit.warm", staged_then(until_exit(warm, w.devnull)), config.launches),
+            Task("pool.exit.cold", until_exit(launchers.nsconfine, w.devnull), config.launches),
+        ]
+        _progress(f"pool: warm and cold launches x {config.launches} rounds")
+        samples = interleave(tasks)
+    for mode in ("exec", "exit"):
+        results.add(
+            Row(
+                "pool",
+                f"pool.{mode}.warm",
+                "ms",
+                _ms(samples[f"pool.{mode}.warm"]),
+                baseline=f"pool.{mode}.cold",
+                note="Pool.launch of a staged sandbox: one sendmsg, then exec",
+            )
+        )
+        results.add(
+            Row(
+                "pool",
+                f"pool.{mode}.cold",
+                "ms",
+                _ms(samples[f"pool.{mode}.cold"]),
+                note="nsconfine.spawn, the same plan",
+            )
+        )
+
+
+@contextmanager
+def layers_off() -> Iterator[None]:
+    """Every kernel layer switched off (the test suite's door), to measure what they cost."""
+    saved = _layers.DISABLED_FOR_TESTS
+    _layers.DISABLED_FOR_TESTS = frozenset(_layers.LAYERS)
+    try:
+        yield
+    finally:
+        _layers.DISABLED_FOR_TESTS = saved
+
+
+def bench_layers(results: Results, w: World, config: Config) -> None:
+    """What the kernel layers (seccomp, keyring, Landlock, no nested user namespaces) cost:
+    a cold spawn and a warm Pool launch with them and without them."""
+    plan = w.session().plan()
+    launchers = Launchers(w.bwrap, plan)
+
+    def without_layers(argv: Sequence[str], stdout: int) -> Waiter:
+        with layers_off():
+            return launchers.nsconfine(argv, stdout)
+
+    tasks = [
+        Task("layers.spawn.on", until_exec(launchers.nsconfine), config.launches),
+        Task("layers.spawn.off", until_exec(without_layers), config.launches),
+    ]
+    _progress(f"layers: spawn with and without them x {config.launches} rounds")
+    samples = interleave(tasks)
+    # A pool stages in the background, so each pool runs in a phase of its own.
+    for label in ("on", "off"):
+        with contextlib.ExitStack() as stack:
+            if label == "off":
+                stack.enter_context(layers_off())
+            pool = stack.enter_context(nsconfine.Pool(plan))
+
+            def warm(argv: Sequence[str], stdout: int, pool: nsconfine.Pool = pool) -> Waiter:
+                return pool.launch(list(argv), stdout=stdout).wait
+
+            def staged(pool: nsconfine.Pool = pool) -> int:
+                if not pool.wait_staged(30):
+                    raise BenchError("the pool could not stage a sandbox")
+                return until_exec(warm)()
+
+            _progress(f"layers: warm pool launches, layers {label} x {config.launches} rounds")
+            samples[f"layers.pool.{label}"] = interleave(
+                [Task(f"layers.pool.{label}", staged, config.launches)]
+            )[f"layers.pool.{label}"]
+    notes = {
+        "spawn": "nsconfine.spawn to exec",
+        "pool": "Pool.launch of a staged sandbox, to exec (each pool in a phase of its own)",
+    }
+    for kind in ("spawn", "pool"):
+        for label in ("on", "off"):
+            results.add(
+                Row(
+                    "layers",
+                    f"layers.{kind}.{label}",
+                    "ms",
+                    _ms(samples[f"layers.{kind}.{label}"]),
+                    baseline=f"layers.{kind}.off" if label == "on" else None,
+                    note=f"{notes[kind]}, layers {label}",
+                )
+            )
+
+
+def bench_binds(results: Results, w: World, config: Config) -> None:
+    """Launch latency (call to exit) against bind count, nsconfine and the bwrap floor."""
+    tasks = []
+    for n in config.bind_counts:
+        launchers = Launchers(w.bwrap, w.session(n).plan())
+        rounds = config.bind_rounds(n)
+        warmup = 1 if n >= 300 else 2
+        for name, start in (("nsconfine", launchers.nsconfine), ("floor", launchers.floor)):
+            tasks.append(Task(f"binds.{name}.{n}", until_exit(start, w.devnull), rounds, warmup))
+    _progress(f"launch against bind count: {config.bind_counts}")
+    samples = interleave(tasks)
+    for n in config.bind_counts:
+        for name in ("nsconfine", "floor"):
+            results.add(
+                Row(
+                    "binds",
+                    f"binds.{name}.{n}",
+                    "ms",
+                    _ms(samples[f"binds.{name}.{n}"]),
+                    baseline=f"binds.{name}.0"
+                    if n
+                    else ("binds.floor.0" if name != "floor" else None),
+                    note=f"{name}, {n} extra binds, call to exit",
+                )
+            )
+
+
+def bench_concurrency(results: Results, w: World, config: Config) -> None:
+    """Launches per second with 1, 8 and 32 threads each doing spawn + wait."""
+    launchers = Launchers(w.bwrap, w.session().plan())
+    levels = (1, 8, 32)
+    latencies: dict[str, list[int]] = {}
+    walls: dict[str, list[int]] = {}
+    counts: dict[str, int] = {}
+
+    def one_round(name: str, start: Starter, level: int) -> None:
+        per_thread = math.ceil(config.concurrency_per_round / level)
+        barrier = threading.Barrier(level + 1)
+        measured: list[int] = []
+        failures: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                barrier.wait()
+                for _ in range(per_thread):
+                    began = _now()
+                    status = start(TRUE_ARGV, w.devnull)()
+                    measured.append(_now() - began)
+                    _check_status(status, "/bin/true")
+            except BaseException as failure:  # reported by the main thread below
+                failures.append(failure)
+
+        threads = [threading.Thread(target=worker) for _ in range(level)]
+        for thread in threads:
+            thread.start()
+        barrier.wait()
+        began = _now()
+        for thread in threads:
+            thread.join()
+        wall = _now() - began
+        if failures:
+            raise failures[0]
+        key = f"concurrency.{name}.{level}"
+        latencies.setdefault(key, []).extend(measured)
+        walls.setdefault(key, []).append(wall)
+        counts[key] = counts.get(key, 0) + len(measured)
+
+    configs = [
+        (name, start, level)
+        for level in levels
+        for name, start in (("nsconfine", launchers.nsconfine), ("floor", launchers.floor))
+    ]
+    _progress(f"concurrency: {levels} in flight, {config.concurrency_rounds} rounds")
+    gc.collect()
+    for name, start, _ in configs[:2]:  # warm-up
+        one_round(name, start, 1)
+    latencies.clear()
+    walls.clear()
+    counts.clear()
+    for round_number in range(config.concurrency_rounds):
+        shift = round_number % len(configs)
+        for name, start, level in [*configs[shift:], *configs[:shift]]:
+            one_round(name, start, level)
+    for level in levels:
+        for name in ("nsconfine", "floor"):
+            key = f"concurrency.{name}.{level}"
+            rate = counts[key] / (sum(walls[key]) / 1e9)
+            results.add(
+                Row(
+                    "concurrency",
+                    key,
+                    "ms",
+                    _ms(latencies[key]),
+                    baseline=f"concurrency.floor.{level}"
+                    if name == "nsconfine"
+                    else ("concurrency.floor.1" if level > 1 else None),
+                    note=f"{rate:.0f} launches/s; latency of each spawn+wait",
+                    extra={"launches_per_s": rate},
+                )
+            )
+    for level in levels:
+        ours = results.rows[f"concurrency.nsconfine.{level}"].extra["launches_per_s"]
+        floor = results.rows[f"concurrency.floor.{level}"].extra["launches_per_s"]
+        results.derived[f"concurrency_rate_ratio_{level}"] = ours / floor
+
+
+def size_child(mib: int, rounds: int) -> dict[str, Any]:
+    """In a fresh interpreter holding mib MiB of touched memory: nsconfine vs naive vs floor."""
+    ballast = bytearray(mib << 20)
+    ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))  # touch every page
+    rss = psutil.Process().memory_info().rss
+    with world(0) as w:
+        launchers = Launchers(w.bwrap, w.session().plan())
+        samples = interleave(
+            [
+                Task("nsconfine", until_exec(launchers.nsconfine), rounds),
+                Task("naive", until_exec(launchers.naive), rounds),
+                Task("floor", until_exec(launchers.floor), rounds),
+            ]
+        )
+    del ballast
+    return {"mib": mib, "rss_mib": rss / (1 << 20), "samples": samples}
+
+
+def bench_size(results: Results, w: World, config: Config) -> None:
+    """Spawn latency when the launcher holds 20 MiB and 1 GiB (each in its own interpreter)."""
+    rounds = config.few
+    for mib in config.sizes_mib:
+        _progress(f"launcher size: {mib} MiB, {rounds} rounds (child interpreter)")
+        command = [
+            sys.executable,
+            "-m",
+            "nsconfine.bench",
+            "--size-child",
+            str(mib),
+            "--launches",
+            str(rounds),
+        ]
+        done = subprocess.run(command, stdout=subprocess.PIPE, check=True)
+        report = json.loads(done.stdout)
+        label = f"{mib}MiB" if mib < 1024 else f"{mib // 1024}GiB"
+        for name in ("nsconfine", "naive", "floor"):
+            baseline = {"nsconfine": "naive", "naive": "floor", "floor": None}[name]
+            results.add(
+                Row(
+                    "size",
+                    f"size.{label}.{name}",
+                    "ms",
+                    _ms(report["samples"][name]),
+                    baseline=None if baseline is None else f"size.{label}.{baseline}",
+                    note=f"launcher RSS {report['rss_mib']:.0f} MiB; call to payload exec'd",
+                    extra={"launcher_rss_mib": report["rss_mib"]},
+                )
+            )
