@@ -115,6 +115,36 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
                        int *stage_out);
 
 /*
+ * The filter's rules, as data: the one table nsc_seccomp_filter compiles to BPF, for whoever
+ * must state the same filter in another form (the OCI export, nsconfine/_oci.py). Each rule:
+ * the syscall (its name as libseccomp spells it, and its number here) fails with err when:
+ * ALWAYS; ARG_IN: the low 32 bits of argument arg equal one of values; ARG_NOT_IN: they equal
+ * none of them; ANY_BIT: argument arg has any bit of values[0]; BOTH_ANY_BIT: argument arg has
+ * any bit of values[0] and argument arg2 any bit of values[1]. Everything else is allowed.
+ * nsc_seccomp_rules copies those of the groups in rules (NSC_SECCOMP_*), in the filter's order.
+ */
+#define NSC_RULE_ALWAYS 0
+#define NSC_RULE_ARG_IN 1
+#define NSC_RULE_ARG_NOT_IN 2
+#define NSC_RULE_ANY_BIT 3
+#define NSC_RULE_BOTH_ANY_BIT 4
+#define NSC_RULE_MAX_VALUES 4
+#define NSC_SECCOMP_MAX_RULES 128
+struct nsc_seccomp_rule {
+    const char *name;
+    int nr;
+    unsigned int group;
+    int err;
+    int when;
+    int arg;
+    int arg2;
+    unsigned int n_values;
+    unsigned int values[4];
+};
+int nsc_seccomp_rules(unsigned int rules, struct nsc_seccomp_rule *out, size_t cap,
+                      size_t *n_out);
+
+/*
  * The wire between a launcher and the exec shim inside each sandbox (csrc/shim.c, which
  * includes this header). The launch message is a header of five uint32 in native byte order
  * (magic, fd mask, argc, envc, body size), then the body: argc NUL-terminated arguments and

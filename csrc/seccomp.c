@@ -140,127 +140,179 @@ static void refuse_if_any_bit(struct program *p, unsigned int nr, int arg, unsig
     ret(p, SECCOMP_RET_ALLOW);
 }
 
-/* nr fails with EPERM when argument mode_arg asks for a set-user-ID or set-group-ID bit. */
-static void refuse_setid_mode(struct program *p, unsigned int nr, int mode_arg)
-{
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, nr);
-    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(mode_arg));
-    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 1, SETID_BITS);
-    ret(p, RET_ERRNO(EPERM));
-    ret(p, SECCOMP_RET_ALLOW);
-}
-
-/* As refuse_setid_mode, for the open family: the mode only counts when the flags create. */
-static void refuse_setid_create(struct program *p, unsigned int nr, int flags_arg, int mode_arg)
+/* nr fails with err when argument arg has any bit of mask and argument arg2 any of mask2 (the
+ * open family: the mode only counts when the flags create). */
+static void refuse_if_both(struct program *p, unsigned int nr, int arg, unsigned int mask,
+                           int arg2, unsigned int mask2, int err)
 {
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 6, nr);
-    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(flags_arg));
-    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 3, O_CREAT | __O_TMPFILE);
-    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(mode_arg));
-    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 1, SETID_BITS);
-    ret(p, RET_ERRNO(EPERM));
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
+    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 3, mask);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg2));
+    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 1, mask2);
+    ret(p, RET_ERRNO(err));
     ret(p, SECCOMP_RET_ALLOW);
 }
 
-/*
- * A file the session leaves with a set-id bit keeps it on the host, where the
- * mount has no nosuid: any local user running it becomes the session's user.
- * Every call that can set the bit on a file is covered; io_uring (which can
- * create files with its own opcodes, out of the filter's sight) and openat2
- * (whose mode sits in a struct the filter cannot read; ENOSYS, so callers fall
- * back to openat) are refused whole.
- */
-static void setid_rules(struct program *p)
-{
-    refuse_setid_mode(p, __NR_fchmod, 1);
-    refuse_setid_mode(p, __NR_fchmodat, 2);
-    refuse_setid_mode(p, __NR_fchmodat2, 2);
-    refuse_setid_mode(p, __NR_mknodat, 2);
-    refuse_setid_create(p, __NR_openat, 2, 3);
-    refuse_setid_create(p, __NR_mq_open, 1, 2); /* a queue file, copied up by an overlay */
-#ifdef __NR_chmod /* the legacy calls that aarch64 never had */
-    refuse_setid_mode(p, __NR_chmod, 1);
-    refuse_setid_mode(p, __NR_creat, 1);
-    refuse_setid_mode(p, __NR_mknod, 1);
-    refuse_setid_create(p, __NR_open, 1, 2);
-#endif
-    refuse(p, __NR_openat2, ENOSYS);
-    refuse(p, __NR_io_uring_setup, EPERM);
-    refuse(p, __NR_io_uring_enter, EPERM);
-    refuse(p, __NR_io_uring_register, EPERM);
-}
+/* The rules, in the order the filter checks them. SYSCALL(name) gives the name (as libseccomp
+ * and the OCI runtime spec spell it) and its number on this architecture. */
+#define SYSCALL(name) #name, __NR_##name
+#define ALWAYS(group, name, err) { SYSCALL(name), group, err, NSC_RULE_ALWAYS, 0, 0, 0, { 0 } }
+#define ANY_BIT(group, name, arg, mask, err) \
+    { SYSCALL(name), group, err, NSC_RULE_ANY_BIT, arg, 0, 1, { mask } }
+#define SETID_MODE(name, arg) ANY_BIT(NSC_SECCOMP_SETID, name, arg, SETID_BITS, EPERM)
+#define SETID_CREATE(name, flags_arg, mode_arg)                                          \
+    { SYSCALL(name), NSC_SECCOMP_SETID, EPERM, NSC_RULE_BOTH_ANY_BIT, flags_arg, mode_arg, 2, \
+      { O_CREAT | __O_TMPFILE, SETID_BITS } }
+#define ARG_IN(group, name, arg, err, n, ...) \
+    { SYSCALL(name), group, err, NSC_RULE_ARG_IN, arg, 0, n, { __VA_ARGS__ } }
+#define ARG_NOT_IN(group, name, arg, err, n, ...) \
+    { SYSCALL(name), group, err, NSC_RULE_ARG_NOT_IN, arg, 0, n, { __VA_ARGS__ } }
+#define KERNEL NSC_SECCOMP_KERNEL
+#define NAMESPACES NSC_SECCOMP_NAMESPACES
+#define PID_1(name, arg) ARG_IN(KERNEL, name, arg, EPERM, 1, 1)
+#define FAMILIES(name) \
+    ARG_NOT_IN(KERNEL, name, 0, EAFNOSUPPORT, 4, AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
 
 /*
- * Kernel surface no session needs, modelled on flatpak's list: the keyrings (the launcher's
- * session keyring is already out of reach; this keeps a session from making its own), NUMA
- * policy, accounting, the kernel log, quotas, perf, bpf, userfaultfd (a classic exploit aid),
- * kexec and modules, and any personality but Linux's (which can turn off ASLR). clone3 gets
- * ENOSYS: its flags sit in a struct the filter cannot read, and libc falls back to clone. The
- * sandbox's pid 1 holds the exit status the launcher reads: no ptrace or process_vm_* of it
- * (the session's own programs stay debuggable; Landlock covers /proc/1/mem). Sockets: UNIX,
- * INET, INET6 and NETLINK only, by socket and socketpair alike. TIOCSTI and TIOCLINUX push input
- * into a terminal, TIOCSETD swaps its line discipline (N_NULL leaves the caller's terminal
- * dead); the request is compared on its low 32 bits, as the kernel reads it.
- */
-static void kernel_rules(struct program *p)
-{
-    static const unsigned int pid_1[] = { 1 };
-    static const unsigned int personalities[] = { PER_LINUX_, PER_LINUX32_, PERSONALITY_QUERY };
-    static const unsigned int families[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
-    static const unsigned int ioctls[] = { TIOCSTI_, TIOCLINUX_, TIOCSETD_ };
-    static const unsigned int refused[] = {
-        __NR_add_key, __NR_keyctl, __NR_request_key,
-        __NR_mbind, __NR_get_mempolicy, __NR_set_mempolicy, __NR_migrate_pages,
-        __NR_move_pages, __NR_set_mempolicy_home_node,
-        __NR_acct, __NR_syslog, __NR_quotactl, __NR_quotactl_fd,
-        __NR_perf_event_open, __NR_bpf, __NR_userfaultfd,
-        __NR_kexec_load, __NR_kexec_file_load,
-        __NR_init_module, __NR_finit_module, __NR_delete_module,
-#ifdef __NR_uselib
-        __NR_uselib,
-#endif
-    };
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
-        refuse(p, refused[i], EPERM);
-    refuse(p, __NR_clone3, ENOSYS);
-    const unsigned int allow = SECCOMP_RET_ALLOW, eperm = RET_ERRNO(EPERM);
-    by_argument(p, __NR_personality, 0, personalities, 3, allow, eperm);
-    by_argument(p, __NR_ptrace, 1, pid_1, 1, eperm, allow);
-    by_argument(p, __NR_process_vm_readv, 0, pid_1, 1, eperm, allow);
-    by_argument(p, __NR_process_vm_writev, 0, pid_1, 1, eperm, allow);
-    /* A CPU limit on pid 1 kills it (and the status with it); its priority and CPUs are the
-     * sandbox's own to keep (setpriority's who is its argument 1). */
-    by_argument(p, __NR_prlimit64, 0, pid_1, 1, eperm, allow);
-    by_argument(p, __NR_setpriority, 1, pid_1, 1, eperm, allow);
-    by_argument(p, __NR_sched_setaffinity, 0, pid_1, 1, eperm, allow);
-    by_argument(p, __NR_sched_setscheduler, 0, pid_1, 1, eperm, allow);
-    by_argument(p, __NR_sched_setparam, 0, pid_1, 1, eperm, allow);
-    by_argument(p, __NR_sched_setattr, 0, pid_1, 1, eperm, allow);
-    by_argument(p, __NR_socket, 0, families, 4, allow, RET_ERRNO(EAFNOSUPPORT));
-    by_argument(p, __NR_socketpair, 0, families, 4, allow, RET_ERRNO(EAFNOSUPPORT));
-    by_argument(p, __NR_ioctl, 1, ioctls, 3, eperm, allow);
-}
-
-/*
- * No namespace of the session's own (bwrap's --disable-userns already stops new user
- * namespaces; without one the rest needs capabilities it lacks, so these are a second wall):
- * unshare and clone with a namespace flag, setns, the mount calls, and the new mount API
- * (ENOSYS, so that libc and tools fall back to mount(2), which fails plainly). A session
+ * SETID. A file the session leaves with a set-id bit keeps it on the host, where the mount has
+ * no nosuid: any local user running it becomes the session's user. Every call that can set the
+ * bit on a file is covered; io_uring (which can create files with its own opcodes, out of the
+ * filter's sight) and openat2 (whose mode sits in a struct the filter cannot read; ENOSYS, so
+ * callers fall back to openat) are refused whole. mq_open: a queue file, copied up by an
+ * overlay.
+ *
+ * KERNEL. Kernel surface no session needs, modelled on flatpak's list: the keyrings (the
+ * launcher's session keyring is already out of reach; this keeps a session from making its
+ * own), NUMA policy, accounting, the kernel log, quotas, perf, bpf, userfaultfd (a classic
+ * exploit aid), kexec and modules, and any personality but Linux's (which can turn off ASLR).
+ * clone3 gets ENOSYS: its flags sit in a struct the filter cannot read, and libc falls back to
+ * clone. The sandbox's pid 1 holds the exit status the launcher reads: no ptrace or
+ * process_vm_* of it (the session's own programs stay debuggable; Landlock covers
+ * /proc/1/mem); a CPU limit on pid 1 kills it (and the status with it), and its priority and
+ * CPUs are the sandbox's own to keep (setpriority's who is its argument 1). Sockets: UNIX,
+ * INET, INET6 and NETLINK only, by socket and socketpair alike. TIOCSTI and TIOCLINUX push
+ * input into a terminal, TIOCSETD swaps its line discipline (N_NULL leaves the caller's
+ * terminal dead); the request is compared on its low 32 bits, as the kernel reads it.
+ *
+ * NAMESPACES. No namespace of the session's own (bwrap's --disable-userns already stops new
+ * user namespaces; without one the rest needs capabilities it lacks, so these are a second
+ * wall): unshare and clone with a namespace flag, setns, the mount calls, and the new mount
+ * API (ENOSYS, so that libc and tools fall back to mount(2), which fails plainly). A session
  * allowed nested user namespaces (a harness that runs bwrap itself) gets none of this.
  */
-static void namespace_rules(struct program *p)
+static const struct nsc_seccomp_rule RULES[] = {
+    SETID_MODE(fchmod, 1),
+    SETID_MODE(fchmodat, 2),
+    SETID_MODE(fchmodat2, 2),
+    SETID_MODE(mknodat, 2),
+    SETID_CREATE(openat, 2, 3),
+    SETID_CREATE(mq_open, 1, 2),
+#ifdef __NR_chmod /* the legacy calls that aarch64 never had */
+    SETID_MODE(chmod, 1),
+    SETID_MODE(creat, 1),
+    SETID_MODE(mknod, 1),
+    SETID_CREATE(open, 1, 2),
+#endif
+    ALWAYS(NSC_SECCOMP_SETID, openat2, ENOSYS),
+    ALWAYS(NSC_SECCOMP_SETID, io_uring_setup, EPERM),
+    ALWAYS(NSC_SECCOMP_SETID, io_uring_enter, EPERM),
+    ALWAYS(NSC_SECCOMP_SETID, io_uring_register, EPERM),
+
+    ALWAYS(KERNEL, add_key, EPERM),
+    ALWAYS(KERNEL, keyctl, EPERM),
+    ALWAYS(KERNEL, request_key, EPERM),
+    ALWAYS(KERNEL, mbind, EPERM),
+    ALWAYS(KERNEL, get_mempolicy, EPERM),
+    ALWAYS(KERNEL, set_mempolicy, EPERM),
+    ALWAYS(KERNEL, migrate_pages, EPERM),
+    ALWAYS(KERNEL, move_pages, EPERM),
+    ALWAYS(KERNEL, set_mempolicy_home_node, EPERM),
+    ALWAYS(KERNEL, acct, EPERM),
+    ALWAYS(KERNEL, syslog, EPERM),
+    ALWAYS(KERNEL, quotactl, EPERM),
+    ALWAYS(KERNEL, quotactl_fd, EPERM),
+    ALWAYS(KERNEL, perf_event_open, EPERM),
+    ALWAYS(KERNEL, bpf, EPERM),
+    ALWAYS(KERNEL, userfaultfd, EPERM),
+    ALWAYS(KERNEL, kexec_load, EPERM),
+    ALWAYS(KERNEL, kexec_file_load, EPERM),
+    ALWAYS(KERNEL, init_module, EPERM),
+    ALWAYS(KERNEL, finit_module, EPERM),
+    ALWAYS(KERNEL, delete_module, EPERM),
+#ifdef __NR_uselib
+    ALWAYS(KERNEL, uselib, EPERM),
+#endif
+    ALWAYS(KERNEL, clone3, ENOSYS),
+    ARG_NOT_IN(KERNEL, personality, 0, EPERM, 3, PER_LINUX_, PER_LINUX32_, PERSONALITY_QUERY),
+    PID_1(ptrace, 1),
+    PID_1(process_vm_readv, 0),
+    PID_1(process_vm_writev, 0),
+    PID_1(prlimit64, 0),
+    PID_1(setpriority, 1),
+    PID_1(sched_setaffinity, 0),
+    PID_1(sched_setscheduler, 0),
+    PID_1(sched_setparam, 0),
+    PID_1(sched_setattr, 0),
+    FAMILIES(socket),
+    FAMILIES(socketpair),
+    ARG_IN(KERNEL, ioctl, 1, EPERM, 3, TIOCSTI_, TIOCLINUX_, TIOCSETD_),
+
+    ALWAYS(NAMESPACES, mount, EPERM),
+    ALWAYS(NAMESPACES, umount2, EPERM),
+    ALWAYS(NAMESPACES, pivot_root, EPERM),
+    ALWAYS(NAMESPACES, chroot, EPERM),
+    ALWAYS(NAMESPACES, setns, EPERM),
+    ALWAYS(NAMESPACES, open_tree, ENOSYS),
+    ALWAYS(NAMESPACES, move_mount, ENOSYS),
+    ALWAYS(NAMESPACES, fsopen, ENOSYS),
+    ALWAYS(NAMESPACES, fsconfig, ENOSYS),
+    ALWAYS(NAMESPACES, fsmount, ENOSYS),
+    ALWAYS(NAMESPACES, fspick, ENOSYS),
+    ALWAYS(NAMESPACES, mount_setattr, ENOSYS),
+    ANY_BIT(NAMESPACES, unshare, 0, UNSHARE_NAMESPACES, EPERM),
+    ANY_BIT(NAMESPACES, clone, 0, CLONE_NAMESPACES, EPERM),
+};
+
+#define N_RULES (sizeof RULES / sizeof RULES[0])
+
+static void emit_rule(struct program *p, const struct nsc_seccomp_rule *r)
 {
-    static const unsigned int mount_calls[] = { __NR_mount, __NR_umount2, __NR_pivot_root,
-                                                __NR_chroot, __NR_setns };
-    static const unsigned int mount_api[] = { __NR_open_tree, __NR_move_mount, __NR_fsopen,
-                                              __NR_fsconfig, __NR_fsmount, __NR_fspick,
-                                              __NR_mount_setattr };
-    for (size_t i = 0; i < sizeof mount_calls / sizeof mount_calls[0]; i++)
-        refuse(p, mount_calls[i], EPERM);
-    for (size_t i = 0; i < sizeof mount_api / sizeof mount_api[0]; i++)
-        refuse(p, mount_api[i], ENOSYS);
-    refuse_if_any_bit(p, __NR_unshare, 0, UNSHARE_NAMESPACES, EPERM);
-    refuse_if_any_bit(p, __NR_clone, 0, CLONE_NAMESPACES, EPERM);
+    unsigned int nr = (unsigned int)r->nr, fail = RET_ERRNO(r->err);
+    switch (r->when) {
+    case NSC_RULE_ALWAYS:
+        refuse(p, nr, r->err);
+        break;
+    case NSC_RULE_ARG_IN:
+        by_argument(p, nr, r->arg, r->values, (unsigned char)r->n_values, fail, SECCOMP_RET_ALLOW);
+        break;
+    case NSC_RULE_ARG_NOT_IN:
+        by_argument(p, nr, r->arg, r->values, (unsigned char)r->n_values, SECCOMP_RET_ALLOW, fail);
+        break;
+    case NSC_RULE_ANY_BIT:
+        refuse_if_any_bit(p, nr, r->arg, r->values[0], r->err);
+        break;
+    case NSC_RULE_BOTH_ANY_BIT:
+        refuse_if_both(p, nr, r->arg, r->values[0], r->arg2, r->values[1], r->err);
+        break;
+    default:
+        p->overflow = 1; /* a rule this generator cannot emit: refuse to build a filter */
+    }
+}
+
+int nsc_seccomp_rules(unsigned int rules, struct nsc_seccomp_rule *out, size_t cap,
+                      size_t *n_out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < N_RULES; i++) {
+        if (!(RULES[i].group & rules))
+            continue;
+        if (n == cap)
+            return ENOSPC;
+        out[n++] = RULES[i];
+    }
+    *n_out = n;
+    return 0;
 }
 
 int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_t *len_out,
@@ -285,12 +337,9 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
     emit(&p, BPF_JMP | BPF_JGE | BPF_K, 0, 1, X32_SYSCALL_BIT);
     ret(&p, SECCOMP_RET_KILL_PROCESS);
 #endif
-    if (rules & NSC_SECCOMP_SETID)
-        setid_rules(&p);
-    if (rules & NSC_SECCOMP_KERNEL)
-        kernel_rules(&p);
-    if (rules & NSC_SECCOMP_NAMESPACES)
-        namespace_rules(&p);
+    for (size_t i = 0; i < N_RULES; i++)
+        if (RULES[i].group & rules)
+            emit_rule(&p, &RULES[i]);
     ret(&p, SECCOMP_RET_ALLOW);
     size_t bytes = p.n * sizeof p.insns[0];
     if (p.overflow || bytes > cap) {

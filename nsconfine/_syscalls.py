@@ -212,6 +212,56 @@ def seccomp_filter(rules: int) -> bytes:
     return bytes(ffi.buffer(buffer, length[0]))
 
 
+# How a seccomp rule's condition reads its arguments (NSC_RULE_* in csrc/nsconfine.h).
+RULE_ALWAYS: Final[int] = lib.NSC_RULE_ALWAYS
+RULE_ARG_IN: Final[int] = lib.NSC_RULE_ARG_IN
+RULE_ARG_NOT_IN: Final[int] = lib.NSC_RULE_ARG_NOT_IN
+RULE_ANY_BIT: Final[int] = lib.NSC_RULE_ANY_BIT
+RULE_BOTH_ANY_BIT: Final[int] = lib.NSC_RULE_BOTH_ANY_BIT
+
+
+class SeccompRule:
+    """One rule of the filter, as csrc/seccomp.c's table states it: the syscall fails with
+    errno err when its arguments meet the condition `when` (a RULE_* value) over arg, arg2
+    and values."""
+
+    __slots__ = ("arg", "arg2", "err", "name", "nr", "values", "when")
+
+    def __init__(
+        self, name: str, nr: int, err: int, when: int, arg: int, arg2: int, values: tuple[int, ...]
+    ) -> None:
+        self.name, self.nr, self.err, self.when = name, nr, err, when
+        self.arg, self.arg2, self.values = arg, arg2, values
+
+    def __repr__(self) -> str:
+        return (
+            f"SeccompRule({self.name!r}, nr={self.nr}, err={self.err}, when={self.when}, "
+            f"arg={self.arg}, arg2={self.arg2}, values={self.values!r})"
+        )
+
+
+def seccomp_rules(rules: int) -> list[SeccompRule]:
+    """The rules of the filter seccomp_filter(rules) builds, in its order."""
+    cap = lib.NSC_SECCOMP_MAX_RULES
+    table = _new("struct nsc_seccomp_rule[]", cap)
+    count = _new("size_t *")
+    err = lib.nsc_seccomp_rules(rules, table, cap, count)
+    if err:
+        raise SyscallError(err, "seccomp rules")
+    return [
+        SeccompRule(
+            _string(rule.name).decode(),
+            rule.nr,
+            rule.err,
+            rule.when,
+            rule.arg,
+            rule.arg2,
+            tuple(rule.values[0 : rule.n_values]),
+        )
+        for rule in table[0 : count[0]]
+    ]
+
+
 # Set by the test that forces the component-by-component fallback of open_no_symlinks.
 FORCE_WALK = False
 
