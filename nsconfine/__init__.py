@@ -6,6 +6,7 @@ from nsconfine._errors import (
     NsconfineError,
     PlanError,
     SandboxUnavailable,
+    TimeoutExpired,
     UsageError,
 )
 from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan, RunAs
@@ -51,6 +52,7 @@ __all__ = [
     "Sandbox",
     "SandboxUnavailable",
     "Session",
+    "TimeoutExpired",
     "UsageError",
     "__version__",
     "preflight",

@@ -50,3 +50,13 @@ class CredentialInsecure(NsconfineError, PermissionError):
 
     code = "credential-insecure"
     exit_status = 78
+
+
+class TimeoutExpired(TimeoutError):
+    """Sandbox.wait(timeout) ran out while the session still runs (as subprocess's
+    TimeoutExpired, and a TimeoutError). Not a refusal: the session goes on; kill() ends it."""
+
+    def __init__(self, pid: int, timeout: float) -> None:
+        super().__init__(f"session {pid} still running after {timeout:g} s")
+        self.pid = pid
+        self.timeout = timeout

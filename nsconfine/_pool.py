@@ -21,11 +21,11 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from nsconfine._errors import SandboxUnavailable, UsageError
-from nsconfine._executor import Staged, StagedGone, hand_off, prepare_launch, stage, teardown
+from nsconfine._executor import Staged, StagedGone, hand_off, prepare_launch, teardown
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Plan
 from nsconfine._sandbox import Sandbox
-from nsconfine._spawn import gate, lint, refusing_os_errors
+from nsconfine._spawn import checked_stage, gate, lint, refusing_os_errors
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -65,18 +65,16 @@ class Pool:
         self._staged: deque[Staged] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._fill = True  # stage up to size; cleared when a staged sandbox expires unused
-        self._error: Exception | None = None  # the background stager's last failure
-        self._thread: threading.Thread | None = None
-        if refill == "background":
-            self._thread = threading.Thread(target=self._run, name="nsconfine-pool", daemon=True)
-            self._thread.start()
-        else:
-            try:
-                self._refill_inline()
-            except BaseException:
-                self.close()
-                raise
+        # What a refill aims at: `size` staged while _fill; an expiry clears it (an idle pool
+        # empties) and the next launch sets it again; _error is a failed refill's, for waiters.
+        self._fill = True
+        self._error: Exception | None = None
+        self._refiller = _Background(self) if refill == "background" else _Inline(self)
+        try:
+            self._refiller.start()
+        except BaseException:
+            self.close()
+            raise
 
     def __repr__(self) -> str:
         return f"<Pool size={self.size} staged={len(self._staged)} closed={self._closed}>"
@@ -94,20 +92,7 @@ class Pool:
 
     def wait_staged(self, timeout: float | None = None) -> bool:
         """Wait until `size` sandboxes are staged; False on timeout, a staging failure or close."""
-        if self._thread is None:
-            try:
-                self._refill_inline()
-            except Exception:
-                return False
-            return not self._closed
-        with self._cond:
-            self._fill = True
-            self._error = None
-            self._cond.notify_all()
-            self._cond.wait_for(
-                lambda: len(self._staged) >= self.size or self._error or self._closed, timeout
-            )
-            return len(self._staged) >= self.size and not self._closed
+        return self._refiller.wait_staged(timeout)
 
     def launch(
         self,
@@ -138,7 +123,7 @@ class Pool:
                 sandbox = hand_off(staged, launch)
             except StagedGone:
                 continue  # it expired or was killed as we took it: take another
-            self._after_launch()
+            self._refiller.launched()
             return sandbox
         raise SandboxUnavailable(
             "staged sandboxes kept ending before their launch: something kills them"
@@ -153,21 +138,12 @@ class Pool:
             self._cond.notify_all()
         for one in staged:
             teardown(one)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        self._refiller.stop()
 
     # ------------------------------------------------------------ taking and refilling
 
     def _stage_one(self) -> Staged:
-        with refusing_os_errors():
-            cleared = gate(self.plan)
-            return stage(
-                cleared.bwrap,
-                self.plan,
-                lint=lambda: lint(self.plan),
-                bind_fds=cleared.bind_fds,
-                idle_timeout_ms=int(self.idle_timeout * 1000),
-            )
+        return checked_stage(self.plan, idle_timeout_ms=int(self.idle_timeout * 1000))
 
     def _take(self) -> Staged:
         """A live staged sandbox, or one staged now."""
@@ -199,17 +175,8 @@ class Pool:
             self._fill = False  # an idle pool empties; the next launch refills it
         return expired
 
-    def _after_launch(self) -> None:
-        if self._thread is None:
-            try:
-                self._refill_inline()
-            except Exception:
-                pass  # the payload runs: the next launch stages afresh and raises this
-            return
-        with self._cond:
-            self._cond.notify_all()
-
-    def _refill_inline(self) -> None:
+    def _fill_to_size(self) -> None:
+        """Stage in this thread until `size` are staged (or the pool is closed)."""
         while True:
             with self._cond:
                 expired = self._expired_locked()
@@ -220,20 +187,77 @@ class Pool:
                 return
             self._give_back(self._stage_one())
 
+
+class _Inline:
+    """refill="inline": the caller stages, when the pool is made and after each launch."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def start(self) -> None:
+        self.pool._fill_to_size()
+
+    def wait_staged(self, timeout: float | None) -> bool:
+        try:
+            self.pool._fill_to_size()
+        except Exception:
+            return False
+        return not self.pool._closed
+
+    def launched(self) -> None:
+        try:
+            self.pool._fill_to_size()
+        except Exception:
+            pass  # the payload runs: the next launch stages afresh and raises this
+
+    def stop(self) -> None:
+        pass
+
+
+class _Background:
+    """refill="background": a thread of the pool's own keeps `size` staged while payloads run,
+    and reaps those that expire."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.thread = threading.Thread(target=self._run, name="nsconfine-pool", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def wait_staged(self, timeout: float | None) -> bool:
+        pool = self.pool
+        with pool._cond:
+            pool._fill = True
+            pool._error = None
+            pool._cond.notify_all()
+            pool._cond.wait_for(
+                lambda: len(pool._staged) >= pool.size or pool._error or pool._closed, timeout
+            )
+            return len(pool._staged) >= pool.size and not pool._closed
+
+    def launched(self) -> None:
+        with self.pool._cond:
+            self.pool._cond.notify_all()
+
+    def stop(self) -> None:
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join()
+
     def _run(self) -> None:
-        """The background stager: keep `size` staged until closed."""
+        pool = self.pool
         while True:
-            with self._cond:
+            with pool._cond:
                 while True:
-                    expired = self._expired_locked()
-                    if expired or self._closed:
+                    expired = pool._expired_locked()
+                    if expired or pool._closed:
                         break
-                    if self._fill and self._error is None and len(self._staged) < self.size:
+                    if pool._fill and pool._error is None and len(pool._staged) < pool.size:
                         break
-                    next_expiry = min((s.usable_until for s in self._staged), default=None)
+                    next_expiry = min((s.usable_until for s in pool._staged), default=None)
                     wait = None if next_expiry is None else max(next_expiry - time.monotonic(), 0)
-                    self._cond.wait(wait)
-                closed = self._closed
+                    pool._cond.wait(wait)
+                closed = pool._closed
             for one in expired:
                 teardown(one)
             if closed:
@@ -241,19 +265,19 @@ class Pool:
             if expired:
                 continue
             try:
-                staged = self._stage_one()
+                staged = pool._stage_one()
             except Exception as error:
-                with self._cond:
-                    self._error = error
-                    self._fill = False
-                    self._cond.notify_all()
+                with pool._cond:
+                    pool._error = error
+                    pool._fill = False
+                    pool._cond.notify_all()
                 continue
-            with self._cond:
-                if self._closed:
+            with pool._cond:
+                if pool._closed:
                     closed = True
                 else:
-                    self._staged.append(staged)
-                    self._cond.notify_all()
+                    pool._staged.append(staged)
+                    pool._cond.notify_all()
             if closed:
                 teardown(staged)
                 return

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
+from _thread import allocate_lock
 
 from nsconfine import _mountpoints, _terminal
+from nsconfine._errors import TimeoutExpired
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
+    from _thread import LockType
+
     from nsconfine._executor import Staged
     from nsconfine._mountpoints import Stub
     from nsconfine._terminal import Saved
@@ -63,7 +66,7 @@ class Sandbox:
     _command_pidfd: int
     _terminals: list[Saved]
     _stubs: list[Stub]
-    _lock: threading.Lock
+    _lock: LockType
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
         raise TypeError("Sandbox handles come from nsconfine.spawn or Pool.launch")
@@ -82,7 +85,7 @@ class Sandbox:
         self._command_pidfd = staged.command_pidfd
         self._terminals = terminals
         self._stubs, staged.stubs = staged.stubs, []
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         return self
 
     def __repr__(self) -> str:
@@ -108,7 +111,7 @@ class Sandbox:
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the session to end and return its status (see the module's docstring).
-        Raises TimeoutError if it is still running after timeout seconds."""
+        Raises TimeoutExpired (a TimeoutError) if it still runs after timeout seconds."""
         if self.returncode is None:
             import select
 
@@ -116,7 +119,8 @@ class Sandbox:
             poller.register(self._reaper_pidfd, select.POLLIN)
             wait_ms = None if timeout is None else max(timeout, 0.0) * 1000
             if not poller.poll(wait_ms) and self.poll() is None:
-                raise TimeoutError(f"session {self.pid} still running after {timeout} s")
+                assert timeout is not None  # an unbounded poll returns only when ready
+                raise TimeoutExpired(self.pid, timeout)
         status = self.poll()  # the reaper has exited: this reaps it (or another thread did)
         assert status is not None
         return status

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from nsconfine._accounts import SEARCH, access_problem
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
-from nsconfine._executor import hand_off, prepare_launch, stage, stdio_fd
+from nsconfine._executor import SPAWN_SHIM_TIMEOUT_MS, hand_off, prepare_launch, stage, stdio_fd
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Kind, Mode, Plan, printable
 from nsconfine._policy import check_plan
@@ -30,7 +30,7 @@ from nsconfine._syscalls import realpath
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
-    from nsconfine._executor import Identity, Stdio
+    from nsconfine._executor import Identity, Staged, Stdio
 
 
 class Cleared:
@@ -126,12 +126,29 @@ def spawn(
     (its controller is the handle's tty). OSError if argv[0] cannot be executed there."""
     launch = prepare_launch(argv, tty=tty)  # a refused command never has a sandbox built for it
     stdio = (stdio_fd(stdin, "stdin"), stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
+    staged = checked_stage(plan, stdio=stdio)
+    return hand_off(staged, launch)  # OSError from here on: the command could not start
+
+
+def checked_stage(
+    plan: Plan,
+    *,
+    stdio: tuple[int, int, int] = (-1, -1, -1),
+    idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
+) -> Staged:
+    """The one checked launch up to the hand-off, for spawn and Pool alike: the gate, then a
+    sandbox built by bwrap while the plan is linted, its namespaces and mount table confirmed,
+    and the exec shim waiting inside for its command (idle_timeout_ms at most)."""
     with refusing_os_errors():
         cleared = gate(plan)
-        staged = stage(
-            cleared.bwrap, plan, lint=lambda: lint(plan), bind_fds=cleared.bind_fds, stdio=stdio
+        return stage(
+            cleared.bwrap,
+            plan,
+            lint=lambda: lint(plan),
+            bind_fds=cleared.bind_fds,
+            stdio=stdio,
+            idle_timeout_ms=idle_timeout_ms,
         )
-    return hand_off(staged, launch)  # OSError from here on: the command could not start
 
 
 @contextmanager

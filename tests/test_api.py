@@ -30,6 +30,7 @@ def test_public_names_are_pinned() -> None:
         "Sandbox",
         "SandboxUnavailable",
         "Session",
+        "TimeoutExpired",
         "UsageError",
         "__version__",
         "preflight",
