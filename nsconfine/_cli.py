@@ -7,6 +7,7 @@ code's sysexits status; nothing runs and no traceback is shown.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,7 +18,7 @@ from nsconfine._session import Harness, Session
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 
 EXEC_FAILED_STATUS = 127  # as a shell: the command was not found or could not be executed
@@ -36,7 +37,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    # argparse asks shutil for the terminal's width each time it makes a formatter (every
+    # add_argument does); importing shutil costs a run ~4 ms, os answers the same question.
+    def __init__(self, prog: str) -> None:
+        columns = os.environ.get("COLUMNS", "")
+        try:
+            width = int(columns) if columns.isdigit() else os.get_terminal_size(1).columns
+        except OSError:  # not a terminal
+            width = 80
+        super().__init__(prog, width=max(width - 2, 20))
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
@@ -272,6 +289,7 @@ def _plan(arguments: argparse.Namespace) -> int:
 
 def _run(arguments: argparse.Namespace) -> int:
     from nsconfine._run import run_session
+    from nsconfine._session import build_plan
     from nsconfine._spawn import spawn
 
     command = list(arguments.command)
@@ -279,7 +297,7 @@ def _run(arguments: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
-    plan = _session(arguments).plan()
+    plan = build_plan(_session(arguments), lint=False)  # spawn lints it
     try:
         sandbox = spawn(plan, command, tty=arguments.tty)
     except OSError as error:  # not an NsconfineError: the command itself could not start

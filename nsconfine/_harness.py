@@ -11,7 +11,6 @@ pinned by its digest. A harness that is a plain file is bound as it is.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -98,6 +97,8 @@ def _with_dependencies(package: str) -> list[str]:
 
 
 def _dependency_names(package: str) -> list[str]:
+    import json  # only npm harnesses need it: not on every launcher's start
+
     try:  # never through a symlink, never blocking on a FIFO, a regular file of sane size
         fd = os.open(
             os.path.join(package, "package.json"),
