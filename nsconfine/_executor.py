@@ -49,7 +49,7 @@ from nsconfine._bwrap_args import (
 )
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
 from nsconfine._mounts import mount_table_problems
-from nsconfine._plan import Kind, Plan
+from nsconfine._plan import Kind, Plan, is_env_name
 from nsconfine._programs import (
     REAPER_PATH,
     SHIM_CLOSE_MASK,
@@ -193,7 +193,7 @@ class Staged:
 
     def ended(self) -> bool:
         """Has the reaper exited (the sandbox expired, failed or was killed)?"""
-        return _readable(self.reaper_pidfd, 0)
+        return _syscalls.wait_fd(self.reaper_pidfd, 0)
 
 
 def open_entry_fds(plan: Plan, fds: list[int], bind_sources: dict[str, int] | None = None) -> None:
@@ -382,14 +382,6 @@ def _start(
 
 class _SetupEnded(Exception):
     """bwrap, or its sandbox, ended before the command could start."""
-
-
-def _readable(fd: int, timeout: float | None) -> bool:
-    import select
-
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(None if timeout is None else max(timeout, 0.0) * 1000))
 
 
 def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Identity]) -> None:
@@ -657,7 +649,7 @@ def prepare_launch(
         raise UsageError("argv must be a non-empty list of strings, the command and its args")
     items = [os.fsencode(arg) for arg in argv]
     for name, value in (env or {}).items():
-        if not name or "=" in name or "\0" in name or "\0" in value:
+        if not is_env_name(name) or not isinstance(value, str) or "\0" in value:
             raise UsageError(f"environment variable {name!r} has an invalid name or value")
         items.append(os.fsencode(f"{name}={value}"))
     body = b"\0".join(items) + b"\0"

@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # refused in paths outright
 _SUSPECT = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII is looked at
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def is_env_name(name: object) -> bool:
+    """A portable environment variable name (letters, digits and _, not a digit first): the one
+    rule for every name a session's environment gets, from any source. bwrap reads its options
+    NUL-separated, so this also keeps a name from smuggling options in."""
+    return isinstance(name, str) and _ENV_NAME.match(name) is not None
+
+
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 # Unicode categories a terminal may act on instead of showing: controls (C0, C1), format
 # characters (bidi overrides and isolates, zero-width ones), line and paragraph separators.
@@ -270,7 +280,7 @@ class EnvVar(Record):
     def __init__(self, name: str, value: str, origin: Origin) -> None:
         self._set(name=name, value=value, origin=origin)
         # bwrap reads its options NUL-separated: a NUL here would smuggle in options.
-        if not self.name or "=" in self.name or "\0" in self.name or "\0" in self.value:
+        if not is_env_name(self.name) or "\0" in self.value:
             raise PlanError(f"environment variable {self.name!r} has an invalid name or value")
 
     def to_json(self) -> dict[str, str]:

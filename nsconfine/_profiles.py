@@ -28,6 +28,7 @@ import os
 import re
 
 from nsconfine._errors import UsageError
+from nsconfine._plan import is_env_name
 from nsconfine._record import Record
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
@@ -50,7 +51,6 @@ _LISTS = ("include", "env", "protect", "unprotect", "deny")
 _CHOICES = {"network": ("host", "none"), "home": ("persist", "fresh"), "workspace": ("rw", "ro")}
 _BIND_KEYS = {"source": str, "dest": str, "mode": str, "reason": str, "optional": bool,
               "mkdir": bool}  # fmt: skip
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class Bind(Record):
@@ -195,12 +195,12 @@ def _checked(label: str, path: str, text: str) -> Profile:
         elif key in _LISTS:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise where.error(line, key, "must be a list of strings")
-            if key == "env" and not all(_ENV_NAME.match(v) for v in value):
+            if key == "env" and not all(is_env_name(v) for v in value):
                 raise where.error(line, key, "must hold variable names")
             values[key] = value
         elif key == "setenv":
             if not isinstance(value, dict) or not all(
-                isinstance(v, str) and _ENV_NAME.match(k) for k, v in value.items()
+                isinstance(v, str) and is_env_name(k) for k, v in value.items()
             ):
                 raise where.error(line, key, 'must be a table of NAME = "value"')
             values[key] = dict(value)

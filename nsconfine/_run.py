@@ -20,6 +20,8 @@ import select
 import signal
 import time
 
+from nsconfine._syscalls import wait_fd
+
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
     from nsconfine._sandbox import Sandbox
@@ -98,7 +100,7 @@ def _write_all(fd: int, data: bytes) -> None:
         try:
             view = view[os.write(fd, view) :]
         except BlockingIOError:
-            select.select([], [fd], [])
+            wait_fd(fd, None, writable=True)
 
 
 def run_session(sandbox: Sandbox, grace: float) -> int:

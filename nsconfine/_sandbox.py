@@ -28,6 +28,7 @@ from _thread import allocate_lock
 
 from nsconfine import _mountpoints, _terminal
 from nsconfine._errors import TimeoutExpired
+from nsconfine._syscalls import wait_fd
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -112,15 +113,10 @@ class Sandbox:
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the session to end and return its status (see the module's docstring).
         Raises TimeoutExpired (a TimeoutError) if it still runs after timeout seconds."""
-        if self.returncode is None:
-            import select
-
-            poller = select.poll()
-            poller.register(self._reaper_pidfd, select.POLLIN)
-            wait_ms = None if timeout is None else max(timeout, 0.0) * 1000
-            if not poller.poll(wait_ms) and self.poll() is None:
-                assert timeout is not None  # an unbounded poll returns only when ready
-                raise TimeoutExpired(self.pid, timeout)
+        ended = self.returncode is not None or wait_fd(self._reaper_pidfd, timeout)
+        if not ended and self.poll() is None:
+            assert timeout is not None  # an unbounded wait returns only once it has ended
+            raise TimeoutExpired(self.pid, timeout)
         status = self.poll()  # the reaper has exited: this reaps it (or another thread did)
         assert status is not None
         return status

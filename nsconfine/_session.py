@@ -18,7 +18,7 @@ from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
 from nsconfine._harness import harness_entries
-from nsconfine._plan import NETWORKS, EnvVar, Kind, Origin, Plan, RunAs, printable
+from nsconfine._plan import NETWORKS, EnvVar, Kind, Origin, Plan, RunAs, is_env_name, printable
 from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
 from nsconfine._profiles import Bind, chain
 from nsconfine._protect import protected_entries
@@ -36,7 +36,6 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 COPY_FILES_ABOVE = 16
 
 _DIGEST = re.compile(r"[0-9a-f]{64}\Z")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class Harness(Record):
@@ -157,7 +156,7 @@ class Session(Record):
             raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
         names = tuple(env)
         for name in names:
-            if not _ENV_NAME.match(name):
+            if not is_env_name(name):
                 raise UsageError(f"--env {name!r} is not a variable name")
             if name == "HOME":
                 raise UsageError("HOME cannot be passed: the session gets its own empty HOME")
@@ -477,7 +476,7 @@ def _literal_values(
         else:
             pairs.append((item[0], item[1]))
     for name, value in pairs:
-        if not _ENV_NAME.match(name):
+        if not is_env_name(name):
             raise UsageError(f"--setenv {name!r}=…: {name!r} is not a variable name")
         if name == "HOME":
             raise UsageError("--setenv cannot set HOME: the session gets its own")
@@ -544,7 +543,7 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
     variables = {name: EnvVar(name, value, Origin.NSCONFINE) for name, value in chosen.items()}
     if session.pass_terminal:
         for name, value in environ.items():
-            if name in TERMINAL_VARIABLES or (name.startswith("LC_") and _ENV_NAME.match(name)):
+            if name in TERMINAL_VARIABLES or (name.startswith("LC_") and is_env_name(name)):
                 variables[name] = EnvVar(name, value, Origin.TERMINAL)
     for name, value in session.setenv:
         variables[name] = EnvVar(name, value, Origin.SETENV)

@@ -288,3 +288,14 @@ def landlock_scopes() -> int:
     if err:
         raise _error(err, out[1])
     return int(out[0])
+
+
+def wait_fd(fd: int, timeout: float | None, *, writable: bool = False) -> bool:
+    """Wait until fd is readable (or writable), at most timeout seconds (None: no limit);
+    whether it is. The one wait on an fd: poll(), as select() fails on fds above 1023 and a
+    wide launcher holds thousands."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if writable else select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(timeout, 0.0) * 1000))
