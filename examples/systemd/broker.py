@@ -1,0 +1,174 @@
+"""An example broker: starts confined role sessions on request, and nothing else.
+
+A client connects to the broker's unix socket and sends one JSON line,
+`{"role": "coder", "argv": ["make", "test"]}`; the broker runs argv in that role's session
+and answers with one JSON line once it has ended: `{"status": 0, "output": PATH, ...}` (the
+session's stdout and stderr are in PATH, a file of the broker's that no session sees), or
+`{"refused": CODE, "message": ...}`. Nothing is ever run outside a sandbox: a host that cannot
+confine (bwrap missing or broken) is refused at start with exit 69, and a request that meets
+one later is refused; no request is retried or run any other way.
+
+Each role's session is planned once at start; its manifest is written to STATE/manifests/
+under its digest (the sha256 of `plan.manifest_json()`; nsconfine has no digest of its own),
+and every launch logs that digest with its timings. A `Pool` per role keeps one sandbox
+staged, so a request waits only for the hand-off.
+
+    python3 broker.py --socket /run/nsconfine-broker/broker.sock \
+        --state /var/lib/nsconfine-broker --credential /etc/nsconfine-broker/credential.env
+
+See README.md beside this file for the systemd unit that runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import signal
+import socketserver
+import sys
+import tempfile
+from typing import Any
+
+import nsconfine
+
+# Each role and the built-in profiles its sessions get (see `nsconfine profiles`).
+ROLES = {"coder": ["coder"], "reviewer": ["reviewer"]}
+
+log = logging.getLogger("nsconfine-broker")
+
+
+class Role:
+    """One role's plan, its digest, and the pool of sandboxes staged for it."""
+
+    def __init__(self, name: str, plan: nsconfine.Plan, state: str) -> None:
+        self.name = name
+        manifest = plan.manifest_json()
+        self.digest = hashlib.sha256(manifest.encode()).hexdigest()
+        manifests = os.path.join(state, "manifests")
+        os.makedirs(manifests, mode=0o700, exist_ok=True)
+        with open(os.path.join(manifests, f"{self.digest}.json"), "w") as file:
+            file.write(manifest)
+        # inline: staged now, so a host that cannot confine is refused at start, and again
+        # after each launch, while the launched command runs.
+        self.pool = nsconfine.Pool(plan, size=1, refill="inline")
+        log.info("role %s: manifest sha256 %s, one sandbox staged", name, self.digest)
+
+    def run(self, argv: list[str], logs: str) -> dict[str, Any]:
+        """Run argv in a session of this role; its output goes to a new file in logs."""
+        descriptor, output = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log", dir=logs)
+        with open(descriptor, "wb") as out, open(os.devnull, "rb") as nothing:
+            sandbox = self.pool.launch(argv, stdin=nothing, stdout=out, stderr=out)
+            # Milliseconds to each stage, counted from when this sandbox began to be staged.
+            timings = {
+                stage: round(seconds * 1000, 2) for stage, seconds in sandbox.timings.items()
+            }
+            log.info(
+                "role %s: session %d started, manifest sha256 %s, timings (ms) %s",
+                self.name,
+                sandbox.child_pid,
+                self.digest,
+                json.dumps(timings),
+            )
+            status = sandbox.wait()
+        log.info("role %s: session %d ended with status %d", self.name, sandbox.child_pid, status)
+        return {"role": self.name, "status": status, "output": output, "manifest": self.digest}
+
+
+def start_roles(options: argparse.Namespace) -> dict[str, Role]:
+    """Plan every role's session and stage its pool; NsconfineError if any is refused."""
+    roles: dict[str, Role] = {}
+    try:
+        for name, profiles in ROLES.items():
+            home = os.path.join(options.state, "sessions", name)
+            workspace, run_dir = os.path.join(home, "ws"), os.path.join(home, "run")
+            os.makedirs(workspace, exist_ok=True)
+            os.makedirs(run_dir, exist_ok=True)
+            session = nsconfine.Session(
+                workspace=workspace,
+                run_dir=run_dir,
+                profile=profiles,
+                credential=options.credential,
+                user=options.user,  # only when the broker runs as root (not under its unit)
+            )
+            roles[name] = Role(name, session.plan(), options.state)
+    except BaseException:
+        for role in roles.values():
+            role.pool.close()
+        raise
+    return roles
+
+
+class Broker(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True  # a session still running at shutdown dies with the broker
+
+    def __init__(self, path: str, roles: dict[str, Role], logs: str) -> None:
+        super().__init__(path, Request)
+        self.roles = roles
+        self.logs = logs
+
+
+class Request(socketserver.StreamRequestHandler):
+    server: Broker
+
+    def handle(self) -> None:
+        reply = self.answer(self.rfile.readline(65536))
+        self.wfile.write(json.dumps(reply).encode() + b"\n")
+
+    def answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(line)
+            role, argv = self.server.roles[request["role"]], request["argv"]
+        except (ValueError, KeyError, TypeError):
+            return refusal(
+                "usage", f'send one line: {{"role": one of {list(ROLES)}, "argv": [...]}}'
+            )
+        if not isinstance(argv, list) or not all(isinstance(arg, str) for arg in argv):
+            return refusal("usage", "argv must be a list of strings")
+        try:
+            return role.run(argv, self.server.logs)
+        except nsconfine.SandboxUnavailable as error:
+            log.error("role %s: refused, nothing was run: %s", role.name, error)
+            return refusal(error.code, error.message)
+        except nsconfine.NsconfineError as error:
+            log.warning("role %s: refused: %s", role.name, error)
+            return refusal(error.code, error.message)
+        except OSError as error:  # the command could not be executed in the sandbox
+            log.warning("role %s: exec-failed: %s", role.name, error)
+            return refusal("exec-failed", str(error))
+
+
+def refusal(code: str, message: str) -> dict[str, Any]:
+    return {"refused": code, "message": message}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Start confined role sessions on request.")
+    parser.add_argument("--socket", required=True, help="the unix socket to listen on")
+    parser.add_argument("--state", required=True, help="sessions, manifests and output logs")
+    parser.add_argument("--credential", help="KEY=VALUE file for the sessions (mode 0600)")
+    parser.add_argument("--user", help="the account sessions run as (only when run as root)")
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # systemctl stop: close the pools
+    logs = os.path.join(options.state, "logs")
+    os.makedirs(logs, mode=0o700, exist_ok=True)
+    try:
+        roles = start_roles(options)
+    except nsconfine.NsconfineError as error:
+        log.error("refusing to start, nothing was run: %s", error)
+        return error.exit_status
+    try:
+        with Broker(options.socket, roles, logs) as broker:
+            log.info("listening on %s for roles %s", options.socket, ", ".join(roles))
+            broker.serve_forever()
+    finally:
+        for role in roles.values():
+            role.pool.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
