@@ -1,4 +1,5 @@
-"""Shared fixtures: whether this host can confine, and the must-work switch for CI.
+"""Shared fixtures: whether this host can confine, the must-work switch for CI, and what most
+tests launch sessions in (each fixture defined here once, for every module).
 
 With NSCONFINE_MUST_WORK=1 (set in CI) a confinement test that would skip fails instead: a
 skipped proof is no proof.
@@ -9,10 +10,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import SESSION_USER, open_up, session, session_dirs
+
+import nsconfine
+from nsconfine import _layers
+from nsconfine._accounts import run_as
+from nsconfine._selftest import World
 
 MUST_WORK = os.environ.get("NSCONFINE_MUST_WORK") == "1"
 
@@ -61,9 +68,34 @@ def sandbox_ready() -> None:
 
 
 @pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    """A workspace and a run directory (outside any stand-in home a test makes)."""
-    workspace, run_dir = tmp_path / "ws", tmp_path / "run"
-    workspace.mkdir()
-    run_dir.mkdir()
+def ws_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A workspace and a run directory that the session's account owns and can reach."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     return workspace, run_dir
+
+
+@pytest.fixture
+def plan(ws_run: tuple[Path, Path]) -> nsconfine.Plan:
+    """A default session's plan on ws_run (as the session's account when root)."""
+    return session(*ws_run).plan()
+
+
+@pytest.fixture
+def without(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Switch kernel layers off for one test (nsconfine._layers' test-only door, for the
+    mutation twins and the forced fallbacks)."""
+
+    def switch_off(*names: str) -> None:
+        monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(names))
+
+    return switch_off
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    """A stand-in host (selftest's world: a home with secrets, a data root, a checkout, another
+    session) with its tool socket served and its secret fd leaked; owned by the session's
+    account when the launcher is root."""
+    open_up(tmp_path)
+    with World(str(tmp_path), run_as(SESSION_USER)).running() as running:
+        yield running
