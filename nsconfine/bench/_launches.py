@@ -104,6 +104,8 @@ def bench_pool(results: Results, w: World, config: Config) -> None:
             Task("pool.exec.cold", until_exec(launchers.nsconfine), config.launches),
             Task("pool.exit.warm", staged_then(until_exit(warm, w.devnull)), config.launches),
             Task("pool.exit.cold", until_exit(launchers.nsconfine, w.devnull), config.launches),
+            # The bar a warm launch is held to: starting the payload with no sandbox at all.
+            Task("pool.process", until_exit(launchers.process, w.devnull), config.launches),
         ]
         _progress(f"pool: warm and cold launches x {config.launches} rounds")
         samples = interleave(tasks)
@@ -127,6 +129,15 @@ def bench_pool(results: Results, w: World, config: Config) -> None:
                 note="nsconfine.spawn, the same plan",
             )
         )
+    results.add(
+        Row(
+            "pool",
+            "pool.process",
+            "ms",
+            _ms(samples["pool.process"]),
+            note="no sandbox: os.posix_spawn of the payload, to exit",
+        )
+    )
 
 
 @contextmanager
