@@ -372,7 +372,20 @@ def _start(
         # Not the socket's (closed above), nor the shim's program or the lifeline (kept).
         for fd in child_side[:2] + child_side[3:4] + child_side[6:]:
             os.close(fd)
-    staged = Staged(reaper, os.pidfd_open(reaper), launcher_end)
+    try:
+        reaper_pidfd = os.pidfd_open(reaper)
+    except OSError as error:
+        # Unwatched, the session must not go on: the reaper is this launcher's child, not yet
+        # waited for, so its pid is still its own; SIGTERM has it kill bwrap and all below.
+        os.kill(reaper, signal.SIGTERM)
+        os.waitpid(reaper, 0)
+        os.close(info_read)
+        launcher_end.close()
+        raise SandboxUnavailable(
+            f"cannot watch the sandbox: pidfd_open: {error.strerror}; nothing was run "
+            "(nsconfine needs pidfds: Linux 5.3 or later, with no seccomp filter refusing them)"
+        ) from None
+    staged = Staged(reaper, reaper_pidfd, launcher_end)
     staged.started = started
     staged.stdio = stdio
     staged.info_fd = info_read
