@@ -1,0 +1,48 @@
+"""Faults the soak benchmark found (nsconfine.bench._faults), kept as tests: a launch that
+meets a fault ends in a clear refusal or runs its command, never a handle for a command that
+never ran."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+import nsconfine
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+def staged_bwrap(pool: nsconfine.Pool) -> psutil.Process:
+    """bwrap's outer process (its monitor) of the pool's one staged sandbox."""
+    [monitor] = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.name() == "bwrap" and (parent := p.parent()) is not None and parent.name() != "bwrap"
+    ]
+    return monitor
+
+
+@pytest.mark.parametrize("refill", ["background", "inline"])
+def test_launch_after_the_staged_bwrap_was_killed_runs_the_command(
+    plan: nsconfine.Plan, refill: str
+) -> None:
+    """A staged sandbox whose bwrap was killed is not handed a command: launch takes another
+    (or refuses), and never returns a handle whose command never ran."""
+    outcomes = []
+    for _ in range(5):  # its reaper's teardown is a race the launch must not lose
+        with nsconfine.Pool(plan, refill=refill) as pool:  # type: ignore[arg-type]
+            assert pool.wait_staged(30)
+            monitor = staged_bwrap(pool)
+            monitor.kill()
+            monitor.wait(5)
+            read_end, write_end = os.pipe()
+            try:
+                sandbox = pool.launch(["/bin/sh", "-c", "echo ran; exit 3"], stdout=write_end)
+            finally:
+                os.close(write_end)
+            with os.fdopen(read_end, "rb") as output:
+                printed = output.read()
+            outcomes.append((sandbox.wait(timeout=30), printed))
+    assert outcomes == [(3, b"ran\n")] * 5
