@@ -4,7 +4,9 @@ never ran."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 
 import psutil
 import pytest
@@ -46,3 +48,28 @@ def test_launch_after_the_staged_bwrap_was_killed_runs_the_command(
                 printed = output.read()
             outcomes.append((sandbox.wait(timeout=30), printed))
     assert outcomes == [(3, b"ran\n")] * 5
+
+
+@pytest.mark.parametrize("refill", ["background", "inline"])
+def test_launch_out_of_fds_refuses_and_leaves_no_sandbox(plan: nsconfine.Plan, refill: str) -> None:
+    """A Pool launch in a launcher with no fd free is refused with nsconfine's error, and the
+    staged sandbox it took is torn down, not left running."""
+    with nsconfine.Pool(plan, refill=refill) as pool:  # type: ignore[arg-type]
+        assert pool.wait_staged(30)
+        staged = psutil.Process().children(recursive=True)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        ballast: list[int] = []
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    ballast.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            with pytest.raises(nsconfine.NsconfineError):
+                pool.launch(["/bin/true"])
+        finally:
+            for fd in ballast:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        pool.close()
+    alive = psutil.wait_procs(staged, timeout=10)[1]
+    assert alive == []
