@@ -181,6 +181,19 @@ def _parser() -> _Parser:
         help="the options bwrap reads from --args 3, as a JSON array "
         "(values from --env and the credential file shown as (hidden))",
     )
+    shown.add_argument(
+        "--format",
+        choices=("oci", "k8s"),
+        help="oci: the OCI runtime spec (config.json) of the bundle at --bundle; k8s: a "
+        "Kubernetes Pod (hidden values shown as (hidden), or from a Secret)",
+    )
+    plan.add_argument(
+        "--bundle",
+        metavar="DIR",
+        default="nsconfine-bundle",
+        help="with --format: where `nsconfine oci-bundle` writes (or wrote) the bundle "
+        "(default ./nsconfine-bundle)",
+    )
     run = commands.add_parser("run", help="run a command confined")
     _add_session_options(run)
     run.add_argument(
@@ -204,6 +217,14 @@ def _parser() -> _Parser:
     )
     explain.add_argument("path", metavar="PATH")
     _add_session_options(explain)
+    for name, what in (
+        ("oci-bundle", "write an OCI bundle that runs the session under runc"),
+        ("podman-args", "write the bundle, print the `podman run` command that runs it"),
+    ):
+        bundle = commands.add_parser(name, help=what)
+        _add_session_options(bundle)
+        bundle.add_argument("directory", metavar="DIR", help="the bundle: a new or empty dir")
+        bundle.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
     commands.add_parser("profiles", help="list the built-in profiles")
     selftest = commands.add_parser("selftest", help="prove confinement on this host")
     selftest.add_argument("--json", action="store_true")
@@ -276,6 +297,10 @@ def _check(arguments: argparse.Namespace) -> int:
 
 def _plan(arguments: argparse.Namespace) -> int:
     plan = _session(arguments).plan()
+    if arguments.format is not None:
+        from nsconfine._oci import print_export
+
+        return print_export(plan, arguments.format, arguments.bundle)
     if arguments.bwrap_args:
         import json
 
@@ -327,6 +352,14 @@ def _profiles(_arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _bundle(arguments: argparse.Namespace) -> int:
+    from nsconfine._oci import bundle_command
+
+    command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
+    plan = _session(arguments).plan()
+    return bundle_command(plan, arguments.subcommand, arguments.directory, command)
+
+
 def _explain(arguments: argparse.Namespace) -> int:
     from nsconfine._explain import explain
 
@@ -342,6 +375,8 @@ _COMMANDS = {
     "explain": _explain,
     "profiles": _profiles,
     "selftest": _selftest,
+    "oci-bundle": _bundle,
+    "podman-args": _bundle,
 }
 
 

@@ -1,0 +1,539 @@
+"""The OCI export: the same plan, stated for runc, podman and Kubernetes, never wider.
+
+The structure tests always run. The seccomp profile is proven equal to the BPF filter by
+running both on the same calls (the BPF through tests/test_seccomp_program.py's interpreter,
+the JSON through libseccomp's reading of it, written out here). The runc tests run the
+selftest's probes in the exported bundle, as root with the session as an unprivileged account,
+and each against a weakened export on which it must flip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import SESSION_USER, open_up, session, session_dirs, user_options
+from test_seccomp_program import CASES, SECCOMP_RET_ALLOW, errno_of, run_filter
+
+from nsconfine import _oci, _syscalls
+from nsconfine import _plan as p
+from nsconfine._accounts import run_as
+from nsconfine._cli import main
+from nsconfine._errors import NsconfineError, PlanError
+from nsconfine._plan import Kind, Mode, Plan
+from nsconfine._selftest import Outcome, Probe, World
+
+X86_64 = os.uname().machine == "x86_64"
+
+# ------------------------------------------------------------------ seccomp, as data
+
+
+def oci_action(profile: dict[str, Any], name: str, args: tuple[int, ...]) -> int:
+    """What a runtime's filter built from profile answers for the call: the first matching
+    rule's errno (libseccomp gives every matching rule the same action here), else allow."""
+    padded = list(args) + [0] * (6 - len(args))
+    for rule in profile["syscalls"]:
+        if name not in rule["names"]:
+            continue
+        conditions = rule.get("args", [])
+        if all(padded[c["index"]] & c["value"] == c["valueTwo"] for c in conditions):
+            assert rule["action"] == "SCMP_ACT_ERRNO"
+            return errno_of(rule["errnoRet"])
+    return SECCOMP_RET_ALLOW
+
+
+def samples(rule: _syscalls.SeccompRule) -> list[tuple[int, ...]]:
+    """Arguments that sit on and around each boundary the rule draws, high bits included."""
+    values: set[int] = {0, 1, MASK32, 1 << 32, (1 << 32) | 1}
+    for value in rule.values:
+        values |= {value, value - 1, value + 1, value | 1 << 32, value | 0xFFFF_0000_0000_0000}
+        values |= {1 << bit for bit in range(32) if value >> bit & 1}
+    values = {v & 0xFFFF_FFFF_FFFF_FFFF for v in values if v >= 0}
+    calls = []
+    for value in sorted(values):
+        for other in (0, *rule.values[1:2]):
+            args = [0] * 6
+            args[rule.arg] = value
+            if rule.when == _syscalls.RULE_BOTH_ANY_BIT:
+                args[rule.arg2] = other
+            calls.append(tuple(args))
+    return calls
+
+
+MASK32 = 0xFFFF_FFFF
+
+
+def plan_with(nested: str | None) -> Plan:
+    return Plan.of(
+        [p.proc("/proc", "procfs"), p.remount_ro("/", "read-only root")], nested_userns=nested
+    )
+
+
+@pytest.mark.skipif(not X86_64, reason="the BPF interpreter's cases use x86_64 numbers")
+@pytest.mark.parametrize("nested", [None, "a harness that runs bwrap"])
+def test_the_oci_profile_answers_as_the_bpf_filter(nested: str | None) -> None:
+    """For every rule of the C table, on and around each of its boundaries (and the BPF
+    tests' own cases), the JSON profile refuses exactly what the BPF program refuses."""
+    rules = _syscalls.SECCOMP_DEFAULT if nested is None else _syscalls.SECCOMP_NESTED_USERNS
+    program = _syscalls.seccomp_filter(rules)
+    profile = _oci.seccomp_profile(plan_with(nested))
+    names = {rule.nr: rule.name for rule in _syscalls.seccomp_rules(_syscalls.SECCOMP_DEFAULT)}
+    checked = 0
+    for rule in _syscalls.seccomp_rules(_syscalls.SECCOMP_DEFAULT):
+        for args in samples(rule):
+            expected = run_filter(program, rule.nr, args)
+            assert oci_action(profile, rule.name, args) == expected, (rule, args)
+            checked += 1
+    for name, nr, args, _default, _nested in CASES:
+        if nr in names:
+            assert oci_action(profile, names[nr], args) == run_filter(program, nr, args), name
+    assert checked > 500
+
+
+def test_a_dropped_rule_is_caught() -> None:
+    """The control: a profile less one rule answers otherwise than the BPF filter."""
+    profile = _oci.seccomp_profile(plan_with(None))
+    weakened = {**profile, "syscalls": [r for r in profile["syscalls"] if r["names"] != ["bpf"]]}
+    assert oci_action(profile, "bpf", ()) == errno_of(errno.EPERM)
+    assert oci_action(weakened, "bpf", ()) == SECCOMP_RET_ALLOW
+
+
+def test_full_width_comparisons_would_miss_high_bits() -> None:
+    """Why every condition is masked to the low 32 bits: a full-width EQ on TIOCSTI lets the
+    same request through with a high bit set, which the kernel reads as TIOCSTI."""
+    profile = _oci.seccomp_profile(plan_with(None))
+    request = 0x5412 | 1 << 32
+    assert oci_action(profile, "ioctl", (0, request)) == errno_of(errno.EPERM)
+    unmasked = {
+        **profile,
+        "syscalls": [
+            {**r, "args": [{**c, "value": 0xFFFF_FFFF_FFFF_FFFF} for c in r.get("args", [])]}
+            for r in profile["syscalls"]
+        ],
+    }
+    assert oci_action(unmasked, "ioctl", (0, request)) == SECCOMP_RET_ALLOW
+
+
+@pytest.mark.parametrize("values", [(1, 2, 10, 16), (0, 8, 0xFF), (0,), (0xFF,), ()])
+def test_complement_blocks_cover_exactly_the_rest(values: tuple[int, ...]) -> None:
+    """Every number but values falls in exactly one block; values in none (8 bits, all)."""
+    blocks = _oci.complement_blocks(values, width=8)
+    for number in range(256):
+        hits = sum(1 for mask, value in blocks if number & mask == value)
+        assert hits == (0 if number in values else 1), number
+
+
+def test_every_rule_name_is_one_libseccomp_knows() -> None:
+    """Runtimes resolve the names through libseccomp: each must be the number the C filter
+    uses (runc drops a name it does not know), where libseccomp is installed."""
+    import ctypes
+    import ctypes.util
+
+    found = ctypes.util.find_library("seccomp")
+    if found is None:
+        pytest.skip("no libseccomp on this host")
+    libseccomp = ctypes.CDLL(found)
+    for rule in _syscalls.seccomp_rules(_syscalls.SECCOMP_DEFAULT):
+        assert libseccomp.seccomp_syscall_resolve_name(rule.name.encode()) == rule.nr, rule
+
+
+# ------------------------------------------------------------------ the spec's structure
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> Plan:
+    """A session with runner files enough to be copied, a credential and a setenv."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    runner = tmp_path / "runner"
+    runner.mkdir()
+    for number in range(20):
+        (runner / f"r{number}.py").write_text(f"print({number})\n")
+    open_up(runner)
+    credential = tmp_path / "cred.env"
+    credential.write_text("API_KEY=sk-secret-value\n")
+    credential.chmod(0o600)
+    return session(
+        workspace,
+        run_dir,
+        ro=sorted(str(path) for path in runner.iterdir()),
+        credential=str(credential),
+        setenv=["MODE=ci"],
+    ).plan()
+
+
+def test_the_config_states_every_entry(plan: Plan, tmp_path: Path) -> None:
+    """Binds with their modes, /proc's read-only parts, the read-only root, the copies in a
+    read-only tree, no capabilities, no_new_privs, the user, and each entry's reason."""
+    config = _oci.export(plan, str(tmp_path / "bundle")).config
+    mounts = {m["destination"]: m for m in config["mounts"]}
+    for entry in plan.entries:
+        if entry.kind is Kind.BIND and entry.dest.startswith("/proc/"):
+            assert entry.dest in config["linux"]["readonlyPaths"]
+        elif entry.kind is Kind.BIND and entry.sha256 is None:
+            mount = mounts[entry.dest]
+            assert mount["source"] == entry.source
+            assert {"rbind", "nosuid", "nodev"} <= set(mount["options"])
+            assert ("ro" in mount["options"]) == (entry.mode is Mode.RO)
+        elif entry.kind is Kind.COPY:
+            assert entry.dest not in mounts  # inside the tree
+        assert any(entry.reason in value for value in config["annotations"].values()), entry
+    copies = {e.dest.rsplit("/", 1)[0] for e in plan.entries if e.kind is Kind.COPY}
+    assert copies
+    assert all("ro" in mounts[tree]["options"] for tree in copies)
+    assert mounts["/tmp"]["type"] == "tmpfs"
+    assert f"uid={plan.user.uid}" in mounts["/tmp"]["options"]
+    assert config["root"]["readonly"] is True
+    process = config["process"]
+    assert process["noNewPrivileges"] is True
+    assert all(caps == [] for caps in process["capabilities"].values())
+    assert process["user"] == {"uid": plan.user.uid, "gid": plan.user.gid, "additionalGids": []}
+    assert "API_KEY=(hidden)" in process["env"]
+    assert "MODE=ci" in process["env"]
+    assert process["cwd"] == plan.chdir
+    assert {"type": "network"} not in config["linux"]["namespaces"]
+    assert config["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ALLOW"
+    for layer in _oci.NOT_EXPRESSED:
+        assert f"org.nsconfine.not-expressed.{layer}" in config["annotations"]
+
+
+def test_network_none_is_a_network_namespace(plan: Plan, tmp_path: Path) -> None:
+    """--network none: a network namespace of the container's own."""
+    config = _oci.export(plan.replace(network="none"), str(tmp_path / "b")).config
+    assert {"type": "network"} in config["linux"]["namespaces"]
+
+
+def test_what_oci_cannot_state_is_refused(plan: Plan, tmp_path: Path) -> None:
+    """A directory made inside a writable tmpfs has no OCI operation: refused, never
+    dropped."""
+    weird = plan.replace(entries=(*plan.entries, p.directory("/tmp/made", "a dir in /tmp")))
+    with pytest.raises(PlanError, match="cannot state the dir entry at /tmp/made"):
+        _oci.export(weird, str(tmp_path / "b"))
+
+
+def test_the_pod_is_valid_and_as_narrow(plan: Plan, tmp_path: Path) -> None:
+    """The Pod validates against Kubernetes' OpenAPI schema (strict), runs as the session's
+    account with nothing more, mounts the same paths with the same modes, takes the seccomp
+    profile from the node, and its secrets from a Secret, never inline."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    exported = _oci.export(plan, str(tmp_path / "bundle"))
+    pod = _oci.pod_spec(plan, exported)
+    kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["hostNetwork"] is True
+    container = spec["containers"][0]
+    context = container["securityContext"]
+    assert context["runAsUser"] == plan.user.uid
+    assert context["runAsNonRoot"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"]
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["seccompProfile"]["type"] == "Localhost"
+    paths = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
+    mounted = {m["mountPath"]: (paths[m["name"]], m["readOnly"]) for m in container["volumeMounts"]}
+    for entry in plan.entries:
+        if entry.kind is Kind.BIND and not entry.dest.startswith("/proc/"):
+            assert mounted[entry.dest] == (entry.source, entry.mode is Mode.RO)
+    secret = [v for v in container["env"] if v["name"] == "API_KEY"]
+    reference = {"name": "nsconfine-session-env", "key": "API_KEY"}
+    assert secret == [{"name": "API_KEY", "valueFrom": {"secretKeyRef": reference}}]
+    assert "sk-secret-value" not in json.dumps(pod)
+
+
+def test_a_pod_with_a_wrong_field_is_refused_by_the_schema(plan: Plan, tmp_path: Path) -> None:
+    """The control: the schema check can fail."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    pod = _oci.pod_spec(plan, _oci.export(plan, str(tmp_path / "b")))
+    pod["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = "yes"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_plan_format_oci_and_k8s(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`nsconfine plan --format oci|k8s` prints the spec and the Pod; nothing is written."""
+    workspace, run_dir = session_dirs(tmp_path, "w", "r")
+    options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
+    bundle = tmp_path / "b"
+    assert main(["plan", *options, "--format", "oci", "--bundle", str(bundle)]) == 0
+    assert json.loads(capsys.readouterr().out)["ociVersion"] == _oci.OCI_VERSION
+    assert main(["plan", *options, "--format", "k8s", "--bundle", str(bundle)]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "Pod"
+    assert not bundle.exists()
+
+
+def test_oci_bundle_refuses_a_non_empty_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refusal is one line with its code, no traceback, and nothing is overwritten."""
+    workspace, run_dir = session_dirs(tmp_path, "w", "r")
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "keep").write_text("mine")
+    options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
+    assert main(["oci-bundle", *options, str(bundle)]) == 64
+    err = capsys.readouterr().err
+    assert err.startswith("nsconfine: usage: ")
+    assert "Traceback" not in err
+    assert (bundle / "keep").read_text() == "mine"
+
+
+def test_a_bundle_inside_a_writable_bind_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The session could rewrite its own config.json there."""
+    workspace, run_dir = session_dirs(tmp_path, "w", "r")
+    options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
+    assert main(["oci-bundle", *options, str(workspace / "bundle")]) == 64
+    assert "which the session can write" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ under runc
+
+RUNC = shutil.which("runc")
+# Probes whose layer OCI has no field for (see _oci.NOT_EXPRESSED): they differ by design.
+NOT_UNDER_RUNC = {
+    "connect to a host abstract socket": "Landlock scopes",
+    "write the memory of the sandbox's pid 1": "under runc the command is pid 1 itself",
+}
+
+
+def _runc_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "runc runs a spec as root (the suite runs unprivileged)"
+    if RUNC is None:
+        return "runc is not installed (apt-get install runc)"
+    return None
+
+
+runc_only = [pytest.mark.confinement, pytest.mark.root]
+
+
+@pytest.fixture
+def runc_world(tmp_path: Path) -> Iterator[World]:
+    """A stand-in host, as the selftest's, whose sessions runc runs."""
+    problem = _runc_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    root = tmp_path / "world"
+    root.mkdir()
+    open_up(root)
+    with World(str(root), run_as(SESSION_USER)).running() as running:
+        yield running
+
+
+def run_bundle(
+    tmp_path: Path, plan: Plan, script: str, *, edit: Any = None, runc_options: tuple[str, ...] = ()
+) -> Outcome:
+    """Write plan's bundle (unchecked: weakened twins pass here too), let edit change its
+    config, and run script in it under runc."""
+    bundle = tmp_path / f"bundle-{os.urandom(4).hex()}"
+    try:
+        _oci.materialize(plan, str(bundle), ["/bin/sh", "-c", script])
+    except NsconfineError as refused:  # as run_script: a refused launch did nothing
+        return Outcome(-1, "", str(refused))
+    if edit is not None:
+        config_path = bundle / "config.json"
+        config = json.loads(config_path.read_text())
+        edit(config, bundle)
+        config_path.write_text(json.dumps(config))
+    name = f"nsconfine-test-{bundle.name}"
+    assert RUNC is not None
+    command = [RUNC, "run", *runc_options, "--bundle", str(bundle), name]
+    passed: tuple[int, ...] = ()
+    if runc_options[:1] == ("--preserve-fds",):  # fd N passed, and /dev/null on 3..N-1
+        passed = (int(runc_options[1]) + 2,)
+        command = [sys.executable, "-c", FILL_FDS_AND_EXEC, str(passed[0]), *command]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, pass_fds=passed, cwd="/"
+        )
+    finally:
+        subprocess.run([RUNC, "delete", "--force", name], capture_output=True, check=False)
+    return Outcome(done.returncode, done.stdout, done.stderr)
+
+
+# runc refuses to preserve a closed fd: the fds below the passed one get /dev/null.
+FILL_FDS_AND_EXEC = """
+import os, sys
+for fd in range(3, int(sys.argv[1])):
+    try:
+        os.fstat(fd)
+    except OSError:
+        os.set_inheritable(os.open(os.devnull, os.O_RDONLY), True)  # the lowest free: fd
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _runc_probe_names() -> list[str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        return [p.name for p in World(root).probes() if p.name not in NOT_UNDER_RUNC]
+
+
+def _probe(world: World, name: str) -> Probe:
+    return next(probe for probe in world.probes() if probe.name == name)
+
+
+@pytest.mark.parametrize("name", _runc_probe_names())
+@pytest.mark.confinement
+@pytest.mark.root
+def test_probe_holds_under_runc(runc_world: World, name: str, tmp_path: Path) -> None:
+    """The plan bwrap runs, exported and run by runc: each refusal refused, each need met,
+    judged by the host's own files as the selftest judges them."""
+    probe = _probe(runc_world, name)
+    outcome = run_bundle(tmp_path, runc_world.plan(), probe.script)
+    assert probe.judge(outcome) == probe.expect_allowed, outcome
+
+
+# How each probe's twin is weakened under runc, past what the plan says (Probe.weaken): the
+# filter gone from the spec, runc keeping the caller's session keyring or passing fds on.
+def _without_seccomp(config: dict[str, Any], bundle: Path) -> None:
+    del config["linux"]["seccomp"]
+
+
+# Probes the host itself refuses too once the export is weakened (as "write /usr" in
+# tests/test_confinement.py): the session's account lacks the permission anyway, which is
+# what must hold. A sysctl: without a user namespace of its own the account opens none for
+# write; /etc: the bundle's rootfs is root's (bwrap's root is a tmpfs of the session's own).
+HOST_REFUSES_TOO = {"write /usr": "/usr", "open a sysctl for write": "/proc/sys/kernel"}
+ROOTFS_IS_ROOTS = "write /etc"
+
+
+@pytest.mark.parametrize("name", _runc_probe_names())
+@pytest.mark.confinement
+@pytest.mark.root
+def test_probe_flips_under_runc_on_a_weakened_export(
+    runc_world: World, name: str, tmp_path: Path
+) -> None:
+    """The same probe comes out the other way on a weakened export: the check can fail."""
+    uid = runc_world.user.uid
+    if name in HOST_REFUSES_TOO:
+        assert not _writable_by(Path(HOST_REFUSES_TOO[name]), uid)
+        return
+    probe = _probe(runc_world, name)
+    plan = probe.weaken(runc_world.plan())
+    edit = _without_seccomp if probe.layers_off else None
+    options: tuple[str, ...] = ()
+    if "session-keyring" in probe.layers_off:
+        options = ("--no-new-keyring",)
+    if name == "use an fd the launcher leaked":  # runc passes fds 3..N+2 on when told to
+        options = ("--preserve-fds", str(runc_world.leaked_fd - 2))
+    if name == "exit with its command's status":  # runc makes a missing cwd: a missing shell
+        edit = _missing_shell
+    if name == ROOTFS_IS_ROOTS:
+        edit = _rootfs_owned_by(uid)
+    outcome = run_bundle(tmp_path, plan, probe.script, edit=edit, runc_options=options)
+    assert probe.judge(outcome) != probe.expect_allowed, outcome
+
+
+def _writable_by(path: Path, uid: int) -> bool:
+    info = path.stat()
+    return bool(info.st_mode & 0o002 or (info.st_uid == uid and info.st_mode & 0o200))
+
+
+def _missing_shell(config: dict[str, Any], bundle: Path) -> None:
+    config["process"]["args"][0] = "/nonexistent/sh"
+
+
+def _rootfs_owned_by(uid: int) -> Any:
+    def edit(config: dict[str, Any], bundle: Path) -> None:
+        config["root"]["readonly"] = False
+        (bundle / "rootfs" / "etc").mkdir(exist_ok=True)
+        os.chown(bundle / "rootfs", uid, -1)
+        os.chown(bundle / "rootfs" / "etc", uid, -1)
+
+    return edit
+
+
+@pytest.mark.confinement
+@pytest.mark.root
+def test_the_i386_entry_is_killed_under_runc(runc_world: World, tmp_path: Path) -> None:
+    """A call through int 0x80 (another architecture) kills the process, as under bwrap."""
+    if not X86_64:
+        pytest.skip("int 0x80 is x86_64's i386 entry")
+    script = (
+        "python3 -c 'import ctypes, mmap\n"
+        "m = mmap.mmap(-1, 4096, prot=7); m.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))\n"
+        "a = ctypes.addressof(ctypes.c_char.from_buffer(m))\n"
+        'print("ran", ctypes.CFUNCTYPE(ctypes.c_int)(a()))\'; echo "status $?"'
+    )
+    script = script.replace("(a()))", "(a)())")
+    outcome = run_bundle(tmp_path, runc_world.plan(), script)
+    assert "status 159" in outcome.stdout, outcome  # 128 + SIGSYS
+    twin = run_bundle(tmp_path, runc_world.plan(), script, edit=_without_seccomp)
+    assert "ran" in twin.stdout, twin
+
+
+@pytest.mark.confinement
+@pytest.mark.root
+def test_the_cli_bundle_runs_under_runc(runc_world: World, tmp_path: Path) -> None:
+    """`nsconfine oci-bundle SESSION DIR -- CMD` writes a bundle `runc run` runs as the
+    session's account, in its workspace, with its credential."""
+    assert RUNC is not None
+    bundle = tmp_path / "cli-bundle"
+    world = runc_world
+    command = [sys.executable, "-m", "nsconfine", "oci-bundle", "--workspace", world.workspace,
+               "--run-dir", world.run_dir, "--credential", world.credential,
+               "--user", world.user.name, str(bundle), "--",
+               "/bin/sh", "-c", 'id -u; pwd; printf %s "$ANTHROPIC_API_KEY"']  # fmt: skip
+    written = subprocess.run(command, capture_output=True, text=True, cwd="/", check=False)
+    assert written.returncode == 0, written.stderr
+    assert (bundle / "config.json").stat().st_mode & 0o077 == 0  # it holds the credential
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(
+            subprocess.run, [RUNC, "delete", "--force", "nsc-cli"], capture_output=True
+        )
+        ran = subprocess.run(
+            [RUNC, "run", "--bundle", str(bundle), "nsc-cli"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+    key = f"sk-stand-in-{world.token}"
+    assert ran.stdout.split("\n") == [str(world.user.uid), world.workspace, key], ran
+
+
+PODMAN = shutil.which("podman")
+
+
+@pytest.mark.root
+def test_podman_runs_the_same_plan(runc_world: World, tmp_path: Path) -> None:
+    """`nsconfine podman-args` writes the bundle and prints a `podman run` that runs the
+    session as its account, refusing a secret and writing its workspace."""
+    if PODMAN is None:
+        pytest.skip("podman is not installed")
+    world = runc_world
+    probe = subprocess.run(
+        [PODMAN, "run", "--rm", "--rootfs", "/", "--user", "65534", "/bin/true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"podman cannot run a container on this host: {probe.stderr.strip()[-200:]}")
+    secret = world.secrets["~/.ssh/id_ed25519"]
+    bundle = tmp_path / "podman-bundle"
+    command = [sys.executable, "-m", "nsconfine", "podman-args", "--workspace", world.workspace,
+               "--run-dir", world.run_dir, "--user", world.user.name, str(bundle), "--",
+               "/bin/sh", "-c", f"id -u; cat {secret}; echo made > podman.txt"]  # fmt: skip
+    written = subprocess.run(command, capture_output=True, text=True, cwd="/", check=False)
+    assert written.returncode == 0, written.stderr
+    import shlex
+
+    ran = subprocess.run(
+        shlex.split(written.stdout), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.stdout.startswith(f"{world.user.uid}\n"), ran
+    assert "secret" not in ran.stdout
+    assert Path(world.workspace, "podman.txt").read_text() == "made\n"
