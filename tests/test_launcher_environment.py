@@ -1,6 +1,7 @@
-"""The preflight's canary stands alone: whatever the caller's TMPDIR, HOME and cache layout,
-`nsconfine check` proves bwrap in a world of its own (issue 10: a TMPDIR under ~/.config
-made `check` fail with plan-refused when the canary came from the session layer)."""
+"""The launcher's own environment (TMPDIR, HOME, XDG_CACHE_HOME) is an input like any other:
+`nsconfine check` proves bwrap in a world of its own whatever its layout (issue 10: a TMPDIR
+under ~/.config made `check` fail with plan-refused when the canary came from the session
+layer), and a cache directory it cannot write does not stop a launch."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import IS_ROOT, session_dirs, user_options
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -47,3 +49,28 @@ def test_check_proves_bwrap_whatever_the_callers_layout(tmp_path: Path, layout: 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "canary: a canary session" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_a_read_only_cache_directory_does_not_stop_a_launch(tmp_path: Path) -> None:
+    """An existing cache directory the launcher cannot write (a unit's ProtectSystem=strict, a
+    read-only home) is passed over for a directory of the account's own, as a missing one is."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    cache = tmp_path / "cache"
+    (cache / "nsconfine" / "mountpoints").mkdir(parents=True)
+    run = [
+        sys.executable, "-m", "nsconfine", "run", *user_options(),
+        "--workspace", str(workspace), "--run-dir", str(run_dir), "--", "/bin/echo", "ran",
+    ]  # fmt: skip
+    if IS_ROOT:  # root writes through mode bits: a read-only mount, in a namespace of its own
+        script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+        run = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(cache), *run]
+    else:
+        for directory in (cache, cache / "nsconfine", cache / "nsconfine" / "mountpoints"):
+            directory.chmod(0o500)
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    try:
+        done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    finally:
+        for directory in (cache, cache / "nsconfine", cache / "nsconfine" / "mountpoints"):
+            directory.chmod(0o700)
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
