@@ -94,9 +94,11 @@ def _find_records() -> str:
     directory = records_directory("mountpoints")
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        _require_writable(directory)  # one there already may sit on a read-only mount
     except OSError:
-        # No writable home (a system account): a directory of this uid's own in /tmp, which
-        # every launcher of this account with the same environment picks alike.
+        # No writable home (a system account, a unit's read-only home): a directory of this
+        # uid's own in /tmp, which every launcher of this account with the same environment
+        # picks alike.
         directory = f"/tmp/nsconfine-{os.geteuid()}/mountpoints"
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -134,6 +136,13 @@ def _records_locked() -> Iterator[str]:
         yield directory
     finally:
         os.close(fd)
+
+
+def _require_writable(directory: str) -> None:
+    """OSError unless this account can make files in directory. Tried, not asked: access()
+    answers by mode bits, and root passes those even on a read-only mount."""
+    probe = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    os.close(probe)
 
 
 def _token_path(records: str, identity: Identity) -> str:
