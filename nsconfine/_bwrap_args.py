@@ -154,7 +154,12 @@ def reaper_command_line(reaper: str, bwrap_argv: Sequence[str]) -> list[str]:
 
 def encode_options(options: Sequence[str]) -> bytes:
     """The NUL-terminated form bwrap's `--args` reads."""
-    encoded = b"".join(option.encode("utf-8", "surrogateescape") + b"\0" for option in options)
+    try:
+        encoded = b"".join(option.encode("utf-8", "surrogateescape") + b"\0" for option in options)
+    except UnicodeEncodeError:  # a lone surrogate: no byte string carries it
+        raise PlanError(
+            "an option holds a character no byte string can (a lone surrogate)"
+        ) from None
     if encoded.count(0) != len(options):  # a NUL inside an option would split it in two
         raise PlanError("an option holds a NUL byte; refusing to hand bwrap a forged option")
     return encoded

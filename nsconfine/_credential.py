@@ -27,6 +27,11 @@ def read_credential(path: str) -> dict[str, str]:
         raise CredentialMissing(
             f"credential file {path} does not exist: create it (KEY=VALUE, mode 0600)"
         ) from None
+    except ValueError:  # a NUL byte or a lone surrogate: no file has such a name
+        raise CredentialInsecure(
+            f"credential file {path} cannot be used: its name holds a NUL byte or a character "
+            "no path can; give the file's real path"
+        ) from None
     except OSError as error:
         reason = "it is a symlink" if error.errno == errno.ELOOP else error.strerror
         raise CredentialInsecure(

@@ -14,7 +14,11 @@ class NsconfineError(Exception):
         self.message = message
 
     def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
+        from nsconfine._plan import printable  # _plan imports this module
+
+        # One line, whatever path or value the message quotes: a newline in it cannot forge
+        # a second line of the CLI's refusal.
+        return f"{self.code}: {printable(self.message)}"
 
 
 class UsageError(NsconfineError, ValueError):

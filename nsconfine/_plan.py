@@ -35,8 +35,19 @@ def is_env_name(name: object) -> bool:
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 # Unicode categories a terminal may act on instead of showing: controls (C0, C1), format
-# characters (bidi overrides and isolates, zero-width ones), line and paragraph separators.
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# characters (bidi overrides and isolates, zero-width ones), line and paragraph separators; and
+# surrogates (a non-UTF-8 byte of a path), which a UTF-8 terminal cannot be sent at all.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def encodable(text: str) -> bool:
+    """Can text reach the kernel and bwrap as bytes (a non-UTF-8 byte, kept as a surrogate
+    escape, can; a lone surrogate from elsewhere cannot)?"""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_hidden(character: str) -> bool:
@@ -135,9 +146,16 @@ class Entry(Record):
                 f"{printable(self.source or self.dest)} holds a control character (a newline, a "
                 "tab, an escape): such paths could forge the manifest a reviewer reads; rename it"
             )
+        if not encodable(self.dest) or not encodable(self.source):
+            raise PlanError(
+                f"{printable(self.source or self.dest)} holds a character no path can (a lone "
+                "surrogate): give the path as the file system names it"
+            )
         needs_source = self.kind in (Kind.BIND, Kind.SYMLINK, Kind.COPY)
         if needs_source != bool(self.source):
             raise PlanError(f"a {self.kind} entry for {self.dest!r} has the wrong source")
+        if self.kind in (Kind.BIND, Kind.COPY) and not self.source.startswith("/"):
+            raise PlanError(f"the source of {self.dest!r}, {self.source!r}, must be absolute")
         if (self.content is not None) != (self.kind is Kind.DATA):
             raise PlanError(f"only data entries carry content ({self.dest!r})")
         if (self.perms is not None) != (self.kind is Kind.COPY):
@@ -280,7 +298,7 @@ class EnvVar(Record):
     def __init__(self, name: str, value: str, origin: Origin) -> None:
         self._set(name=name, value=value, origin=origin)
         # bwrap reads its options NUL-separated: a NUL here would smuggle in options.
-        if not is_env_name(self.name) or "\0" in self.value:
+        if not is_env_name(self.name) or "\0" in self.value or not encodable(self.value):
             raise PlanError(f"environment variable {self.name!r} has an invalid name or value")
 
     def to_json(self) -> dict[str, str]:

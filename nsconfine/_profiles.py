@@ -76,6 +76,8 @@ class Bind(Record):
     ) -> None:
         self._set(source=source, dest=dest, mode=mode, reason=reason, optional=optional,
                   mkdir=mkdir)  # fmt: skip
+        if mode not in ("ro", "rw"):
+            raise UsageError(f"a bind's mode is ro or rw, not {mode!r} ({source!r})")
 
 
 class Profile(Record):
@@ -118,6 +120,8 @@ def load(name: str) -> Profile:
             raw = file.read()
     except OSError as error:
         raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from None
+    except ValueError:  # a NUL byte or a lone surrogate: no file has such a name
+        raise UsageError(f"profile {path}: no file can have this name") from None
     return _checked(label, path, raw.decode("utf-8", "replace"))
 
 

@@ -136,9 +136,7 @@ class Session(Record):
         credential_needed_by: Iterable[str] = (),
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
-            absolute = os.path.abspath(os.fspath(value))
-            # POSIX lets a path keep a leading "//"; inside the sandbox it is plain "/".
-            return "/" + absolute.lstrip("/")
+            return _absolute(_path_text(os.fspath(value)))
 
         harnesses = tuple(
             h if isinstance(h, Harness) else Harness.parse(os.fspath(h)) for h in harness
@@ -169,9 +167,9 @@ class Session(Record):
             env=names,
             credential=None if credential is None else path(credential),
             deny=tuple(path(d) for d in deny),
-            user=user,
-            protect=tuple(protect),
-            unprotect=tuple(unprotect),
+            user=_path_text(user) if isinstance(user, str) else user,
+            protect=tuple(_path_text(name) for name in protect),
+            unprotect=tuple(_path_text(name) for name in unprotect),
             network=network,
             allow_nested_userns=_nested_userns_reason(allow_nested_userns),
             setenv=tuple(_literal_values(setenv)),
@@ -637,7 +635,23 @@ def _expand(text: str, session: Session, environ: Mapping[str, str]) -> str | No
         return value
 
     text = _VARIABLE.sub(variable, text)
-    return None if missing else os.path.abspath(os.path.expanduser(text))
+    return None if missing else _absolute(os.path.expanduser(text))
+
+
+def _absolute(path: str) -> str:
+    """path made absolute and normalized; POSIX lets a path keep a leading "//", and inside the
+    sandbox it is plain "/"."""
+    return "/" + os.path.abspath(path).lstrip("/")
+
+
+def _path_text(text: str) -> str:
+    """text, if the kernel can take it as a path or name: no NUL byte, no lone surrogate."""
+    if "\0" in text or not p.encodable(text):
+        raise UsageError(
+            f"{text!r} holds a NUL byte or a character no path can hold: give the name as the "
+            "file system has it"
+        )
+    return text
 
 
 def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry]:
@@ -664,6 +678,7 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
         dest = _expand(bind.dest, session, os.environ)
         if source is None or dest is None:
             continue  # it names a variable the launcher does not set
+        source, dest = _path_text(source), _path_text(dest)
         pairs = [(source, dest)]
         if glob.has_magic(source):
             pairs = [(match, match) for match in sorted(glob.glob(source))]
@@ -694,10 +709,14 @@ def _make_bind_directory(path: str, session: Session) -> None:
         parent == top or parent.startswith(top + "/")
         for top in (session.workspace, session.run_dir)
     )
-    if not inside or realpath(parent) != parent:
+    try:
+        real_parent = realpath(parent)
+    except OSError:
+        real_parent = ""  # missing: refused as through a symlink, for want of a parent
+    if not inside or real_parent != parent:
         raise PlanError(
-            f"{printable(path)} is made only inside the workspace or run directory, through no "
-            "symlink"
+            f"{printable(path)} is made only inside the workspace or run directory, in a "
+            "directory that exists, through no symlink"
         )
     parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
