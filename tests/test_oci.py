@@ -296,6 +296,43 @@ def test_a_bundle_inside_a_writable_bind_is_refused(
     assert "which the session can write" in capsys.readouterr().err
 
 
+@pytest.mark.root
+def test_a_bundle_inside_a_writable_bind_through_a_bind_mount_is_refused(tmp_path: Path) -> None:
+    """A bind mount of the workspace elsewhere on the host names the same directory under
+    another path: a bundle there is in the workspace all the same (the session could swap in
+    a config.json of its own that runs as root), so it is refused by what the directory is,
+    not by how its path reads."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a bind mount in a private mount namespace needs root and unshare")
+    workspace, run_dir = session_dirs(tmp_path, "w", "r")
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+         str(workspace), str(alias), sys.executable, "-m", "nsconfine", "oci-bundle",
+         *options, str(alias / "bundle")],
+        capture_output=True, text=True, cwd="/", check=False,
+    )  # fmt: skip
+    assert done.returncode == 64, done
+    assert "which the session can write" in done.stderr
+    assert not (workspace / "bundle").exists()
+
+
+def test_a_bundle_whose_parent_is_missing_is_a_clear_refusal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle directory that cannot be made is one line with its code, no traceback."""
+    workspace, run_dir = session_dirs(tmp_path, "w", "r")
+    options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
+    assert main(["oci-bundle", *options, str(tmp_path / "missing" / "bundle")]) == 64
+    err = capsys.readouterr().err
+    assert err.startswith("nsconfine: usage: "), err
+    assert "missing/bundle" in err
+    assert "Traceback" not in err
+
+
 # ------------------------------------------------------------------ under runc
 
 RUNC = shutil.which("runc")
