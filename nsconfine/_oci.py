@@ -429,17 +429,37 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
         raise PlanError(
             "the session would run as uid 0: name an unprivileged account (--user NAME)"
         )
-    for entry in plan.entries:
-        if entry.kind is Kind.BIND and entry.mode is Mode.RW:
-            source = os.path.realpath(entry.source)
-            real = os.path.realpath(bundle)
-            if real == source or real.startswith(source.rstrip("/") + "/"):
-                raise UsageError(
-                    f"the bundle {printable(bundle)} lies inside {printable(entry.source)}, "
-                    "which the session can write: it could rewrite its own config.json"
-                )
+    writable = {
+        _identity(e.source): e for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW
+    }
+    writable.pop(None, None)  # a missing source (the lint refuses it) is nothing to be inside
+    # By what each directory above the bundle is, not by how its path reads: a symlink or a
+    # bind mount of the workspace elsewhere names the very same directory.
+    for above in {*_ancestors(bundle), *_ancestors(os.path.realpath(bundle))}:
+        entry = writable.get(_identity(above))
+        if entry is not None:
+            raise UsageError(
+                f"the bundle {printable(bundle)} lies inside {printable(entry.source)}, "
+                "which the session can write: it could rewrite its own config.json"
+            )
     lint(plan)
     return materialize(plan, bundle, argv)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _ancestors(path: str) -> list[str]:
+    """path and every directory above it."""
+    found = [path]
+    while found[-1] != "/":
+        found.append(os.path.dirname(found[-1]))
+    return found
 
 
 def materialize(plan: Plan, bundle: str, argv: Sequence[str] = DEFAULT_COMMAND) -> Export:
@@ -477,6 +497,10 @@ def _make_bundle_directory(bundle: str) -> None:
                 f"{printable(bundle)} exists and is not an empty directory: give a new one"
             ) from None
         os.chmod(bundle, 0o700)
+    except OSError as error:
+        raise UsageError(
+            f"the bundle {printable(bundle)} cannot be made: {error.strerror}"
+        ) from None
     os.mkdir(os.path.join(bundle, "rootfs"), 0o755)
     os.chmod(os.path.join(bundle, "rootfs"), 0o755)  # whatever the umask
 
