@@ -30,9 +30,10 @@
  * would (a name without a slash is searched in the PATH of that environment;
  * a file the kernel cannot execute is run with /bin/sh). nsconfine.spawn
  * sends no fds (the command keeps the stdio bwrap got); nsconfine.Pool sends
- * the caller's. The error pipe is the launcher's proof: it closes at a
+ * the caller's. The error pipe is the launcher's proof: the shim writes
+ * NSC_SHIM_EXECUTING into it once all is in place, and the pipe closes at a
  * successful exec (EOF); on failure the shim writes {errno, stage} into it
- * and exits 127. EOF on the socket (the launcher closed the sandbox or died)
+ * and exits 127. EOF with neither means the shim was killed first. EOF on the socket (the launcher closed the sandbox or died)
  * or the idle timeout: exit 0, the sandbox ends and the launcher reaps it.
  *
  * With GUARD_PID_1 = 1 the shim first takes a Landlock domain of its own, scoped
@@ -416,5 +417,8 @@ int helper_main(int argc, char **argv, char **envp)
     r = sys_close_range(3, ~0U, CLOSE_RANGE_CLOEXEC_);
     if (r < 0)
         fail(r, NSC_SHIM_STAGE_CLOSE);
+    char executing = NSC_SHIM_EXECUTING;
+    if (sys_write_all(errpipe, &executing, 1) != 1)
+        sys_exit(127); /* the launcher is gone: nobody to run the command for */
     exec_command(args, environment);
 }

@@ -54,6 +54,7 @@ from nsconfine._programs import (
     REAPER_PATH,
     SHIM_CLOSE_MASK,
     SHIM_EXEC_STAGE,
+    SHIM_EXECUTING,
     SHIM_HEADER,
     SHIM_MAGIC,
     SHIM_MAX_BODY,
@@ -156,6 +157,7 @@ class Staged:
     """A sandbox built and checked, whose shim waits for its command."""
 
     __slots__ = (
+        "bwrap_pidfd",
         "command_pid",
         "command_pidfd",
         "info_fd",
@@ -176,6 +178,7 @@ class Staged:
         self.reaper_pidfd = reaper_pidfd
         self.sock = sock
         self.init_pid = self.init_pidfd = self.command_pid = self.command_pidfd = -1
+        self.bwrap_pidfd = -1  # bwrap's own process, outside the sandbox; only until hand-off
         self.started = time.perf_counter()
         self.timings: dict[str, float] = {}
         self.usable_until = 0.0
@@ -189,11 +192,15 @@ class Staged:
 
     def pidfds(self) -> list[int]:
         """The pidfds this staged sandbox holds."""
-        return [fd for fd in (self.reaper_pidfd, self.init_pidfd, self.command_pidfd) if fd >= 0]
+        held = (self.reaper_pidfd, self.bwrap_pidfd, self.init_pidfd, self.command_pidfd)
+        return [fd for fd in held if fd >= 0]
 
     def ended(self) -> bool:
-        """Has the reaper exited (the sandbox expired, failed or was killed)?"""
-        return _syscalls.wait_fd(self.reaper_pidfd, 0)
+        """Has the reaper, bwrap or the sandbox's init exited (the sandbox expired, failed or
+        was killed)? A sandbox whose bwrap is gone may live on, but no status would come back
+        from it: it is never handed a command."""
+        watched = (self.reaper_pidfd, self.bwrap_pidfd, self.init_pidfd)
+        return any(_syscalls.wait_fd(fd, 0) for fd in watched if fd >= 0)
 
 
 def open_entry_fds(plan: Plan, fds: list[int], bind_sources: dict[str, int] | None = None) -> None:
@@ -405,7 +412,11 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     except ProcessLookupError:
         raise _SetupEnded("ended before it could be checked") from None
     staged.init_pid = child
-    _check_init(bwrap, staged.reaper, child, info, plan.network == "none")
+    bwrap_pid = _check_init(bwrap, staged.reaper, child, info, plan.network == "none")
+    try:
+        staged.bwrap_pidfd = os.pidfd_open(bwrap_pid)
+    except ProcessLookupError:
+        raise _SetupEnded("ended during set-up") from None
     staged.mark("namespaces")
     shim = _await_shim(staged)
     try:
@@ -480,9 +491,9 @@ def _namespaces(pid: int) -> dict[str, int]:
 
 def _check_init(
     bwrap: str, reaper: int, child: int, info: dict[str, Any], own_network: bool
-) -> None:
+) -> int:
     """The sandbox's init is bwrap's child, bwrap is the reaper's, and its namespaces are new
-    (the network's only when the plan gives it one of its own)."""
+    (the network's only when the plan gives it one of its own); bwrap's pid."""
     try:
         bwrap_pid = _parent(child)
         grandparent = _parent(bwrap_pid)
@@ -504,6 +515,7 @@ def _check_init(
                 "it): it does not confine; install Debian's bubblewrap or point "
                 "NSCONFINE_BWRAP at a real one"
             )
+    return bwrap_pid
 
 
 def _await_shim(staged: Staged) -> int:
@@ -565,7 +577,7 @@ def teardown(staged: Staged) -> int:
     _, status = os.waitpid(staged.reaper, 0)
     for fd in staged.pidfds():
         os.close(fd)
-    staged.reaper_pidfd = staged.init_pidfd = staged.command_pidfd = -1
+    staged.reaper_pidfd = staged.bwrap_pidfd = staged.init_pidfd = staged.command_pidfd = -1
     _mountpoints.remove(staged.stubs)
     return os.waitstatus_to_exitcode(status)
 
@@ -694,16 +706,33 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     """Give a staged sandbox its command; return once the command has exec'd.
 
     OSError (errno, "execvp", argv[0]) if it cannot be exec'd: the sandbox is then gone.
-    StagedGone if the sandbox ended before it took the command."""
+    StagedGone if the sandbox ended before it took the command; SandboxUnavailable if the
+    launcher has no fd left for the hand-off. Either way nothing is left half-launched."""
     import array
-    import select
 
+    if staged.ended():  # its shim could still take the command, and die with its sandbox
+        teardown(staged)
+        raise StagedGone
     message, fds = launch.message, launch.fds or []
     # The command's stdio: for spawn, bwrap's (-1: the launcher's own 0, 1, 2).
     own = [fd if fd >= 0 else number for number, fd in enumerate(staged.stdio)]
     terminals = _terminal.save(own if launch.fds is None else fds)
-    report_read, report_write = os.pipe2(os.O_CLOEXEC)
     controller = -1  # the command's terminal, for a launch with tty
+
+    def abandon() -> None:  # a half-launched sandbox is never left behind
+        _terminal.restore(terminals)
+        teardown(staged)
+        if controller >= 0:
+            os.close(controller)
+
+    try:
+        report_read, report_write = os.pipe2(os.O_CLOEXEC)
+    except OSError as error:
+        abandon()
+        raise SandboxUnavailable(
+            f"the launcher has no file descriptor left for the launch ({error.strerror}); "
+            "nothing was run: close some, or raise its RLIMIT_NOFILE"
+        ) from None
     try:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report_write, *fds]))]
         try:
@@ -716,43 +745,51 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
             os.close(report_write)  # now only the shim holds it: EOF comes with its exec
         if launch.tty:
             controller = _receive_terminal(staged, report_read)
-        # EOF, or a report. If the shim died with the message still queued on its socket,
-        # the pipe's write end would sit in that queue and EOF would never come: its pidfd says
-        # it is gone, and the unread bytes say it never took the message.
-        poller = select.poll()
-        poller.register(report_read, select.POLLIN)
-        poller.register(staged.command_pidfd, select.POLLIN)
-        report = b""
-        while True:
-            events = dict(poller.poll())
-            if report_read in events:
-                chunk = os.read(report_read, SHIM_REPORT.size)
-                if not chunk:
-                    break
-                report += chunk
-            elif events:
-                if _unread_by_peer(staged.sock) > 0:
-                    raise StagedGone
-                # It took the message: EOF comes (another thread's spawn child may hold a
-                # copy of the write end for the instant before its exec).
-                poller.unregister(staged.command_pidfd)
+        report = _read_report(staged, report_read)
     except BaseException:
-        _terminal.restore(terminals)
-        teardown(staged)  # a half-launched sandbox is never left behind
-        if controller >= 0:
-            os.close(controller)
+        abandon()
         raise
     finally:
         os.close(report_read)
-    if report:
-        _terminal.restore(terminals)
-        teardown(staged)
-        if controller >= 0:
-            os.close(controller)
-        err, stage_number = SHIM_REPORT.unpack(report.ljust(SHIM_REPORT.size, b"\0")[:8])
-        syscall = SHIM_STAGES.get(stage_number, f"shim stage {stage_number}")
-        filename = launch.argv[0] if stage_number == SHIM_EXEC_STAGE else None
-        raise _syscalls.SyscallError(err, syscall, filename)
-    staged.sock.close()
-    staged.mark("exec")
-    return Sandbox._launched(staged, terminals, controller)
+    # "X" then EOF: exec'd. {errno, stage} (after "X" if exec itself failed): refused. EOF
+    # alone: the shim was killed before it got that far, and its sandbox with it.
+    executing = report[:1] == SHIM_EXECUTING
+    failure = report[1:] if executing else report
+    if executing and not failure:
+        os.close(staged.bwrap_pidfd)  # the handle watches the reaper, init and command
+        staged.bwrap_pidfd = -1
+        staged.sock.close()
+        staged.mark("exec")
+        return Sandbox._launched(staged, terminals, controller)
+    abandon()
+    if not failure:
+        raise StagedGone
+    err, stage_number = SHIM_REPORT.unpack(failure.ljust(SHIM_REPORT.size, b"\0")[:8])
+    syscall = SHIM_STAGES.get(stage_number, f"shim stage {stage_number}")
+    filename = launch.argv[0] if stage_number == SHIM_EXEC_STAGE else None
+    raise _syscalls.SyscallError(err, syscall, filename)
+
+
+def _read_report(staged: Staged, report_read: int) -> bytes:
+    """What the shim writes on the error pipe, up to its EOF. If the shim died with the message
+    still queued on its socket, the pipe's write end would sit in that queue and EOF would
+    never come: its pidfd says it is gone, and the unread bytes say it never took the message."""
+    import select
+
+    poller = select.poll()
+    poller.register(report_read, select.POLLIN)
+    poller.register(staged.command_pidfd, select.POLLIN)
+    report = b""
+    while True:
+        events = dict(poller.poll())
+        if report_read in events:
+            chunk = os.read(report_read, SHIM_REPORT.size + 1)
+            if not chunk:
+                return report
+            report += chunk
+        elif events:
+            if _unread_by_peer(staged.sock) > 0:
+                raise StagedGone
+            # It took the message: EOF comes (another thread's spawn child may hold a
+            # copy of the write end for the instant before its exec).
+            poller.unregister(staged.command_pidfd)

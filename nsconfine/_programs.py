@@ -37,6 +37,7 @@ SHIM_PLACE_MASK: Final = sys_.SHIM_WIRE["PLACE_MASK"]
 SHIM_CLOSE_MASK: Final = sys_.SHIM_WIRE["CLOSE_MASK"]
 SHIM_TTY: Final = sys_.SHIM_WIRE["TTY"]
 SHIM_EXEC_STAGE: Final = sys_.SHIM_WIRE["STAGE_EXEC"]
+SHIM_EXECUTING: Final = bytes([sys_.SHIM_WIRE["EXECUTING"]])
 SHIM_STAGES: Final = {
     sys_.SHIM_WIRE["STAGE_RECV"]: "recvmsg",
     sys_.SHIM_WIRE["STAGE_PROTOCOL"]: "launch message",

@@ -14,7 +14,14 @@ from contextlib import contextmanager
 
 from nsconfine._accounts import SEARCH, access_problem
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
-from nsconfine._executor import SPAWN_SHIM_TIMEOUT_MS, hand_off, prepare_launch, stage, stdio_fd
+from nsconfine._executor import (
+    SPAWN_SHIM_TIMEOUT_MS,
+    StagedGone,
+    hand_off,
+    prepare_launch,
+    stage,
+    stdio_fd,
+)
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Kind, Mode, Plan, printable
 from nsconfine._policy import check_plan
@@ -127,7 +134,13 @@ def spawn(
     launch = prepare_launch(argv, tty=tty)  # a refused command never has a sandbox built for it
     stdio = (stdio_fd(stdin, "stdin"), stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
     staged = checked_stage(plan, stdio=stdio)
-    return hand_off(staged, launch)  # OSError from here on: the command could not start
+    try:
+        return hand_off(staged, launch)  # OSError from here on: the command could not start
+    except StagedGone:
+        raise SandboxUnavailable(
+            "the sandbox ended before its command started (its bwrap was killed); nothing "
+            "was run, launch again"
+        ) from None
 
 
 def checked_stage(
