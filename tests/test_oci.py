@@ -320,6 +320,19 @@ def test_a_bundle_inside_a_writable_bind_through_a_bind_mount_is_refused(tmp_pat
     assert not (workspace / "bundle").exists()
 
 
+def test_podman_args_refuse_a_path_its_mount_syntax_would_split(plan: Plan, tmp_path: Path) -> None:
+    """podman's --mount splits on commas: a directory the session names `d,dev,suid,exec`
+    (a repository in its workspace, whose protected paths the plan binds) would turn into
+    mount options; refused, never printed."""
+    odd = tmp_path / "ws" / "d,dev,suid,exec"
+    widened = plan.replace(entries=(*plan.entries, p.ro_bind(str(odd), str(odd), "a repo")))
+    bundle = str(tmp_path / "bundle")
+    exported = _oci.export(widened, bundle)
+    with pytest.raises(PlanError, match="podman"):
+        _oci.podman_args(widened, exported, bundle)
+    assert _oci.podman_args(plan, _oci.export(plan, bundle), bundle)  # the control
+
+
 def test_a_bundle_whose_parent_is_missing_is_a_clear_refusal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
