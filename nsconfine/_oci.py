@@ -691,6 +691,13 @@ def podman_args(
         kind, dest = mount["type"], mount["destination"]
         if kind in ("proc", "devpts") or dest in ("/dev", "/dev/shm"):
             continue  # podman's own
+        split_on = ",\n" if kind == "bind" else ",:\n"  # --tmpfs is DEST:OPTIONS
+        if any(c in path for path in (mount["source"], dest) for c in split_on):
+            raise PlanError(
+                f"{printable(mount['source'])} -> {printable(dest)}: podman's --mount and "
+                "--tmpfs split a path on ',' and ':', so it would become mount options; "
+                "run the bundle with runc instead"
+            )
         if kind == "bind":
             read_only = ",ro=true" if "ro" in mount["options"] else ""
             spec = f"type=bind,source={mount['source']},destination={dest}{read_only}"
