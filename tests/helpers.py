@@ -84,6 +84,11 @@ def user_options() -> list[str]:
     return ["--user", SESSION_USER] if SESSION_USER else []
 
 
+def session_options(workspace: Path | str, run_dir: Path | str) -> list[str]:
+    """The CLI's options for a session on workspace and run_dir (and --user, as root)."""
+    return [*user_options(), "--workspace", str(workspace), "--run-dir", str(run_dir)]
+
+
 # Every python_child starts with this: session_plan() builds a plan as session() does.
 CHILD_PRELUDE = """
 import os, sys
@@ -146,6 +151,29 @@ def open_fds() -> list[int]:
     return sorted(int(name) for name in os.listdir("/proc/self/fd"))
 
 
-def shell(argv: Sequence[str]) -> list[str]:
-    """argv as /bin/sh -c would take it: a helper for readable probes."""
-    return ["/bin/sh", "-c", *argv]
+def run(plan: nsconfine.Plan, argv: Sequence[str], timeout: float = 120) -> tuple[int, str]:
+    """argv's exit status and everything it wrote to stdout and stderr, in a session of plan."""
+    read_end, write_end = os.pipe()
+    try:
+        sandbox = nsconfine.spawn(plan, argv, stdout=write_end, stderr=write_end)
+    finally:
+        os.close(write_end)
+    output = read_to_eof(read_end, timeout)
+    os.close(read_end)
+    return sandbox.wait(timeout=timeout), (output or b"").decode(errors="replace")
+
+
+def sh(plan: nsconfine.Plan, script: str, timeout: float = 120) -> tuple[int, str]:
+    """A shell snippet's exit status and output, in a session of plan."""
+    return run(plan, ["/bin/sh", "-c", script], timeout)
+
+
+def cli(
+    *arguments: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python -m nsconfine ARGUMENTS` in a fresh interpreter started from /, so it imports the
+    installed package; its status and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "nsconfine", *arguments],
+        capture_output=True, text=True, cwd="/", timeout=timeout, check=False, env=env,
+    )  # fmt: skip

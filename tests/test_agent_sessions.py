@@ -14,44 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import (
-    open_up,
-    read_to_eof,
-    session,
-    session_dirs,
-    user_options,
-)
+from helpers import cli, open_up, read_to_eof, session, session_options, sh
 
 import nsconfine
 from nsconfine._plan import Kind
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
-
-
-@pytest.fixture
-def ws_run(tmp_path: Path) -> tuple[Path, Path]:
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    return workspace, run_dir
-
-
-def run(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
-    read_end, write_end = os.pipe()
-    try:
-        sandbox = nsconfine.spawn(
-            plan, ["/bin/sh", "-c", script], stdout=write_end, stderr=write_end
-        )
-    finally:
-        os.close(write_end)
-    output = read_to_eof(read_end, 120)
-    os.close(read_end)
-    return sandbox.wait(timeout=120), (output or b"").decode(errors="replace")
-
-
-def cli(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nsconfine", *arguments],
-        capture_output=True, text=True, cwd="/", timeout=120, check=False,
-    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ the environment
@@ -65,7 +33,7 @@ def test_terminal_and_locale_variables_pass_by_default(
                         "LC_TIME": "C", "TZ": "UTC"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
     plan = session(*ws_run).plan()
-    _status, output = run(plan, "echo $TERM $COLORTERM $LANG $LC_TIME $TZ")
+    _status, output = sh(plan, "echo $TERM $COLORTERM $LANG $LC_TIME $TZ")
     assert output.strip() == "xterm-256color truecolor C.UTF-8 C UTC", output
     assert "TERM=xterm-256color" in plan.manifest()  # not secret: shown
 
@@ -76,16 +44,15 @@ def test_terminal_variables_can_be_left_out(
     """pass_terminal=False leaves them out."""
     monkeypatch.setenv("TERM", "xterm-256color")
     plan = session(*ws_run, pass_terminal=False).plan()
-    assert run(plan, "echo [$TERM]")[1].strip() == "[]"
+    assert sh(plan, "echo [$TERM]")[1].strip() == "[]"
 
 
 def test_setenv_sets_literal_values(ws_run: tuple[Path, Path]) -> None:
     """--setenv NAME=VALUE (setenv= in the API) sets a literal value, shown in the manifest."""
     plan = session(*ws_run, setenv={"NPM_CONFIG_UPDATE_NOTIFIER": "false"}).plan()
-    assert run(plan, "echo $NPM_CONFIG_UPDATE_NOTIFIER")[1].strip() == "false"
+    assert sh(plan, "echo $NPM_CONFIG_UPDATE_NOTIFIER")[1].strip() == "false"
     assert "NPM_CONFIG_UPDATE_NOTIFIER=false" in plan.manifest()
-    result = cli("plan", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
-                 str(ws_run[1]), "--setenv", "A=b c")  # fmt: skip
+    result = cli("plan", *session_options(*ws_run), "--setenv", "A=b c")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "A=b c" in result.stdout
 
@@ -93,8 +60,7 @@ def test_setenv_sets_literal_values(ws_run: tuple[Path, Path]) -> None:
 @pytest.mark.parametrize("bad", ["NOEQUALS", "=x", "HOME=/x", "1A=x"])
 def test_a_bad_setenv_is_refused(ws_run: tuple[Path, Path], bad: str) -> None:
     """A malformed --setenv, or one that sets HOME, is a usage error naming it."""
-    result = cli("plan", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
-                 str(ws_run[1]), "--setenv", bad)  # fmt: skip
+    result = cli("plan", *session_options(*ws_run), "--setenv", bad)  # fmt: skip
     assert result.returncode == 64, result.stdout
     assert "setenv" in result.stderr
     assert "Traceback" not in result.stderr
@@ -106,16 +72,16 @@ def test_a_bad_setenv_is_refused(ws_run: tuple[Path, Path], bad: str) -> None:
 def test_home_persists_by_default(ws_run: tuple[Path, Path]) -> None:
     """home="persist": what one launch leaves in HOME, the next one finds."""
     plan = session(*ws_run).plan()
-    run(plan, "echo kept > $HOME/note")
-    assert run(plan, "cat $HOME/note")[1].strip() == "kept"
+    sh(plan, "echo kept > $HOME/note")
+    assert sh(plan, "cat $HOME/note")[1].strip() == "kept"
 
 
 def test_a_fresh_home_is_empty_every_launch(ws_run: tuple[Path, Path]) -> None:
     """home="fresh": each launch gets an empty HOME, and nothing of it reaches the run dir."""
     plan = session(*ws_run, home_mode="fresh").plan()
-    _status, output = run(plan, "echo gone > $HOME/note; ls -A $HOME")
+    _status, output = sh(plan, "echo gone > $HOME/note; ls -A $HOME")
     assert output.strip() == "note", output
-    assert run(plan, "ls -A $HOME")[1].strip() == ""
+    assert sh(plan, "ls -A $HOME")[1].strip() == ""
     assert not (ws_run[1] / "home" / "note").exists()
 
 
@@ -126,7 +92,7 @@ def test_system_files_tools_read_are_there(ws_run: tuple[Path, Path]) -> None:
     """/etc/os-release, /etc/locale.alias and /etc/manpath.config are readable, and
     /etc/machine-id is the session's own, not the host's."""
     plan = session(*ws_run).plan()
-    _status, output = run(
+    _status, output = sh(
         plan,
         "cat /etc/os-release | head -1; test -r /etc/locale.alias && echo alias; "
         "test -r /etc/manpath.config && echo manpath; cat /etc/machine-id",
@@ -145,7 +111,7 @@ def test_system_files_tools_read_are_there(ws_run: tuple[Path, Path]) -> None:
 def test_cpu_topology_is_visible(ws_run: tuple[Path, Path]) -> None:
     """A read-only /sys subset: lscpu works and reports this host's CPUs; /sys is not
     writable."""
-    _status, output = run(
+    _status, output = sh(
         session(*ws_run).plan(),
         "lscpu | grep -i '^CPU(s):'; nproc; (echo x > /sys/devices/system/cpu/x) 2>&1 || true",
     )
@@ -161,7 +127,7 @@ def test_the_jvm_profile_runs_javac_and_mvn(ws_run: tuple[Path, Path]) -> None:
     if shutil.which("javac") is None or shutil.which("mvn") is None:
         pytest.skip("no JDK or Maven here (apt-get install default-jdk-headless maven)")
     plan = session(*ws_run, profile=["jvm"]).plan()
-    _status, output = run(plan, "javac -version && mvn -v -q 2>&1 | head -1 && echo JVM-OK")
+    _status, output = sh(plan, "javac -version && mvn -v -q 2>&1 | head -1 && echo JVM-OK")
     assert "JVM-OK" in output, output
 
 
@@ -172,7 +138,7 @@ def test_a_git_identity_lets_a_fresh_session_commit(ws_run: tuple[Path, Path]) -
     """--git-identity gives commits an author and committer through a generated, read-only
     HOME .gitconfig listed in the manifest."""
     plan = session(*ws_run, git_identity="Coder Bot <coder@example.org>").plan()
-    _status, output = run(
+    _status, output = sh(
         plan,
         f"cd {ws_run[0]} && git init -q r && cd r && git commit -q --allow-empty -m one && "
         "git log --format='%an <%ae> / %cn' && (echo x >> $HOME/.gitconfig) 2>&1",
@@ -198,7 +164,7 @@ def test_a_repository_of_another_owner_is_usable(ws_run: tuple[Path, Path], tmp_
         for name in files:
             os.chmod(os.path.join(root, name), 0o644)
     plan = session(*ws_run, ro=[repo], git_identity="A <a@a>").plan()
-    _status, output = run(plan, f"git -C {repo} log --format=%s")
+    _status, output = sh(plan, f"git -C {repo} log --format=%s")
     assert output.strip() == "theirs", output
 
 
@@ -249,12 +215,12 @@ def test_a_harness_symlink_binds_its_package(ws_run: tuple[Path, Path], npm_pack
     """A --harness that is npm's .bin link binds the package it resolves into and the packages
     it depends on, read-only, and recreates the link: the tool runs by its name."""
     plan = session(*ws_run, harness=[npm_package]).plan()
-    _status, output = run(plan, "tool")
+    _status, output = sh(plan, "tool")
     assert "native part" in output, output
     link = next(e for e in plan.entries if e.dest == str(npm_package))
     assert link.kind is Kind.SYMLINK
     assert link.source == "../tool/bin/tool.js"
-    _status, output = run(plan, f"cat {npm_package.parent.parent}/other-package/secret.txt")
+    _status, output = sh(plan, f"cat {npm_package.parent.parent}/other-package/secret.txt")
     assert "not the harness's" not in output
 
 
@@ -265,7 +231,7 @@ def test_a_pin_covers_the_resolved_entry_file(ws_run: tuple[Path, Path], npm_pac
     target = npm_package.resolve()
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
     plan = session(*ws_run, harness=[f"{npm_package}@sha256:{digest}"]).plan()
-    assert run(plan, "tool")[0] == 0
+    assert sh(plan, "tool")[0] == 0
     target.write_text(target.read_text() + "// changed\n")
     with pytest.raises(nsconfine.NsconfineError, match=r"sha256|digest|pin"):
         nsconfine.spawn(plan, ["tool"]).wait()
@@ -273,8 +239,7 @@ def test_a_pin_covers_the_resolved_entry_file(ws_run: tuple[Path, Path], npm_pac
 
 def test_an_empty_harness_is_refused(ws_run: tuple[Path, Path]) -> None:
     """--harness "" is refused by name, not taken for the working directory."""
-    result = cli("plan", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
-                 str(ws_run[1]), "--harness", "")  # fmt: skip
+    result = cli("plan", *session_options(*ws_run), "--harness", "")  # fmt: skip
     assert result.returncode in (64, 65), result.stdout
     assert "harness" in result.stderr
     assert "Traceback" not in result.stderr
@@ -286,8 +251,8 @@ def test_an_empty_harness_is_refused(ws_run: tuple[Path, Path]) -> None:
 def _run_cli(ws_run: tuple[Path, Path], script: str) -> tuple[subprocess.Popen[bytes], int]:
     read_end, write_end = os.pipe()
     process = subprocess.Popen(
-        [sys.executable, "-m", "nsconfine", "run", *user_options(), "--workspace",
-         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--", "/bin/sh", "-c", script],
+        [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+         "/bin/sh", "-c", script],
         stdout=write_end, cwd="/",
     )  # fmt: skip
     os.close(write_end)
@@ -340,14 +305,12 @@ def test_sigwinch_does_not_start_the_grace_period(ws_run: tuple[Path, Path]) -> 
 
 def test_explain_says_through_which_entry(ws_run: tuple[Path, Path]) -> None:
     """`nsconfine explain PATH SESSION` names the entry, its mode and reason."""
-    result = cli("explain", "/usr/bin/git", *user_options(), "--workspace", str(ws_run[0]),
-                 "--run-dir", str(ws_run[1]))  # fmt: skip
+    result = cli("explain", "/usr/bin/git", *session_options(*ws_run))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "/usr" in result.stdout
     assert "ro" in result.stdout
     workspace_file = ws_run[0] / "src" / "main.py"
-    result = cli("explain", str(workspace_file), *user_options(), "--workspace",
-                 str(ws_run[0]), "--run-dir", str(ws_run[1]))  # fmt: skip
+    result = cli("explain", str(workspace_file), *session_options(*ws_run))  # fmt: skip
     assert "rw" in result.stdout
     assert "workspace" in result.stdout
 
@@ -355,8 +318,7 @@ def test_explain_says_through_which_entry(ws_run: tuple[Path, Path]) -> None:
 def test_explain_names_the_deny_rule(ws_run: tuple[Path, Path]) -> None:
     """A denied path: which rule, where it came from, and that the session cannot see it."""
     home = os.path.expanduser("~")
-    result = cli("explain", f"{home}/.ssh/id_ed25519", *user_options(), "--workspace",
-                 str(ws_run[0]), "--run-dir", str(ws_run[1]))  # fmt: skip
+    result = cli("explain", f"{home}/.ssh/id_ed25519", *session_options(*ws_run))  # fmt: skip
     assert result.returncode == 1, result.stdout
     assert ".ssh" in result.stdout
     assert "SSH keys" in result.stdout
@@ -364,7 +326,6 @@ def test_explain_names_the_deny_rule(ws_run: tuple[Path, Path]) -> None:
 
 def test_explain_says_when_nothing_grants_a_path(ws_run: tuple[Path, Path]) -> None:
     """A path no entry grants (and no rule denies): 'nothing in the plan grants it'."""
-    result = cli("explain", "/var/lib/dpkg/status", *user_options(), "--workspace",
-                 str(ws_run[0]), "--run-dir", str(ws_run[1]))  # fmt: skip
+    result = cli("explain", "/var/lib/dpkg/status", *session_options(*ws_run))  # fmt: skip
     assert result.returncode == 1
     assert "nothing in the plan grants it" in result.stdout

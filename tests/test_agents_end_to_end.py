@@ -16,14 +16,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from agent_mock import FINAL_WORD, AgentAPI
-from helpers import SESSION_USER, open_up
+from helpers import SESSION_USER
 
 from nsconfine._accounts import run_as
 from nsconfine._selftest import World
@@ -38,18 +36,6 @@ def harness(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"{name} is not installed under {AGENTS} (npm install --prefix {AGENTS} …)")
     return path
-
-
-@pytest.fixture
-def world() -> Iterator[World]:
-    """A stand-in host (nsconfine's selftest world): a home with secrets, a data root, a
-    checkout, another session; owned by the session's account when the launcher is root."""
-    root = tempfile.mkdtemp(prefix="nsconfine-e2e-")
-    open_up(root)
-    try:
-        yield World(root, run_as(SESSION_USER))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def attack_script(world: World) -> tuple[list[str], dict[int, str]]:

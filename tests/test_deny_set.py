@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import IS_ROOT, SESSION_USER, open_up, session_dirs
+from helpers import IS_ROOT, SESSION_USER, open_up
 
 from nsconfine import _plan as p
 from nsconfine import _policy
@@ -37,13 +37,6 @@ def standin(tmp_path: Path) -> Path:
     (home / ".config" / "app" / "secrets").write_text("token=1\n")
     (home / "notes.txt").write_text("nothing secret\n")
     return home.resolve()
-
-
-@pytest.fixture
-def ws_run(tmp_path: Path) -> tuple[Path, Path]:
-    """A workspace and run directory for the session's account."""
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    return workspace, run_dir
 
 
 def plan(ws_run: tuple[Path, Path], environ: dict[str, str], **options: object) -> Plan:
@@ -136,17 +129,6 @@ def test_sudo_user_s_home_is_denied(ws_run: tuple[Path, Path]) -> None:
         pytest.skip("no other account on this host has a home of its own")
     made = plan(ws_run, {"SUDO_USER": others[0].pw_name})
     assert any("SUDO_USER" in rule.origin for rule in made.deny), made.deny
-
-
-@pytest.mark.skipif(not IS_ROOT, reason="only a root launcher names another account")
-def test_the_session_account_s_home_is_denied(ws_run: tuple[Path, Path]) -> None:
-    """As root, the home of the account the session runs as is denied with its stores."""
-    import pwd
-
-    assert SESSION_USER is not None
-    home = pwd.getpwnam(SESSION_USER).pw_dir
-    made = plan(ws_run, {})
-    assert any(rule.path.startswith(home) and "--user" in rule.origin for rule in made.deny)
 
 
 def test_every_rule_says_where_it_came_from(ws_run: tuple[Path, Path], standin: Path) -> None:

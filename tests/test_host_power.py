@@ -29,6 +29,7 @@ import pytest
 from helpers import (
     IS_ROOT,
     SESSION_USER,
+    cli,
     give_to_session_user,
     kill_all,
     open_fds,
@@ -38,7 +39,9 @@ from helpers import (
     read_to_eof,
     session,
     session_dirs,
+    session_options,
     session_uid,
+    sh,
     user_options,
     wait_until_gone,
 )
@@ -46,44 +49,6 @@ from helpers import (
 import nsconfine
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
-
-
-@pytest.fixture
-def ws_run(tmp_path: Path) -> tuple[Path, Path]:
-    """A workspace and run directory the session user owns."""
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    return workspace, run_dir
-
-
-@pytest.fixture
-def plan(ws_run: tuple[Path, Path]) -> nsconfine.Plan:
-    """A default session's plan (as the session user when root)."""
-    return session(*ws_run).plan()
-
-
-def run(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
-    """Run a shell snippet in a session; its status and stdout+stderr."""
-    read_end, write_end = os.pipe()
-    try:
-        sandbox = nsconfine.spawn(
-            plan, ["/bin/sh", "-c", script], stdout=write_end, stderr=write_end
-        )
-    finally:
-        os.close(write_end)
-    output = read_to_eof(read_end, 60)
-    os.close(read_end)
-    return sandbox.wait(timeout=60), (output or b"").decode(errors="replace")
-
-
-@pytest.fixture
-def without(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """Switch kernel layers off for one test (the test-only door of the mutation twins)."""
-    from nsconfine import _layers
-
-    def switch_off(*names: str) -> None:
-        monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(names))
-
-    return switch_off
 
 
 # ------------------------------------------------------------------ host uid 0
@@ -152,7 +117,7 @@ def test_proc_sys_and_friends_are_read_only_entries(plan: nsconfine.Plan) -> Non
 def test_no_sysctl_opens_for_write(plan: nsconfine.Plan) -> None:
     """Not one file under the writable procfs entries opens for write in a session."""
     tops = ["/proc/sys", *_writable_proc_entries(plan)]
-    status, output = run(plan, f"python3 -c '{_WRITE_EVERY_SYSCTL}' {' '.join(tops)}")
+    status, output = sh(plan, f"python3 -c '{_WRITE_EVERY_SYSCTL}' {' '.join(tops)}")
     assert status == 0, output
     assert output.split()[0] == "0", output
 
@@ -204,7 +169,7 @@ def _setid_files(workspace: Path) -> list[str]:
 def test_no_setuid_file_can_be_planted(plan: nsconfine.Plan, ws_run: tuple[Path, Path]) -> None:
     """chmod u+s / g+s, open(O_CREAT) and mknod with set-id bits all fail: nothing in the
     workspace keeps a setuid or setgid bit on the host."""
-    _status, output = run(plan, _PLANT_SETUID)
+    _status, output = sh(plan, _PLANT_SETUID)
     assert _setid_files(ws_run[0]) == [], output
 
 
@@ -213,7 +178,7 @@ def test_without_seccomp_a_setuid_file_is_planted(
 ) -> None:
     """The twin: with the seccomp layer off the same script leaves setuid files."""
     without("seccomp")
-    run(plan, _PLANT_SETUID)
+    sh(plan, _PLANT_SETUID)
     assert set(_setid_files(ws_run[0])) >= {"by-chmod", "by-open", "by-mknod"}
 
 
@@ -342,8 +307,7 @@ def test_a_forwarded_sigterm_leaves_nothing(ws_run: tuple[Path, Path]) -> None:
         marker = f"nsconfine-term-{os.urandom(6).hex()}"
         read_end, write_end = os.pipe()
         cli = subprocess.Popen(
-            [sys.executable, "-m", "nsconfine", "run", *user_options(),
-             "--workspace", str(ws_run[0]), "--run-dir", str(ws_run[1]), "--",
+            [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
              *_sleeper(marker)],
             stdout=write_end, cwd="/",
         )  # fmt: skip
@@ -588,11 +552,12 @@ def test_a_non_executable_command_raises_oserror(
 
 
 def _cli_run(ws_run: tuple[Path, Path], *command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nsconfine", "run", *user_options(), "--workspace",
-         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--", *command],
-        capture_output=True, text=True, cwd="/", timeout=60, check=False,
-    )  # fmt: skip
+    return cli(
+        "run",
+        *session_options(*ws_run),
+        "--",
+        *command,
+    )
 
 
 def test_cli_exits_127_for_a_missing_command(ws_run: tuple[Path, Path]) -> None:
@@ -631,10 +596,7 @@ def test_selftest_proves_the_new_probes() -> None:
     an unprivileged account)."""
     import json
 
-    result = subprocess.run(
-        [sys.executable, "-m", "nsconfine", "selftest", "--json", *user_options()],
-        capture_output=True, text=True, cwd="/", timeout=300, check=False,
-    )  # fmt: skip
+    result = cli("selftest", "--json", *user_options(), timeout=300)
     report = json.loads(result.stdout)
     names = {row["check"] for row in report["checks"]}
     for needed in (
@@ -716,7 +678,7 @@ def test_bwrap_never_runs_as_root(
 def test_nested_user_namespaces_are_refused(plan: nsconfine.Plan) -> None:
     """A session cannot make a user namespace of its own (where it could mount overlays and
     mqueue file systems, and so make set-id files behind the seccomp filter)."""
-    _status, output = run(plan, "unshare -Ur true && echo NESTED")
+    _status, output = sh(plan, "unshare -Ur true && echo NESTED")
     assert "NESTED" not in output, output
 
 
@@ -725,7 +687,7 @@ def test_without_the_layer_nested_user_namespaces_work(
 ) -> None:
     """The twin: with nested user namespaces allowed, the same command succeeds."""
     without("no-nested-userns")
-    _status, output = run(plan, "unshare -Ur true && echo NESTED")
+    _status, output = sh(plan, "unshare -Ur true && echo NESTED")
     assert "NESTED" in output, output
 
 
@@ -740,7 +702,7 @@ print("created" if fd >= 0 else "refused %d" % ctypes.get_errno())
 
 def test_mq_open_cannot_ask_for_a_set_id_mode(plan: nsconfine.Plan) -> None:
     """mq_open with a set-group-ID mode is refused (EPERM) by the seccomp filter."""
-    _status, output = run(plan, f"python3 -c '{_MQ_SETGID}'")
+    _status, output = sh(plan, f"python3 -c '{_MQ_SETGID}'")
     assert output.startswith("refused 1"), output
 
 
@@ -773,7 +735,7 @@ def test_host_abstract_sockets_are_unreachable(plan: nsconfine.Plan) -> None:
         pytest.skip("this kernel's Landlock has no scopes (ABI < 6)")
     server, name = _abstract_listener()
     try:
-        _status, output = run(plan, f'python3 -c "{_CONNECT}" {name}')
+        _status, output = sh(plan, f'python3 -c "{_CONNECT}" {name}')
     finally:
         server.close()  # type: ignore[attr-defined]
     assert output.startswith("refused"), output
@@ -786,7 +748,7 @@ def test_without_landlock_host_abstract_sockets_are_reached(
     without("landlock")
     server, name = _abstract_listener()
     try:
-        _status, output = run(plan, f'python3 -c "{_CONNECT}" {name}')
+        _status, output = sh(plan, f'python3 -c "{_CONNECT}" {name}')
     finally:
         server.close()  # type: ignore[attr-defined]
     assert output.startswith("connected"), output
@@ -834,10 +796,6 @@ def test_a_refused_argv_leaves_nothing_staged(ws_run: tuple[Path, Path]) -> None
 
 def test_user_zero_is_refused_as_uid_0() -> None:
     """`--user 0` is refused as uid 0, not as an unknown account."""
-    result = subprocess.run(
-        [sys.executable, "-m", "nsconfine", "plan", "--user", "0", "--workspace", "/tmp",
-         "--run-dir", "/tmp"],
-        capture_output=True, text=True, cwd="/", timeout=60, check=False,
-    )  # fmt: skip
+    result = cli("plan", "--user", "0", "--workspace", "/tmp", "--run-dir", "/tmp")
     assert result.returncode == 64
     assert "uid 0" in result.stderr

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, give_to_session_user, open_up, session, session_dirs
+from helpers import SESSION_USER, give_to_session_user, open_up, session, session_dirs, sh
 
 import nsconfine
 from nsconfine._plan import Kind
@@ -24,18 +24,12 @@ from nsconfine._plan import Kind
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 
-def run(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
+def attempt(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
     """A shell snippet's status and output, in a session; -1 and the refusal if refused."""
-    import tempfile
-
-    with tempfile.TemporaryFile() as out:
-        try:
-            sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", script], stdout=out, stderr=out)
-        except (nsconfine.NsconfineError, OSError) as refused:
-            return -1, str(refused)
-        status = sandbox.wait(timeout=60)
-        out.seek(0)
-        return status, out.read().decode(errors="replace")
+    try:
+        return sh(plan, script)
+    except (nsconfine.NsconfineError, OSError) as refused:
+        return -1, str(refused)
 
 
 # ------------------------------------------------------------------ redirected binds
@@ -52,7 +46,7 @@ def test_a_planted_symlink_where_the_next_workspace_goes_is_refused(tmp_path: Pa
     open_up(lib)
     give_to_session_user(lib)  # as a broker's own checkout would be: only the alias refuses
     plan_a = session(tasks, run_a).plan()
-    assert run(plan_a, f"ln -s ../checkout/lib {tasks}/42")[0] == 0
+    assert attempt(plan_a, f"ln -s ../checkout/lib {tasks}/42")[0] == 0
     with pytest.raises(nsconfine.PlanError, match="read-only"):
         session(tasks / "42", run_b, ro=[lib]).plan()
     assert (lib / "runner.py").read_text() == "canonical\n"
@@ -98,7 +92,7 @@ def test_a_concurrent_swapper_cannot_redirect_a_read_only_bind(tmp_path: Path) -
     outcomes = []
     try:
         for _ in range(60):
-            outcomes.append(run(plan, probe))
+            outcomes.append(attempt(plan, probe))
     finally:
         stop.set()
         swapper.join()
@@ -120,7 +114,7 @@ def test_a_symlinked_home_in_the_run_dir_is_refused(tmp_path: Path) -> None:
     if home.exists():
         home.rmdir()
     home.symlink_to(elsewhere / "planted-home")
-    status, output = run(plan, "true")
+    status, output = attempt(plan, "true")
     assert status == -1
     assert "home" in output
     assert not (elsewhere / "planted-home").exists()
@@ -136,7 +130,7 @@ def test_a_read_only_file_in_the_workspace_stays_read_only_after_a_rename(
     (lib / "config.py").write_text("real\n")
     give_to_session_user(lib)
     plan = session(workspace, run_dir, ro=[lib / "config.py"]).plan()
-    _, output = run(
+    _, output = attempt(
         plan, f"mv {lib} {lib}.old; mkdir -p {lib}; echo forged > {lib}/config.py; cat {lib}/*"
     )
     assert "forged" not in output, output
@@ -203,7 +197,7 @@ git log --oneline | wc -l
 def test_git_keeps_working_with_protected_paths(repo: tuple[Path, Path]) -> None:
     """add, commit, branch, tag, push and fetch to a local remote all work in a session."""
     plan = session(*repo).plan()
-    status, output = run(plan, _git_script(repo[0]))
+    status, output = attempt(plan, _git_script(repo[0]))
     assert status == 0, output
     assert output.split()[-1] == "2"
 
@@ -225,7 +219,7 @@ def test_protected_paths_cannot_be_written_or_created(
             f"(mkdir -p {target}/x && echo evil > {target}/x/y) 2>/dev/null; "
             f"rm -rf {target} 2>/dev/null; (echo evil > {target}) 2>/dev/null; true"
         )
-        run(plan, attack)
+        attempt(plan, attack)
         if before is not None:
             assert target.read_bytes() == before, target
         elif target.is_dir():
@@ -239,7 +233,7 @@ def test_renaming_a_directory_cannot_carry_git_config_away(repo: tuple[Path, Pat
     workspace = repo[0]
     before = (workspace / ".git" / "config").read_text()
     plan = session(*repo).plan()
-    run(
+    attempt(
         plan,
         f"cd {workspace}; mv .git .git.old; mkdir -p .git; "
         "printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' > .git/config; true",
@@ -254,7 +248,7 @@ def test_no_stub_is_left_behind(repo: tuple[Path, Path]) -> None:
     workspace = repo[0]
     before = sorted(str(p) for p in workspace.rglob("*"))
     plan = session(*repo).plan()
-    assert run(plan, "true")[0] == 0
+    assert attempt(plan, "true")[0] == 0
     after = sorted(str(p) for p in workspace.rglob("*"))
     assert set(after) ^ set(before) == set(), set(after) ^ set(before)
     assert after == before
@@ -283,7 +277,7 @@ def test_without_protection_git_config_is_writable(repo: tuple[Path, Path]) -> N
 
     plan = session(*repo, unprotect=[name for name, _, _ in PROTECTED]).plan()
     assert not any(e.dest.endswith(".git/config") for e in plan.entries if e.kind is Kind.BIND)
-    run(plan, f"echo '# rewritten' >> {workspace}/.git/config")
+    attempt(plan, f"echo '# rewritten' >> {workspace}/.git/config")
     assert "# rewritten" in (workspace / ".git" / "config").read_text()
 
 
@@ -297,7 +291,7 @@ def test_the_session_account_owns_nothing_new_outside(tmp_path: Path) -> None:
     except nsconfine.PlanError as refused:
         plan_or_refusal = refused
     if isinstance(plan_or_refusal, nsconfine.Plan):
-        run(plan_or_refusal, "true")
+        attempt(plan_or_refusal, "true")
     assert list(elsewhere.iterdir()) == []
 
 
@@ -305,7 +299,7 @@ def test_protection_holds_for_the_session_user(tmp_path: Path) -> None:
     """The control: the session's account can write its workspace's ordinary files."""
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     plan = session(workspace, run_dir).plan()
-    assert run(plan, f"echo ok > {workspace}/ordinary.txt")[0] == 0
+    assert attempt(plan, f"echo ok > {workspace}/ordinary.txt")[0] == 0
     assert (workspace / "ordinary.txt").read_text() == "ok\n"
     if SESSION_USER:
         assert (workspace / "ordinary.txt").owner() == SESSION_USER
@@ -331,7 +325,7 @@ def test_commondir_cannot_redirect_git_config(repo: tuple[Path, Path]) -> None:
     hooks) the host's git would then run."""
     workspace = repo[0]
     plan = session(*repo).plan()
-    run(
+    attempt(
         plan,
         f"cd {workspace}; mkdir -p evil; cp -r .git/objects .git/refs .git/HEAD evil/; "
         f"printf '{_EVIL_CONFIG}' > evil/config; echo ../evil > .git/commondir; true",
@@ -343,7 +337,7 @@ def test_commondir_cannot_redirect_git_config(repo: tuple[Path, Path]) -> None:
 def test_git_works_with_commondir_protected(repo: tuple[Path, Path]) -> None:
     """The control for the test above: git in the session and on the host keeps working."""
     plan = session(*repo).plan()
-    status, output = run(plan, _git_script(repo[0]))
+    status, output = attempt(plan, _git_script(repo[0]))
     assert status == 0, output
     assert _host_git(repo[0], "log", "--oneline").stdout.count("\n") == 2
 
@@ -362,7 +356,7 @@ def test_a_hardlink_cannot_keep_a_protected_file_writable(
     before = target.read_text()
     os.link(target, workspace / "notes.txt")
     plan = session(*repo).plan()
-    run(plan, f"echo evil >> {workspace}/notes.txt")
+    attempt(plan, f"echo evil >> {workspace}/notes.txt")
     assert target.read_text() == before
 
 
@@ -393,7 +387,7 @@ def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_
     )  # fmt: skip
     time.sleep(0.7)  # A is running: B's launch finds A's stubs
     plan_b = session(workspace, run_b).plan()
-    _status, output = run(
+    _status, output = attempt(
         plan_b,
         f"cd {workspace}; sleep 2.5; (echo evil > .mcp.json) 2>/dev/null; "
         "(mkdir -p .vscode && echo {{}} > .vscode/tasks.json) 2>/dev/null; ls -a",
@@ -445,7 +439,7 @@ def test_submodule_and_worktree_git_dirs_are_protected(
     target = workspace / relative
     before = target.read_text() if target.exists() else None
     plan = session(*repo_with_submodule).plan()
-    run(plan, f"(printf '{_EVIL_CONFIG}' >> {target}) 2>/dev/null; true")
+    attempt(plan, f"(printf '{_EVIL_CONFIG}' >> {target}) 2>/dev/null; true")
     if before is None:
         assert not target.exists()
     else:
@@ -485,7 +479,7 @@ def test_a_file_where_a_protected_directory_goes_stays(repo: tuple[Path, Path], 
     (blocker := workspace / "vendor" / "lib" / name).write_text("a file\n")
     give_to_session_user(workspace)
     plan = session(*repo).plan()
-    run(
+    attempt(
         plan,
         f"cd {blocker.parent}; rm -f {name}; mkdir -p {name}/commands; "
         f"echo evil > {name}/settings.json; echo evil > {name}/tasks.json; true",
@@ -499,7 +493,7 @@ def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None
     session_dirs(tmp_path / "real", "ws", "run")
     (alias := tmp_path / "alias").symlink_to(tmp_path / "real")
     plan = session(alias / "ws", alias / "run").plan()
-    assert run(plan, "true") == (0, "")
+    assert attempt(plan, "true") == (0, "")
 
 
 def test_many_repositories_are_refused_by_what_they_are(repo: tuple[Path, Path]) -> None:
@@ -547,7 +541,7 @@ def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, P
         launcher.kill()
         launcher.wait()
     assert (workspace / ".mcp.json").exists()  # left behind (its sandbox dies with it)
-    assert run(session(*repo).plan(), "true")[0] == 0
+    assert attempt(session(*repo).plan(), "true")[0] == 0
     assert sorted(str(p) for p in workspace.rglob("*")) == before
 
 

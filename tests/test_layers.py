@@ -13,51 +13,27 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import give_to_session_user, open_up, read_to_eof, session, session_dirs
+from helpers import (
+    cli,
+    give_to_session_user,
+    open_up,
+    run,
+    session,
+    session_dirs,
+    session_options,
+    sh,
+    user_options,
+)
 
 import nsconfine
 from nsconfine import _layers
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
-
-
-@pytest.fixture
-def ws_run(tmp_path: Path) -> tuple[Path, Path]:
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    return workspace, run_dir
-
-
-@pytest.fixture
-def without(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """Switch kernel layers off for one test (the test-only door of the mutation twins)."""
-
-    def switch_off(*names: str) -> None:
-        monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(names))
-
-    return switch_off
-
-
-def run(plan: nsconfine.Plan, argv: list[str], timeout: float = 120) -> tuple[int, str]:
-    """argv's status and stdout+stderr, in a session of plan."""
-    read_end, write_end = os.pipe()
-    try:
-        sandbox = nsconfine.spawn(plan, argv, stdout=write_end, stderr=write_end)
-    finally:
-        os.close(write_end)
-    output = read_to_eof(read_end, timeout)
-    os.close(read_end)
-    return sandbox.wait(timeout=timeout), (output or b"").decode(errors="replace")
-
-
-def sh(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
-    return run(plan, ["/bin/sh", "-c", script])
 
 
 # ------------------------------------------------------------------ the seccomp filter
@@ -408,13 +384,12 @@ def test_nested_namespaces_work_when_opted_in(ws_run: tuple[Path, Path]) -> None
 
 def test_the_cli_takes_allow_nested_userns(ws_run: tuple[Path, Path]) -> None:
     """`--allow-nested-userns REASON` on the CLI puts the reason in the manifest."""
-    from helpers import user_options
-
-    result = subprocess.run(
-        [sys.executable, "-m", "nsconfine", "plan", *user_options(), "--workspace",
-         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--allow-nested-userns", "codex's own"],
-        capture_output=True, text=True, cwd="/", timeout=60, check=False,
-    )  # fmt: skip
+    result = cli(
+        "plan",
+        *session_options(*ws_run),
+        "--allow-nested-userns",
+        "codex's own",
+    )
     assert result.returncode == 0, result.stderr
     assert "codex's own" in result.stdout
 
@@ -496,10 +471,7 @@ def test_a_bad_network_is_a_usage_error(ws_run: tuple[Path, Path]) -> None:
 
 def test_check_lists_each_layer() -> None:
     """`nsconfine check --json` has a row per layer and whether this host has it."""
-    result = subprocess.run(
-        [sys.executable, "-m", "nsconfine", "check", "--json"],
-        capture_output=True, text=True, cwd="/", timeout=120, check=False,
-    )  # fmt: skip
+    result = cli("check", "--json")
     rows = {row["name"]: row for row in json.loads(result.stdout)["checks"]}
     for layer in ("landlock", "seccomp", "no-nested-userns", "bind-fd"):
         assert layer in rows, sorted(rows)
@@ -515,12 +487,7 @@ def test_the_manifest_shows_the_layers(ws_run: tuple[Path, Path]) -> None:
 
 def test_selftest_has_a_probe_per_layer() -> None:
     """selftest proves each layer this host has."""
-    from helpers import SESSION_USER
-
-    argv = [sys.executable, "-m", "nsconfine", "selftest", "--json"]
-    if SESSION_USER:
-        argv += ["--user", SESSION_USER]
-    result = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=600, check=False)
+    result = cli("selftest", "--json", *user_options(), timeout=600)
     report = json.loads(result.stdout)
     names = " ".join(row["check"] for row in report["checks"])
     for needed in ("keyring syscalls", "abstract socket", "pid 1", "nested user namespace",
@@ -587,12 +554,11 @@ def test_socketpair_is_held_to_the_same_families(ws_run: tuple[Path, Path]) -> N
 
 def test_an_empty_nested_userns_reason_is_refused(ws_run: tuple[Path, Path]) -> None:
     """--allow-nested-userns '' is a usage error, not silently ignored."""
-    from helpers import user_options
-
-    result = subprocess.run(
-        [sys.executable, "-m", "nsconfine", "plan", *user_options(), "--workspace",
-         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--allow-nested-userns", ""],
-        capture_output=True, text=True, cwd="/", timeout=60, check=False,
-    )  # fmt: skip
+    result = cli(
+        "plan",
+        *session_options(*ws_run),
+        "--allow-nested-userns",
+        "",
+    )
     assert result.returncode == 64, result.stdout
     assert "reason" in result.stderr

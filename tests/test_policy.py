@@ -32,21 +32,21 @@ def home(tmp_path: Path) -> Path:
 
 def plan_for(
     home: Path,
-    dirs: tuple[Path, Path],
+    ws_run: tuple[Path, Path],
     *,
     ro: Sequence[str | Path] = (),
     deny: Sequence[str | Path] = (),
     credential: Path | None = None,
 ) -> Plan:
-    """The checked plan of a session on dirs, with home as the stand-in home."""
-    workspace, run_dir = dirs
+    """The checked plan of a session on ws_run, with home as the stand-in home."""
+    workspace, run_dir = ws_run
     session = Session(workspace=workspace, run_dir=run_dir, ro=ro, deny=deny, credential=credential)
     return build_plan(session, homes=[str(home)], environ={})
 
 
 def refused(
     home: Path,
-    dirs: tuple[Path, Path],
+    ws_run: tuple[Path, Path],
     *,
     ro: Sequence[str | Path] = (),
     deny: Sequence[str | Path] = (),
@@ -54,7 +54,7 @@ def refused(
 ) -> str:
     """The message of the PlanError the session's plan is refused with."""
     with pytest.raises(PlanError) as refusal:
-        plan_for(home, dirs, ro=ro, deny=deny, credential=credential)
+        plan_for(home, ws_run, ro=ro, deny=deny, credential=credential)
     assert refusal.value.code == "plan-refused"
     return refusal.value.message
 
@@ -72,63 +72,65 @@ def make_store(home: Path, name: str) -> Path:
     return store
 
 
-def test_allowed_ro_bind_is_in_the_plan(home: Path, dirs: tuple[Path, Path]) -> None:
+def test_allowed_ro_bind_is_in_the_plan(home: Path, ws_run: tuple[Path, Path]) -> None:
     """A file in the home outside every store may be bound (the control for every refusal)."""
-    plan = plan_for(home, dirs, ro=[home / "notes.txt"])
+    plan = plan_for(home, ws_run, ro=[home / "notes.txt"])
     assert str(home / "notes.txt") in bound_sources(plan)
 
 
 @pytest.mark.parametrize("name", STORE_NAMES)
-def test_credential_store_itself_is_refused(home: Path, dirs: tuple[Path, Path], name: str) -> None:
+def test_credential_store_itself_is_refused(
+    home: Path, ws_run: tuple[Path, Path], name: str
+) -> None:
     """Binding a credential store of the home is refused, naming the store."""
     store = make_store(home, name)
-    message = refused(home, dirs, ro=[store])
+    message = refused(home, ws_run, ro=[store])
     assert f"is or contains {store} " in message
 
 
 @pytest.mark.parametrize("name", STORE_NAMES)
 def test_path_inside_credential_store_is_refused(
-    home: Path, dirs: tuple[Path, Path], name: str
+    home: Path, ws_run: tuple[Path, Path], name: str
 ) -> None:
     """Binding anything inside a credential store is refused, naming the store."""
     store = make_store(home, name)
-    message = refused(home, dirs, ro=[store / "secret"])
+    message = refused(home, ws_run, ro=[store / "secret"])
     assert f"lies inside {store} " in message
 
 
 @pytest.mark.parametrize("name", STORE_NAMES)
 def test_sibling_named_like_a_store_is_allowed(
-    home: Path, dirs: tuple[Path, Path], name: str
+    home: Path, ws_run: tuple[Path, Path], name: str
 ) -> None:
     """A path whose name only starts with a store's name (`.ssh-notes`) is not inside it."""
     make_store(home, name)
     sibling = home / (name + "-notes")
     sibling.write_text("not a secret\n")
-    assert str(sibling) in bound_sources(plan_for(home, dirs, ro=[sibling]))
+    assert str(sibling) in bound_sources(plan_for(home, ws_run, ro=[sibling]))
 
 
 @pytest.mark.parametrize(
     "relative", [".ssh/id_ed25519", ".config/app/secrets", ".config/app", ".ssh"]
 )
-def test_named_secrets_are_refused(home: Path, dirs: tuple[Path, Path], relative: str) -> None:
+def test_named_secrets_are_refused(home: Path, ws_run: tuple[Path, Path], relative: str) -> None:
     """Binding ~/.ssh, a key in it, or an application's secrets under ~/.config is refused."""
     store = home / relative.split("/")[0]
-    message = refused(home, dirs, ro=[home / relative])
+    message = refused(home, ws_run, ro=[home / relative])
     assert str(store) in message
 
 
 @pytest.mark.parametrize("above", [0, 1, 2], ids=["home", "parent", "grandparent"])
-def test_home_and_above_are_refused(home: Path, dirs: tuple[Path, Path], above: int) -> None:
+def test_home_and_above_are_refused(home: Path, ws_run: tuple[Path, Path], above: int) -> None:
     """Binding the home itself or a directory containing it is refused, naming the home."""
     target = home
     for _ in range(above):
         target = target.parent
-    message = refused(home, dirs, ro=[target])
+    message = refused(home, ws_run, ro=[target])
     assert f"is or contains {home} " in message
 
 
 def test_symlink_into_ssh_is_refused_by_its_target(
-    home: Path, dirs: tuple[Path, Path], tmp_path: Path
+    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A symlink outside the home that points into ~/.ssh is judged by what it resolves to."""
     elsewhere = tmp_path / "elsewhere"
@@ -137,28 +139,28 @@ def test_symlink_into_ssh_is_refused_by_its_target(
     to_key.symlink_to(home / ".ssh" / "id_ed25519")
     to_store = elsewhere / "also-innocent"
     to_store.symlink_to(home / ".ssh")
-    message = refused(home, dirs, ro=[to_key])
+    message = refused(home, ws_run, ro=[to_key])
     assert str(to_key) in message
     assert f"-> {home / '.ssh' / 'id_ed25519'}" in message
     assert str(home / ".ssh") in message
-    assert str(home / ".ssh") in refused(home, dirs, ro=[to_store])
+    assert str(home / ".ssh") in refused(home, ws_run, ro=[to_store])
 
 
 def test_symlink_to_harmless_file_is_allowed(
-    home: Path, dirs: tuple[Path, Path], tmp_path: Path
+    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A symlink to a file outside every store is allowed (the control for the symlink test)."""
     link = tmp_path / "link"
     link.symlink_to(home / "notes.txt")
-    assert str(link) in bound_sources(plan_for(home, dirs, ro=[link]))
+    assert str(link) in bound_sources(plan_for(home, ws_run, ro=[link]))
 
 
-def test_root_is_refused(home: Path, dirs: tuple[Path, Path], tmp_path: Path) -> None:
+def test_root_is_refused(home: Path, ws_run: tuple[Path, Path], tmp_path: Path) -> None:
     """Binding `/`, directly or through a symlink, is refused."""
-    refused(home, dirs, ro=["/"])
+    refused(home, ws_run, ro=["/"])
     to_root = tmp_path / "to-root"
     to_root.symlink_to("/")
-    assert "resolves to /" in refused(home, dirs, ro=[to_root])
+    assert "resolves to /" in refused(home, ws_run, ro=[to_root])
 
 
 def test_check_plan_refuses_a_bind_of_root() -> None:
@@ -168,7 +170,7 @@ def test_check_plan_refuses_a_bind_of_root() -> None:
 
 
 def test_deny_path_and_inside_it_are_refused(
-    home: Path, dirs: tuple[Path, Path], tmp_path: Path
+    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A --deny path, anything inside it, and anything containing it cannot be bound."""
     secret = tmp_path / "data-root"
@@ -177,23 +179,23 @@ def test_deny_path_and_inside_it_are_refused(
     outside = tmp_path / "outside"
     (outside / "secret").mkdir(parents=True)
     for bound in (secret, secret / "sub", secret / "sub" / "file"):
-        assert str(secret) in refused(home, dirs, ro=[bound], deny=[secret])
-    assert str(outside / "secret") in refused(home, dirs, ro=[outside], deny=[outside / "secret"])
+        assert str(secret) in refused(home, ws_run, ro=[bound], deny=[secret])
+    assert str(outside / "secret") in refused(home, ws_run, ro=[outside], deny=[outside / "secret"])
     # The same binds pass without the rule: the refusals above are the rule's doing.
-    assert str(secret) in bound_sources(plan_for(home, dirs, ro=[secret]))
+    assert str(secret) in bound_sources(plan_for(home, ws_run, ro=[secret]))
 
 
 def test_missing_source_is_a_clear_refusal(
-    home: Path, dirs: tuple[Path, Path], tmp_path: Path
+    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A read-only path that does not exist, or a dangling symlink, is refused by name."""
     missing = tmp_path / "no-such-file"
-    message = refused(home, dirs, ro=[missing])
+    message = refused(home, ws_run, ro=[missing])
     assert str(missing) in message
     assert "does not exist" in message
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "gone")
-    message = refused(home, dirs, ro=[dangling])
+    message = refused(home, ws_run, ro=[dangling])
     assert str(dangling) in message
     assert "No such file" in message
 
@@ -261,7 +263,7 @@ def test_workspace_inside_a_store_is_refused(home: Path, tmp_path: Path) -> None
 
 
 def test_credential_file_cannot_be_bound(
-    home: Path, dirs: tuple[Path, Path], tmp_path: Path
+    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """The session's credential file, or a directory holding it, cannot also be bound."""
     keep = tmp_path / "keep"
@@ -270,11 +272,11 @@ def test_credential_file_cannot_be_bound(
     credential.write_text("TOKEN=abc\n")
     credential.chmod(0o600)
     for bound in (credential, keep):
-        message = refused(home, dirs, credential=credential, ro=[bound])
+        message = refused(home, ws_run, credential=credential, ro=[bound])
         assert str(credential) in message
         assert "credential" in message
     # Without the bind the same session is fine: the refusal is the bind's.
-    plan_for(home, dirs, credential=credential)
+    plan_for(home, ws_run, credential=credential)
 
 
 def test_workspace_holding_the_credential_is_refused(home: Path, tmp_path: Path) -> None:

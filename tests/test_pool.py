@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import SESSION_USER, open_up, python_child, session, session_dirs
+from helpers import SESSION_USER, open_up, python_child, session
 
 import nsconfine
 from nsconfine._programs import SHIM_PATH
@@ -22,12 +22,6 @@ from nsconfine._programs import SHIM_PATH
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 Launcher = Callable[..., nsconfine.Sandbox]
-
-
-@pytest.fixture
-def plan(tmp_path: Path) -> nsconfine.Plan:
-    """A default session's plan, in a fresh temp directory."""
-    return session(*session_dirs(tmp_path, "ws", "run")).plan()
 
 
 @pytest.fixture(params=["background", "inline"])

@@ -5,44 +5,16 @@ with its reason; command-line options add to it. Errors name the file, the line 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import open_up, read_to_eof, session, session_dirs, user_options
+from helpers import cli, open_up, session, session_options, sh
 
 import nsconfine
 from nsconfine._plan import Kind, Mode
 
 BUILT_IN = ("claude-code", "codex", "git", "node", "python", "jvm", "tls",
             "coder", "reviewer", "researcher")  # fmt: skip
-
-
-@pytest.fixture
-def ws_run(tmp_path: Path) -> tuple[Path, Path]:
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    return workspace, run_dir
-
-
-def cli(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nsconfine", *arguments],
-        capture_output=True, text=True, cwd="/", timeout=120, check=False, env=env,
-    )  # fmt: skip
-
-
-def run(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
-    read_end, write_end = os.pipe()
-    try:
-        sandbox = nsconfine.spawn(
-            plan, ["/bin/sh", "-c", script], stdout=write_end, stderr=write_end
-        )
-    finally:
-        os.close(write_end)
-    output = read_to_eof(read_end, 120)
-    os.close(read_end)
-    return sandbox.wait(timeout=120), (output or b"").decode(errors="replace")
 
 
 def write_profile(directory: Path, text: str, name: str = "mine.toml") -> Path:
@@ -95,8 +67,7 @@ def test_each_built_in_profile_builds_a_plan(
 
 def test_plan_shows_what_a_profile_adds(ws_run: tuple[Path, Path]) -> None:
     """`nsconfine plan --profile node` shows the values the profile sets."""
-    result = cli("plan", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
-                 str(ws_run[1]), "--profile", "node")  # fmt: skip
+    result = cli("plan", *session_options(*ws_run), "--profile", "node")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "NPM_CONFIG_UPDATE_NOTIFIER=false" in result.stdout
 
@@ -107,8 +78,7 @@ def test_an_agent_profile_without_a_credential_refuses(
     """claude-code without a credential refuses before anything starts, naming the file it
     looked for."""
     environ = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
-    result = cli("run", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
-                 str(ws_run[1]), "--profile", "claude-code", "--", "/bin/true",
+    result = cli("run", *session_options(*ws_run), "--profile", "claude-code", "--", "/bin/true",
                  env=environ)  # fmt: skip
     assert result.returncode == 78, (result.stdout, result.stderr)
     assert "credential-missing" in result.stderr
@@ -161,7 +131,7 @@ reason = "the data the runner reads"
     entry = next(e for e in plan.entries if e.dest == str(data))
     assert entry.mode is Mode.RO
     assert "the data the runner reads" in entry.reason
-    _status, output = run(
+    _status, output = sh(
         plan, f"cat {data}/table.csv; echo $NSC_TEST_LITERAL $NSC_TEST_PASSED $NSC_TEST_CLI"
     )
     assert "a,b" in output
@@ -204,8 +174,7 @@ def test_profile_errors_name_the_file_line_and_key(
     """A malformed profile is a usage error naming the file, the line and the key: never a
     traceback, and nothing runs."""
     profile = write_profile(tmp_path, text)
-    result = cli("run", *user_options(), "--workspace", str(ws_run[0]), "--run-dir",
-                 str(ws_run[1]), "--profile", str(profile), "--", "/bin/true")  # fmt: skip
+    result = cli("run", *session_options(*ws_run), "--profile", str(profile), "--", "/bin/true")
     assert result.returncode == 64, (result.stdout, result.stderr)
     assert str(profile) in result.stderr
     assert f"line {line}" in result.stderr
@@ -242,7 +211,7 @@ def test_the_reviewer_reads_the_workspace_and_writes_only_its_notes(
     plan = session(*ws_run, profile=["reviewer"]).plan()
     workspace_entry = next(e for e in plan.entries if e.dest == str(workspace))
     assert workspace_entry.mode is Mode.RO
-    _status, output = run(
+    _status, output = sh(
         plan,
         f"cat {workspace}/code.py; (echo x >> {workspace}/code.py) 2>&1; "
         f"echo looked > {workspace}/notes/review.md && echo NOTED",

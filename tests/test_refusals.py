@@ -9,11 +9,10 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, open_up, session, session_dirs
+from helpers import SESSION_USER, open_up, session_dirs
 
 import nsconfine
 import nsconfine._programs
@@ -75,19 +74,6 @@ EXPECTED_REASONS = {
 def marker(tmp_path: Path) -> Path:
     """Where the refused command would leave its trace."""
     return tmp_path / "ws" / "command-ran"
-
-
-@pytest.fixture
-def plan(tmp_path: Path) -> nsconfine.Plan:
-    """A plain session's plan."""
-    return session(*session_dirs(tmp_path, "ws", "run")).plan()
-
-
-@pytest.fixture
-def use_bwrap(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Let a test point NSCONFINE_BWRAP somewhere; restored afterwards."""
-    yield
-    monkeypatch.delenv("NSCONFINE_BWRAP", raising=False)
 
 
 def _fake(tmp_path: Path, name: str) -> Path:

@@ -16,17 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import session, session_dirs, user_options
+from helpers import session, session_options
 
 import nsconfine
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
-
-
-@pytest.fixture
-def ws_run(tmp_path: Path) -> tuple[Path, Path]:
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    return workspace, run_dir
 
 
 def read_until(fd: int, wanted: bytes, timeout: float = 20) -> bytes:
@@ -135,8 +129,8 @@ def test_window_size_changes_reach_the_session(ws_run: tuple[Path, Path]) -> Non
 
     script = "stty size; read line; stty size; echo bye"
     cli = subprocess.Popen(
-        [sys.executable, "-m", "nsconfine", "run", "--tty", *user_options(), "--workspace",
-         str(ws_run[0]), "--run-dir", str(ws_run[1]), "--", "/bin/sh", "-c", script],
+        [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
+         "/bin/sh", "-c", script],
         stdin=terminal, stdout=terminal, stderr=terminal, cwd="/",
         preexec_fn=as_terminal_session,
     )  # fmt: skip
