@@ -53,10 +53,28 @@ def test_errors_carry_stable_codes_and_builtin_bases() -> None:
 
 
 def test_the_tests_import_the_installed_package() -> None:
-    """The compiled layer is importable, i.e. the suite is not running the bare source tree."""
-    from nsconfine import _syscalls
+    """The nsconfine the suite imports is the one pip installed (the wheel's files, or the
+    tree an editable install points at), with its compiled parts beside it: never a source
+    tree that merely shadows the install."""
+    import importlib.metadata
+    import json
+    import sysconfig
+    import urllib.parse
 
-    assert Path(_syscalls.__file__).exists()
+    # What pip recorded in this interpreter's site-packages (PYTHONPATH could shadow that too).
+    site_packages = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    found = importlib.metadata.distributions(name="nsconfine", path=site_packages)
+    distribution = next(iter(found))
+    direct = json.loads(distribution.read_text("direct_url.json") or "{}")
+    if direct.get("dir_info", {}).get("editable"):
+        installed = Path(urllib.parse.urlparse(direct["url"]).path) / "nsconfine"
+    else:
+        installed = Path(str(distribution.locate_file("nsconfine")))
+    package = Path(nsconfine.__file__).parent
+    assert package.resolve() == installed.resolve(), (package, installed)
+    assert list(package.glob("_native*.so")), package
+    assert (package / "_shim").is_file()
+    assert (package / "_reaper").is_file()
 
 
 def test_nsconfine_needs_nothing_but_cffi() -> None:

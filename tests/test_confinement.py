@@ -10,15 +10,13 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import SESSION_USER, open_up
 
 from nsconfine import _layers, _selftest
-from nsconfine._accounts import run_as
 from nsconfine._bwrap_args import (
     ARGS_FD,
     FIRST_DATA_FD,
@@ -37,19 +35,6 @@ if TYPE_CHECKING:
     from nsconfine._executor import Stdio
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
-
-
-def stand_in_world(root: Path) -> World:
-    """A stand-in host under root, owned by the session user when running as root."""
-    open_up(root)
-    return World(str(root), run_as(SESSION_USER))
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    """A fresh stand-in host with its tool socket served and its secret fd leaked."""
-    with stand_in_world(tmp_path).running() as running:
-        yield running
 
 
 def _probe_names() -> list[str]:
@@ -150,12 +135,15 @@ def test_probe_flips_on_a_weakened_plan(
     launcher: _selftest.Launcher = _selftest.unchecked_launcher
     if name == "use an fd the launcher leaked":
         launcher = naive_launch  # type: ignore[assignment]  # a launcher that passes fds on
-    if name == "write /usr":
-        # Sessions never run as root, so the host's own permissions refuse too: that is what
-        # must hold here (the read-only bind is the second wall).
-        assert not _writable_by(Path("/usr"), plan.user.uid)
-        return
     weakened = probe.weaken(plan)
+    if name == "write /usr":
+        # Sessions never hold host uid 0, so the host's own permissions refuse this write on a
+        # read-write /usr too: what flips is who refuses it, the read-only bind or the host.
+        assert not _writable_by(Path("/usr"), plan.user.uid)
+        assert "Read-only file system" in run_probe(plan, probe)[1].stderr
+        refused = run_probe(weakened, probe, launcher)[1]
+        assert "Permission denied" in refused.stderr, refused
+        return
     assert weakened != plan or name == "use an fd the launcher leaked" or probe.layers_off
     monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(probe.layers_off))
     allowed, outcome = run_probe(weakened, probe, launcher)
