@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+from pathlib import Path
 
 import psutil
 import pytest
@@ -73,3 +74,41 @@ def test_launch_out_of_fds_refuses_and_leaves_no_sandbox(plan: nsconfine.Plan, r
         pool.close()
     alive = psutil.wait_procs(staged, timeout=10)[1]
     assert alive == []
+
+
+def test_spawn_short_of_fds_refuses_and_leaves_no_fd_or_mount_point(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path]
+) -> None:
+    """With 0 to 80 fds free below RLIMIT_NOFILE, each spawn runs or is refused with
+    nsconfine's error, and leaves no fd open and no mount point in the workspace."""
+    workspace = ws_run[0]
+    nsconfine.spawn(plan, ["/bin/true"]).wait()  # warm: the proof, the lifeline
+    before = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    found = []
+    try:
+        for free in range(81):
+            ballast: list[int] = []
+            with contextlib.suppress(OSError):
+                while True:
+                    ballast.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            for _ in range(free):
+                os.close(ballast.pop())
+            try:
+                outcome = str(nsconfine.spawn(plan, ["/bin/true"]).wait())
+            except nsconfine.NsconfineError as error:
+                outcome = error.code
+            except OSError as error:
+                outcome = f"bare {error!r}"
+            finally:
+                for fd in ballast:
+                    os.close(fd)
+            held = len(os.listdir("/proc/self/fd")) - before
+            left = sorted(os.listdir(workspace))
+            if outcome.startswith("bare") or held or left:
+                found.append((free, outcome, held, left))
+                break
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert found == []
