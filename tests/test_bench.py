@@ -81,7 +81,7 @@ TARGETS = {
     "faster-than-naive-20MiB",
     "plan-default",
     "plan-1000-binds",
-    "pool-warm-p50",
+    "pool-warm-vs-process",
     "import",
     "cli-overhead",
 }
