@@ -24,6 +24,7 @@ import pytest
 from helpers import SESSION_USER, session_dirs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 import nsconfine
 from nsconfine import Bind, Entry, EnvVar, Kind, Mode, NsconfineError, Origin, Plan
@@ -32,6 +33,10 @@ from nsconfine._cli import main
 from nsconfine._credential import parse_environment_file, read_credential
 from nsconfine._policy import check_plan
 from nsconfine._profiles import chain
+
+# Hypothesis keeps caches (constants it found in the source, Unicode tables) in a directory of
+# its own, by default .hypothesis in the working directory: here, the suite's temporary cache.
+set_hypothesis_home_dir(os.path.join(os.environ["XDG_CACHE_HOME"], "hypothesis"))
 
 # Deterministic (the same examples on every run), no example database written into the tree,
 # and few enough examples that the file runs in seconds.
