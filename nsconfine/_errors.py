@@ -64,3 +64,15 @@ class TimeoutExpired(TimeoutError):
         super().__init__(f"session {pid} still running after {timeout:g} s")
         self.pid = pid
         self.timeout = timeout
+
+
+def refuse_if_short_of_fds(error: OSError) -> None:
+    """A launcher out of file descriptors is told so, whichever step ran out first (not that
+    a path changed, or that a source could not be opened)."""
+    import errno
+
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        raise SandboxUnavailable(
+            f"the launcher ran out of file descriptors ({error.strerror}); nothing was run: "
+            "close some, or raise its RLIMIT_NOFILE"
+        ) from None

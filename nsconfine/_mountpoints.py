@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from nsconfine import _syscalls
-from nsconfine._errors import PlanError, SandboxUnavailable
+from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
 from nsconfine._plan import COMMONDIR_STUB, Entry, Kind, Mode, Plan, RunAs, printable
 
 Identity = tuple[int, int]
@@ -103,6 +103,7 @@ def _find_records() -> str:
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as error:
+            refuse_if_short_of_fds(error)
             raise SandboxUnavailable(
                 f"cannot keep the records of the mount points it makes in "
                 f"{printable(directory)} ({error.strerror}): set XDG_CACHE_HOME to a directory "
@@ -243,6 +244,7 @@ def _resolved(path: str) -> str:
     try:
         return _syscalls.realpath(path)
     except OSError as error:
+        refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
             f"{printable(path)} cannot be reached ({error.strerror}): it changed since its plan "
             "was checked; nothing was run"
@@ -256,6 +258,7 @@ def _open_source(source: str) -> int:
     try:
         fd = _syscalls.open_no_symlinks(resolved)
     except OSError as error:
+        refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
             f"{printable(source)} changed since its plan was checked ({error.strerror}): a "
             "symlink appeared on its way, or it is gone; nothing was run"
@@ -286,6 +289,7 @@ def _walk_to_parent(top: str, parts: list[str], where: str) -> int:
             try:
                 next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
             except OSError as error:
+                refuse_if_short_of_fds(error)
                 shown = os.path.join(os.path.dirname(where), *parts[: depth + 1])
                 raise PlanError(_refusal(shown, error)) from None
             os.close(fd)
@@ -304,6 +308,7 @@ def _open_inside(top: str, relative: str, entry: Entry) -> int:
     try:
         fd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     except OSError as error:
+        refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
             f"{printable(entry.source)} cannot be opened ({error.strerror}): it changed during "
             "the launch; nothing was run"
@@ -333,7 +338,11 @@ def _mount_point(
             if made is None:
                 return None
             kind, identity = made
-            token = _take_token(records, identity, where, create=True)
+            try:
+                token = _take_token(records, identity, where, create=True)
+            except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
+                _remove_at(parent, name, kind, identity)
+                raise
             return Stub(resolved, parts, kind, identity, token)
         if stat.S_ISLNK(info.st_mode):
             raise PlanError(_refusal(entry.dest, None))
@@ -382,6 +391,7 @@ def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> tuple[str, Id
             finally:
                 os.close(fd)
     except OSError as error:
+        refuse_if_short_of_fds(error)
         raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from None
     if os.geteuid() == 0 and user.uid != 0:
         os.chown(name, user.uid, user.gid, dir_fd=parent_fd, follow_symlinks=False)
@@ -450,17 +460,16 @@ def remove(stubs: list[Stub]) -> None:
     if each is still the stub made."""
     if not stubs:
         return
+    # Let go of the tokens first: that frees as many fds as the lock below needs, for a
+    # launch refused for want of fds. Whether a stub is still held is decided under the lock.
+    for stub in stubs:
+        os.close(stub.token)
     try:
         with _records_locked() as records:
             for stub in reversed(stubs):
-                os.close(stub.token)
                 _remove_if_unused(records, stub)
-    except SandboxUnavailable:
-        for stub in stubs:  # the records went away: keep the stubs, let go of the tokens
-            try:
-                os.close(stub.token)
-            except OSError:
-                pass
+    except (OSError, SandboxUnavailable):
+        pass  # the records are gone or out of reach: the next launch adopts the stubs
     stubs.clear()
 
 
@@ -487,22 +496,29 @@ def _remove_if_unused(records: str, stub: Stub) -> None:
 def _remove_stub(stub: Stub) -> None:
     """Remove the stub if it is still the one made: the same inode, and empty (or, for a
     commondir, holding "." alone)."""
-    parent = -1
     try:
         parent = _walk_to_parent(stub.top, stub.parts, os.path.join(stub.top, *stub.parts))
-        name = stub.parts[-1]
-        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        if (info.st_dev, info.st_ino) != stub.identity:
-            return
-        if stub.kind == "dir" and stat.S_ISDIR(info.st_mode):
-            os.rmdir(name, dir_fd=parent)  # refused if not empty: then kept
-        elif stat.S_ISREG(info.st_mode) and info.st_size == _stub_size(stub.kind):
-            os.unlink(name, dir_fd=parent)
     except (OSError, PlanError):
-        pass  # gone, changed or no longer empty: not ours to remove
+        return  # gone or changed: not ours to remove
+    try:
+        _remove_at(parent, stub.parts[-1], stub.kind, stub.identity)
     finally:
-        if parent >= 0:
-            os.close(parent)
+        os.close(parent)
+
+
+def _remove_at(parent_fd: int, name: str, kind: str, identity: Identity) -> None:
+    """Remove the stub of kind at name in parent_fd if it is still the one made: the same
+    inode, and empty (or, for a commondir, holding "." alone)."""
+    try:
+        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if (info.st_dev, info.st_ino) != identity:
+            return
+        if kind == "dir" and stat.S_ISDIR(info.st_mode):
+            os.rmdir(name, dir_fd=parent_fd)  # refused if not empty: then kept
+        elif stat.S_ISREG(info.st_mode) and info.st_size == _stub_size(kind):
+            os.unlink(name, dir_fd=parent_fd)
+    except OSError:
+        pass  # gone, changed or no longer empty: not ours to remove
 
 
 def _stub_size(kind: str) -> int:

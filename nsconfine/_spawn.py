@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from nsconfine._accounts import SEARCH, access_problem
-from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
+from nsconfine._errors import PlanError, SandboxUnavailable, UsageError, refuse_if_short_of_fds
 from nsconfine._executor import (
     SPAWN_SHIM_TIMEOUT_MS,
     StagedGone,
@@ -171,6 +171,7 @@ def refusing_os_errors() -> Iterator[None]:
     try:
         yield
     except OSError as error:
+        refuse_if_short_of_fds(error)
         where = f" ({printable(error.filename)})" if error.filename else ""
         raise SandboxUnavailable(
             f"the launch was refused: {error.strerror or error}{where} changed while it was "
