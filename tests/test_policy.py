@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from helpers import session
 
+import nsconfine
 from nsconfine import _plan as p
 from nsconfine import _policy
 from nsconfine._errors import PlanError
@@ -300,3 +302,39 @@ def test_violated_rule_judges_paths_not_prefixes() -> None:
     assert _policy.violated_rule("/a", rules) is rules[0]
     assert _policy.violated_rule("/a/bc", rules) is None
     assert _policy.violated_rule("/a/b/c", [p.DenyRule("/a/b", "home", inside=False)]) is None
+
+
+# ------------------------------------------------------------------ the host's /proc and /dev
+
+
+@pytest.mark.parametrize(
+    ("source", "dest", "mode"),
+    [
+        ("/proc", "/hostproc", "ro"),  # every process's environment, the launcher's among them
+        ("/proc/self", "/launcher", "ro"),  # the launcher's own /proc/PID
+        ("/proc/1", "/proc/1", "ro"),
+        ("/proc/sys", "/hostsys", "ro"),  # a system entry's source, at another destination
+        ("/proc/sys", "/proc/sys", "rw"),  # ... or writable
+        ("/dev", "/hostdev", "rw"),  # host devices and /dev/shm
+        ("/dev/shm", "/dev/shm", "rw"),
+        ("/dev/pts", "/pts", "ro"),
+    ],
+)
+def test_the_hosts_proc_and_dev_cannot_be_bound(
+    ws_run: tuple[Path, Path], source: str, dest: str, mode: str
+) -> None:
+    """No session bind exposes the host's procfs or devices: the sandbox has its own /proc and
+    /dev; only the system's read-only covers of /proc's writable parts come from the host's."""
+    bind = nsconfine.Bind(source, dest, mode, "asked for")
+    with pytest.raises(PlanError, match=r"host's /proc|host's /dev"):
+        session(*ws_run, binds=[bind]).plan()
+
+
+def test_the_cli_cannot_bind_the_launchers_own_proc(ws_run: tuple[Path, Path]) -> None:
+    with pytest.raises(PlanError, match="host's /proc"):
+        session(*ws_run, ro=["/proc/self"]).plan()
+
+
+def test_the_systems_read_only_proc_covers_still_pass(ws_run: tuple[Path, Path]) -> None:
+    plan = session(*ws_run).plan()
+    assert any(e.kind is Kind.BIND and e.dest == "/proc/sys" for e in plan.entries)
