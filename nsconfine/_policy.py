@@ -498,12 +498,60 @@ def violated_rule(resolved_source: str, rules: Sequence[DenyRule]) -> DenyRule |
     return None if found is None else found[0]
 
 
+# The host's procfs holds every process's environment, command line and memory maps (the
+# launcher's own among them, at /proc/self); its /dev, the host's devices and shared memory.
+# The sandbox has its own of each. Only the system's read-only covers of /proc's writable parts
+# (nsconfine._system) are bound from the host's, each over itself.
+_KERNEL_FILE_SYSTEMS = {
+    "/proc": "every process's environment and memory, the launcher's own among them",
+    "/dev": "the host's devices and shared memory",
+}
+_SUB_MOUNTS = ("/dev/pts", "/dev/shm", "/dev/mqueue", "/dev/hugepages")
+
+
+def _kernel_file_systems() -> dict[int, str]:
+    """Device number -> which of the host's /proc or /dev it is (a bind of either elsewhere
+    keeps its device)."""
+    found: dict[int, str] = {}
+    for path in (*_KERNEL_FILE_SYSTEMS, *_SUB_MOUNTS):
+        try:
+            found.setdefault(os.stat(path).st_dev, "/dev" if path != "/proc" else "/proc")
+        except OSError:
+            continue
+    return found
+
+
+def _refuse_host_proc_or_dev(
+    entry: Entry, resolved: str, device: int, kernel_devices: Mapping[int, str]
+) -> None:
+    top = kernel_devices.get(device) or next(
+        (top for top in _KERNEL_FILE_SYSTEMS if _within(resolved, top)), None
+    )
+    if top is None:
+        return
+    from nsconfine._system import PROC_READ_ONLY
+
+    if (
+        top == "/proc"
+        and entry.kind is Kind.BIND
+        and entry.mode is Mode.RO
+        and entry.source == entry.dest == resolved
+        and any(resolved == path for path, _ in PROC_READ_ONLY)
+    ):
+        return
+    raise PlanError(
+        f"{printable(entry.source)} (for {printable(entry.dest)}) is in the host's {top} "
+        f"({_KERNEL_FILE_SYSTEMS[top]}): no session binds it; the sandbox has a {top} of its own"
+    )
+
+
 def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
     """Refuse the plan (PlanError) if any bind's source is missing, is `/`, breaks a rule, or
     would make writable what another entry binds read-only. Returns what it judged: each
     source's (device, inode), None for a stub not made yet; the launch checks the files it
     opens against it."""
     judge = Judge(plan.deny)
+    kernel_devices = _kernel_file_systems()
     judged: dict[str, tuple[int, int] | None] = {}
     writable: list[tuple[Entry, tuple[str, str]]] = []
     read_only: list[tuple[Entry, tuple[str, str]]] = []
@@ -524,6 +572,9 @@ def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
             raise PlanError(
                 f"{printable(entry.source)} resolves to / and would expose the whole host"
             )
+        identity = _identity(resolved)
+        device = -1 if identity is None else identity[0]
+        _refuse_host_proc_or_dev(entry, resolved, device, kernel_devices)
         found = judge.violated(resolved)
         if found is not None:
             rule, relation = found
@@ -535,7 +586,7 @@ def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
                 f"{rule.origin}); no session may see it: bind a narrower path that holds no "
                 "secrets"
             )
-        judged[entry.source] = _identity(resolved)
+        judged[entry.source] = identity
         place = judge.places.of(resolved)
         if entry.kind is Kind.BIND and entry.mode is Mode.RW:
             writable.append((entry, place))

@@ -314,7 +314,7 @@ def test_violated_rule_judges_paths_not_prefixes() -> None:
         ("/proc/self", "/launcher", "ro"),  # the launcher's own /proc/PID
         ("/proc/1", "/proc/1", "ro"),
         ("/proc/sys", "/hostsys", "ro"),  # a system entry's source, at another destination
-        ("/proc/sys", "/proc/sys", "rw"),  # ... or writable
+        ("/proc/sys", "/writable-sys", "rw"),  # ... or writable
         ("/dev", "/hostdev", "rw"),  # host devices and /dev/shm
         ("/dev/shm", "/dev/shm", "rw"),
         ("/dev/pts", "/pts", "ro"),
