@@ -99,7 +99,16 @@ def bench_pool(results: Results, w: World, config: Config) -> None:
 
             return run
 
+        def launch_call() -> int:  # Pool.launch() itself: it returns once the command exec'd
+            began = _now()
+            sandbox = pool.launch(list(TRUE_ARGV), stdout=w.devnull)
+            ended = _now()
+            if sandbox.wait() != 0:
+                raise BenchError("/bin/true from the pool failed")
+            return ended - began
+
         tasks = [
+            Task("pool.launch.warm", staged_then(launch_call), config.launches),
             Task("pool.exec.warm", staged_then(until_exec(warm)), config.launches),
             Task("pool.exec.cold", until_exec(launchers.nsconfine), config.launches),
             Task("pool.exit.warm", staged_then(until_exit(warm, w.devnull)), config.launches),
@@ -129,6 +138,16 @@ def bench_pool(results: Results, w: World, config: Config) -> None:
                 note="nsconfine.spawn, the same plan",
             )
         )
+    results.add(
+        Row(
+            "pool",
+            "pool.launch.warm",
+            "ms",
+            _ms(samples["pool.launch.warm"]),
+            baseline="pool.process",
+            note="Pool.launch() of /bin/true, until it returns (the command has exec'd)",
+        )
+    )
     results.add(
         Row(
             "pool",

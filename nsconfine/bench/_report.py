@@ -76,12 +76,12 @@ def targets(results: Results) -> list[Target]:
                 "x",
             )
         )
-    warm = ratio("pool.exec.warm", "pool.process", "p50")
+    warm = ratio("pool.launch.warm", "pool.process", "p50")
     if warm is not None:
         found.append(
             Target(
                 "pool-warm-vs-process",
-                "Pool warm launch p50 (to exec) <= 1.0x a bare posix_spawn of the payload to exit",
+                "Pool.launch() p50 (to exec) <= 1.0x a bare posix_spawn of the payload to exit",
                 warm,
                 1.0,
                 "x",
