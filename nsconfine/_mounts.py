@@ -12,10 +12,10 @@ with the source's.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 
+from nsconfine import _syscalls
 from nsconfine._plan import Kind, Plan
 
 _ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -59,14 +59,6 @@ def mount_roots(text: str) -> dict[str, tuple[str, str]]:
         if len(fields) >= 5:
             roots[_unescape(fields[4])] = (fields[2], _unescape(fields[3]))
     return roots
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino)
 
 
 def _expected(plan: Plan) -> dict[str, tuple[str, str]]:
@@ -130,9 +122,11 @@ def mount_table_problems(
     ]
     if root is not None:
         if sources is None:
-            sources = {e.dest: _identity(e.source) for e in plan.entries if e.kind is Kind.BIND}
+            sources = {
+                e.dest: _syscalls.identity(e.source) for e in plan.entries if e.kind is Kind.BIND
+            }
         for dest, source in sources.items():
-            seen = _identity(root + dest)
+            seen = _syscalls.identity(root + dest)
             if seen is None or seen != source:
                 problems.append(f"{dest} does not show {binds[dest]}")
     return problems

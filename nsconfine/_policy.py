@@ -484,14 +484,6 @@ def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result 
         return resolved, None
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino)
-
-
 def violated_rule(resolved_source: str, rules: Sequence[DenyRule]) -> DenyRule | None:
     """A rule a bind of resolved_source would break, or None."""
     found = Judge(rules).violated(resolved_source)
@@ -572,7 +564,7 @@ def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
             raise PlanError(
                 f"{printable(entry.source)} resolves to / and would expose the whole host"
             )
-        identity = _identity(resolved)
+        identity = _syscalls.identity(resolved)
         device = -1 if identity is None else identity[0]
         _refuse_host_proc_or_dev(entry, resolved, device, kernel_devices)
         found = judge.violated(resolved)

@@ -299,3 +299,12 @@ def wait_fd(fd: int, timeout: float | None, *, writable: bool = False) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLOUT if writable else select.POLLIN)
     return bool(poller.poll(None if timeout is None else max(timeout, 0.0) * 1000))
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at path, symlinks followed; None if it cannot be reached."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
