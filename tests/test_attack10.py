@@ -1,0 +1,64 @@
+"""What the attacker's pass over issue 10's launch path found: the records of the mount points
+a launch makes, under a umask that lets the group write, and when a token cannot be written."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import session
+
+from nsconfine import _mountpoints, _preflight
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh XDG_CACHE_HOME, the records directory looked for afresh in it (and after)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _mountpoints.forget_records()
+    yield cache
+    _mountpoints.forget_records()
+
+
+def test_records_made_under_a_group_writable_umask_are_accepted(own_cache: Path) -> None:
+    """With umask 002 (user private groups: Debian's default for logins with
+    USERGROUPS_ENAB), the directories nsconfine makes for its records, first the bwrap proof's
+    as a launch does, then the mount points', are its own to use: not refused as writable by
+    others (which made every launch of a workspace fail, for good)."""
+    old = os.umask(0o002)
+    try:
+        _preflight._remember("attack10-identity", frozenset())  # the gate does this first
+        records = _mountpoints._records()
+    finally:
+        os.umask(old)
+    for path in (records, os.path.dirname(records)):
+        assert os.stat(path).st_mode & 0o022 == 0, path
+
+
+def test_a_token_that_cannot_be_written_leaks_no_fd(
+    own_cache: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """A stub's token that cannot be written (EFBIG here; ENOSPC or EDQUOT on a full cache)
+    fails the launch without leaving the token's fd open, and leaves no stub behind."""
+    workspace, run_dir = ws_run
+    plan = session(workspace, run_dir).plan()
+    _mountpoints._records()  # found (and its directory made) before the count
+    before = len(os.listdir("/proc/self/fd"))
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, limits[1]))
+    try:
+        for _ in range(3):
+            with pytest.raises(OSError, match="too large"):
+                _mountpoints.open_for_launch(plan)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert sorted(os.listdir(workspace)) == []
