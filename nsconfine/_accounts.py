@@ -98,3 +98,11 @@ def records_directory(name: str) -> str:
     $XDG_CACHE_HOME/nsconfine/name, else ~/.cache/nsconfine/name (both in every deny set)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "nsconfine", name)
+
+
+def make_private_directory(path: str) -> None:
+    """Make path and the directory holding it, where missing, 0700 whatever the umask (makedirs
+    gives its mode to the last one only): records directories are refused if another account,
+    or the group, could write them or the directory above (a umask of 002 would)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.makedirs(path, mode=0o700, exist_ok=True)

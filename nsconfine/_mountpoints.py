@@ -89,11 +89,11 @@ def forget_records() -> None:
 
 
 def _find_records() -> str:
-    from nsconfine._accounts import records_directory
+    from nsconfine._accounts import make_private_directory, records_directory
 
     directory = records_directory("mountpoints")
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        make_private_directory(directory)
         _require_writable(directory)  # one there already may sit on a read-only mount
     except OSError:
         # No writable home (a system account, a unit's read-only home): a directory of this
@@ -101,7 +101,7 @@ def _find_records() -> str:
         # picks alike.
         directory = f"/tmp/nsconfine-{os.geteuid()}/mountpoints"
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            make_private_directory(directory)
         except OSError as error:
             refuse_if_short_of_fds(error)
             raise SandboxUnavailable(
@@ -158,13 +158,17 @@ def _take_token(records: str, identity: Identity, where: str, create: bool) -> i
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
     except FileNotFoundError:
         return -1
-    if create:
-        os.ftruncate(fd, 0)
-        os.write(fd, os.fsencode(where))
-    elif os.pread(fd, 8192, 0) != os.fsencode(where):  # the inode number, reused elsewhere
+    try:
+        if create:
+            os.ftruncate(fd, 0)
+            os.write(fd, os.fsencode(where))  # a full cache (ENOSPC) fails here
+        elif os.pread(fd, 8192, 0) != os.fsencode(where):  # the inode number, reused elsewhere
+            os.close(fd)
+            return -1
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
         os.close(fd)
-        return -1
-    fcntl.flock(fd, fcntl.LOCK_SH)
+        raise
     return fd
 
 

@@ -584,7 +584,9 @@ def _remember(identity: str, features: frozenset[str]) -> None:
     # Best effort: a launcher whose home is read-only just proves each binary once per process.
     _proven[identity] = features
     try:
-        os.makedirs(_cache_dir(), mode=0o700, exist_ok=True)
+        from nsconfine._accounts import make_private_directory
+
+        make_private_directory(_cache_dir())
         with open(os.path.join(_cache_dir(), identity), "w") as file:
             file.write(" ".join(["proven", *sorted(features)]) + "\n")
     except OSError:
