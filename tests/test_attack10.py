@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import session
 
+import nsconfine
 from nsconfine import _mountpoints, _preflight
 
 
@@ -62,3 +63,44 @@ def test_a_token_that_cannot_be_written_leaks_no_fd(
         signal.signal(signal.SIGXFSZ, handler)
     assert len(os.listdir("/proc/self/fd")) == before
     assert sorted(os.listdir(workspace)) == []
+
+
+# Not `confinement`: with NSCONFINE_MUST_WORK=1 an xfail counts as a skip.
+@pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.xfail(
+    strict=True,
+    reason="stubs are held through records found by the launcher's environment: a launcher "
+    "with another cache (a read-only one: /tmp/nsconfine-UID) does not see them",
+)
+def test_a_stub_another_records_directory_holds_is_not_removed(
+    ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two launchers of one account whose records directories differ (one's cache is
+    read-only, so it keeps them in /tmp; or another XDG_CACHE_HOME) launch into one workspace.
+    When the first session ends its launcher removes the stubs it made, though the second
+    session's protected binds sit on them: the kernel then detaches those binds, and the
+    second session writes .envrc, which the host trusts."""
+    workspace, run_dir = ws_run
+
+    def records_in(name: str) -> None:
+        cache = tmp_path / name
+        cache.mkdir(exist_ok=True)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        _mountpoints.forget_records()
+
+    records_in("cache-a")
+    first = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/sleep", "1000"])
+    records_in("cache-b")
+    second = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/sleep", "1000"])
+    try:
+        records_in("cache-a")
+        first.kill()
+        first.wait()
+        with open(f"/proc/{second.command_pid}/mountinfo") as mountinfo:
+            bound = [line for line in mountinfo if line.split()[4].endswith("/.envrc")]
+        assert (workspace / ".envrc").exists()
+        assert bound
+    finally:
+        second.kill()
+        second.wait()
+        _mountpoints.forget_records()
