@@ -104,3 +104,18 @@ def test_a_stub_another_records_directory_holds_is_not_removed(
         second.kill()
         second.wait()
         _mountpoints.forget_records()
+
+
+def test_a_wait_longer_than_poll_can_count_waits() -> None:
+    """wait_fd (Sandbox.wait's, and the CLI's) with a timeout past poll()'s int of ms (a
+    broker's float('inf'), `--grace 1e300` once a signal came) waits: no OverflowError."""
+    from nsconfine._syscalls import wait_fd
+
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"x")
+        assert wait_fd(read_end, float("inf"))
+        assert wait_fd(read_end, 1e300)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
