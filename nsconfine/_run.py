@@ -20,7 +20,7 @@ import select
 import signal
 import time
 
-from nsconfine._syscalls import wait_fd
+from nsconfine._syscalls import poll_ms, wait_fd
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def run_session(sandbox: Sandbox, grace: float) -> int:
                     poller.register(terminal.controller, select.POLLIN)
                 if terminal.reading_stdin:
                     poller.register(0, select.POLLIN)
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0) * 1000
+            timeout = None if deadline is None else poll_ms(deadline - time.monotonic())
             events = dict(poller.poll(timeout))
             if not events:  # the grace period is over
                 sandbox.kill()

@@ -298,7 +298,16 @@ def wait_fd(fd: int, timeout: float | None, *, writable: bool = False) -> bool:
 
     poller = select.poll()
     poller.register(fd, select.POLLOUT if writable else select.POLLIN)
-    return bool(poller.poll(None if timeout is None else max(timeout, 0.0) * 1000))
+    return bool(poller.poll(poll_ms(timeout)))
+
+
+def poll_ms(seconds: float | None) -> float | None:
+    """seconds as poll()'s timeout: None (no limit) for one longer than its int of ms can
+    count (~24 days), which would raise OverflowError (float('inf'), a --grace of 1e300)."""
+    if seconds is None:
+        return None
+    ms = max(seconds, 0.0) * 1000
+    return None if ms > 2**31 - 1 else ms
 
 
 def identity(path: str) -> tuple[int, int] | None:
