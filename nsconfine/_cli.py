@@ -341,7 +341,7 @@ def _plan(arguments: argparse.Namespace) -> int:
 
 
 def _run(arguments: argparse.Namespace) -> int:
-    from nsconfine._run import run_session
+    from nsconfine._run import held_signals, run_session
     from nsconfine._session import build_plan
     from nsconfine._spawn import spawn
 
@@ -351,16 +351,17 @@ def _run(arguments: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
     plan = build_plan(_session(arguments), lint=False)  # spawn lints it
-    try:
-        sandbox = spawn(plan, command, tty=arguments.tty)
-    except OSError as error:  # not an NsconfineError: the command itself could not start
-        print(
-            f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: {error.strerror}",
-            file=sys.stderr,
-        )
-        return EXEC_FAILED_STATUS
-
-    status = run_session(sandbox, arguments.grace)
+    with held_signals() as signals:  # from before the launch: none is lost while it builds
+        try:
+            sandbox = spawn(plan, command, tty=arguments.tty)
+        except OSError as error:  # not an NsconfineError: the command itself could not start
+            print(
+                f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: "
+                f"{error.strerror}",
+                file=sys.stderr,
+            )
+            return EXEC_FAILED_STATUS
+        status = run_session(sandbox, arguments.grace, signals)
     return 128 - status if status < 0 else status
 
 

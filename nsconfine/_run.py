@@ -19,6 +19,8 @@ import os
 import select
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from nsconfine._syscalls import poll_ms, wait_fd
 
@@ -103,13 +105,32 @@ def _write_all(fd: int, data: bytes) -> None:
             wait_fd(fd, None, writable=True)
 
 
-def run_session(sandbox: Sandbox, grace: float) -> int:
-    """Wait for the session, passing signals on (and copying its terminal, if it has one); its
-    status."""
+@contextmanager
+def held_signals() -> Iterator[int]:
+    """From before the launch until the session is over: the forwarded signals only wake the
+    launcher (their numbers on the fd this yields), so one that arrives while the sandbox is
+    still being built is passed on once it runs, not lost by killing the launcher. The
+    handlers and wakeup fd before are put back after."""
     wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-    for number in FORWARDED_SIGNALS:
-        signal.signal(number, lambda _number, _frame: None)
+    previous_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    previous = {number: signal.signal(number, _wake_only) for number in FORWARDED_SIGNALS}
+    try:
+        yield wake_read
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(wake_read)
+        os.close(wake_write)
+
+
+def _wake_only(_number: int, _frame: object) -> None:
+    pass  # the wakeup fd has the number; run_session acts on it
+
+
+def run_session(sandbox: Sandbox, grace: float, wake_read: int) -> int:
+    """Wait for the session, passing on the signals held_signals() collects on wake_read (and
+    copying its terminal, if it has one); its status."""
     terminal = _Terminal(sandbox.tty) if sandbox.tty >= 0 else None
     deadline: float | None = None
     signalled = False
