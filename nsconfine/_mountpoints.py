@@ -52,19 +52,25 @@ PROTECTED_DIRECTORY_SCAN = 10_000
 
 
 class Stub:
-    """A mount point made at launch (or adopted from an earlier launch), held through its
-    token until the sandbox that binds it ends."""
+    """A mount point inside a writable bind that a sandbox binds over, held until that sandbox
+    ends: made at launch (or adopted from an earlier launch) with its token in this account's
+    records, or found there (a stub another records directory made, or the session's own
+    file), held by its hold alone."""
 
-    __slots__ = ("identity", "kind", "parts", "token", "top")
+    __slots__ = ("hold", "identity", "kind", "parts", "token", "top")
 
     def __init__(
-        self, top: str, parts: list[str], kind: str, identity: Identity, token: int
+        self, top: str, parts: list[str], kind: str, identity: Identity, token: int, hold: int
     ) -> None:
         self.top = top  # the writable bind's resolved path
         self.parts = parts  # the path below it, one component each
         self.kind = kind
         self.identity = identity
-        self.token = token  # an fd holding a shared lock on the stub's token
+        self.token = token  # an fd holding a shared lock on the stub's token; -1: none here
+        # An fd of the file itself, with a shared lock on it. A launcher removes a stub only
+        # under an exclusive lock on it, so none (whatever records it keeps: another
+        # XDG_CACHE_HOME, a read-only cache) removes one another live sandbox binds over.
+        self.hold = hold
 
 
 # ------------------------------------------------------------------ the records of stubs
@@ -342,22 +348,54 @@ def _mount_point(
             if made is None:
                 return None
             kind, identity = made
+            hold = -1
             try:
+                hold = _hold(parent, name, identity, where)
                 token = _take_token(records, identity, where, create=True)
             except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
-                _remove_at(parent, name, kind, identity)
+                if hold >= 0:
+                    os.close(hold)
+                _remove_at(parent, name, kind, identity, made_now=True)
                 raise
-            return Stub(resolved, parts, kind, identity, token)
+            return Stub(resolved, parts, kind, identity, token, hold)
         if stat.S_ISLNK(info.st_mode):
             raise PlanError(_refusal(entry.dest, None))
         stub_kind = _stub_kind(entry)
         if stub_kind is None:
             return None
         identity = (info.st_dev, info.st_ino)
-        token = _take_token(records, identity, where, create=False)
-        return None if token < 0 else Stub(resolved, parts, stub_kind, identity, token)
+        hold = _hold(parent, name, identity, where)
+        try:
+            token = _take_token(records, identity, where, create=False)
+        except BaseException:
+            os.close(hold)
+            raise
+        return Stub(resolved, parts, stub_kind, identity, token, hold)
     finally:
         os.close(parent)
+
+
+def _hold(parent_fd: int, name: str, identity: Identity, where: str) -> int:
+    """An fd of the mount point at name, with a shared lock on it for as long as the sandbox
+    binds it (see Stub.hold). Refused while someone holds it exclusively: a launcher removing
+    it, or a running session of the workspace locking it to strip the next session's bind."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks
+    fd = os.open(name, flags, dir_fd=parent_fd)
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != identity:
+            raise PlanError(f"{printable(where)} changed while it was checked; nothing was run")
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SandboxUnavailable(
+            f"{printable(where)} is locked (a launcher is removing it, or a running session of "
+            "this workspace holds it): nothing was run; launch again once that session ends"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _refusal(where: str, error: OSError | None) -> str:
@@ -464,10 +502,10 @@ def remove(stubs: list[Stub]) -> None:
     if each is still the stub made."""
     if not stubs:
         return
-    # Let go of the tokens first: that frees as many fds as the lock below needs, for a
-    # launch refused for want of fds. Whether a stub is still held is decided under the lock.
-    for stub in stubs:
-        os.close(stub.token)
+    # Let go of the tokens and holds first: that frees as many fds as the lock below needs,
+    # for a launch refused for want of fds. Whether a stub is still held is decided under the
+    # lock, and by its own lock.
+    release(stubs)
     try:
         with _records_locked() as records:
             for stub in reversed(stubs):
@@ -475,6 +513,15 @@ def remove(stubs: list[Stub]) -> None:
     except (OSError, SandboxUnavailable):
         pass  # the records are gone or out of reach: the next launch adopts the stubs
     stubs.clear()
+
+
+def release(stubs: list[Stub]) -> None:
+    """Let go of stubs (their tokens and holds) without removing them."""
+    for stub in stubs:
+        for fd in (stub.token, stub.hold):
+            if fd >= 0:
+                os.close(fd)
+        stub.token = stub.hold = -1
 
 
 def _remove_if_unused(records: str, stub: Stub) -> None:
@@ -489,40 +536,60 @@ def _remove_if_unused(records: str, stub: Stub) -> None:
         os.close(token)
         return
     try:
-        _remove_stub(stub)
-        os.unlink(token_path)
+        if _remove_stub(stub):  # else another sandbox binds over it: a later launch removes it
+            os.unlink(token_path)
     except OSError:
         pass
     finally:
         os.close(token)
 
 
-def _remove_stub(stub: Stub) -> None:
-    """Remove the stub if it is still the one made: the same inode, and empty (or, for a
-    commondir, holding "." alone)."""
+def _remove_stub(stub: Stub) -> bool:
+    """Remove the stub if it is still the one made (see _remove_at); False if it is kept
+    because another sandbox binds over it."""
     try:
         parent = _walk_to_parent(stub.top, stub.parts, os.path.join(stub.top, *stub.parts))
     except (OSError, PlanError):
-        return  # gone or changed: not ours to remove
+        return True  # gone or changed: nothing of ours is left there
     try:
-        _remove_at(parent, stub.parts[-1], stub.kind, stub.identity)
+        return _remove_at(parent, stub.parts[-1], stub.kind, stub.identity)
     finally:
         os.close(parent)
 
 
-def _remove_at(parent_fd: int, name: str, kind: str, identity: Identity) -> None:
-    """Remove the stub of kind at name in parent_fd if it is still the one made: the same
-    inode, and empty (or, for a commondir, holding "." alone)."""
+def _remove_at(
+    parent_fd: int, name: str, kind: str, identity: Identity, *, made_now: bool = False
+) -> bool:
+    """Remove the stub of kind at name in parent_fd if it is still the one made (the same
+    inode, and empty, or for a commondir holding "." alone) and no sandbox holds it (an
+    exclusive lock on it, held while it goes); False if one does. made_now: a stub this
+    launch has just made and no one can hold yet, removed without an fd (a launch short of
+    fds takes this way out)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = -1
     try:
-        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if made_now:
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        else:
+            fd = os.open(name, flags, dir_fd=parent_fd)
+            info = os.fstat(fd)
         if (info.st_dev, info.st_ino) != identity:
-            return
+            return True
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
         if kind == "dir" and stat.S_ISDIR(info.st_mode):
             os.rmdir(name, dir_fd=parent_fd)  # refused if not empty: then kept
         elif stat.S_ISREG(info.st_mode) and info.st_size == _stub_size(kind):
             os.unlink(name, dir_fd=parent_fd)
     except OSError:
         pass  # gone, changed or no longer empty: not ours to remove
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return True
 
 
 def _stub_size(kind: str) -> int:

@@ -471,8 +471,7 @@ def materialize(plan: Plan, bundle: str, argv: Sequence[str] = DEFAULT_COMMAND) 
     stubs, fds = _mountpoints.open_for_launch(plan)
     for fd in fds.values():
         os.close(fd)
-    for stub in stubs:  # left in place for the runtime; the next launch adopts and removes them
-        os.close(stub.token)
+    _mountpoints.release(stubs)  # left in place for the runtime; the next launch removes them
     _make_bundle_directory(bundle)
     for artifact in exported.artifacts:
         _write_artifact(bundle, artifact)

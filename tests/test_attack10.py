@@ -65,21 +65,17 @@ def test_a_token_that_cannot_be_written_leaks_no_fd(
     assert sorted(os.listdir(workspace)) == []
 
 
-# Not `confinement`: with NSCONFINE_MUST_WORK=1 an xfail counts as a skip.
+@pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
-@pytest.mark.xfail(
-    strict=True,
-    reason="stubs are held through records found by the launcher's environment: a launcher "
-    "with another cache (a read-only one: /tmp/nsconfine-UID) does not see them",
-)
 def test_a_stub_another_records_directory_holds_is_not_removed(
     ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two launchers of one account whose records directories differ (one's cache is
     read-only, so it keeps them in /tmp; or another XDG_CACHE_HOME) launch into one workspace.
-    When the first session ends its launcher removes the stubs it made, though the second
-    session's protected binds sit on them: the kernel then detaches those binds, and the
-    second session writes .envrc, which the host trusts."""
+    When the first session ends, its launcher must not remove the stubs it made while the
+    second session's protected binds sit on them (the kernel would detach those binds, and
+    the second session could write .envrc, which the host trusts): each sandbox holds a
+    shared lock on every mount point it binds over."""
     workspace, run_dir = ws_run
 
     def records_in(name: str) -> None:
@@ -119,3 +115,33 @@ def test_a_wait_longer_than_poll_can_count_waits() -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_session_locking_a_protected_path_makes_the_next_launch_refuse(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A session that takes an exclusive lock on a protected path it can read (to have its
+    launcher, or another, remove the stub under the next session's bind) gets the next launch
+    of its workspace refused, not unprotected; once it ends, launches go on."""
+    workspace, run_dir = ws_run
+    # A session where .envrc is left writable makes one and locks it (where it is protected,
+    # the sandbox's own shared lock keeps the session from locking it).
+    plan = session(workspace, run_dir, unprotect=[".envrc"]).plan()
+    read_end, write_end = os.pipe()
+    holder = nsconfine.spawn(
+        plan,
+        ["/usr/bin/flock", "-x", ".envrc", "/bin/sh", "-c", "echo locked; sleep 60"],
+        stdout=write_end,
+    )
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 7) == b"locked\n"
+        with pytest.raises(nsconfine.SandboxUnavailable, match="locked"):
+            nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"])
+    finally:
+        os.close(read_end)
+        holder.kill()
+        holder.wait()
+    assert nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"]).wait() == 0
