@@ -120,9 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 64
     if arguments.plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
+        from importlib.util import find_spec
+
+        if find_spec("matplotlib") is None:
             print(
                 "nsconfine bench: --plot needs matplotlib: pip install 'nsconfine[plot]'",
                 file=sys.stderr,
