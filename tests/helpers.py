@@ -155,11 +155,13 @@ def run(plan: nsconfine.Plan, argv: Sequence[str], timeout: float = 120) -> tupl
     """argv's exit status and everything it wrote to stdout and stderr, in a session of plan."""
     read_end, write_end = os.pipe()
     try:
-        sandbox = nsconfine.spawn(plan, argv, stdout=write_end, stderr=write_end)
-    finally:
-        os.close(write_end)
-    output = read_to_eof(read_end, timeout)
-    os.close(read_end)
+        try:
+            sandbox = nsconfine.spawn(plan, argv, stdout=write_end, stderr=write_end)
+        finally:
+            os.close(write_end)
+        output = read_to_eof(read_end, timeout)
+    finally:  # a refused launch too: the suite's fds must not pile up
+        os.close(read_end)
     return sandbox.wait(timeout=timeout), (output or b"").decode(errors="replace")
 
 

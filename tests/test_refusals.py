@@ -6,6 +6,7 @@ message, and a marker file the command would have created, which must not exist.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
@@ -197,7 +198,7 @@ def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -
     fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
     for fd in fds:
         os.set_inheritable(fd, True)
-    high = os.dup2(fds[0], 200)
+    high = fcntl.fcntl(fds[0], fcntl.F_DUPFD, 200)  # the first free at 200 or above
     try:
         read_end, write_end = os.pipe()
         sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", "ls /proc/self/fd"], stdout=write_end)
