@@ -625,14 +625,20 @@ def _receive_terminal(staged: Staged, report_read: int) -> int:
             os.close(fd)
         raise SandboxUnavailable("the exec shim did not send the command's terminal")
     controller = fds[0]
-    os.set_inheritable(controller, False)
     size = struct.pack("HHHH", 24, 80, 0, 0)
     try:
         size = fcntl.ioctl(0, termios.TIOCGWINSZ, size)
     except OSError:
         pass  # the launcher has no terminal: the default
-    fcntl.ioctl(controller, termios.TIOCSWINSZ, size)
-    staged.sock.sendall(b"G", socket.MSG_NOSIGNAL)
+    try:
+        os.set_inheritable(controller, False)
+        fcntl.ioctl(controller, termios.TIOCSWINSZ, size)
+        staged.sock.sendall(b"G", socket.MSG_NOSIGNAL)
+    except BaseException as error:
+        os.close(controller)
+        if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            raise StagedGone from None  # the shim died between 'T' and 'G'
+        raise
     return controller
 
 
