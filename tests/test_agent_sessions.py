@@ -276,12 +276,16 @@ def test_signals_reach_the_command(ws_run: tuple[Path, Path], number: int) -> No
     name = signal.Signals(number).name[3:]
     script = f"trap 'echo got-{name}; exit 42' {name}; echo ready; while :; do sleep 0.1; done"
     process, read_end = _run_cli(ws_run, script)
-    ready = os.read(read_end, 100)
-    assert ready.startswith(b"ready"), ready
-    process.send_signal(number)
-    status = process.wait(timeout=30)
-    output = (read_to_eof(read_end, 10) or b"").decode()
-    os.close(read_end)
+    try:
+        ready = os.read(read_end, 100)
+        assert ready.startswith(b"ready"), ready
+        process.send_signal(number)
+        status = process.wait(timeout=30)
+        output = (read_to_eof(read_end, 10) or b"").decode()
+    finally:  # a failure leaves neither the CLI nor its session running
+        os.close(read_end)
+        process.kill()
+        process.wait()
     assert f"got-{name}" in output, output
     assert status == 42
 

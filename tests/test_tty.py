@@ -110,7 +110,14 @@ def test_ctrl_c_and_ctrl_z_reach_only_the_foreground_job(ws_run: tuple[Path, Pat
         os.write(tty, b"kill -9 %1; wait; echo killed-$((2+2))\n")
         assert b"killed-4" in read_until(tty, b"killed-4")
         os.write(tty, b"exit 3\n")
-        assert sandbox.wait(timeout=30) == 3, read_until(tty, b"never", timeout=1)
+        try:
+            status = sandbox.wait(timeout=10)
+        except nsconfine.TimeoutExpired:
+            # bash answers a first `exit` with "There are stopped jobs." while it still lists
+            # the killed job; a second one exits. Seen on a loaded machine.
+            os.write(tty, b"exit 3\n")
+            status = sandbox.wait(timeout=30)
+        assert status == 3
     finally:
         sandbox.kill()
         sandbox.wait()
