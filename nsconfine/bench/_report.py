@@ -48,116 +48,90 @@ def targets(results: Results) -> list[Target]:
     """Each goal this run has the numbers for."""
     found: list[Target] = []
 
-    def ratio(name: str, baseline: str, key: str) -> float | None:
+    def ratio(name: str, baseline: str, key: str = "p50") -> float | None:
         ours, theirs = results.p(name, key), results.p(baseline, key)
         return None if ours is None or theirs is None else ours / theirs
 
+    def goal(
+        name: str, what: str, value: float | None, limit: float, unit: str, higher: bool = False
+    ) -> None:
+        if value is not None:  # a section this run skipped has no numbers for it
+            found.append(Target(name, what, value, limit, unit, higher_is_better=higher))
+
     for mode in ("exec", "exit"):
         for key in ("p50", "p99"):
-            value = ratio(f"launch.{mode}.nsconfine", f"launch.{mode}.floor", key)
-            if value is not None:
-                found.append(
-                    Target(
-                        f"spawn-{mode}-{key}-vs-floor",
-                        f"nsconfine.spawn {key} (to {mode}) <= 1.10x the bwrap floor",
-                        value,
-                        1.10,
-                        "x",
-                    )
-                )
-    layered = ratio("layers.pool.on", "layers.pool.off", "p50")
-    if layered is not None:
-        found.append(
-            Target(
-                "pool-layers-p50",
-                "Pool warm launch p50 with the layers <= 1.2x without them",
-                layered,
-                1.2,
+            goal(
+                f"spawn-{mode}-{key}-vs-floor",
+                f"nsconfine.spawn {key} (to {mode}) <= 1.10x the bwrap floor",
+                ratio(f"launch.{mode}.nsconfine", f"launch.{mode}.floor", key),
+                1.10,
                 "x",
             )
-        )
-    warm = ratio("pool.launch.warm", "pool.process", "p50")
-    if warm is not None:
-        found.append(
-            Target(
-                "pool-warm-vs-process",
-                "Pool.launch() p50 (to exec) <= 1.0x a bare posix_spawn of the payload to exit",
-                warm,
-                1.0,
-                "x",
-            )
-        )
+    goal(
+        "pool-layers-p50",
+        "Pool warm launch p50 with the layers <= 1.2x without them",
+        ratio("layers.pool.on", "layers.pool.off"),
+        1.2,
+        "x",
+    )
+    goal(
+        "pool-warm-vs-process",
+        "Pool.launch() p50 (to exec) <= 1.0x a bare posix_spawn of the payload to exit",
+        ratio("pool.launch.warm", "pool.process"),
+        1.0,
+        "x",
+    )
     sizes = sorted(
         {name.split(".")[1] for name in results.rows if name.startswith("size.")},
         key=lambda label: int(label[:-3]) * (1024 if label.endswith("GiB") else 1),
     )
     for label in sizes:
-        value = ratio(f"size.{label}.naive", f"size.{label}.nsconfine", "p50")
-        if value is not None:
-            limit = 1.5 if label.endswith("GiB") else 1.0
-            found.append(
-                Target(
-                    f"faster-than-naive-{label}",
-                    f"naive p50 / nsconfine p50 at {label} >= {limit}",
-                    value,
-                    limit,
-                    "x",
-                    higher_is_better=True,
-                )
-            )
-    plan_default, plan_big = results.p("plan.binds-0"), results.p("plan.binds-1000")
-    if plan_default is not None:
-        found.append(
-            Target(
-                "plan-default",
-                "default plan build+compile p50 <= 200 us",
-                plan_default,
-                200.0,
-                "us",
-            )
+        limit = 1.5 if label.endswith("GiB") else 1.0
+        goal(
+            f"faster-than-naive-{label}",
+            f"naive p50 / nsconfine p50 at {label} >= {limit}",
+            ratio(f"size.{label}.naive", f"size.{label}.nsconfine"),
+            limit,
+            "x",
+            higher=True,
         )
-    if plan_big is not None:
-        found.append(
-            Target(
-                "plan-1000-binds",
-                "1000-bind plan build+compile p50 <= 20 ms",
-                plan_big / 1000,
-                20.0,
-                "ms",
-            )
-        )
-    value = ratio("binds.nsconfine.1000", "binds.nsconfine.0", "p50")
-    if value is not None:
-        found.append(
-            Target(
-                "launch-1000-binds",
-                "1000-bind launch p50 <= 10x the 0-bind launch",
-                value,
-                10.0,
-                "x",
-            )
-        )
+    plan_big = results.p("plan.binds-1000")
+    goal(
+        "plan-default",
+        "default plan build+compile p50 <= 200 us",
+        results.p("plan.binds-0"),
+        200.0,
+        "us",
+    )
+    goal(
+        "plan-1000-binds",
+        "1000-bind plan build+compile p50 <= 20 ms",
+        None if plan_big is None else plan_big / 1000,
+        20.0,
+        "ms",
+    )
+    goal(
+        "launch-1000-binds",
+        "1000-bind launch p50 <= 10x the 0-bind launch",
+        ratio("binds.nsconfine.1000", "binds.nsconfine.0"),
+        10.0,
+        "x",
+    )
     for key, label in (("", ""), ("_pyc", " (bytecode cache)")):
-        if f"import{key}_ms" in results.derived:
-            found.append(
-                Target(
-                    "import" + key.replace("_", "-"),
-                    f"import nsconfine <= 20 ms (p50 over python -c pass){label}",
-                    results.derived[f"import{key}_ms"],
-                    20.0,
-                    "ms",
-                )
-            )
-        if f"cli_overhead{key}_ms" in results.derived:
-            found.append(
-                Target(
-                    "cli-overhead" + key.replace("_", "-"),
-                    f"nsconfine run - (python + bwrap floor) p50 <= 15 ms{label}",
-                    results.derived[f"cli_overhead{key}_ms"],
-                    15.0,
-                    "ms",
-                )
-            )
+        goal(
+            "import" + key.replace("_", "-"),
+            f"import nsconfine <= 20 ms (p50 over python -c pass){label}",
+            results.derived.get(f"import{key}_ms"),
+            20.0,
+            "ms",
+        )
+        goal(
+            "cli-overhead" + key.replace("_", "-"),
+            f"nsconfine run - (python + bwrap floor) p50 <= 15 ms{label}",
+            results.derived.get(f"cli_overhead{key}_ms"),
+            15.0,
+            "ms",
+        )
     return found
 
 
