@@ -16,13 +16,15 @@ GHSA-pxhw-h44j-8pfx), and creates what is missing. So, before bwrap runs:
 - a read-only file there must have no second name (a hardlink the session can write), and a
   read-only directory there no such file and no symlink out to where the session writes.
 
-Stubs are shared by every launch of a workspace, from any process of this account: each launch
-that binds one holds a shared lock on its token (a file named by the stub's device and inode in
-the account's records directory, which no session can see) for as long as its sandbox lives,
-and the last one to let go removes the stub, if it is still the one made. Tokens are taken and
-stubs removed under one lock of the records directory, so a stub is never removed between
-another launch finding it and locking its token. A stub left by a launcher that was killed is
-adopted by the next launch that finds its token, and removed after it.
+Stubs are shared by every launch of a workspace, from any process: each sandbox holds a shared
+lock on every mount point it binds over inside a writable bind (the file itself, whoever made
+it) for as long as it lives, and a stub is removed only under an exclusive lock on it, so the
+last one to let go removes it, if it is still the one made, and no launcher removes one that
+another live sandbox binds over (whatever records it keeps). What is a stub is recorded by its
+token (a file named by the stub's device and inode in the account's records directory, which no
+session can see); tokens are made and stubs adopted and removed under one lock of the records
+directory. A stub left by a launcher that was killed is adopted by the next launch that finds
+its token, and removed after it.
 
 What stays open: a process that swaps a directory for a symlink *during* a launch, after this
 walk and before bwrap makes its mount point, can still send bwrap's mount elsewhere in the
@@ -33,6 +35,7 @@ directories mount points stop a session of the same plan from doing it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -53,20 +56,26 @@ PROTECTED_DIRECTORY_SCAN = 10_000
 
 class Stub:
     """A mount point inside a writable bind that a sandbox binds over, held until that sandbox
-    ends: made at launch (or adopted from an earlier launch) with its token in this account's
-    records, or found there (a stub another records directory made, or the session's own
-    file), held by its hold alone."""
+    ends: a stub made at launch (or adopted from an earlier launch), its token in this
+    account's records, or a file found there (the session's own, or a stub of another records
+    directory), held all the same."""
 
-    __slots__ = ("hold", "identity", "kind", "parts", "token", "top")
+    __slots__ = ("hold", "identity", "kind", "parts", "recorded", "top")
 
     def __init__(
-        self, top: str, parts: list[str], kind: str, identity: Identity, token: int, hold: int
+        self,
+        top: str,
+        parts: list[str],
+        kind: str,
+        identity: Identity,
+        recorded: bool,
+        hold: int,
     ) -> None:
         self.top = top  # the writable bind's resolved path
         self.parts = parts  # the path below it, one component each
         self.kind = kind
         self.identity = identity
-        self.token = token  # an fd holding a shared lock on the stub's token; -1: none here
+        self.recorded = recorded  # a stub, by this account's records: removed when let go
         # An fd of the file itself, with a shared lock on it. A launcher removes a stub only
         # under an exclusive lock on it, so none (whatever records it keeps: another
         # XDG_CACHE_HOME, a read-only cache) removes one another live sandbox binds over.
@@ -156,26 +165,22 @@ def _token_path(records: str, identity: Identity) -> str:
     return os.path.join(records, f"{identity[0]}-{identity[1]}")
 
 
-def _take_token(records: str, identity: Identity, where: str, create: bool) -> int:
-    """A shared lock on identity's token, made (create) or found naming where; -1 if there is
-    no such token (the file at where is not a stub)."""
+def _token(records: str, identity: Identity, where: str, create: bool) -> bool:
+    """Whether identity's token names where (the file there is a stub of these records), made
+    first if create."""
     path = _token_path(records, identity)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
     except FileNotFoundError:
-        return -1
+        return False
     try:
         if create:
             os.ftruncate(fd, 0)
             os.write(fd, os.fsencode(where))  # a full cache (ENOSPC) fails here
-        elif os.pread(fd, 8192, 0) != os.fsencode(where):  # the inode number, reused elsewhere
-            os.close(fd)
-            return -1
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except BaseException:
+            return True
+        return os.pread(fd, 8192, 0) == os.fsencode(where)  # else an inode number reused
+    finally:
         os.close(fd)
-        raise
-    return fd
 
 
 def is_stub(path: str) -> bool:
@@ -351,13 +356,13 @@ def _mount_point(
             hold = -1
             try:
                 hold = _hold(parent, name, identity, where)
-                token = _take_token(records, identity, where, create=True)
+                _token(records, identity, where, create=True)
             except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
                 if hold >= 0:
                     os.close(hold)
                 _remove_at(parent, name, kind, identity, made_now=True)
                 raise
-            return Stub(resolved, parts, kind, identity, token, hold)
+            return Stub(resolved, parts, kind, identity, True, hold)
         if stat.S_ISLNK(info.st_mode):
             raise PlanError(_refusal(entry.dest, None))
         stub_kind = _stub_kind(entry)
@@ -366,11 +371,11 @@ def _mount_point(
         identity = (info.st_dev, info.st_ino)
         hold = _hold(parent, name, identity, where)
         try:
-            token = _take_token(records, identity, where, create=False)
+            recorded = _token(records, identity, where, create=False)
         except BaseException:
             os.close(hold)
             raise
-        return Stub(resolved, parts, stub_kind, identity, token, hold)
+        return Stub(resolved, parts, stub_kind, identity, recorded, hold)
     finally:
         os.close(parent)
 
@@ -502,9 +507,8 @@ def remove(stubs: list[Stub]) -> None:
     if each is still the stub made."""
     if not stubs:
         return
-    # Let go of the tokens and holds first: that frees as many fds as the lock below needs,
-    # for a launch refused for want of fds. Whether a stub is still held is decided under the
-    # lock, and by its own lock.
+    # Let go of the holds first: that frees as many fds as the lock below needs, for a launch
+    # refused for want of fds. Whether a stub is still held is decided by its own lock.
     release(stubs)
     try:
         with _records_locked() as records:
@@ -516,32 +520,22 @@ def remove(stubs: list[Stub]) -> None:
 
 
 def release(stubs: list[Stub]) -> None:
-    """Let go of stubs (their tokens and holds) without removing them."""
+    """Let go of stubs (their holds) without removing them."""
     for stub in stubs:
-        for fd in (stub.token, stub.hold):
-            if fd >= 0:
-                os.close(fd)
-        stub.token = stub.hold = -1
+        if stub.hold >= 0:
+            os.close(stub.hold)
+        stub.hold = -1
 
 
 def _remove_if_unused(records: str, stub: Stub) -> None:
+    """Remove a stub of these records (called with their lock held) unless a sandbox holds it;
+    its token goes with it, or stays for a later launch to remove it then."""
     token_path = _token_path(records, stub.identity)
-    try:
-        token = os.open(token_path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        fcntl.flock(token, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # another launch holds it: the last one removes it
-        os.close(token)
-        return
-    try:
-        if _remove_stub(stub):  # else another sandbox binds over it: a later launch removes it
+    if not stub.recorded or not os.path.exists(token_path):
+        return  # not a stub, another records directory's, or removed by another launch
+    if _remove_stub(stub):
+        with contextlib.suppress(OSError):
             os.unlink(token_path)
-    except OSError:
-        pass
-    finally:
-        os.close(token)
 
 
 def _remove_stub(stub: Stub) -> bool:
