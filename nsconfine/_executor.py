@@ -49,7 +49,7 @@ from nsconfine._bwrap_args import (
     reaper_command_line,
     shim_command,
 )
-from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
+from nsconfine._errors import PlanError, SandboxUnavailable, UsageError, refuse_if_short_of_fds
 from nsconfine._mounts import mount_table_problems
 from nsconfine._plan import Kind, Plan, is_env_name
 from nsconfine._programs import (
@@ -737,9 +737,9 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
         report_read, report_write = os.pipe2(os.O_CLOEXEC)
     except OSError as error:
         abandon()
+        refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
-            f"the launcher has no file descriptor left for the launch ({error.strerror}); "
-            "nothing was run: close some, or raise its RLIMIT_NOFILE"
+            f"cannot make the launch's pipe ({error.strerror}); nothing was run"
         ) from None
     try:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report_write, *fds]))]
