@@ -45,7 +45,7 @@ from contextlib import contextmanager
 
 from nsconfine import _syscalls
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
-from nsconfine._plan import COMMONDIR_STUB, Entry, Kind, Mode, Plan, RunAs, printable
+from nsconfine._plan import COMMONDIR_STUB, Entry, Kind, Mode, Plan, RunAs, inside, printable
 
 Identity = tuple[int, int]
 
@@ -165,37 +165,36 @@ def _token_path(records: str, identity: Identity) -> str:
     return os.path.join(records, f"{identity[0]}-{identity[1]}")
 
 
-def _token(records: str, identity: Identity, where: str, create: bool) -> bool:
-    """Whether identity's token names where (the file there is a stub of these records), made
-    first if create."""
-    path = _token_path(records, identity)
+def _record(records: str, identity: Identity, where: str) -> None:
+    """Make identity's token, naming where: the file there is a stub of these records."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    fd = os.open(_token_path(records, identity), flags, 0o600)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
-    except FileNotFoundError:
-        return False
-    try:
-        if create:
-            os.ftruncate(fd, 0)
-            os.write(fd, os.fsencode(where))  # a full cache (ENOSPC) fails here
-            return True
-        return os.pread(fd, 8192, 0) == os.fsencode(where)  # else an inode number reused
+        os.write(fd, os.fsencode(where))  # a full cache (ENOSPC) fails here
     finally:
         os.close(fd)
+
+
+def _recorded(records: str, identity: Identity, where: str) -> bool:
+    """Does identity's token name where (else there is none, or the inode number was reused
+    elsewhere)?"""
+    try:
+        with open(_token_path(records, identity), "rb") as token:
+            return token.read(8192) == os.fsencode(where)
+    except FileNotFoundError:
+        return False
 
 
 def is_stub(path: str) -> bool:
     """Is the file at path a stub a launch of this account made (and still holds, or left)?
     A plan built while another session of the workspace runs treats it as missing, as it
     will be once that session ends."""
+    where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
     try:
         info = os.lstat(path)
-        records = _records()
-        with open(_token_path(records, (info.st_dev, info.st_ino)), "rb") as token:
-            recorded = token.read(8192)
+        return _recorded(_records(), (info.st_dev, info.st_ino), where)
     except (OSError, SandboxUnavailable):
         return False
-    where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-    return recorded == os.fsencode(where)
 
 
 # ------------------------------------------------------------------ preparing a launch
@@ -210,12 +209,6 @@ def _outermost_writable(plan: Plan) -> list[Entry]:
     ]
 
 
-def _inside(dest: str, top: str) -> str | None:
-    """dest relative to top if it lies strictly inside it."""
-    prefix = top.rstrip("/") + "/"
-    return dest[len(prefix) :] if dest.startswith(prefix) else None
-
-
 def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
     """Walk, check and (where the plan says so) make every mount point inside the plan's
     writable binds, then open every bind's source; the stubs held and dest -> an O_PATH fd of
@@ -227,7 +220,7 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
         for entry in plan.entries
         if entry.kind in (Kind.BIND, Kind.DIR, Kind.TMPFS, Kind.DATA)
         for top, resolved in tops
-        if (relative := _inside(entry.dest, top.dest)) is not None
+        if (relative := inside(entry.dest, top.dest)) is not None
     ]
     stubs: list[Stub] = []
     fds: dict[str, int] = {}
@@ -356,7 +349,7 @@ def _mount_point(
             hold = -1
             try:
                 hold = _hold(parent, name, identity, where)
-                _token(records, identity, where, create=True)
+                _record(records, identity, where)
             except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
                 if hold >= 0:
                     os.close(hold)
@@ -371,7 +364,7 @@ def _mount_point(
         identity = (info.st_dev, info.st_ino)
         hold = _hold(parent, name, identity, where)
         try:
-            recorded = _token(records, identity, where, create=False)
+            recorded = _recorded(records, identity, where)
         except BaseException:
             os.close(hold)
             raise

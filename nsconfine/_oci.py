@@ -29,7 +29,7 @@ import posixpath
 
 from nsconfine import _syscalls
 from nsconfine._errors import PlanError, UsageError
-from nsconfine._plan import Entry, Kind, Mode, Plan, printable
+from nsconfine._plan import Entry, Kind, Mode, Plan, inside, printable
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -177,12 +177,6 @@ def _bind(source: str, dest: str, mode: Mode) -> dict[str, Any]:
     return {"destination": dest, "type": "bind", "source": source, "options": _bind_options(mode)}
 
 
-def _inside(path: str, top: str) -> str | None:
-    if top == "/":
-        return path[1:]
-    return path[len(top) + 1 :] if path.startswith(top + "/") else None
-
-
 def _covering(entries: Sequence[Entry], index: int) -> Entry | None:
     """The innermost mount an earlier entry made that contains entries[index]'s dest."""
     dest = entries[index].dest
@@ -190,7 +184,7 @@ def _covering(entries: Sequence[Entry], index: int) -> Entry | None:
     for entry in entries[:index]:
         if entry.kind in (Kind.DIR, Kind.SYMLINK, Kind.COPY, Kind.REMOUNT_RO):
             continue
-        if _inside(dest, entry.dest) and (found is None or len(entry.dest) > len(found.dest)):
+        if inside(dest, entry.dest) and (found is None or len(entry.dest) > len(found.dest)):
             found = entry
     return found
 
@@ -231,7 +225,7 @@ def export(
         kind = entry.kind
         parent = _covering(entries, index)
         tree = trees.get(parent.dest) if parent is not None else None
-        in_tree = None if tree is None or parent is None else _inside(entry.dest, parent.dest)
+        in_tree = None if tree is None or parent is None else inside(entry.dest, parent.dest)
         in_root = parent is None
         if kind is Kind.REMOUNT_RO:
             if entry.dest == "/":
@@ -430,13 +424,15 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
             "the session would run as uid 0: name an unprivileged account (--user NAME)"
         )
     writable = {
-        _identity(e.source): e for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW
+        _syscalls.identity(e.source): e
+        for e in plan.entries
+        if e.kind is Kind.BIND and e.mode is Mode.RW
     }
     writable.pop(None, None)  # a missing source (the lint refuses it) is nothing to be inside
     # By what each directory above the bundle is, not by how its path reads: a symlink or a
     # bind mount of the workspace elsewhere names the very same directory.
     for above in {*_ancestors(bundle), *_ancestors(os.path.realpath(bundle))}:
-        entry = writable.get(_identity(above))
+        entry = writable.get(_syscalls.identity(above))
         if entry is not None:
             raise UsageError(
                 f"the bundle {printable(bundle)} lies inside {printable(entry.source)}, "
@@ -444,14 +440,6 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
             )
     lint(plan)
     return materialize(plan, bundle, argv)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
 
 
 def _ancestors(path: str) -> list[str]:

@@ -40,6 +40,12 @@ _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
+def inside(dest: str, top: str) -> str | None:
+    """dest relative to top if it lies strictly inside it (both absolute and normalized)."""
+    prefix = top.rstrip("/") + "/"
+    return dest[len(prefix) :] if dest.startswith(prefix) else None
+
+
 def encodable(text: str) -> bool:
     """Can text reach the kernel and bwrap as bytes (a non-UTF-8 byte, kept as a surrogate
     escape, can; a lone surrogate from elsewhere cannot)?"""
