@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from nsconfine._plan import Entry, Kind, Plan, printable
+from nsconfine._plan import Entry, Kind, Plan, printable, within
 from nsconfine._policy import Judge, resolve
 
 
@@ -41,8 +41,7 @@ def _covering(plan: Plan, path: str) -> Entry | None:
     for entry in plan.entries:
         if entry.kind is Kind.REMOUNT_RO or entry.dest == "/":
             continue
-        inside = path == entry.dest or path.startswith(entry.dest.rstrip("/") + "/")
-        if inside and (best is None or len(entry.dest) > len(best.dest)):
+        if within(path, entry.dest) and (best is None or len(entry.dest) > len(best.dest)):
             best = entry
     return best
 

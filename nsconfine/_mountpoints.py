@@ -45,7 +45,17 @@ from contextlib import contextmanager
 
 from nsconfine import _syscalls
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
-from nsconfine._plan import COMMONDIR_STUB, Entry, Kind, Mode, Plan, RunAs, inside, printable
+from nsconfine._plan import (
+    COMMONDIR_STUB,
+    Entry,
+    Kind,
+    Mode,
+    Plan,
+    RunAs,
+    inside,
+    printable,
+    within,
+)
 
 Identity = tuple[int, int]
 
@@ -205,7 +215,7 @@ def _outermost_writable(plan: Plan) -> list[Entry]:
     return [
         e
         for e in writable
-        if not any(o is not e and e.dest.startswith(o.dest.rstrip("/") + "/") for o in writable)
+        if not any(o is not e and inside(e.dest, o.dest) is not None for o in writable)
     ]
 
 
@@ -474,7 +484,7 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
                 except OSError:
                     continue  # a symlink to nothing leads nowhere the session writes
                 leaves = not (target + "/").startswith(own)
-                if leaves and any(_within(target, top) for top in writable):
+                if leaves and any(within(target, top) for top in writable):
                     raise PlanError(
                         f"{shown} is a symlink to {printable(target)}, which the session can "
                         "write: the host would follow it into the session's own file; make it "
@@ -486,10 +496,6 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
                 f"{printable(entry.source)} holds more than {PROTECTED_DIRECTORY_SCAN:,} "
                 "entries: too many to check that none can be changed from the workspace"
             )
-
-
-def _within(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 # ------------------------------------------------------------------ after a sandbox

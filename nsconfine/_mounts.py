@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 
 from nsconfine import _syscalls
-from nsconfine._plan import Kind, Plan
+from nsconfine._plan import Kind, Plan, inside
 
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -136,7 +136,7 @@ def _host_path_below_bind(point: str, binds: dict[str, str]) -> str | None:
     """The host path that point shows, if it lies below a bound directory."""
     best = ""
     for dest in binds:
-        if point.startswith(dest.rstrip("/") + "/") and len(dest) > len(best):
+        if inside(point, dest) is not None and len(dest) > len(best):
             best = dest
     if not best:
         return None

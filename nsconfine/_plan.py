@@ -46,6 +46,11 @@ def inside(dest: str, top: str) -> str | None:
     return dest[len(prefix) :] if dest.startswith(prefix) else None
 
 
+def within(path: str, top: str) -> bool:
+    """Is path top itself or inside it (both absolute and normalized)?"""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 def encodable(text: str) -> bool:
     """Can text reach the kernel and bwrap as bytes (a non-UTF-8 byte, kept as a surrogate
     escape, can; a lone surrogate from elsewhere cannot)?"""

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine import _syscalls
 from nsconfine._errors import PlanError
-from nsconfine._plan import DenyRule, Entry, Kind, Mode, Plan, RunAs, printable
+from nsconfine._plan import DenyRule, Entry, Kind, Mode, Plan, RunAs, printable, within
 
 # Credential stores under a home directory, each with why it must stay out of every session.
 HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
@@ -263,10 +263,6 @@ def _parent(path: str) -> str:
     """The directory holding an absolute, normalized path (os.path.dirname, without its
     generality: the lint walks up hundreds of paths per check)."""
     return path[: path.rfind("/")] or "/"
-
-
-def _within(path: str, ancestor: str) -> bool:
-    return path == ancestor or ancestor == "/" or path.startswith(ancestor + "/")
 
 
 class _Places:
@@ -517,7 +513,7 @@ def _refuse_host_proc_or_dev(
     entry: Entry, resolved: str, device: int, kernel_devices: Mapping[int, str]
 ) -> None:
     top = kernel_devices.get(device) or next(
-        (top for top in _KERNEL_FILE_SYSTEMS if _within(resolved, top)), None
+        (top for top in _KERNEL_FILE_SYSTEMS if within(resolved, top)), None
     )
     if top is None:
         return
@@ -635,7 +631,7 @@ def _refuse_writable_aliases(
     file in the workspace) covers it, and is fine."""
     for rw, (device, inside) in writable:
         for ro, (ro_device, ro_inside) in read_only:
-            if ro_device != device or not _within(ro_inside, inside):
+            if ro_device != device or not within(ro_inside, inside):
                 continue
             there = os.path.normpath(rw.dest + "/" + ro_inside[len(inside) :].lstrip("/"))
             if there != ro.dest:

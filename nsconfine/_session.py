@@ -18,7 +18,18 @@ from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
 from nsconfine._errors import PlanError, UsageError
 from nsconfine._harness import harness_entries
-from nsconfine._plan import NETWORKS, EnvVar, Kind, Origin, Plan, RunAs, is_env_name, printable
+from nsconfine._plan import (
+    NETWORKS,
+    EnvVar,
+    Kind,
+    Origin,
+    Plan,
+    RunAs,
+    inside,
+    is_env_name,
+    printable,
+    within,
+)
 from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
 from nsconfine._profiles import Bind, chain
 from nsconfine._protect import protected_entries
@@ -373,7 +384,7 @@ def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
     pins: dict[str, p.Entry] = {}
     for entry in entries:
         for top in writable:
-            if entry.dest == top or not entry.dest.startswith(top.rstrip("/") + "/"):
+            if inside(entry.dest, top) is None:
                 continue
             parent = os.path.dirname(entry.dest)
             while parent != top and parent not in taken and os.path.isdir(parent):
@@ -705,15 +716,12 @@ def _make_bind_directory(path: str, session: Session) -> None:
     """Make a profile's missing writable directory (mkdir = true), only inside the workspace or
     run directory, without following a symlink, as the session's account."""
     parent, name = os.path.split(path)
-    inside = any(
-        parent == top or parent.startswith(top + "/")
-        for top in (session.workspace, session.run_dir)
-    )
+    in_session = any(within(parent, top) for top in (session.workspace, session.run_dir))
     try:
         real_parent = realpath(parent)
     except OSError:
         real_parent = ""  # missing: refused as through a symlink, for want of a parent
-    if not inside or real_parent != parent:
+    if not in_session or real_parent != parent:
         raise PlanError(
             f"{printable(path)} is made only inside the workspace or run directory, in a "
             "directory that exists, through no symlink"

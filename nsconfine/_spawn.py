@@ -23,7 +23,7 @@ from nsconfine._executor import (
     stdio_fd,
 )
 from nsconfine._pins import verify_pins
-from nsconfine._plan import Kind, Mode, Plan, printable
+from nsconfine._plan import Kind, Mode, Plan, printable, within
 from nsconfine._policy import check_plan
 from nsconfine._preflight import (
     located_bwrap,
@@ -111,7 +111,7 @@ def _refuse_writable_programs(plan: Plan, programs: dict[str, str]) -> None:
         except OSError:
             continue  # missing: refused where it is used, with its own message
         for root in writable:
-            if resolved == root or resolved.startswith(root.rstrip("/") + "/"):
+            if within(resolved, root):
                 raise SandboxUnavailable(
                     f"the {name} {path} lies inside {root}, which the session can write (a "
                     f"session could have put it there): use a {name} outside every writable "
