@@ -34,23 +34,23 @@ FAKES = {
         echo 'bwrap: Creating new namespace failed: nesting depth or' \
             '/proc/sys/user/max_*_namespaces exceeded' >&2
         exit 1""",
-    # Runs the command (nsconfine's shim, found on the host) without any sandbox at all.
+    # Runs the command (a copy of nsconfine's shim) without any sandbox at all.
     "unconfining": f"""
         case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
         while [ "$1" != "--" ]; do shift; done; shift 2
-        exec {SHIM_PATH} "$@" """,
+        exec @SHIM@ "$@" """,
     # A real bwrap that binds the host's /tmp over the plan's private one.
     "exposing": f"""
         case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
         args=$1 fd=$2; shift 2
         exec {REAL_BWRAP} "$args" "$fd" --bind /tmp /tmp "$@" """,
-    # Claims a sandbox that is really itself, then runs the command (nsconfine's shim).
+    # Claims a sandbox that is really itself, then runs the command (a copy of nsconfine's shim).
     "lying": f"""
         case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
         echo "{{\\"child-pid\\": $$}}" >&4
         exec 4>&-
         while [ "$1" != "--" ]; do shift; done; shift 2
-        exec {SHIM_PATH} "$@" """,
+        exec @SHIM@ "$@" """,
     # An old bwrap without the options nsconfine needs.
     "old": """
         echo 'usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]'
@@ -80,10 +80,17 @@ def marker(tmp_path: Path) -> Path:
 def _fake(tmp_path: Path, name: str) -> Path:
     script = FAKES[name]
     path = tmp_path / f"bwrap-{name}"
+    # The fakes that run the command exec a copy of the shim (@SHIM@): a root launcher runs
+    # bwrap, and so the fake, as the canary's account, which may not be able to reach the
+    # installed package's own copy (CI's sanitizer build sits in a 0700 directory).
+    shim = tmp_path / "shim"
+    shutil.copy(SHIM_PATH, shim)
+    open_up(tmp_path)
     if script is None:
         path.write_bytes(b"\x7fELF garbage")
     else:
-        path.write_text("#!/bin/sh\n" + "\n".join(line.strip() for line in script.splitlines()))
+        lines = script.replace("@SHIM@", str(shim)).splitlines()
+        path.write_text("#!/bin/sh\n" + "\n".join(line.strip() for line in lines))
     path.chmod(0o755)
     return path
 
