@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "decimal.h"
+
 #if !defined(__x86_64__) && !defined(__aarch64__)
 #error "nsconfine's helpers are built for x86_64 and aarch64 only"
 #endif
@@ -185,19 +187,6 @@ struct kcmsghdr {
 #define MSG_DONTWAIT_ 0x40
 #define MSG_CMSG_CLOEXEC_ 0x40000000
 
-/* Decimal text of value into buf (at least 21 bytes); its length. */
-static inline size_t format_unsigned(char *buf, unsigned long value)
-{
-    char digits[21];
-    size_t n = 0, out = 0;
-    do {
-        digits[n++] = (char)('0' + value % 10);
-        value /= 10;
-    } while (value > 0);
-    while (n > 0)
-        buf[out++] = digits[--n];
-    return out;
-}
 
 /* A non-negative decimal that fits an int, or -1. */
 static inline long parse_unsigned(const char *text)

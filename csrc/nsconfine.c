@@ -1,5 +1,6 @@
 /* nsconfine's native layer: see nsconfine.h for the contract. */
 #include "nsconfine.h"
+#include "decimal.h"
 #ifdef __SANITIZE_ADDRESS__
 #include <sanitizer/asan_interface.h>
 #endif
@@ -485,16 +486,10 @@ int nsc_memfd_sealed(const char *name, const char *data, size_t len,
 /* "0 <id> 1\n" into buf, without snprintf (not async-signal-safe). */
 static size_t format_id_map(char *buf, unsigned long id)
 {
-    char digits[24];
-    size_t nd = 0, n = 0;
-    do {
-        digits[nd++] = (char)('0' + id % 10);
-        id /= 10;
-    } while (id > 0);
+    size_t n = 0;
     buf[n++] = '0';
     buf[n++] = ' ';
-    while (nd > 0)
-        buf[n++] = digits[--nd];
+    n += format_unsigned(buf + n, id);
     memcpy(buf + n, " 1\n", 3);
     return n + 3;
 }
