@@ -589,3 +589,130 @@ def test_a_git_symlink_at_the_workspace_top_is_never_followed(tmp_path: Path, ta
     assert not builder.is_alive(), "building the plan hangs on the planted .git"
     assert isinstance(outcome[0], nsconfine.PlanError), outcome
     assert ".git" in str(outcome[0])
+
+
+# ------------------------------------------ redirects of trusted files (a later attacker's pass)
+# Each plants, between launches, what would let the next session write a file the host's git
+# trusts: a FIFO (a read-only mount does not stop writes through one), a symlink that leads
+# into what the session writes, a commondir or gitdir pointer naming a git directory the
+# protection did not cover.
+
+
+def _plant_config(path: Path) -> str:
+    """A session's script that writes an fsmonitor command into path; prints `wrote` if it
+    could."""
+    return f"(printf '{_EVIL_CONFIG}' >> {path} && echo wrote) 2>/dev/null; true"
+
+
+@pytest.mark.parametrize("relative", [".git/config", ".envrc", ".vscode/settings.json"])
+def test_a_fifo_at_or_in_a_protected_path_is_refused(
+    repo: tuple[Path, Path], relative: str
+) -> None:
+    """A FIFO where a trusted file goes (or inside a protected directory) would be written
+    through its read-only bind, and read by the host's git, direnv or editor: refused."""
+    workspace = repo[0]
+    fifo = workspace / relative
+    fifo.parent.mkdir(exist_ok=True)
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    give_to_session_user(workspace)
+    status, output = attempt(session(*repo).plan(), _plant_config(fifo))
+    assert "wrote" not in output
+    assert status == -1 and "FIFO" in output and relative in output, output
+
+
+def test_a_socket_at_a_protected_path_is_refused_by_what_it_is(repo: tuple[Path, Path]) -> None:
+    """A unix socket at .envrc: refused, and the refusal says what is there (it used to say the
+    path had changed during the launch, and to launch again)."""
+    import socket
+
+    workspace = repo[0]
+    (workspace / ".envrc").unlink()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(workspace / ".envrc"))
+        give_to_session_user(workspace)
+        status, output = attempt(session(*repo).plan(), "true")
+    assert status == -1 and "socket" in output and ".envrc" in output, output
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_a_hook_symlink_into_what_the_session_writes_is_refused(
+    repo: tuple[Path, Path], chain: bool
+) -> None:
+    """A hook that is a symlink to a file the session can make later (a dangling link into the
+    run directory), or to a system file through a link in the run directory the session can
+    re-point: either way the host's git would run what the session wrote. Refused."""
+    workspace, run_dir = repo
+    hook = workspace / ".git" / "hooks" / "pre-commit"
+    if chain:
+        (run_dir / "link").symlink_to("/usr/bin")
+        hook.symlink_to(run_dir / "link" / "true")
+    else:
+        hook.symlink_to(run_dir / "hook")
+    give_to_session_user(workspace, run_dir)
+    status, output = attempt(
+        session(*repo).plan(),
+        f"printf '#!/bin/sh\\necho evil\\n' > {run_dir}/hook; chmod +x {run_dir}/hook; "
+        f"ln -sfn {run_dir} {run_dir}/link; echo planted",
+    )
+    assert status == -1 and "pre-commit" in output, output
+
+
+def test_a_refused_symlinked_git_directory_names_the_unprotect_that_works(
+    repo: tuple[Path, Path],
+) -> None:
+    """The refusal of a symlinked .git/hooks offers `--unprotect .git/hooks`, the name that
+    does drop it (it offered `--unprotect hooks`, which does nothing)."""
+    workspace = repo[0]
+    hooks = workspace / ".git" / "hooks"
+    hooks.rename(workspace / "hooks-real")
+    hooks.symlink_to(workspace / "hooks-real")
+    with pytest.raises(nsconfine.PlanError, match="--unprotect .git/hooks"):
+        session(*repo).plan()
+
+
+def test_a_commondir_naming_a_workspace_directory_protects_that_directory(
+    repo: tuple[Path, Path],
+) -> None:
+    """A .git whose commondir (written before it was protected) names `../common`: git takes
+    config and hooks from there, so the next session cannot write them."""
+    workspace = repo[0]
+    dot_git, common = workspace / ".git", workspace / "common"
+    common.mkdir()
+    for name in ("config", "hooks", "objects", "refs", "info", "description"):
+        if (dot_git / name).exists():
+            (dot_git / name).rename(common / name)
+    (dot_git / "commondir").write_text("../common\n")
+    give_to_session_user(workspace)
+    assert _host_git(workspace, "status", "--short").returncode == 0  # git does use it
+    status, output = attempt(session(*repo).plan(), _plant_config(common / "config"))
+    assert "wrote" not in output, output
+    assert _host_git(workspace, "config", "--get", "core.fsmonitor").stdout == ""
+
+
+def test_a_git_directory_in_the_run_dir_is_protected(repo: tuple[Path, Path]) -> None:
+    """A workspace whose .git points into the run directory (`git init --separate-git-dir`),
+    which the session writes as freely as its workspace: that git directory's config is
+    protected too."""
+    workspace, run_dir = repo
+    moved = run_dir / "gitdir"
+    (workspace / ".git").rename(moved)
+    (workspace / ".git").write_text(f"gitdir: {moved}\n")
+    give_to_session_user(workspace, run_dir)
+    assert _host_git(workspace, "status", "--short").returncode == 0  # git does use it
+    status, output = attempt(session(*repo).plan(), _plant_config(moved / "config"))
+    assert "wrote" not in output, output
+    assert _host_git(workspace, "config", "--get", "core.fsmonitor").stdout == ""
+
+
+def test_a_gitdir_pointer_through_a_symlink_is_refused(repo: tuple[Path, Path]) -> None:
+    """A nested repository whose .git file names `../lnk`, a symlink to its real git
+    directory: the session could re-point lnk at a git directory of its own. Refused."""
+    workspace = repo[0]
+    nested = workspace / "vendor" / "lib"
+    (nested / ".git").rename(workspace / "vendor" / "realgit")
+    (workspace / "vendor" / "lnk").symlink_to("realgit")
+    (nested / ".git").write_text("gitdir: ../lnk\n")
+    give_to_session_user(workspace)
+    status, output = attempt(session(*repo).plan(), "true")
+    assert status == -1 and "lnk" in output, output
