@@ -452,49 +452,62 @@ def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> tuple[str, Id
 
 
 def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
-    """A read-only bind inside a writable one must not be writable under another name: a
-    file with a second name (a hardlink, made while it was not protected) is written through
-    that name; a directory must hold no such file, and no symlink out to where the session
-    writes (the host would follow it into the session's own files)."""
+    """A read-only bind inside a writable one must not be writable under another name, nor
+    written through: a file with a second name (a hardlink, made while it was not protected)
+    is written through that name; a FIFO or a device is written through the read-only bind
+    itself. A directory must hold none of these, and no symlink that leads through where the
+    session writes (the host would follow it into what the session wrote, then or later)."""
     info = os.fstat(fd)
-    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-        raise PlanError(
-            f"{printable(entry.source)} has {info.st_nlink} names (hardlinks): another may lie "
-            "where the session writes and change it there; keep one name "
-            f"(`find {printable(entry.source)} -samefile` … lists them), then launch again"
-        )
+    _refuse_written_through(printable(entry.source), info)
     if not stat.S_ISDIR(info.st_mode):
         return
     seen = 0
     base = f"/proc/self/fd/{fd}"
-    own = _syscalls.realpath(base).rstrip("/") + "/"
+    own = _syscalls.realpath(base)
     for root, dirs, files in os.walk(base):
         for name in [*files, *dirs]:
             path = os.path.join(root, name)
             shown = printable(entry.source + path[len(base) :])
             member = os.lstat(path)
-            if stat.S_ISREG(member.st_mode) and member.st_nlink > 1:
-                raise PlanError(
-                    f"{shown} has {member.st_nlink} names (hardlinks): another may lie where "
-                    "the session writes and change it there; keep one name, then launch again"
-                )
+            _refuse_written_through(shown, member)
             if stat.S_ISLNK(member.st_mode):
-                try:
-                    target = _syscalls.realpath(path)
-                except OSError:
-                    continue  # a symlink to nothing leads nowhere the session writes
-                leaves = not (target + "/").startswith(own)
-                if leaves and any(within(target, top) for top in writable):
-                    raise PlanError(
-                        f"{shown} is a symlink to {printable(target)}, which the session can "
-                        "write: the host would follow it into the session's own file; make it "
-                        "a file, or remove it"
-                    )
+                _refuse_leading_out(shown, path, own, writable)
         seen += len(files) + len(dirs)
         if seen > PROTECTED_DIRECTORY_SCAN:
             raise PlanError(
                 f"{printable(entry.source)} holds more than {PROTECTED_DIRECTORY_SCAN:,} "
                 "entries: too many to check that none can be changed from the workspace"
+            )
+
+
+def _refuse_written_through(shown: str, info: os.stat_result) -> None:
+    """Refuse a read-only file that can be written all the same (see _refuse_writable_names)."""
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise PlanError(
+            f"{shown} has {info.st_nlink} names (hardlinks): another may lie where the session "
+            f"writes and change it there; keep one name (`find {shown} -samefile` … lists "
+            "them), then launch again"
+        )
+    if stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+        what = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device"
+        raise PlanError(
+            f"{shown} is {what}: a read-only bind does not stop a session writing through it, "
+            "to whoever reads it on the host; remove it, then launch again"
+        )
+
+
+def _refuse_leading_out(shown: str, link: str, own: str, writable: list[str]) -> None:
+    """Refuse a symlink in a read-only directory whose way leads through a path outside that
+    directory where the session writes: the session can put, or re-point, what it leads to
+    (a symlink to a file it makes later, or through a symlink of its own)."""
+    directory = _syscalls.realpath(os.path.dirname(link))
+    looked, _end = _syscalls.lookups(directory, os.readlink(link))
+    for path in looked:
+        if not within(path, own) and any(within(path, top) for top in writable):
+            raise PlanError(
+                f"{shown} is a symlink that leads through {printable(path)}, which the session "
+                "can write: the host would follow it into what the session put there; make it "
+                "a file, or remove it"
             )
 
 

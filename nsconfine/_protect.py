@@ -15,10 +15,12 @@ virtualenv):
   `.git/config`) fails with EBUSY instead of carrying the protection away.
 
 git's own trusted files are protected in every git directory of such a repository: its own
-(.git), each submodule's (.git/modules/NAME) and each linked worktree's (.git/worktrees/NAME),
-and one a `.git` file points to inside the workspace: `config` and `hooks` (git runs what they
-name), and `commondir`, which names the directory git takes config and hooks from. A missing
-commondir is made holding ".", the git directory itself, which changes nothing for git.
+(.git), each submodule's (.git/modules/NAME), each linked worktree's (.git/worktrees/NAME),
+and the one a `.git` file points to or a commondir names, where the session writes (its
+workspace or run directory): `config` and `hooks` (git runs what they name), and `commondir`,
+which names the directory git takes config and hooks from. A missing commondir is made holding
+".", the git directory itself, which changes nothing for git. A pointer the session could
+re-point (through a symlink of its own) is refused.
 
 The list is the caller's to extend (`--protect PATH`, relative to the workspace) or shorten
 (`--unprotect NAME`). Anything else a session wrote (Makefiles, scripts, venvs, a repository
@@ -32,9 +34,13 @@ import stat
 from collections.abc import Iterable, Sequence
 
 from nsconfine import _plan as p
+from nsconfine import _syscalls
 from nsconfine._errors import PlanError
 from nsconfine._mountpoints import is_stub
-from nsconfine._plan import printable
+from nsconfine._plan import printable, within
+
+# The session's writable binds, each as (where the sandbox shows it, its resolved source).
+Writable = Sequence[tuple[str, str]]
 
 # (name relative to a repository, what to make if missing, why the host trusts it). Names under
 # .git/ apply to every git directory of the repository (see the module's docstring).
@@ -134,12 +140,13 @@ def _is_repository(directory: str) -> bool:
     return stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and os.path.lexists(dot_git + "/HEAD"))
 
 
-def git_directories(repository: str, workspace: str) -> list[tuple[str, bool]]:
-    """Each git directory of a repository that lies in the workspace, and whether it is a
-    linked worktree's: .git itself, or the one a .git pointer file names; then every
-    submodule's under modules/ (at any depth: a name may hold slashes, a submodule have its
-    own) and every worktree's under worktrees/. Not through symlinks; PlanError past
-    REPOSITORY_SCAN directories."""
+def git_directories(repository: str, writable: Writable) -> list[tuple[str, bool]]:
+    """Each git directory of a repository that lies where the session writes, and whether it
+    is a linked worktree's: .git itself, or the one a .git pointer file names; the one each
+    names as its commondir; every submodule's under modules/ (at any depth: a name may hold
+    slashes, a submodule have its own) and every worktree's under worktrees/. Not through
+    symlinks; PlanError past REPOSITORY_SCAN directories, or for a pointer the session could
+    re-point."""
     dot_git = os.path.join(repository, ".git")
     try:
         mode = os.lstat(dot_git).st_mode
@@ -150,7 +157,7 @@ def git_directories(repository: str, workspace: str) -> list[tuple[str, bool]]:
             f"{printable(dot_git)} is a symlink: a session may have planted it to make the "
             "launcher read what it points to; remove it (a worktree's .git is a file)"
         )
-    top = _pointed_to(dot_git, workspace) if stat.S_ISREG(mode) else dot_git
+    top = _named_directory(dot_git, writable, "gitdir: ") if stat.S_ISREG(mode) else dot_git
     if top is None or os.path.islink(top) or not os.path.isdir(top):
         return []
     is_linked = os.path.basename(os.path.dirname(top)) == "worktrees"
@@ -170,7 +177,13 @@ def git_directories(repository: str, workspace: str) -> list[tuple[str, bool]]:
         if what == "name":
             pending += [(d, _module(d)) for d in _subdirectories(directory)]
             continue
+        if any(directory == known for known, _ in found):
+            continue  # named again, as a worktree's commondir names its repository's
         found.append((directory, what == "worktree"))
+        # git takes config and hooks from the directory commondir names: protected as well
+        common = _named_directory(directory + "/commondir", writable)
+        if common is not None and os.path.isdir(common) and not os.path.islink(common):
+            pending.append((common, "gitdir"))
         pending += [(d, _module(d)) for d in _subdirectories(directory + "/modules")]
         pending += [
             (d, "worktree")
@@ -193,37 +206,65 @@ def _subdirectories(directory: str) -> list[str]:
     return [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
 
 
-def _pointed_to(pointer: str, workspace: str) -> str | None:
-    """The git directory a `.git` file names, if it lies inside the workspace (one outside is
-    not the session's to write)."""
-    # Read as the session wrote it: never through a symlink, never blocking (a FIFO), and only
-    # a regular file.
+def _named_directory(named_by: str, writable: Writable, prefix: str = "") -> str | None:
+    """The directory a git file names (a .git pointer: "gitdir: PATH"; a commondir: PATH),
+    relative to the directory that holds the file, as git resolves it; None if there is none
+    to read, or it lies where the session cannot write (not the session's to change).
+    PlanError if the session could change where it leads: a symlink, or a directory left by
+    `..`, where the session writes (the directories on the way to it are pinned)."""
+    text = _first_line(named_by)
+    if text is None or not text.startswith(prefix):
+        return None
+    looked, end = _syscalls.lookups(
+        _syscalls.realpath(os.path.dirname(named_by)), text[len(prefix) :]
+    )
+    for path in looked:
+        if not within(end, path) and _writable_path(path, writable) is not None:
+            raise PlanError(
+                f"{printable(named_by)} names {printable(text[len(prefix) :])}, which leads "
+                f"through {printable(path)}: the session can change that, and so where the "
+                "host's git goes; name the git directory by a path of plain directories, then "
+                "launch again"
+            )
+    return _writable_path(end, writable)
+
+
+def _first_line(path: str) -> str | None:
+    """The first line of the file at path, read as the session wrote it: never through a
+    symlink, never blocking (a FIFO), and only from a regular file."""
     try:
-        fd = os.open(pointer, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        line = os.read(fd, 4096).split(b"\n", 1)[0].decode("utf-8", "replace")
+        return os.read(fd, 4096).split(b"\n", 1)[0].decode("utf-8", "replace").strip()
     except OSError:
         return None
     finally:
         os.close(fd)
-    if not line.startswith("gitdir: "):
-        return None
-    target = os.path.join(os.path.dirname(pointer), line[len("gitdir: ") :].strip())
-    resolved = os.path.realpath(target)
-    inside = os.path.realpath(workspace).rstrip("/") + "/"
-    return resolved if resolved.startswith(inside) else None
+
+
+def _writable_path(real: str, writable: Writable) -> str | None:
+    """A real path as the sandbox names it, if it lies in one of the session's writable
+    binds (dest, resolved source)."""
+    for dest, source in writable:
+        if within(real, source):
+            return dest + real[len(source.rstrip("/")) :]
+    return None
 
 
 def protected_entries(
-    workspace: str, protect: Sequence[str] = (), unprotect: Sequence[str] = ()
+    workspace: str,
+    writable: Writable,
+    protect: Sequence[str] = (),
+    unprotect: Sequence[str] = (),
 ) -> list[p.Entry]:
     """A read-only entry for each protected path of each repository in the workspace (made at
-    launch if missing). The directories above them are pinned by the session layer, as for
-    any read-only path inside a writable bind."""
+    launch if missing), and of each git directory they use where the session writes (the
+    workspace, or its run directory). The directories above them are pinned by the session
+    layer, as for any read-only path inside a writable bind."""
     names = protected_names(protect, unprotect)
     if not names:
         return []
@@ -231,8 +272,8 @@ def protected_entries(
     tree_names = [item for item in names if not item[0].startswith(".git/")]
     entries: dict[str, p.Entry] = {}
 
-    def protect_path(base: str, name: str, kind: str, reason: str) -> None:
-        target = _to_protect(base, name, kind)
+    def protect_path(base: str, relative: str, kind: str, reason: str, name: str) -> None:
+        target = _to_protect(base, relative, kind, name)
         if target is not None:
             path, stub = target
             why = f"{reason}: read-only, so the host never runs what a session wrote"
@@ -243,23 +284,25 @@ def protected_entries(
         if git_names and os.path.isfile(pointer) and not os.path.islink(pointer):
             why = "a gitdir pointer: git on the host follows it; read-only"
             entries.setdefault(pointer, p.ro_bind(pointer, pointer, why))
-        for gitdir, is_worktree in git_directories(base, workspace) if git_names else []:
+        for gitdir, is_worktree in git_directories(base, writable) if git_names else []:
             for name, kind, reason in git_names:
                 if not is_worktree or name in WORKTREE_NAMES:
-                    protect_path(gitdir, name[len(".git/") :], kind, reason)
+                    protect_path(gitdir, name[len(".git/") :], kind, reason, name)
         for name, kind, reason in tree_names:
-            protect_path(base, name, kind, reason)
+            protect_path(base, name, kind, reason, name)
     return list(entries.values())
 
 
-def _to_protect(base: str, name: str, kind: str) -> tuple[str, str] | None:
-    """The path to bind read-only for name under base, and what to make there if it is
-    missing at launch: name itself; or, if a directory on the way is missing, that directory
-    (an empty read-only one blocks everything below it); or, if something else than a
-    directory is on the way, that (kept as it is, so the directory cannot take its place).
-    Refused: a symlink on the way (a session may have planted it)."""
+def _to_protect(base: str, relative: str, kind: str, name: str) -> tuple[str, str] | None:
+    """The path to bind read-only for relative under base (the protected name's path there),
+    and what to make there if it is missing at launch: that path itself; or, if a directory on
+    the way is missing, that directory (an empty read-only one blocks everything below it);
+    or, if a file is in the way of a directory, that file (kept as it is, so the directory
+    cannot take its place). Refused: a symlink, FIFO, socket or device on the way (a session
+    may have planted it: the host would follow a symlink, and read from a FIFO what the
+    session writes through the read-only bind)."""
     path = base
-    parts = name.split("/")
+    parts = relative.split("/")
     for index, part in enumerate(parts):
         path = os.path.join(path, part)
         last = index == len(parts) - 1
@@ -269,10 +312,10 @@ def _to_protect(base: str, name: str, kind: str) -> tuple[str, str] | None:
             return path, kind if last else "dir"
         except OSError as error:
             raise PlanError(f"{printable(path)} cannot be protected: {error.strerror}") from None
-        if stat.S_ISLNK(mode):
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             raise PlanError(
-                f"{printable(path)} is a symlink, where a file the host trusts belongs: a "
-                "session may have planted it; remove it (or --unprotect "
+                f"{printable(path)} is a {_file_type(mode)}, where a file the host trusts "
+                "belongs: a session may have planted it; remove it (or --unprotect "
                 f"{printable(name)})"
             )
         if not last and not stat.S_ISDIR(mode):
@@ -280,3 +323,14 @@ def _to_protect(base: str, name: str, kind: str) -> tuple[str, str] | None:
         if not last and is_stub(path):
             return path, "dir"  # another session's stub: judged as the missing directory it is
     return path, kind
+
+
+def _file_type(mode: int) -> str:
+    """What a file that is neither a regular file nor a directory is, for a refusal."""
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device"

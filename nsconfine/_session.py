@@ -361,11 +361,15 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
     entries += runner_entries(session.ro, [*reserved, *entries])
     taken = {entry.dest for entry in entries}
     if session.workspace_mode != "ro":  # a read-only workspace keeps everything read-only
-        entries += [
-            entry
-            for entry in protected_entries(session.workspace, session.protect, session.unprotect)
-            if entry.dest not in taken
+        writable = [
+            (entry.dest, realpath(entry.source))
+            for entry in entries
+            if entry.kind is Kind.BIND and entry.mode is p.Mode.RW
         ]
+        protected = protected_entries(
+            session.workspace, writable, session.protect, session.unprotect
+        )
+        entries += [entry for entry in protected if entry.dest not in taken]
     return entries + pin_parents(entries)
 
 

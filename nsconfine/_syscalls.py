@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 
@@ -317,3 +318,40 @@ def identity(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return (info.st_dev, info.st_ino)
+
+
+MAX_SYMLINKS = 40  # the kernel's limit on the symlinks one lookup follows (ELOOP past it)
+
+
+def lookups(directory: str, target: str) -> tuple[list[str], str]:
+    """What the kernel looks up to resolve target from directory (a path with no symlink in
+    it), one name at a time: every path it looks a name up at, each symlink followed in turn,
+    and where the walk ends (a path that need not exist: the lookup fails there). Whoever can
+    change any of those paths can change where target leads."""
+    looked: list[str] = []
+    resolved = "/" if target.startswith("/") else directory
+    pending = target.split("/")
+    followed = 0
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            resolved = os.path.dirname(resolved)
+            continue
+        path = os.path.join(resolved, name)
+        looked.append(path)
+        try:
+            link = os.readlink(path)
+        except OSError as error:
+            if error.errno != errno.EINVAL:  # missing, or not a directory: the walk ends here
+                return looked, os.path.join(path, *pending)
+            resolved = path  # not a symlink
+            continue
+        followed += 1
+        if followed > MAX_SYMLINKS:
+            return looked, os.path.join(path, *pending)
+        if link.startswith("/"):
+            resolved = "/"
+        pending = link.split("/") + pending
+    return looked, resolved

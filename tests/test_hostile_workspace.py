@@ -598,6 +598,15 @@ def test_a_git_symlink_at_the_workspace_top_is_never_followed(tmp_path: Path, ta
 # protection did not cover.
 
 
+def _launch(repo: tuple[Path, Path], script: str) -> tuple[int, str]:
+    """attempt() in a session of the repo fixture, whose plan may be refused too."""
+    try:
+        plan = session(*repo).plan()
+    except nsconfine.PlanError as refused:
+        return -1, str(refused)
+    return attempt(plan, script)
+
+
 def _plant_config(path: Path) -> str:
     """A session's script that writes an fsmonitor command into path; prints `wrote` if it
     could."""
@@ -616,9 +625,10 @@ def test_a_fifo_at_or_in_a_protected_path_is_refused(
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)
     give_to_session_user(workspace)
-    status, output = attempt(session(*repo).plan(), _plant_config(fifo))
+    status, output = _launch(repo, _plant_config(fifo))
     assert "wrote" not in output
-    assert status == -1 and "FIFO" in output and relative in output, output
+    assert status == -1, output
+    assert f"{relative} is a FIFO" in output
 
 
 def test_a_socket_at_a_protected_path_is_refused_by_what_it_is(repo: tuple[Path, Path]) -> None:
@@ -631,8 +641,9 @@ def test_a_socket_at_a_protected_path_is_refused_by_what_it_is(repo: tuple[Path,
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(workspace / ".envrc"))
         give_to_session_user(workspace)
-        status, output = attempt(session(*repo).plan(), "true")
-    assert status == -1 and "socket" in output and ".envrc" in output, output
+        status, output = _launch(repo, "true")
+    assert status == -1, output
+    assert ".envrc is a socket" in output
 
 
 @pytest.mark.parametrize("chain", [False, True])
@@ -650,12 +661,13 @@ def test_a_hook_symlink_into_what_the_session_writes_is_refused(
     else:
         hook.symlink_to(run_dir / "hook")
     give_to_session_user(workspace, run_dir)
-    status, output = attempt(
-        session(*repo).plan(),
+    status, output = _launch(
+        repo,
         f"printf '#!/bin/sh\\necho evil\\n' > {run_dir}/hook; chmod +x {run_dir}/hook; "
         f"ln -sfn {run_dir} {run_dir}/link; echo planted",
     )
-    assert status == -1 and "pre-commit" in output, output
+    assert status == -1, output
+    assert "pre-commit is a symlink" in output
 
 
 def test_a_refused_symlinked_git_directory_names_the_unprotect_that_works(
@@ -667,7 +679,7 @@ def test_a_refused_symlinked_git_directory_names_the_unprotect_that_works(
     hooks = workspace / ".git" / "hooks"
     hooks.rename(workspace / "hooks-real")
     hooks.symlink_to(workspace / "hooks-real")
-    with pytest.raises(nsconfine.PlanError, match="--unprotect .git/hooks"):
+    with pytest.raises(nsconfine.PlanError, match=r"--unprotect \.git/hooks"):
         session(*repo).plan()
 
 
@@ -685,7 +697,7 @@ def test_a_commondir_naming_a_workspace_directory_protects_that_directory(
     (dot_git / "commondir").write_text("../common\n")
     give_to_session_user(workspace)
     assert _host_git(workspace, "status", "--short").returncode == 0  # git does use it
-    status, output = attempt(session(*repo).plan(), _plant_config(common / "config"))
+    _, output = _launch(repo, _plant_config(common / "config"))
     assert "wrote" not in output, output
     assert _host_git(workspace, "config", "--get", "core.fsmonitor").stdout == ""
 
@@ -700,7 +712,7 @@ def test_a_git_directory_in_the_run_dir_is_protected(repo: tuple[Path, Path]) ->
     (workspace / ".git").write_text(f"gitdir: {moved}\n")
     give_to_session_user(workspace, run_dir)
     assert _host_git(workspace, "status", "--short").returncode == 0  # git does use it
-    status, output = attempt(session(*repo).plan(), _plant_config(moved / "config"))
+    _, output = _launch(repo, _plant_config(moved / "config"))
     assert "wrote" not in output, output
     assert _host_git(workspace, "config", "--get", "core.fsmonitor").stdout == ""
 
@@ -714,5 +726,7 @@ def test_a_gitdir_pointer_through_a_symlink_is_refused(repo: tuple[Path, Path]) 
     (workspace / "vendor" / "lnk").symlink_to("realgit")
     (nested / ".git").write_text("gitdir: ../lnk\n")
     give_to_session_user(workspace)
-    status, output = attempt(session(*repo).plan(), "true")
-    assert status == -1 and "lnk" in output, output
+    status, output = _launch(repo, "true")
+    assert status == -1, output
+    assert "leads through" in output
+    assert output.rstrip().endswith("launch again")
