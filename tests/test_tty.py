@@ -168,3 +168,41 @@ def test_the_session_cannot_push_input_into_its_own_terminal(ws_run: tuple[Path,
     output = read_until(sandbox.tty, b"\n")
     sandbox.wait(timeout=30)
     assert b"refused 1" in output, output
+
+
+@pytest.mark.parametrize("ignored_by", ["sleep", "a raw terminal"])
+def test_input_the_session_never_reads_does_not_hang_the_launcher(
+    ws_run: tuple[Path, Path], ignored_by: str
+) -> None:
+    """`yes | nsconfine run --tty -- sleep 2`: more input than the session's terminal holds,
+    which the session never reads. The launcher keeps relaying (its write to the session's
+    terminal used to block, for good, even after the session ended: SIGTERM and a second
+    signal could not end it) and returns the session's status when it ends."""
+    script = "sleep 2; exit 7" if ignored_by == "sleep" else "stty raw -echo; sleep 2; exit 7"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
+         "/bin/sh", "-c", script],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
+    )  # fmt: skip
+    assert cli.stdin is not None
+    try:
+        os.set_blocking(cli.stdin.fileno(), False)
+        fed = 0
+        deadline = time.monotonic() + 10
+        while cli.poll() is None and fed < 4 << 20 and time.monotonic() < deadline:
+            try:
+                fed += os.write(cli.stdin.fileno(), b"y\n" * 32768)
+            except BlockingIOError:
+                time.sleep(0.01)
+        try:
+            status = cli.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            status = None
+        assert status == 7, f"the launcher is stuck (fed {fed} bytes)"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        cli.stdin.close()
+        assert cli.stderr is not None
+        cli.stderr.close()
