@@ -11,6 +11,9 @@ terminal: job control, /dev/tty, Ctrl-C and Ctrl-Z for its foreground job). The 
 terminal is put in raw mode, so that every key reaches the session's terminal, and bytes are
 copied both ways; a window-size change (SIGWINCH) is copied to the session's terminal, whose
 kernel tells its foreground job. The launcher's terminal is put back as it was at the end.
+Input goes to the session's terminal only as fast as it takes it (the launcher stops reading
+its stdin meanwhile): a session that never reads its input cannot block the launcher, which
+goes on relaying output and signals, and returns when the session ends.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ class _Terminal:
         import tty
 
         self.controller = controller
+        os.set_blocking(controller, False)  # see from_stdin
         self.open = True  # until the session's side of its terminal is closed
         self.reading_stdin = True
+        self.pending = b""  # input read from stdin, not yet taken by the session's terminal
         self.saved = None
         if os.isatty(0):
             self.saved = termios.tcgetattr(0)
@@ -62,17 +67,38 @@ class _Terminal:
             fcntl.ioctl(self.controller, termios.TIOCSWINSZ, size)
             return
 
+    def events(self) -> dict[int, int]:
+        """What to wait for: the session's output (and room for pending input) while its
+        terminal is open; more input only once the session has taken what was read."""
+        wanted = {}
+        if self.open:
+            wanted[self.controller] = select.POLLIN | (select.POLLOUT if self.pending else 0)
+        if self.reading_stdin and not self.pending:
+            wanted[0] = select.POLLIN
+        return wanted
+
     def from_stdin(self) -> None:
-        data = os.read(0, _CHUNK)
-        if not data:
+        self.pending = os.read(0, _CHUNK)
+        if not self.pending:
             self.reading_stdin = False
-            return
-        _write_all(self.controller, data)
+        self.to_session()
+
+    def to_session(self) -> None:
+        """As much pending input as the session's terminal takes now, without waiting: a
+        session that does not read would otherwise block the launcher in its write for good."""
+        try:
+            self.pending = self.pending[os.write(self.controller, self.pending) :]
+        except BlockingIOError:
+            pass
+        except OSError:  # EIO: the session's end is gone, and its input with it
+            self.pending = b""
 
     def to_stdout(self) -> bool:
         """Copy what the session wrote; False once its terminal is closed on its side."""
         try:
             data = os.read(self.controller, _CHUNK)
+        except BlockingIOError:
+            return True  # woken for room to write, or nothing after all
         except OSError:  # EIO: no process holds the session's end any more
             return False
         if not data:
@@ -82,12 +108,9 @@ class _Terminal:
 
     def drain(self) -> None:
         """What the session wrote before it ended."""
-        os.set_blocking(self.controller, False)
-        try:
-            while self.to_stdout():
-                pass
-        except BlockingIOError:
-            pass
+        while self.to_stdout():
+            if not select.select([self.controller], [], [], 0)[0]:
+                return
 
     def restore(self) -> None:
         import termios
@@ -140,10 +163,8 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int) -> int:
             poller.register(sandbox.sentinel, select.POLLIN)
             poller.register(wake_read, select.POLLIN)
             if terminal is not None:
-                if terminal.open:
-                    poller.register(terminal.controller, select.POLLIN)
-                if terminal.reading_stdin:
-                    poller.register(0, select.POLLIN)
+                for fd, wanted in terminal.events().items():
+                    poller.register(fd, wanted)
             timeout = None if deadline is None else poll_ms(deadline - time.monotonic())
             events = dict(poller.poll(timeout))
             if not events:  # the grace period is over
@@ -153,6 +174,8 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int) -> int:
             if terminal is not None:
                 if events.get(0, 0) & (select.POLLIN | select.POLLHUP):
                     terminal.from_stdin()
+                if events.get(terminal.controller, 0) & select.POLLOUT:
+                    terminal.to_session()
                 if terminal.controller in events and not terminal.to_stdout():
                     terminal.open = terminal.reading_stdin = False
             if sandbox.sentinel in events and terminal is not None and terminal.open:
