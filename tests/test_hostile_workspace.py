@@ -167,6 +167,13 @@ PROTECTED_FILES = [
     ".zshrc",
     ".profile",
     ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+    ".zlogout",
+    ".hg/hgrc",
 ]
 PROTECTED_DIRS = [".git/hooks", ".vscode", ".idea", ".claude/commands", ".claude/agents", ".codex"]
 
