@@ -302,3 +302,21 @@ def test_console_script_is_installed_and_works(dirs: Dirs) -> None:
     assert result.returncode == 0, result.stderr
     assert "entries" in json.loads(result.stdout)
     assert_refused(nsconfine("frob", program=script), 64, "usage")
+
+
+@pytest.mark.parametrize("output", ["--json", "--bwrap-args"])
+def test_a_reader_that_goes_away_is_no_traceback(dirs: Dirs, output: str) -> None:
+    """`nsconfine plan … | head -1`: stdout's reader leaves early. The CLI ends quietly, with
+    no traceback, as a pipeline's writer does."""
+    reader, writer = os.pipe()
+    os.close(reader)  # gone before the first write
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsconfine", "plan", *dirs.session, output],
+            stdout=writer, stderr=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(writer)
+    assert "Traceback" not in done.stderr
+    assert "Error" not in done.stderr, done.stderr
+    assert done.returncode == 141  # as a shell reports a writer killed by SIGPIPE
