@@ -62,6 +62,13 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".zshrc", "file", "a shell started here on the host runs it"),
     (".profile", "file", "a login shell started here on the host runs it"),
     (".bash_profile", "file", "a login shell started here on the host runs it"),
+    (".bash_login", "file", "a login shell started here on the host runs it"),
+    (".bash_logout", "file", "a login shell started here on the host runs it as it exits"),
+    (".zshenv", "file", "every zsh started here on the host runs it, scripts too"),
+    (".zprofile", "file", "a login shell started here on the host runs it"),
+    (".zlogin", "file", "a login shell started here on the host runs it"),
+    (".zlogout", "file", "a login shell started here on the host runs it as it exits"),
+    (".hg/hgrc", "file", "Mercurial runs the hooks and extensions it names on the host"),
 )
 
 # The repository scan looks through at most this many directories, never into these (large
