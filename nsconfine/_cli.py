@@ -420,6 +420,14 @@ def main(argv: Sequence[str]) -> int:
         return refused.exit_status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # stdout's reader went away (`nsconfine plan … | head -1`): end quietly, as a
+        # pipeline's writer killed by SIGPIPE does; stdout goes to /dev/null so that the
+        # interpreter's last flush does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + 13  # SIGPIPE
 
 
 def console_main() -> NoReturn:
