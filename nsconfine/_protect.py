@@ -75,7 +75,8 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
 # and generated); past it the plan is refused rather than protecting less than it says.
 REPOSITORY_SCAN = 20_000
 NOT_SCANNED = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox"})
-# Each repository adds a dozen read-only binds, and bwrap takes at most 9,000 arguments.
+# Each repository adds up to two dozen read-only binds (64 take about 4,600 of bwrap's
+# arguments), and bwrap takes at most 9,000.
 MAX_REPOSITORIES = 64
 # What a linked worktree's git directory holds that git trusts (config and hooks are the
 # common directory's).
@@ -132,8 +133,8 @@ def repositories(workspace: str) -> list[str]:
         raise PlanError(
             f"the workspace {printable(workspace)} holds {len(found) - 1} git repositories: "
             f"nsconfine keeps the trusted files of each read-only, at most {MAX_REPOSITORIES} "
-            "in one plan (each adds a dozen binds); remove some, or --unprotect the protected "
-            "names"
+            "in one plan (each adds up to two dozen binds); remove some, or --unprotect the "
+            "protected names"
         )
     return found
 
