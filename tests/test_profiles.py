@@ -222,3 +222,34 @@ def test_the_reviewer_reads_the_workspace_and_writes_only_its_notes(
     assert (workspace / "notes" / "review.md").read_text() == "looked\n"
     assert any(e.kind is Kind.BIND and e.mode is Mode.RW and e.dest.endswith("/notes")
                for e in plan.entries)  # fmt: skip
+
+
+def test_a_made_directory_is_never_made_through_a_swapped_symlink(
+    ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mkdir = true makes the directory only where its parent was checked to be: a directory
+    on the way swapped for a symlink after the check (a concurrent session's race, forced
+    here by making the check see no symlink) refuses the plan, and nothing is made through
+    it (a root launcher would have made, and given away, a directory anywhere)."""
+    import nsconfine._session
+
+    workspace = ws_run[0]
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "b").mkdir(parents=True)
+    (workspace / "a").symlink_to(elsewhere)
+    profile = write_profile(
+        tmp_path,
+        """
+description = "a test profile"
+
+[[bind]]
+source = "{workspace}/a/b/notes"
+mode = "rw"
+reason = "notes"
+mkdir = true
+""",
+    )
+    monkeypatch.setattr(nsconfine._session, "realpath", lambda path: path)  # the check passes
+    with pytest.raises(nsconfine.PlanError, match="cannot be made"):
+        session(*ws_run, profile=[str(profile)]).plan()
+    assert not (elsewhere / "b" / "notes").exists()
