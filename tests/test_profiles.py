@@ -241,6 +241,7 @@ def test_a_made_directory_is_never_made_through_a_swapped_symlink(
         tmp_path,
         """
 description = "a test profile"
+workspace = "ro"
 
 [[bind]]
 source = "{workspace}/a/b/notes"
