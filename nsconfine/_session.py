@@ -34,7 +34,7 @@ from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
 from nsconfine._profiles import Bind, chain
 from nsconfine._protect import protected_entries
 from nsconfine._record import Record
-from nsconfine._syscalls import realpath
+from nsconfine._syscalls import open_no_symlinks, realpath
 from nsconfine._system import system_entries
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
@@ -730,7 +730,10 @@ def _make_bind_directory(path: str, session: Session) -> None:
             f"{printable(path)} is made only inside the workspace or run directory, in a "
             "directory that exists, through no symlink"
         )
-    parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:  # a directory on the way swapped for a symlink since the check: refused
+        parent_fd = open_no_symlinks(parent)
+    except OSError as error:
+        raise PlanError(f"{printable(path)} cannot be made: {error.strerror}") from None
     try:
         os.mkdir(name, 0o755, dir_fd=parent_fd)
         user = run_as(session.user)
