@@ -12,12 +12,11 @@ pinned by its digest. A harness that is a plain file is bound as it is.
 from __future__ import annotations
 
 import os
-import stat
 
 from nsconfine import _plan as p
 from nsconfine._errors import PlanError
 from nsconfine._plan import printable
-from nsconfine._syscalls import realpath
+from nsconfine._syscalls import read_untrusted, realpath
 
 # A harness with more packages than this is refused rather than bound package by package
 # (give the node_modules directory with --ro instead).
@@ -99,22 +98,13 @@ def _with_dependencies(package: str) -> list[str]:
 def _dependency_names(package: str) -> list[str]:
     import json  # only npm harnesses need it: not on every launcher's start
 
-    try:  # never through a symlink, never blocking on a FIFO, a regular file of sane size
-        fd = os.open(
-            os.path.join(package, "package.json"),
-            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-        )
-    except OSError:
+    raw = read_untrusted(os.path.join(package, "package.json"), (1 << 20) + 1)
+    if raw is None or len(raw) > 1 << 20:  # a manifest of sane size only
         return []
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > 1 << 20:
-            return []
-        manifest = json.loads(os.read(fd, 1 << 20))
-    except (OSError, ValueError):
+        manifest = json.loads(raw)
+    except ValueError:
         return []
-    finally:
-        os.close(fd)
     names: list[str] = []
     for key in ("dependencies", "optionalDependencies"):
         table = manifest.get(key) if isinstance(manifest, dict) else None

@@ -220,8 +220,9 @@ def _named_directory(named_by: str, writable: Writable, prefix: str = "") -> str
     to read, or it lies where the session cannot write (not the session's to change).
     PlanError if the session could change where it leads: a symlink, or a directory left by
     `..`, where the session writes (the directories on the way to it are pinned)."""
-    text = _first_line(named_by)
-    if text is None or not text.startswith(prefix):
+    raw = _syscalls.read_untrusted(named_by, 4096)
+    text = raw.split(b"\n", 1)[0].decode("utf-8", "replace").strip() if raw else ""
+    if not text.startswith(prefix) or text == prefix:
         return None
     looked, end = _syscalls.lookups(
         _syscalls.realpath(os.path.dirname(named_by)), text[len(prefix) :]
@@ -235,23 +236,6 @@ def _named_directory(named_by: str, writable: Writable, prefix: str = "") -> str
                 "launch again"
             )
     return _writable_path(end, writable)
-
-
-def _first_line(path: str) -> str | None:
-    """The first line of the file at path, read as the session wrote it: never through a
-    symlink, never blocking (a FIFO), and only from a regular file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, 4096).split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _writable_path(real: str, writable: Writable) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Sequence
 
 from nsconfine._native import ffi, lib  # type: ignore[import-not-found]
@@ -309,6 +310,24 @@ def poll_ms(seconds: float | None) -> float | None:
         return None
     ms = max(seconds, 0.0) * 1000
     return None if ms > 2**31 - 1 else ms
+
+
+def read_untrusted(path: str, limit: int) -> bytes | None:
+    """Up to limit bytes of the regular file at path, read as a session may have left it:
+    never through a symlink at its end, never blocking (a FIFO); None if it is no regular file
+    or cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def identity(path: str) -> tuple[int, int] | None:
