@@ -314,9 +314,10 @@ def canary_account() -> p.RunAs:
         return p.RunAs("nobody", 65534, 65534)
 
 
-def canary_plan(world: str, account: p.RunAs) -> tuple[p.Plan, str, str, str]:
+def canary_plan(world: str, account: p.RunAs, token: str) -> tuple[p.Plan, str, str, str]:
     """The canary's plan (built from the plan model directly, not the session layer: no lint,
-    no home or TMPDIR layout matters), and its marker, secret and workspace paths."""
+    no home or TMPDIR layout matters), and its marker (holding token), secret and workspace
+    paths."""
     from nsconfine._system import system_entries
 
     runner = os.path.join(world, "runner")
@@ -327,13 +328,16 @@ def canary_plan(world: str, account: p.RunAs) -> tuple[p.Plan, str, str, str]:
     marker = os.path.join(runner, "marker")
     secret = os.path.join(runner, "secret")
     with open(marker, "w") as file:
-        file.write(os.urandom(8).hex())
+        file.write(token)
     with open(secret, "w") as file:
         file.write("must stay hidden")
     if os.geteuid() == 0:
+        # The world last, and nothing by path after it: until it is the canary account's, no
+        # process of that account can swap what is inside (or the world itself, in sticky
+        # /tmp) for a symlink that root's chown or chmod would follow.
         os.chmod(world, 0o755)
-        for path in (world, runner, workspace, home, marker, secret):
-            os.chown(path, account.uid, account.gid)
+        for path in (marker, secret, runner, workspace, home, world):
+            os.chown(path, account.uid, account.gid, follow_symlinks=False)
     plan = p.Plan.of(
         [
             *system_entries(account, home),
@@ -357,9 +361,8 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
 
     world = scratch_directory("nsconfine-canary-")
     try:
-        plan, marker, secret, workspace = canary_plan(world, canary_account())
-        with open(marker) as file:
-            token = file.read()
+        token = os.urandom(8).hex()
+        plan, marker, secret, workspace = canary_plan(world, canary_account(), token)
         out_read, out_write = os.pipe2(os.O_CLOEXEC)
         err_read, err_write = os.pipe2(os.O_CLOEXEC)
         argv = ["/bin/sh", "-c", _CANARY_SCRIPT, "canary", marker, secret, workspace]
@@ -391,7 +394,9 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
         finally:
             os.close(out_read)
             os.close(err_read)
-        landed = _read_text(os.path.join(workspace, "written")) == "proven\n"
+        # the canary account could have left anything there (a FIFO would hang a root
+        # launcher's open)
+        landed = _syscalls.read_untrusted(os.path.join(workspace, "written"), 64) == b"proven\n"
     finally:
         shutil.rmtree(world, ignore_errors=True)
     if status != 0 or output != token or not landed:
@@ -413,14 +418,6 @@ _CANARY_FAILURES: Final = {
     15: "could write to the sandbox's root",
     16: "saw processes outside its pid namespace",
 }
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path) as file:
-            return file.read()
-    except OSError:
-        return None
 
 
 def _read_all(fd: int) -> str:

@@ -97,3 +97,33 @@ def test_probe_user_namespace_names_unshare_when_refused(tmp_path: Path) -> None
     )  # fmt: skip
     syscall = "unshare(CLONE_NEWUSER)"
     assert helper.stdout.strip() == f"{errno.EPERM}|{syscall}|{syscall}: Operation not permitted"
+
+
+def test_the_canary_world_goes_to_its_account_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root gives the canary's world to the canary's account (nobody) after everything in it,
+    and follows no symlink doing so: a process of that account that swaps the world's runner
+    directory for a symlink the moment the world is its own cannot have root chown what the
+    symlink names."""
+    import shutil
+
+    from nsconfine import _preflight
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    world = tmp_path / "world"
+    world.mkdir()
+    real_chown = os.chown
+
+    def chown(path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> None:
+        real_chown(path, uid, gid, follow_symlinks=follow_symlinks)
+        runner = world / "runner"
+        if os.fspath(path) == str(world) and not runner.is_symlink():
+            shutil.rmtree(runner)  # the account's own now: it swaps what is inside
+            runner.symlink_to(victim)
+
+    monkeypatch.setattr(os, "chown", chown)
+    _preflight.canary_plan(str(world), _preflight.canary_account(), "token")
+    assert victim.stat().st_uid == 0
+    assert (world / "runner").is_symlink()  # the swap did happen
