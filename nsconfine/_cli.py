@@ -414,7 +414,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
         arguments = _parser(wanted).parse_args(list(argv))
-        return _COMMANDS[arguments.subcommand](arguments)
+        status = _COMMANDS[arguments.subcommand](arguments)
+        sys.stdout.flush()  # here, so that a reader gone away is met below, not at exit
+        return status
     except NsconfineError as refused:
         print(f"nsconfine: {refused}", file=sys.stderr)
         return refused.exit_status
