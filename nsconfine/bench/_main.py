@@ -102,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The child interpreters it times must import the installed nsconfine: run from a clone,
     # `python -m`/`-c` would put the source tree (without its compiled module) first.
     os.environ["PYTHONSAFEPATH"] = "1"
+    # 32 sessions in flight hold about 26 fds each in the launcher: more than the usual soft
+    # limit of 1,024 allows. As a broker would (README, Limits), take the hard limit.
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     arguments = _parser().parse_args(argv)
     launches = arguments.launches or (5 if arguments.smoke else 200)
     if launches < 1:
