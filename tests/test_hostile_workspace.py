@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import subprocess
 import threading
 import time
@@ -617,7 +618,7 @@ def _launch(repo: tuple[Path, Path], script: str) -> tuple[int, str]:
 def _plant_config(path: Path) -> str:
     """A session's script that writes an fsmonitor command into path; prints `wrote` if it
     could."""
-    return f"(printf '{_EVIL_CONFIG}' >> {path} && echo wrote) 2>/dev/null; true"
+    return f"(printf '{_EVIL_CONFIG}' >> {shlex.quote(str(path))} && echo wrote) 2>/dev/null; true"
 
 
 @pytest.mark.parametrize("relative", [".git/config", ".envrc", ".vscode/settings.json"])
@@ -737,3 +738,79 @@ def test_a_gitdir_pointer_through_a_symlink_is_refused(repo: tuple[Path, Path]) 
     assert status == -1, output
     assert "leads through" in output
     assert output.rstrip().endswith("launch again")
+
+
+# ------------------------------------------- git directories as git finds them (a third pass)
+
+
+def _host_git_config(where: Path) -> str:
+    return _host_git(where, "config", "--get", "core.fsmonitor").stdout
+
+
+def test_per_worktree_config_is_protected(repo: tuple[Path, Path]) -> None:
+    """With extensions.worktreeConfig (set by `git sparse-checkout`), git reads
+    .git/config.worktree too: protected like .git/config."""
+    workspace = repo[0]
+    _host_git(workspace, "config", "extensions.worktreeConfig", "true")
+    give_to_session_user(workspace)
+    _, output = _launch(repo, _plant_config(workspace / ".git" / "config.worktree"))
+    assert "wrote" not in output, output
+    assert _host_git_config(workspace) == ""
+
+
+def test_a_pointer_is_read_as_git_reads_it(repo: tuple[Path, Path]) -> None:
+    """A .git file naming `gd ` (a trailing space, which git keeps): the directory git uses is
+    the one protected, not a decoy `gd` beside it."""
+    nested = repo[0] / "vendor" / "lib"
+    (nested / ".git").rename(nested / "gd ")
+    (nested / "gd").mkdir()
+    (nested / ".git").write_text("gitdir: gd \n")
+    give_to_session_user(repo[0])
+    assert _host_git(nested, "status", "--short").returncode == 0  # git does use `gd `
+    _, output = _launch(repo, _plant_config(nested / "gd " / "config"))
+    assert "wrote" not in output, output
+    assert _host_git_config(nested) == ""
+
+
+def test_a_git_directory_under_a_directory_named_worktrees_is_protected_whole(
+    repo: tuple[Path, Path],
+) -> None:
+    """`git init --separate-git-dir=ws/worktrees/app ws/app`: a repository's own git
+    directory, whatever its parent is called; its config is protected."""
+    workspace = repo[0]
+    app, gitdir = workspace / "app", workspace / "worktrees" / "app"
+    subprocess.run(["git", "init", "-q", f"--separate-git-dir={gitdir}", str(app)], check=True)
+    give_to_session_user(workspace)
+    _, output = _launch(repo, _plant_config(gitdir / "config"))
+    assert "wrote" not in output, output
+    assert _host_git_config(app) == ""
+
+
+def test_a_hook_symlink_through_proc_is_refused(repo: tuple[Path, Path]) -> None:
+    """/proc/self/cwd means the launcher's directory to the launcher and the hook's to the
+    host's git: a symlink whose way passes through /proc is refused, whatever the launcher's
+    working directory."""
+    nested = repo[0] / "vendor" / "lib"
+    (nested / ".git" / "hooks" / "pre-commit").symlink_to("/proc/self/cwd/tools/hook.sh")
+    give_to_session_user(repo[0])
+    status, output = _launch(repo, "true")
+    assert status == -1, output
+    assert "/proc" in output
+
+
+@pytest.mark.parametrize("pointer", [".git", ".git/commondir"])
+def test_a_nul_in_a_pointer_is_read_as_git_reads_it(repo: tuple[Path, Path], pointer: str) -> None:
+    """A NUL in a .git file or a commondir: git reads the path up to it, and so does the plan
+    (it used to raise ValueError from deep inside, a traceback from the CLI)."""
+    nested = repo[0] / "vendor" / "lib"
+    if pointer == ".git":
+        (nested / ".git").rename(repo[0] / "vendor" / "libgit")
+        (nested / ".git").write_bytes(b"gitdir: ../libgit\0trailing\n")
+        config = repo[0] / "vendor" / "libgit" / "config"
+    else:
+        (nested / ".git" / "commondir").write_bytes(b".\0../../..\n")
+        config = nested / ".git" / "config"
+    give_to_session_user(repo[0])
+    status, output = _launch(repo, _plant_config(config))
+    assert status == 0, output
+    assert "wrote" not in output
