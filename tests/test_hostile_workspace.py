@@ -779,6 +779,7 @@ def test_a_git_directory_under_a_directory_named_worktrees_is_protected_whole(
     directory, whatever its parent is called; its config is protected."""
     workspace = repo[0]
     app, gitdir = workspace / "app", workspace / "worktrees" / "app"
+    gitdir.parent.mkdir()
     subprocess.run(["git", "init", "-q", f"--separate-git-dir={gitdir}", str(app)], check=True)
     give_to_session_user(workspace)
     _, output = _launch(repo, _plant_config(gitdir / "config"))
