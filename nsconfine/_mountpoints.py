@@ -503,6 +503,11 @@ def _refuse_leading_out(shown: str, link: str, own: str, writable: list[str]) ->
     directory = _syscalls.realpath(os.path.dirname(link))
     looked, _end = _syscalls.lookups(directory, os.readlink(link))
     for path in looked:
+        if within(path, "/proc"):  # /proc/self means whoever follows the link
+            raise PlanError(
+                f"{shown} is a symlink that leads through {printable(path)}, which leads "
+                "elsewhere for each process that follows it; make it a file, or remove it"
+            )
         if not within(path, own) and any(within(path, top) for top in writable):
             raise PlanError(
                 f"{shown} is a symlink that leads through {printable(path)}, which the session "

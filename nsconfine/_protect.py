@@ -46,6 +46,7 @@ Writable = Sequence[tuple[str, str]]
 # .git/ apply to every git directory of the repository (see the module's docstring).
 PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".git/config", "file", "git runs what it names on the host (core.fsmonitor, aliases)"),
+    (".git/config.worktree", "file", "git reads it as config with extensions.worktreeConfig"),
     (".git/hooks", "dir", "git runs these hooks on the host"),
     (".git/commondir", "commondir", "git takes its config and hooks from the directory it names"),
     (".gitmodules", "file", "git clones and runs submodule URLs and commands from it"),
@@ -78,9 +79,6 @@ NOT_SCANNED = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox"}
 # Each repository adds up to two dozen read-only binds (64 take about 4,600 of bwrap's
 # arguments), and bwrap takes at most 9,000.
 MAX_REPOSITORIES = 64
-# What a linked worktree's git directory holds that git trusts (config and hooks are the
-# common directory's).
-WORKTREE_NAMES = frozenset({".git/commondir"})
 
 
 def protected_names(protect: Iterable[str], unprotect: Iterable[str]) -> list[tuple[str, str, str]]:
@@ -148,13 +146,13 @@ def _is_repository(directory: str) -> bool:
     return stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and os.path.lexists(dot_git + "/HEAD"))
 
 
-def git_directories(repository: str, writable: Writable) -> list[tuple[str, bool]]:
-    """Each git directory of a repository that lies where the session writes, and whether it
-    is a linked worktree's: .git itself, or the one a .git pointer file names; the one each
-    names as its commondir; every submodule's under modules/ (at any depth: a name may hold
-    slashes, a submodule have its own) and every worktree's under worktrees/. Not through
-    symlinks; PlanError past REPOSITORY_SCAN directories, or for a pointer the session could
-    re-point."""
+def git_directories(repository: str, writable: Writable) -> list[str]:
+    """Each git directory of a repository that lies where the session writes: .git itself, or
+    the one a .git pointer file names; the one each names as its commondir; every submodule's
+    under modules/ (at any depth: a name may hold slashes, a submodule have its own) and every
+    linked worktree's under worktrees/. Each gets all of git's protected names, whatever it
+    is (an empty stub changes nothing where git does not look). Not through symlinks;
+    PlanError past REPOSITORY_SCAN directories, or for a pointer the session could re-point."""
     dot_git = os.path.join(repository, ".git")
     try:
         mode = os.lstat(dot_git).st_mode
@@ -168,11 +166,10 @@ def git_directories(repository: str, writable: Writable) -> list[tuple[str, bool
     top = _named_directory(dot_git, writable, "gitdir: ") if stat.S_ISREG(mode) else dot_git
     if top is None or os.path.islink(top) or not os.path.isdir(top):
         return []
-    is_linked = os.path.basename(os.path.dirname(top)) == "worktrees"
-    found: list[tuple[str, bool]] = []
-    # (directory, what it is): "gitdir", "worktree" (a linked worktree's git directory), or
-    # "name" (a directory under modules/ without a HEAD: part of a submodule's name)
-    pending = [(top, "worktree" if is_linked else "gitdir")]
+    found: list[str] = []
+    # (directory, what it is): "gitdir", or "name" (a directory under modules/ without a
+    # HEAD: part of a submodule's name)
+    pending = [(top, "gitdir")]
     seen = 0
     while pending:
         directory, what = pending.pop()
@@ -185,16 +182,16 @@ def git_directories(repository: str, writable: Writable) -> list[tuple[str, bool
         if what == "name":
             pending += [(d, _module(d)) for d in _subdirectories(directory)]
             continue
-        if any(directory == known for known, _ in found):
+        if directory in found:
             continue  # named again, as a worktree's commondir names its repository's
-        found.append((directory, what == "worktree"))
+        found.append(directory)
         # git takes config and hooks from the directory commondir names: protected as well
         common = _named_directory(directory + "/commondir", writable)
         if common is not None and os.path.isdir(common) and not os.path.islink(common):
             pending.append((common, "gitdir"))
         pending += [(d, _module(d)) for d in _subdirectories(directory + "/modules")]
         pending += [
-            (d, "worktree")
+            (d, "gitdir")
             for d in _subdirectories(directory + "/worktrees")
             if os.path.lexists(d + "/HEAD")
         ]
@@ -221,14 +218,16 @@ def _named_directory(named_by: str, writable: Writable, prefix: str = "") -> str
     PlanError if the session could change where it leads: a symlink, or a directory left by
     `..`, where the session writes (the directories on the way to it are pinned)."""
     raw = _syscalls.read_untrusted(named_by, 4096)
-    text = raw.split(b"\n", 1)[0].decode("utf-8", "replace").strip() if raw else ""
+    # As git reads it: the whole file less its trailing newlines (spaces are kept), a C string
+    # (a NUL ends it), bytes as they are.
+    text = os.fsdecode(raw.split(b"\0", 1)[0].rstrip(b"\r\n")) if raw else ""
     if not text.startswith(prefix) or text == prefix:
         return None
     looked, end = _syscalls.lookups(
         _syscalls.realpath(os.path.dirname(named_by)), text[len(prefix) :]
     )
     for path in looked:
-        if not within(end, path) and _writable_path(path, writable) is not None:
+        if within(path, "/proc") or (not within(end, path) and _writable_path(path, writable)):
             raise PlanError(
                 f"{printable(named_by)} names {printable(text[len(prefix) :])}, which leads "
                 f"through {printable(path)}: the session can change that, and so where the "
@@ -276,10 +275,9 @@ def protected_entries(
         if git_names and os.path.isfile(pointer) and not os.path.islink(pointer):
             why = "a gitdir pointer: git on the host follows it; read-only"
             entries.setdefault(pointer, p.ro_bind(pointer, pointer, why))
-        for gitdir, is_worktree in git_directories(base, writable) if git_names else []:
+        for gitdir in git_directories(base, writable) if git_names else []:
             for name, kind, reason in git_names:
-                if not is_worktree or name in WORKTREE_NAMES:
-                    protect_path(gitdir, name[len(".git/") :], kind, reason, name)
+                protect_path(gitdir, name[len(".git/") :], kind, reason, name)
         for name, kind, reason in tree_names:
             protect_path(base, name, kind, reason, name)
     return list(entries.values())
