@@ -18,7 +18,9 @@
  *     happens when the launcher *process* is gone, however it died;
  *   - it gets SIGTERM, SIGINT, SIGHUP or SIGQUIT (Sandbox.kill sends SIGTERM);
  *   - bwrap ends on its own (then normally nothing is left to kill).
- * Then it exits as bwrap did: the same exit code, or the same signal.
+ * Then it exits as bwrap did: the same exit code, or the same signal; after a
+ * teardown, always as killed by SIGKILL, which is what it did to the session
+ * (bwrap may have seen its pid 1 killed first, and exited 137 on its own).
  *
  * If bwrap cannot be executed, it writes {"reaper-errno": N} on INFO_FD
  * (where bwrap would have written its own report) and exits 127.
@@ -181,7 +183,7 @@ int helper_main(int argc, char **argv, char **envp)
         while ((reaped = SYS4(__NR_wait4, -1, &status, WNOHANG | __WALL, 0)) > 0) {
             if (reaped == bwrap) {
                 sweep();
-                exit_like(status);
+                exit_like(torn_down ? SIGKILL : status); /* a wait status: killed by SIGKILL */
             }
         }
     }
