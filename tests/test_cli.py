@@ -320,3 +320,15 @@ def test_a_reader_that_goes_away_is_no_traceback(dirs: Dirs, output: str) -> Non
     assert "Traceback" not in done.stderr
     assert "Error" not in done.stderr, done.stderr
     assert done.returncode == 141  # as a shell reports a writer killed by SIGPIPE
+
+
+def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
+    """`nsconfine run … 1>&-`: no stdout at all (Python's sys.stdout is None); the command's
+    status, and no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c", "exit 5"],
+        stdout=None, stderr=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False,
+        preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 5
