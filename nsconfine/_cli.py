@@ -415,7 +415,8 @@ def main(argv: Sequence[str]) -> int:
         wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
         arguments = _parser(wanted).parse_args(list(argv))
         status = _COMMANDS[arguments.subcommand](arguments)
-        sys.stdout.flush()  # here, so that a reader gone away is met below, not at exit
+        if sys.stdout is not None:  # None when started without an fd 1
+            sys.stdout.flush()  # here, so that a reader gone away is met below, not at exit
         return status
     except NsconfineError as refused:
         print(f"nsconfine: {refused}", file=sys.stderr)
@@ -427,7 +428,7 @@ def main(argv: Sequence[str]) -> int:
         # pipeline's writer killed by SIGPIPE does; stdout goes to /dev/null so that the
         # interpreter's last flush does not fail again
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, 1)
         os.close(devnull)
         return 128 + 13  # SIGPIPE
 
