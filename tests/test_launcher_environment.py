@@ -74,3 +74,41 @@ def test_a_read_only_cache_directory_does_not_stop_a_launch(tmp_path: Path) -> N
         for directory in (cache, cache / "nsconfine", cache / "nsconfine" / "mountpoints"):
             directory.chmod(0o700)
     assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+
+
+# ------------------------------------------ the records directories (an attacker's pass)
+
+
+def test_a_relative_cache_or_home_never_puts_records_under_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """XDG_CACHE_HOME=cache (or HOME=.) from a launcher started in a workspace: the XDG spec
+    ignores a relative value, and so does nsconfine; its records never land where a session
+    could have planted a symlink for root to write through."""
+    from nsconfine._accounts import records_directory
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", "cache")
+    assert os.path.isabs(records_directory("x"))
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", ".")
+    assert os.path.isabs(records_directory("x"))
+    assert not records_directory("x").startswith(str(tmp_path))
+
+
+def test_a_planted_symlink_among_the_bwrap_proofs_is_never_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proof's file replaced by a symlink to another file: the launcher that remembers the
+    proof does not write through it (a root launcher would overwrite any file)."""
+    from nsconfine import _preflight
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    proofs = Path(_preflight._cache_dir())
+    proofs.mkdir(parents=True, mode=0o700)
+    (proofs / "some-identity").symlink_to(victim)
+    _preflight._remember("some-identity", frozenset({"--bind-fd"}))
+    assert victim.read_text() == "precious\n"
+    assert _preflight._recalled("some-identity") is None
