@@ -9,7 +9,9 @@ The account keeps no supplementary group, so only its uid and primary gid count 
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from nsconfine._errors import UsageError
 from nsconfine._plan import RunAs, launcher_account
@@ -95,9 +97,33 @@ def scratch_directory(prefix: str) -> str:
 
 def records_directory(name: str) -> str:
     """Where nsconfine keeps its records of kind name for this account:
-    $XDG_CACHE_HOME/nsconfine/name, else ~/.cache/nsconfine/name (both in every deny set)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "nsconfine", name)
+    $XDG_CACHE_HOME/nsconfine/name, else $HOME/.cache/nsconfine/name (both in every deny set).
+    A relative XDG_CACHE_HOME or HOME is ignored, as the XDG spec says: it would name a place
+    under the launcher's working directory, which may be a session's workspace."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            import pwd
+
+            try:
+                home = pwd.getpwuid(os.geteuid()).pw_dir
+            except KeyError:  # an account without a passwd entry (containers)
+                home = f"/tmp/nsconfine-{os.geteuid()}"
+        cache = os.path.join(home, ".cache")
+    return os.path.join(cache, "nsconfine", name)
+
+
+def require_private(directory: str) -> None:
+    """PermissionError unless directory, and the one above it, are directories of this
+    account that no one else can write: a directory another account (a session) could write
+    may hold symlinks it planted for the launcher to write through."""
+    for path in (directory, os.path.dirname(directory)):
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise PermissionError(
+                errno.EPERM, "not a directory of this account that only it can write", path
+            )
 
 
 def make_private_directory(path: str) -> None:

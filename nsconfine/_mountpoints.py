@@ -114,7 +114,7 @@ def forget_records() -> None:
 
 
 def _find_records() -> str:
-    from nsconfine._accounts import make_private_directory, records_directory
+    from nsconfine._accounts import make_private_directory, records_directory, require_private
 
     directory = records_directory("mountpoints")
     try:
@@ -134,13 +134,13 @@ def _find_records() -> str:
                 f"{printable(directory)} ({error.strerror}): set XDG_CACHE_HOME to a directory "
                 "this account can write"
             ) from None
-    info = os.lstat(directory)
-    parent = os.lstat(os.path.dirname(directory))
-    if any(i.st_uid != os.geteuid() or i.st_mode & 0o022 for i in (info, parent)):
+    try:
+        require_private(directory)
+    except PermissionError:
         raise SandboxUnavailable(
             f"{printable(directory)} must belong to this account and be writable by no one "
             "else: it records the mount points nsconfine makes in workspaces"
-        )
+        ) from None
     return directory
 
 

@@ -580,23 +580,39 @@ def layer_checks() -> list[Check]:
 def _remember(identity: str, features: frozenset[str]) -> None:
     # Best effort: a launcher whose home is read-only just proves each binary once per process.
     _proven[identity] = features
+    directory = _proofs_directory()
+    if directory is None:
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        from nsconfine._accounts import make_private_directory
-
-        make_private_directory(_cache_dir())
-        with open(os.path.join(_cache_dir(), identity), "w") as file:
-            file.write(" ".join(["proven", *sorted(features)]) + "\n")
+        fd = os.open(os.path.join(directory, identity), flags, 0o600)
+        try:
+            os.write(fd, (" ".join(["proven", *sorted(features)]) + "\n").encode())
+        finally:
+            os.close(fd)
     except OSError:
         pass
 
 
 def _recalled(identity: str) -> frozenset[str] | None:
+    directory = _proofs_directory()
+    raw = None if directory is None else _syscalls.read_untrusted(f"{directory}/{identity}", 4096)
+    words = os.fsdecode(raw or b"").split()
+    return frozenset(words[1:]) if words[:1] == ["proven"] else None
+
+
+def _proofs_directory() -> str | None:
+    """The directory of bwrap proofs, made if missing; None if it cannot be, or if it is not
+    this account's own (a proof there could be forged, a file there a planted symlink)."""
+    from nsconfine._accounts import make_private_directory, require_private
+
+    directory = _cache_dir()
     try:
-        with open(os.path.join(_cache_dir(), identity)) as file:
-            words = file.read().split()
+        make_private_directory(directory)
+        require_private(directory)
     except OSError:
         return None
-    return frozenset(words[1:]) if words[:1] == ["proven"] else None
+    return directory
 
 
 # Test-only door: pretend no bwrap has --bind-fd, to cover the path-bind fallback.
