@@ -107,10 +107,12 @@ class _Terminal:
         return True
 
     def drain(self) -> None:
-        """What the session wrote before it ended."""
+        """What the session wrote before it ended, to the end of its terminal: once no process
+        holds the session's side, a read gives what is left and then EIO (so waiting is safe:
+        nobody can write any more, and bytes still on their way through the terminal arrive)."""
+        os.set_blocking(self.controller, True)
         while self.to_stdout():
-            if not select.select([self.controller], [], [], 0)[0]:
-                return
+            pass
 
     def restore(self) -> None:
         import termios
@@ -155,46 +157,58 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int) -> int:
     """Wait for the session, passing on the signals held_signals() collects on wake_read (and
     copying its terminal, if it has one); its status."""
     terminal = _Terminal(sandbox.tty) if sandbox.tty >= 0 else None
-    deadline: float | None = None
-    signalled = False
     try:
-        while sandbox.poll() is None:
-            poller = select.poll()
-            poller.register(sandbox.sentinel, select.POLLIN)
-            poller.register(wake_read, select.POLLIN)
-            if terminal is not None:
-                for fd, wanted in terminal.events().items():
-                    poller.register(fd, wanted)
-            timeout = None if deadline is None else poll_ms(deadline - time.monotonic())
-            events = dict(poller.poll(timeout))
-            if not events:  # the grace period is over
-                sandbox.kill()
-                deadline = None
-                continue
-            if terminal is not None:
-                if events.get(0, 0) & (select.POLLIN | select.POLLHUP):
-                    terminal.from_stdin()
-                if events.get(terminal.controller, 0) & select.POLLOUT:
-                    terminal.to_session()
-                if terminal.controller in events and not terminal.to_stdout():
-                    terminal.open = terminal.reading_stdin = False
-            if sandbox.sentinel in events and terminal is not None and terminal.open:
-                terminal.drain()
-            if wake_read not in events:
-                continue
-            for received in os.read(wake_read, 64):
-                if received == signal.SIGWINCH and terminal is not None:
-                    terminal.resize()  # the session's terminal tells its foreground job
-                elif received not in ENDING_SIGNALS:
-                    sandbox.send_signal(received)  # passed on, nothing more
-                elif signalled:
-                    sandbox.kill()
-                    deadline = None
-                else:
-                    signalled = True
-                    sandbox.send_signal(received)
-                    deadline = time.monotonic() + grace
+        _relay(sandbox, terminal, grace, wake_read)
+        if terminal is not None and terminal.open:
+            terminal.drain()  # before the handle reaps the session, which closes its terminal
+    except BaseException:  # the launcher is leaving (its stdout gone): the session goes first
+        sandbox.kill()
+        sandbox.wait()
+        raise
     finally:
         if terminal is not None:
             terminal.restore()
     return sandbox.wait()
+
+
+def _relay(sandbox: Sandbox, terminal: _Terminal | None, grace: float, wake_read: int) -> None:
+    """Until the session has ended (its sentinel readable; not yet reaped): signals passed
+    on, the grace period kept, and its terminal copied both ways."""
+    deadline: float | None = None
+    signalled = False
+    while True:
+        poller = select.poll()
+        poller.register(sandbox.sentinel, select.POLLIN)
+        poller.register(wake_read, select.POLLIN)
+        if terminal is not None:
+            for fd, wanted in terminal.events().items():
+                poller.register(fd, wanted)
+        timeout = None if deadline is None else poll_ms(deadline - time.monotonic())
+        events = dict(poller.poll(timeout))
+        if sandbox.sentinel in events:
+            return
+        if not events:  # the grace period is over
+            sandbox.kill()
+            deadline = None
+            continue
+        if terminal is not None:
+            if events.get(0, 0) & (select.POLLIN | select.POLLHUP):
+                terminal.from_stdin()
+            if events.get(terminal.controller, 0) & select.POLLOUT:
+                terminal.to_session()
+            if terminal.controller in events and not terminal.to_stdout():
+                terminal.open = terminal.reading_stdin = False
+        if wake_read not in events:
+            continue
+        for received in os.read(wake_read, 64):
+            if received == signal.SIGWINCH and terminal is not None:
+                terminal.resize()  # the session's terminal tells its foreground job
+            elif received not in ENDING_SIGNALS:
+                sandbox.send_signal(received)  # passed on, nothing more
+            elif signalled:
+                sandbox.kill()
+                deadline = None
+            else:
+                signalled = True
+                sandbox.send_signal(received)
+                deadline = time.monotonic() + grace
