@@ -815,3 +815,16 @@ def test_a_nul_in_a_pointer_is_read_as_git_reads_it(repo: tuple[Path, Path], poi
     status, output = _launch(repo, _plant_config(config))
     assert status == 0, output
     assert "wrote" not in output
+
+
+def test_a_repository_with_a_non_utf8_name_launches(repo: tuple[Path, Path]) -> None:
+    """A repository named with a byte that is not UTF-8 (`r\\xff`): its protected paths are
+    mount points, and the mount table holds them as bytes; every later launch used to end in
+    a UnicodeDecodeError traceback."""
+    workspace = repo[0]
+    odd = os.path.join(os.fsencode(workspace), b"r\xff")
+    subprocess.run([b"git", b"init", b"-q", odd], check=True)
+    give_to_session_user(workspace)
+    status, output = _launch(repo, _plant_config(Path(os.fsdecode(odd)) / ".git" / "config"))
+    assert status == 0, output
+    assert "wrote" not in output
