@@ -50,7 +50,7 @@ from nsconfine._bwrap_args import (
     shim_command,
 )
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError, refuse_if_short_of_fds
-from nsconfine._mounts import mount_table_problems
+from nsconfine._mounts import mount_table_problems, read_mountinfo
 from nsconfine._plan import Kind, Plan, is_env_name
 from nsconfine._programs import (
     REAPER_PATH,
@@ -429,8 +429,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     staged.mark("built")  # bwrap has made every mount, and the shim is waiting
     _check_shim(bwrap, child, shim)
     try:
-        with open(f"/proc/{shim}/mountinfo") as file:
-            mountinfo = file.read()
+        mountinfo = read_mountinfo(shim)
     except OSError:
         raise _SetupEnded("ended before its mounts could be checked") from None
     problems = mount_table_problems(mountinfo, plan, root=f"/proc/{shim}/root", sources=sources)

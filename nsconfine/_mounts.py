@@ -12,6 +12,7 @@ with the source's.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 
@@ -144,5 +145,10 @@ def _host_path_below_bind(point: str, binds: dict[str, str]) -> str | None:
 
 
 def _read_own_mountinfo() -> str:
-    with open("/proc/self/mountinfo") as file:
-        return file.read()
+    return read_mountinfo("self")
+
+
+def read_mountinfo(pid: int | str) -> str:
+    """A process's mount table, its bytes as paths are (a mount point need not be UTF-8)."""
+    with open(f"/proc/{pid}/mountinfo", "rb") as file:
+        return os.fsdecode(file.read())

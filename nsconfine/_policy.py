@@ -270,10 +270,9 @@ class _Places:
     launcher's mount table, read once per check."""
 
     def __init__(self) -> None:
-        from nsconfine._mounts import mount_roots
+        from nsconfine._mounts import mount_roots, read_mountinfo
 
-        with open("/proc/self/mountinfo") as file:
-            self.mounts = mount_roots(file.read())  # mount point -> (device, root), topmost
+        self.mounts = mount_roots(read_mountinfo("self"))  # point -> (device, root), topmost
 
     def of(self, resolved: str) -> tuple[str, str]:
         point = resolved
