@@ -332,3 +332,15 @@ def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
     )  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 5
+
+
+def test_a_git_identity_that_is_not_utf8_is_no_traceback(dirs: Dirs) -> None:
+    """--git-identity with a byte that is not UTF-8 in the name: the session starts (git takes
+    bytes), where the generated .gitconfig used to raise UnicodeEncodeError."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "run", *dirs.session,
+         "--git-identity", os.fsdecode(b"\xff <a@b.example>"), "--", "/bin/true"],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
