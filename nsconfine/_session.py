@@ -518,7 +518,7 @@ def gitconfig_entry(home: str, identity: str) -> p.Entry:
 
     text = f"[user]\n\tname = {quoted(name)}\n\temail = {quoted(email)}\n[safe]\n\tdirectory = *\n"
     return p.data(
-        text.encode(),
+        text.encode("utf-8", "surrogateescape"),  # as the caller gave it: git takes bytes
         os.path.join(home, ".gitconfig"),
         "the session's git identity (--git-identity), and safe.directory for repositories "
         "bound from other owners; generated, read-only",
