@@ -333,3 +333,24 @@ def test_explain_says_when_nothing_grants_a_path(ws_run: tuple[Path, Path]) -> N
     result = cli("explain", "/var/lib/dpkg/status", *session_options(*ws_run))  # fmt: skip
     assert result.returncode == 1
     assert "nothing in the plan grants it" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["{outside}", "../other-package", "@scope/../../other-package"])
+def test_a_dependency_name_cannot_reach_outside_node_modules(
+    ws_run: tuple[Path, Path], npm_package: Path, tmp_path: Path, name: str
+) -> None:
+    """A harness's package.json naming a dependency by an absolute path or with `..` (npm
+    allows neither): the directory it names is not bound (an absolute name bound any host
+    directory holding a package.json, another session's node workspace say)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "package.json").write_text("{}")
+    (outside / "secret.txt").write_text("not the harness's\n")
+    open_up(outside)
+    manifest = npm_package.parent.parent / "tool" / "package.json"
+    dependencies = {name.format(outside=outside): "*"}
+    manifest.write_text(json.dumps({"name": "tool", "optionalDependencies": dependencies}))
+    plan = session(*ws_run, harness=[npm_package]).plan()
+    bound = {entry.source for entry in plan.entries}
+    assert str(outside) not in bound
+    assert str(npm_package.parent.parent / "other-package") not in bound
