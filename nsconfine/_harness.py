@@ -12,6 +12,7 @@ pinned by its digest. A harness that is a plain file is bound as it is.
 from __future__ import annotations
 
 import os
+import re
 
 from nsconfine import _plan as p
 from nsconfine._errors import PlanError
@@ -95,6 +96,11 @@ def _with_dependencies(package: str) -> list[str]:
     return found
 
 
+# A package name as npm allows it: "name" or "@scope/name", neither part starting with a dot
+# (so no "..") and no other slash; os.path.join would take an absolute name for the path.
+_NPM_NAME = re.compile(r"(@[^/.\s][^/\s]*/)?[^/.@\s][^/\s]*\Z")
+
+
 def _dependency_names(package: str) -> list[str]:
     import json  # only npm harnesses need it: not on every launcher's start
 
@@ -109,7 +115,7 @@ def _dependency_names(package: str) -> list[str]:
     for key in ("dependencies", "optionalDependencies"):
         table = manifest.get(key) if isinstance(manifest, dict) else None
         if isinstance(table, dict):
-            names += [name for name in table if isinstance(name, str) and ".." not in name]
+            names += [name for name in table if isinstance(name, str) and _NPM_NAME.match(name)]
     return names
 
 
