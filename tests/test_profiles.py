@@ -254,3 +254,49 @@ mkdir = true
     with pytest.raises(nsconfine.PlanError, match="cannot be made"):
         session(*ws_run, profile=[str(profile)]).plan()
     assert not (elsewhere / "b" / "notes").exists()
+
+
+def test_an_include_by_file_name_is_found_beside_the_including_file(
+    ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """include = ["base.toml"] names the file beside the profile that includes it, never one
+    in the launcher's working directory (which may be a workspace, and its base.toml the
+    session's)."""
+    roles, planted = tmp_path / "roles", tmp_path / "cwd"
+    roles.mkdir()
+    planted.mkdir()
+    write_profile(roles, 'description = "base"\n[setenv]\nNSC_FROM = "beside"\n', "base.toml")
+    write_profile(planted, 'description = "planted"\n[setenv]\nNSC_FROM = "cwd"\n', "base.toml")
+    role = write_profile(roles, 'description = "role"\ninclude = ["base.toml"]\n', "role.toml")
+    monkeypatch.chdir(planted)
+    plan = session(*ws_run, profile=[str(role)]).plan()
+    assert {v.name: v.value for v in plan.env}["NSC_FROM"] == "beside"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_profile_that_is_no_regular_file_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, kind: str
+) -> None:
+    """A profile (or an include) that is a FIFO or /dev/zero: refused by what it is, where the
+    launcher hung on the FIFO, or read /dev/zero until MemoryError."""
+    import threading
+
+    if kind == "fifo":
+        profile = tmp_path / "role.toml"
+        os.mkfifo(profile)
+    else:
+        profile = write_profile(tmp_path, 'description = "r"\ninclude = ["/dev/zero"]\n')
+    outcome: list[object] = []
+
+    def build() -> None:
+        try:
+            outcome.append(session(*ws_run, profile=[str(profile)]).plan())
+        except (nsconfine.NsconfineError, MemoryError) as error:
+            outcome.append(error)
+
+    builder = threading.Thread(target=build, daemon=True)
+    builder.start()
+    builder.join(20)
+    assert not builder.is_alive(), "the launcher hangs on the profile"
+    assert isinstance(outcome[0], nsconfine.UsageError), outcome
+    assert "regular file" in str(outcome[0])
