@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 
 from nsconfine._errors import UsageError
 from nsconfine._plan import is_env_name
@@ -102,6 +103,9 @@ def built_in() -> dict[str, str]:
     return {name: load(name).values["description"] for name in names}
 
 
+MAX_PROFILE_BYTES = 1 << 20
+
+
 def load(name: str) -> Profile:
     """A built-in profile by name, or a profile file by path."""
     if os.sep in name or name.endswith(".toml"):
@@ -115,14 +119,29 @@ def load(name: str) -> Profile:
             raise UsageError(
                 f"profile {name!r}: no such built-in profile ({known}); or give a file's path"
             )
+    return _checked(label, path, _read_profile(path).decode("utf-8", "replace"))
+
+
+def _read_profile(path: str) -> bytes:
+    """A profile file's bytes: a regular file (a FIFO would hang the launcher, a device feed
+    it without end), of MAX_PROFILE_BYTES at most."""
     try:
-        with open(path, "rb") as file:
-            raw = file.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
         raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from None
     except ValueError:  # a NUL byte or a lone surrogate: no file has such a name
         raise UsageError(f"profile {path}: no file can have this name") from None
-    return _checked(label, path, raw.decode("utf-8", "replace"))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"profile {path}: not a regular file")
+        raw = os.read(fd, MAX_PROFILE_BYTES + 1)
+    except OSError as error:
+        raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise UsageError(f"profile {path}: larger than {MAX_PROFILE_BYTES:,} bytes")
+    return raw
 
 
 def chain(names: list[str]) -> list[Profile]:
@@ -149,8 +168,9 @@ def chain(names: list[str]) -> list[Profile]:
 
 
 def _relative(name: str, including: str) -> str:
-    """An include as written: a built-in name, or a path relative to the including file."""
-    if os.sep in name and not os.path.isabs(name):
+    """An include as written: a built-in name, or a file's path (with a slash, or ending in
+    .toml) relative to the including file, never to the working directory."""
+    if (os.sep in name or name.endswith(".toml")) and not os.path.isabs(name):
         return os.path.join(os.path.dirname(including), name)
     return name
 
