@@ -221,3 +221,29 @@ def test_nsconfine_installed_in_a_denied_path_still_launches(plan: nsconfine.Pla
     with nsconfine.Pool(denied) as pool:
         status, printed = run(pool.launch, ["sh", "-c", f"ls {installed} || echo unseen"])
     assert (status, printed.split()[-1]) == (0, "unseen")
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_launcher_without_one_of_its_stdio_fds_can_use_a_pool(
+    ws_run: tuple[Path, Path], tmp_path: Path, closed: int
+) -> None:
+    """A launcher started with fd 0, 1 or 2 closed stages sandboxes that start without it: the
+    fds the shim receives then land low, and the error pipe among them was overwritten or
+    closed while placing stdio (every launch was taken for a killed sandbox, and the shim's
+    'executing' byte went into the command's output)."""
+    output = tmp_path / "out"
+    child = python_child(
+        f"""
+        import os
+        os.close({closed})
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        with nsconfine.Pool(plan, size=1) as pool, open(sys.argv[4], "wb") as out:
+            status = pool.launch(["/bin/echo", "hello"], stdout=out).wait(timeout=60)
+        os.write(2 if {closed} != 2 else 1, f"status {{status}}\\n".encode())
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "", str(output),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=120)
+    assert "status 0" in out + err, out + err
+    assert output.read_bytes() == b"hello\n"
