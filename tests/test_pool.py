@@ -223,6 +223,15 @@ def test_nsconfine_installed_in_a_denied_path_still_launches(plan: nsconfine.Pla
     assert (status, printed.split()[-1]) == (0, "unseen")
 
 
+# What the command has at 0, 1 and 2, after a first line.
+_SHOW_STDIO = """
+import os
+print("hello", flush=True)
+for fd in 0, 1, 2:
+    print(fd, "open" if os.path.exists(f"/proc/self/fd/{fd}") else "closed")
+"""
+
+
 @pytest.mark.parametrize("closed", [0, 1, 2])
 def test_a_launcher_without_one_of_its_stdio_fds_can_use_a_pool(
     ws_run: tuple[Path, Path], tmp_path: Path, closed: int
@@ -235,15 +244,19 @@ def test_a_launcher_without_one_of_its_stdio_fds_can_use_a_pool(
     child = python_child(
         f"""
         import os
+        out = open(sys.argv[4], "wb")  # first, or it would take the number closed
         os.close({closed})
         plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
-        with nsconfine.Pool(plan, size=1) as pool, open(sys.argv[4], "wb") as out:
-            status = pool.launch(["/bin/echo", "hello"], stdout=out).wait(timeout=60)
+        with nsconfine.Pool(plan, size=1) as pool:
+            status = pool.launch(["python3", "-c", sys.argv[5]], stdout=out).wait(timeout=60)
         os.write(2 if {closed} != 2 else 1, f"status {{status}}\\n".encode())
         """,
-        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "", str(output),
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "", str(output), _SHOW_STDIO,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     out, err = child.communicate(timeout=120)
     assert "status 0" in out + err, out + err
-    assert output.read_bytes() == b"hello\n"
+    shown = output.read_text().splitlines()
+    assert shown[0] == "hello"
+    if closed != 1:  # as the launcher had it: closed (it held the error pipe, open to its end)
+        assert shown[1 + closed] == f"{closed} closed", shown
