@@ -381,18 +381,21 @@ int helper_main(int argc, char **argv, char **envp)
 
     /*
      * A received fd lands on the lowest free number, which is below 3 if
-     * bwrap was started with a closed stdio fd: move such fds up first, so
-     * no placement below clobbers a source still to be placed. dup3 clears
-     * close-on-exec on the target, which is what the command needs.
+     * bwrap was started with a closed stdio fd: move such fds up first (the
+     * error pipe too), so no placement below clobbers or closes one still
+     * needed. dup3 clears close-on-exec on the target, which is what the
+     * command needs; the moved copies keep it.
      */
-    for (int i = 1; i < n_fds; i++) {
+    for (int i = 0; i < n_fds; i++) {
         if (fds[i] < 3) {
             long moved = SYS3(__NR_fcntl, fds[i], F_DUPFD_CLOEXEC, 3);
             if (moved < 0)
                 fail(moved, NSC_SHIM_STAGE_DUP);
+            (void)SYS1(__NR_close, fds[i]); /* free before it came: the command must not get it */
             fds[i] = (int)moved;
         }
     }
+    errpipe = fds[0];
     int next = 1;
     for (int target = 0; target < 3; target++) {
         if (h.fd_mask & (1u << target)) {
