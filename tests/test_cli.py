@@ -344,3 +344,24 @@ def test_a_git_identity_that_is_not_utf8_is_no_traceback(dirs: Dirs) -> None:
     )  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 0, done.stderr
+
+
+def test_a_session_leaves_the_callers_pipes_as_it_found_them(dirs: Dirs) -> None:
+    """A session that sets O_NONBLOCK on its stdout (a pipe it shares with the caller's next
+    writer, as in `{ nsconfine run …; head -c 1M /dev/zero; } | reader`): `run` puts the
+    flag back when the session ends, or the next writer's output would be cut short (EAGAIN)."""
+    import fcntl
+
+    script = "import fcntl, os; fcntl.fcntl(1, fcntl.F_SETFL, os.O_NONBLOCK)"
+    reader, writer = os.pipe()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--",
+             "python3", "-c", script],
+            stdout=writer, stderr=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert not fcntl.fcntl(writer, fcntl.F_GETFL) & os.O_NONBLOCK
+    finally:
+        os.close(reader)
+        os.close(writer)
