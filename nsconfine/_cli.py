@@ -341,7 +341,7 @@ def _plan(arguments: argparse.Namespace) -> int:
 
 
 def _run(arguments: argparse.Namespace) -> int:
-    from nsconfine._run import held_signals, run_session
+    from nsconfine._run import held_signals, kept_stdio_flags, run_session
     from nsconfine._session import build_plan
     from nsconfine._spawn import spawn
 
@@ -351,7 +351,8 @@ def _run(arguments: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
     plan = build_plan(_session(arguments), lint=False)  # spawn lints it
-    with held_signals() as signals:  # from before the launch: none is lost while it builds
+    # The signals from before the launch: none is lost while it builds.
+    with kept_stdio_flags(), held_signals() as signals:
         try:
             sandbox = spawn(plan, command, tty=arguments.tty)
         except OSError as error:  # not an NsconfineError: the command itself could not start

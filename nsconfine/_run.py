@@ -149,6 +149,30 @@ def held_signals() -> Iterator[int]:
         os.close(wake_write)
 
 
+@contextmanager
+def kept_stdio_flags() -> Iterator[None]:
+    """The file status flags of the launcher's fds 0-2, put back when the session is over: a
+    session shares their open files, and one that left O_NONBLOCK on a pipe would cut short
+    the output of the caller's next writer to it (EAGAIN). Terminals get more: see
+    nsconfine/_terminal.py."""
+    import fcntl
+
+    flags = {}
+    for fd in (0, 1, 2):
+        try:
+            flags[fd] = fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError:
+            continue  # closed
+    try:
+        yield
+    finally:
+        for fd, kept in flags.items():
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETFL, kept)
+            except OSError:
+                pass
+
+
 def _wake_only(_number: int, _frame: object) -> None:
     pass  # the wakeup fd has the number; run_session acts on it
 
