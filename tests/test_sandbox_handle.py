@@ -5,10 +5,11 @@ handle carries its launch's timings, in order."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import session, session_dirs
+from helpers import SESSION_USER, python_child, session, session_dirs
 
 import nsconfine
 
@@ -60,3 +61,45 @@ def test_each_handle_carries_its_launch_timings_in_order(sleeper_plan: nsconfine
 def test_handles_cannot_be_made_by_hand() -> None:
     with pytest.raises(TypeError):
         nsconfine.Sandbox()
+
+
+def test_a_launcher_that_ignores_sigchld_is_refused(ws_run: tuple[Path, Path]) -> None:
+    """With SIGCHLD set to SIG_IGN the kernel reaps the launcher's children itself, and every
+    status is lost (`exit 7` came back as 0, a failed exec as a raw ChildProcessError with
+    fds and mount points left behind): refused before anything runs, saying what to fix."""
+    child = python_child(
+        """
+        import signal
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        try:
+            nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 7"]).wait()
+        except nsconfine.NsconfineError as refused:
+            print(refused.code, refused.message)
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert out.startswith("sandbox-unavailable"), out + err
+    assert "SIGCHLD" in out
+    assert sorted(ws_run[0].iterdir()) == []
+
+
+def test_a_handle_answers_only_in_the_process_that_launched(
+    sleeper_plan: nsconfine.Plan,
+) -> None:
+    """After os.fork(), the child's poll() of its parent's session said 0 while the session
+    ran (it cannot wait for a process that is not its child): it raises instead."""
+    with nsconfine.spawn(sleeper_plan, ["/bin/sleep", "60"]) as sandbox:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sandbox.poll()
+                os._exit(1)
+            except RuntimeError:
+                os._exit(0)
+            except BaseException:
+                os._exit(2)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert sandbox.poll() is None
