@@ -575,7 +575,10 @@ def teardown(staged: Staged) -> int:
         _signal(staged.init_pidfd, signal.SIGKILL)
     _signal(staged.reaper_pidfd, signal.SIGTERM)
     staged.sock.close()
-    _, status = os.waitpid(staged.reaper, 0)
+    try:
+        _, status = os.waitpid(staged.reaper, 0)
+    except ChildProcessError:  # reaped by the kernel: SIGCHLD came to be ignored since
+        status = 0
     for fd in staged.pidfds():
         os.close(fd)
     staged.reaper_pidfd = staged.bwrap_pidfd = staged.init_pidfd = staged.command_pidfd = -1

@@ -17,7 +17,8 @@
 
 Signals go to the command (send_signal, terminate); kill() ends the whole sandbox at once, and
 leaving a `with` block kills it and waits. Every wait polls pidfds, never select(): a launcher
-with thousands of fds is fine. Only nsconfine makes these handles.
+with thousands of fds is fine. Only nsconfine makes these handles, and only the process that
+launched a session can wait for it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Sandbox:
         "_command_pidfd",
         "_init_pidfd",
         "_lock",
+        "_owner",
         "_reaper_pidfd",
         "_stubs",
         "_terminals",
@@ -68,6 +70,7 @@ class Sandbox:
     _terminals: list[Saved]
     _stubs: list[Stub]
     _lock: LockType
+    _owner: int
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
         raise TypeError("Sandbox handles come from nsconfine.spawn or Pool.launch")
@@ -87,6 +90,7 @@ class Sandbox:
         self._terminals = terminals
         self._stubs, staged.stubs = staged.stubs, []
         self._lock = allocate_lock()
+        self._owner = os.getpid()
         return self
 
     def __repr__(self) -> str:
@@ -99,7 +103,13 @@ class Sandbox:
         return self._reaper_pidfd
 
     def poll(self) -> int | None:
-        """The exit status if the session has ended, else None."""
+        """The exit status if the session has ended, else None. RuntimeError in another
+        process than the one that launched it (a fork), which cannot wait for its reaper."""
+        if os.getpid() != self._owner:
+            raise RuntimeError(
+                f"this session was launched by process {self._owner}: only it can wait for "
+                "the session (a forked child may still kill() it)"
+            )
         with self._lock:
             if self.returncode is None:
                 try:

@@ -9,6 +9,7 @@ could have written, refuses the launch.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -64,6 +65,12 @@ def gate(plan: Plan) -> Cleared:
     """Refuse plan unless every check due before bwrap runs passes (who the session runs as,
     which bwrap, proven); what the launch then needs. The plan's own checks are lint()."""
     euid = os.geteuid()
+    if signal.getsignal(signal.SIGCHLD) is signal.SIG_IGN:
+        raise SandboxUnavailable(
+            "this launcher ignores SIGCHLD (SIG_IGN): the kernel would reap its sessions itself "
+            "and lose every exit status; restore the default first (signal.signal(SIGCHLD, "
+            "SIG_DFL))"
+        )
     if plan.user.uid == 0:
         raise SandboxUnavailable(
             "this launcher runs as root and the session names no other account: it would hold "
