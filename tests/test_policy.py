@@ -318,6 +318,10 @@ def test_violated_rule_judges_paths_not_prefixes() -> None:
         ("/dev", "/hostdev", "rw"),  # host devices and /dev/shm
         ("/dev/shm", "/dev/shm", "rw"),
         ("/dev/pts", "/pts", "ro"),
+        # magic links out of /proc: resolved by the launcher, they name its own directories
+        ("/proc/self/cwd", "/cwd", "ro"),
+        ("/proc/self/root/etc/hostname", "/hostname", "ro"),
+        ("/etc/hostname", "/proc/1/root/etc/hostname-too", "ro"),  # a destination in /proc
     ],
 )
 def test_the_hosts_proc_and_dev_cannot_be_bound(
