@@ -511,8 +511,15 @@ def _kernel_file_systems() -> dict[int, str]:
 def _refuse_host_proc_or_dev(
     entry: Entry, resolved: str, device: int, kernel_devices: Mapping[int, str]
 ) -> None:
+    # Judged as resolved, and as written: /proc/self/cwd resolves to the launcher's directory,
+    # and a destination in /proc lies in the sandbox's own, which changes with each process.
     top = kernel_devices.get(device) or next(
-        (top for top in _KERNEL_FILE_SYSTEMS if within(resolved, top)), None
+        (
+            top
+            for top in _KERNEL_FILE_SYSTEMS
+            if any(within(path, top) for path in (resolved, entry.source, entry.dest))
+        ),
+        None,
     )
     if top is None:
         return
