@@ -352,3 +352,17 @@ def test_a_store_variable_with_a_tilde_is_denied(ws_run: tuple[Path, Path], stan
     (creds := standin / "creds").write_text("aws_secret_access_key=x\n")
     environ = {"HOME": str(standin), "AWS_SHARED_CREDENTIALS_FILE": "~/creds"}
     assert "creds" in refusal(ws_run, environ, ro=[creds])
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/run/podman/podman.sock", "/run/containerd/containerd.sock", "/run/crio/crio.sock",
+     "/run/libvirt/libvirt-sock", "/run/dbus/system_bus_socket"],
+)  # fmt: skip
+def test_every_plan_denies_the_hosts_root_daemons(ws_run: tuple[Path, Path], path: str) -> None:
+    """Rootful Podman, containerd, CRI-O and libvirt are root on the host, as Docker is, and the
+    system bus reaches the host's services: every plan's deny set holds their sockets (a
+    session bind of one is refused where it exists; this host runs none of them)."""
+    deny = Session(workspace=ws_run[0], run_dir=ws_run[1], user=SESSION_USER).plan().deny
+    judge = _policy.Judge(deny)
+    assert judge.violated(path) is not None
