@@ -90,6 +90,11 @@ SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
     ("/etc/ssl/private", "the host's TLS private keys"),
     ("/run/docker.sock", "the Docker daemon: root on the host"),
     ("/var/run/docker.sock", "the Docker daemon: root on the host"),
+    ("/run/podman", "the Podman service's socket: root on the host"),
+    ("/run/containerd", "containerd's sockets: root on the host"),
+    ("/run/crio", "CRI-O's socket: root on the host"),
+    ("/run/libvirt", "libvirt's sockets: root on the host"),
+    ("/run/dbus/system_bus_socket", "the D-Bus system bus: the host's services"),
 )
 
 # Sockets in a user's runtime directory ($XDG_RUNTIME_DIR, /run/user/UID) that hand out power.
