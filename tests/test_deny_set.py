@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import IS_ROOT, SESSION_USER, open_up
+from helpers import IS_ROOT, SESSION_USER, open_up, session
 
 from nsconfine import _plan as p
 from nsconfine import _policy
@@ -363,6 +363,6 @@ def test_every_plan_denies_the_hosts_root_daemons(ws_run: tuple[Path, Path], pat
     """Rootful Podman, containerd, CRI-O and libvirt are root on the host, as Docker is, and the
     system bus reaches the host's services: every plan's deny set holds their sockets (a
     session bind of one is refused where it exists; this host runs none of them)."""
-    deny = Session(workspace=ws_run[0], run_dir=ws_run[1], user=SESSION_USER).plan().deny
+    deny = session(*ws_run).plan().deny
     judge = _policy.Judge(deny)
     assert judge.violated(path) is not None
