@@ -365,3 +365,16 @@ def test_a_session_leaves_the_callers_pipes_as_it_found_them(dirs: Dirs) -> None
     finally:
         os.close(reader)
         os.close(writer)
+
+
+def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs) -> None:
+    """A parent that ignores SIGCHLD passes that on through exec; `nsconfine run` owns its
+    process and takes the default back, so the command's status is right (it was refused)."""
+    import signal
+
+    done = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c", "exit 3"],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+        preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN),
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr

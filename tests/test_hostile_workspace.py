@@ -828,3 +828,33 @@ def test_a_repository_with_a_non_utf8_name_launches(repo: tuple[Path, Path]) -> 
     status, output = _launch(repo, _plant_config(Path(os.fsdecode(odd)) / ".git" / "config"))
     assert status == 0, output
     assert "wrote" not in output
+
+
+def test_a_pointer_cut_at_a_nul_after_its_newline_is_read_as_git_reads_it(
+    repo: tuple[Path, Path],
+) -> None:
+    """`gitdir: gd\\n\\0`: git drops trailing newlines from the whole file first, then stops at
+    the NUL, so it uses `gd\\n`; the plan protects that one, not a decoy `gd`."""
+    nested = repo[0] / "vendor" / "lib"
+    real = nested / "gd\n"
+    (nested / ".git").rename(real)
+    (nested / "gd").mkdir()
+    (nested / ".git").write_bytes(b"gitdir: gd\n\0")
+    give_to_session_user(repo[0])
+    assert _host_git(nested, "status", "--short").returncode == 0  # git does use `gd\n`
+    _, output = _launch(repo, _plant_config(real / "config"))
+    assert "wrote" not in output, output
+    assert _host_git_config(nested) == ""
+
+
+def test_mercurial_is_protected_only_where_it_is(repo: tuple[Path, Path]) -> None:
+    """.hg/hgrc is protected in a Mercurial repository; where there is no .hg, none is made
+    (an empty read-only .hg would stop `hg init` and look like a repository to the host's
+    tools), as for git at the workspace's top."""
+    workspace = repo[0]
+    plan = session(*repo).plan()
+    assert not any(e.dest.startswith(f"{workspace}/.hg") for e in plan.entries)
+    (workspace / ".hg").mkdir()
+    give_to_session_user(workspace)
+    plan = session(*repo).plan()
+    assert any(e.dest == f"{workspace}/.hg/hgrc" for e in plan.entries)

@@ -103,3 +103,24 @@ def test_a_handle_answers_only_in_the_process_that_launched(
                 os._exit(2)
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
         assert sandbox.poll() is None
+
+
+def test_sigchld_ignored_behind_pythons_back_is_refused(ws_run: tuple[Path, Path]) -> None:
+    """SIGCHLD set to SIG_IGN by C code (signal.getsignal cannot see it): still refused, where
+    `exit 3` came back as 0."""
+    child = python_child(
+        """
+        import ctypes, signal
+        ctypes.CDLL(None).signal(int(signal.SIGCHLD), ctypes.c_void_p(1))  # SIG_IGN
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        try:
+            print("status", nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 3"]).wait())
+        except nsconfine.NsconfineError as refused:
+            print(refused.code, refused.message)
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert out.startswith("sandbox-unavailable"), out + err
+    assert "SIGCHLD" in out

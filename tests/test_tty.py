@@ -256,3 +256,20 @@ def test_a_reader_gone_away_ends_the_session_and_its_mount_points(
     assert b"Traceback" not in err, err
     assert cli.returncode == 141
     assert sorted(ws_run[0].iterdir()) == before
+
+
+@pytest.mark.parametrize("closed", [0, 2])
+def test_a_tty_session_starts_with_a_stdio_fd_of_the_launcher_closed(
+    ws_run: tuple[Path, Path], closed: int
+) -> None:
+    """`nsconfine run --tty … <&-` (or `2>&-`): the session's stdio is its new terminal
+    anyway; the terminal's controller, opened where the launcher's fd was missing, used to be
+    overwritten by it before it was sent (exit 69)."""
+    cli = _run_tty(
+        ws_run, "echo done",
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: os.close(closed),
+    )  # fmt: skip
+    out, _ = cli.communicate(timeout=60)
+    assert cli.returncode == 0
+    assert b"done" in out
