@@ -76,6 +76,9 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
 # and generated); past it the plan is refused rather than protecting less than it says.
 REPOSITORY_SCAN = 20_000
 NOT_SCANNED = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox"})
+# Names inside a version control directory, protected only where that directory is (as git's
+# are): an empty read-only stand-in would stop `hg init`, and look like a repository.
+ONLY_WHERE_PRESENT = (".hg/",)
 # Each repository adds up to two dozen read-only binds (64 take about 4,600 of bwrap's
 # arguments), and bwrap takes at most 9,000.
 MAX_REPOSITORIES = 64
@@ -218,9 +221,9 @@ def _named_directory(named_by: str, writable: Writable, prefix: str = "") -> str
     PlanError if the session could change where it leads: a symlink, or a directory left by
     `..`, where the session writes (the directories on the way to it are pinned)."""
     raw = _syscalls.read_untrusted(named_by, 4096)
-    # As git reads it: the whole file less its trailing newlines (spaces are kept), a C string
-    # (a NUL ends it), bytes as they are.
-    text = os.fsdecode(raw.split(b"\0", 1)[0].rstrip(b"\r\n")) if raw else ""
+    # As git reads it: the whole file less its trailing newlines (spaces are kept), then as a C
+    # string (a NUL ends it, after a newline too), bytes as they are.
+    text = os.fsdecode(raw.rstrip(b"\r\n").split(b"\0", 1)[0]) if raw else ""
     if not text.startswith(prefix) or text == prefix:
         return None
     looked, end = _syscalls.lookups(
@@ -279,6 +282,9 @@ def protected_entries(
             for name, kind, reason in git_names:
                 protect_path(gitdir, name[len(".git/") :], kind, reason, name)
         for name, kind, reason in tree_names:
+            top = name.split("/", 1)[0] + "/"
+            if top in ONLY_WHERE_PRESENT and not os.path.isdir(os.path.join(base, top)):
+                continue
             protect_path(base, name, kind, reason, name)
     return list(entries.values())
 

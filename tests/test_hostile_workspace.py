@@ -232,8 +232,13 @@ def test_protected_paths_cannot_be_written_or_created(
     repo: tuple[Path, Path], relative: str
 ) -> None:
     """Each protected path, existing or not, at the top and in a nested repository, can be
-    neither written, created, removed nor replaced."""
+    neither written, created, removed nor replaced. (Mercurial's, as git's, where its
+    directory is: made here.)"""
     workspace = repo[0]
+    if relative.startswith(".hg/"):
+        for base in (workspace, workspace / "vendor" / "lib"):
+            (base / ".hg").mkdir()
+        give_to_session_user(workspace)
     plan = session(*repo).plan()
     for base in (workspace, workspace / "vendor" / "lib"):
         target = base / relative
