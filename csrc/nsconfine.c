@@ -690,6 +690,15 @@ struct ruleset_attr_v6 {
     unsigned long long scoped;
 };
 
+int nsc_child_statuses_discarded(void)
+{
+    struct sigaction current;
+    if (sigaction(SIGCHLD, NULL, &current) != 0)
+        return 0;
+    return (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN) ||
+           (current.sa_flags & SA_NOCLDWAIT) != 0;
+}
+
 int nsc_landlock_abi(void)
 {
     long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION_);

@@ -84,6 +84,10 @@ int nsc_memfd_sealed(const char *name, const char *data, size_t len,
 /* Can a child of this process create a user namespace and map itself? */
 int nsc_probe_userns(int *stage_out);
 
+/* Does the kernel discard this process's children's exit statuses (SIGCHLD set to SIG_IGN,
+ * or SA_NOCLDWAIT), as the sigaction itself says, whoever set it? */
+int nsc_child_statuses_discarded(void);
+
 /* The path with every symlink resolved (as realpath(3)) into out, NSC_PATH_MAX bytes: the
  * policy lint resolves every bind source on every launch. */
 #define NSC_PATH_MAX 4096

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -412,6 +413,9 @@ _COMMANDS = {
 
 def main(argv: Sequence[str]) -> int:
     """Run the CLI on argv (without the program name) and return the exit status."""
+    # The CLI owns its process: a SIGCHLD its parent ignored (kept across exec) would have the
+    # kernel discard the statuses of the sessions it waits for.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
         arguments = _parser(wanted).parse_args(list(argv))

@@ -9,7 +9,6 @@ could have written, refuses the launch.
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -34,7 +33,7 @@ from nsconfine._preflight import (
 )
 from nsconfine._programs import REAPER_PATH, SHIM_PATH
 from nsconfine._sandbox import Sandbox
-from nsconfine._syscalls import realpath
+from nsconfine._syscalls import child_statuses_discarded, realpath
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -65,11 +64,11 @@ def gate(plan: Plan) -> Cleared:
     """Refuse plan unless every check due before bwrap runs passes (who the session runs as,
     which bwrap, proven); what the launch then needs. The plan's own checks are lint()."""
     euid = os.geteuid()
-    if signal.getsignal(signal.SIGCHLD) is signal.SIG_IGN:
+    if child_statuses_discarded():
         raise SandboxUnavailable(
-            "this launcher ignores SIGCHLD (SIG_IGN): the kernel would reap its sessions itself "
-            "and lose every exit status; restore the default first (signal.signal(SIGCHLD, "
-            "SIG_DFL))"
+            "this launcher ignores SIGCHLD (SIG_IGN, or SA_NOCLDWAIT): the kernel would reap "
+            "its sessions itself and lose every exit status; restore the default first "
+            "(signal.signal(SIGCHLD, SIG_DFL))"
         )
     if plan.user.uid == 0:
         raise SandboxUnavailable(

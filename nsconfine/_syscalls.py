@@ -186,6 +186,13 @@ def memfd_sealed(name: str, data: bytes) -> int:
     return int(out[0])
 
 
+def child_statuses_discarded() -> bool:
+    """Does the kernel reap this process's children itself, their statuses lost (SIGCHLD
+    ignored, or SA_NOCLDWAIT), as sigaction says: signal.getsignal knows only what Python
+    set?"""
+    return bool(lib.nsc_child_statuses_discarded())
+
+
 def probe_user_namespace() -> None:
     """Check that a child can create a user namespace and map its ids, as bwrap will."""
     stage = _new("int *")
