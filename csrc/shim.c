@@ -181,14 +181,28 @@ static long send_fd(int sock, char byte, int fd)
  * A new pty of the sandbox's own as the command's terminal: its controlling terminal and
  * stdio; the controller goes to the launcher, which answers 'G' once it has set the size.
  */
+/* fd itself, or for one below 3 a close-on-exec copy above 2, the low number freed (it
+ * was free before); an error (< 0) as it is. */
+static long above_stdio(long fd)
+{
+    if (fd < 0 || fd > 2)
+        return fd;
+    long moved = SYS3(__NR_fcntl, fd, F_DUPFD_CLOEXEC, 3);
+    (void)SYS1(__NR_close, fd);
+    return moved;
+}
+
 static void take_new_terminal(int sock)
 {
-    long master = SYS4(__NR_openat, AT_FDCWD_, "/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC, 0);
+    /* Both above stdio: one opened where the launcher had no stdio fd would be overwritten
+     * below (and dup3 of a fd onto itself fails). */
+    long master = above_stdio(
+        SYS4(__NR_openat, AT_FDCWD_, "/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC, 0));
     if (master < 0)
         fail(master, NSC_SHIM_STAGE_TTY);
     int unlock = 0;
     long r = SYS3(__NR_ioctl, master, TIOCSPTLCK_, &unlock);
-    long terminal = r < 0 ? r : SYS3(__NR_ioctl, master, TIOCGPTPEER_, O_RDWR);
+    long terminal = r < 0 ? r : above_stdio(SYS3(__NR_ioctl, master, TIOCGPTPEER_, O_RDWR));
     if (terminal < 0)
         fail(terminal, NSC_SHIM_STAGE_TTY);
     /* A session of its own, whose leader can take a controlling terminal (bwrap's
@@ -203,8 +217,7 @@ static void take_new_terminal(int sock)
         if (r < 0)
             fail(r, NSC_SHIM_STAGE_TTY);
     }
-    if (terminal > 2)
-        (void)SYS1(__NR_close, terminal);
+    (void)SYS1(__NR_close, terminal);
     r = send_fd(sock, 'T', (int)master);
     if (r < 0)
         fail(r, NSC_SHIM_STAGE_TTY);
@@ -387,13 +400,10 @@ int helper_main(int argc, char **argv, char **envp)
      * command needs; the moved copies keep it.
      */
     for (int i = 0; i < n_fds; i++) {
-        if (fds[i] < 3) {
-            long moved = SYS3(__NR_fcntl, fds[i], F_DUPFD_CLOEXEC, 3);
-            if (moved < 0)
-                fail(moved, NSC_SHIM_STAGE_DUP);
-            (void)SYS1(__NR_close, fds[i]); /* free before it came: the command must not get it */
-            fds[i] = (int)moved;
-        }
+        long moved = above_stdio(fds[i]);
+        if (moved < 0)
+            fail(moved, NSC_SHIM_STAGE_DUP);
+        fds[i] = (int)moved;
     }
     errpipe = fds[0];
     int next = 1;
