@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +179,23 @@ def cli(
         [sys.executable, "-m", "nsconfine", *arguments],
         capture_output=True, text=True, cwd="/", timeout=timeout, check=False, env=env,
     )  # fmt: skip
+
+
+def outcome_without_hanging(build: Callable[[], object], what: str, timeout: float = 20) -> object:
+    """What build() returns or the NsconfineError it raises, run in a thread that must end
+    within timeout (a launcher that opens a planted FIFO would hang there for good)."""
+    import threading
+
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(build())
+        except (nsconfine.NsconfineError, MemoryError) as error:
+            outcome.append(error)
+
+    builder = threading.Thread(target=run, daemon=True)
+    builder.start()
+    builder.join(timeout)
+    assert not builder.is_alive(), f"building the plan hangs on {what}"
+    return outcome[0]

@@ -18,7 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, give_to_session_user, open_up, session, session_dirs, sh
+from helpers import (
+    SESSION_USER,
+    give_to_session_user,
+    open_up,
+    outcome_without_hanging,
+    session,
+    session_dirs,
+    sh,
+)
 
 import nsconfine
 from nsconfine._plan import Kind
@@ -580,28 +588,17 @@ def test_a_git_symlink_at_the_workspace_top_is_never_followed(tmp_path: Path, ta
     """A session plants `.git -> /etc/shadow` (or a FIFO) at its workspace's top: the next plan
     is refused by name, without the launcher opening what it points to (a FIFO would hang it,
     a root launcher would read any file)."""
-    import threading
-
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     if target == "fifo":
         fifo = tmp_path / "fifo"
         os.mkfifo(fifo)
         target = str(fifo)
     (workspace / ".git").symlink_to(target)
-    outcome: list[object] = []
-
-    def build() -> None:
-        try:
-            outcome.append(session(workspace, run_dir).plan())
-        except nsconfine.NsconfineError as refused:
-            outcome.append(refused)
-
-    builder = threading.Thread(target=build, daemon=True)
-    builder.start()
-    builder.join(20)
-    assert not builder.is_alive(), "building the plan hangs on the planted .git"
-    assert isinstance(outcome[0], nsconfine.PlanError), outcome
-    assert ".git" in str(outcome[0])
+    outcome = outcome_without_hanging(
+        lambda: session(workspace, run_dir).plan(), "the planted .git"
+    )
+    assert isinstance(outcome, nsconfine.PlanError), outcome
+    assert ".git" in str(outcome)
 
 
 # ------------------------------------------ redirects of trusted files (a later attacker's pass)

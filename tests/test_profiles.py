@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import cli, open_up, session, session_options, sh
+from helpers import cli, open_up, outcome_without_hanging, session, session_options, sh
 
 import nsconfine
 from nsconfine._plan import Kind, Mode
@@ -279,24 +279,13 @@ def test_a_profile_that_is_no_regular_file_is_refused(
 ) -> None:
     """A profile (or an include) that is a FIFO or /dev/zero: refused by what it is, where the
     launcher hung on the FIFO, or read /dev/zero until MemoryError."""
-    import threading
-
     if kind == "fifo":
         profile = tmp_path / "role.toml"
         os.mkfifo(profile)
     else:
         profile = write_profile(tmp_path, 'description = "r"\ninclude = ["/dev/zero"]\n')
-    outcome: list[object] = []
-
-    def build() -> None:
-        try:
-            outcome.append(session(*ws_run, profile=[str(profile)]).plan())
-        except (nsconfine.NsconfineError, MemoryError) as error:
-            outcome.append(error)
-
-    builder = threading.Thread(target=build, daemon=True)
-    builder.start()
-    builder.join(20)
-    assert not builder.is_alive(), "the launcher hangs on the profile"
-    assert isinstance(outcome[0], nsconfine.UsageError), outcome
-    assert "regular file" in str(outcome[0])
+    outcome = outcome_without_hanging(
+        lambda: session(*ws_run, profile=[str(profile)]).plan(), "the profile"
+    )
+    assert isinstance(outcome, nsconfine.UsageError), outcome
+    assert "regular file" in str(outcome)
