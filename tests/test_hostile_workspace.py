@@ -860,3 +860,31 @@ def test_mercurial_is_protected_only_where_it_is(repo: tuple[Path, Path]) -> Non
     give_to_session_user(workspace)
     plan = session(*repo).plan()
     assert any(e.dest == f"{workspace}/.hg/hgrc" for e in plan.entries)
+
+
+@pytest.mark.parametrize(
+    ("where", "relative"),
+    [("sub", ".hg/hgrc"), (".", ".hg/hgrc-not-shared"), (".", ".hg/sharedpath")],
+)
+def test_mercurial_repositories_are_protected_wherever_they_are(
+    repo: tuple[Path, Path], where: str, relative: str
+) -> None:
+    """A Mercurial repository below the workspace's top (no .git there) is found and its
+    config protected; so are .hg/hgrc-not-shared (read as config too, Mercurial 5.7 on) and
+    .hg/sharedpath (it names the repository whose .hg/hgrc is read)."""
+    base = repo[0] / where
+    (base / ".hg").mkdir(parents=True)
+    (base / ".hg" / "requires").write_text("store\n")
+    give_to_session_user(repo[0])
+    target = base / relative
+    _, output = _launch(repo, _plant_config(target))
+    assert "wrote" not in output, output
+
+
+def test_a_bare_repository_in_the_workspace_is_protected(repo: tuple[Path, Path]) -> None:
+    """A bare repository (remote.git: HEAD, objects and refs, no .git) has a config git runs
+    from too (`git -C remote.git status` with core.fsmonitor): protected like a .git."""
+    bare = repo[0] / "remote.git"
+    _, output = _launch(repo, _plant_config(bare / "config"))
+    assert "wrote" not in output, output
+    assert _host_git_config(bare) == ""

@@ -260,3 +260,15 @@ def test_a_launcher_without_one_of_its_stdio_fds_can_use_a_pool(
     assert shown[0] == "hello"
     if closed != 1:  # as the launcher had it: closed (it held the error pipe, open to its end)
         assert shown[1 + closed] == f"{closed} closed", shown
+
+
+def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) -> None:
+    """SIGCHLD ignored after the pool was made: its launch is refused as spawn's is (it
+    returned 0 for `exit 3`)."""
+    with nsconfine.Pool(plan, size=1, refill="inline") as pool:
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        try:
+            with pytest.raises(nsconfine.SandboxUnavailable, match="SIGCHLD"):
+                pool.launch(["/bin/sh", "-c", "exit 3"])
+        finally:
+            signal.signal(signal.SIGCHLD, previous)

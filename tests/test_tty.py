@@ -273,3 +273,19 @@ def test_a_tty_session_starts_with_a_stdio_fd_of_the_launcher_closed(
     out, _ = cli.communicate(timeout=60)
     assert cli.returncode == 0
     assert b"done" in out
+
+
+def test_a_tty_run_without_stdin_still_passes_signals_on(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run --tty … <&-`, then SIGTERM: with fd 0 closed, the launcher's own signal
+    pipe took fd 0 and was read as stdin (a traceback, the signal typed into the session);
+    the command's trap runs and its status comes back."""
+    cli = _run_tty(
+        ws_run, 'trap "exit 7" TERM; echo ready; for i in 1 2 3 4 5 6 7 8 9 10; do sleep 1; done',
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(0),
+    )  # fmt: skip
+    assert cli.stdout is not None
+    assert b"ready" in read_until(cli.stdout.fileno(), b"ready")
+    cli.send_signal(signal.SIGTERM)
+    _, err = cli.communicate(timeout=60)
+    assert b"Traceback" not in err, err
+    assert cli.returncode == 7
