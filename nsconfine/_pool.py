@@ -25,7 +25,13 @@ from nsconfine._executor import Staged, StagedGone, hand_off, prepare_launch, te
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Plan
 from nsconfine._sandbox import Sandbox
-from nsconfine._spawn import checked_stage, gate, lint, refusing_os_errors
+from nsconfine._spawn import (
+    checked_stage,
+    gate,
+    lint,
+    refuse_if_statuses_discarded,
+    refusing_os_errors,
+)
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -112,6 +118,7 @@ class Pool:
         variables added or replacing the plan's. Each stdio is None (the launcher's own fd at
         this call), an fd or a file object. OSError if argv[0] cannot be executed."""
         launch = prepare_launch(argv, env, (stdin, stdout, stderr), tty)  # before one is taken
+        refuse_if_statuses_discarded()  # SIGCHLD may have come to be ignored since staging
         for _attempt in range(3):
             staged = self._take()
             try:

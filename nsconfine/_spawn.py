@@ -60,16 +60,21 @@ def lint(plan: Plan) -> dict[str, Identity | None]:
     return judged
 
 
-def gate(plan: Plan) -> Cleared:
-    """Refuse plan unless every check due before bwrap runs passes (who the session runs as,
-    which bwrap, proven); what the launch then needs. The plan's own checks are lint()."""
-    euid = os.geteuid()
+def refuse_if_statuses_discarded() -> None:
+    """Refuse a launch (spawn's, or a Pool's at each launch) while SIGCHLD is ignored."""
     if child_statuses_discarded():
         raise SandboxUnavailable(
             "this launcher ignores SIGCHLD (SIG_IGN, or SA_NOCLDWAIT): the kernel would reap "
             "its sessions itself and lose every exit status; restore the default first "
             "(signal.signal(SIGCHLD, SIG_DFL))"
         )
+
+
+def gate(plan: Plan) -> Cleared:
+    """Refuse plan unless every check due before bwrap runs passes (who the session runs as,
+    which bwrap, proven); what the launch then needs. The plan's own checks are lint()."""
+    euid = os.geteuid()
+    refuse_if_statuses_discarded()
     if plan.user.uid == 0:
         raise SandboxUnavailable(
             "this launcher runs as root and the session names no other account: it would hold "
