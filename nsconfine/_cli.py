@@ -411,11 +411,25 @@ _COMMANDS = {
 }
 
 
+def _fill_closed_stdio() -> None:
+    """/dev/null on each of fds 0-2 that is closed, as daemons do."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the CLI on argv (without the program name) and return the exit status."""
     # The CLI owns its process: a SIGCHLD its parent ignored (kept across exec) would have the
-    # kernel discard the statuses of the sessions it waits for.
+    # kernel discard the statuses of the sessions it waits for; and a stdio fd it was started
+    # without would be taken by its own pipes (signals, a terminal), then read as its stdin.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _fill_closed_stdio()
     try:
         wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
         arguments = _parser(wanted).parse_args(list(argv))
