@@ -14,6 +14,9 @@ virtualenv):
   as it was), which makes it a mount point: renaming it (`mv .git .git.old`, then a fresh
   `.git/config`) fails with EBUSY instead of carrying the protection away.
 
+A bare git repository (HEAD, objects and refs in the directory itself) is a git directory of
+its own, protected as a .git is. Mercurial's names apply where a .hg is.
+
 git's own trusted files are protected in every git directory of such a repository: its own
 (.git), each submodule's (.git/modules/NAME), each linked worktree's (.git/worktrees/NAME),
 and the one a `.git` file points to or a commondir names, where the session writes (its
@@ -70,6 +73,8 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".zlogin", "file", "a login shell started here on the host runs it"),
     (".zlogout", "file", "a login shell started here on the host runs it as it exits"),
     (".hg/hgrc", "file", "Mercurial runs the hooks and extensions it names on the host"),
+    (".hg/hgrc-not-shared", "file", "Mercurial reads it as .hg/hgrc (5.7 on)"),
+    (".hg/sharedpath", "file", "Mercurial reads the .hg/hgrc of the repository it names"),
 )
 
 # The repository scan looks through at most this many directories, never into these (large
@@ -99,12 +104,13 @@ def protected_names(protect: Iterable[str], unprotect: Iterable[str]) -> list[tu
     return names
 
 
-def repositories(workspace: str) -> list[str]:
-    """The workspace and every git repository inside it (a directory whose .git is a pointer
-    file, or a git directory with a HEAD), found without following symlinks. PlanError when
-    there are more than MAX_REPOSITORIES, or more than REPOSITORY_SCAN directories to look
-    through."""
-    found = [workspace]
+def repositories(workspace: str) -> list[tuple[str, bool]]:
+    """The workspace and every repository inside it, each with whether it is a bare git
+    repository (itself a git directory: HEAD, objects and refs): one whose .git is a pointer
+    file or a git directory with a HEAD, one with a Mercurial .hg, or a bare one (not looked
+    into). Found without following symlinks. PlanError when there are more than
+    MAX_REPOSITORIES, or more than REPOSITORY_SCAN directories to look through."""
+    found = [(workspace, False)]
     queue = [workspace]
     seen = 0
     while queue:
@@ -127,8 +133,11 @@ def repositories(workspace: str) -> list[str]:
                     "and will not protect less than it says; make the workspace smaller, or "
                     "--unprotect every protected name"
                 )
+            if _is_bare_repository(entry.path):
+                found.append((entry.path, True))
+                continue  # a git directory: what git trusts there is protected as .git's
             if _is_repository(entry.path):
-                found.append(entry.path)
+                found.append((entry.path, False))
             queue.append(entry.path)
     if len(found) - 1 > MAX_REPOSITORIES:
         raise PlanError(
@@ -142,11 +151,24 @@ def repositories(workspace: str) -> list[str]:
 
 def _is_repository(directory: str) -> bool:
     dot_git = os.path.join(directory, ".git")
+    mode = _lstat_mode(dot_git)
+    if stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and os.path.lexists(dot_git + "/HEAD")):
+        return True
+    return stat.S_ISDIR(_lstat_mode(os.path.join(directory, ".hg")))
+
+
+def _is_bare_repository(directory: str) -> bool:
+    return stat.S_ISREG(_lstat_mode(os.path.join(directory, "HEAD"))) and all(
+        stat.S_ISDIR(_lstat_mode(os.path.join(directory, name))) for name in ("objects", "refs")
+    )
+
+
+def _lstat_mode(path: str) -> int:
+    """The file's mode, not through a symlink; 0 if there is none."""
     try:
-        mode = os.lstat(dot_git).st_mode
+        return os.lstat(path).st_mode
     except OSError:
-        return False
-    return stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and os.path.lexists(dot_git + "/HEAD"))
+        return 0
 
 
 def git_directories(repository: str, writable: Writable) -> list[str]:
@@ -273,7 +295,11 @@ def protected_entries(
             why = f"{reason}: read-only, so the host never runs what a session wrote"
             entries.setdefault(path, p.ro_bind(path, path, why, stub=stub))
 
-    for base in repositories(workspace):
+    for base, bare in repositories(workspace):
+        if bare:
+            for name, kind, reason in git_names:
+                protect_path(base, name[len(".git/") :], kind, reason, name)
+            continue
         pointer = os.path.join(base, ".git")
         if git_names and os.path.isfile(pointer) and not os.path.islink(pointer):
             why = "a gitdir pointer: git on the host follows it; read-only"
