@@ -199,3 +199,20 @@ def outcome_without_hanging(build: Callable[[], object], what: str, timeout: flo
     builder.join(timeout)
     assert not builder.is_alive(), f"building the plan hangs on {what}"
     return outcome[0]
+
+
+def without_fd(argv: Sequence[str], fd: int) -> list[str]:
+    """argv run with fd (0, 1 or 2) closed, by a shell that then execs it (a preexec_fn would
+    fork the test runner with its threads, which can deadlock under ASan)."""
+    closing = {0: "<&-", 1: ">&-", 2: "2>&-"}[fd]
+    return ["/bin/sh", "-c", f'exec "$@" {closing}', "sh", *argv]
+
+
+def with_sigchld_ignored(argv: Sequence[str]) -> list[str]:
+    """argv run with SIGCHLD ignored, which an exec keeps (set by a fresh interpreter that then
+    execs it: no preexec_fn, as for without_fd)."""
+    ignore = (
+        "import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", ignore, *argv]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import session_dirs, user_options
+from helpers import session_dirs, user_options, with_sigchld_ignored, without_fd
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -326,9 +326,11 @@ def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
     """`nsconfine run … 1>&-`: no stdout at all (Python's sys.stdout is None); the command's
     status, and no traceback."""
     done = subprocess.run(
-        [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c", "exit 5"],
-        stdout=None, stderr=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False,
-        preexec_fn=lambda: os.close(1),
+        without_fd(
+            [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c",
+             "exit 5"], 1,
+        ),
+        stderr=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False,
     )  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 5
@@ -370,11 +372,11 @@ def test_a_session_leaves_the_callers_pipes_as_it_found_them(dirs: Dirs) -> None
 def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs) -> None:
     """A parent that ignores SIGCHLD passes that on through exec; `nsconfine run` owns its
     process and takes the default back, so the command's status is right (it was refused)."""
-    import signal
-
     done = subprocess.run(
-        [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c", "exit 3"],
+        with_sigchld_ignored(
+            [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c",
+             "exit 3"],
+        ),
         capture_output=True, text=True, cwd="/", timeout=60, check=False,
-        preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN),
     )  # fmt: skip
     assert done.returncode == 3, done.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import session, session_options
+from helpers import session, session_options, without_fd
 
 import nsconfine
 
@@ -209,12 +209,13 @@ def test_input_the_session_never_reads_does_not_hang_the_launcher(
         cli.stderr.close()
 
 
-def _run_tty(ws_run: tuple[Path, Path], script: str, **popen: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
-         "/bin/sh", "-c", script],
-        cwd="/", **popen,
-    )  # fmt: skip
+def _run_tty(
+    ws_run: tuple[Path, Path], script: str, closed: int | None = None, **popen: Any
+) -> subprocess.Popen[bytes]:
+    """`nsconfine run --tty … -- sh -c script`, started with fd `closed` closed if given."""
+    argv = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
+            "/bin/sh", "-c", script]  # fmt: skip
+    return subprocess.Popen(argv if closed is None else without_fd(argv, closed), cwd="/", **popen)
 
 
 def test_every_byte_the_session_wrote_reaches_stdout(ws_run: tuple[Path, Path]) -> None:
@@ -267,8 +268,7 @@ def test_a_tty_session_starts_with_a_stdio_fd_of_the_launcher_closed(
     overwritten by it before it was sent (exit 69)."""
     cli = _run_tty(
         ws_run, "echo done",
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: os.close(closed),
+        closed, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     out, _ = cli.communicate(timeout=60)
     assert cli.returncode == 0
@@ -281,7 +281,7 @@ def test_a_tty_run_without_stdin_still_passes_signals_on(ws_run: tuple[Path, Pat
     the command's trap runs and its status comes back."""
     cli = _run_tty(
         ws_run, 'trap "exit 7" TERM; echo ready; for i in 1 2 3 4 5 6 7 8 9 10; do sleep 1; done',
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(0),
+        0, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     assert cli.stdout is not None
     assert b"ready" in read_until(cli.stdout.fileno(), b"ready")
