@@ -131,16 +131,13 @@ def test_window_size_changes_reach_the_session(ws_run: tuple[Path, Path]) -> Non
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     before = termios.tcgetattr(terminal)
 
-    def as_terminal_session() -> None:  # the CLI's controlling terminal is ours
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
     script = "stty size; read line; stty size; echo bye"
+    # setsid -c: a session of its own whose controlling terminal is ours (no preexec_fn, which
+    # forks the test runner with its threads: that can deadlock under ASan).
     cli = subprocess.Popen(
-        [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
-         "/bin/sh", "-c", script],
+        ["setsid", "-c", sys.executable, "-m", "nsconfine", "run", "--tty",
+         *session_options(*ws_run), "--", "/bin/sh", "-c", script],
         stdin=terminal, stdout=terminal, stderr=terminal, cwd="/",
-        preexec_fn=as_terminal_session,
     )  # fmt: skip
     try:
         assert b"24 80" in read_until(controller, b"24 80")
