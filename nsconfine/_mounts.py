@@ -112,7 +112,7 @@ def mount_table_problems(
         carried = _host_path_below_bind(point, binds)
         if carried is not None:
             if host_points is None:
-                host_points = set(parse_mountinfo(host_mountinfo or _read_own_mountinfo()))
+                host_points = set(parse_mountinfo(host_mountinfo or read_mountinfo("self")))
             if carried in host_points:
                 continue
         problems.append(f"{point} is mounted, and no plan entry accounts for it")
@@ -142,10 +142,6 @@ def _host_path_below_bind(point: str, binds: dict[str, str]) -> str | None:
     if not best:
         return None
     return binds[best].rstrip("/") + point[len(best.rstrip("/")) :]
-
-
-def _read_own_mountinfo() -> str:
-    return read_mountinfo("self")
 
 
 def read_mountinfo(pid: int | str) -> str:

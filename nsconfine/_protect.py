@@ -179,9 +179,8 @@ def git_directories(repository: str, writable: Writable) -> list[str]:
     is (an empty stub changes nothing where git does not look). Not through symlinks;
     PlanError past REPOSITORY_SCAN directories, or for a pointer the session could re-point."""
     dot_git = os.path.join(repository, ".git")
-    try:
-        mode = os.lstat(dot_git).st_mode
-    except OSError:
+    mode = _lstat_mode(dot_git)
+    if not mode:
         return []
     if stat.S_ISLNK(mode):
         raise PlanError(
@@ -246,15 +245,14 @@ def _named_directory(named_by: str, writable: Writable, prefix: str = "") -> str
     # As git reads it: the whole file less its trailing newlines (spaces are kept), then as a C
     # string (a NUL ends it, after a newline too), bytes as they are.
     text = os.fsdecode(raw.rstrip(b"\r\n").split(b"\0", 1)[0]) if raw else ""
-    if not text.startswith(prefix) or text == prefix:
+    named = text[len(prefix) :]
+    if not text.startswith(prefix) or not named:
         return None
-    looked, end = _syscalls.lookups(
-        _syscalls.realpath(os.path.dirname(named_by)), text[len(prefix) :]
-    )
+    looked, end = _syscalls.lookups(_syscalls.realpath(os.path.dirname(named_by)), named)
     for path in looked:
         if within(path, "/proc") or (not within(end, path) and _writable_path(path, writable)):
             raise PlanError(
-                f"{printable(named_by)} names {printable(text[len(prefix) :])}, which leads "
+                f"{printable(named_by)} names {printable(named)}, which leads "
                 f"through {printable(path)}: the session can change that, and so where the "
                 "host's git goes; name the git directory by a path of plain directories, then "
                 "launch again"
