@@ -888,3 +888,215 @@ def test_a_bare_repository_in_the_workspace_is_protected(repo: tuple[Path, Path]
     _, output = _launch(repo, _plant_config(bare / "config"))
     assert "wrote" not in output, output
     assert _host_git_config(bare) == ""
+
+
+# ------------------------------------------- repositories git would use, found at every launch
+# What makes a directory a repository must be what git itself uses, and no change a session
+# makes to it between launches may make the next launch protect less: a missing HEAD, a
+# bare-looking directory beside a .git, a plan kept from before the repository existed.
+
+
+def _session_then_host_git(repo: tuple[Path, Path], hide: str, write: str) -> tuple[str, str]:
+    """One session runs hide (between two launches, as a session can), the next one write;
+    the outputs of both."""
+    _, hidden = _launch(repo, hide)
+    _, wrote = _launch(repo, write)
+    return hidden, wrote
+
+
+def test_a_git_directory_without_head_is_still_protected(repo: tuple[Path, Path]) -> None:
+    """A session moves vendor/lib/.git/HEAD away; the next one writes that repository's
+    config and puts HEAD back: the host's git must not run what it wrote."""
+    nested = repo[0] / "vendor" / "lib"
+    _, output = _session_then_host_git(
+        repo,
+        f"mv {nested}/.git/HEAD {nested}/HEAD.away",
+        f"{_plant_config(nested / '.git' / 'config')}; mv {nested}/HEAD.away {nested}/.git/HEAD",
+    )
+    assert "wrote" not in output, output
+    assert _host_git_config(nested) == ""
+
+
+def test_a_bare_look_alike_beside_a_git_directory_hides_nothing(repo: tuple[Path, Path]) -> None:
+    """A session makes HEAD, objects/ and refs/ beside vendor/lib/.git (a bare repository's
+    look): the next one still cannot write vendor/lib/.git/config."""
+    nested = repo[0] / "vendor" / "lib"
+    _, output = _session_then_host_git(
+        repo,
+        f"cd {nested} && cp .git/HEAD HEAD && mkdir -p objects refs",
+        _plant_config(nested / ".git" / "config"),
+    )
+    assert "wrote" not in output, output
+    assert _host_git_config(nested) == ""
+
+
+def test_a_bare_look_alike_cannot_free_a_submodule_pointer(
+    repo_with_submodule: tuple[Path, Path],
+) -> None:
+    """A submodule `sub` made to look bare: the next session still cannot re-point sub/.git
+    at a git directory of its own, which the host's `git status` at the top would use."""
+    workspace = repo_with_submodule[0]
+    sub = workspace / "sub"
+    before = (sub / ".git").read_text()
+    _session_then_host_git(
+        repo_with_submodule,
+        f"cd {sub} && echo 'ref: refs/heads/main' > HEAD && mkdir -p objects refs",
+        f"cd {workspace} && cp -r .git/modules/sub evil && "
+        f"printf '{_EVIL_CONFIG}' >> evil/config; (echo 'gitdir: ../evil' > sub/.git) 2>/dev/null;"
+        " true",
+    )
+    assert (sub / ".git").read_text() == before
+    assert _host_git_config(sub) == ""
+
+
+def test_a_bare_repository_with_a_symlinked_head_is_protected(repo: tuple[Path, Path]) -> None:
+    """git takes a HEAD that is a symlink to refs/heads/… as a repository's (old git made
+    them): remote.git with one still has its config protected."""
+    bare = repo[0] / "remote.git"
+    (bare / "HEAD").unlink()
+    (bare / "HEAD").symlink_to("refs/heads/main")
+    give_to_session_user(repo[0])
+    assert _host_git(bare, "rev-parse", "--git-dir").returncode == 0  # git does use it
+    _, output = _launch(repo, _plant_config(bare / "config"))
+    assert "wrote" not in output, output
+    assert _host_git_config(bare) == ""
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_nested_git_that_is_no_file_or_directory_is_refused(
+    repo: tuple[Path, Path], kind: str
+) -> None:
+    """A nested `.git` that is a symlink (into the run directory, where a session writes a
+    git directory of its own) or a FIFO is refused by name, as at the workspace's top."""
+    workspace, run_dir = repo
+    dot_git = workspace / "app" / ".git"
+    dot_git.parent.mkdir()
+    if kind == "symlink":
+        dot_git.symlink_to(run_dir / "gd")
+    else:
+        os.mkfifo(dot_git)
+    give_to_session_user(workspace)
+    status, output = _launch(repo, "true")
+    assert status == -1, output
+    assert "app/.git" in output
+
+
+def test_a_submodule_git_directory_without_head_is_still_protected(
+    repo_with_submodule: tuple[Path, Path],
+) -> None:
+    """A session moves .git/modules/sub/HEAD away; the next one writes that git directory's
+    config (the host's `git status` at the top runs it) and puts HEAD back: refused."""
+    workspace = repo_with_submodule[0]
+    modules = workspace / ".git" / "modules" / "sub"
+    _, output = _session_then_host_git(
+        repo_with_submodule,
+        f"mv {modules}/HEAD {workspace}/HEAD.away",
+        f"{_plant_config(modules / 'config')}; mv {workspace}/HEAD.away {modules}/HEAD",
+    )
+    assert "wrote" not in output, output
+    assert _host_git_config(workspace / "sub") == ""
+
+
+def test_a_plan_kept_across_launches_protects_what_each_launch_finds(
+    tmp_path: Path,
+) -> None:
+    """One plan, built on an empty workspace and launched again and again (as a broker keeps
+    one per role): `git init` in one launch, `git config core.fsmonitor` in the next must not
+    reach the host."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    plan = session(workspace, run_dir).plan()
+    assert attempt(plan, f"git init -q {workspace}/app")[0] == 0
+    attempt(plan, f"git -C {workspace}/app config core.fsmonitor 'touch /tmp/pwned'; true")
+    assert _host_git_config(workspace / "app") == ""
+
+
+def test_a_pool_protects_what_each_launch_finds(tmp_path: Path) -> None:
+    """A Pool's sandboxes were staged before the repository existed: each launch still
+    protects the repositories its workspace holds when it is handed its command."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    with nsconfine.Pool(session(workspace, run_dir).plan(), refill="inline") as pool:
+        assert pool.launch(["git", "init", "-q", f"{workspace}/app"]).wait() == 0
+        pool.launch(
+            ["git", "-C", f"{workspace}/app", "config", "core.fsmonitor", "touch /tmp/pwned"]
+        ).wait()
+    assert _host_git_config(workspace / "app") == ""
+
+
+def test_a_writable_bind_in_a_read_only_workspace_is_protected(tmp_path: Path) -> None:
+    """The reviewer's workspace is read-only but for WORKSPACE/notes: a repository in notes
+    keeps its config read-only, and notes' own top its trusted files."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    notes = workspace / "notes"
+    subprocess.run(["git", "init", "-q", str(notes)], check=True)
+    give_to_session_user(workspace)
+    plan = session(workspace, run_dir, profile=["reviewer"]).plan()
+    _, output = attempt(
+        plan, f"{_plant_config(notes / '.git' / 'config')}; echo x > {notes}/.envrc"
+    )
+    assert "wrote" not in output, output
+    assert _host_git_config(notes) == ""
+    assert not (notes / ".envrc").exists()
+
+
+def test_config_a_session_made_is_reported_after_it(tmp_path: Path) -> None:
+    """A repository the session made during the session (its config written before any
+    launch could protect it) is listed on the handle once the session has ended; a session
+    that made none lists nothing."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    plan = session(workspace, run_dir).plan()
+    quiet = nsconfine.spawn(plan, ["/bin/true"])
+    quiet.wait()
+    assert quiet.untrusted_config == []
+    made = nsconfine.spawn(plan, ["git", "init", "-q", f"{workspace}/app"])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    assert str(workspace / "app" / ".git" / "config") in written
+    assert str(workspace / "app" / ".git" / "hooks") in written
+
+
+def test_run_reports_config_the_session_made(tmp_path: Path) -> None:
+    """`nsconfine run` says on stderr which host-executed config the session could write."""
+    from helpers import cli, session_options
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    done = cli("run", *session_options(workspace, run_dir), "--", "git", "init", "-q", "app")
+    assert done.returncode == 0, done.stderr
+    assert f"{workspace}/app/.git/config" in done.stderr
+    quiet = cli("run", *session_options(workspace, run_dir), "--", "true")
+    assert quiet.stderr == ""
+
+
+def test_an_oci_bundle_keeps_its_stubs_while_it_exists(
+    repo: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The mount points `oci-bundle` makes for missing protected paths stay while the bundle
+    exists, whatever sessions of the workspace start and end meanwhile (a running container
+    would otherwise lose them, and write .envrc on the host); they go with the first session
+    to end after the bundle is removed."""
+    from helpers import cli, session_options
+
+    workspace = repo[0]
+    bundle = tmp_path / "bundle"
+    made = cli("oci-bundle", *session_options(*repo), str(bundle))
+    assert made.returncode == 0, made.stderr
+    assert (workspace / ".mcp.json").exists()
+    assert attempt(session(*repo).plan(), "true")[0] == 0
+    assert (workspace / ".mcp.json").exists()
+    import shutil
+
+    shutil.rmtree(bundle)
+    assert attempt(session(*repo).plan(), "true")[0] == 0
+    assert not (workspace / ".mcp.json").exists()
+
+
+def test_what_a_workspace_costs_a_launch_is_bounded(tmp_path: Path) -> None:
+    """Each repository adds a score of read-only mount points (bwrap's cost grows with their
+    square, and each holds a launcher fd): past the bound the plan is refused, saying how
+    many it would take and what to do."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    for index in range(24):
+        subprocess.run(["git", "init", "-q", str(workspace / f"r{index}")], check=True)
+    give_to_session_user(workspace)
+    with pytest.raises(nsconfine.PlanError, match="mount points") as refused:
+        session(workspace, run_dir).plan()
+    assert "--unprotect" in refused.value.message
