@@ -364,7 +364,22 @@ def _run(arguments: argparse.Namespace) -> int:
             )
             return EXEC_FAILED_STATUS
         status = run_session(sandbox, arguments.grace, signals)
+    _warn_of_untrusted_config(sandbox.untrusted_config or [])
     return 128 - status if status < 0 else status
+
+
+def _warn_of_untrusted_config(paths: Sequence[str]) -> None:
+    """One line on stderr for each file the host runs or trusts that the session could write
+    (a repository it made, say): the user should read it before the host's git does."""
+    from nsconfine._plan import printable
+
+    for path in paths:
+        print(
+            f"nsconfine: warning: {printable(path)} was writable by the session (it is not "
+            "protected until the next launch finds it): the host runs or trusts what it holds; "
+            "read it before running git or other tools there",
+            file=sys.stderr,
+        )
 
 
 def _selftest(arguments: argparse.Namespace) -> int:

@@ -165,6 +165,7 @@ class Staged:
         "info_fd",
         "init_pid",
         "init_pidfd",
+        "plan",
         "reaper",
         "reaper_pidfd",
         "sock",
@@ -175,7 +176,8 @@ class Staged:
         "usable_until",
     )
 
-    def __init__(self, reaper: int, reaper_pidfd: int, sock: socket.socket) -> None:
+    def __init__(self, plan: Plan, reaper: int, reaper_pidfd: int, sock: socket.socket) -> None:
+        self.plan = plan  # the plan it was built from, protected paths as that launch found them
         self.reaper = reaper
         self.reaper_pidfd = reaper_pidfd
         self.sock = sock
@@ -394,7 +396,7 @@ def _start(
             f"cannot watch the sandbox: pidfd_open: {error.strerror}; nothing was run "
             "(nsconfine needs pidfds: Linux 5.3 or later, with no seccomp filter refusing them)"
         ) from None
-    staged = Staged(reaper, reaper_pidfd, launcher_end)
+    staged = Staged(plan, reaper, reaper_pidfd, launcher_end)
     staged.started = started
     staged.stdio = stdio
     staged.info_fd = info_read

@@ -365,6 +365,37 @@ class DenyRule(Record):
         }
 
 
+class Protection(Record):
+    """How a plan keeps the files the host trusts read-only (nsconfine._protect): the writable
+    trees it looks through (dest, source) and the names it protects there (name, stub kind,
+    reason); the entries that look made (read-only paths and the writable pins above them),
+    which the plan's entries include; and what it depended on, (path, identity or None), so
+    that a launch can tell whether it must look again."""
+
+    FIELDS = ("trees", "names", "entries", "observed")
+    __slots__ = FIELDS
+    trees: tuple[tuple[str, str], ...]
+    names: tuple[tuple[str, str, str], ...]
+    entries: tuple[Entry, ...]
+    observed: tuple[tuple[str, tuple[int, int, int, int] | None], ...]
+
+    def __init__(
+        self,
+        trees: tuple[tuple[str, str], ...],
+        names: tuple[tuple[str, str, str], ...],
+        entries: tuple[Entry, ...],
+        observed: tuple[tuple[str, tuple[int, int, int, int] | None], ...],
+    ) -> None:
+        self._set(trees=trees, names=names, entries=entries, observed=observed)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest form: where it looks and for what (the entries are the plan's own)."""
+        return {
+            "trees": [dest for dest, _source in self.trees],
+            "names": [name for name, _kind, _reason in self.names],
+        }
+
+
 def launcher_account() -> RunAs:
     """The account the launcher itself runs as (a plan's default; refused at launch if root)."""
     import os
@@ -397,9 +428,10 @@ NETWORKS = {
 class Plan(Record):
     """Entries in execution order, the session's environment, its working directory, the deny
     rules its binds are checked against before every launch, the account it runs as, its
-    network, and why it may make user namespaces of its own (None: it may not)."""
+    network, why it may make user namespaces of its own (None: it may not), and how its
+    protected paths are found again at each launch (None: the plan has none)."""
 
-    FIELDS = ("entries", "env", "chdir", "deny", "user", "network", "nested_userns")
+    FIELDS = ("entries", "env", "chdir", "deny", "user", "network", "nested_userns", "protection")
     __slots__ = FIELDS
     entries: tuple[Entry, ...]
     env: tuple[EnvVar, ...]
@@ -408,6 +440,7 @@ class Plan(Record):
     user: RunAs
     network: str
     nested_userns: str | None
+    protection: Protection | None
 
     def __init__(
         self,
@@ -418,8 +451,11 @@ class Plan(Record):
         user: RunAs | None = None,
         network: str = "host",
         nested_userns: str | None = None,
+        protection: Protection | None = None,
     ) -> None:
         ordered = tuple(sorted(entries, key=_execution_order))
+        if protection is not None and not set(protection.entries) <= set(ordered):
+            protection = None  # its entries were taken out by hand: a plan it no longer describes
         if user is None:
             user = launcher_account()
         if network not in NETWORKS:
@@ -434,6 +470,7 @@ class Plan(Record):
             user=user,
             network=network,
             nested_userns=nested_userns,
+            protection=protection,
         )
         seen: set[str] = set()
         for entry in ordered:
@@ -460,9 +497,12 @@ class Plan(Record):
         user: RunAs | None = None,
         network: str = "host",
         nested_userns: str | None = None,
+        protection: Protection | None = None,
     ) -> Plan:
         """A plan from any iterables."""
-        return cls(tuple(entries), tuple(env), chdir, tuple(deny), user, network, nested_userns)
+        return cls(
+            tuple(entries), tuple(env), chdir, tuple(deny), user, network, nested_userns, protection
+        )
 
     def without(self, dest: str) -> Plan:
         """This plan less the entry at dest (to show what a session cannot do without it)."""
@@ -473,7 +513,8 @@ class Plan(Record):
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as data: `{"user": {...}, "entries": [...], "env": [...], "chdir": ...,
-        "deny": [...], "network": ..., "nested_userns": ..., "layers": [...]}`."""
+        "deny": [...], "network": ..., "nested_userns": ..., "protection": {"trees": [...],
+        "names": [...]} or null, "layers": [...]}`."""
         from nsconfine._layers import LAYERS, active
 
         return {
@@ -484,6 +525,7 @@ class Plan(Record):
             "deny": [rule.to_json() for rule in self.deny],
             "network": self.network,
             "nested_userns": self.nested_userns,
+            "protection": None if self.protection is None else self.protection.to_json(),
             "layers": [{"name": name, "what": LAYERS[name]} for name in active(self)],
         }
 
@@ -516,6 +558,12 @@ class Plan(Record):
             f"{printable(rule.reason)}  [from {printable(rule.origin or 'the plan')}]"
             for rule in self.deny
         ]
+        if self.protection is not None and self.protection.trees:
+            trees = ", ".join(printable(dest) for dest, _source in self.protection.trees)
+            lines.append(
+                f"files the host trusts: looked for again at every launch in {trees} (each "
+                "repository there, however deep)"
+            )
         from nsconfine._layers import LAYERS, NESTED_USERNS_REOPENS, active
 
         lines.append("kernel layers:")

@@ -11,6 +11,10 @@ the pool's own while payloads run; "inline" stages in the caller, at creation an
 launch. Either way a launch with nothing staged stages one on the spot. A staged sandbox unused
 for idle_timeout seconds ends (its shim exits), is reaped, and is replaced only at the next
 launch. The launcher's death ends them all (their reapers watch its lifeline).
+
+A staged sandbox protects the repositories its workspace held when it was built: at launch it is
+looked at again (nsconfine._protect.refreshed, a stat of what its scan read), and one staged
+before a repository appeared is torn down and replaced by one staged on the spot.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from nsconfine._errors import SandboxUnavailable, UsageError
 from nsconfine._executor import Staged, StagedGone, hand_off, prepare_launch, teardown
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Plan
+from nsconfine._protect import refreshed
 from nsconfine._sandbox import Sandbox
 from nsconfine._spawn import (
     checked_stage,
@@ -126,6 +131,7 @@ class Pool:
             except BaseException:
                 self._give_back(staged)
                 raise
+            staged = self._current(staged)
             try:
                 sandbox = hand_off(staged, launch)
             except StagedGone:
@@ -150,7 +156,24 @@ class Pool:
     # ------------------------------------------------------------ taking and refilling
 
     def _stage_one(self) -> Staged:
-        return checked_stage(self.plan, idle_timeout_ms=int(self.idle_timeout * 1000))
+        staged = checked_stage(self.plan, idle_timeout_ms=int(self.idle_timeout * 1000))
+        self.plan = staged.plan  # later launches compare with what this one found
+        return staged
+
+    def _current(self, staged: Staged) -> Staged:
+        """staged, if its protected paths are still those its workspace needs; else (a
+        repository made since it was staged, by a payload of this pool or anyone) a sandbox
+        staged now for what the workspace holds."""
+        try:
+            with refusing_os_errors():
+                fresh = refreshed(staged.plan)
+        except BaseException:  # the workspace is refused now: what was staged goes too
+            teardown(staged)
+            raise
+        if fresh is staged.plan:
+            return staged
+        teardown(staged)
+        return self._stage_one()
 
     def _take(self) -> Staged:
         """A live staged sandbox, or one staged now."""

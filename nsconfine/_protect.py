@@ -2,20 +2,34 @@
 
 A session writes its workspace; the host later runs git, direnv, editors and agents there,
 which trust what they find: `git config core.fsmonitor '…'` in a workspace runs on the host's
-next `git status`. So these paths are read-only in every session, at the workspace's top and
-in every repository inside it that exists at launch (any depth; not inside node_modules or a
+next `git status`. So these paths are read-only in every session: at the top of each writable
+tree of the workspace (the workspace itself, and each writable bind inside it: the reviewer's
+notes) and in every repository inside one (any depth; not inside node_modules or a
 virtualenv):
 
 - an existing one is bound read-only onto itself (whatever it is: a file where a protected
   directory belongs is kept too, so that the directory cannot take its place);
 - a missing one is made at launch as an empty file or directory, bound read-only (so it cannot
   be created), and removed after the session;
-- every directory between the workspace and a protected path is bound onto itself (writable,
-  as it was), which makes it a mount point: renaming it (`mv .git .git.old`, then a fresh
-  `.git/config`) fails with EBUSY instead of carrying the protection away.
+- every directory between the writable tree and a protected path is bound onto itself
+  (writable, as it was), which makes it a mount point: renaming it (`mv .git .git.old`, then a
+  fresh `.git/config`) fails with EBUSY instead of carrying the protection away.
 
-A bare git repository (HEAD, objects and refs in the directory itself) is a git directory of
-its own, protected as a .git is. Mercurial's names apply where a .hg is.
+What is a repository is decided as git decides it, by what a session cannot make look
+otherwise before the next launch. Every directory is looked at, and what one is never hides
+what another is:
+
+- a directory holding a `.git` directory is a repository, whatever that .git holds (a
+  session can move its HEAD away between launches, and back once its config is written);
+  one whose `.git` is a file is a repository whose git directory that file names; a `.git`
+  that is a symlink, a FIFO, a socket or a device is refused (git would follow or read it);
+- a directory that looks bare (a HEAD beside objects, refs or a commondir, or objects and
+  refs) is a git directory of its own, protected as a .git is, and is looked into as any
+  other (a bare look-alike beside a .git hides neither);
+- a directory holding a `.hg` directory is a Mercurial repository;
+- and each git directory a launch of this workspace protected before stays protected while it
+  is a directory (remembered in the launcher's records), so that one a session made look like
+  nothing before a launch is still covered.
 
 git's own trusted files are protected in every git directory of such a repository: its own
 (.git), each submodule's (.git/modules/NAME), each linked worktree's (.git/worktrees/NAME),
@@ -25,9 +39,14 @@ which names the directory git takes config and hooks from. A missing commondir i
 ".", the git directory itself, which changes nothing for git. A pointer the session could
 re-point (through a symlink of its own) is refused.
 
+A plan keeps what its scan depended on (each directory listed, each file read, by identity):
+every launch looks again (`refreshed`), and scans afresh if any of it changed, so a plan kept
+across launches protects the repositories each launch finds.
+
 The list is the caller's to extend (`--protect PATH`, relative to the workspace) or shorten
 (`--unprotect NAME`). Anything else a session wrote (Makefiles, scripts, venvs, a repository
-it created itself) stays untrusted input to the host.
+it created itself during the session) stays untrusted input to the host: `written_config`
+names what the host runs that a session could write.
 """
 
 from __future__ import annotations
@@ -40,10 +59,12 @@ from nsconfine import _plan as p
 from nsconfine import _syscalls
 from nsconfine._errors import PlanError
 from nsconfine._mountpoints import is_stub
-from nsconfine._plan import printable, within
+from nsconfine._plan import Kind, Mode, Plan, Protection, inside, printable, within
 
 # The session's writable binds, each as (where the sandbox shows it, its resolved source).
 Writable = Sequence[tuple[str, str]]
+# What a scan depended on: a path and its identity then (None: it did not exist).
+Observed = dict[str, tuple[int, int, int, int] | None]
 
 # (name relative to a repository, what to make if missing, why the host trusts it). Names under
 # .git/ apply to every git directory of the repository (see the module's docstring).
@@ -84,9 +105,21 @@ NOT_SCANNED = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox"}
 # Names inside a version control directory, protected only where that directory is (as git's
 # are): an empty read-only stand-in would stop `hg init`, and look like a repository.
 ONLY_WHERE_PRESENT = (".hg/",)
-# Each repository adds up to two dozen read-only binds (64 take about 4,600 of bwrap's
-# arguments), and bwrap takes at most 9,000.
-MAX_REPOSITORIES = 64
+# What a launch spends on a workspace: every protected path and pinned directory is a mount
+# point, bwrap's set-up time grows with the square of their number (bwrap reads its mount
+# table again after each), and a live session holds an fd on each. A score of repositories
+# fit; past this the plan is refused, not protected less.
+MAX_PROTECTED_MOUNTS = 400
+REPOSITORIES_SHOWN = "about 16"  # how many repositories that is, for the refusal
+# The entries of a git directory that are git's own (never part of a submodule's name).
+_GIT_DIRECTORY_PARTS = frozenset({"objects", "refs", "hooks", "info", "logs", "lfs", "branches"})
+# Remembered git directories, per writable tree: at most this many bytes are read back.
+_REMEMBERED_BYTES = 1 << 20
+
+PIN_REASON = (
+    "a mount point of itself, writable as before: renaming it cannot carry the read-only "
+    "paths below it away (EBUSY)"
+)
 
 
 def protected_names(protect: Iterable[str], unprotect: Iterable[str]) -> list[tuple[str, str, str]]:
@@ -104,245 +137,488 @@ def protected_names(protect: Iterable[str], unprotect: Iterable[str]) -> list[tu
     return names
 
 
-def repositories(workspace: str) -> list[tuple[str, bool]]:
-    """The workspace and every repository inside it, each with whether it is a bare git
-    repository (itself a git directory: HEAD, objects and refs): one whose .git is a pointer
-    file or a git directory with a HEAD, one with a Mercurial .hg, or a bare one (not looked
-    into). Found without following symlinks. PlanError when there are more than
-    MAX_REPOSITORIES, or more than REPOSITORY_SCAN directories to look through."""
-    found = [(workspace, False)]
-    queue = [workspace]
-    seen = 0
-    while queue:
-        directory = queue.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            if not entry.is_dir(follow_symlinks=False) or entry.name in NOT_SCANNED:
-                continue
-            if entry.name == ".git":
-                continue  # a git directory: looked through by git_directories()
-            seen += 1
-            if seen > REPOSITORY_SCAN:
-                raise PlanError(
-                    f"the workspace {printable(workspace)} holds more than {REPOSITORY_SCAN:,} "
-                    "directories (outside node_modules and virtualenvs): nsconfine looks through "
-                    "all of them for git repositories whose trusted files it keeps read-only, "
-                    "and will not protect less than it says; make the workspace smaller, or "
-                    "--unprotect every protected name"
-                )
-            if _is_bare_repository(entry.path):
-                found.append((entry.path, True))
-                continue  # a git directory: what git trusts there is protected as .git's
-            if _is_repository(entry.path):
-                found.append((entry.path, False))
-            queue.append(entry.path)
-    if len(found) - 1 > MAX_REPOSITORIES:
-        raise PlanError(
-            f"the workspace {printable(workspace)} holds {len(found) - 1} git repositories: "
-            f"nsconfine keeps the trusted files of each read-only, at most {MAX_REPOSITORIES} "
-            "in one plan (each adds up to two dozen binds); remove some, or --unprotect the "
-            "protected names"
-        )
-    return found
-
-
-def _is_repository(directory: str) -> bool:
-    dot_git = os.path.join(directory, ".git")
-    mode = _lstat_mode(dot_git)
-    if stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and os.path.lexists(dot_git + "/HEAD")):
-        return True
-    return stat.S_ISDIR(_lstat_mode(os.path.join(directory, ".hg")))
-
-
-def _is_bare_repository(directory: str) -> bool:
-    return stat.S_ISREG(_lstat_mode(os.path.join(directory, "HEAD"))) and all(
-        stat.S_ISDIR(_lstat_mode(os.path.join(directory, name))) for name in ("objects", "refs")
+def writable_trees(entries: Sequence[p.Entry], workspace: str) -> tuple[tuple[str, str], ...]:
+    """The writable binds scanned as a workspace is, (dest, source) each: the workspace itself
+    when the session writes it, and every writable bind inside it (its dest lies there)."""
+    return tuple(
+        (entry.dest, entry.source)
+        for entry in entries
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW and within(entry.dest, workspace)
     )
 
 
-def _lstat_mode(path: str) -> int:
-    """The file's mode, not through a symlink; 0 if there is none."""
-    try:
-        return os.lstat(path).st_mode
-    except OSError:
-        return 0
-
-
-def git_directories(repository: str, writable: Writable) -> list[str]:
-    """Each git directory of a repository that lies where the session writes: .git itself, or
-    the one a .git pointer file names; the one each names as its commondir; every submodule's
-    under modules/ (at any depth: a name may hold slashes, a submodule have its own) and every
-    linked worktree's under worktrees/. Each gets all of git's protected names, whatever it
-    is (an empty stub changes nothing where git does not look). Not through symlinks;
-    PlanError past REPOSITORY_SCAN directories, or for a pointer the session could re-point."""
-    dot_git = os.path.join(repository, ".git")
-    mode = _lstat_mode(dot_git)
-    if not mode:
-        return []
-    if stat.S_ISLNK(mode):
+def protection(
+    entries: Sequence[p.Entry],
+    trees: Sequence[tuple[str, str]],
+    names: Sequence[tuple[str, str, str]],
+) -> Protection:
+    """What protects the files the host trusts in trees, for a plan of entries (which the
+    result's entries do not repeat): the read-only entries, the pins above them and above
+    every other entry inside a writable bind, and what the scan depended on."""
+    scan = _Scan(entries)
+    found: dict[str, p.Entry] = {}
+    if names:
+        for dest, source in trees:
+            for entry in scan.tree(dest, source, names, trees):
+                found.setdefault(entry.dest, entry)
+    taken = {entry.dest for entry in entries}
+    protected = [entry for dest, entry in found.items() if dest not in taken]
+    pins = pin_parents([*entries, *protected])
+    derived = (*protected, *pins)
+    if len(derived) > MAX_PROTECTED_MOUNTS:
+        tops = ", ".join(printable(dest) for dest, _ in trees)
         raise PlanError(
-            f"{printable(dot_git)} is a symlink: a session may have planted it to make the "
-            "launcher read what it points to; remove it (a worktree's .git is a file)"
+            f"protecting the files the host trusts in {tops} ({len(scan.repositories)} "
+            f"repositories) takes {len(derived)} read-only mount points, and a launch makes at "
+            f"most {MAX_PROTECTED_MOUNTS} ({REPOSITORIES_SHOWN} repositories: bwrap's set-up "
+            "time grows with the square of their number): remove repositories the session "
+            "does not need from its workspace, or --unprotect the names it does not need "
+            "(such as --unprotect .idea)"
         )
-    top = _named_directory(dot_git, writable, "gitdir: ") if stat.S_ISREG(mode) else dot_git
-    if top is None or os.path.islink(top) or not os.path.isdir(top):
+    return Protection(tuple(trees), tuple(names), derived, tuple(scan.observed.items()))
+
+
+# What the latest look at a plan's protection depended on, when it found the same entries: a
+# launch's own stubs change the workspace, and the next launch need not look through it again.
+_latest: dict[int, tuple[Protection, tuple[tuple[str, tuple[int, int, int, int] | None], ...]]] = {}
+
+
+def refreshed(plan: Plan) -> Plan:
+    """plan as a launch now must run it: its protection found afresh if anything its scan
+    depended on changed since (a repository made, a stub gone) and what it finds differs,
+    else plan itself."""
+    kept = plan.protection
+    if kept is None:
+        return plan
+    latest = _latest.get(id(kept))
+    observed = latest[1] if latest is not None and latest[0] is kept else kept.observed
+    if not _changed(observed):
+        return plan
+    base = _base_entries(plan)
+    fresh = protection(base, kept.trees, kept.names)
+    if fresh.entries == kept.entries:
+        if len(_latest) >= 64:
+            _latest.clear()
+        _latest[id(kept)] = (kept, fresh.observed)  # kept: its id stays its own
+        return plan
+    return plan.replace(entries=(*base, *fresh.entries), protection=fresh)
+
+
+def written_config(plan: Plan) -> list[str]:
+    """The host paths the host runs or trusts that a session of plan could write: each one a
+    scan finds now (a repository the session made, a git directory it revealed) that was not
+    read-only in plan. A workspace that can no longer be scanned (a planted .git symlink) is
+    named itself."""
+    kept = plan.protection
+    if kept is None:
         return []
-    found: list[str] = []
-    # (directory, what it is): "gitdir", or "name" (a directory under modules/ without a
-    # HEAD: part of a submodule's name)
-    pending = [(top, "gitdir")]
-    seen = 0
-    while pending:
-        directory, what = pending.pop()
-        seen += 1
-        if seen > REPOSITORY_SCAN:
-            raise PlanError(
-                f"{printable(dot_git)} holds more than {REPOSITORY_SCAN:,} directories of "
-                "submodules and worktrees: nsconfine will not protect less than it says"
-            )
-        if what == "name":
-            pending += [(d, _module(d)) for d in _subdirectories(directory)]
-            continue
-        if directory in found:
-            continue  # named again, as a worktree's commondir names its repository's
-        found.append(directory)
-        # git takes config and hooks from the directory commondir names: protected as well
-        common = _named_directory(directory + "/commondir", writable)
-        if common is not None and os.path.isdir(common) and not os.path.islink(common):
-            pending.append((common, "gitdir"))
-        pending += [(d, _module(d)) for d in _subdirectories(directory + "/modules")]
-        pending += [
-            (d, "gitdir")
-            for d in _subdirectories(directory + "/worktrees")
-            if os.path.lexists(d + "/HEAD")
-        ]
-    return found
-
-
-def _module(directory: str) -> str:
-    return "gitdir" if os.path.lexists(directory + "/HEAD") else "name"
-
-
-def _subdirectories(directory: str) -> list[str]:
-    """The directories in directory (not symlinks to one); none if it cannot be read."""
+    base = _base_entries(plan)
     try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return []
-    return [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
-
-
-def _named_directory(named_by: str, writable: Writable, prefix: str = "") -> str | None:
-    """The directory a git file names (a .git pointer: "gitdir: PATH"; a commondir: PATH),
-    relative to the directory that holds the file, as git resolves it; None if there is none
-    to read, or it lies where the session cannot write (not the session's to change).
-    PlanError if the session could change where it leads: a symlink, or a directory left by
-    `..`, where the session writes (the directories on the way to it are pinned)."""
-    raw = _syscalls.read_untrusted(named_by, 4096)
-    # As git reads it: the whole file less its trailing newlines (spaces are kept), then as a C
-    # string (a NUL ends it, after a newline too), bytes as they are.
-    text = os.fsdecode(raw.rstrip(b"\r\n").split(b"\0", 1)[0]) if raw else ""
-    named = text[len(prefix) :]
-    if not text.startswith(prefix) or not named:
-        return None
-    looked, end = _syscalls.lookups(_syscalls.realpath(os.path.dirname(named_by)), named)
-    for path in looked:
-        if within(path, "/proc") or (not within(end, path) and _writable_path(path, writable)):
-            raise PlanError(
-                f"{printable(named_by)} names {printable(named)}, which leads "
-                f"through {printable(path)}: the session can change that, and so where the "
-                "host's git goes; name the git directory by a path of plain directories, then "
-                "launch again"
-            )
-    return _writable_path(end, writable)
-
-
-def _writable_path(real: str, writable: Writable) -> str | None:
-    """A real path as the sandbox names it, if it lies in one of the session's writable
-    binds (dest, resolved source)."""
-    for dest, source in writable:
-        if within(real, source):
-            return dest + real[len(source.rstrip("/")) :]
-    return None
-
-
-def protected_entries(
-    workspace: str,
-    writable: Writable,
-    protect: Sequence[str] = (),
-    unprotect: Sequence[str] = (),
-) -> list[p.Entry]:
-    """A read-only entry for each protected path of each repository in the workspace (made at
-    launch if missing), and of each git directory they use where the session writes (the
-    workspace, or its run directory). The directories above them are pinned by the session
-    layer, as for any read-only path inside a writable bind."""
-    names = protected_names(protect, unprotect)
-    if not names:
-        return []
-    git_names = [item for item in names if item[0].startswith(".git/")]
-    tree_names = [item for item in names if not item[0].startswith(".git/")]
-    entries: dict[str, p.Entry] = {}
-
-    def protect_path(base: str, relative: str, kind: str, reason: str, name: str) -> None:
-        target = _to_protect(base, relative, kind, name)
-        if target is not None:
-            path, stub = target
-            why = f"{reason}: read-only, so the host never runs what a session wrote"
-            entries.setdefault(path, p.ro_bind(path, path, why, stub=stub))
-
-    for base, bare in repositories(workspace):
-        if bare:
-            for name, kind, reason in git_names:
-                protect_path(base, name[len(".git/") :], kind, reason, name)
+        fresh = protection(base, kept.trees, kept.names)
+    except PlanError:
+        return [source for _dest, source in kept.trees]
+    read_only = [e.dest for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RO]
+    written = []
+    for entry in fresh.entries:
+        if entry.mode is not Mode.RO or any(within(entry.dest, dest) for dest in read_only):
             continue
-        pointer = os.path.join(base, ".git")
-        if git_names and os.path.isfile(pointer) and not os.path.islink(pointer):
-            why = "a gitdir pointer: git on the host follows it; read-only"
-            entries.setdefault(pointer, p.ro_bind(pointer, pointer, why))
-        for gitdir in git_directories(base, writable) if git_names else []:
-            for name, kind, reason in git_names:
-                protect_path(gitdir, name[len(".git/") :], kind, reason, name)
-        for name, kind, reason in tree_names:
-            top = name.split("/", 1)[0] + "/"
-            if top in ONLY_WHERE_PRESENT and not os.path.isdir(os.path.join(base, top)):
-                continue
-            protect_path(base, name, kind, reason, name)
-    return list(entries.values())
+        if os.path.lexists(entry.source):
+            written.append(entry.source)
+    return written
 
 
-def _to_protect(base: str, relative: str, kind: str, name: str) -> tuple[str, str] | None:
-    """The path to bind read-only for relative under base (the protected name's path there),
-    and what to make there if it is missing at launch: that path itself; or, if a directory on
-    the way is missing, that directory (an empty read-only one blocks everything below it);
-    or, if a file is in the way of a directory, that file (kept as it is, so the directory
-    cannot take its place). Refused: a symlink, FIFO, socket or device on the way (a session
-    may have planted it: the host would follow a symlink, and read from a FIFO what the
-    session writes through the read-only bind)."""
-    path = base
-    parts = relative.split("/")
-    for index, part in enumerate(parts):
-        path = os.path.join(path, part)
-        last = index == len(parts) - 1
+def _base_entries(plan: Plan) -> list[p.Entry]:
+    assert plan.protection is not None
+    derived = {entry.dest for entry in plan.protection.entries}
+    return [entry for entry in plan.entries if entry.dest not in derived]
+
+
+def _changed(observed: Iterable[tuple[str, tuple[int, int, int, int] | None]]) -> bool:
+    """Has any path a scan depended on changed since? A directory's identity (device, inode,
+    modification and change times, to the nanosecond) changes whenever it gains, loses or
+    renames an entry, a file's whenever it is written."""
+    for path, identity in observed:
         try:
-            mode = os.lstat(path).st_mode
+            info = os.lstat(path)
+        except OSError:
+            if identity is not None:
+                return True
+            continue
+        if identity != (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns):
+            return True
+    return False
+
+
+def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
+    """A writable self-bind of every directory between a writable bind and an entry inside
+    it: `mv lib lib.old` would otherwise take a read-only lib/config.py along and leave room
+    for a forged one. Only directories that exist (a missing one is an entry's own stub)."""
+    writable = [e.dest for e in entries if e.kind is Kind.BIND and e.mode is Mode.RW]
+    taken = {entry.dest for entry in entries}
+    pins: dict[str, p.Entry] = {}
+    for entry in entries:
+        for top in writable:
+            if inside(entry.dest, top) is None:
+                continue
+            parent = os.path.dirname(entry.dest)
+            while parent != top and parent not in taken and os.path.isdir(parent):
+                pins.setdefault(parent, p.rw_bind(parent, parent, PIN_REASON))
+                parent = os.path.dirname(parent)
+    return list(pins.values())
+
+
+class _Scan:
+    """One look at the writable trees, remembering what it depended on."""
+
+    def __init__(self, entries: Sequence[p.Entry]) -> None:
+        # Where the session writes, (dest, resolved source, source as written) each: git
+        # directories a pointer names there are the session's to change.
+        self.writable = [
+            (e.dest, _resolved(e.source), e.source)
+            for e in entries
+            if e.kind is Kind.BIND and e.mode is Mode.RW
+        ]
+        self.observed: Observed = {}
+        self.repositories: list[str] = []
+        self.pointers: list[str] = []
+        self.seen = 0
+
+    def stat(self, path: str) -> os.stat_result | None:
+        """path's lstat (None if there is none), its identity remembered."""
+        try:
+            info = os.lstat(path)
         except FileNotFoundError:
-            return path, kind if last else "dir"
+            self.observed[path] = None
+            return None
         except OSError as error:
-            raise PlanError(f"{printable(path)} cannot be protected: {error.strerror}") from None
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise PlanError(f"{printable(path)} cannot be looked at: {error.strerror}") from None
+        self.observed[path] = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+        return info
+
+    def mode(self, path: str) -> int:
+        """path's mode without following a symlink, 0 if there is none (remembered)."""
+        info = self.stat(path)
+        return 0 if info is None else info.st_mode
+
+    def listing(self, directory: str) -> dict[str, os.DirEntry[str]]:
+        """The entries of directory by name, remembered (none if it cannot be read). Its
+        identity changes whenever an entry is added, removed or renamed."""
+        self.stat(directory)
+        try:
+            with os.scandir(directory) as entries:
+                return {entry.name: entry for entry in entries}
+        except OSError:
+            return {}
+
+    def count(self, what: str) -> None:
+        self.seen += 1
+        if self.seen > REPOSITORY_SCAN:
             raise PlanError(
-                f"{printable(path)} is a {_file_type(mode)}, where a file the host trusts "
-                "belongs: a session may have planted it; remove it (or --unprotect "
-                f"{printable(name)})"
+                f"{printable(what)} holds more than {REPOSITORY_SCAN:,} directories (outside "
+                "node_modules and virtualenvs): nsconfine looks through all of them for "
+                "repositories whose trusted files it keeps read-only, and will not protect less "
+                "than it says; make the workspace smaller, or --unprotect every protected name"
             )
-        if not last and not stat.S_ISDIR(mode):
-            return path, "file"  # in the way of the directory: kept, so none can be made
-        if not last and is_stub(path):
-            return path, "dir"  # another session's stub: judged as the missing directory it is
-    return path, kind
+
+    def shown(self, real: str) -> tuple[str, str] | None:
+        """(the sandbox's name, the host's name as the plan writes it) of a real path that
+        lies in one of the session's writable binds; None elsewhere."""
+        for dest, source, written in self.writable:
+            if within(real, source):
+                rest = real[len(source.rstrip("/")) :]
+                return dest + rest, written.rstrip("/") + rest
+        return None
+
+    # ------------------------------------------------------------ one writable tree
+
+    def tree(
+        self,
+        dest: str,
+        source: str,
+        names: Sequence[tuple[str, str, str]],
+        trees: Sequence[tuple[str, str]],
+    ) -> list[p.Entry]:
+        """The protected entries of one writable tree, shown at dest, read at source."""
+        git_names = [item for item in names if item[0].startswith(".git/")]
+        tree_names = [item for item in names if not item[0].startswith(".git/")]
+        top = _resolved(source)
+        # The host paths the sandbox covers with another writable tree: scanned as that one.
+        covered = [
+            top + other[len(dest.rstrip("/")) :] for other, _ in trees if inside(other, dest)
+        ]
+        entries: list[p.Entry] = []
+
+        def protect(base: str, relative: str, kind: str, reason: str, name: str) -> None:
+            target = self.to_protect(base, relative, kind, name)
+            named = None if target is None else self.shown(target[0])
+            if target is not None and named is not None:
+                why = f"{reason}: read-only, so the host never runs what a session wrote"
+                entries.append(p.ro_bind(named[1], named[0], why, stub=target[1]))
+
+        git_directories = self.scan(top, covered)
+        for directory in self.remembered(top, git_directories):
+            git_directories.append(directory)
+        for base in self.repositories:
+            if not within(base, top):
+                continue
+            for name, kind, reason in tree_names:
+                first = name.split("/", 1)[0] + "/"
+                if first in ONLY_WHERE_PRESENT and not stat.S_ISDIR(self.mode(base + "/" + first)):
+                    continue
+                protect(base, name, kind, reason, name)
+        if git_names:
+            for pointer in self.pointers:
+                named = self.shown(pointer) if within(pointer, top) else None
+                if named is not None:
+                    why = "a gitdir pointer: git on the host follows it; read-only"
+                    entries.append(p.ro_bind(named[1], named[0], why))
+            for gitdir in self.git_directories(git_directories):
+                for name, kind, reason in git_names:
+                    protect(gitdir, name[len(".git/") :], kind, reason, name)
+        self.remember(top, [g for g in git_directories if within(g, top)])
+        return entries
+
+    def scan(self, top: str, covered: Sequence[str]) -> list[str]:
+        """Look through the tree at top (real), not through symlinks, never below a covered
+        path (another writable tree shows its own there): every repository (the top first,
+        whose own trusted files are protected, repository or not) goes to self.repositories,
+        every .git pointer file to self.pointers; the git directories found as they are (a
+        .git directory, a bare one) are returned, to be looked into further."""
+        git_directories: list[str] = []
+        pending = [top]
+        while pending:
+            directory = pending.pop()
+            listing = self.listing(directory)
+            dot_git = listing.get(".git")
+            hg = listing.get(".hg")
+            if dot_git is not None:
+                if dot_git.is_dir(follow_symlinks=False):
+                    git_directories.append(dot_git.path)
+                elif dot_git.is_file(follow_symlinks=False):
+                    self.pointers.append(dot_git.path)
+                else:
+                    raise PlanError(
+                        f"{printable(dot_git.path)} is a {_file_type(self.mode(dot_git.path))}: "
+                        "a session may have planted it, for the host's git to follow or read; "
+                        "remove it (a worktree's .git is a file)"
+                    )
+            if directory == top or dot_git is not None or (hg and hg.is_dir(follow_symlinks=False)):
+                self.repositories.append(directory)
+                if len(self.repositories) > MAX_REPOSITORIES:
+                    raise PlanError(
+                        f"the workspace {printable(top)} holds more than {MAX_REPOSITORIES} "
+                        "repositories: nsconfine keeps the trusted files of each read-only, and a "
+                        f"launch can protect at most {REPOSITORIES_SHOWN}; remove some, or "
+                        "--unprotect the protected names"
+                    )
+            if directory != top and _looks_bare(listing):
+                git_directories.append(directory)
+            for name, entry in listing.items():
+                if name in NOT_SCANNED or name in (".git", ".hg"):
+                    continue
+                if entry.is_dir(follow_symlinks=False) and entry.path not in covered:
+                    self.count(top)
+                    pending.append(entry.path)
+        return git_directories
+
+    # ------------------------------------------------------------ git directories
+
+    def git_directories(self, starts: Sequence[str]) -> list[str]:
+        """Every git directory reached from starts (each a .git directory, a bare one, or a
+        remembered one) and from the pointers: from each, the one its commondir names, every
+        submodule's under modules/ (at any depth: a name may hold slashes, a submodule have
+        its own) and every linked worktree's under worktrees/. Each gets all of git's
+        protected names, whatever it is (an empty stub changes nothing where git does not
+        look). Not through symlinks; PlanError past REPOSITORY_SCAN directories, or for a
+        pointer the session could re-point."""
+        found: list[str] = []
+        pending = [(start, "gitdir") for start in starts]
+        for pointer in self.pointers:
+            gitdir = self.named_directory(pointer, "gitdir: ")
+            if gitdir is not None:
+                pending.append((gitdir, "gitdir"))
+        while pending:
+            directory, what = pending.pop()
+            if not stat.S_ISDIR(self.mode(directory)):
+                continue  # gone, a symlink or a file: git would not use it as a directory here
+            self.count(directory)
+            listing = self.listing(directory)
+            if what == "name":  # a directory under modules/ that is part of a name
+                pending += [(d, _module(self.listing(d))) for d in _subdirectories(listing)]
+                continue
+            if directory in found:
+                continue  # named again, as a worktree's commondir names its repository's
+            found.append(directory)
+            # git takes config and hooks from the directory commondir names: protected as well
+            if "commondir" in listing:
+                common = self.named_directory(directory + "/commondir")
+                if common is not None:
+                    pending.append((common, "gitdir"))
+            for part, kind in (("modules", None), ("worktrees", "gitdir")):
+                if part in listing and listing[part].is_dir(follow_symlinks=False):
+                    inner = self.listing(listing[part].path)
+                    pending += [
+                        (d, kind or _module(self.listing(d))) for d in _subdirectories(inner)
+                    ]
+        return found
+
+    def named_directory(self, named_by: str, prefix: str = "") -> str | None:
+        """The directory a git file names (a .git pointer: "gitdir: PATH"; a commondir: PATH),
+        relative to the directory that holds the file, as git resolves it, as a real path; None
+        if there is none to read, or it lies where the session cannot write (not the session's
+        to change). PlanError if the session could change where it leads: a symlink, or a
+        directory left by `..`, where the session writes (the directories on the way to it are
+        pinned)."""
+        self.stat(named_by)
+        raw = _syscalls.read_untrusted(named_by, 4096)
+        # As git reads it: the whole file less its trailing newlines (spaces are kept), then
+        # as a C string (a NUL ends it, after a newline too), bytes as they are.
+        text = os.fsdecode(raw.rstrip(b"\r\n").split(b"\0", 1)[0]) if raw else ""
+        named = text[len(prefix) :]
+        if not text.startswith(prefix) or not named:
+            return None
+        looked, end = _syscalls.lookups(_resolved(os.path.dirname(named_by)), named)
+        for path in looked:
+            self.stat(path)
+            if within(path, "/proc") or (not within(end, path) and self.shown(path)):
+                raise PlanError(
+                    f"{printable(named_by)} names {printable(named)}, which leads "
+                    f"through {printable(path)}: the session can change that, and so where the "
+                    "host's git goes; name the git directory by a path of plain directories, "
+                    "then launch again"
+                )
+        return end if self.shown(end) is not None else None
+
+    # ------------------------------------------------------------ protected paths
+
+    def to_protect(self, base: str, relative: str, kind: str, name: str) -> tuple[str, str] | None:
+        """The path to bind read-only for relative under base (the protected name's path
+        there), and what to make there if it is missing at launch: that path itself; or, if a
+        directory on the way is missing, that directory (an empty read-only one blocks
+        everything below it); or, if a file is in the way of a directory, that file (kept as
+        it is, so the directory cannot take its place). Refused: a symlink, FIFO, socket or
+        device on the way (a session may have planted it: the host would follow a symlink,
+        and read from a FIFO what the session writes through the read-only bind)."""
+        path = base
+        parts = relative.split("/")
+        for index, part in enumerate(parts):
+            path = os.path.join(path, part)
+            last = index == len(parts) - 1
+            mode = self.mode(path)
+            if not mode:
+                return path, kind if last else "dir"
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise PlanError(
+                    f"{printable(path)} is a {_file_type(mode)}, where a file the host trusts "
+                    "belongs: a session may have planted it; remove it (or --unprotect "
+                    f"{printable(name)})"
+                )
+            if not last and not stat.S_ISDIR(mode):
+                return path, "file"  # in the way of the directory: kept, so none can be made
+            if not last and is_stub(path):
+                return path, "dir"  # another session's stub: judged as the missing one it is
+        return path, kind
+
+    # ------------------------------------------------------------ remembered git directories
+
+    def remembered(self, top: str, found: Sequence[str]) -> list[str]:
+        """The git directories launches of this tree protected before that are still
+        directories, reached without a symlink (a session cannot make one look like nothing
+        between two launches to have the next leave it writable)."""
+        record = _record_path(top)
+        if record is None:
+            return []
+        self.stat(record)
+        raw = _syscalls.read_untrusted(record, _REMEMBERED_BYTES) or b""
+        kept = []
+        for relative in os.fsdecode(raw).split("\0"):
+            if not relative or relative.startswith("/") or ".." in relative.split("/"):
+                continue
+            path = os.path.join(top, relative)
+            if path not in found and self.directory_below(top, relative):
+                kept.append(path)
+        return kept
+
+    def directory_below(self, top: str, relative: str) -> bool:
+        """Is top/relative a directory reached with no symlink on the way (each step
+        remembered)?"""
+        path = top
+        for part in relative.split("/"):
+            path = os.path.join(path, part)
+            if not stat.S_ISDIR(self.mode(path)):
+                return False
+        return True
+
+    def remember(self, top: str, git_directories: Sequence[str]) -> None:
+        """Record the tree's git directories for later launches (best effort: a launcher
+        without writable records protects what each launch finds)."""
+        record = _record_path(top)
+        if record is None:
+            return
+        relative = sorted({os.path.relpath(g, top) for g in git_directories})
+        data = os.fsencode("\0".join(relative))
+        try:
+            if _syscalls.read_untrusted(record, _REMEMBERED_BYTES) != data:
+                temporary = f"{record}.{os.getpid()}"
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(temporary, flags, 0o600)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                os.replace(temporary, record)
+            self.stat(record)
+        except (OSError, PlanError):
+            return
+
+
+def _looks_bare(listing: dict[str, os.DirEntry[str]]) -> bool:
+    """Would git take this directory for a git directory, by what a session cannot easily
+    remove: a HEAD beside objects, refs or a commondir, or objects and refs (git also checks
+    that HEAD is valid, which the session controls; a HEAD may be a symlink)."""
+    head, objects, refs = "HEAD" in listing, "objects" in listing, "refs" in listing
+    return (head and (objects or refs or "commondir" in listing)) or (objects and refs)
+
+
+def _module(listing: dict[str, os.DirEntry[str]]) -> str:
+    """What a directory under modules/ is: a submodule's git directory if it has any of a git
+    directory's signs (its HEAD may be gone, its config stays), else part of a name."""
+    signs = ("HEAD", "config", "objects", "refs", "commondir")
+    return "gitdir" if any(sign in listing for sign in signs) else "name"
+
+
+def _subdirectories(listing: dict[str, os.DirEntry[str]]) -> list[str]:
+    """The directories of a listing (not symlinks to one), but a git directory's own parts."""
+    return [
+        entry.path
+        for name, entry in listing.items()
+        if entry.is_dir(follow_symlinks=False) and name not in _GIT_DIRECTORY_PARTS
+    ]
+
+
+MAX_REPOSITORIES = 64  # the scan stops counting here: far past what MAX_PROTECTED_MOUNTS allows
+
+
+def _record_path(top: str) -> str | None:
+    """Where the git directories of the tree at top are remembered (named by its device and
+    inode, in the launcher's own records), or None where there are no records to keep."""
+    from nsconfine._accounts import make_private_directory, records_directory, require_private
+
+    directory = records_directory("git-directories")
+    try:
+        make_private_directory(directory)
+        require_private(directory)
+        info = os.stat(top)
+    except OSError:
+        return None
+    return os.path.join(directory, f"{info.st_dev}-{info.st_ino}")
+
+
+def _resolved(path: str) -> str:
+    try:
+        return _syscalls.realpath(path)
+    except OSError as error:
+        raise PlanError(f"{printable(path)} cannot be resolved: {error.strerror}") from None
 
 
 def _file_type(mode: int) -> str:

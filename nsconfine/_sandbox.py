@@ -14,6 +14,13 @@
                  running), "linted" (the plan's checks passed, while bwrap builds),
                  "namespaces" (checked), "built" (bwrap done, the shim waiting), "confirmed"
                  (mounts checked), "exec"
+    plan         the plan the launch ran: its protected paths as found at that launch
+    untrusted_config
+                 once the session has ended: the host paths the host runs or trusts (a
+                 repository's .git/config and hooks, an .envrc, …) that the session could write
+                 and that were not read-only during it (a repository it made, say), for a
+                 broker to refuse to run git there before a person has looked; None while the
+                 session runs
 
 Signals go to the command (send_signal, terminate); kill() ends the whole sandbox at once, and
 leaving a `with` block kills it and waits. Every wait polls pidfds, never select(): a launcher
@@ -29,6 +36,7 @@ from _thread import allocate_lock
 
 from nsconfine import _mountpoints, _terminal
 from nsconfine._errors import TimeoutExpired
+from nsconfine._protect import written_config
 from nsconfine._syscalls import wait_fd
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
@@ -37,6 +45,7 @@ if TYPE_CHECKING:
 
     from nsconfine._executor import Staged
     from nsconfine._mountpoints import Stub
+    from nsconfine._plan import Plan
     from nsconfine._terminal import Saved
 
 
@@ -51,14 +60,17 @@ class Sandbox:
         "_reaper_pidfd",
         "_stubs",
         "_terminals",
+        "_untrusted",
         "child_pid",
         "command_pid",
         "pid",
+        "plan",
         "returncode",
         "timings",
         "tty",
     )
     pid: int
+    plan: Plan
     child_pid: int
     command_pid: int
     returncode: int | None
@@ -71,6 +83,7 @@ class Sandbox:
     _stubs: list[Stub]
     _lock: LockType
     _owner: int
+    _untrusted: list[str] | None
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
         raise TypeError("Sandbox handles come from nsconfine.spawn or Pool.launch")
@@ -78,6 +91,8 @@ class Sandbox:
     @classmethod
     def _launched(cls, staged: Staged, terminals: list[Saved], tty: int = -1) -> Sandbox:
         self = object.__new__(cls)
+        self.plan = staged.plan
+        self._untrusted = None
         self.pid = staged.reaper
         self.child_pid = staged.init_pid
         self.command_pid = staged.command_pid
@@ -101,6 +116,17 @@ class Sandbox:
         """An fd readable once the session has ended (the reaper's pidfd). The handle owns it
         and closes it once it has reaped the session (returncode set)."""
         return self._reaper_pidfd
+
+    @property
+    def untrusted_config(self) -> list[str] | None:
+        """What the host runs or trusts that the session could write while it was not
+        protected (see the module's docstring), looked for once the session has ended; None
+        while it runs."""
+        if self.returncode is None and self.poll() is None:
+            return None
+        if self._untrusted is None:
+            self._untrusted = written_config(self.plan)
+        return list(self._untrusted)
 
     def poll(self) -> int | None:
         """The exit status if the session has ended, else None. RuntimeError in another

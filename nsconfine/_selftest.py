@@ -34,6 +34,7 @@ from nsconfine._executor import hand_off, prepare_launch, stage, stdio_fd
 from nsconfine._mounts import mount_table_problems
 from nsconfine._plan import Plan, RunAs
 from nsconfine._preflight import canary_account, proven_bwrap, takes_bind_fds
+from nsconfine._protect import refreshed
 from nsconfine._sandbox import Sandbox
 from nsconfine._session import Harness, Session, build_plan, session_entries
 from nsconfine._spawn import spawn
@@ -86,6 +87,7 @@ class Probe:
     judge: Callable[[Outcome], bool]  # True when the host shows the action took effect
     weaken: Callable[[Plan], Plan]
     layers_off: tuple[str, ...] = ()
+    before: str = ""  # run first, in a launch of the same plan: what a session leaves behind
 
 
 def _read(path: str) -> str | None:
@@ -161,11 +163,17 @@ class World:
             os.makedirs(path, exist_ok=True)
         with open(os.path.join(self.workspace, "input.txt"), "w") as file:
             file.write(f"input {self.token}\n")
-        # The workspace is a repository: its .git/config is a file the host trusts.
+        # The workspace is a repository, and so is vendor/lib inside it: their .git/config is
+        # a file the host trusts.
         self.git_config = os.path.join(self.workspace, ".git", "config")
-        os.makedirs(os.path.dirname(self.git_config))
-        with open(self.git_config, "w") as file:
-            file.write("[core]\n\trepositoryformatversion = 0\n")
+        self.nested_git = os.path.join(self.workspace, "vendor", "lib", ".git")
+        for git_dir in (os.path.dirname(self.git_config), self.nested_git):
+            os.makedirs(os.path.join(git_dir, "objects"))
+            os.makedirs(os.path.join(git_dir, "refs", "heads"))
+            with open(os.path.join(git_dir, "HEAD"), "w") as file:
+                file.write("ref: refs/heads/main\n")
+            with open(os.path.join(git_dir, "config"), "w") as file:
+                file.write("[core]\n\trepositoryformatversion = 0\n")
         os.makedirs(os.path.dirname(self.harness))
         with open(self.harness, "w") as file:
             file.write(f"#!/bin/sh\necho harness {self.token}\n")
@@ -339,7 +347,33 @@ class World:
                 entries=tuple(e for e in plan.entries if e.dest not in dests)
             )
 
+        nested = os.path.dirname(self.nested_git)
+        made = os.path.join(self.workspace, "made-later")
+        plant = "printf '\\tfsmonitor = touch /tmp/pwned\\n' >> {}; true"
+
+        def writes_fsmonitor(path: str) -> Callable[[Outcome], bool]:
+            return lambda outcome: "fsmonitor" in (_read(path) or "")
+
         return [
+            Probe(
+                "hide a repository's HEAD, then write its config at the next launch",
+                False,
+                f"{plant.format(_quote(self.nested_git + '/config'))}; "
+                f"mv {_quote(nested)}/HEAD.away {_quote(self.nested_git)}/HEAD",
+                writes_fsmonitor(self.nested_git + "/config"),
+                unprotected(self.nested_git + "/config", self.nested_git),
+                before=f"mv {_quote(self.nested_git)}/HEAD {_quote(nested)}/HEAD.away",
+            ),
+            Probe(
+                "make a repository, then write its config at the next launch of one plan",
+                False,
+                plant.format(_quote(made + "/.git/config")),
+                writes_fsmonitor(made + "/.git/config"),
+                lambda plan: plan.replace(protection=None),  # not looked at again: stale
+                before=f"mkdir -p {_quote(made)}/.git/objects {_quote(made)}/.git/refs && "
+                f"echo 'ref: refs/heads/main' > {_quote(made)}/.git/HEAD && "
+                f": > {_quote(made)}/.git/config",
+            ),
             Probe(
                 "rewrite .git/config, whose commands the host runs",
                 False,
@@ -614,7 +648,10 @@ class World:
 
 
 def run_probe(plan: Plan, probe: Probe, launcher: Launcher = spawn) -> tuple[bool, Outcome]:
-    """Run probe in a fresh session on plan; whether the host shows it took effect."""
+    """Run probe in a fresh session on plan (after its `before`, in a session of its own);
+    whether the host shows it took effect."""
+    if probe.before:
+        run_script(plan, probe.before, launcher)
     outcome = run_script(plan, probe.script, launcher)
     return probe.judge(outcome), outcome
 
@@ -761,7 +798,8 @@ def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
                     row["detail"] = f"status {outcome.status}: {outcome.stderr.strip()[-300:]}"
                 rows.append(row)
             mountinfo = run_script(plan, "cat /proc/self/mountinfo").stdout
-            problems = mount_table_problems(mountinfo, plan) if mountinfo else ["no mountinfo"]
+            ran = refreshed(plan)  # as that launch found the workspace the probes changed
+            problems = mount_table_problems(mountinfo, ran) if mountinfo else ["no mountinfo"]
             rows.append(
                 {
                     "check": "every mount is a plan entry",

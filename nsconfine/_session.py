@@ -25,14 +25,13 @@ from nsconfine._plan import (
     Origin,
     Plan,
     RunAs,
-    inside,
     is_env_name,
     printable,
     within,
 )
 from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
 from nsconfine._profiles import Bind, chain
-from nsconfine._protect import protected_entries
+from nsconfine._protect import protected_names, protection, writable_trees
 from nsconfine._record import Record
 from nsconfine._syscalls import open_no_symlinks, realpath
 from nsconfine._system import system_entries
@@ -249,15 +248,17 @@ def build_plan(
                 )
     system = system_entries(user, session.home)
     own = session_entries(session, reserved=system)
+    protected = session_protection(session, [*system, *own])
     _require_reachable(session, user)
     plan = Plan.of(
-        [*system, *own],
+        [*system, *own, *protected.entries],
         env=session_environment(session, user, environ),
         chdir=session.workspace,
         deny=deny,
         user=user,
         network=session.network or "host",
         nested_userns=session.allow_nested_userns,
+        protection=protected,
     )
     if lint:
         check_plan(plan)
@@ -359,42 +360,15 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
     if session.git_identity is not None:
         entries.append(gitconfig_entry(session.home, session.git_identity))
     entries += runner_entries(session.ro, [*reserved, *entries])
-    taken = {entry.dest for entry in entries}
-    if session.workspace_mode != "ro":  # a read-only workspace keeps everything read-only
-        writable = [
-            (entry.dest, realpath(entry.source))
-            for entry in entries
-            if entry.kind is Kind.BIND and entry.mode is p.Mode.RW
-        ]
-        protected = protected_entries(
-            session.workspace, writable, session.protect, session.unprotect
-        )
-        entries += [entry for entry in protected if entry.dest not in taken]
-    return entries + pin_parents(entries)
+    return entries
 
 
-PIN_REASON = (
-    "a mount point of itself, writable as before: renaming it cannot carry the read-only "
-    "paths below it away (EBUSY)"
-)
-
-
-def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
-    """A writable self-bind of every directory between a writable bind and an entry inside
-    it: `mv lib lib.old` would otherwise take a read-only lib/config.py along and leave room
-    for a forged one. Only directories that exist (a missing one is an entry's own stub)."""
-    writable = [e.dest for e in entries if e.kind is Kind.BIND and e.mode is p.Mode.RW]
-    taken = {entry.dest for entry in entries}
-    pins: dict[str, p.Entry] = {}
-    for entry in entries:
-        for top in writable:
-            if inside(entry.dest, top) is None:
-                continue
-            parent = os.path.dirname(entry.dest)
-            while parent != top and parent not in taken and os.path.isdir(parent):
-                pins.setdefault(parent, p.rw_bind(parent, parent, PIN_REASON))
-                parent = os.path.dirname(parent)
-    return list(pins.values())
+def session_protection(session: Session, entries: Sequence[p.Entry]) -> p.Protection:
+    """What keeps the files the host trusts read-only in the session's writable trees (the
+    workspace, when it is writable, and each writable bind inside it), with the pins above
+    every read-only path inside a writable bind."""
+    names = protected_names(session.protect, session.unprotect)
+    return protection(entries, writable_trees(entries, session.workspace), names)
 
 
 def runner_entries(paths: Sequence[str], others: Sequence[p.Entry]) -> list[p.Entry]:

@@ -32,6 +32,7 @@ from nsconfine._preflight import (
     takes_bind_fds,
 )
 from nsconfine._programs import REAPER_PATH, SHIM_PATH
+from nsconfine._protect import refreshed
 from nsconfine._sandbox import Sandbox
 from nsconfine._syscalls import child_statuses_discarded, realpath
 
@@ -160,10 +161,13 @@ def checked_stage(
     stdio: tuple[int, int, int] = (-1, -1, -1),
     idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
 ) -> Staged:
-    """The one checked launch up to the hand-off, for spawn and Pool alike: the gate, then a
-    sandbox built by bwrap while the plan is linted, its namespaces and mount table confirmed,
-    and the exec shim waiting inside for its command (idle_timeout_ms at most)."""
+    """The one checked launch up to the hand-off, for spawn and Pool alike: the plan's
+    protected paths found again where its workspace changed, the gate, then a sandbox built by
+    bwrap while the plan is linted, its namespaces and mount table confirmed, and the exec shim
+    waiting inside for its command (idle_timeout_ms at most). The staged sandbox keeps the plan
+    it runs."""
     with refusing_os_errors():
+        plan = refreshed(plan)  # the repositories its workspace holds now
         cleared = gate(plan)
         return stage(
             cleared.bwrap,

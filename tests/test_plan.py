@@ -193,6 +193,7 @@ def test_to_json_entry_keys_are_exact() -> None:
         "deny",
         "network",
         "nested_userns",
+        "protection",
         "layers",
     }
     assert len(record["entries"]) == len(plan.entries)
