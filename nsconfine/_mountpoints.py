@@ -544,12 +544,60 @@ def release(stubs: list[Stub]) -> None:
         stub.hold = -1
 
 
+def keep_for_bundle(stubs: list[Stub], config: str) -> None:
+    """Keep stubs while the OCI bundle whose config.json is at config exists: a runtime runs it
+    when it will, and the container would lose its protected paths with them. Each stub's
+    token gets a companion naming that file (by path and identity); a stub whose bundle is
+    still there is never removed, and goes with the first session to end after the bundle
+    has been."""
+    recorded = [stub for stub in stubs if stub.recorded]
+    if not recorded:
+        return
+    info = os.stat(config)
+    holder = os.fsencode(f"{info.st_dev}-{info.st_ino}\0{config}")
+    with _records_locked() as records:
+        for stub in recorded:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(_bundle_path(records, stub.identity), flags, 0o600)
+            try:
+                os.write(fd, holder)
+            finally:
+                os.close(fd)
+
+
+def _bundle_path(records: str, identity: Identity) -> str:
+    return _token_path(records, identity) + ".bundle"
+
+
+def _kept_for_bundle(records: str, identity: Identity) -> bool:
+    """Is the stub of identity kept for an OCI bundle that still exists (its config.json the
+    very file named)? A companion whose bundle is gone is removed."""
+    path = _bundle_path(records, identity)
+    try:
+        with open(path, "rb") as companion:
+            named, _, config = companion.read(8192).partition(b"\0")
+    except FileNotFoundError:
+        return False
+    try:
+        info = os.stat(config)
+        if os.fsencode(f"{info.st_dev}-{info.st_ino}") == named:
+            return True
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return False
+
+
 def _remove_if_unused(records: str, stub: Stub) -> None:
-    """Remove a stub of these records (called with their lock held) unless a sandbox holds it;
-    its token goes with it, or stays for a later launch to remove it then."""
+    """Remove a stub of these records (called with their lock held) unless a sandbox or an
+    OCI bundle holds it; its token goes with it, or stays for a later launch to remove it
+    then."""
     token_path = _token_path(records, stub.identity)
     if not stub.recorded or not os.path.exists(token_path):
         return  # not a stub, another records directory's, or removed by another launch
+    if _kept_for_bundle(records, stub.identity):
+        return
     if _remove_stub(stub):
         with contextlib.suppress(OSError):
             os.unlink(token_path)

@@ -56,7 +56,10 @@ NOT_EXPRESSED = {
     "session-keyring": "a fresh session keyring is the runtime's choice (runc joins a new one "
     "per container unless told not to); the filter refuses the keyring calls either way",
     "stubs": "mount points the plan makes for missing protected paths are made by oci-bundle "
-    "when it writes the bundle and stay until an nsconfine session of the workspace removes them",
+    "when it writes the bundle and kept while the bundle's config.json exists; the first "
+    "nsconfine session of the workspace to end after the bundle is gone removes them",
+    "protection-refresh": "the protected paths are those found when the bundle was written: a "
+    "repository made in the workspace after that is not protected in the container",
 }
 
 
@@ -459,7 +462,17 @@ def materialize(plan: Plan, bundle: str, argv: Sequence[str] = DEFAULT_COMMAND) 
     stubs, fds = _mountpoints.open_for_launch(plan)
     for fd in fds.values():
         os.close(fd)
-    _mountpoints.release(stubs)  # left in place for the runtime; the next launch removes them
+    try:
+        _write_bundle_files(plan, bundle, argv, exported)
+        # Left in place for the runtime, and kept while the bundle exists: the container
+        # would otherwise lose its protected paths to the next session of the workspace.
+        _mountpoints.keep_for_bundle(stubs, os.path.join(bundle, "config.json"))
+    finally:
+        _mountpoints.release(stubs)
+    return exported
+
+
+def _write_bundle_files(plan: Plan, bundle: str, argv: Sequence[str], exported: Export) -> None:
     _make_bundle_directory(bundle)
     for artifact in exported.artifacts:
         _write_artifact(bundle, artifact)
@@ -472,7 +485,6 @@ def materialize(plan: Plan, bundle: str, argv: Sequence[str] = DEFAULT_COMMAND) 
             file.write(lines)
     pod = pod_spec(plan, exported, argv)
     _write_json(os.path.join(bundle, "pod.json"), pod, 0o644)
-    return exported
 
 
 def _make_bundle_directory(bundle: str) -> None:
