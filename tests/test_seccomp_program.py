@@ -1,8 +1,8 @@
 """The seccomp program itself, run through a classic-BPF interpreter written here.
 
 Real sessions prove the filter where the kernel's own answer differs from the filter's
-(tests/test_layers.py). Where they agree (acct, pivot_root and syslog fail with EPERM for an
-unprivileged caller anyway), only the program can show that the filter would refuse the call
+(tests/test_layers.py). Where they agree (acct, pivot_root, syslog, reboot, swapon,
+sethostname and vhangup fail with EPERM for an unprivileged caller anyway), only the program can show that the filter would refuse the call
 should the kernel ever let it through: each case below is the action the program returns for a
 syscall as seccomp would present it.
 """
@@ -94,7 +94,28 @@ CASES = [
     ("clone3", 435, (), errno_of(errno.ENOSYS), errno_of(errno.ENOSYS)),
     ("io_uring_setup", 425, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("unshare newuser", 272, (CLONE_NEWUSER,), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
-    ("unshare files", 272, (CLONE_FILES,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("unshare files", 272, (CLONE_FILES,), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
+    ("modify_ldt", 154, (0, 0, 0), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("ustat", 136, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("sysfs", 139, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("_sysctl", 156, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("iopl", 172, (3,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("ioperm", 173, (0, 1, 1), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("vhangup", 153, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("reboot", 169, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("swapon", 167, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("swapoff", 168, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("settimeofday", 164, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("clock_settime", 227, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("sethostname", 170, (), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
+    ("setdomainname", 171, (), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
+    ("lookup_dcookie", 212, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("kcmp", 312, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("pidfd_getfd", 438, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("process_madvise", 440, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("open_by_handle_at", 304, (), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("fanotify_init", 300, (0x200,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("arch_prctl", 158, (0x1003,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("clone newns", 56, (CLONE_NEWNS,), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
     ("clone thread", 56, (0x3D0F00,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("setns", 308, (3, 0), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
