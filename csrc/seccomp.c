@@ -62,6 +62,12 @@
 #ifndef __NR_quotactl_fd
 #define __NR_quotactl_fd 443
 #endif
+#ifndef __NR_pidfd_getfd
+#define __NR_pidfd_getfd 438
+#endif
+#ifndef __NR_process_madvise
+#define __NR_process_madvise 440
+#endif
 #ifndef __NR_set_mempolicy_home_node
 #define __NR_set_mempolicy_home_node 450
 #endif
@@ -70,10 +76,8 @@
 #endif
 
 #define MAX_INSNS (NSC_SECCOMP_MAX_BYTES / sizeof(struct sock_filter))
-/* The namespace flags of clone (whose low byte is the exit signal, so no CLONE_NEWTIME) and
- * of unshare. */
+/* The namespace flags of clone (whose low byte is the exit signal, so no CLONE_NEWTIME). */
 #define CLONE_NAMESPACES 0x7e020000u /* NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET */
-#define UNSHARE_NAMESPACES (CLONE_NAMESPACES | 0x80u) /* and NEWTIME */
 #define TIOCSTI_ 0x5412u
 #define TIOCLINUX_ 0x541cu
 #define TIOCSETD_ 0x5423u
@@ -182,10 +186,17 @@ static void refuse_if_both(struct program *p, unsigned int nr, int arg, unsigned
  * callers fall back to openat) are refused whole. mq_open: a queue file, copied up by an
  * overlay.
  *
- * KERNEL. Kernel surface no session needs, modelled on flatpak's list: the keyrings (the
- * launcher's session keyring is already out of reach; this keeps a session from making its
- * own), NUMA policy, accounting, the kernel log, quotas, perf, bpf, userfaultfd (a classic
- * exploit aid), kexec and modules, and any personality but Linux's (which can turn off ASLR).
+ * KERNEL. Kernel surface no session needs, what flatpak's list and Docker's default profile
+ * refuse (README, "Kernel layers", compares them call by call): the keyrings (the launcher's
+ * session keyring is already out of reach; this keeps a session from making its own), NUMA
+ * policy, accounting, the kernel log, quotas, perf, bpf, userfaultfd (a classic exploit aid),
+ * kexec and modules, and any personality but Linux's (which can turn off ASLR); modify_ldt
+ * (CVE-2015-5157, CVE-2017-17053: only 16-bit code and Wine need it), the port I/O calls, the
+ * obsolete ustat, sysfs and _sysctl (which wrote sysctls past a read-only /proc/sys), the
+ * clocks, reboot, swap, vhangup, lookup_dcookie, and the calls that reach into another
+ * process or a file by handle past the path checks: kcmp, pidfd_getfd, process_madvise,
+ * open_by_handle_at, fanotify_init. Most need a capability the session lacks: these are a
+ * second wall. ptrace and process_vm_* stay (gdb and strace need them; Docker allows them).
  * clone3 gets ENOSYS: its flags sit in a struct the filter cannot read, and libc falls back to
  * clone. The sandbox's pid 1 holds the exit status the launcher reads: no ptrace or
  * process_vm_* of it (the session's own programs stay debuggable; Landlock covers
@@ -197,9 +208,12 @@ static void refuse_if_both(struct program *p, unsigned int nr, int arg, unsigned
  *
  * NAMESPACES. No namespace of the session's own (bwrap's --disable-userns already stops new
  * user namespaces; without one the rest needs capabilities it lacks, so these are a second
- * wall): unshare and clone with a namespace flag, setns, the mount calls, and the new mount
- * API (ENOSYS, so that libc and tools fall back to mount(2), which fails plainly). A session
- * allowed nested user namespaces (a harness that runs bwrap itself) gets none of this.
+ * wall): unshare (whole, as flatpak and Docker refuse it: its other flags are used by no
+ * named workload) and clone with a namespace flag, setns, the mount calls, the new mount API
+ * (ENOSYS, so that libc and tools fall back to mount(2), which fails plainly), and the host
+ * and domain names (a nested bwrap's --hostname sets them in its own UTS namespace). A
+ * session allowed nested user namespaces (a harness that runs bwrap itself) gets none of
+ * this.
  */
 static const struct nsc_seccomp_rule RULES[] = {
     SETID_MODE(fchmod, 1),
@@ -244,6 +258,28 @@ static const struct nsc_seccomp_rule RULES[] = {
     ALWAYS(KERNEL, uselib, EPERM),
 #endif
     ALWAYS(KERNEL, clone3, ENOSYS),
+#ifdef __NR_modify_ldt /* x86's */
+    ALWAYS(KERNEL, modify_ldt, EPERM),
+    ALWAYS(KERNEL, iopl, EPERM),
+    ALWAYS(KERNEL, ioperm, EPERM),
+#endif
+#ifdef __NR_ustat /* the obsolete calls that aarch64 never had */
+    ALWAYS(KERNEL, ustat, EPERM),
+    ALWAYS(KERNEL, sysfs, EPERM),
+    ALWAYS(KERNEL, _sysctl, EPERM),
+#endif
+    ALWAYS(KERNEL, settimeofday, EPERM),
+    ALWAYS(KERNEL, clock_settime, EPERM),
+    ALWAYS(KERNEL, reboot, EPERM),
+    ALWAYS(KERNEL, swapon, EPERM),
+    ALWAYS(KERNEL, swapoff, EPERM),
+    ALWAYS(KERNEL, vhangup, EPERM),
+    ALWAYS(KERNEL, lookup_dcookie, EPERM),
+    ALWAYS(KERNEL, kcmp, EPERM),
+    ALWAYS(KERNEL, pidfd_getfd, EPERM),
+    ALWAYS(KERNEL, process_madvise, EPERM),
+    ALWAYS(KERNEL, open_by_handle_at, EPERM),
+    ALWAYS(KERNEL, fanotify_init, EPERM),
     ARG_NOT_IN(KERNEL, personality, 0, EPERM, 3, PER_LINUX_, PER_LINUX32_, PERSONALITY_QUERY),
     PID_1(ptrace, 1),
     PID_1(process_vm_readv, 0),
@@ -270,7 +306,9 @@ static const struct nsc_seccomp_rule RULES[] = {
     ALWAYS(NAMESPACES, fsmount, ENOSYS),
     ALWAYS(NAMESPACES, fspick, ENOSYS),
     ALWAYS(NAMESPACES, mount_setattr, ENOSYS),
-    ANY_BIT(NAMESPACES, unshare, 0, UNSHARE_NAMESPACES, EPERM),
+    ALWAYS(NAMESPACES, sethostname, EPERM),
+    ALWAYS(NAMESPACES, setdomainname, EPERM),
+    ALWAYS(NAMESPACES, unshare, EPERM),
     ANY_BIT(NAMESPACES, clone, 0, CLONE_NAMESPACES, EPERM),
 };
 

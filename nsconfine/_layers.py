@@ -32,9 +32,10 @@ LAYERS: Final = {
     "seccomp": (
         "a seccomp filter: no set-user-ID or set-group-ID bit by chmod, open, creat, mknod or "
         "mq_open; no io_uring; no keyrings, NUMA policy, accounting, kernel log, quotas, perf, "
-        "bpf, userfaultfd, kexec or modules; no other personality; no ptrace of pid 1; only "
-        "UNIX, INET, INET6 and NETLINK sockets; no TIOCSTI or TIOCLINUX; no other syscall "
-        "entry (x32, i386)"
+        "bpf, userfaultfd, kexec or modules; no modify_ldt or port I/O, no clocks, reboot, "
+        "swap or vhangup, no kcmp, pidfd_getfd, process_madvise, open_by_handle_at or "
+        "fanotify; no other personality; no ptrace of pid 1; only UNIX, INET, INET6 and "
+        "NETLINK sockets; no TIOCSTI or TIOCLINUX; no other syscall entry (x32, i386)"
     ),
     "session-keyring": (
         "a fresh session keyring: the launcher's keys are not reachable, and keys a session "
@@ -46,8 +47,9 @@ LAYERS: Final = {
     ),
     "no-nested-userns": (
         "no namespace of its own (bwrap's --disable-userns, and the filter refuses unshare, "
-        "setns, namespace flags and the mount calls): no overlay, mqueue or cgroup file "
-        "system of the session's own, and none of the kernel's user-namespace surface"
+        "setns, namespace flags, the mount calls and the host name): no overlay, mqueue or "
+        "cgroup file system of the session's own, and none of the kernel's user-namespace "
+        "surface"
     ),
     "landlock": (
         "Landlock scopes (ABI 6 and later): no connecting to an abstract unix socket outside "

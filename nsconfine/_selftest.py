@@ -307,6 +307,21 @@ class World:
                 layers_off=("no-nested-userns",),
             ),
         ]
+        if os.uname().machine == "x86_64":
+            read_ldt = (  # modify_ldt(0, buffer, 16): reads this process's LDT
+                "import ctypes; libc = ctypes.CDLL(None); ldt = ctypes.create_string_buffer(16)\n"
+                "print('read' if libc.syscall(154, 0, ldt, 16) >= 0 else 'refused')"
+            )
+            probes.append(
+                Probe(
+                    "reach the LDT (modify_ldt)",
+                    False,
+                    f"python3 -c {_quote(read_ldt)}",
+                    lambda outcome: outcome.stdout.strip() == "read",
+                    lambda plan: plan,
+                    layers_off=("seccomp",),
+                )
+            )
         if _layers.landlock_abi() >= _layers.LANDLOCK_SCOPES_ABI:
             connect = (
                 "import socket, sys; s = socket.socket(socket.AF_UNIX)\ntry:\n"

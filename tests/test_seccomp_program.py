@@ -1,10 +1,10 @@
 """The seccomp program itself, run through a classic-BPF interpreter written here.
 
 Real sessions prove the filter where the kernel's own answer differs from the filter's
-(tests/test_layers.py). Where they agree (acct, pivot_root, syslog, reboot, swapon,
-sethostname and vhangup fail with EPERM for an unprivileged caller anyway), only the program can show that the filter would refuse the call
-should the kernel ever let it through: each case below is the action the program returns for a
-syscall as seccomp would present it.
+(tests/test_layers.py). Where they agree (acct, pivot_root, syslog, reboot, swapon, sethostname
+and vhangup fail with EPERM for an unprivileged caller anyway), only the program can show that
+the filter would refuse the call should the kernel ever let it through: each case below is the
+action the program returns for a syscall as seccomp would present it.
 """
 
 from __future__ import annotations
