@@ -4,6 +4,7 @@ with its reason; command-line options add to it. Errors name the file, the line 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -289,3 +290,84 @@ def test_a_profile_that_is_no_regular_file_is_refused(
     )
     assert isinstance(outcome, nsconfine.UsageError), outcome
     assert "regular file" in str(outcome)
+
+
+# ------------------------------------------------------------------ paths a profile gives
+
+
+@pytest.mark.parametrize("form", ["{workspace}", "$NSC_T15_DATA", "~"])
+def test_a_profile_s_deny_rule_is_expanded_like_its_binds(
+    ws_run: tuple[Path, Path], tmp_path: Path, form: str
+) -> None:
+    """A deny entry naming {workspace}, $NAME or ~ denies that path, not one of that name
+    under the launcher's working directory: the bind that would show it is refused, and the
+    secret behind it is not read."""
+    data = tmp_path / "data"
+    data.mkdir()
+    open_up(data)
+    secret = (ws_run[0] if form == "{workspace}" else data) / "secret.txt"
+    secret.write_text("T15-SECRET\n")
+    secret.chmod(0o644)
+    profile = write_profile(tmp_path, f'description = "x"\ndeny = ["{form}/secret.txt"]\n')
+    environ = {**os.environ, "NSC_T15_DATA": str(data), "HOME": str(data)}
+    ro = [] if form == "{workspace}" else ["--ro", str(secret)]
+    result = cli(
+        "run", *session_options(*ws_run), *ro, "--profile", str(profile), "--",
+        "/bin/cat", str(secret), env=environ,
+    )  # fmt: skip
+    assert "T15-SECRET" not in result.stdout, result.stdout
+    assert result.returncode == 65, (result.returncode, result.stderr)
+    assert "secret.txt" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ('description = "x"\ndeny = ["secret.txt"]\n', 2, "deny"),
+        ('description = "x"\n\ncredential = "agent.env"\n', 3, "credential"),
+        ('description = "x"\n[[bind]]\nsource = "data"\nmode = "ro"\nreason = "r"\n', 3,
+         "source"),
+        ('description = "x"\n[[bind]]\nsource = "/usr"\ndest = "usr"\nmode = "ro"\n'
+         'reason = "r"\n', 4, "dest"),
+    ],
+)  # fmt: skip
+def test_a_relative_path_in_a_profile_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, text: str, line: int, key: str
+) -> None:
+    """A path in a profile that is neither absolute nor one of the expanded forms is a usage
+    error naming the file, the line and the key, never a path under the launcher's working
+    directory."""
+    profile = write_profile(tmp_path, text)
+    result = cli("run", *session_options(*ws_run), "--profile", str(profile), "--", "/bin/true")
+    assert result.returncode == 64, (result.returncode, result.stderr)
+    assert str(profile) in result.stderr
+    assert f"line {line}" in result.stderr
+    assert f"key {key}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_deny_rule_that_matches_nothing_says_so(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A profile's deny rule whose variable is unset, or whose path does not exist, is shown as
+    matching nothing now, in the manifest's text and its JSON; one that matches is not."""
+    present = tmp_path / "present"
+    present.mkdir()
+    profile = write_profile(
+        tmp_path,
+        f'description = "x"\ndeny = ["$NSC_T15_UNSET/token", "{tmp_path}/absent/token", '
+        f'"{present}"]\n',
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "NSC_T15_UNSET"}
+    text = cli("plan", *session_options(*ws_run), "--profile", str(profile), env=environ)
+    assert text.returncode == 0, text.stderr
+    lines = {line.split()[0]: line for line in text.stdout.splitlines() if "[from profile" in line}
+    assert "(matches nothing now" in lines["$NSC_T15_UNSET/token"], text.stdout
+    assert "(matches nothing now" in lines[f"{tmp_path}/absent/token"], text.stdout
+    assert "matches nothing" not in lines[str(present)], text.stdout
+    shown = cli("plan", *session_options(*ws_run), "--profile", str(profile), "--json", env=environ)
+    rules = {rule["path"]: rule for rule in json.loads(shown.stdout)["deny"]}
+    assert rules["$NSC_T15_UNSET/token"]["matches_now"] is False
+    assert rules[f"{tmp_path}/absent/token"]["matches_now"] is False
+    assert rules[str(present)]["matches_now"] is True
