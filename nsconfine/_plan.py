@@ -355,6 +355,15 @@ class DenyRule(Record):
     def __init__(self, path: str, reason: str, inside: bool = True, origin: str = "") -> None:
         self._set(path=path, reason=reason, inside=inside, origin=origin)
 
+    @property
+    def matches_now(self) -> bool:
+        """Is there a host path the rule names now? Not when it names nothing yet (the rule
+        still covers a store made later by that name), nor when it names a variable the
+        launcher does not set (its path is then the text as written, not absolute)."""
+        import os
+
+        return self.path.startswith("/") and os.path.lexists(self.path)
+
     def to_json(self) -> dict[str, Any]:
         """The manifest form of the rule."""
         return {
@@ -362,7 +371,20 @@ class DenyRule(Record):
             "reason": self.reason,
             "inside": self.inside,
             "origin": self.origin,
+            "matches_now": self.matches_now,
         }
+
+    def shown(self) -> str:
+        """The manifest line of the rule."""
+        scope = "" if self.inside else " (itself or above)"
+        if not self.path.startswith("/"):
+            scope += " (matches nothing now: it names a variable the launcher does not set)"
+        elif not self.matches_now:
+            scope += " (matches nothing now)"
+        return (
+            f"{printable(self.path)}{scope}  {printable(self.reason)}  "
+            f"[from {printable(self.origin or 'the plan')}]"
+        )
 
 
 class Protection(Record):
@@ -553,11 +575,7 @@ class Plan(Record):
             for v in self.env
         ]
         lines.append("no bind may expose:")
-        lines += [
-            f"  {printable(rule.path)}{'' if rule.inside else ' (itself or above)'}  "
-            f"{printable(rule.reason)}  [from {printable(rule.origin or 'the plan')}]"
-            for rule in self.deny
-        ]
+        lines += [f"  {rule.shown()}" for rule in self.deny]
         if self.protection is not None and self.protection.trees:
             trees = ", ".join(printable(dest) for dest, _source in self.protection.trees)
             lines.append(

@@ -338,6 +338,8 @@ class Judge:
         self.linked_files: list[tuple[DenyRule, str, os.stat_result]] = []
         resolved_dirs: dict[str, str] = {}
         for rule in rules:
+            if not rule.path.startswith("/"):
+                continue  # a profile's rule naming an unset variable: it names no host path
             resolved, info = _resolve_with(rule.path, resolved_dirs)
             if resolved == "/":
                 self.everything = rule

@@ -16,10 +16,13 @@ file. Its keys:
     credential = "~/.config/nsconfine/agent.env"         the file, if none is given
     requires_credential = true                           refuse a launch without one
 
-A bind's source (and dest) may name {workspace}, {run_dir} or {home}, and $NAME for a variable
-of the launcher's environment (a bind whose variable is unset is skipped); a source with * or ?
-binds every path it matches. Command-line options add to a profile: lists are joined, and a
-value given there wins over the profile's. Errors name the file, the line and the key.
+Every path a profile gives (a bind's source and dest, deny, credential) is absolute, or starts
+with ~, $NAME (a variable of the launcher's environment), {workspace}, {run_dir}, {home} or
+{config}; any other is refused, never taken from the launcher's working directory. A bind whose
+variable is unset is skipped, a deny rule's is kept and shown as matching nothing; a source
+with * or ? binds every path it matches. Command-line options add to a profile: lists are
+joined, and a value given there wins over the profile's. Errors name the file, the line and the
+key.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ _SCALARS = {
 }
 _LISTS = ("include", "env", "protect", "unprotect", "deny")
 _CHOICES = {"network": ("host", "none"), "home": ("persist", "fresh"), "workspace": ("rw", "ro")}
+_PATH_KEYS = ("deny", "credential")
+# What a profile's path may start with: each is expanded (nsconfine._session), and a path that is
+# none of them would be relative to whatever directory the launcher happens to run in.
+PATH_FORMS = ("/", "~", "$", "{workspace}", "{run_dir}", "{home}", "{config}")
 _BIND_KEYS = {"source": str, "dest": str, "mode": str, "reason": str, "optional": bool,
               "mkdir": bool}  # fmt: skip
 
@@ -84,15 +91,27 @@ class Bind(Record):
 class Profile(Record):
     """One profile file, checked."""
 
-    FIELDS = ("name", "path", "values", "binds")
+    FIELDS = ("name", "path", "values", "binds", "lines")
     __slots__ = FIELDS
     name: str
     path: str
     values: dict[str, Any]  # the scalar, list and setenv keys it sets
     binds: tuple[Bind, ...]
+    lines: dict[str, int]  # the line of each path-valued key ("deny", "bind.0.source", …)
 
-    def __init__(self, name: str, path: str, values: dict[str, Any], binds: tuple[Bind, ...]):
-        self._set(name=name, path=path, values=values, binds=binds)
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        values: dict[str, Any],
+        binds: tuple[Bind, ...],
+        lines: dict[str, int] | None = None,
+    ) -> None:
+        self._set(name=name, path=path, values=values, binds=binds, lines=lines or {})
+
+    def where(self, key: str) -> str:
+        """Where a path-valued key is, as errors name it: the file, the line and the key."""
+        return f"profile {self.path}, line {self.lines.get(key, 1)}, key {key.split('.')[-1]}"
 
 
 def built_in() -> dict[str, str]:
@@ -208,8 +227,13 @@ def _checked(label: str, path: str, text: str) -> Profile:
         raise UsageError(f"profile {path}, line {line}: not valid TOML: {error}") from None
     values: dict[str, Any] = {}
     binds: list[Bind] = []
+    lines: dict[str, int] = {}
     for key, value in data.items():
         line = where.line_of(key)
+        if key in _PATH_KEYS:
+            lines[key] = line
+            for text in value if isinstance(value, list) else [value]:
+                _check_path_form(where, line, key, text)
         if key in _SCALARS:
             if not isinstance(value, _SCALARS[key]):
                 raise where.error(line, key, f"must be a {_SCALARS[key].__name__}")
@@ -232,15 +256,29 @@ def _checked(label: str, path: str, text: str) -> Profile:
             if not isinstance(value, list):
                 raise where.error(line, key, "must be an array of tables ([[bind]])")
             after = 0
-            for table in value:
+            for number, table in enumerate(value):
                 after = where.line_of("bind", after)
                 binds.append(_checked_bind(where, after, table))
+                for path_key in ("source", "dest"):
+                    key_line = where.line_of(path_key, after) if path_key in table else after
+                    lines[f"bind.{number}.{path_key}"] = key_line
+                    _check_path_form(where, key_line, path_key, table.get(path_key, "/"))
         else:
             raise where.error(line, key, "is not a profile key (see nsconfine/_profiles.py)")
     if "description" not in values:
         raise where.error(1, "description", "is required: say what the profile is for")
     name = label if os.sep not in label else os.path.basename(path).removesuffix(".toml")
-    return Profile(name, path, values, tuple(binds))
+    return Profile(name, path, values, tuple(binds), lines)
+
+
+def _check_path_form(where: _Where, line: int, key: str, text: object) -> None:
+    if isinstance(text, str) and not text.startswith(PATH_FORMS):
+        raise where.error(
+            line,
+            key,
+            f"{text!r} is a relative path: give it absolute, or from ~, $NAME, {{workspace}}, "
+            "{run_dir}, {home} or {config}",
+        )
 
 
 def _checked_bind(where: _Where, line: int, table: object) -> Bind:

@@ -20,6 +20,7 @@ from nsconfine._errors import PlanError, UsageError
 from nsconfine._harness import harness_entries
 from nsconfine._plan import (
     NETWORKS,
+    DenyRule,
     EnvVar,
     Kind,
     Origin,
@@ -214,7 +215,7 @@ def build_plan(
     leaves the lint to the launch that follows at once (spawn lints every plan afresh, while
     bwrap builds), so that a `run` does not lint twice in a row."""
     environ = os.environ if environ is None else environ
-    session = with_profiles(session, environ)
+    session, profile_deny = with_profiles(session, environ)
     user = run_as(session.user)
     writable = READ | WRITE | SEARCH
     _require_directory(
@@ -234,7 +235,7 @@ def build_plan(
         deny += tuple(
             deny_paths([session.credential], "the session's credential file", "--credential")
         )
-    deny += tuple(deny_paths(session.deny, "denied by --deny", "--deny"))
+    deny += (*profile_deny, *deny_paths(session.deny, "denied by --deny", "--deny"))
     for rule in deny:
         if rule.inside:
             continue  # only homes are denied "itself or above"
@@ -550,20 +551,18 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
 # ------------------------------------------------------------------ profiles
 
 
-def with_profiles(session: Session, environ: Mapping[str, str]) -> Session:
+def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session, list[DenyRule]]:
     """session with its profiles applied (nsconfine._profiles): each profile's values, in
-    include order, then the session's own, which add to lists and win over scalars."""
-    if not session.profile:
-        return session.replace(
-            network=session.network or "host",
-            home_mode=session.home_mode or "persist",
-            workspace_mode=session.workspace_mode or "rw",
-        )
+    include order, then the session's own, which add to lists and win over scalars; every path
+    a profile gives expanded here, once (_expand). Also the profiles' deny rules, each naming
+    its profile (one whose variable is unset keeps its text, and matches nothing)."""
     scalars: dict[str, Any] = {}
-    lists: dict[str, list[str]] = {key: [] for key in ("env", "protect", "unprotect", "deny")}
+    lists: dict[str, list[str]] = {key: [] for key in ("env", "protect", "unprotect")}
     setenv: dict[str, str] = {}
     binds: list[Bind] = []
+    deny: list[DenyRule] = []
     needs_credential: list[str] = []
+    credential_where = ""
     for profile in chain(list(session.profile)):
         values = profile.values
         for key in lists:
@@ -573,20 +572,34 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> Session:
                     "credential"):  # fmt: skip
             if key in values:
                 scalars[key] = values[key]
+        if "credential" in values:
+            credential_where = profile.where("credential")
         if values.get("requires_credential"):
             needs_credential.append(profile.name)
-        binds += [
-            bind.replace(reason=f"{bind.reason} [profile {profile.name}]") for bind in profile.binds
-        ]
+        origin = f"profile {profile.name}"
+        for text in values.get("deny", []):
+            path = _expand(text, session, environ, profile.where("deny"))
+            deny.append(
+                DenyRule(text if path is None else path, f"denied by {origin}", True, origin)
+            )
+        for number, bind in enumerate(profile.binds):
+            source = _expand(bind.source, session, environ, profile.where(f"bind.{number}.source"))
+            dest = _expand(bind.dest, session, environ, profile.where(f"bind.{number}.dest"))
+            if source is not None and dest is not None:  # else it names an unset variable
+                reason = f"{bind.reason} [profile {profile.name}]"
+                binds.append(bind.replace(source=source, dest=dest, reason=reason))
+    for bind in session.binds:  # the API's own: relative to the caller, as its other paths
+        source, dest = _expand(bind.source, session, environ), _expand(bind.dest, session, environ)
+        if source is not None and dest is not None:
+            binds.append(bind.replace(source=source, dest=dest))
     credential = session.credential
     if credential is None and "credential" in scalars:
-        credential = _expand(scalars["credential"], session, environ)
-    return session.replace(
+        credential = _expand(scalars["credential"], session, environ, credential_where)
+    applied = session.replace(
         profile=(),
         env=tuple(dict.fromkeys([*lists["env"], *session.env])),
         protect=(*lists["protect"], *session.protect),
         unprotect=(*lists["unprotect"], *session.unprotect),
-        deny=(*lists["deny"], *session.deny),
         setenv=(*setenv.items(), *session.setenv),
         network=session.network or scalars.get("network", "host"),
         home_mode=session.home_mode or scalars.get("home", "persist"),
@@ -594,26 +607,31 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> Session:
         git_identity=session.git_identity or scalars.get("git_identity"),
         allow_nested_userns=session.allow_nested_userns or scalars.get("allow_nested_userns"),
         credential=credential,
-        binds=(*binds, *session.binds),
+        binds=tuple(binds),
         credential_needed_by=tuple(
             dict.fromkeys([*needs_credential, *session.credential_needed_by])
         ),
     )
+    return applied, deny
 
 
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
-def _expand(text: str, session: Session, environ: Mapping[str, str]) -> str | None:
-    """A profile path with {workspace}, {run_dir}, {home}, {config} and $NAME filled in; None
-    if it names a variable the launcher's environment does not set."""
-    config = environ.get("XDG_CONFIG_HOME") or os.path.join(
-        environ.get("HOME") or os.path.expanduser("~"), ".config"
-    )
+def _expand(
+    text: str, session: Session, environ: Mapping[str, str], where: str | None = None
+) -> str | None:
+    """A path with {workspace}, {run_dir}, {home}, {config}, $NAME and a leading ~ filled in;
+    None if it names a variable the launcher's environment does not set. A profile's path
+    (where: which file, line and key gave it) that is still relative once expanded is refused:
+    it would be taken from the launcher's working directory."""
+    launcher_home = environ.get("HOME") or os.path.expanduser("~")
+    config = environ.get("XDG_CONFIG_HOME") or os.path.join(launcher_home, ".config")
     places = {"workspace": session.workspace, "run_dir": session.run_dir,
               "home": session.home, "config": config}  # fmt: skip
+    expanded = text
     for name, value in places.items():
-        text = text.replace("{" + name + "}", value)
+        expanded = expanded.replace("{" + name + "}", value)
     missing: list[str] = []
 
     def variable(found: re.Match[str]) -> str:
@@ -623,8 +641,18 @@ def _expand(text: str, session: Session, environ: Mapping[str, str]) -> str | No
             missing.append(name)
         return value
 
-    text = _VARIABLE.sub(variable, text)
-    return None if missing else _absolute(os.path.expanduser(text))
+    expanded = _VARIABLE.sub(variable, expanded)
+    if missing:
+        return None
+    if expanded == "~" or expanded.startswith("~/"):
+        expanded = launcher_home + expanded[1:]
+    expanded = os.path.expanduser(expanded)  # ~NAME: that account's home
+    if where is not None and not expanded.startswith("/"):
+        raise UsageError(
+            f"{where}: {text!r} gives {expanded!r}, not an absolute path (a relative one would "
+            "be taken from the launcher's working directory)"
+        )
+    return _absolute(expanded)
 
 
 def _absolute(path: str) -> str:
@@ -662,12 +690,8 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
                 return above + dest[len(parent) :] == source and above_mode == mode
         return False
 
-    for bind in session.binds:
-        source = _expand(bind.source, session, os.environ)
-        dest = _expand(bind.dest, session, os.environ)
-        if source is None or dest is None:
-            continue  # it names a variable the launcher does not set
-        source, dest = _path_text(source), _path_text(dest)
+    for bind in session.binds:  # expanded by with_profiles
+        source, dest = _path_text(bind.source), _path_text(bind.dest)
         pairs = [(source, dest)]
         if glob.has_magic(source):
             pairs = [(match, match) for match in sorted(glob.glob(source))]

@@ -216,7 +216,13 @@ def test_to_json_entry_keys_are_exact() -> None:
             entry.reason,
         )
     assert record["chdir"] == "/srv/ws"
-    assert record["deny"][1] == {"path": "/root", "reason": "home", "inside": False, "origin": ""}
+    assert record["deny"][1] == {
+        "path": "/root",
+        "reason": "home",
+        "inside": False,
+        "origin": "",
+        "matches_now": True,
+    }
     assert json.loads(plan.manifest_json()) == record
 
 
