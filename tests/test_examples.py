@@ -26,15 +26,19 @@ UNIT = EXAMPLE / "nsconfine-broker.service"
 class Broker:
     """The example broker as a process of its own, in a stand-in state directory."""
 
-    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, root: Path, env: dict[str, str] | None = None, make_sessions: bool = True
+    ) -> None:
         self.state, self.socket = root / "state", root / "broker.sock"
         self.credential = root / "credential.env"
         self.credential.write_text("ANTHROPIC_API_KEY=sk-stand-in\n")
         self.credential.chmod(0o600)
         self.state.mkdir()
         open_up(self.state)
-        self.workspace, _ = session_dirs(self.state / "sessions" / "coder", "ws", "run")
-        session_dirs(self.state / "sessions" / "reviewer", "ws", "run")
+        self.workspace = self.state / "sessions" / "coder" / "ws"
+        if make_sessions:  # else the broker makes them
+            session_dirs(self.state / "sessions" / "coder", "ws", "run")
+            session_dirs(self.state / "sessions" / "reviewer", "ws", "run")
         argv = [sys.executable, str(BROKER), "--socket", str(self.socket)]
         argv += ["--state", str(self.state), "--credential", str(self.credential)]
         self.process = subprocess.Popen(
@@ -114,6 +118,25 @@ def test_the_broker_runs_role_sessions_and_logs_their_manifest(broker_root: Path
     assert len(started) == 2, broker.log
     assert f"manifest sha256 {digest}, timings (ms) " in started[0]
     assert '"exec": ' in started[0]
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_the_broker_makes_its_sessions_directories_for_their_account(broker_root: Path) -> None:
+    """Started on an empty state directory, the broker makes each role's workspace and run
+    directory for the account its sessions run as (as root, `--user`), and starts."""
+    broker = Broker(broker_root, make_sessions=False)
+    try:
+        assert "listening on" in broker.log, broker.log
+        reply = broker.request("coder", ["sh", "-c", "echo made > made"])
+        assert reply["status"] == 0, reply
+        assert (broker.workspace / "made").read_text() == "made\n"
+        for role in ("coder", "reviewer"):
+            for name in ("ws", "run"):
+                made = broker.state / "sessions" / role / name
+                assert made.stat().st_uid == session_uid(), made
+    finally:
+        broker.stop()
 
 
 @pytest.mark.confinement
