@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import pwd
 import signal
 import socketserver
 import sys
@@ -84,8 +85,9 @@ def start_roles(options: argparse.Namespace) -> dict[str, Role]:
         for name, profiles in ROLES.items():
             home = os.path.join(options.state, "sessions", name)
             workspace, run_dir = os.path.join(home, "ws"), os.path.join(home, "run")
-            os.makedirs(workspace, exist_ok=True)
-            os.makedirs(run_dir, exist_ok=True)
+            os.makedirs(home, exist_ok=True)
+            for directory in (workspace, run_dir):
+                make_for_session(directory, options.user)
             session = nsconfine.Session(
                 workspace=workspace,
                 run_dir=run_dir,
@@ -99,6 +101,22 @@ def start_roles(options: argparse.Namespace) -> dict[str, Role]:
             role.pool.close()
         raise
     return roles
+
+
+def make_for_session(directory: str, user: str | None) -> None:
+    """Make a session's directory, if missing, for the account the session runs as: a broker
+    run as root gives it to --user (nsconfine refuses a workspace that account cannot write);
+    one that exists is left as it is."""
+    try:
+        os.mkdir(directory, 0o755)
+    except FileExistsError:
+        return
+    if user is not None and os.geteuid() == 0:
+        try:
+            account = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        except KeyError:
+            return  # no such account: the session's plan refuses it, by name
+        os.chown(directory, account.pw_uid, account.pw_gid, follow_symlinks=False)
 
 
 class Broker(socketserver.ThreadingUnixStreamServer):
