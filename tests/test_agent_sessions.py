@@ -335,6 +335,55 @@ def test_explain_says_when_nothing_grants_a_path(ws_run: tuple[Path, Path]) -> N
     assert "nothing in the plan grants it" in result.stdout
 
 
+def test_explain_answers_for_a_host_file_under_the_session_s_own_tmp(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A host file under /tmp is not visible (the session's /tmp is a tmpfs of its own):
+    explain says so and what the session has there, and a session indeed does not see it."""
+    host_file = tmp_path / "host-note.txt"
+    host_file.write_text("host\n")
+    open_up(tmp_path)
+    host_file.chmod(0o644)
+    result = cli("explain", str(host_file), *session_options(*ws_run))
+    assert result.returncode == 1, result.stdout
+    assert "not visible" in result.stdout, result.stdout
+    assert "tmpfs entry at /tmp" in result.stdout, result.stdout
+    _status, output = sh(session(*ws_run).plan(), f"test -e {host_file} && echo SEEN || echo NO")
+    assert output.strip() == "NO", output
+    generated = cli("explain", "/etc/passwd", *session_options(*ws_run))
+    assert generated.returncode == 1, generated.stdout
+    assert "not visible" in generated.stdout, generated.stdout
+
+
+def test_explain_names_the_profile_that_would_show_a_path(ws_run: tuple[Path, Path]) -> None:
+    """A path the plan does not show, but a built-in profile's bind would: explain names the
+    profile (`--profile jvm`)."""
+    if not os.path.isdir("/etc/maven"):
+        pytest.skip("no Maven on this host")
+    result = cli("explain", "/etc/maven/m2.conf", *session_options(*ws_run))
+    assert result.returncode == 1, result.stdout
+    assert "--profile jvm" in result.stdout, result.stdout
+
+
+def test_explain_follows_a_link_to_where_the_session_cannot_see(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A path the plan shows that is a symlink leading somewhere not visible (Debian's /usr
+    links into /etc): explain says where it leads, that the target is not visible, and which
+    profile gives it; with that profile, the link leads somewhere visible."""
+    link = "/usr/share/maven/bin/m2.conf"
+    if not os.path.islink(link):
+        pytest.skip("no Maven on this host")
+    result = cli("explain", link, *session_options(*ws_run))
+    assert result.returncode == 1, result.stdout
+    assert os.readlink(link) in result.stdout, result.stdout
+    assert "not visible" in result.stdout, result.stdout
+    assert "--profile jvm" in result.stdout, result.stdout
+    given = cli("explain", link, *session_options(*ws_run), "--profile", "jvm")
+    assert given.returncode == 0, given.stdout
+    assert os.readlink(link) in given.stdout, given.stdout
+
+
 @pytest.mark.parametrize("name", ["{outside}", "../other-package", "@scope/../../other-package"])
 def test_a_dependency_name_cannot_reach_outside_node_modules(
     ws_run: tuple[Path, Path], npm_package: Path, tmp_path: Path, name: str

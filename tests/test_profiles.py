@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
-from helpers import cli, open_up, outcome_without_hanging, session, session_options, sh
+from helpers import cli, open_up, outcome_without_hanging, run, session, session_options, sh
 
 import nsconfine
 from nsconfine._plan import Kind, Mode
@@ -198,6 +203,132 @@ def test_include_cycles_are_refused(ws_run: tuple[Path, Path], tmp_path: Path) -
 
 
 # ------------------------------------------------------------------ the roles
+
+
+# coder as it was: without tls and jvm (the twin of the tests below)
+CODER_BEFORE = ["git", "node", "python"]
+
+
+@pytest.mark.parametrize("profiles", [["coder"], CODER_BEFORE], ids=["coder", "without-jvm"])
+def test_javac_and_maven_run_in_a_coder_session(
+    ws_run: tuple[Path, Path], profiles: list[str]
+) -> None:
+    """coder includes jvm: javac compiles and runs a class and `mvn -v` answers (their
+    configuration is in /etc, which /usr links into); without it, both fail."""
+    if not (shutil.which("javac") and shutil.which("mvn")):
+        pytest.skip("no JDK and Maven on this host")
+    script = (
+        "cd /tmp && printf 'class A { public static void main(String[] a) "
+        '{ System.out.println("java ok"); } }\\n\' > A.java && javac A.java && java -cp . A; '
+        "mvn -v"
+    )
+    status, output = sh(session(*ws_run, profile=profiles).plan(), script)
+    if profiles == ["coder"]:
+        assert "java ok" in output, output
+        assert "Apache Maven" in output, output
+        assert status == 0, output
+    else:
+        assert "java ok" not in output, output
+        assert status != 0, output
+
+
+def _test_ca(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA of the test's own (outside the system store) and a server certificate for
+    localhost signed by it: (CA certificate, server certificate, server key)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl on this host")
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    server, key, request = directory / "server.pem", directory / "server.key", directory / "r"
+    extensions = directory / "ext.cnf"
+    extensions.write_text("subjectAltName=DNS:localhost\n")
+
+    def run(*argv: str | Path) -> None:
+        subprocess.run([openssl, *map(str, argv)], check=True, capture_output=True)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        ca_key,
+        "-out",
+        ca,
+        "-days",
+        "1",
+        "-subj",
+        "/CN=nsconfine test CA",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        key,
+        "-out",
+        request,
+        "-subj",
+        "/CN=localhost",
+    )
+    run("x509", "-req", "-in", request, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+        "-out", server, "-days", "1", "-extfile", extensions)  # fmt: skip
+    open_up(directory)
+    ca.chmod(0o644)
+    return ca, server, key
+
+
+@pytest.mark.parametrize("profiles", [["coder"], CODER_BEFORE], ids=["coder", "without-tls"])
+def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
+    ws_run: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    profiles: list[str],
+) -> None:
+    """coder includes tls: python's default verification (as requests and uv do it) trusts the
+    CA SSL_CERT_FILE names, outside the default store, as behind a TLS-intercepting proxy;
+    without tls, CERTIFICATE_VERIFY_FAILED."""
+    (ca_dir := tmp_path / "ca").mkdir()
+    ca, server_cert, server_key = _test_ca(ca_dir)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(server_cert, server_key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                with context.wrap_socket(connection, server_side=True) as tls:
+                    tls.sendall(b"hello over tls\n")
+            except (OSError, ssl.SSLError):
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    client = (
+        "import socket, ssl\n"
+        "context = ssl.create_default_context()\n"
+        "try:\n"
+        f"    raw = socket.create_connection(('127.0.0.1', {port}))\n"
+        "    with context.wrap_socket(raw, server_hostname='localhost') as tls:\n"
+        "        print('verified', tls.recv(100).decode().strip())\n"
+        "except ssl.SSLError as error:\n"
+        "    print('refused', error.reason)\n"
+    )
+    try:
+        _status, output = run(session(*ws_run, profile=profiles).plan(), ["python3", "-c", client])
+    finally:
+        listener.close()
+    if profiles == ["coder"]:
+        assert "verified hello over tls" in output, output
+    else:
+        assert "refused CERTIFICATE_VERIFY_FAILED" in output, output
 
 
 def test_the_reviewer_reads_the_workspace_and_writes_only_its_notes(
