@@ -409,7 +409,8 @@ def _bundle(arguments: argparse.Namespace) -> int:
 def _explain(arguments: argparse.Namespace) -> int:
     from nsconfine._explain import explain
 
-    visible, lines = explain(_session(arguments).plan(), arguments.path)
+    session = _session(arguments)
+    visible, lines = explain(session.plan(), arguments.path, session)
     print("\n".join(lines))
     return 0 if visible else 1
 

@@ -3,7 +3,8 @@
 The first thing a user wants when an agent says "No such file": the plan entry whose
 destination holds PATH (its kind, mode, source and reason), or that nothing in the plan grants
 it; and, for a host path, the deny rule that keeps it out of every session, with where the rule
-came from.
+came from. A symlink is followed as the session would follow it (Debian's /usr links into /etc
+in hundreds of places), and a path a built-in profile would show is answered with its name.
 """
 
 from __future__ import annotations
@@ -13,25 +14,39 @@ import os
 from nsconfine._plan import Entry, Kind, Plan, printable, within
 from nsconfine._policy import Judge, resolve
 
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from nsconfine._session import Session
 
-def explain(plan: Plan, path: str) -> tuple[bool, list[str]]:
-    """Whether a session of plan sees path, and the lines that say why."""
+MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP past it)
+
+
+def explain(plan: Plan, path: str, session: Session | None = None) -> tuple[bool, list[str]]:
+    """Whether a session of plan sees the host's path, and the lines that say why; with the
+    session, also the built-in profiles that would show a path it does not see."""
     path = os.path.normpath(os.path.abspath(path))
-    shown = printable(path)
-    lines: list[str] = []
-    entry = _covering(plan, path)
+    reached, links = _follow(plan, path)
+    lines = [
+        f"{printable(link)}: a symlink to {printable(target)}, as the session sees it"
+        for link, target in links
+    ]
+    entry = _covering(plan, reached)
+    visible = entry is not None and _shows_the_host(entry, reached)
+    shown = printable(reached)
     if entry is None:
         lines.append(f"{shown}: not visible: nothing in the plan grants it")
     else:
-        lines.append(f"{shown}: {_through(entry, path)}")
+        lines.append(f"{shown}: {_through(entry, reached)}")
+    if not visible and session is not None:
+        lines += _profiles_showing(reached, session)
     found = Judge(plan.deny).violated(resolve(path))
     if found is not None:
         rule, relation = found
         lines.append(
-            f"{shown} {relation} {printable(rule.path)}, which no session may see: "
+            f"{printable(path)} {relation} {printable(rule.path)}, which no session may see: "
             f"{printable(rule.reason)} [from {printable(rule.origin or 'the plan')}]"
         )
-    return entry is not None and found is None, lines
+    return visible and found is None, lines
 
 
 def _covering(plan: Plan, path: str) -> Entry | None:
@@ -46,15 +61,87 @@ def _covering(plan: Plan, path: str) -> Entry | None:
     return best
 
 
+def _link_target(plan: Plan, path: str) -> str | None:
+    """What path is a symlink to inside the sandbox (a symlink entry's target, or the host's
+    link a bind shows), or None when it is no symlink there."""
+    entry = _covering(plan, path)
+    if entry is None:
+        return None
+    if entry.kind is Kind.SYMLINK:
+        return entry.source if entry.dest == path else None
+    if entry.kind is not Kind.BIND:
+        return None
+    try:
+        return os.readlink(entry.source + path[len(entry.dest) :])
+    except (OSError, ValueError):  # no link, or no such path on the host
+        return None
+
+
+def _follow(plan: Plan, path: str) -> tuple[str, list[tuple[str, str]]]:
+    """The path an open of path reaches in the sandbox, each component's symlink followed as
+    the sandbox shows it, and the links followed (at most MAX_LINKS, as the kernel's lookup).
+    Iterative: a path of thousands of components, or links leading to links, costs no stack."""
+    pending = [name for name in reversed(path.split("/")) if name]
+    reached = "/"
+    links: list[tuple[str, str]] = []
+    while pending:
+        name = pending.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            reached = os.path.dirname(reached)
+            continue
+        current = os.path.join(reached, name)
+        target = _link_target(plan, current) if len(links) < MAX_LINKS else None
+        if target is None:
+            reached = current
+            continue
+        links.append((current, target))
+        pending += [part for part in reversed(target.split("/")) if part]
+        if target.startswith("/"):
+            reached = "/"
+    return reached, links
+
+
+def _shows_the_host(entry: Entry, path: str) -> bool:
+    """Does the session see the host's path through entry: a bind's host file, or a copy of
+    it; not what the sandbox makes there itself (a tmpfs, a directory, its proc and dev, a
+    generated file)."""
+    return entry.kind is Kind.BIND or (entry.kind is Kind.COPY and entry.dest == path)
+
+
 def _through(entry: Entry, path: str) -> str:
-    where = f"through the {entry.kind} entry at {printable(entry.dest)} ({entry.mode})"
+    where = f"the {entry.kind} entry at {printable(entry.dest)} ({entry.mode})"
     reason = f": {printable(entry.reason)}"
     if entry.kind is Kind.BIND:
         host = entry.source + path[len(entry.dest) :]
         exists = "" if os.path.lexists(host) else " (not there on the host now)"
-        return f"visible {where}, showing the host's {printable(host)}{exists}{reason}"
+        return f"visible through {where}, showing the host's {printable(host)}{exists}{reason}"
     if entry.kind is Kind.SYMLINK:
-        return f"a symlink to {printable(entry.source)} {where}{reason}"
+        return f"a symlink to {printable(entry.source)} through {where}{reason}"
+    if entry.kind is Kind.COPY and entry.dest == path:
+        return f"visible as a copy taken at launch, through {where}{reason}"
     if entry.kind in (Kind.DATA, Kind.COPY):
-        return f"a file nsconfine makes {where}{reason}"
-    return f"visible {where}, which the sandbox makes itself (no host path){reason}"
+        made = "a file nsconfine makes"
+    else:
+        made = f"the sandbox's own {entry.kind} (no host path)"
+    return f"the host's file is not visible: the session sees {made} there, {where}{reason}"
+
+
+def _profiles_showing(path: str, session: Session) -> list[str]:
+    """A line for each built-in profile whose own binds would show path."""
+    from nsconfine._errors import NsconfineError
+    from nsconfine._profiles import built_in
+    from nsconfine._session import profile_gives
+
+    lines: list[str] = []
+    for name in built_in():
+        try:
+            given = profile_gives(name, session, os.environ)
+        except NsconfineError:  # a profile this session cannot take (a missing credential)
+            continue
+        for source, reason in given:
+            if within(path, source):
+                lines.append(f"  --profile {name} would show it: {printable(reason)}")
+                break
+    return lines

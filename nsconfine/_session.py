@@ -671,6 +671,26 @@ def _path_text(text: str) -> str:
     return text
 
 
+def bind_sources(bind: Bind) -> list[str]:
+    """The host paths an expanded bind names: its source, or each path its glob matches."""
+    import glob
+
+    return sorted(glob.glob(bind.source)) if glob.has_magic(bind.source) else [bind.source]
+
+
+def profile_gives(name: str, session: Session, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(host path, reason) of each bind the profile `name` gives session itself (not through
+    what it includes), expanded and globbed as a launch would."""
+    applied, _ = with_profiles(session.replace(profile=(name,), binds=()), environ)
+    own = f"[profile {name}]"
+    return [
+        (source, bind.reason)
+        for bind in applied.binds
+        if bind.reason.endswith(own)
+        for source in bind_sources(bind)
+    ]
+
+
 def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry]:
     """The binds profiles give (and any Session(binds=...)), each with its reason; a bind
     already given by another entry at the same place is left out."""
@@ -694,7 +714,7 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
         source, dest = _path_text(bind.source), _path_text(bind.dest)
         pairs = [(source, dest)]
         if glob.has_magic(source):
-            pairs = [(match, match) for match in sorted(glob.glob(source))]
+            pairs = [(match, match) for match in bind_sources(bind)]
         for one_source, one_dest in pairs:
             if one_dest in taken or already_shown(one_source, one_dest, bind.mode):
                 continue
