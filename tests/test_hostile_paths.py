@@ -1,0 +1,131 @@
+"""Hostile paths meet a refusal, never a traceback: a runner directory swapped for a symlink
+while plans are built, a protected directory 1,100 levels deep, an unreadable protected file,
+a path of 3,000 components to explain, a very deep XDG_CONFIG_HOME. Every walk over a host
+path is iterative (Python 3.11's os.walk recurses), and an OS error on such a path is a
+refusal naming it, in the API and in the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import cli, give_to_session_user, session, session_dirs, session_options, sh
+from test_hostile_workspace import _swapper
+
+import nsconfine
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+def test_a_runner_directory_swapped_while_plans_are_built_is_refused(tmp_path: Path) -> None:
+    """While a host process swaps the directory of a runner file for a symlink and back,
+    every plan is built or refused (PlanError naming a path), never an OSError."""
+    workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
+    lib = tmp_path / "checkout" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "config.py").write_text("real config\n")
+    (elsewhere / "config.py").write_text("elsewhere\n")
+    give_to_session_user(lib.parent, lib, elsewhere)
+    stop = threading.Event()
+    swapper = threading.Thread(target=_swapper, args=(lib, elsewhere, stop), daemon=True)
+    swapper.start()
+    outcomes: list[str] = []
+    try:
+        for _ in range(100):
+            try:
+                session(workspace, run_dir, ro=[lib / "config.py"]).plan()
+                outcomes.append("planned")
+            except nsconfine.NsconfineError as refused:
+                outcomes.append(f"refused: {refused}")
+            except Exception as error:  # the failure this test looks for
+                outcomes.append(f"{type(error).__name__}: {error}")
+    finally:
+        stop.set()
+        swapper.join()
+    failures = [o for o in outcomes if not o.startswith(("planned", "refused"))]
+    assert failures == [], failures[:3]
+    assert "planned" in outcomes
+
+
+def _nested(top: Path, depth: int) -> None:
+    """depth directories, each inside the last, below top (by fd: the path grows too long)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+    finally:
+        os.close(fd)
+
+
+def test_a_deeply_nested_protected_directory_is_checked_without_recursion(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """1,100 directories nested inside the protected .vscode: each later launch is checked and
+    runs (or is refused), with no RecursionError."""
+    vscode = ws_run[0] / ".vscode"
+    vscode.mkdir()
+    _nested(vscode, 1100)
+    give_to_session_user(ws_run[0])
+    for _ in range(2):
+        result = cli("run", *session_options(*ws_run), "--", "/bin/true")
+        assert "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert result.returncode == 0, result.stderr
+
+
+def test_an_unreadable_protected_file_is_refused_by_oci_bundle(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A protected file the launcher cannot open (.envrc of mode 000, unprivileged): oci-bundle
+    refuses in one line naming it, as a launch does."""
+    if os.geteuid() == 0:
+        pytest.skip("root opens a file of mode 000")
+    envrc = ws_run[0] / ".envrc"
+    envrc.write_text("export X=1\n")
+    envrc.chmod(0)
+    result = cli("oci-bundle", *session_options(*ws_run), str(tmp_path / "bundle"))
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.returncode in (65, 69), result.stderr
+    assert ".envrc" in result.stderr
+
+
+def test_explain_answers_for_a_path_of_3000_components(ws_run: tuple[Path, Path]) -> None:
+    """explain of a path 3,000 components long answers (not visible), with no traceback."""
+    result = cli("explain", "/" + "a/" * 3000, *session_options(*ws_run))
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 1, result.stderr
+    assert "not visible" in result.stdout
+
+
+def test_a_very_deep_xdg_config_home_is_planned(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """A launcher whose XDG_CONFIG_HOME is 3,000 components deep gets its plan (the deny rules
+    under it kept), with no traceback; and a session runs."""
+    deep = str(tmp_path) + "/c" * 3000
+    environ = {**os.environ, "XDG_CONFIG_HOME": deep}
+    result = cli("plan", *session_options(*ws_run), env=environ)
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr
+    assert deep in result.stdout
+    ran = cli("run", *session_options(*ws_run), "--", "/bin/true", env=environ)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+
+
+def test_the_session_sees_the_nested_directory_read_only(ws_run: tuple[Path, Path]) -> None:
+    """The twin of the nested-directory test's claim that the check ran: a session cannot
+    write into the deep protected .vscode (it is bound read-only), where the workspace is."""
+    vscode = ws_run[0] / ".vscode"
+    vscode.mkdir()
+    _nested(vscode, 3)
+    give_to_session_user(ws_run[0])
+    _status, output = sh(
+        session(*ws_run).plan(),
+        f"touch {vscode}/d/d/d/x 2>/dev/null && echo WROTE-PROTECTED; "
+        f"touch {ws_run[0]}/y && echo WROTE-WORKSPACE",
+    )
+    assert "WROTE-PROTECTED" not in output, output
+    assert "WROTE-WORKSPACE" in output, output
