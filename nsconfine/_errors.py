@@ -76,3 +76,14 @@ def refuse_if_short_of_fds(error: OSError) -> None:
             f"the launcher ran out of file descriptors ({error.strerror}); nothing was run: "
             "close some, or raise its RLIMIT_NOFILE"
         ) from None
+
+
+def path_refusal(error: OSError, what: str) -> PlanError:
+    """An OSError on a host path met while what was built (a path a hostile workspace swapped
+    or made unreadable, one too long or too deep) as the refusal it is: one line naming the
+    path. A launcher out of file descriptors is told so instead (SandboxUnavailable)."""
+    from nsconfine._plan import printable
+
+    refuse_if_short_of_fds(error)
+    where = f" ({printable(str(error.filename))})" if error.filename else ""
+    return PlanError(f"{what} was refused: {error.strerror or error}{where}; nothing was run")

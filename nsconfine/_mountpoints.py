@@ -461,23 +461,32 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
     _refuse_written_through(printable(entry.source), info)
     if not stat.S_ISDIR(info.st_mode):
         return
+    from nsconfine._walk import walk
+
     seen = 0
     base = f"/proc/self/fd/{fd}"
     own = _syscalls.realpath(base)
-    for root, dirs, files in os.walk(base):
-        for name in [*files, *dirs]:
-            path = os.path.join(root, name)
-            shown = printable(entry.source + path[len(base) :])
-            member = os.lstat(path)
-            _refuse_written_through(shown, member)
-            if stat.S_ISLNK(member.st_mode):
-                _refuse_leading_out(shown, path, own, writable)
-        seen += len(files) + len(dirs)
-        if seen > PROTECTED_DIRECTORY_SCAN:
-            raise PlanError(
-                f"{printable(entry.source)} holds more than {PROTECTED_DIRECTORY_SCAN:,} "
-                "entries: too many to check that none can be changed from the workspace"
-            )
+    try:
+        for root, dirs, files in walk(base):  # iterative: no depth runs out of stack
+            for name in [*files, *dirs]:
+                path = os.path.join(root, name)
+                shown = printable(entry.source + path[len(base) :])
+                member = os.lstat(path)
+                _refuse_written_through(shown, member)
+                if stat.S_ISLNK(member.st_mode):
+                    _refuse_leading_out(shown, path, own, writable)
+            seen += len(files) + len(dirs)
+            if seen > PROTECTED_DIRECTORY_SCAN:
+                raise PlanError(
+                    f"{printable(entry.source)} holds more than {PROTECTED_DIRECTORY_SCAN:,} "
+                    "entries: too many to check that none can be changed from the workspace"
+                )
+    except OSError as error:  # unreadable, too deep for a path, or changed while checked
+        where = entry.source + (error.filename or base)[len(base) :]
+        raise PlanError(
+            f"{printable(where)} cannot be checked ({error.strerror}): nothing in "
+            f"{printable(entry.source)} may be left unchecked; make it readable, or remove it"
+        ) from None
 
 
 def _refuse_written_through(shown: str, info: os.stat_result) -> None:

@@ -28,7 +28,7 @@ import os
 import posixpath
 
 from nsconfine import _syscalls
-from nsconfine._errors import PlanError, UsageError
+from nsconfine._errors import PlanError, UsageError, path_refusal
 from nsconfine._plan import Entry, Kind, Mode, Plan, inside, printable
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
@@ -441,8 +441,11 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
                 f"the bundle {printable(bundle)} lies inside {printable(entry.source)}, "
                 "which the session can write: it could rewrite its own config.json"
             )
-    lint(plan)
-    return materialize(plan, bundle, argv)
+    try:  # an OSError on a path (unreadable, swapped while checked) refuses, naming it
+        lint(plan)
+        return materialize(plan, bundle, argv)
+    except OSError as error:
+        raise path_refusal(error, "the bundle") from None
 
 
 def _ancestors(path: str) -> list[str]:

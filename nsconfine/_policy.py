@@ -127,8 +127,33 @@ def resolve(path: str) -> str:
     try:
         return _syscalls.realpath(path)
     except OSError:
-        parent, name = os.path.split(path)
-        return path if parent == path else os.path.join(resolve(parent), name)
+        return _resolve_missing(path, {})
+
+
+def _resolve_missing(path: str, memo: dict[str, str]) -> str:
+    """path, which realpath could not resolve: its nearest ancestor that resolves, resolved,
+    and the rest as written. Iterative (a path of thousands of components costs no stack);
+    memo holds the resolved ancestors of missing paths (many rules share a home)."""
+    below: list[tuple[str, str]] = []  # (directory, name) from path upwards
+    current = path
+    while True:
+        parent, name = os.path.split(current)
+        if parent == current:  # the root (or "" for a relative path): kept as it is
+            resolved = current
+            break
+        below.append((parent, name))
+        if parent in memo:
+            resolved = memo[parent]
+            break
+        try:
+            resolved = _syscalls.realpath(parent)
+            break
+        except OSError:
+            current = parent
+    for parent, name in reversed(below):
+        memo.setdefault(parent, resolved)
+        resolved = os.path.join(resolved, name)
+    return resolved
 
 
 def _owns_home(entry: pwd.struct_passwd) -> bool:
@@ -416,8 +441,10 @@ class Judge:
         }
         if not wanted:
             return None
+        from nsconfine._walk import walk
+
         seen = 0
-        for root, dirs, files in os.walk(source):
+        for root, dirs, files in walk(source, on_error=lambda _error: None):
             for name in files:
                 path = os.path.join(root, name)
                 try:
@@ -449,7 +476,8 @@ def _collect_linked(
     """Add the files with several names in directory (depth levels down) to found; the
     budget of entries left."""
     try:
-        entries = list(os.scandir(directory))
+        with os.scandir(directory) as listing:  # closed even when listing fails half-way
+            entries = list(listing)
     except OSError:
         return budget
     for entry in entries:
@@ -474,12 +502,7 @@ def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result 
     try:
         resolved = _syscalls.realpath(path)
     except OSError:
-        parent, name = os.path.split(path)
-        if parent == path:
-            return path, None
-        if parent not in memo:
-            memo[parent] = _resolve_with(parent, memo)[0]
-        return os.path.join(memo[parent], name), None
+        return _resolve_missing(path, memo), None
     try:
         return resolved, os.stat(resolved)
     except OSError:

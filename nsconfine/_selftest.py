@@ -39,6 +39,7 @@ from nsconfine._sandbox import Sandbox
 from nsconfine._session import Harness, Session, build_plan, session_entries
 from nsconfine._spawn import spawn
 from nsconfine._system import system_entries
+from nsconfine._walk import walk
 
 if TYPE_CHECKING:
     from nsconfine._executor import Stdio
@@ -188,7 +189,7 @@ class World:
 
     def _give_to(self, user: RunAs) -> None:
         os.chmod(self.root, 0o755)  # mkdtemp's 0700 would keep the session's account out
-        for directory, names, files in os.walk(self.root):
+        for directory, names, files in walk(self.root):
             os.chown(directory, user.uid, user.gid)
             for name in names + files:
                 path = os.path.join(directory, name)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from nsconfine import _plan as p
 from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
-from nsconfine._errors import PlanError, UsageError
+from nsconfine._errors import PlanError, UsageError, path_refusal
 from nsconfine._harness import harness_entries
 from nsconfine._plan import (
     NETWORKS,
@@ -213,8 +213,17 @@ def build_plan(
     """The plan for session, checked against the deny set of the invoking user's home plus
     `homes` (selftest's stand-in home), with `--env` values taken from environ. lint=False
     leaves the lint to the launch that follows at once (spawn lints every plan afresh, while
-    bwrap builds), so that a `run` does not lint twice in a row."""
-    environ = os.environ if environ is None else environ
+    bwrap builds), so that a `run` does not lint twice in a row. An OSError on a path (one
+    swapped while the plan was built, unreadable, too long) is a PlanError naming it."""
+    try:
+        return _build_plan(session, homes, os.environ if environ is None else environ, lint)
+    except OSError as error:
+        raise path_refusal(error, "the plan") from None
+
+
+def _build_plan(
+    session: Session, homes: Sequence[str], environ: Mapping[str, str], lint: bool
+) -> Plan:
     session, profile_deny = with_profiles(session, environ)
     user = run_as(session.user)
     writable = READ | WRITE | SEARCH

@@ -12,7 +12,16 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import cli, give_to_session_user, session, session_dirs, session_options, sh
+from helpers import (
+    cli,
+    give_to_session_user,
+    session,
+    session_dirs,
+    session_gid,
+    session_options,
+    session_uid,
+    sh,
+)
 from test_hostile_workspace import _swapper
 
 import nsconfine
@@ -51,7 +60,8 @@ def test_a_runner_directory_swapped_while_plans_are_built_is_refused(tmp_path: P
 
 
 def _nested(top: Path, depth: int) -> None:
-    """depth directories, each inside the last, below top (by fd: the path grows too long)."""
+    """depth directories, each inside the last, below top (by fd: the path grows too long),
+    each the session's account's (os.walk in give_to_session_user would recurse)."""
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for _ in range(depth):
@@ -59,8 +69,20 @@ def _nested(top: Path, depth: int) -> None:
             below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = below
+            if os.geteuid() == 0:
+                os.chown(fd, session_uid(), session_gid())
     finally:
         os.close(fd)
+
+
+def _remove_nested(top: Path) -> None:
+    """Remove what _nested made, a level at a time (shutil.rmtree recurses too)."""
+    while (top / "d" / "d").exists():
+        os.rename(top / "d" / "d", top / "next")
+        os.rmdir(top / "d")
+        os.rename(top / "next", top / "d")
+    if (top / "d").exists():
+        os.rmdir(top / "d")
 
 
 def test_a_deeply_nested_protected_directory_is_checked_without_recursion(
@@ -70,25 +92,36 @@ def test_a_deeply_nested_protected_directory_is_checked_without_recursion(
     runs (or is refused), with no RecursionError."""
     vscode = ws_run[0] / ".vscode"
     vscode.mkdir()
+    give_to_session_user(vscode)
     _nested(vscode, 1100)
-    give_to_session_user(ws_run[0])
-    for _ in range(2):
-        result = cli("run", *session_options(*ws_run), "--", "/bin/true")
-        assert "Traceback" not in result.stderr, result.stderr[-2000:]
-        assert result.returncode == 0, result.stderr
+    try:
+        for _ in range(2):
+            result = cli("run", *session_options(*ws_run), "--", "/bin/true")
+            assert "Traceback" not in result.stderr, result.stderr[-2000:]
+            assert result.returncode == 0, result.stderr
+    finally:
+        _remove_nested(vscode)
 
 
 def test_an_unreadable_protected_file_is_refused_by_oci_bundle(
     ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """A protected file the launcher cannot open (.envrc of mode 000, unprivileged): oci-bundle
-    refuses in one line naming it, as a launch does."""
-    if os.geteuid() == 0:
-        pytest.skip("root opens a file of mode 000")
+    """A protected file the launcher cannot open (.envrc of mode 000; as root, a directory of
+    that name the launcher cannot search into, 1,100 deep): oci-bundle refuses in one line
+    naming it, as a launch does."""
     envrc = ws_run[0] / ".envrc"
     envrc.write_text("export X=1\n")
     envrc.chmod(0)
-    result = cli("oci-bundle", *session_options(*ws_run), str(tmp_path / "bundle"))
+    if os.geteuid() == 0:  # root opens a file of mode 000: a path too long to open, instead
+        envrc.unlink()
+        envrc.mkdir()
+        give_to_session_user(envrc)
+        _nested(envrc, 2100)
+    try:
+        result = cli("oci-bundle", *session_options(*ws_run), str(tmp_path / "bundle"))
+    finally:
+        if envrc.is_dir():
+            _remove_nested(envrc)
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.returncode in (65, 69), result.stderr
     assert ".envrc" in result.stderr
