@@ -432,23 +432,25 @@ def _copy_roots(
     files: list[str], usable: Callable[[str], bool]
 ) -> tuple[dict[str, list[str]], list[str]]:
     """Files grouped under the deepest directory they share that is usable as a tmpfs root;
-    files that sit directly in an unusable directory are left to be bound one by one."""
-    root = os.path.dirname(files[0]) if len(files) == 1 else os.path.commonpath(files)
-    if usable(root):
-        return {root: files}, []
-    groups: dict[str, list[str]] = {}
-    leftover = []
-    for path in files:
-        below = path[len(root.rstrip("/")) + 1 :].split("/", 1)
-        if len(below) == 1:
-            leftover.append(path)
-        else:
-            groups.setdefault(os.path.join(root, below[0]), []).append(path)
+    files that sit directly in an unusable directory are left to be bound one by one. (Its own
+    stack: runner files may lie thousands of directories deep.)"""
     roots: dict[str, list[str]] = {}
-    for members in groups.values():
-        more_roots, more_leftover = _copy_roots(members, usable)
-        roots.update(more_roots)
-        leftover += more_leftover
+    leftover: list[str] = []
+    pending = [files]
+    while pending:
+        group = pending.pop()
+        root = os.path.dirname(group[0]) if len(group) == 1 else os.path.commonpath(group)
+        if usable(root):
+            roots[root] = group
+            continue
+        below_root: dict[str, list[str]] = {}
+        for path in group:
+            below = path[len(root.rstrip("/")) + 1 :].split("/", 1)
+            if len(below) == 1:
+                leftover.append(path)
+            else:
+                below_root.setdefault(os.path.join(root, below[0]), []).append(path)
+        pending += reversed(below_root.values())
     return roots, leftover
 
 
