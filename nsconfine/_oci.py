@@ -28,7 +28,7 @@ import os
 import posixpath
 
 from nsconfine import _syscalls
-from nsconfine._errors import PlanError, UsageError, path_refusal
+from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._plan import Entry, Kind, Mode, Plan, inside, printable
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
@@ -444,6 +444,8 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
     try:  # an OSError on a path (unreadable, swapped while checked) refuses, naming it
         lint(plan)
         return materialize(plan, bundle, argv)
+    except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
+        raise
     except OSError as error:
         raise path_refusal(error, "the bundle") from None
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from nsconfine import _plan as p
 from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
-from nsconfine._errors import PlanError, UsageError, path_refusal
+from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._harness import harness_entries
 from nsconfine._plan import (
     NETWORKS,
@@ -217,6 +217,8 @@ def build_plan(
     swapped while the plan was built, unreadable, too long) is a PlanError naming it."""
     try:
         return _build_plan(session, homes, os.environ if environ is None else environ, lint)
+    except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
+        raise
     except OSError as error:
         raise path_refusal(error, "the plan") from None
 
