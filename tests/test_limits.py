@@ -1,0 +1,452 @@
+"""One session never takes what others need: its processes, open files, ptys, inotify
+instances and watches, and the memory its writable file systems hold are its own share.
+
+Each limit is tried by a real session on real namespaces, which takes as much as it can (up to
+a bound, so that a weakened twin takes a bounded amount of its account's, never all of it) and
+reports how much it got; each has a twin on which the same session gets past the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from helpers import (
+    SESSION_USER,
+    cli,
+    python_child,
+    session,
+    session_dirs,
+    session_options,
+    sh,
+)
+
+import nsconfine
+from nsconfine._mounts import mount_table_problems
+from nsconfine._selftest import World
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+MiB = 1 << 20
+
+# The defaults, as the README states them.
+DEFAULT_PROCESSES = 1024
+DEFAULT_OPEN_FILES = 1024
+DEFAULT_TMP = 1024 * MiB
+DEFAULT_SHM = 64 * MiB
+DEFAULT_PTYS = 16
+DEFAULT_INOTIFY_INSTANCES = 16
+
+# A session takes as many processes as it can, up to bound; "hold" keeps them until killed.
+_SPAWN = r"""
+import os, sys, time
+bound = int(sys.argv[1])
+children = []
+while len(children) < bound:
+    try:
+        children.append(os.posix_spawn("/bin/sleep", ["sleep", "600"], {}))
+    except OSError:
+        break
+print(len(children), flush=True)
+if sys.argv[2:] == ["hold"]:
+    time.sleep(600)
+"""
+
+_PTYS = r"""
+import os, sys
+held = []
+while len(held) < int(sys.argv[1]):
+    try:
+        held.append(os.openpty())
+    except OSError:
+        break
+print(len(held))
+"""
+
+_INOTIFY = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+bound, what = int(sys.argv[1]), sys.argv[2]
+got = 0
+if what == "instances":
+    while got < bound and libc.inotify_init1(os.O_CLOEXEC) >= 0:
+        got += 1
+else:
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    for name in sorted(os.listdir("/usr/bin"))[:bound]:
+        if libc.inotify_add_watch(fd, os.fsencode("/usr/bin/" + name), 2) < 0:  # IN_MODIFY
+            break
+        got += 1
+print(got)
+"""
+
+_OPEN_FILES = r"""
+import os, sys
+held = []
+while len(held) < int(sys.argv[1]):
+    try:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+print(len(held))
+"""
+
+_FILL = r"""
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+try:
+    os.posix_fallocate(fd, 0, int(sys.argv[2]))
+    print("filled")
+except OSError as error:
+    print("refused", error.strerror)
+"""
+
+
+def _count(plan: nsconfine.Plan, script: str, *args: object) -> int:
+    status, output = sh(plan, f"python3 -c '{script}' {' '.join(map(str, args))}")
+    assert status == 0, output
+    return int(output.split()[-1])
+
+
+def _fill(plan: nsconfine.Plan, path: str, size: int) -> str:
+    status, output = sh(plan, f"python3 -c '{_FILL}' {path} {size}; rm -f {path}")
+    assert status == 0, output
+    return output.strip()
+
+
+def _limited(ws_run: tuple[Path, Path], **limits: object) -> nsconfine.Plan:
+    return session(*ws_run, limits=limits).plan()
+
+
+def _raised(plan: nsconfine.Plan, **limits: int) -> nsconfine.Plan:
+    return plan.replace(limits=plan.limits.replace(**limits))
+
+
+# ------------------------------------------------------------------ processes
+
+
+def test_a_session_cannot_fork_past_its_process_limit(ws_run: tuple[Path, Path]) -> None:
+    """A session allowed 50 processes gets fewer than 50 (bwrap's own count too)."""
+    plan = _limited(ws_run, processes=50)
+    assert plan.limits.processes == 50
+    assert 30 < _count(plan, _SPAWN, 200) < 50
+
+
+def test_a_session_with_a_raised_process_limit_forks_past_it(ws_run: tuple[Path, Path]) -> None:
+    """The twin: the same session with room for 100,000 gets all 200 it asks for."""
+    plan = _raised(_limited(ws_run, processes=50), processes=100_000)
+    assert _count(plan, _SPAWN, 200) == 200
+
+
+def test_a_default_session_cannot_fork_past_1024_processes(plan: nsconfine.Plan) -> None:
+    """By default a session gets at most 1,024 processes."""
+    assert _count(plan, _SPAWN, DEFAULT_PROCESSES + 50) < DEFAULT_PROCESSES
+    assert plan.limits.processes == DEFAULT_PROCESSES
+
+
+_LAUNCH_AND_FORK = """
+import resource
+if sys.argv[4]:  # the twin: this launcher's own process limit is the session's
+    resource.setrlimit(resource.RLIMIT_NPROC, (int(sys.argv[4]), int(sys.argv[4])))
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
+try:
+    read_end, write_end = os.pipe()
+    sandbox = nsconfine.spawn(plan, ["python3", "-c", sys.argv[5], "20"], stdout=write_end)
+    os.close(write_end)
+    got = os.read(read_end, 100).decode().strip()
+    sandbox.wait(60)
+    print("forked", got)
+except (nsconfine.NsconfineError, OSError) as error:
+    print("refused", error)
+"""
+
+
+def _second_launch(ws_run: tuple[Path, Path], launcher_nproc: str) -> str:
+    child = python_child(
+        _LAUNCH_AND_FORK,
+        str(ws_run[0]),
+        str(ws_run[1]),
+        SESSION_USER or "",
+        launcher_nproc,
+        _SPAWN,
+        stdout=-1,
+    )
+    output, _ = child.communicate(timeout=120)
+    return output.strip()
+
+
+def _holding_all_it_can(plan: nsconfine.Plan) -> tuple[nsconfine.Sandbox, int, int]:
+    read_end, write_end = os.pipe()
+    sandbox = nsconfine.spawn(plan, ["python3", "-c", _SPAWN, "300", "hold"], stdout=write_end)
+    os.close(write_end)
+    held = int(os.read(read_end, 100).decode().strip())
+    return sandbox, held, read_end
+
+
+def test_a_session_at_its_process_limit_leaves_its_account_room(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """While a session holds every process it may (forking until fork fails), its account
+    still launches another session, which forks: the cap is the session's, not the account's
+    (RLIMIT_NPROC is set only once the session's own user namespace exists)."""
+    sandbox, held, read_end = _holding_all_it_can(_limited(ws_run, processes=50))
+    try:
+        assert held < 50
+        other = session_dirs(tmp_path, "ws2", "run2")
+        assert _second_launch((other[0], other[1]), "") == "forked 20"
+    finally:
+        sandbox.kill()
+        sandbox.wait(60)
+        os.close(read_end)
+
+
+def test_a_process_cap_on_the_launcher_starves_its_account(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The twin: a launcher whose own process limit is the session's (what a limit set before
+    the session's user namespace would do to the account) cannot launch while the first
+    session holds its share."""
+    sandbox, held, read_end = _holding_all_it_can(_limited(ws_run, processes=50))
+    try:
+        assert held < 50
+        other = session_dirs(tmp_path, "ws2", "run2")
+        assert _second_launch((other[0], other[1]), "50").startswith("refused")
+    finally:
+        sandbox.kill()
+        sandbox.wait(60)
+        os.close(read_end)
+
+
+# ------------------------------------------------------------------ open files
+
+
+def test_a_session_cannot_open_past_its_open_file_limit(ws_run: tuple[Path, Path]) -> None:
+    """A session allowed 64 open files per process opens fewer than 64."""
+    plan = _limited(ws_run, open_files=64)
+    assert 40 < _count(plan, _OPEN_FILES, 200) < 64
+
+
+def test_a_session_with_a_raised_open_file_limit_opens_past_it(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """The twin: raised, the same session opens all 200 it asks for."""
+    plan = _raised(_limited(ws_run, open_files=64), open_files=4096)
+    assert _count(plan, _OPEN_FILES, 200) == 200
+
+
+def test_a_default_session_holds_at_most_1024_files_per_process(plan: nsconfine.Plan) -> None:
+    """By default the command's hard limit on open files is at most 1,024."""
+    status, output = sh(plan, "grep 'Max open files' /proc/self/limits")
+    assert status == 0, output
+    assert int(output.split()[4]) <= DEFAULT_OPEN_FILES, output
+
+
+def test_a_plan_that_hands_bwrap_many_fds_still_launches(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The open-file limit is the command's, not bwrap's: a plan that copies 100 runner files
+    (an fd each, handed to bwrap) launches with open_files=32, and each copy is there."""
+    runner = tmp_path / "runner"
+    runner.mkdir()
+    files = []
+    for number in range(100):
+        path = runner / f"mod{number}.py"
+        path.write_text(f"# {number}\n")
+        files.append(str(path))
+    os.chmod(runner, 0o755)
+    plan = session(*ws_run, ro=files, limits={"open_files": 32}).plan()
+    assert any(entry.kind == "copy" for entry in plan.entries)
+    status, output = sh(plan, f"cat {files[0]} {files[-1]}")
+    assert (status, output) == (0, "# 0\n# 99\n")
+
+
+# ------------------------------------------------------------------ ptys
+
+
+def test_a_default_session_holds_at_most_16_ptys(plan: nsconfine.Plan) -> None:
+    """A session's ptys come from a devpts of its own that holds 16."""
+    assert _count(plan, _PTYS, 40) == DEFAULT_PTYS
+    assert plan.limits.ptys == DEFAULT_PTYS
+
+
+def test_a_session_without_its_own_devpts_takes_the_hosts_ptys(plan: nsconfine.Plan) -> None:
+    """The twin: with bwrap's own devpts (the plan without its /dev/pts entry), the same
+    session gets all 40 it asks for, from the ptys the host has for every sandbox."""
+    assert _count(plan.without("/dev/pts"), _PTYS, 40) == 40
+
+
+def test_a_session_with_3_ptys_gets_3(ws_run: tuple[Path, Path]) -> None:
+    """limits={"ptys": 3}: the fourth pty is refused."""
+    assert _count(_limited(ws_run, ptys=3), _PTYS, 40) == 3
+
+
+def test_the_mount_check_refuses_the_hosts_devpts(
+    plan: nsconfine.Plan, without: Callable[..., None]
+) -> None:
+    """Were the launcher's child not to make the session's devpts (its limits step switched
+    off), bwrap would bind the host's /dev/pts: the mount check refuses that sandbox."""
+    without("session-limits")
+    with pytest.raises(nsconfine.SandboxUnavailable, match="/dev/pts"):
+        sh(plan, "ls /dev/pts")
+
+
+# ------------------------------------------------------------------ inotify
+
+
+def test_a_default_session_holds_at_most_16_inotify_instances(plan: nsconfine.Plan) -> None:
+    """A session's inotify instances are counted in a user namespace of its own: 16."""
+    assert _count(plan, _INOTIFY, 40, "instances") == DEFAULT_INOTIFY_INSTANCES
+    assert plan.limits.inotify_instances == DEFAULT_INOTIFY_INSTANCES
+
+
+def test_a_session_with_raised_inotify_instances_takes_more(plan: nsconfine.Plan) -> None:
+    """The twin: raised to 1,000, the same session gets all 40 it asks for."""
+    assert _count(_raised(plan, inotify_instances=1000), _INOTIFY, 40, "instances") == 40
+
+
+def test_a_session_cannot_watch_past_its_inotify_watches(ws_run: tuple[Path, Path]) -> None:
+    """limits={"inotify_watches": 10}: the eleventh watch is refused; raised, 30 are not."""
+    plan = _limited(ws_run, inotify_watches=10)
+    assert _count(plan, _INOTIFY, 30, "watches") == 10
+    assert _count(_raised(plan, inotify_watches=1000), _INOTIFY, 30, "watches") == 30
+
+
+# ------------------------------------------------------------------ memory: /tmp, HOME, /dev
+
+
+def test_a_default_sessions_tmp_holds_at_most_1_gib(plan: nsconfine.Plan) -> None:
+    """/tmp is a tmpfs of 1 GiB: a session cannot fill the host's memory through it."""
+    assert _fill(plan, "/tmp/filler", DEFAULT_TMP + MiB).startswith("refused")
+
+
+def test_a_sessions_tmp_holds_its_size(ws_run: tuple[Path, Path]) -> None:
+    """limits={"tmp": "4M"}: 5 MiB do not fit in /tmp; raised to 64 MiB, they do."""
+    plan = _limited(ws_run, tmp="4M")
+    assert plan.limits.tmp == 4 * MiB
+    assert _fill(plan, "/tmp/filler", 5 * MiB).startswith("refused")
+    assert _fill(_raised(plan, tmp=64 * MiB), "/tmp/filler", 5 * MiB) == "filled"
+
+
+def test_a_fresh_home_holds_the_tmp_size(ws_run: tuple[Path, Path]) -> None:
+    """A fresh HOME (a tmpfs too) holds no more than /tmp does."""
+    plan = session(*ws_run, home_mode="fresh", limits={"tmp": "4M"}).plan()
+    home = os.path.join(ws_run[1], "home")
+    assert _fill(plan, f"{home}/filler", 5 * MiB).startswith("refused")
+    assert _fill(_raised(plan, tmp=64 * MiB), f"{home}/filler", 5 * MiB) == "filled"
+
+
+def test_dev_is_read_only(plan: nsconfine.Plan) -> None:
+    """bwrap's /dev tmpfs is read-only: nothing can be stored there (it is unlimited)."""
+    _status, output = sh(plan, ": > /dev/planted && echo written")
+    assert "written" not in output, output
+
+
+def test_without_its_remount_dev_is_writable(plan: nsconfine.Plan) -> None:
+    """The twin: without the plan's remount-ro of /dev, the session writes there."""
+    weakened = plan.replace(
+        entries=tuple(e for e in plan.entries if not (e.dest == "/dev" and e.kind == "remount-ro"))
+    )
+    _status, output = sh(weakened, ": > /dev/planted && echo written")
+    assert "written" in output, output
+
+
+def test_dev_shm_holds_at_most_its_size(plan: nsconfine.Plan) -> None:
+    """/dev/shm is a tmpfs of 64 MiB by default; raised, the same fill fits."""
+    assert _fill(plan, "/dev/shm/filler", DEFAULT_SHM + MiB).startswith("refused")
+    assert _fill(_raised(plan, shm=128 * MiB), "/dev/shm/filler", DEFAULT_SHM + MiB) == "filled"
+
+
+def test_the_mount_check_checks_tmpfs_sizes(plan: nsconfine.Plan) -> None:
+    """The mount check reads each tmpfs's size: a /tmp of another size than the plan's is
+    refused, as a missing size would be."""
+    status, mountinfo = sh(plan, "cat /proc/self/mountinfo")
+    assert status == 0
+    assert mount_table_problems(mountinfo, plan) == []
+    lines = mountinfo.splitlines()
+    tmp = next(i for i, line in enumerate(lines) if line.split()[4] == "/tmp")
+    assert "size=" in lines[tmp]
+    lines[tmp] = lines[tmp].replace("size=", "size=9")
+    problems = mount_table_problems("\n".join(lines), plan)
+    assert any("/tmp" in problem for problem in problems), problems
+
+
+# ------------------------------------------------------------------ plan data
+
+
+def test_the_manifest_states_each_limit_with_its_reason(plan: nsconfine.Plan) -> None:
+    """The manifest (text and JSON) lists every limit, its value and why; memory too, saying
+    whether this host can enforce it."""
+    data = plan.to_json()["limits"]
+    names = {limit["name"] for limit in data}
+    assert {"processes", "open_files", "tmp", "shm", "ptys", "inotify_instances",
+            "inotify_watches", "memory"} <= names  # fmt: skip
+    assert all(limit["reason"] for limit in data)
+    text = plan.manifest()
+    assert "limits" in text
+    assert "inotify_instances" in text
+    assert "memory" in text
+
+
+def test_limits_come_from_the_cli_and_profiles(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """--limit NAME=VALUE and a profile's [limits] table set them; the command line wins."""
+    profile = tmp_path / "limited.toml"
+    profile.write_text('description = "limited"\n[limits]\nptys = 4\nprocesses = 64\n')
+    result = cli(
+        "plan", "--json", *session_options(*ws_run), "--profile", str(profile),
+        "--limit", "processes=128", "--limit", "tmp=8M",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    values = {limit["name"]: limit["value"] for limit in json.loads(result.stdout)["limits"]}
+    assert (values["ptys"], values["processes"], values["tmp"]) == (4, 128, 8 * MiB)
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["bogus=1", "processes=0", "processes=many", "tmp=12Q", "ptys", "memory=1G"],
+)
+def test_a_bad_limit_is_a_usage_error(ws_run: tuple[Path, Path], given: str) -> None:
+    """A limit nsconfine does not know, or a value it cannot take (or, for memory, cannot
+    enforce here), is refused on one line, exit 64, and nothing runs."""
+    result = cli("plan", *session_options(*ws_run), "--limit", given)
+    assert result.returncode == 64, result.stderr
+    assert result.stderr.startswith("nsconfine: usage: ")
+    assert "Traceback" not in result.stderr
+    assert given.partition("=")[0] in result.stderr
+
+
+def test_check_says_which_limits_this_host_enforces() -> None:
+    """`nsconfine check` has a row saying how each limit is enforced here, memory included."""
+    result = cli("check", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row["detail"] for row in json.loads(result.stdout)["checks"]}
+    assert "limits" in rows
+    for name in ("processes", "ptys", "inotify", "memory"):
+        assert name in rows["limits"], rows["limits"]
+
+
+def test_selftest_probes_the_process_limit(world: World) -> None:
+    """selftest's process-limit probe holds, and its weakened twin (the limit raised) fails."""
+    assert world.process_limit_leaks() is None
+    assert world.process_limit_leaks(weakened=True) is not None
+
+
+def test_two_sessions_of_one_account_are_limited_apart(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """Two sessions of one account are limited each on its own: both hold close to their 50
+    processes at once."""
+    first, held_first, first_end = _holding_all_it_can(_limited(ws_run, processes=50))
+    try:
+        second, held_second, second_end = _holding_all_it_can(_limited(ws_run, processes=50))
+        second.kill()
+        second.wait(60)
+        os.close(second_end)
+    finally:
+        first.kill()
+        first.wait(60)
+        os.close(first_end)
+    assert 30 < held_first < 50
+    assert 30 < held_second < 50
