@@ -38,6 +38,11 @@
 #define NSC_STAGE_NO_NEW_PRIVS 24 /* prctl(PR_SET_NO_NEW_PRIVS) */
 #define NSC_STAGE_KEYRING 25    /* keyctl(KEYCTL_JOIN_SESSION_KEYRING) */
 #define NSC_STAGE_FILTER 26     /* building the seccomp filter: ENOSPC, or ENOSYS off x86_64/aarch64 */
+/* The reaper's steps for a session's limits (csrc/reaper.c), reported on its info fd. */
+#define NSC_STAGE_SESSION_NS 29 /* unshare(CLONE_NEWUSER | CLONE_NEWNS) for the session's limits */
+#define NSC_STAGE_DEVPTS 30     /* mount the session's own devpts at /dev/pts */
+#define NSC_STAGE_INOTIFY 31    /* write that namespace's /proc/sys/user/max_inotify_* */
+#define NSC_STAGE_NPROC 32      /* prlimit(RLIMIT_NPROC) */
 
 /* At most this many fds after 0-2 (a plan's copied files each take one). */
 #define NSC_MAX_PASS_FDS 65536
@@ -169,6 +174,7 @@ int nsc_seccomp_rules(unsigned int rules, struct nsc_seccomp_rule *out, size_t c
 #define NSC_SHIM_STAGE_EXEC 6
 #define NSC_SHIM_STAGE_SIGNALS 7
 #define NSC_SHIM_STAGE_TTY 8
+#define NSC_SHIM_STAGE_LIMITS 9 /* prlimit(RLIMIT_NOFILE) of the command */
 #define NSC_SHIM_EXECUTING 88 /* 'X' on the error pipe: the shim took its command and now execs
                                  it; EOF without it means the shim ended before (killed) */
 

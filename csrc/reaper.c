@@ -2,7 +2,7 @@
  * nsconfine's reaper: the launcher's child, which runs bwrap and makes sure
  * nothing of the session outlives either of them.
  *
- *     _reaper LIFELINE_FD INFO_FD BWRAP [ARG...]
+ *     _reaper LIFELINE_FD INFO_FD LIMITS BWRAP [ARG...]
  *
  * Why it exists: bwrap's sandbox child has no parent-death signal from its
  * clone until its pid 1 starts (bubblewrap sets it only then). Kill bwrap in
@@ -25,24 +25,156 @@
  * If bwrap cannot be executed, it writes {"reaper-errno": N} on INFO_FD
  * (where bwrap would have written its own report) and exits 127.
  *
+ * LIMITS is "-", or PROCESSES,PTYS,INOTIFY_INSTANCES,INOTIFY_WATCHES: the
+ * session's share (nsconfine/_limits.py), which the reaper takes before it
+ * starts bwrap (take_limits below); if a step fails it writes
+ * {"reaper-errno": N, "reaper-stage": S} (S: an NSC_STAGE_*) and exits 127.
+ *
  * The launcher started it with everything bwrap needs at the right fd
  * numbers; bwrap inherits them all, and the reaper closes its own copies
  * once bwrap runs, so it never holds a session's pipe open. No libc (see
  * freestanding.h): it runs once per launch, and must start fast.
  */
 #include "freestanding.h"
+#include "nsconfine.h" /* the stages it reports */
+
+#include <linux/capability.h>
+#include <linux/mount.h>
+#include <linux/sched.h>
+
+#define RLIMIT_NPROC_ 6 /* the same on x86_64 and aarch64 */
 
 #define TEARDOWN_SIGNALS                                                                       \
     (KSIGBIT(SIGTERM) | KSIGBIT(SIGINT) | KSIGBIT(SIGHUP) | KSIGBIT(SIGQUIT))
 
-static void report_exec_failure(int info_fd, long err)
+/* {"reaper-errno": err} on the info fd, with "reaper-stage" when stage > 0. */
+static void report_failure(int info_fd, long err, int stage)
 {
-    char text[64] = "{\"reaper-errno\": ";
+    char text[96] = "{\"reaper-errno\": ";
     size_t n = strlen(text);
     n += format_unsigned(text + n, (unsigned long)err);
+    if (stage > 0) {
+        memcpy(text + n, ", \"reaper-stage\": ", 18);
+        n += 18;
+        n += format_unsigned(text + n, (unsigned long)stage);
+    }
     text[n++] = '}';
     text[n++] = '\n';
     (void)sys_write_all(info_fd, text, n);
+}
+
+/* PROCESSES,PTYS,INOTIFY_INSTANCES,INOTIFY_WATCHES into limits; 0, or -1 if malformed. */
+static int parse_limits(char *text, long limits[4])
+{
+    for (int i = 0; i < 4; i++) {
+        char *end = text;
+        while (*end && *end != ',')
+            end++;
+        if ((*end == ',') != (i < 3))
+            return -1;
+        *end = '\0';
+        limits[i] = parse_unsigned(text);
+        if (limits[i] < 0)
+            return -1;
+        text = end + 1;
+    }
+    return 0;
+}
+
+static long write_text(const char *path, const char *text, size_t len)
+{
+    long fd = RETRY(SYS4(__NR_openat, AT_FDCWD_, path, O_WRONLY | O_CLOEXEC, 0));
+    if (fd < 0)
+        return fd;
+    long r = sys_write_all((int)fd, text, len);
+    (void)SYS1(__NR_close, fd);
+    return r < 0 ? r : 0;
+}
+
+/* "<id> <id> 1\n": the id mapped to itself. */
+static long map_to_itself(const char *path, unsigned long id)
+{
+    char map[64];
+    size_t n = format_unsigned(map, id);
+    map[n++] = ' ';
+    n += format_unsigned(map + n, id);
+    memcpy(map + n, " 1\n", 3);
+    return write_text(path, map, n + 3);
+}
+
+static long write_number(const char *path, unsigned long value)
+{
+    char text[24];
+    return write_text(path, text, format_unsigned(text, value));
+}
+
+/*
+ * The session's share: a user and a mount namespace of its own, which bwrap starts in and
+ * its namespaces nest in; ids mapped to themselves, so that bwrap runs as it would have.
+ * Here and not in the launcher's child: that child shares the launcher's memory, and, once a
+ * root launcher has given it the session's ids, the kernel no longer lets it be dumped, so
+ * its /proc/self files are root's and it could not write its maps; a namespace made before
+ * the ids changed would charge root's counts. The reaper is its own exec'd process.
+ *
+ * The kernel counts an account's processes and inotify instances and watches per user
+ * namespace, at every level up to the host's, and checks each level against a limit
+ * (kernel/ucount.c): the inotify ones against each namespace's own sysctls, written here;
+ * processes against RLIMIT_NPROC below this namespace, and at this namespace's own level
+ * against the RLIMIT_NPROC its creator had when it made it. So RLIMIT_NPROC is lowered
+ * *after* the unshare, where it caps this session alone and the account's count on the host
+ * stays under the launcher's limit; lowered before, it would cap the account's whole count,
+ * every other session and the launcher among them. Soft and hard alike, never raised.
+ *
+ * The ptys: a devpts with max=, mounted over /dev/pts in this mount namespace (whose mounts
+ * do not reach the host's: the kernel made its copies of the host's mounts slaves), which
+ * bwrap binds from there; its ptys still count against the host's kernel.pty.max.
+ *
+ * The capabilities the unshare gave (in the new namespace only) are dropped at the end:
+ * bwrap would lose them at its exec anyway; the reaper keeps none for its lifetime.
+ */
+static long take_limits(const long limits[4], int *stage)
+{
+    unsigned long uid = (unsigned long)SYS0(__NR_geteuid); /* overflow ids after the unshare */
+    unsigned long gid = (unsigned long)SYS0(__NR_getegid);
+    long r;
+    *stage = NSC_STAGE_SESSION_NS;
+    if ((r = SYS1(__NR_unshare, CLONE_NEWUSER | CLONE_NEWNS)) < 0)
+        return r;
+    *stage = NSC_STAGE_SETGROUPS;
+    if ((r = write_text("/proc/self/setgroups", "deny", 4)) < 0)
+        return r;
+    *stage = NSC_STAGE_UID_MAP;
+    if ((r = map_to_itself("/proc/self/uid_map", uid)) < 0)
+        return r;
+    *stage = NSC_STAGE_GID_MAP;
+    if ((r = map_to_itself("/proc/self/gid_map", gid)) < 0)
+        return r;
+    if (limits[1] > 0) {
+        char options[96] = "newinstance,ptmxmode=0666,mode=620,max=";
+        size_t n = strlen(options);
+        options[n + format_unsigned(options + n, (unsigned long)limits[1])] = '\0';
+        *stage = NSC_STAGE_DEVPTS;
+        r = SYS5(__NR_mount, "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, options);
+        if (r < 0)
+            return r;
+    }
+    *stage = NSC_STAGE_INOTIFY;
+    if ((r = write_number("/proc/sys/user/max_inotify_instances", (unsigned long)limits[2])) < 0 ||
+        (r = write_number("/proc/sys/user/max_inotify_watches", (unsigned long)limits[3])) < 0)
+        return r;
+    uint64_t nproc[2]; /* struct rlimit64: soft, hard */
+    *stage = NSC_STAGE_NPROC;
+    if ((r = SYS4(__NR_prlimit64, 0, RLIMIT_NPROC_, 0, nproc)) < 0)
+        return r;
+    for (int i = 0; i < 2; i++)
+        nproc[i] = nproc[i] < (uint64_t)limits[0] ? nproc[i] : (uint64_t)limits[0];
+    if ((r = SYS4(__NR_prlimit64, 0, RLIMIT_NPROC_, nproc, 0)) < 0)
+        return r;
+    struct __user_cap_header_struct header = { _LINUX_CAPABILITY_VERSION_3, 0 };
+    struct __user_cap_data_struct none[_LINUX_CAPABILITY_U32S_3];
+    memset(none, 0, sizeof none);
+    *stage = NSC_STAGE_CAPS;
+    return SYS2(__NR_capset, &header, none);
 }
 
 /* Start bwrap: a plain fork (this process is small), so the child may use its own stack. */
@@ -119,11 +251,13 @@ __attribute__((noreturn)) static void exit_like(int status)
 
 int helper_main(int argc, char **argv, char **envp)
 {
-    if (argc < 4)
+    if (argc < 5)
         return 2;
     long lifeline = parse_unsigned(argv[1]);
     long info_fd = parse_unsigned(argv[2]);
-    if (lifeline < 0 || info_fd < 0)
+    long limits[4];
+    int limited = !(argv[3][0] == '-' && argv[3][1] == '\0');
+    if (lifeline < 0 || info_fd < 0 || (limited && parse_limits(argv[3], limits) < 0))
         return 2;
     if (SYS5(__NR_prctl, PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
         return 2;
@@ -137,16 +271,23 @@ int helper_main(int argc, char **argv, char **envp)
     if (SYS3(__NR_fcntl, lifeline, F_SETFD, FD_CLOEXEC) < 0)
         return 2;
 
+    int stage;
+    long err = limited ? take_limits(limits, &stage) : 0;
+    if (err < 0) {
+        report_failure((int)info_fd, -err, stage);
+        return 127;
+    }
+
     /* The exec's outcome: EOF on this close-on-exec pipe, or bwrap's errno. */
     int status_pipe[2];
     if (SYS2(__NR_pipe2, status_pipe, O_CLOEXEC) < 0)
         return 2;
-    long bwrap = start_bwrap(argv + 3, envp, &old, status_pipe[1]);
+    long bwrap = start_bwrap(argv + 4, envp, &old, status_pipe[1]);
     (void)SYS1(__NR_close, status_pipe[1]);
     int exec_errno = 0;
     long got = bwrap < 0 ? 0 : sys_read(status_pipe[0], &exec_errno, sizeof exec_errno);
     if (bwrap < 0 || got == (long)sizeof exec_errno) {
-        report_exec_failure((int)info_fd, bwrap < 0 ? -bwrap : exec_errno);
+        report_failure((int)info_fd, bwrap < 0 ? -bwrap : exec_errno, 0);
         sweep();
         return 127;
     }

@@ -2,7 +2,7 @@
  * nsconfine's exec shim: the first command of every sandbox (bwrap runs it
  * from a sealed memfd, as /proc/self/fd/7).
  *
- *     _shim SOCKET_FD IDLE_TIMEOUT_MS GUARD_PID_1
+ *     _shim SOCKET_FD IDLE_TIMEOUT_MS GUARD_PID_1 OPEN_FILES
  *
  * The sandbox is already built (namespaces, mounts, environment, working
  * directory) when this runs; what is missing is the caller's command. The
@@ -35,6 +35,10 @@
  * successful exec (EOF); on failure the shim writes {errno, stage} into it
  * and exits 127. EOF with neither means the shim was killed first. EOF on the socket (the launcher closed the sandbox or died)
  * or the idle timeout: exit 0, the sandbox ends and the launcher reaps it.
+ *
+ * OPEN_FILES > 0 is the most files each process of the command may hold open: the shim
+ * lowers its RLIMIT_NOFILE (soft and hard) to it, never raising either, just before the exec
+ * (bwrap, which holds an fd for every copied runner file, keeps the launcher's).
  *
  * With GUARD_PID_1 = 1 the shim first takes a Landlock domain of its own, scoped
  * (ABI 6): its command, and all it starts, can then neither ptrace, read or
@@ -227,6 +231,20 @@ static void take_new_terminal(int sock)
         fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
 }
 
+#define RLIMIT_NOFILE_ 7 /* the same on x86_64 and aarch64 */
+
+/* RLIMIT_NOFILE lowered to at most most (soft and hard); 0, or -errno. */
+static long cap_open_files(uint64_t most)
+{
+    uint64_t limit[2]; /* struct rlimit64: soft, hard */
+    long r = SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, 0, limit);
+    if (r < 0)
+        return r;
+    for (int i = 0; i < 2; i++)
+        limit[i] = limit[i] < most ? limit[i] : most;
+    return SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, limit, 0);
+}
+
 /* Length of the NAME= part of a NAME=VALUE string (0 if it has no '='). */
 static size_t name_length(const char *var)
 {
@@ -329,12 +347,13 @@ __attribute__((noreturn)) static void exec_command(char **args, char **envp)
 
 int helper_main(int argc, char **argv, char **envp)
 {
-    if (argc != 4)
+    if (argc != 5)
         return 2;
     long sock = parse_unsigned(argv[1]);
     long timeout_ms = parse_unsigned(argv[2]);
     long guard = parse_unsigned(argv[3]);
-    if (sock < 3 || timeout_ms < 0 || guard < 0 || guard > 1)
+    long open_files = parse_unsigned(argv[4]);
+    if (sock < 3 || timeout_ms < 0 || guard < 0 || guard > 1 || open_files < 0)
         return 2;
     if (guard && guard_pid_1() < 0) {
         (void)sys_write_all((int)sock, "L", 1);
@@ -426,6 +445,8 @@ int helper_main(int argc, char **argv, char **envp)
     long r = sys_sigprocmask(SIG_SETMASK, &none, 0);
     if (r < 0)
         fail(r, NSC_SHIM_STAGE_SIGNALS);
+    if (open_files > 0 && (r = cap_open_files((uint64_t)open_files)) < 0)
+        fail(r, NSC_SHIM_STAGE_LIMITS);
     /* Everything else, the socket and the error pipe too, closes at exec. */
     r = sys_close_range(3, ~0U, CLOSE_RANGE_CLOEXEC_);
     if (r < 0)

@@ -60,6 +60,8 @@ REQUIRED_OPTIONS = (
     "--bind",
     "--ro-bind",
     "--tmpfs",
+    "--size",
+    "--dev-bind",
     "--dir",
     "--symlink",
     "--proc",
@@ -87,8 +89,14 @@ def _entry_arguments(entry: Entry, data_fd: int, bind_fds: bool) -> tuple[str, .
         case Kind.BIND:
             option = "--ro-bind" if entry.mode is Mode.RO else "--bind"
             return (option, entry.source, entry.dest)
+        case Kind.TMPFS if entry.capacity is not None:
+            return ("--size", str(entry.capacity), "--tmpfs", entry.dest)
         case Kind.TMPFS:
             return ("--tmpfs", entry.dest)
+        case Kind.DEVPTS:
+            # The launcher's child mounted the session's own devpts at /dev/pts, in the mount
+            # namespace bwrap starts in: its old root's /dev/pts (the mount check makes sure).
+            return ("--dev-bind", "/dev/pts", entry.dest)
         case Kind.DIR:
             return ("--dir", entry.dest)
         case Kind.SYMLINK:
@@ -131,14 +139,16 @@ def bwrap_options(
     return arguments
 
 
-def shim_command(idle_timeout_ms: int, guard_pid_1: bool) -> list[str]:
+def shim_command(idle_timeout_ms: int, guard_pid_1: bool, open_files: int = 0) -> list[str]:
     """The command bwrap runs: the exec shim, on its socket, waiting at most idle_timeout_ms;
-    guard_pid_1: it takes a Landlock domain that keeps its command from pid 1."""
+    guard_pid_1: it takes a Landlock domain that keeps its command from pid 1; open_files > 0:
+    the command's RLIMIT_NOFILE is at most that."""
     return [
         f"/proc/self/fd/{SHIM_PROGRAM_FD}",
         str(SHIM_FD),
         str(idle_timeout_ms),
         "1" if guard_pid_1 else "0",
+        str(open_files),
     ]
 
 
@@ -147,9 +157,15 @@ def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:
     return [bwrap, "--args", str(ARGS_FD), "--", *argv]
 
 
-def reaper_command_line(reaper: str, bwrap_argv: Sequence[str]) -> list[str]:
-    """The reaper's argv: its lifeline and the info fd it reports on, then bwrap's argv."""
-    return [reaper, str(LIFELINE_FD), str(INFO_FD), *bwrap_argv]
+def reaper_command_line(
+    reaper: str, bwrap_argv: Sequence[str], limits: Sequence[int] | None = None
+) -> list[str]:
+    """The reaper's argv: its lifeline and the info fd it reports on, the session's limits it
+    takes in a user namespace of the session's own before it starts bwrap (processes, ptys
+    (0: no devpts of its own), inotify instances and watches; "-": none), then bwrap's
+    argv."""
+    share = "-" if limits is None else ",".join(str(value) for value in limits)
+    return [reaper, str(LIFELINE_FD), str(INFO_FD), share, *bwrap_argv]
 
 
 def encode_options(options: Sequence[str]) -> bytes:

@@ -157,6 +157,14 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         help="persist: RUN/home, kept from launch to launch (default); fresh: empty each launch",
     )
     group.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the session's share (repeatable): processes, open_files, tmp, shm (bytes, or "
+        "with K, M, G), ptys, inotify_instances, inotify_watches; shown in the manifest",
+    )
+    group.add_argument(
         "--git-identity",
         metavar='"NAME <EMAIL>"',
         help="who the session's commits are by (a generated, read-only HOME .gitconfig)",
@@ -285,6 +293,7 @@ def _session(arguments: argparse.Namespace) -> Session:
         home_mode=arguments.home,
         git_identity=arguments.git_identity,
         profile=arguments.profile,
+        limits=arguments.limit,
     )
 
 

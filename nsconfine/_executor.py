@@ -5,7 +5,8 @@ A launch, in order:
 
 1. The launcher's C child (csrc/nsconfine.c) takes the session's account (as root: the one the
    plan names), drops every capability, sets no_new_privs, joins a fresh session keyring and
-   execs nsconfine's reaper (csrc/reaper.c, from a sealed memfd), which runs bwrap with exactly
+   execs nsconfine's reaper (csrc/reaper.c, from a sealed memfd), which takes the session's
+   limits in a user namespace of its own (nsconfine._limits) and runs bwrap with exactly
    these fds:
        0-2  the session's stdio
        3    a sealed memfd with the plan's options (`--args 3`)
@@ -332,10 +333,12 @@ def _start(
     seccomp = _layers.seccomp_program(plan)
     options = compiled_options(plan, seccomp is not None, bind_sources is not None)
     flags, uid, gid = _layers.spawn_flags(plan.user)
-    shim = shim_command(idle_timeout_ms, _layers.shim_guards_pid_1())
+    shim = shim_command(idle_timeout_ms, _layers.shim_guards_pid_1(), plan.limits.open_files)
     reaper_fd, shim_fd = program_fd(REAPER_PATH), program_fd(SHIM_PATH)
+    bwrap_argv = bwrap_command_line(bwrap, shim)
     argv = [
-        os.fsencode(a) for a in reaper_command_line(REAPER_PATH, bwrap_command_line(bwrap, shim))
+        os.fsencode(a)
+        for a in reaper_command_line(REAPER_PATH, bwrap_argv, _layers.session_limits(plan))
     ]
     launcher_end, shim_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # The kernel then attaches the sender's pid to what the shim sends: its own, translated.
@@ -473,6 +476,13 @@ def _read_info(bwrap: str, info_fd: int, shim_sock: int) -> dict[str, Any]:
             info = json.loads(received)
         except ValueError:
             continue  # bwrap writes the object in one go, but a pipe may split it
+        if isinstance(info, dict) and isinstance(info.get("reaper-stage"), int):
+            step = _syscalls.stage_syscall(info["reaper-stage"])
+            raise SandboxUnavailable(
+                f"cannot give the session its limits: {step}: "
+                f"{os.strerror(info.get('reaper-errno', 0))}; `nsconfine check` says which "
+                "limits this host enforces"
+            )
         if isinstance(info, dict) and isinstance(info.get("reaper-errno"), int):
             raise SandboxUnavailable(
                 f"cannot run {bwrap}: {os.strerror(info['reaper-errno'])}; reinstall "

@@ -3,8 +3,9 @@
 They are not options: no flag or variable turns one off. A plan may allow nested user
 namespaces, with a reason the manifest shows (a harness that sandboxes its own tools with
 bwrap); that lifts "no-nested-userns" alone. DISABLED_FOR_TESTS is the one other door, for the
-test suite's mutation twins (each layer's test must fail without it); nothing in the package
-sets it, and the manifest lists only the layers a launch applies.
+test suite's mutation twins (each layer's test must fail without it; "session-limits" switches
+off the reaper's limits step, to show the mount check refusing what bwrap then builds); nothing
+in the package sets it, and the manifest lists only the layers a launch applies.
 
 Where each layer lives:
 - seccomp: the filter (csrc/seccomp.c) bwrap loads in the sandbox's pid 1 and the command;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 
 from nsconfine import _syscalls
+from nsconfine._plan import Kind
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -130,6 +132,17 @@ def shim_guards_pid_1() -> bool:
     """Does the exec shim take a Landlock domain of its own before the command (so that the
     command cannot ptrace, write or signal the sandbox's pid 1)?"""
     return _applies("landlock", None)
+
+
+def session_limits(plan: Plan) -> tuple[int, int, int, int] | None:
+    """What the reaper takes for plan in the session's own user namespace (nsconfine._limits):
+    its processes, ptys (where the plan has the devpts that holds them; else 0), inotify
+    instances and watches; None in a test that switched the step off ("session-limits")."""
+    if "session-limits" in DISABLED_FOR_TESTS:
+        return None
+    limits = plan.limits
+    ptys = next((e.capacity or 0 for e in plan.entries if e.kind is Kind.DEVPTS), 0)
+    return (limits.processes, ptys, limits.inotify_instances, limits.inotify_watches)
 
 
 def spawn_flags(user: RunAs) -> tuple[int, int, int]:

@@ -5,9 +5,11 @@ that will become the command. Every mount point must be one the plan sets up (or
 new /proc or /dev, whose inner mounts bwrap makes itself, or be a mount the host has below a
 bound directory, which a recursive bind carries in); every mount the plan sets up must be there;
 each must be read-only or writable as the plan says; and each must be what the plan says: a new
-tmpfs or proc, or, for a bind, the very file or directory of its source: the launcher looks at
-the destination through the sandbox's own root (/proc/<pid>/root) and compares device and inode
-with the source's.
+tmpfs or proc (a tmpfs of the size the plan gives it), the session's own devpts (holding the
+ptys the plan allows, and not the host's: a devpts bound in from the launcher's namespace would
+show the host's terminals), or, for a bind, the very file or directory of its source: the
+launcher looks at the destination through the sandbox's own root (/proc/<pid>/root) and
+compares device and inode with the source's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import re
 from collections.abc import Mapping
 
 from nsconfine import _syscalls
-from nsconfine._plan import Kind, Plan, inside
+from nsconfine._plan import Entry, Kind, Plan, inside
 
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -25,11 +27,12 @@ _ESCAPE = re.compile(r"\\([0-7]{3})")
 class Mount:
     """One line of mountinfo, as far as the check needs it."""
 
-    __slots__ = ("fstype", "mode")
+    __slots__ = ("fstype", "mode", "options")
 
-    def __init__(self, mode: str, fstype: str) -> None:
+    def __init__(self, mode: str, fstype: str, options: frozenset[str] = frozenset()) -> None:
         self.mode = mode  # "ro" or "rw"
         self.fstype = fstype
+        self.options = options  # the file system's own (super) options: size=…k, max=…
 
 
 def _unescape(field: str) -> str:
@@ -44,9 +47,11 @@ def parse_mountinfo(text: str) -> dict[str, Mount]:
         fields = line.split(" ")
         if len(fields) < 7 or "-" not in fields[6:]:
             continue
-        fstype = fields[fields.index("-", 6) + 1]
+        dash = fields.index("-", 6)
+        fstype = fields[dash + 1]
         mode = "ro" if "ro" in fields[5].split(",") else "rw"
-        points[_unescape(fields[4])] = Mount(mode, fstype)
+        options = frozenset(fields[dash + 3].split(",")) if len(fields) > dash + 3 else frozenset()
+        points[_unescape(fields[4])] = Mount(mode, fstype, options)
     return points
 
 
@@ -62,18 +67,34 @@ def mount_roots(text: str) -> dict[str, tuple[str, str]]:
     return roots
 
 
-def _expected(plan: Plan) -> dict[str, tuple[str, str]]:
-    """Mount point -> (mode, what): what is a file system type, or "bind" for a bind."""
-    expected = {"/": ("rw", "tmpfs")}
+def _capacity_option(entry: Entry) -> str | None:
+    """The super option that shows entry's capacity: a tmpfs's size (in KiB, whole pages, as
+    the kernel rounds it), a devpts's max."""
+    if entry.capacity is None:
+        return None
+    if entry.kind is Kind.DEVPTS:
+        return f"max={entry.capacity}"
+    page = os.sysconf("SC_PAGE_SIZE")
+    return f"size={-(-entry.capacity // page) * page // 1024}k"
+
+
+def _expected(plan: Plan) -> dict[str, tuple[str, str, str | None]]:
+    """Mount point -> (mode, what, option): what is a file system type, or "bind" for a bind;
+    option a super option it must show (its size, or its ptys), if any."""
+    expected: dict[str, tuple[str, str, str | None]] = {"/": ("rw", "tmpfs", None)}
     for entry in plan.entries:
         if entry.kind is Kind.BIND:
-            expected[entry.dest] = (str(entry.mode), "bind")
+            expected[entry.dest] = (str(entry.mode), "bind", None)
         elif entry.kind in (Kind.TMPFS, Kind.DEV, Kind.DATA):  # a data file sits on a tmpfs
-            expected[entry.dest] = ("ro" if entry.kind is Kind.DATA else "rw", "tmpfs")
+            mode = "ro" if entry.kind is Kind.DATA else "rw"
+            expected[entry.dest] = (mode, "tmpfs", _capacity_option(entry))
+        elif entry.kind is Kind.DEVPTS:
+            expected[entry.dest] = ("rw", "devpts", _capacity_option(entry))
         elif entry.kind is Kind.PROC:
-            expected[entry.dest] = ("rw", "proc")
+            expected[entry.dest] = ("rw", "proc", None)
         elif entry.kind is Kind.REMOUNT_RO:
-            expected[entry.dest] = ("ro", expected.get(entry.dest, ("ro", "?"))[1])
+            _, what, option = expected.get(entry.dest, ("ro", "?", None))
+            expected[entry.dest] = ("ro", what, option)
     return expected
 
 
@@ -101,11 +122,13 @@ def mount_table_problems(
     for point, mount in observed.items():
         want = expected.get(point)
         if want is not None:
-            mode, what = want
+            mode, what, option = want
             if mount.mode != mode:
                 problems.append(f"{point} is mounted {mount.mode}, the plan says {mode}")
             if what != "bind" and mount.fstype != what:
                 problems.append(f"{point} is a {mount.fstype} mount, the plan's is a {what}")
+            elif option is not None and option not in mount.options:
+                problems.append(f"{point} is not mounted with {option}, as the plan says")
             continue
         if any(point.startswith(tree + "/") for tree in made_by_bwrap):
             continue
@@ -130,6 +153,12 @@ def mount_table_problems(
             seen = _syscalls.identity(root + dest)
             if seen is None or seen != source:
                 problems.append(f"{dest} does not show {binds[dest]}")
+        host_ptys = _syscalls.identity("/dev/pts")
+        for entry in plan.entries:
+            if entry.kind is Kind.DEVPTS:
+                seen = _syscalls.identity(root + entry.dest)
+                if seen is None or (host_ptys is not None and seen[0] == host_ptys[0]):
+                    problems.append(f"{entry.dest} is not the session's own devpts")
     return problems
 
 

@@ -15,11 +15,15 @@ Each entry is stated the way the OCI spec can state it, never wider:
 - the seccomp filter is csrc/seccomp.c's own table (nsconfine._syscalls.seccomp_rules), in
   the spec's JSON: every condition the C filter reads on an argument's low 32 bits is a
   SCMP_CMP_MASKED_EQ on those bits (an allow-list becomes the prefix blocks of its
-  complement), so the JSON refuses exactly what the BPF refuses.
+  complement), so the JSON refuses exactly what the BPF refuses;
+- the limits (nsconfine._limits): each tmpfs's size= and the devpts's max= as mount options,
+  the read-only /dev as one of `linux.readonlyPaths` (runc applies those once it has made its
+  devices), open files as the process's RLIMIT_NOFILE, processes as the container's pids
+  limit (a cgroup of the runtime's: RLIMIT_NPROC would count the account's whole host).
 
 What the spec cannot carry at all (Landlock scopes, the exec shim and its pid-1 guard, the
-mount-table check after set-up, --disable-userns) is listed in the annotations
-(NOT_EXPRESSED), with each entry's reason.
+mount-table check after set-up, --disable-userns, inotify counts of the session's own) is
+listed in the annotations (NOT_EXPRESSED), with each entry's reason.
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ NOT_EXPRESSED = {
     "nsconfine session of the workspace to end after the bundle is gone removes them",
     "protection-refresh": "the protected paths are those found when the bundle was written: a "
     "repository made in the workspace after that is not protected in the container",
+    "inotify": "the session's own inotify counts (its inotify_instances and inotify_watches "
+    "limits) take a user namespace of its own, which the spec does not make: the account's "
+    "user.max_inotify_* apply, shared with its other processes",
+    "podman-dev": "under podman-args, podman makes /dev, /dev/pts and /dev/shm itself: /dev "
+    "stays writable and the ptys are limited only by the host's (its /dev/shm is sized by "
+    "--shm-size); the bundle under runc states all three",
 }
 
 
@@ -233,6 +243,9 @@ def export(
         if kind is Kind.REMOUNT_RO:
             if entry.dest == "/":
                 note(entry, "root.readonly")
+            elif any(e.kind is Kind.DEV and e.dest == entry.dest for e in entries):
+                read_only_paths.append(entry.dest)
+                note(entry, "linux.readonlyPaths (once runc has made its devices)")
             elif entry.dest in trees:
                 note(entry, f"the bundle's {trees[entry.dest]}, bound read-only")
             else:
@@ -292,6 +305,8 @@ def export(
             case Kind.TMPFS:
                 uid, gid = plan.user.uid, plan.user.gid
                 options = ["nosuid", "nodev", "mode=755", f"uid={uid}", f"gid={gid}"]
+                if entry.capacity is not None:
+                    options.append(f"size={entry.capacity}")
                 mounts.append(
                     {
                         "destination": entry.dest,
@@ -312,8 +327,10 @@ def export(
                 )
                 note(entry, "a procfs of the container's pid namespace")
             case Kind.DEV:
-                mounts += _dev_mounts(entry.dest)
+                mounts += _dev_mounts(entry.dest, plan)
                 note(entry, "the runtime's minimal /dev (null, zero, full, random, urandom, tty)")
+            case Kind.DEVPTS:
+                note(entry, f"the devpts of the runtime's /dev, max={entry.capacity}")
             case Kind.DIR if parent is not None and parent.kind is Kind.BIND:
                 # Made by oci-bundle on the host, as a launch makes it (nsconfine._mountpoints).
                 note(entry, "made on the host by oci-bundle, as a launch makes it")
@@ -340,6 +357,13 @@ def export(
                 for name in ("bounding", "effective", "inheritable", "permitted", "ambient")
             },
             "noNewPrivileges": True,
+            "rlimits": [
+                {
+                    "type": "RLIMIT_NOFILE",
+                    "hard": plan.limits.open_files,
+                    "soft": plan.limits.open_files,
+                }
+            ],
         },
         "root": {"path": "rootfs", "readonly": "/" in remounted},
         "mounts": mounts,
@@ -348,6 +372,7 @@ def export(
             "readonlyPaths": read_only_paths,
             "maskedPaths": [],
             "seccomp": result.seccomp,
+            "resources": {"pids": {"limit": plan.limits.processes}},
         },
         "annotations": _annotations(plan, result.notes),
     }
@@ -370,8 +395,11 @@ def _unexpressible(entry: Entry, what: str) -> PlanError:
     )
 
 
-def _dev_mounts(dest: str) -> list[dict[str, Any]]:
-    return [
+def _dev_mounts(dest: str, plan: Plan) -> list[dict[str, Any]]:
+    """The runtime's /dev: a small tmpfs, a devpts holding the plan's ptys (where it has the
+    entry), and a /dev/shm unless the plan has one of its own (a tmpfs entry of its own)."""
+    ptys = [f"max={e.capacity}" for e in plan.entries if e.kind is Kind.DEVPTS]
+    mounts = [
         {
             "destination": dest,
             "type": "tmpfs",
@@ -382,15 +410,19 @@ def _dev_mounts(dest: str) -> list[dict[str, Any]]:
             "destination": f"{dest}/pts",
             "type": "devpts",
             "source": "devpts",
-            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
-        },
-        {
-            "destination": f"{dest}/shm",
-            "type": "tmpfs",
-            "source": "shm",
-            "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", *ptys],
         },
     ]
+    if not any(entry.dest == f"{dest}/shm" for entry in plan.entries):
+        mounts.append(
+            {
+                "destination": f"{dest}/shm",
+                "type": "tmpfs",
+                "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+            }
+        )
+    return mounts
 
 
 def _annotations(plan: Plan, notes: list[tuple[Entry, str]]) -> dict[str, str]:
@@ -400,6 +432,9 @@ def _annotations(plan: Plan, notes: list[tuple[Entry, str]]) -> dict[str, str]:
         f"{ANNOTATION}.nested-userns": plan.nested_userns or "refused",
         f"{ANNOTATION}.hidden-env": ",".join(v.name for v in plan.env if not v.origin.shown),
     }
+    for limit in plan.limits.to_json():
+        value = "not limited" if limit["value"] is None else plan.limits.shown(limit["name"])
+        annotations[f"{ANNOTATION}.limit.{limit['name']}"] = f"{value}: {limit['reason']}"
     for number, (entry, how) in enumerate(notes):
         annotations[f"{ANNOTATION}.entry.{number:04d}"] = (
             f"{entry.kind} {entry.mode} {entry.dest} <- {entry.source_label}: {entry.reason} "
@@ -593,7 +628,11 @@ def pod_spec(
         if kind == "bind":
             volumes.append({"name": volume, "hostPath": {"path": mount["source"]}})
         else:
-            volumes.append({"name": volume, "emptyDir": {"medium": "Memory"}})
+            memory: dict[str, Any] = {"medium": "Memory"}
+            sizes = [o.removeprefix("size=") for o in mount["options"] if o.startswith("size=")]
+            if sizes:
+                memory["sizeLimit"] = sizes[0]  # bytes: a quantity without a suffix
+            volumes.append({"name": volume, "emptyDir": memory})
         read_only = "ro" in mount["options"]
         mounts.append({"name": volume, "mountPath": mount["destination"], "readOnly": read_only})
     env: list[dict[str, Any]] = []
@@ -657,14 +696,18 @@ def pod_spec(
     }
 
 
-def _ulimits() -> list[str]:
+def _ulimits(plan: Plan) -> list[str]:
     # podman raises the open-file and process limits by default, which a root without
-    # CAP_SYS_RESOURCE (a container's) cannot: the session keeps the launcher's, as under bwrap.
+    # CAP_SYS_RESOURCE (a container's) cannot: the session keeps the launcher's, as under
+    # bwrap, its open files lowered to the plan's; its processes are the pids limit's.
     import resource
 
-    limits = []
+    limits = ["--pids-limit", str(plan.limits.processes)]
     for name, which in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
         soft, hard = (-1 if v == resource.RLIM_INFINITY else v for v in resource.getrlimit(which))
+        if name == "nofile":
+            soft, hard = (v if 0 <= v < plan.limits.open_files else plan.limits.open_files
+                          for v in (soft, hard))  # fmt: skip
         limits += ["--ulimit", f"{name}={soft}:{hard}"]
     return limits
 
@@ -686,7 +729,8 @@ def podman_args(
         "--read-only", "--read-only-tmpfs=false", "--no-hosts", "--dns=none",
         "--network", "none" if plan.network == "none" else "host",
         "--user", f"{plan.user.uid}:{plan.user.gid}",
-        "--cap-drop", "all", "--security-opt", "no-new-privileges", *_ulimits(),
+        "--cap-drop", "all", "--security-opt", "no-new-privileges", *_ulimits(plan),
+        "--shm-size", str(plan.limits.shm),
         "--security-opt", f"seccomp={bundle}/seccomp.json",
         "--pid", "private", "--ipc", "private", "--uts", "private", "--cgroupns", "private",
         "--env-file", f"{bundle}/env", "--workdir", plan.chdir,

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any, Final
 
 CHECK_ORDER: Final = ("bwrap", "options", "user-namespaces", "canary")
-CANARY_VERSION: Final = 3  # bump when the canary's checks change: old proofs no longer count
+CANARY_VERSION: Final = 4  # bump when the canary's checks change: old proofs no longer count
 CANARY_TIMEOUT_SECONDS: Final = 20.0
 INSTALL_HINT: Final = "install bubblewrap (apt-get install bubblewrap) or set NSCONFINE_BWRAP"
 
@@ -526,6 +526,7 @@ def run_checks(bwrap: str, report: PreflightReport | None = None) -> frozenset[s
         Check("canary", True, f"a canary session, as {account.name}, was confined")
     )
     report.checks += layer_checks()
+    report.checks.append(limits_check())
     if os.geteuid() == 0:
         report.checks.append(
             Check(
@@ -575,6 +576,22 @@ def layer_checks() -> list[Check]:
             "each session joins a fresh session keyring; the filter refuses the keyring calls",
         ),
     ]
+
+
+def limits_check() -> Check:
+    """The row saying how each of a session's limits is enforced here (the canary ran under
+    them all), and why memory is not."""
+    from nsconfine._limits import memory_note
+
+    return Check(
+        "limits",
+        True,
+        "enforced for every session (the canary's too): processes (RLIMIT_NPROC in a user "
+        "namespace of the session's own), open_files (RLIMIT_NOFILE of the command), tmp and "
+        "shm (the size of each writable tmpfs; /dev read-only), ptys (a devpts of its own, "
+        "max=), inotify_instances and inotify_watches (its user namespace's own counts); "
+        f"memory: not limited: {memory_note()}",
+    )
 
 
 def _remember(identity: str, features: frozenset[str]) -> None:

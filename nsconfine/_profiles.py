@@ -12,6 +12,7 @@ file. Its keys:
              mkdir (make a missing rw directory, inside the workspace or run directory)
     protect, unprotect, deny = ["…"]                     as the command-line options
     network = "host" | "none"; home = "persist" | "fresh"; workspace = "rw" | "ro"
+    [limits] processes = 512, tmp = "256M", …          the session's share (nsconfine._limits)
     git_identity = "Name <email>"; allow_nested_userns = "reason"
     credential = "~/.config/nsconfine/agent.env"         the file, if none is given
     requires_credential = true                           refuse a launch without one
@@ -32,6 +33,7 @@ import re
 import stat
 
 from nsconfine._errors import UsageError
+from nsconfine._limits import parse_value
 from nsconfine._plan import is_env_name
 from nsconfine._record import Record
 
@@ -246,6 +248,13 @@ def _checked(label: str, path: str, text: str) -> Profile:
             if key == "env" and not all(is_env_name(v) for v in value):
                 raise where.error(line, key, "must hold variable names")
             values[key] = value
+        elif key == "limits":
+            if not isinstance(value, dict):
+                raise where.error(line, key, "must be a table of NAME = value ([limits])")
+            try:
+                values[key] = {name: parse_value(name, given) for name, given in value.items()}
+            except UsageError as refused:
+                raise where.error(line, key, refused.message) from None
         elif key == "setenv":
             if not isinstance(value, dict) or not all(
                 isinstance(v, str) and is_env_name(k) for k, v in value.items()

@@ -47,6 +47,7 @@ SHIM_STAGES: Final = {
     sys_.SHIM_WIRE["STAGE_EXEC"]: "execvp",
     sys_.SHIM_WIRE["STAGE_SIGNALS"]: "sigprocmask",
     sys_.SHIM_WIRE["STAGE_TTY"]: "a new terminal (/dev/ptmx)",
+    sys_.SHIM_WIRE["STAGE_LIMITS"]: "prlimit(RLIMIT_NOFILE)",
 }
 
 _INSTALL_HINT: Final = (

@@ -46,6 +46,22 @@ if TYPE_CHECKING:
 
 PROBE_TIMEOUT_SECONDS = 30.0
 KILLED_LAUNCHES = 10  # launches killed at once, each of which must leave nothing behind
+PROBED_PROCESSES = 64  # the process limit of the session that forks until fork fails
+FORK_BOUND = 256  # how often it tries: a weakened twin takes this many of its account's
+
+# Spawn `sleep` until it fails (at most argv[1] times); print how many; with "hold", keep them.
+FORK_UNTIL_REFUSED = r"""
+import os, sys, time
+children = []
+while len(children) < int(sys.argv[1]):
+    try:
+        children.append(os.posix_spawn("/bin/sleep", ["sleep", "600"], {}))
+    except OSError:
+        break
+print(len(children), flush=True)
+if sys.argv[2:] == ["hold"]:
+    time.sleep(600)
+"""
 
 
 class Launcher(Protocol):
@@ -454,6 +470,36 @@ class World:
         truth = _read(secret)
         return outcome.stdout if truth and outcome.stdout == truth else None
 
+    def process_limit_leaks(self, weakened: bool = False, launcher: Launcher = spawn) -> str | None:
+        """A session allowed PROBED_PROCESSES forks until fork fails (at most FORK_BOUND
+        times) and holds what it got, while the launcher starts another session that forks
+        8 more: None if the first stopped short of its limit and the second forked; else what
+        happened. weakened: the first session's limit raised past the bound (the twin that
+        must report it)."""
+        plan = self.plan()
+        first = plan.replace(
+            limits=plan.limits.replace(processes=10 * FORK_BOUND if weakened else PROBED_PROCESSES)
+        )
+        argv = ["python3", "-c", FORK_UNTIL_REFUSED, str(FORK_BOUND), "hold"]
+        read_end, write_end = os.pipe()
+        try:
+            holder = launcher(first, argv, stdout=write_end)
+        finally:
+            os.close(write_end)
+        try:
+            with os.fdopen(read_end, "rb", closefd=False) as lines:
+                held = lines.readline().decode().strip()
+            second = run_script(plan, f"python3 -c {_quote(FORK_UNTIL_REFUSED)} 8", launcher)
+        finally:
+            holder.kill()
+            holder.wait()
+            os.close(read_end)
+        if not held.isdigit() or int(held) >= PROBED_PROCESSES:
+            return f"the first session forked {held or 'nothing'} (its limit: {PROBED_PROCESSES})"
+        if second.stdout.strip() != "8":
+            return f"the second session could not fork: {second.stderr.strip()[-200:]}"
+        return None
+
     def _host_power_refusals(self) -> list[Probe]:
         planted = os.path.join(self.workspace, f"setuid-{self.token}")
         plant = (
@@ -831,6 +877,15 @@ def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
                     "expected": "refused",
                     "observed": "refused" if left is None else f"allowed: {left}",
                     "ok": left is None,
+                }
+            )
+            starved = world.process_limit_leaks()
+            rows.append(
+                {
+                    "check": "fork past the session's process limit, starving its account",
+                    "expected": "refused",
+                    "observed": "refused" if starved is None else f"allowed: {starved}",
+                    "ok": starved is None,
                 }
             )
             leaked = world.planted_symlink_leaks()

@@ -18,6 +18,7 @@ from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
 from nsconfine._credential import read_credential
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._harness import harness_entries
+from nsconfine._limits import Limits, pairs, parse_value
 from nsconfine._plan import (
     NETWORKS,
     DenyRule,
@@ -96,6 +97,7 @@ class Session(Record):
         "binds",
         "workspace_mode",
         "credential_needed_by",
+        "limits",
     )
     __slots__ = FIELDS
     workspace: str
@@ -120,6 +122,8 @@ class Session(Record):
     binds: tuple[Bind, ...]  # more host paths, each with its reason (from profiles)
     workspace_mode: str | None  # "rw" (None: the profile's, else rw) or "ro"
     credential_needed_by: tuple[str, ...]  # profiles that refuse a launch without a credential
+    limits: tuple[tuple[str, int], ...]  # the session's share, by name (nsconfine._limits); the
+    # rest at their defaults
 
     def __init__(
         self,
@@ -145,6 +149,7 @@ class Session(Record):
         binds: Iterable[Bind] = (),
         workspace_mode: str | None = None,
         credential_needed_by: Iterable[str] = (),
+        limits: Mapping[str, int | str] | Iterable[str | tuple[str, int | str]] = (),
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
             return _absolute(_path_text(os.fspath(value)))
@@ -191,6 +196,7 @@ class Session(Record):
             binds=tuple(binds),
             workspace_mode=workspace_mode,
             credential_needed_by=tuple(credential_needed_by),
+            limits=tuple((name, parse_value(name, value)) for name, value in pairs(limits)),
         )
 
     @property
@@ -271,6 +277,7 @@ def _build_plan(
         network=session.network or "host",
         nested_userns=session.allow_nested_userns,
         protection=protected,
+        limits=Limits.parse(session.limits),
     )
     if lint:
         check_plan(plan)
@@ -467,23 +474,15 @@ def _literal_values(
 ) -> list[tuple[str, str]]:
     """setenv as (name, value) pairs: from a mapping, NAME=VALUE strings (--setenv), or
     pairs."""
-    pairs: list[tuple[str, str]] = []
-    for item in setenv.items() if isinstance(setenv, Mapping) else setenv:
-        if isinstance(item, str):
-            name, equals, value = item.partition("=")
-            if not equals:
-                raise UsageError(f"--setenv {item!r}: give NAME=VALUE")
-            pairs.append((name, value))
-        else:
-            pairs.append((item[0], item[1]))
-    for name, value in pairs:
+    given = pairs(setenv, "--setenv")
+    for name, value in given:
         if not is_env_name(name):
             raise UsageError(f"--setenv {name!r}=…: {name!r} is not a variable name")
         if name == "HOME":
             raise UsageError("--setenv cannot set HOME: the session gets its own")
         if "\0" in value:
             raise UsageError(f"--setenv {name}: the value holds a NUL byte")
-    return [(str(name), str(value)) for name, value in pairs]
+    return [(str(name), str(value)) for name, value in given]
 
 
 def git_identity_parts(identity: str) -> tuple[str, str]:
@@ -572,6 +571,7 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
     scalars: dict[str, Any] = {}
     lists: dict[str, list[str]] = {key: [] for key in ("env", "protect", "unprotect")}
     setenv: dict[str, str] = {}
+    limits: dict[str, int] = {}
     binds: list[Bind] = []
     deny: list[DenyRule] = []
     needs_credential: list[str] = []
@@ -581,6 +581,7 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         for key in lists:
             lists[key] += values.get(key, [])
         setenv.update(values.get("setenv", {}))
+        limits.update(values.get("limits", {}))
         for key in ("network", "home", "workspace", "git_identity", "allow_nested_userns",
                     "credential"):  # fmt: skip
             if key in values:
@@ -614,6 +615,7 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         protect=(*lists["protect"], *session.protect),
         unprotect=(*lists["unprotect"], *session.unprotect),
         setenv=(*setenv.items(), *session.setenv),
+        limits=(*limits.items(), *session.limits),
         network=session.network or scalars.get("network", "host"),
         home_mode=session.home_mode or scalars.get("home", "persist"),
         workspace_mode=session.workspace_mode or scalars.get("workspace", "rw"),

@@ -79,6 +79,10 @@ _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_NO_NEW_PRIVS: "prctl(PR_SET_NO_NEW_PRIVS)",
     lib.NSC_STAGE_KEYRING: "keyctl(KEYCTL_JOIN_SESSION_KEYRING)",
     lib.NSC_STAGE_FILTER: "seccomp filter",
+    lib.NSC_STAGE_SESSION_NS: "unshare(CLONE_NEWUSER|CLONE_NEWNS)",
+    lib.NSC_STAGE_DEVPTS: "mount devpts at /dev/pts",
+    lib.NSC_STAGE_INOTIFY: "write /proc/sys/user/max_inotify_*",
+    lib.NSC_STAGE_NPROC: "prlimit(RLIMIT_NPROC)",
     lib.NSC_STAGE_OPEN: "open (no symlinks)",
     lib.NSC_STAGE_LANDLOCK: "landlock",
 }
@@ -102,7 +106,12 @@ class SyscallError(OSError):
 
 
 def _error(err: int, stage: int, filename: str | None = None) -> SyscallError:
-    return SyscallError(err, _SYSCALL_OF_STAGE.get(stage, f"native stage {stage}"), filename)
+    return SyscallError(err, stage_syscall(stage), filename)
+
+
+def stage_syscall(stage: int) -> str:
+    """The system call a native stage (NSC_STAGE_*) names."""
+    return _SYSCALL_OF_STAGE.get(stage, f"native stage {stage}")
 
 
 def _cstring_array(items: Sequence[bytes]) -> tuple[Any, Any]:

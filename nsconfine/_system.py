@@ -1,6 +1,7 @@
 """The read-only system every sandbox sees: /usr and its merged links, the /etc files tools
 need, generated passwd and group, a new /proc (its writable parts covered read-only), a minimal
-/dev, a private /tmp, and a read-only root.
+read-only /dev with ptys and shared memory of the session's own, a private /tmp, and a
+read-only root.
 """
 
 from __future__ import annotations
@@ -109,6 +110,13 @@ def _system_entries(user: RunAs, home: str) -> list[p.Entry]:
     entries += own_cgroup()
     entries += [
         p.dev("/dev", "null, zero, random, tty and pts only: no host devices"),
+        p.devpts("the session's own terminals, from a devpts of its own that holds its ptys limit"),
+        p.tmpfs("/dev/shm", "POSIX shared memory of the session's own, of its shm limit"),
+        p.remount_ro(
+            "/dev",
+            "bwrap's /dev tmpfs has no size: read-only (its devices, /dev/pts and /dev/shm are "
+            "mounts of their own)",
+        ),
         p.tmpfs("/tmp", "a private /tmp: nothing shared with the host or other sessions"),
         p.remount_ro(
             "/",

@@ -65,7 +65,7 @@ def test_golden_options_of_a_small_plan() -> None:
         "--setenv", "TOKEN", "s3cret value",
         "--info-fd", "4",
         "--seccomp", "6",
-        "--tmpfs", "/tmp",
+        "--size", "1073741824", "--tmpfs", "/tmp",
         "--ro-bind-fd", "9", "/usr",
         "--symlink", "usr/bin", "/bin",
         "--proc", "/proc",
@@ -123,12 +123,15 @@ def test_without_seccomp_the_option_is_left_out() -> None:
 
 
 def test_the_reaper_runs_bwrap_with_its_lifeline_and_info_fd() -> None:
-    """The launcher's child is the reaper, told its lifeline and info fds, then bwrap's argv."""
-    bwrap = bwrap_command_line("/usr/bin/bwrap", shim_command(5000, guard_pid_1=True))
-    assert reaper_command_line("/x/_reaper", bwrap) == [
-        "/x/_reaper", "8", "4",
-        "/usr/bin/bwrap", "--args", "3", "--", "/proc/self/fd/7", "5", "5000", "1",
+    """The launcher's child is the reaper, told its lifeline and info fds and the session's
+    limits (processes, ptys, inotify instances and watches; "-": none), then bwrap's argv,
+    whose command is the shim, told the command's open files."""
+    bwrap = bwrap_command_line("/usr/bin/bwrap", shim_command(5000, True, 1024))
+    assert reaper_command_line("/x/_reaper", bwrap, (1024, 16, 16, 8192)) == [
+        "/x/_reaper", "8", "4", "1024,16,16,8192",
+        "/usr/bin/bwrap", "--args", "3", "--", "/proc/self/fd/7", "5", "5000", "1", "1024",
     ]  # fmt: skip
+    assert reaper_command_line("/x/_reaper", bwrap)[3] == "-"
 
 
 def test_encode_options_is_nul_terminated() -> None:
@@ -165,8 +168,9 @@ def test_session_plan_never_binds_the_host_root(session_plan: Plan) -> None:
     for index, option in enumerate(options):
         if option in ("--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try"):
             assert options[index + 1] != "/", options[index : index + 3]
-    assert "--dev-bind" not in options
-    assert options[-4:-2] == ["--remount-ro", "/"]
+    dev_binds = [options[i + 1 : i + 3] for i, o in enumerate(options) if o == "--dev-bind"]
+    assert dev_binds == [["/dev/pts", "/dev/pts"]]  # the session's own, which the reaper made
+    assert options[-6:-2] == ["--remount-ro", "/", "--remount-ro", "/dev"]
 
 
 def test_session_plan_data_fds_are_numbered_from_nine(session_plan: Plan) -> None:

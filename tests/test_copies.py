@@ -116,7 +116,10 @@ def test_the_manifest_says_where_copies_are_made_and_why(tree: tuple[Path, list[
     plan = _session_plan(root, listed)
     copies = [entry for entry in plan.entries if entry.kind is Kind.COPY]
     assert all("copied at launch" in entry.reason for entry in copies)
-    roots = {entry.dest for entry in plan.entries if entry.kind is Kind.TMPFS} - {"/tmp"}
+    roots = {entry.dest for entry in plan.entries if entry.kind is Kind.TMPFS} - {
+        "/tmp",
+        "/dev/shm",
+    }
     remounted = {entry.dest for entry in plan.entries if entry.kind is Kind.REMOUNT_RO}
     assert roots
     assert roots <= remounted

@@ -8,6 +8,7 @@ reports how much it got; each has a twin on which the same session gets past the
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from helpers import (
 
 import nsconfine
 from nsconfine._mounts import mount_table_problems
-from nsconfine._selftest import World
+from nsconfine._selftest import FORK_UNTIL_REFUSED, World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -34,28 +35,13 @@ MiB = 1 << 20
 
 # The defaults, as the README states them.
 DEFAULT_PROCESSES = 1024
-DEFAULT_OPEN_FILES = 1024
+DEFAULTOPEN_FILES = 1024
 DEFAULT_TMP = 1024 * MiB
 DEFAULT_SHM = 64 * MiB
-DEFAULT_PTYS = 16
-DEFAULT_INOTIFY_INSTANCES = 16
+DEFAULTPTYS = 16
+DEFAULTINOTIFY_INSTANCES = 16
 
-# A session takes as many processes as it can, up to bound; "hold" keeps them until killed.
-_SPAWN = r"""
-import os, sys, time
-bound = int(sys.argv[1])
-children = []
-while len(children) < bound:
-    try:
-        children.append(os.posix_spawn("/bin/sleep", ["sleep", "600"], {}))
-    except OSError:
-        break
-print(len(children), flush=True)
-if sys.argv[2:] == ["hold"]:
-    time.sleep(600)
-"""
-
-_PTYS = r"""
+PTYS = r"""
 import os, sys
 held = []
 while len(held) < int(sys.argv[1]):
@@ -66,7 +52,7 @@ while len(held) < int(sys.argv[1]):
 print(len(held))
 """
 
-_INOTIFY = r"""
+INOTIFY = r"""
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 bound, what = int(sys.argv[1]), sys.argv[2]
@@ -83,7 +69,7 @@ else:
 print(got)
 """
 
-_OPEN_FILES = r"""
+OPEN_FILES = r"""
 import os, sys
 held = []
 while len(held) < int(sys.argv[1]):
@@ -94,7 +80,7 @@ while len(held) < int(sys.argv[1]):
 print(len(held))
 """
 
-_FILL = r"""
+FILL = r"""
 import os, sys
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
 try:
@@ -112,7 +98,7 @@ def _count(plan: nsconfine.Plan, script: str, *args: object) -> int:
 
 
 def _fill(plan: nsconfine.Plan, path: str, size: int) -> str:
-    status, output = sh(plan, f"python3 -c '{_FILL}' {path} {size}; rm -f {path}")
+    status, output = sh(plan, f"python3 -c '{FILL}' {path} {size}; rm -f {path}")
     assert status == 0, output
     return output.strip()
 
@@ -132,18 +118,18 @@ def test_a_session_cannot_fork_past_its_process_limit(ws_run: tuple[Path, Path])
     """A session allowed 50 processes gets fewer than 50 (bwrap's own count too)."""
     plan = _limited(ws_run, processes=50)
     assert plan.limits.processes == 50
-    assert 30 < _count(plan, _SPAWN, 200) < 50
+    assert 30 < _count(plan, FORK_UNTIL_REFUSED, 200) < 50
 
 
 def test_a_session_with_a_raised_process_limit_forks_past_it(ws_run: tuple[Path, Path]) -> None:
     """The twin: the same session with room for 100,000 gets all 200 it asks for."""
     plan = _raised(_limited(ws_run, processes=50), processes=100_000)
-    assert _count(plan, _SPAWN, 200) == 200
+    assert _count(plan, FORK_UNTIL_REFUSED, 200) == 200
 
 
 def test_a_default_session_cannot_fork_past_1024_processes(plan: nsconfine.Plan) -> None:
     """By default a session gets at most 1,024 processes."""
-    assert _count(plan, _SPAWN, DEFAULT_PROCESSES + 50) < DEFAULT_PROCESSES
+    assert _count(plan, FORK_UNTIL_REFUSED, DEFAULT_PROCESSES + 50) < DEFAULT_PROCESSES
     assert plan.limits.processes == DEFAULT_PROCESSES
 
 
@@ -171,7 +157,7 @@ def _second_launch(ws_run: tuple[Path, Path], launcher_nproc: str) -> str:
         str(ws_run[1]),
         SESSION_USER or "",
         launcher_nproc,
-        _SPAWN,
+        FORK_UNTIL_REFUSED,
         stdout=-1,
     )
     output, _ = child.communicate(timeout=120)
@@ -180,7 +166,9 @@ def _second_launch(ws_run: tuple[Path, Path], launcher_nproc: str) -> str:
 
 def _holding_all_it_can(plan: nsconfine.Plan) -> tuple[nsconfine.Sandbox, int, int]:
     read_end, write_end = os.pipe()
-    sandbox = nsconfine.spawn(plan, ["python3", "-c", _SPAWN, "300", "hold"], stdout=write_end)
+    sandbox = nsconfine.spawn(
+        plan, ["python3", "-c", FORK_UNTIL_REFUSED, "300", "hold"], stdout=write_end
+    )
     os.close(write_end)
     held = int(os.read(read_end, 100).decode().strip())
     return sandbox, held, read_end
@@ -226,7 +214,7 @@ def test_a_process_cap_on_the_launcher_starves_its_account(
 def test_a_session_cannot_open_past_its_open_file_limit(ws_run: tuple[Path, Path]) -> None:
     """A session allowed 64 open files per process opens fewer than 64."""
     plan = _limited(ws_run, open_files=64)
-    assert 40 < _count(plan, _OPEN_FILES, 200) < 64
+    assert 40 < _count(plan, OPEN_FILES, 200) < 64
 
 
 def test_a_session_with_a_raised_open_file_limit_opens_past_it(
@@ -234,14 +222,14 @@ def test_a_session_with_a_raised_open_file_limit_opens_past_it(
 ) -> None:
     """The twin: raised, the same session opens all 200 it asks for."""
     plan = _raised(_limited(ws_run, open_files=64), open_files=4096)
-    assert _count(plan, _OPEN_FILES, 200) == 200
+    assert _count(plan, OPEN_FILES, 200) == 200
 
 
 def test_a_default_session_holds_at_most_1024_files_per_process(plan: nsconfine.Plan) -> None:
     """By default the command's hard limit on open files is at most 1,024."""
     status, output = sh(plan, "grep 'Max open files' /proc/self/limits")
     assert status == 0, output
-    assert int(output.split()[4]) <= DEFAULT_OPEN_FILES, output
+    assert int(output.split()[4]) <= DEFAULTOPEN_FILES, output
 
 
 def test_a_plan_that_hands_bwrap_many_fds_still_launches(
@@ -268,19 +256,19 @@ def test_a_plan_that_hands_bwrap_many_fds_still_launches(
 
 def test_a_default_session_holds_at_most_16_ptys(plan: nsconfine.Plan) -> None:
     """A session's ptys come from a devpts of its own that holds 16."""
-    assert _count(plan, _PTYS, 40) == DEFAULT_PTYS
-    assert plan.limits.ptys == DEFAULT_PTYS
+    assert _count(plan, PTYS, 40) == DEFAULTPTYS
+    assert plan.limits.ptys == DEFAULTPTYS
 
 
 def test_a_session_without_its_own_devpts_takes_the_hosts_ptys(plan: nsconfine.Plan) -> None:
     """The twin: with bwrap's own devpts (the plan without its /dev/pts entry), the same
     session gets all 40 it asks for, from the ptys the host has for every sandbox."""
-    assert _count(plan.without("/dev/pts"), _PTYS, 40) == 40
+    assert _count(plan.without("/dev/pts"), PTYS, 40) == 40
 
 
 def test_a_session_with_3_ptys_gets_3(ws_run: tuple[Path, Path]) -> None:
     """limits={"ptys": 3}: the fourth pty is refused."""
-    assert _count(_limited(ws_run, ptys=3), _PTYS, 40) == 3
+    assert _count(_limited(ws_run, ptys=3), PTYS, 40) == 3
 
 
 def test_the_mount_check_refuses_the_hosts_devpts(
@@ -298,20 +286,20 @@ def test_the_mount_check_refuses_the_hosts_devpts(
 
 def test_a_default_session_holds_at_most_16_inotify_instances(plan: nsconfine.Plan) -> None:
     """A session's inotify instances are counted in a user namespace of its own: 16."""
-    assert _count(plan, _INOTIFY, 40, "instances") == DEFAULT_INOTIFY_INSTANCES
-    assert plan.limits.inotify_instances == DEFAULT_INOTIFY_INSTANCES
+    assert _count(plan, INOTIFY, 40, "instances") == DEFAULTINOTIFY_INSTANCES
+    assert plan.limits.inotify_instances == DEFAULTINOTIFY_INSTANCES
 
 
 def test_a_session_with_raised_inotify_instances_takes_more(plan: nsconfine.Plan) -> None:
     """The twin: raised to 1,000, the same session gets all 40 it asks for."""
-    assert _count(_raised(plan, inotify_instances=1000), _INOTIFY, 40, "instances") == 40
+    assert _count(_raised(plan, inotify_instances=1000), INOTIFY, 40, "instances") == 40
 
 
 def test_a_session_cannot_watch_past_its_inotify_watches(ws_run: tuple[Path, Path]) -> None:
     """limits={"inotify_watches": 10}: the eleventh watch is refused; raised, 30 are not."""
     plan = _limited(ws_run, inotify_watches=10)
-    assert _count(plan, _INOTIFY, 30, "watches") == 10
-    assert _count(_raised(plan, inotify_watches=1000), _INOTIFY, 30, "watches") == 30
+    assert _count(plan, INOTIFY, 30, "watches") == 10
+    assert _count(_raised(plan, inotify_watches=1000), INOTIFY, 30, "watches") == 30
 
 
 # ------------------------------------------------------------------ memory: /tmp, HOME, /dev
@@ -450,3 +438,42 @@ def test_two_sessions_of_one_account_are_limited_apart(
         os.close(first_end)
     assert 30 < held_first < 50
     assert 30 < held_second < 50
+
+
+# ------------------------------------------------------------------ failing to take them
+
+
+def test_the_reaper_reports_a_limit_it_cannot_take(ws_run: tuple[Path, Path]) -> None:
+    """Where the session's own user namespace cannot be made (here: inside a session, whose
+    filter refuses one), the reaper reports the failed step on its info fd and starts nothing;
+    told to take no limits, the same reaper starts its command (the twin)."""
+    from nsconfine import _syscalls
+    from nsconfine._programs import REAPER_PATH
+
+    plan = session(*ws_run, ro=[REAPER_PATH]).plan()
+    # Its lifeline is the session's stderr (a pipe's write end: never readable, so never EOF).
+    status, output = sh(plan, f"{REAPER_PATH} 2 1 64,4,4,64 /bin/echo started")
+    assert status == 127, output
+    report = json.loads(output)
+    assert report["reaper-errno"] == errno.EPERM
+    assert _syscalls.stage_syscall(report["reaper-stage"]).startswith("unshare")
+    assert sh(plan, f"{REAPER_PATH} 2 1 - /bin/echo started") == (0, "started\n")
+
+
+def test_a_limit_step_that_failed_is_a_clear_refusal() -> None:
+    """The launcher turns the reaper's report into a refusal naming the step."""
+    import socket
+
+    from nsconfine._executor import _read_info
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b'{"reaper-errno": 1, "reaper-stage": 29}\n')
+    os.close(write_end)
+    quiet, other = socket.socketpair()
+    try:
+        with pytest.raises(nsconfine.SandboxUnavailable, match=r"limits: unshare.*not permitted"):
+            _read_info("/usr/bin/bwrap", read_end, quiet.fileno())
+    finally:
+        os.close(read_end)
+        quiet.close()
+        other.close()

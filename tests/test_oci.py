@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from helpers import SESSION_USER, open_up, session, session_dirs, user_options
+from test_limits import FILL, OPEN_FILES, PTYS
 from test_seccomp_program import CASES, SECCOMP_RET_ALLOW, errno_of, run_filter
 
 from nsconfine import _oci, _syscalls
@@ -29,8 +30,9 @@ from nsconfine import _plan as p
 from nsconfine._accounts import run_as
 from nsconfine._cli import main
 from nsconfine._errors import NsconfineError, PlanError
+from nsconfine._limits import LIMITS
 from nsconfine._plan import Kind, Mode, Plan
-from nsconfine._selftest import Outcome, Probe, World
+from nsconfine._selftest import FORK_UNTIL_REFUSED, Outcome, Probe, World
 
 X86_64 = os.uname().machine == "x86_64"
 
@@ -203,6 +205,26 @@ def test_the_config_states_every_entry(plan: Plan, tmp_path: Path) -> None:
     assert config["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ALLOW"
     for layer in _oci.NOT_EXPRESSED:
         assert f"org.nsconfine.not-expressed.{layer}" in config["annotations"]
+
+
+def test_the_config_states_the_limits(plan: Plan, tmp_path: Path) -> None:
+    """Each tmpfs's size and the devpts's ptys as mount options, /dev read-only, open files
+    as RLIMIT_NOFILE, processes as the pids limit; every limit with its reason, and what the
+    spec cannot state (inotify), among the annotations."""
+    config = _oci.export(plan, str(tmp_path / "bundle")).config
+    limits = plan.limits
+    mounts = {m["destination"]: m for m in config["mounts"]}
+    assert f"size={limits.tmp}" in mounts["/tmp"]["options"]
+    assert f"size={limits.shm}" in mounts["/dev/shm"]["options"]
+    assert f"max={limits.ptys}" in mounts["/dev/pts"]["options"]
+    assert "/dev" in config["linux"]["readonlyPaths"]
+    nofile = {"type": "RLIMIT_NOFILE", "hard": limits.open_files, "soft": limits.open_files}
+    assert config["process"]["rlimits"] == [nofile]
+    assert config["linux"]["resources"] == {"pids": {"limit": limits.processes}}
+    annotations = config["annotations"]
+    for name in (*LIMITS, "memory"):
+        assert f"org.nsconfine.limit.{name}" in annotations
+    assert "org.nsconfine.not-expressed.inotify" in annotations
 
 
 def test_network_none_is_a_network_namespace(plan: Plan, tmp_path: Path) -> None:
@@ -595,6 +617,38 @@ def test_the_cli_bundle_runs_under_runc(runc_world: World, tmp_path: Path) -> No
         )
     key = f"sk-stand-in-{world.token}"
     assert ran.stdout.split("\n") == [str(world.user.uid), world.workspace, key], ran
+
+
+# (runc's /dev is root's: the session's account cannot write it, read-only or not.)
+_TAKE_ALL = (
+    f"python3 -c '{PTYS}' 20; python3 -c '{FILL}' /tmp/filler {5 << 20}; "
+    f"python3 -c '{FORK_UNTIL_REFUSED}' 200; python3 -c '{OPEN_FILES}' 200"
+)
+
+
+def _without_limits(config: dict[str, Any], bundle: Path) -> None:
+    del config["process"]["rlimits"]
+    del config["linux"]["resources"]
+    for mount in config["mounts"]:
+        mount["options"] = [o for o in mount["options"] if not o.startswith(("size=", "max="))]
+
+
+@pytest.mark.confinement
+@pytest.mark.root
+def test_the_limits_hold_under_runc(runc_world: World, tmp_path: Path) -> None:
+    """Under runc the exported session takes at most its ptys, /tmp, processes and open
+    files; on the export without those limits (the twin), it takes all it asks for."""
+    plan = runc_world.plan()
+    small = plan.replace(
+        limits=plan.limits.replace(ptys=3, tmp=4 << 20, processes=64, open_files=64)
+    )
+    held = run_bundle(tmp_path, small, _TAKE_ALL).stdout.split("\n")
+    assert held[0] == "3", held
+    assert held[1].startswith("refused"), held
+    assert int(held[2]) < 64, held
+    assert int(held[3]) < 64, held
+    unlimited = run_bundle(tmp_path, small, _TAKE_ALL, edit=_without_limits).stdout.split("\n")
+    assert unlimited[:4] == ["20", "filled", "200", "200"], unlimited
 
 
 PODMAN = shutil.which("podman")

@@ -27,6 +27,7 @@ def sample_plan() -> Plan:
             p.symlink("usr/bin", "/bin", "merged /usr"),
             p.proc("/proc", "own pids"),
             p.dev("/dev", "harmless devices"),
+            p.devpts("its own ptys"),
             p.copy("/srv/runner.py", "/srv/ws/runner.py", "a runner file, copied", 0o644),
         ],
         env=[
@@ -181,8 +182,8 @@ def test_manifest_has_a_row_per_entry_with_its_reason() -> None:
 
 
 def test_to_json_entry_keys_are_exact() -> None:
-    """Each manifest entry has exactly kind, source, dest, mode, reason, plus sha256, perms or
-    content only where the entry has one."""
+    """Each manifest entry has exactly kind, source, dest, mode, reason, plus sha256, perms,
+    content or capacity only where the entry has one."""
     plan = sample_plan()
     record = plan.to_json()
     assert set(record) == {
@@ -194,6 +195,7 @@ def test_to_json_entry_keys_are_exact() -> None:
         "network",
         "nested_userns",
         "protection",
+        "limits",
         "layers",
     }
     assert len(record["entries"]) == len(plan.entries)
@@ -208,6 +210,9 @@ def test_to_json_entry_keys_are_exact() -> None:
         if entry.content is not None:
             extra.add("content")
             assert shown["content"] == entry.content.decode()
+        if entry.capacity is not None:
+            extra.add("capacity")
+            assert shown["capacity"] == entry.capacity
         assert set(shown) == ENTRY_KEYS | extra
         assert (shown["kind"], shown["dest"], shown["mode"], shown["reason"]) == (
             str(entry.kind),

@@ -316,7 +316,7 @@ def test_violated_rule_judges_paths_not_prefixes() -> None:
         ("/proc/sys", "/hostsys", "ro"),  # a system entry's source, at another destination
         ("/proc/sys", "/writable-sys", "rw"),  # ... or writable
         ("/dev", "/hostdev", "rw"),  # host devices and /dev/shm
-        ("/dev/shm", "/dev/shm", "rw"),
+        ("/dev/shm", "/shm", "rw"),  # (at /dev/shm itself it would meet the plan's own)
         ("/dev/pts", "/pts", "ro"),
         # magic links out of /proc: resolved by the launcher, they name its own directories
         ("/proc/self/cwd", "/cwd", "ro"),

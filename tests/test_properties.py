@@ -55,9 +55,9 @@ NO_VALUE = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
             "--unshare-net", "--disable-userns")  # fmt: skip
 ONE_VALUE = ("--cap-drop", "--info-fd", "--seccomp", "--tmpfs", "--dir", "--proc", "--dev",
-             "--remount-ro", "--chdir", "--perms")  # fmt: skip
+             "--remount-ro", "--chdir", "--perms", "--size")  # fmt: skip
 TWO_VALUES = ("--setenv", "--bind", "--ro-bind", "--bind-fd", "--ro-bind-fd", "--symlink",
-              "--ro-bind-data", "--file")  # fmt: skip
+              "--ro-bind-data", "--file", "--dev-bind")  # fmt: skip
 ARITY = {
     **dict.fromkeys(NO_VALUE, 0),
     **dict.fromkeys(ONE_VALUE, 1),
@@ -65,7 +65,7 @@ ARITY = {
 }
 DEST_OPTIONS = frozenset(
     {"--bind", "--ro-bind", "--bind-fd", "--ro-bind-fd", "--symlink", "--ro-bind-data", "--file",
-     "--tmpfs", "--dir", "--proc", "--dev", "--remount-ro"}
+     "--tmpfs", "--dir", "--proc", "--dev", "--remount-ro", "--dev-bind"}
 )  # fmt: skip
 
 # Pieces of hostile paths.
