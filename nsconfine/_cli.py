@@ -100,6 +100,14 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         help="another host path no bind may expose (repeatable)",
     )
     group.add_argument(
+        "--mask",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a host path a bind would show (a workspace's .env): shown empty and read-only "
+        "instead (repeatable)",
+    )
+    group.add_argument(
         "--user",
         metavar="NAME",
         help="the unprivileged account the session runs as (required when running as root)",
@@ -294,6 +302,7 @@ def _session(arguments: argparse.Namespace) -> Session:
         git_identity=arguments.git_identity,
         profile=arguments.profile,
         limits=arguments.limit,
+        mask=arguments.mask,
     )
 
 

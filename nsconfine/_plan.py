@@ -368,19 +368,23 @@ class RunAs(Record):
 
 class DenyRule(Record):
     """A host path no bind may expose: a bind is refused when its source is this path or
-    contains it, and, when `inside` is set, when the source lies anywhere inside it. The path
-    is kept as derived (the lint resolves it afresh on every check); origin says where the
-    rule came from ($HOME, $XDG_CONFIG_HOME, --deny, …)."""
+    contains it, and, when `inside` is set, when the source lies anywhere inside it. A masked
+    path (`mask`, nsconfine._mask) may lie in a bind that the plan covers it in, at the very
+    place that bind shows it. The path is kept as derived (the lint resolves it afresh on every
+    check); origin says where the rule came from ($HOME, $XDG_CONFIG_HOME, --deny, …)."""
 
-    FIELDS = ("path", "reason", "inside", "origin")
+    FIELDS = ("path", "reason", "inside", "origin", "mask")
     __slots__ = FIELDS
     path: str
     reason: str
     inside: bool
     origin: str
+    mask: bool
 
-    def __init__(self, path: str, reason: str, inside: bool = True, origin: str = "") -> None:
-        self._set(path=path, reason=reason, inside=inside, origin=origin)
+    def __init__(
+        self, path: str, reason: str, inside: bool = True, origin: str = "", mask: bool = False
+    ) -> None:
+        self._set(path=path, reason=reason, inside=inside, origin=origin, mask=mask)
 
     @property
     def matches_now(self) -> bool:
@@ -399,6 +403,7 @@ class DenyRule(Record):
             "inside": self.inside,
             "origin": self.origin,
             "matches_now": self.matches_now,
+            "mask": self.mask,
         }
 
     def shown(self) -> str:

@@ -14,7 +14,10 @@ symlink re-pointed since the last launch counts at once):
   mount table) gives its device and the path inside that file system, so a bind-mount view of
   ~/.ssh at /tmp/view is ~/.ssh;
 - a source is refused when it is, contains or lies inside a denied path in that sense, or when
-  it is the very file (device and inode) a rule names, which a hardlink is.
+  it is the very file (device and inode) a rule names, which a hardlink is;
+- a masked path (nsconfine._mask) is denied the same way to every bind but one that holds it,
+  which passes only where the plan covers it (an empty read-only file or directory) at the
+  very place that bind shows it.
 """
 
 from __future__ import annotations
@@ -365,6 +368,8 @@ class Judge:
         for rule in rules:
             if not rule.path.startswith("/"):
                 continue  # a profile's rule naming an unset variable: it names no host path
+            if rule.mask:
+                continue  # judged where each bind shows it: _refuse_shown_masks
             resolved, info = _resolve_with(rule.path, resolved_dirs)
             if resolved == "/":
                 self.everything = rule
@@ -579,6 +584,7 @@ def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
     judged: dict[str, tuple[int, int] | None] = {}
     writable: list[tuple[Entry, tuple[str, str]]] = []
     read_only: list[tuple[Entry, tuple[str, str]]] = []
+    binds: list[tuple[Entry, str]] = []  # each host bind and its resolved source
     for entry in plan.entries:
         if not entry.is_host_bind:
             continue
@@ -611,6 +617,7 @@ def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
                 "secrets"
             )
         judged[entry.source] = identity
+        binds.append((entry, resolved))
         place = judge.places.of(resolved)
         if entry.kind is Kind.BIND and entry.mode is Mode.RW:
             writable.append((entry, place))
@@ -618,7 +625,50 @@ def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
             read_only.append((entry, place))
     _refuse_writable_aliases(writable, read_only)
     _refuse_symlinks_in_writable(plan)
+    _refuse_shown_masks(plan, judge.places, binds)
     return judged
+
+
+def _refuse_shown_masks(plan: Plan, places: _Places, shown: Sequence[tuple[Entry, str]]) -> None:
+    """Every masked path is a symlink to none, has one name (or, a directory, holds no file
+    with another), and is shown by no bind but where the plan covers it: a bind that is it or
+    lies inside it is refused, and one that holds it (by path, or by place: a bind-mount view)
+    must have a cover at the very place it shows it."""
+    if not any(rule.mask for rule in plan.deny):
+        return
+    from nsconfine._mask import is_cover, masked_path, refuse_other_names
+    from nsconfine._plan import inside
+
+    remounted = {entry.dest for entry in plan.entries if entry.kind is Kind.REMOUNT_RO}
+    covered = {entry.dest for entry in plan.entries if is_cover(entry, remounted)}
+    for rule in plan.deny:
+        if not rule.mask:
+            continue
+        path = masked_path(rule.path)
+        refuse_other_names(path)
+        device, place = places.of(path)
+        for entry, source in shown:
+            source_device, source_place = places.of(source)
+            same_file_system = source_device == device
+            if within(source, path) or (same_file_system and within(source_place, place)):
+                raise PlanError(
+                    f"{printable(entry.source)} (for {printable(entry.dest)}) shows "
+                    f"{printable(rule.path)}, which is masked ({printable(rule.reason)}; from "
+                    f"{rule.origin}): no bind may show it but where the mask covers it; drop "
+                    "the bind or the mask"
+                )
+            below = inside(path, source)
+            if below is None and same_file_system:
+                below = inside(place, source_place)
+            if below is None:
+                continue
+            there = os.path.normpath(f"{entry.dest}/{below}")
+            if there not in covered:
+                raise PlanError(
+                    f"{printable(entry.source)} (for {printable(entry.dest)}) shows the masked "
+                    f"{printable(rule.path)} at {printable(there)}, where the plan does not "
+                    "cover it: mask it there too (or bind a narrower path)"
+                )
 
 
 def _refuse_symlinks_in_writable(plan: Plan) -> None:

@@ -11,6 +11,8 @@ file. Its keys:
              dest (default: source), optional (skip it when missing),
              mkdir (make a missing rw directory, inside the workspace or run directory)
     protect, unprotect, deny = ["…"]                     as the command-line options
+    mask = ["{workspace}/.env"]                          paths shown empty and read-only, each
+                                                         absolute after {workspace}, $NAME, ~
     network = "host" | "none"; home = "persist" | "fresh"; workspace = "rw" | "ro"
     [limits] processes = 512, tmp = "256M", …          the session's share (nsconfine._limits)
     git_identity = "Name <email>"; allow_nested_userns = "reason"
@@ -53,7 +55,7 @@ _SCALARS = {
     "credential": str,
     "requires_credential": bool,
 }
-_LISTS = ("include", "env", "protect", "unprotect", "deny")
+_LISTS = ("include", "env", "protect", "unprotect", "deny", "mask")
 _CHOICES = {"network": ("host", "none"), "home": ("persist", "fresh"), "workspace": ("rw", "ro")}
 _PATH_KEYS = ("deny", "credential")
 # What a profile's path may start with: each is expanded (nsconfine._session), and a path that is
@@ -247,6 +249,10 @@ def _checked(label: str, path: str, text: str) -> Profile:
                 raise where.error(line, key, "must be a list of strings")
             if key == "env" and not all(is_env_name(v) for v in value):
                 raise where.error(line, key, "must hold variable names")
+            if key == "mask" and not all(v.startswith(("/", "{", "$", "~")) for v in value):
+                raise where.error(
+                    line, key, "must hold absolute paths (or start with {workspace}, $NAME or ~)"
+                )
             values[key] = value
         elif key == "limits":
             if not isinstance(value, dict):

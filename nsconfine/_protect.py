@@ -162,7 +162,14 @@ def protection(
             for entry in scan.tree(dest, source, names, trees):
                 found.setdefault(entry.dest, entry)
     taken = {entry.dest for entry in entries}
-    protected = [entry for dest, entry in found.items() if dest not in taken]
+    # Where the sandbox shows content of nsconfine's own (a masked path's empty cover), nothing
+    # of the host's is there to protect.
+    covers = [e.dest for e in entries if e.kind in (Kind.TMPFS, Kind.DATA)]
+    protected = [
+        entry
+        for dest, entry in found.items()
+        if dest not in taken and not any(within(dest, cover) for cover in covers)
+    ]
     pins = pin_parents([*entries, *protected])
     derived = (*protected, *pins)
     if len(derived) > MAX_PROTECTED_MOUNTS:

@@ -19,6 +19,7 @@ from nsconfine._credential import read_credential
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._harness import harness_entries
 from nsconfine._limits import Limits, pairs, parse_value
+from nsconfine._mask import mask_entries, mask_rules
 from nsconfine._plan import (
     NETWORKS,
     DenyRule,
@@ -98,6 +99,7 @@ class Session(Record):
         "workspace_mode",
         "credential_needed_by",
         "limits",
+        "mask",
     )
     __slots__ = FIELDS
     workspace: str
@@ -124,6 +126,7 @@ class Session(Record):
     credential_needed_by: tuple[str, ...]  # profiles that refuse a launch without a credential
     limits: tuple[tuple[str, int], ...]  # the session's share, by name (nsconfine._limits); the
     # rest at their defaults
+    mask: tuple[str, ...]  # host paths shown empty and read-only wherever a bind holds them
 
     def __init__(
         self,
@@ -150,6 +153,7 @@ class Session(Record):
         workspace_mode: str | None = None,
         credential_needed_by: Iterable[str] = (),
         limits: Mapping[str, int | str] | Iterable[str | tuple[str, int | str]] = (),
+        mask: Iterable[str | os.PathLike[str]] = (),
     ) -> None:
         def path(value: str | os.PathLike[str]) -> str:
             return _absolute(_path_text(os.fspath(value)))
@@ -197,6 +201,7 @@ class Session(Record):
             workspace_mode=workspace_mode,
             credential_needed_by=tuple(credential_needed_by),
             limits=tuple((name, parse_value(name, value)) for name, value in pairs(limits)),
+            mask=tuple(path(m) for m in mask),
         )
 
     @property
@@ -253,6 +258,7 @@ def _build_plan(
             deny_paths([session.credential], "the session's credential file", "--credential")
         )
     deny += (*profile_deny, *deny_paths(session.deny, "denied by --deny", "--deny"))
+    deny += tuple(mask_rules(session.mask))
     for rule in deny:
         if rule.inside:
             continue  # only homes are denied "itself or above"
@@ -379,7 +385,20 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
     if session.git_identity is not None:
         entries.append(gitconfig_entry(session.home, session.git_identity))
     entries += runner_entries(session.ro, [*reserved, *entries])
-    return entries
+    covers = mask_entries(session.mask, [*reserved, *entries])
+    return with_masks(entries, covers)
+
+
+def with_masks(entries: list[p.Entry], covers: Sequence[p.Entry]) -> list[p.Entry]:
+    """entries and the covers of masked paths; an entry at or below a cover is refused, being
+    asked for and masked at once."""
+    for entry in entries:
+        if any(within(entry.dest, cover.dest) for cover in covers):
+            raise PlanError(
+                f"{printable(entry.dest)} is masked (--mask) and also given to the session by "
+                f"a {entry.kind} entry ({printable(entry.reason)}): drop one of them"
+            )
+    return entries + list(covers)
 
 
 def session_protection(session: Session, entries: Sequence[p.Entry]) -> p.Protection:
@@ -572,6 +591,7 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
     lists: dict[str, list[str]] = {key: [] for key in ("env", "protect", "unprotect")}
     setenv: dict[str, str] = {}
     limits: dict[str, int] = {}
+    masks: list[str] = []
     binds: list[Bind] = []
     deny: list[DenyRule] = []
     needs_credential: list[str] = []
@@ -582,6 +602,10 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
             lists[key] += values.get(key, [])
         setenv.update(values.get("setenv", {}))
         limits.update(values.get("limits", {}))
+        for masked in values.get("mask", []):
+            expanded = _expand(masked, session, environ)
+            if expanded is not None:  # it names a variable the launcher does not set
+                masks.append(expanded)
         for key in ("network", "home", "workspace", "git_identity", "allow_nested_userns",
                     "credential"):  # fmt: skip
             if key in values:
@@ -616,6 +640,7 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         unprotect=(*lists["unprotect"], *session.unprotect),
         setenv=(*setenv.items(), *session.setenv),
         limits=(*limits.items(), *session.limits),
+        mask=(*masks, *session.mask),
         network=session.network or scalars.get("network", "host"),
         home_mode=session.home_mode or scalars.get("home", "persist"),
         workspace_mode=session.workspace_mode or scalars.get("workspace", "rw"),

@@ -13,6 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import cli, give_to_session_user, open_up, session, session_options, sh
@@ -33,7 +34,7 @@ def _secret_file(ws_run: tuple[Path, Path], name: str = ".env") -> Path:
     return path
 
 
-def _masked(ws_run: tuple[Path, Path], *masked: Path, **options: object) -> nsconfine.Plan:
+def _masked(ws_run: tuple[Path, Path], *masked: Path, **options: Any) -> nsconfine.Plan:
     return session(*ws_run, mask=[str(path) for path in masked], **options).plan()
 
 
@@ -131,11 +132,14 @@ def test_a_missing_masked_path_leaves_nothing_behind(ws_run: tuple[Path, Path]) 
 def test_another_bind_of_the_workspace_is_masked_too(
     ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """A profile bind that shows the workspace at another place shows the mask there too."""
+    """A profile bind that shows the (read-only) workspace at another place too shows the mask
+    there as well; without that cover, the lint refuses the plan."""
     secret = _secret_file(ws_run)
     view = nsconfine.Bind(str(ws_run[0]), "/view", "ro", "the workspace, again")
-    plan = _masked(ws_run, secret, binds=[view])
-    assert sh(plan, "cat /view/.env; echo read") == (0, "read\n")
+    plan = _masked(ws_run, secret, binds=[view], workspace_mode="ro")
+    assert sh(plan, "cat /view/.env .env; echo read") == (0, "read\n")
+    with pytest.raises(nsconfine.PlanError, match=r"/view/\.env"):
+        check_plan(_without(plan, "/view/.env"))
 
 
 def test_a_masked_file_in_a_read_only_directory_is_empty(
@@ -255,3 +259,51 @@ def test_a_profile_masks_a_path(ws_run: tuple[Path, Path], tmp_path: Path) -> No
     profile.write_text('description = "masks"\nmask = [".env"]\n')
     with pytest.raises(nsconfine.UsageError, match="mask"):
         session(*ws_run, profile=[str(profile)]).plan()
+
+
+_MASKED_VIEW = r"""
+import os, subprocess, sys
+from nsconfine import _plan as p, _policy
+from nsconfine._errors import PlanError
+from nsconfine._mask import mask_rules
+workspace, view, covered = sys.argv[1], sys.argv[2], sys.argv[3] == "covered"
+subprocess.run(["mount", "--bind", workspace, view], check=True)
+secret = os.path.join(workspace, ".env")
+entries = [p.ro_bind(workspace, workspace, "the workspace"), p.ro_bind(view, "/view", "a view"),
+           p.data(b"", secret, "masked")]
+if covered:
+    entries.append(p.data(b"", "/view/.env", "masked"))
+try:
+    _policy.check_plan(p.Plan.of(entries, deny=mask_rules([secret])))
+    print("allowed")
+except PlanError as refused:
+    print("refused", refused.message)
+"""
+
+
+@pytest.mark.parametrize("covered", [False, True])
+def test_a_bind_mount_view_of_the_workspace_needs_the_mask_too(
+    ws_run: tuple[Path, Path], tmp_path: Path, covered: bool
+) -> None:
+    """A host bind-mount view of the workspace shows the masked path under another name: the
+    lint finds it by place and refuses the plan unless a cover is there too (the twin: with
+    one, it passes). Checked in a private mount namespace, as root or in a user namespace."""
+    import subprocess
+    import sys
+
+    from helpers import IS_ROOT
+
+    _secret_file(ws_run)
+    view = tmp_path / "view"
+    view.mkdir()
+    unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
+    result = subprocess.run(
+        [*unshare, sys.executable, "-c", _MASKED_VIEW, str(ws_run[0]), str(view),
+         "covered" if covered else "bare"],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    if covered:
+        assert result.stdout.startswith("allowed"), result.stdout + result.stderr
+    else:
+        assert result.stdout.startswith("refused"), result.stdout + result.stderr
+        assert "/view/.env" in result.stdout

@@ -651,6 +651,24 @@ def test_the_limits_hold_under_runc(runc_world: World, tmp_path: Path) -> None:
     assert unlimited[:4] == ["20", "filled", "200", "200"], unlimited
 
 
+@pytest.mark.confinement
+@pytest.mark.root
+def test_a_mask_holds_under_runc(runc_world: World, tmp_path: Path) -> None:
+    """A masked .env in the workspace is empty under runc too (the cover is a file of the
+    bundle, bound read-only); the export without its cover (the twin) shows the secret."""
+    from nsconfine._session import build_plan
+
+    world = runc_world
+    secret = Path(world.workspace, ".env")
+    secret.write_text("API_TOKEN=sk-masked\n")
+    os.chown(secret, world.user.uid, world.user.gid)
+    session = world.session().replace(mask=(str(secret),))
+    plan = build_plan(session, homes=[world.home], environ={})
+    assert run_bundle(tmp_path, plan, "cat .env; echo read").stdout == "read\n"
+    bare = plan.replace(entries=tuple(e for e in plan.entries if e.dest != str(secret)))
+    assert run_bundle(tmp_path, bare, "cat .env").stdout == "API_TOKEN=sk-masked\n"
+
+
 PODMAN = shutil.which("podman")
 
 

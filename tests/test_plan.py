@@ -227,6 +227,7 @@ def test_to_json_entry_keys_are_exact() -> None:
         "inside": False,
         "origin": "",
         "matches_now": True,
+        "mask": False,
     }
     assert json.loads(plan.manifest_json()) == record
 
