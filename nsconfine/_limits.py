@@ -37,7 +37,8 @@ MiB: Final = 1 << 20
 GiB: Final = 1 << 30
 
 # name -> (default, smallest, largest, whether it is a number of bytes, reason). The smallest
-# values leave bwrap, its init and the shim room to start; the largest are the kernel's own.
+# values leave bwrap, its init and the shim room to start; the largest are the kernel's own (for
+# the counts, a bound the reaper's argument parser and devpts's max= can both take).
 LIMITS: Final[dict[str, tuple[int, int, int, bool, str]]] = {
     "processes": (
         1024, 16, 4_194_304, False,
@@ -58,17 +59,17 @@ LIMITS: Final[dict[str, tuple[int, int, int, bool, str]]] = {
         "bytes /dev/shm holds (a tmpfs of its own; bwrap's /dev is read-only)",
     ),
     "ptys": (
-        16, 1, 1_048_576, False,
+        16, 1, 65_536, False,
         "terminals, from a devpts of the session's own (max=): the host's are shared by every "
         "sandbox (kernel.pty.max less its reserve)",
     ),
     "inotify_instances": (
-        16, 1, 2**31 - 1, False,
+        16, 1, 1 << 30, False,
         "inotify instances, counted in the session's user namespace under its account's "
         "(user.max_inotify_instances)",
     ),
     "inotify_watches": (
-        8192, 1, 2**31 - 1, False,
+        8192, 1, 1 << 30, False,
         "inotify watches, counted the same way (user.max_inotify_watches)",
     ),
 }  # fmt: skip

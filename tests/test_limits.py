@@ -440,6 +440,15 @@ def test_two_sessions_of_one_account_are_limited_apart(
     assert 30 < held_second < 50
 
 
+def test_the_largest_limits_still_launch(ws_run: tuple[Path, Path]) -> None:
+    """Every limit at the largest value it takes still launches (the reaper parses it, the
+    mount check reads it back)."""
+    from nsconfine._limits import LIMITS
+
+    largest = {name: LIMITS[name][2] for name in LIMITS}
+    assert sh(_limited(ws_run, **largest), "echo ran") == (0, "ran\n")
+
+
 # ------------------------------------------------------------------ failing to take them
 
 
