@@ -19,13 +19,13 @@ file. Its keys:
     credential = "~/.config/nsconfine/agent.env"         the file, if none is given
     requires_credential = true                           refuse a launch without one
 
-Every path a profile gives (a bind's source and dest, deny, credential) is absolute, or starts
-with ~, $NAME (a variable of the launcher's environment), {workspace}, {run_dir}, {home} or
-{config}; any other is refused, never taken from the launcher's working directory. A bind whose
-variable is unset is skipped, a deny rule's is kept and shown as matching nothing; a source
-with * or ? binds every path it matches. Command-line options add to a profile: lists are
-joined, and a value given there wins over the profile's. Errors name the file, the line and the
-key.
+Every path a profile gives (a bind's source and dest, deny, mask, credential) is absolute, or
+starts with ~, $NAME (a variable of the launcher's environment), {workspace}, {run_dir}, {home}
+or {config}; any other is refused, never taken from the launcher's working directory. A bind or
+mask whose variable is unset is skipped, a deny rule's is kept and shown as matching nothing; a
+source with * or ? binds every path it matches. Command-line options add to a profile: lists
+are joined, and a value given there wins over the profile's. Errors name the file, the line and
+the key.
 """
 
 from __future__ import annotations
