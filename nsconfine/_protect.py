@@ -162,9 +162,13 @@ def protection(
             for entry in scan.tree(dest, source, names, trees):
                 found.setdefault(entry.dest, entry)
     taken = {entry.dest for entry in entries}
-    # Where the sandbox shows content of nsconfine's own (a masked path's empty cover), nothing
-    # of the host's is there to protect.
-    covers = [e.dest for e in entries if e.kind in (Kind.TMPFS, Kind.DATA)]
+    # Where the sandbox shows content of nsconfine's own inside a writable tree (a masked
+    # path's empty cover), nothing of the host's is there to protect.
+    covers = [
+        e.dest
+        for e in entries
+        if e.kind in (Kind.TMPFS, Kind.DATA) and any(inside(e.dest, d) for d, _ in trees)
+    ]
     protected = [
         entry
         for dest, entry in found.items()

@@ -603,7 +603,7 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         setenv.update(values.get("setenv", {}))
         limits.update(values.get("limits", {}))
         for masked in values.get("mask", []):
-            expanded = _expand(masked, session, environ)
+            expanded = _expand(masked, session, environ, profile.where("mask"))
             if expanded is not None:  # it names a variable the launcher does not set
                 masks.append(expanded)
         for key in ("network", "home", "workspace", "git_identity", "allow_nested_userns",
