@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import read_to_eof
 
 import nsconfine
 
@@ -112,3 +113,36 @@ def test_spawn_short_of_fds_refuses_and_leaves_no_fd_or_mount_point(
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert found == []
+
+
+IN_FLIGHT_CYCLE = """
+import array, os, socket, time
+a, b = socket.socketpair()
+fds = array.array("i", [b.fileno(), 1, 2])
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+os.close(1)
+os.close(2)
+a.close()
+time.sleep(0.5)
+"""
+
+
+def test_a_pipe_left_in_flight_by_the_session_reaches_eof(plan: nsconfine.Plan) -> None:
+    """A session whose last process sends its stdout and stderr (a caller's pipe) and one end
+    of a socketpair over that pair, then closes them: a unix-socket cycle the kernel's garbage
+    collector frees only when some unix socket is closed, anywhere (b's last close, at exit,
+    starts none). Once the session has ended the pipe reaches EOF (it stayed open until another
+    process's close: 0.1 s to 97 s)."""
+    for _ in range(3):  # another process's close starts a collection now and then
+        read_end, write_end = os.pipe()
+        try:
+            try:
+                sandbox = nsconfine.spawn(
+                    plan, ["python3", "-c", IN_FLIGHT_CYCLE], stdout=write_end, stderr=write_end
+                )
+            finally:
+                os.close(write_end)
+            assert sandbox.wait(timeout=30) == 0
+            assert read_to_eof(read_end, 5) == b""
+        finally:
+            os.close(read_end)

@@ -1,12 +1,15 @@
 """A terminal of the session's own (--tty, tty=True): a pty of the sandbox's devpts as its
 controlling terminal, job control, Ctrl-C and Ctrl-Z for the foreground job only, window-size
-changes relayed, and the caller's terminal put back."""
+changes relayed, and the caller's terminal put back. And the caller's terminal itself, which no
+session reads: not at /dev/console, not after Ctrl-Z, not through its stdout."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import select
+import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -17,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import session, session_options, without_fd
+from helpers import (
+    SESSION_USER,
+    kill_all,
+    pids_with,
+    python_child,
+    session,
+    session_options,
+    session_uid,
+    without_fd,
+)
 
 import nsconfine
 
@@ -126,7 +138,8 @@ def test_ctrl_c_and_ctrl_z_reach_only_the_foreground_job(ws_run: tuple[Path, Pat
 
 def test_window_size_changes_reach_the_session(ws_run: tuple[Path, Path]) -> None:
     """`nsconfine run --tty` under a terminal: the session starts with that terminal's size,
-    and a resize reaches it (SIGWINCH to the launcher, relayed)."""
+    a resize reaches it (SIGWINCH to the launcher, relayed), and the terminal keeps its new
+    size when the session ends (the launch-time size used to be put back over it)."""
     controller, terminal = os.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     before = termios.tcgetattr(terminal)
@@ -148,6 +161,7 @@ def test_window_size_changes_reach_the_session(ws_run: tuple[Path, Path]) -> Non
         assert b"30 100" in output, output
         assert cli.wait(timeout=30) == 0
         assert termios.tcgetattr(terminal) == before  # raw mode undone
+        assert window_size(terminal) == (30, 100)  # the window's own size, not the launch's
     finally:
         if cli.poll() is None:
             cli.send_signal(signal.SIGKILL)
@@ -286,3 +300,314 @@ def test_a_tty_run_without_stdin_still_passes_signals_on(ws_run: tuple[Path, Pat
     _, err = cli.communicate(timeout=60)
     assert b"Traceback" not in err, err
     assert cli.returncode == 7
+
+
+# ------------------------------------------------------------------ the caller's terminal
+
+
+def window_size(fd: int) -> tuple[int, int]:
+    """The terminal's rows and columns."""
+    rows, columns, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+    return rows, columns
+
+
+class HostShell:
+    """An interactive bash with job control on a pty of the test's own: the user's shell at
+    the terminal, into which the test types."""
+
+    def __init__(self) -> None:
+        self.controller, terminal = os.openpty()
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        environment = {**os.environ, "PS1": "$ ", "TERM": "dumb"}
+        # setsid -c: bash leads a session of its own, whose controlling terminal is the pty
+        self.process = subprocess.Popen(
+            ["setsid", "-c", "bash", "--norc", "--noprofile", "-i"],
+            stdin=terminal, stdout=terminal, stderr=terminal, cwd="/", env=environment,
+        )  # fmt: skip
+        os.close(terminal)
+        self.screen = b""
+
+    def type(self, keys: bytes | str) -> None:
+        """Keys typed at the terminal."""
+        os.write(self.controller, keys.encode() if isinstance(keys, str) else keys)
+
+    def expect(self, wanted: bytes, timeout: float = 20) -> bool:
+        """Wait until wanted shows up on the terminal after what was already seen."""
+        start = len(self.screen)
+        deadline = time.monotonic() + timeout
+        while wanted not in self.screen[start:]:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.controller], [], [], left)[0]:
+                return False
+            try:
+                chunk = os.read(self.controller, 4096)
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self.screen += chunk
+        return True
+
+    def close(self, marker: str) -> None:
+        """End the shell, and every process whose command line holds marker."""
+        kill_all(pids_with(marker))
+        self.process.kill()
+        self.process.wait()
+        os.close(self.controller)
+
+
+def _cli_line(ws_run: tuple[Path, Path], *run_options: str, script: str) -> str:
+    """The `nsconfine run … -- sh -c script` command line a user types at the shell."""
+    argv = [sys.executable, "-m", "nsconfine", "run", *run_options, *session_options(*ws_run),
+            "--", "/bin/sh", "-c", script]  # fmt: skip
+    return shlex.join(argv) + "\n"
+
+
+def test_ctrl_z_leaves_the_session_nothing_to_read(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run` without --tty at an interactive shell, stopped by Ctrl-Z: what the user
+    types at the shell next is the shell's. (The session, a session of its own outside job
+    control, went on reading the terminal: a password typed for sudo was its to read.) `fg`
+    continues it, and it reads what is typed then."""
+    got = ws_run[0] / "got"
+    shell = HostShell()
+    try:
+        shell.type(_cli_line(ws_run, script="echo ready-$((3*3)); exec cat > got"))
+        assert shell.expect(b"ready-9"), shell.screen
+        shell.type(b"\x1a")  # Ctrl-Z
+        assert shell.expect(b"Stopped"), shell.screen
+        # What the user types while the shell's next job runs (sudo's password, say) waits
+        # for whoever reads the terminal next: the shell, once that job is done.
+        shell.type("sleep 2\n")
+        wait_for_foreground(shell.controller, "sleep")
+        shell.type("echo typed-$((6*7))\n")
+        assert shell.expect(b"typed-42"), (shell.screen, got.read_bytes())
+        assert got.read_bytes() == b""
+        shell.type("fg\n")
+        time.sleep(0.5)  # bash gives the CLI the terminal back
+        shell.type("after-fg\n")
+        shell.type(b"\x04")  # Ctrl-D: the end of the session's input
+        shell.type("echo status-$?-$((2+2))\n")
+        assert shell.expect(b"status-0-4"), shell.screen
+        assert got.read_bytes() == b"after-fg\n"
+    finally:
+        shell.close(str(ws_run[0]))
+
+
+PROBE_READS_THE_TERMINAL = """
+import os, select, sys, time
+fds = {"stdout": 1}
+for name, path in (("console", "/dev/console"), ("reopened", "/proc/self/fd/1")):
+    try:
+        fds[name] = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as error:
+        print(name, "not opened:", error.strerror, file=sys.stderr)
+print("ready", flush=True)
+got = {}
+deadline = time.monotonic() + 4
+while fds and time.monotonic() < deadline:
+    readable = select.select(list(fds.values()), [], [], max(deadline - time.monotonic(), 0))[0]
+    for name, fd in list(fds.items()):
+        if fd in readable:
+            try:
+                data = os.read(fd, 100)
+            except OSError as error:
+                data = b""
+                print(name, "not read:", error.strerror, file=sys.stderr)
+            got[name] = got.get(name, b"") + data
+            if not data:
+                del fds[name]
+print("read:", got, file=sys.stderr)
+"""
+
+
+def test_a_session_cannot_read_the_terminal_its_output_goes_to(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run … </dev/null` with stdout on the user's terminal: what the user types
+    there is not the session's, through its stdout (a terminal a shell opened read-write), its
+    re-opened /proc/self/fd/1, or /dev/console (where bwrap bound its own stdout's terminal)."""
+    controller, terminal = os.openpty()
+    if SESSION_USER:  # the user's terminal is the session's account's own (unprivileged)
+        os.chown(os.ttyname(terminal), session_uid(), -1)
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+         "python3", "-c", PROBE_READS_THE_TERMINAL],
+        stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.PIPE, cwd="/",
+    )  # fmt: skip
+    try:
+        assert b"ready" in read_until(controller, b"ready")
+        os.write(controller, b"typed-secret\n")
+        _, err = cli.communicate(timeout=60)
+        assert b"read:" in err, err
+        assert b"typed-secret" not in err, err
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        os.close(controller)
+        os.close(terminal)
+
+
+def test_a_tty_command_that_stops_itself_stops_the_cli_as_a_job(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run --tty` at an interactive shell, whose command stops itself (as a TUI
+    does at Ctrl-Z: Claude Code says "suspended"): the CLI gives the shell its terminal back
+    and stops, a job of that shell (it used to hold the terminal raw, and only Ctrl-C got
+    out); `fg` continues both, and the command reads the terminal again."""
+    script = (
+        "echo before-$((1+1)); kill -STOP $$; echo after-$((2+3)); read line; "
+        'echo "got-$line-$((3+4))"'
+    )
+    shell = HostShell()
+    try:
+        shell.type(_cli_line(ws_run, "--tty", script=script))
+        assert shell.expect(b"before-2"), shell.screen
+        assert shell.expect(b"Stopped"), shell.screen
+        shell.type("echo back-$((4*4))\n")
+        assert shell.expect(b"back-16"), shell.screen
+        shell.type("fg\n")
+        assert shell.expect(b"after-5"), shell.screen
+        shell.type("hello\r")
+        assert shell.expect(b"got-hello-7"), shell.screen
+        shell.type("echo status-$?-$((2+2))\n")
+        assert shell.expect(b"status-0-4"), shell.screen
+    finally:
+        shell.close(str(ws_run[0]))
+
+
+def _tmux(socket: str, *arguments: str) -> str:
+    # tmux runs commands with $SHELL, else the account's login shell (nobody's is nologin).
+    environ = {**os.environ, "SHELL": "/bin/sh"}
+    return subprocess.run(
+        ["tmux", "-S", socket, *arguments], capture_output=True, text=True, check=False,
+        env=environ,
+    ).stdout  # fmt: skip
+
+
+# What the caller's shell reads after the session, in raw mode: what the terminal types next.
+NEXT_READER = """
+import os, select, sys, termios, time, tty
+tty.setraw(0, termios.TCSANOW)
+print("reader-" "ready", end="", flush=True)
+got = b""
+deadline = time.monotonic() + 3
+while time.monotonic() < deadline:
+    if select.select([0], [], [], max(deadline - time.monotonic(), 0))[0]:
+        got += os.read(0, 100)
+with open(sys.argv[1], "w") as out:
+    out.write(repr(got))
+"""
+
+TUI_MODES = "\033[?1049h\033[?1000h\033[?1006h\033[?1004h\033[?2004h\033[?25l\033[?1h\033="
+TERMINAL_QUERIES = "\033[c\033[6n\033[>c"  # device attributes, cursor position, version
+
+
+def test_a_tty_session_leaves_no_replies_and_no_modes_behind(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Under tmux, `nsconfine run --tty` whose command turns on a TUI's modes (the alternate
+    screen, mouse reporting, focus events, bracketed paste, a hidden cursor, application keys)
+    and asks the terminal questions, then exits: the caller's shell reads no reply and the
+    terminal is out of those modes (replies were typed into the shell, modes stayed on)."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (apt-get install tmux)")
+    socket = str(tmp_path / "tmux.sock")
+    typed = tmp_path / "typed"
+    cli = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
+           "/bin/sh", "-c", f"printf '{TUI_MODES}{TERMINAL_QUERIES}'"]  # fmt: skip
+    reader = [sys.executable, "-c", NEXT_READER, str(typed)]
+    _tmux(socket, "new-session", "-d", "-x", "80", "-y", "24", "-c", "/",
+          f"{shlex.join(cli)}; {shlex.join(reader)}; sleep 60")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "reader-ready" not in _tmux(socket, "capture-pane", "-p"):
+            assert time.monotonic() < deadline, _tmux(socket, "capture-pane", "-p")
+            time.sleep(0.1)
+        _tmux(socket, "set-buffer", "pasted")
+        _tmux(socket, "paste-buffer", "-p")  # bracketed only if the pane asked for it
+        while not typed.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        flags = _tmux(socket, "display-message", "-p",
+                      "#{alternate_on} #{mouse_any_flag} #{mouse_sgr_flag} #{cursor_flag} "
+                      "#{keypad_cursor_flag} #{keypad_flag}")  # fmt: skip
+    finally:
+        _tmux(socket, "kill-server")
+    # what the shell read next, and: no alternate screen, no mouse reporting (any, SGR), a
+    # visible cursor, normal cursor keys and keypad
+    assert (typed.read_text(), flags.split()) == (repr(b"pasted"), ["0", "0", "0", "1", "0", "0"])
+
+
+# The session's last process sends its own fds 0-2 and one end of a socketpair over that pair,
+# so that the end sits in its own queue, then closes them: the kernel's unix garbage collector
+# frees such a cycle, but it runs only when some unix socket is closed somewhere (a.close()
+# starts one while b is still open; b's last close, at exit, starts none).
+IN_FLIGHT_CYCLE = """
+import array, os, socket, time
+a, b = socket.socketpair()
+print("cycle-" "made", flush=True)
+fds = array.array("i", [b.fileno(), 0, 1, 2])
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+for fd in (0, 1, 2):
+    os.close(fd)
+a.close()
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
+def test_the_cli_returns_when_the_sessions_stdio_is_left_in_flight(
+    ws_run: tuple[Path, Path], tty: bool
+) -> None:
+    """`nsconfine run --tty` (or `run` with stdout on a terminal, which it relays) whose last
+    process leaves its stdio in flight in a unix-socket cycle: the CLI returns once the session
+    has ended (it waited for the kernel's next garbage collection, 0.1 s to 97 s later, with the
+    caller's terminal raw meanwhile)."""
+    controller, terminal = os.openpty()
+    argv = [sys.executable, "-m", "nsconfine", "run", *(["--tty"] if tty else []),
+            *session_options(*ws_run), "--", "python3", "-c", IN_FLIGHT_CYCLE]  # fmt: skip
+    try:
+        for _ in range(3):  # another process's close starts a collection now and then
+            cli = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, cwd="/"
+            )
+            try:
+                assert b"cycle-made" in read_until(controller, b"cycle-made")
+                assert cli.wait(timeout=5) == 0
+            finally:
+                if cli.poll() is None:
+                    cli.kill()
+                    cli.wait()
+    finally:
+        os.close(controller)
+        os.close(terminal)
+
+
+@pytest.mark.parametrize("launch", ["spawn", "pool"])
+def test_no_launch_binds_the_launchers_terminal_at_dev_console(
+    ws_run: tuple[Path, Path], launch: str
+) -> None:
+    """A launcher whose stdout is a terminal, which its session inherits: the session has no
+    /dev/console (bwrap's --dev binds its own stdout's terminal there, read-write, and bwrap
+    had the launcher's), through spawn and through a Pool's staged sandbox."""
+    controller, terminal = os.openpty()
+    child = python_child(
+        """
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        read_end, write_end = os.pipe()
+        argv = ["/bin/sh", "-c", "{ test -e /dev/console && echo present || echo absent; } >&2"]
+        if sys.argv[4] == "pool":
+            with nsconfine.Pool(plan, refill="inline") as pool:
+                sandbox = pool.launch(argv, stderr=write_end)
+        else:
+            sandbox = nsconfine.spawn(plan, argv, stderr=write_end)
+        os.close(write_end)
+        sandbox.wait()
+        print("console", os.read(read_end, 100).decode().strip(), file=sys.stderr)
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "", launch,
+        stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        _, err = child.communicate(timeout=60)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert "console absent" in err, err
