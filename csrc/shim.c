@@ -28,9 +28,10 @@
  * bwrap gave it (the plan's), resets every signal disposition and the signal
  * mask, marks every fd from 3 up close-on-exec and execs argv[0] as execvp
  * would (a name without a slash is searched in the PATH of that environment;
- * a file the kernel cannot execute is run with /bin/sh). nsconfine.spawn
- * sends no fds (the command keeps the stdio bwrap got); nsconfine.Pool sends
- * the caller's. The error pipe is the launcher's proof: the shim writes
+ * a file the kernel cannot execute is run with /bin/sh). The launcher sends
+ * the caller's stdio (bwrap itself has /dev/null at 0 and 1: its --dev binds
+ * the terminal at its fd 1 as the sandbox's /dev/console). The error pipe is
+ * the launcher's proof: the shim writes
  * NSC_SHIM_EXECUTING into it once all is in place, and the pipe closes at a
  * successful exec (EOF); on failure the shim writes {errno, stage} into it
  * and exits 127. EOF with neither means the shim was killed first. EOF on the socket (the launcher closed the sandbox or died)

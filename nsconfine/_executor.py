@@ -8,7 +8,9 @@ A launch, in order:
    execs nsconfine's reaper (csrc/reaper.c, from a sealed memfd), which takes the session's
    limits in a user namespace of its own (nsconfine._limits) and runs bwrap with exactly
    these fds:
-       0-2  the session's stdio
+       0-1  /dev/null (bwrap binds the terminal its stdout is at the sandbox's /dev/console,
+            read-write: it never gets one; the command's stdio comes through the shim)
+       2    the session's stderr, for bwrap's own messages
        3    a sealed memfd with the plan's options (`--args 3`)
        4    the info pipe (`--info-fd 4`)
        5    the exec shim's socket, passed through to the sandbox
@@ -26,7 +28,8 @@ A launch, in order:
    kernel attaches its pid (SCM_CREDENTIALS). The launcher checks that the shim lives in the
    sandbox, and that the sandbox's mount table is exactly the plan (nsconfine._mounts).
    The sandbox is now staged: built and checked, waiting for a command.
-4. hand_off sends the command (and, for a pool, its stdio and environment); the shim execs it.
+4. hand_off sends the command, its stdio (unless it gets a terminal of its own) and (for a
+   pool) its environment; the shim execs it.
    EOF on a fresh error pipe means the exec succeeded; else the shim reports the errno, the
    sandbox is torn down, and the launch raises OSError.
 """
@@ -171,7 +174,7 @@ class Staged:
         "reaper_pidfd",
         "sock",
         "started",
-        "stdio",
+        "stderr",
         "stubs",
         "timings",
         "usable_until",
@@ -187,7 +190,7 @@ class Staged:
         self.started = time.perf_counter()
         self.timings: dict[str, float] = {}
         self.usable_until = 0.0
-        self.stdio: tuple[int, int, int] = (-1, -1, -1)
+        self.stderr = -1  # bwrap's fd 2 (-1: the launcher's)
         self.info_fd = -1
         self.stubs: list[_mountpoints.Stub] = []
 
@@ -266,14 +269,14 @@ def stage(
     *,
     lint: Callable[[], Mapping[str, Identity | None]] | None = None,
     bind_fds: bool = True,
-    stdio: tuple[int, int, int] = (-1, -1, -1),
+    stderr: int = -1,
     idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
 ) -> Staged:
     """Build plan's sandbox under bwrap with the exec shim waiting inside; return once the
     sandbox is checked (namespaces, shim, mount table). lint: the plan's own checks (the
     gate's lint()), run while bwrap builds the sandbox, which no command enters unless they
     pass; what it judged is checked against the sources opened. bind_fds: bwrap takes
-    --bind-fd; stdio: bwrap's 0-2 (-1: inherit)."""
+    --bind-fd; stderr: bwrap's fd 2, for its own messages (-1: the launcher's)."""
     try:
         stubs, sources = _mountpoints.open_for_launch(plan)
     except BaseException:
@@ -281,7 +284,7 @@ def stage(
         raise
     try:
         identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
-        staged = _start(bwrap, plan, sources if bind_fds else None, stdio, idle_timeout_ms)
+        staged = _start(bwrap, plan, sources if bind_fds else None, stderr, idle_timeout_ms)
     except BaseException:
         _mountpoints.remove(stubs)
         _lint_first(lint)
@@ -326,7 +329,7 @@ def _start(
     bwrap: str,
     plan: Plan,
     bind_sources: dict[str, int] | None,
-    stdio: tuple[int, int, int],
+    stderr: int,
     idle_timeout_ms: int,
 ) -> Staged:
     """Spawn the reaper with bwrap's fds in place (see the module's docstring)."""
@@ -344,8 +347,9 @@ def _start(
     # The kernel then attaches the sender's pid to what the shim sends: its own, translated.
     launcher_end.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     child_side: list[int] = []  # given to the reaper, closed here once it has them
-    info_read = -1
+    info_read = devnull = -1
     try:
+        devnull = _devnull_above_stdio()
         child_side.append(_syscalls.memfd_sealed("nsconfine-args", options))
         info_read, info_write = os.pipe2(os.O_CLOEXEC)
         child_side.append(info_write)
@@ -359,9 +363,9 @@ def _start(
             os.fsencode(REAPER_PATH),
             argv,
             (),  # bwrap gets an empty environment; the session's is in the options
-            stdin=stdio[0],
-            stdout=stdio[1],
-            stderr=stdio[2],
+            stdin=devnull,
+            stdout=devnull,
+            stderr=stderr,
             pass_fds=child_side,
             flags=flags,
             uid=uid,
@@ -383,6 +387,8 @@ def _start(
         raise
     finally:
         shim_end.close()
+        if devnull >= 0:
+            os.close(devnull)
         # Not the socket's (closed above), nor the shim's program or the lifeline (kept).
         for fd in child_side[:2] + child_side[3:4] + child_side[6:]:
             os.close(fd)
@@ -401,10 +407,24 @@ def _start(
         ) from None
     staged = Staged(plan, reaper, reaper_pidfd, launcher_end)
     staged.started = started
-    staged.stdio = stdio
+    staged.stderr = stderr
     staged.info_fd = info_read
     staged.mark("started")
     return staged
+
+
+def _devnull_above_stdio() -> int:
+    # Never at 0-2: in a launcher without one of them, another thread's launch would take it
+    # for that stdio fd (prepare_launch) and hand it to its command.
+    import fcntl
+
+    opened = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    if opened > 2:
+        return opened
+    try:
+        return fcntl.fcntl(opened, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(opened)
 
 
 class _SetupEnded(Exception):
@@ -675,19 +695,19 @@ class Launch:
     ) -> None:
         self.argv = argv
         self.message = message  # the header and the NUL-separated argv and env
-        self.fds = fds  # the stdio fds it carries; None: the command keeps bwrap's
+        self.fds = fds  # the stdio fds it carries; None: it gets a terminal of its own
         self.tty = tty  # the command gets a new terminal (and the launcher its controller)
 
 
 def prepare_launch(
     argv: Sequence[str],
     env: Mapping[str, str] | None = None,
-    stdio: Sequence[Stdio] | None = None,
+    stdio: Sequence[Stdio] = (None, None, None),
     tty: bool = False,
 ) -> Launch:
     """Check argv and env and encode them for the shim (UsageError: nothing was staged yet).
-    stdio None: the command keeps bwrap's stdio (spawn); else each is None (the launcher's own
-    fd now), an fd or a file. tty: the command's stdio is a new terminal instead."""
+    Each of stdio is None (the launcher's own fd now), an fd or a file. tty: the command's
+    stdio is a new terminal instead."""
     if (
         isinstance(argv, str | bytes)
         or not argv
@@ -706,7 +726,7 @@ def prepare_launch(
         raise UsageError(f"argv and env take {len(body)} bytes; at most {SHIM_MAX_BODY}")
     mask = SHIM_TTY if tty else 0
     fds: list[int] = []
-    if stdio is not None and not tty:
+    if not tty:
         for number, (given, name) in enumerate(
             zip(stdio, ("stdin", "stdout", "stderr"), strict=True)
         ):
@@ -721,7 +741,7 @@ def prepare_launch(
             mask |= 1 << number
             fds.append(fd)
     header = SHIM_HEADER.pack(SHIM_MAGIC, mask, len(argv), len(items) - len(argv), len(body))
-    return Launch(argv, header + body, fds if stdio is not None and not tty else None, tty)
+    return Launch(argv, header + body, None if tty else fds, tty)
 
 
 def hand_off(staged: Staged, launch: Launch) -> Sandbox:
@@ -736,9 +756,8 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
         teardown(staged)
         raise StagedGone
     message, fds = launch.message, launch.fds or []
-    # The command's stdio: for spawn, bwrap's (-1: the launcher's own 0, 1, 2).
-    own = [fd if fd >= 0 else number for number, fd in enumerate(staged.stdio)]
-    terminals = _terminal.save(own if launch.fds is None else fds)
+    # What the session holds of the caller's: the command's stdio, and bwrap's stderr.
+    terminals = _terminal.save([*fds, staged.stderr if staged.stderr >= 0 else 2])
     controller = -1  # the command's terminal, for a launch with tty
 
     def abandon() -> None:  # a half-launched sandbox is never left behind

@@ -368,11 +368,12 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
         argv = ["/bin/sh", "-c", _CANARY_SCRIPT, "canary", marker, secret, workspace]
         try:
             try:
-                staged = stage(bwrap, plan, bind_fds=bind_fds, stdio=(-1, out_write, err_write))
+                launch = prepare_launch(argv, stdio=(None, out_write, err_write))
+                staged = stage(bwrap, plan, bind_fds=bind_fds, stderr=err_write)
+                sandbox = hand_off(staged, launch)
             finally:
                 os.close(out_write)
                 os.close(err_write)
-            sandbox = hand_off(staged, prepare_launch(argv))
             try:
                 status = sandbox.wait(CANARY_TIMEOUT_SECONDS)
             except TimeoutError:

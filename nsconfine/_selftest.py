@@ -77,10 +77,10 @@ def unchecked_launcher(
 ) -> Sandbox:
     """Launch without the gate (no lint, no refusal of uid 0): only for weakened plans that
     must expose what the gate refuses."""
-    launch = prepare_launch(argv)
-    stdio = (-1, stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
+    launch = prepare_launch(argv, stdio=(None, stdout, stderr))
     bwrap = proven_bwrap()
-    return hand_off(stage(bwrap, plan, bind_fds=takes_bind_fds(bwrap), stdio=stdio), launch)
+    staged = stage(bwrap, plan, bind_fds=takes_bind_fds(bwrap), stderr=stdio_fd(stderr, "stderr"))
+    return hand_off(staged, launch)
 
 
 @dataclass(frozen=True)

@@ -143,9 +143,9 @@ def spawn(
     """Run argv confined by plan; return once it has exec'd. Each stdio is None (inherit), an
     fd, or a file object; tty=True gives the command a new terminal of the sandbox's own instead
     (its controller is the handle's tty). OSError if argv[0] cannot be executed there."""
-    launch = prepare_launch(argv, tty=tty)  # a refused command never has a sandbox built for it
-    stdio = (stdio_fd(stdin, "stdin"), stdio_fd(stdout, "stdout"), stdio_fd(stderr, "stderr"))
-    staged = checked_stage(plan, stdio=stdio)
+    # A refused command never has a sandbox built for it.
+    launch = prepare_launch(argv, stdio=(stdin, stdout, stderr), tty=tty)
+    staged = checked_stage(plan, stderr=stdio_fd(stderr, "stderr"))
     try:
         return hand_off(staged, launch)  # OSError from here on: the command could not start
     except StagedGone:
@@ -158,7 +158,7 @@ def spawn(
 def checked_stage(
     plan: Plan,
     *,
-    stdio: tuple[int, int, int] = (-1, -1, -1),
+    stderr: int = -1,
     idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
 ) -> Staged:
     """The one checked launch up to the hand-off, for spawn and Pool alike: the plan's
@@ -174,7 +174,7 @@ def checked_stage(
             plan,
             lint=lambda: lint(plan),
             bind_fds=cleared.bind_fds,
-            stdio=stdio,
+            stderr=stderr,
             idle_timeout_ms=idle_timeout_ms,
         )
 
