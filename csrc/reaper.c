@@ -18,6 +18,8 @@
  *     happens when the launcher *process* is gone, however it died;
  *   - it gets SIGTERM, SIGINT, SIGHUP or SIGQUIT (Sandbox.kill sends SIGTERM);
  *   - bwrap ends on its own (then normally nothing is left to kill).
+ * Once they are all gone it closes a unix socket of its own, which runs the kernel's
+ * unix garbage collector (see collect_sockets_in_flight).
  * Then it exits as bwrap did: the same exit code, or the same signal; after a
  * teardown, always as killed by SIGKILL, which is what it did to the session
  * (bwrap may have seen its pid 1 killed first, and exited 137 on its own).
@@ -224,15 +226,38 @@ static void kill_children(void)
     }
 }
 
-/* Kill and reap every child left, including orphans reparented while doing so. */
+#define AF_UNIX_ 1
+#define SOCK_STREAM_ 1
+
+/*
+ * A session's last process can leave its stdout in flight: sent, with one end of a
+ * socketpair, over that pair (the end then sits in its own queue), both closed. Only the
+ * kernel's unix garbage collector frees such a cycle, and only the release of some unix
+ * socket starts it (the first end's close may start one while the other is still open; the
+ * other's last close, at exit, releases nothing, the message still holding it). Until some
+ * process somewhere closes a socket, the caller's pipe never reaches EOF. With the session
+ * gone, closing a socket of our own starts the collector, which frees the cycle.
+ */
+static void collect_sockets_in_flight(void)
+{
+    int pair[2];
+    if (SYS4(__NR_socketpair, AF_UNIX_, SOCK_STREAM_ | O_CLOEXEC, 0, pair) == 0) {
+        (void)SYS1(__NR_close, pair[0]);
+        (void)SYS1(__NR_close, pair[1]);
+    }
+}
+
+/* Kill and reap every child left, including orphans reparented while doing so; then have
+ * the kernel free what the session left in flight. */
 static void sweep(void)
 {
     for (;;) {
         kill_children();
         int status;
         if (RETRY(SYS4(__NR_wait4, -1, &status, __WALL, 0)) == -ECHILD)
-            return;
+            break;
     }
+    collect_sockets_in_flight();
 }
 
 __attribute__((noreturn)) static void exit_like(int status)
