@@ -1,13 +1,14 @@
 """The caller's terminal, as a session found it.
 
-A session whose stdio is the caller's terminal can change that terminal's settings (echo off,
-raw mode, a 7x7 window), its line discipline (N_NULL: every read and write fails), its open
-file's flags (O_NONBLOCK, shared with the caller), make it
-exclusive (TIOCEXCL: no one else may open it) or suspend its output (TCOOFF: the caller's next
-write blocks), and leave all that changed. The launcher records each terminal among the
-session's stdio at launch and puts it back once the session has ended. (A session cannot inject
-input there: bwrap's --new-session leaves it without a controlling terminal, which TIOCSTI
-needs.)
+A session whose stdio is the caller's terminal (one a launcher gave it through the API:
+`nsconfine run` relays its own instead) can change that terminal's settings (echo off, raw
+mode), its line discipline (N_NULL: every read and write fails), its open file's flags
+(O_NONBLOCK, shared with the caller), make it exclusive (TIOCEXCL: no one else may open it) or
+suspend its output (TCOOFF: the caller's next write blocks), and leave all that changed. The
+launcher records each terminal among the session's stdio at launch and puts it back once the
+session has ended. Not its window size: that is the terminal's own (a window resized during the
+session would be set back to its old size). (A session cannot inject input there: bwrap's
+--new-session leaves it without a controlling terminal, which TIOCSTI needs.)
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    # (a private duplicate of the terminal's fd, its termios attributes, its window size,
-    # its file status flags, whether it was exclusive, its line discipline)
-    Saved = tuple[int, list[Any], bytes, int, bool, bytes]
+    # (a private duplicate of the terminal's fd, its termios attributes, its file status
+    # flags, whether it was exclusive, its line discipline)
+    Saved = tuple[int, list[Any], int, bool, bytes]
 
 _TIOCGEXCL = 0x80045440  # _IOR('T', 0x40, int), Linux 3.8; not in Python's termios
 
@@ -42,13 +43,12 @@ def save(fds: Iterable[int]) -> list[Saved]:
 
         try:
             attributes = termios.tcgetattr(fd)
-            size = fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8)
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
             exclusive = int.from_bytes(fcntl.ioctl(fd, _TIOCGEXCL, b"\0" * 4), "little") != 0
             discipline = fcntl.ioctl(fd, termios.TIOCGETD, b"\0" * 4)
         except (OSError, termios.error):
             continue
-        saved.append((os.dup(fd), attributes, size, flags, exclusive, discipline))
+        saved.append((os.dup(fd), attributes, flags, exclusive, discipline))
     return saved
 
 
@@ -64,12 +64,11 @@ def restore(saved: list[Saved]) -> None:
     # with the signal blocked the change is made.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
     try:
-        for fd, attributes, size, flags, exclusive, discipline in saved:
+        for fd, attributes, flags, exclusive, discipline in saved:
             try:
                 if fcntl.ioctl(fd, termios.TIOCGETD, b"\0" * 4) != discipline:
                     fcntl.ioctl(fd, termios.TIOCSETD, discipline)  # before the settings
                 termios.tcsetattr(fd, termios.TCSANOW, attributes)
-                fcntl.ioctl(fd, termios.TIOCSWINSZ, size)
                 fcntl.fcntl(fd, fcntl.F_SETFL, flags)
                 fcntl.ioctl(fd, termios.TIOCEXCL if exclusive else termios.TIOCNXCL)
                 termios.tcflow(fd, termios.TCOON)  # output the session suspended flows again
