@@ -446,26 +446,54 @@ def test_a_session_cannot_read_the_terminal_its_output_goes_to(ws_run: tuple[Pat
         os.close(terminal)
 
 
-def test_a_tty_command_that_stops_itself_stops_the_cli_as_a_job(ws_run: tuple[Path, Path]) -> None:
-    """`nsconfine run --tty` at an interactive shell, whose command stops itself (as a TUI
-    does at Ctrl-Z: Claude Code says "suspended"): the CLI gives the shell its terminal back
-    and stops, a job of that shell (it used to hold the terminal raw, and only Ctrl-C got
-    out); `fg` continues both, and the command reads the terminal again."""
-    script = (
-        "echo before-$((1+1)); kill -STOP $$; echo after-$((2+3)); read line; "
-        'echo "got-$line-$((3+4))"'
-    )
+# A TUI at Ctrl-Z: raw, it reads the key, puts its terminal back and sends its group SIGTSTP
+# (as Claude Code does), which the kernel drops: the group, whose parent is outside its session,
+# is orphaned.
+_TUI_SUSPENDING = """
+import os, signal, sys, termios, tty
+cooked = termios.tcgetattr(0)
+tty.setraw(0)
+os.write(1, b"before-" b"2\\r\\n")
+while os.read(0, 1) != b"\\x1a":
+    pass
+termios.tcsetattr(0, termios.TCSANOW, cooked)
+os.kill(0, signal.SIGTSTP)
+print("got-" + sys.stdin.readline().strip() + "-7")
+"""
+
+_STOPPING = {
+    "SIGSTOP": ('echo before-$((1+1)); kill -STOP $$; read line; echo "got-$line-$((3+4))"', b""),
+    "a TUI's SIGTSTP": (f"exec python3 -c {shlex.quote(_TUI_SUSPENDING)}", b"\x1a"),
+    "Ctrl-Z in a cooked terminal": (
+        'echo before-$((1+1)); line=$(head -n 1); echo "got-$line-$((3+4))"',
+        b"\x1a",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(_STOPPING))
+def test_a_tty_command_that_stops_itself_stops_the_cli_as_a_job(
+    ws_run: tuple[Path, Path], how: str
+) -> None:
+    """`nsconfine run --tty` at an interactive shell, whose command stops itself (SIGSTOP), or
+    asks to (a TUI's SIGTSTP, or the terminal's at Ctrl-Z: both dropped by the kernel, the
+    command's group being orphaned): the CLI gives the shell its terminal back and stops, a
+    job of that shell (it held the terminal raw, and only Ctrl-C got out: Claude Code said
+    "suspended" and froze); `fg` continues both, and the command reads the terminal again."""
+    stopping, keys = _STOPPING[how]
     shell = HostShell()
     try:
-        shell.type(_cli_line(ws_run, "--tty", script=script))
+        shell.type(_cli_line(ws_run, "--tty", script=stopping))
         assert shell.expect(b"before-2"), shell.screen
+        shell.type(keys)
         assert shell.expect(b"Stopped"), shell.screen
         shell.type("echo back-$((4*4))\n")
         assert shell.expect(b"back-16"), shell.screen
         shell.type("fg\n")
-        assert shell.expect(b"after-5"), shell.screen
+        time.sleep(1)  # the CLI continues, its terminal raw again, then the command
         shell.type("hello\r")
         assert shell.expect(b"got-hello-7"), shell.screen
+        assert shell.expect(b"$ "), shell.screen  # the CLI is done with the terminal
         shell.type("echo status-$?-$((2+2))\n")
         assert shell.expect(b"status-0-4"), shell.screen
     finally:
