@@ -360,7 +360,7 @@ def _plan(arguments: argparse.Namespace) -> int:
 
 
 def _run(arguments: argparse.Namespace) -> int:
-    from nsconfine._run import held_signals, kept_stdio_flags, run_session
+    from nsconfine._run import StdioRelay, held_signals, kept_stdio_flags, run_session
     from nsconfine._session import build_plan
     from nsconfine._spawn import spawn
 
@@ -370,18 +370,32 @@ def _run(arguments: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
     plan = build_plan(_session(arguments), lint=False)  # spawn lints it
-    # The signals from before the launch: none is lost while it builds.
+    # The signals from before the launch: none is lost while it builds. The caller's terminals
+    # reach the session as pipes (see nsconfine/_run.py).
     with kept_stdio_flags(), held_signals() as signals:
+        relay = StdioRelay(arguments.tty)
         try:
-            sandbox = spawn(plan, command, tty=arguments.tty)
-        except OSError as error:  # not an NsconfineError: the command itself could not start
-            print(
-                f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: "
-                f"{error.strerror}",
-                file=sys.stderr,
-            )
-            return EXEC_FAILED_STATUS
-        status = run_session(sandbox, arguments.grace, signals)
+            stdin, stdout, stderr = relay.given
+            try:
+                sandbox = spawn(
+                    plan, command, stdin=stdin, stdout=stdout, stderr=stderr, tty=arguments.tty
+                )
+            except BaseException as failed:
+                relay.launched()
+                relay.drain()  # bwrap's own messages, before nsconfine's
+                if not isinstance(failed, OSError):
+                    raise
+                # not an NsconfineError: the command itself could not start
+                print(
+                    f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: "
+                    f"{failed.strerror}",
+                    file=sys.stderr,
+                )
+                return EXEC_FAILED_STATUS
+            relay.launched()
+            status = run_session(sandbox, arguments.grace, signals, relay)
+        finally:
+            relay.close()
     _warn_of_untrusted_config(sandbox.untrusted_config or [])
     return 128 - status if status < 0 else status
 

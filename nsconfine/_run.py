@@ -1,19 +1,35 @@
-"""`nsconfine run`'s side of a running session: signals passed on, and (--tty) the terminal.
+"""`nsconfine run`'s side of a running session: signals passed on, the caller's terminal
+relayed, and (--tty) the session's own terminal.
 
 Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH that reach the launcher
 go to the command (its traps run), and the launcher exits with its status. The first of the
 ending ones (INT, TERM, HUP, QUIT) also starts a grace period: if the session has not ended when
-it is over, or at a second such signal, the whole session is killed. The handlers only wake the
-loop below (the wakeup fd carries the signal numbers): no work, and no lock, inside a handler.
+it is over, or at a second such signal, the whole session is killed. SIGCONT (the launcher was
+stopped and is continued: `fg`) is held too: it may be the foreground job again. The handlers
+only wake the loop below (the wakeup fd carries the signal numbers): no work, and no lock,
+inside a handler.
+
+The caller's terminal is never the session's to read. Without --tty, each of the launcher's fds
+0-2 that is a terminal reaches the session as a pipe the launcher relays (stdout and stderr on
+one terminal share one pipe, so that their order holds): a session holding that terminal could
+read it while its output went there, and went on reading it when a Ctrl-Z stopped the launcher
+(a session of its own, outside job control, it is not stopped with it): what the user typed at
+the shell next was the session's. Input is read only while the launcher is in the foreground:
+stopped or in the background, it leaves what is typed to the shell. Pipes and files are handed
+over as they are. With --tty, only bwrap's stderr is relayed (the command has its own terminal).
 
 With --tty the command has a terminal of its own (a pty of the sandbox's, its controlling
 terminal: job control, /dev/tty, Ctrl-C and Ctrl-Z for its foreground job). The launcher's own
 terminal is put in raw mode, so that every key reaches the session's terminal, and bytes are
 copied both ways; a window-size change (SIGWINCH) is copied to the session's terminal, whose
-kernel tells its foreground job. The launcher's terminal is put back as it was at the end.
-Input goes to the session's terminal only as fast as it takes it (the launcher stops reading
-its stdin meanwhile): a session that never reads its input cannot block the launcher, which
-goes on relaying output and signals, and returns when the session ends.
+kernel tells its foreground job. Input goes to the session's terminal only as fast as it takes
+it (the launcher stops reading its stdin meanwhile): a session that never reads its input cannot
+block the launcher, which goes on relaying output and signals, and returns when the session ends.
+The launcher's terminal is put back as it was at the end.
+
+Once the session has ended, what it wrote is copied to the end of each pipe and of its terminal,
+or until nothing came for DRAIN_IDLE_SECONDS: an end the session left in flight in a unix socket
+is held until the kernel's collector frees it (the reaper starts one), never for good.
 """
 
 from __future__ import annotations
@@ -33,7 +49,18 @@ if TYPE_CHECKING:
 
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
+HELD_SIGNALS = (*FORWARDED_SIGNALS, signal.SIGCONT)
 _CHUNK = 65536
+DRAIN_IDLE_SECONDS = 0.5
+STATE_CHECK_SECONDS = 1.0  # how often a launcher in the background looks again
+
+
+def _in_foreground() -> bool:
+    """Is the launcher its terminal's foreground job (so that reading fd 0 stops no one)?"""
+    try:
+        return os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:  # not its controlling terminal: no job control applies
+        return True
 
 
 class _Terminal:
@@ -41,18 +68,22 @@ class _Terminal:
 
     def __init__(self, controller: int) -> None:
         import termios
-        import tty
 
         self.controller = controller
         os.set_blocking(controller, False)  # see from_stdin
         self.open = True  # until the session's side of its terminal is closed
         self.reading_stdin = True
         self.pending = b""  # input read from stdin, not yet taken by the session's terminal
-        self.saved = None
-        if os.isatty(0):
-            self.saved = termios.tcgetattr(0)
-            tty.setraw(0, termios.TCSANOW)
+        self.saved = termios.tcgetattr(0) if os.isatty(0) else None
+        self.raw()
         self.resize()
+
+    def raw(self) -> None:
+        import termios
+        import tty
+
+        if self.saved is not None:
+            tty.setraw(0, termios.TCSANOW)
 
     def resize(self) -> None:
         """The launcher's window size, onto the session's terminal."""
@@ -76,6 +107,18 @@ class _Terminal:
         if self.reading_stdin and not self.pending:
             wanted[0] = select.POLLIN
         return wanted
+
+    def handle(self, events: dict[int, int]) -> None:
+        if events.get(0, 0) & (select.POLLIN | select.POLLHUP):
+            self.from_stdin()
+        if events.get(self.controller, 0) & select.POLLOUT:
+            self.to_session()
+        if self.controller in events:
+            self.copy_out()
+
+    def copy_out(self) -> None:
+        if not self.to_stdout():
+            self.open = self.reading_stdin = False
 
     def from_stdin(self) -> None:
         self.pending = os.read(0, _CHUNK)
@@ -108,17 +151,135 @@ class _Terminal:
 
     def drain(self) -> None:
         """What the session wrote before it ended, to the end of its terminal: once no process
-        holds the session's side, a read gives what is left and then EIO (so waiting is safe:
-        nobody can write any more, and bytes still on their way through the terminal arrive)."""
-        os.set_blocking(self.controller, True)
-        while self.to_stdout():
-            pass
+        holds the session's side, a read gives what is left and then EIO. A side left in flight
+        in a unix socket has no reader, and nothing more comes: given up after
+        DRAIN_IDLE_SECONDS without a byte."""
+        while self.open and wait_fd(self.controller, DRAIN_IDLE_SECONDS):
+            self.copy_out()
 
     def restore(self) -> None:
         import termios
 
         if self.saved is not None:
             termios.tcsetattr(0, termios.TCSADRAIN, self.saved)
+
+
+class StdioRelay:
+    """The launcher's terminals among its fds 0-2, given to the session as pipes, and the
+    copying through them (see the module's docstring). `given` is what the session gets for
+    each of 0-2: a pipe's end, or None (the launcher's own fd, not a terminal)."""
+
+    def __init__(self, tty: bool) -> None:
+        self.given: list[int | None] = [None, None, None]
+        self.stdin_pipe = -1  # the launcher's end of the session's stdin
+        self.pending = b""  # input read from the terminal, not yet taken by the pipe
+        self.outputs: dict[int, int] = {}  # the launcher's read end -> the fd it copies to
+        self.in_background = False  # not reading stdin for it: looked at again every second
+        terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
+        try:
+            for fd in terminals:
+                if fd == 0:
+                    read_end, self.stdin_pipe = os.pipe2(os.O_CLOEXEC)
+                    os.set_blocking(self.stdin_pipe, False)
+                    self.given[0] = read_end
+                elif fd == 2 and 1 in terminals and _same_terminal(1, 2):
+                    self.given[2] = self.given[1]  # one pipe: the order of their bytes holds
+                else:
+                    read_end, self.given[fd] = os.pipe2(os.O_CLOEXEC)
+                    os.set_blocking(read_end, False)
+                    self.outputs[read_end] = fd
+        except BaseException:
+            self.launched()
+            self.close()
+            raise
+
+    def launched(self) -> None:
+        """The session has its ends (or its launch failed): the launcher's copies go."""
+        for fd in {fd for fd in self.given if fd is not None}:
+            os.close(fd)
+        self.given = [None, None, None]
+
+    def events(self) -> dict[int, int]:
+        wanted = dict.fromkeys(self.outputs, select.POLLIN)
+        self.in_background = False
+        if self.stdin_pipe >= 0:
+            if self.pending:
+                wanted[self.stdin_pipe] = select.POLLOUT
+            elif _in_foreground():
+                wanted[0] = select.POLLIN
+            else:  # `fg` continues it (SIGCONT); a check now and then, should it not
+                self.in_background = True
+        return wanted
+
+    def handle(self, events: dict[int, int]) -> None:
+        if self.stdin_pipe >= 0 and events.get(0, 0) and _in_foreground():
+            self.from_stdin()
+        if self.stdin_pipe in events:
+            self.to_session()
+        for read_end in [fd for fd in self.outputs if fd in events]:
+            self.copy_out(read_end)
+
+    def from_stdin(self) -> None:
+        try:
+            self.pending = os.read(0, _CHUNK)
+        except OSError:  # EIO: the terminal hung up
+            self.pending = b""
+        if self.pending:
+            self.to_session()
+        else:  # the end of input (Ctrl-D): the session's too
+            self._close_stdin()
+
+    def to_session(self) -> None:
+        try:
+            self.pending = self.pending[os.write(self.stdin_pipe, self.pending) :]
+        except BlockingIOError:
+            pass
+        except OSError:  # EPIPE: the session no longer reads; what is typed stays the shell's
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        os.close(self.stdin_pipe)
+        self.stdin_pipe = -1
+        self.pending = b""
+
+    def copy_out(self, read_end: int) -> None:
+        """Copy what the session wrote to one pipe; at its end, let go of it."""
+        try:
+            data = os.read(read_end, _CHUNK)
+        except BlockingIOError:
+            return
+        if data:
+            try:
+                _write_all(self.outputs[read_end], data)
+                return
+            except OSError:  # the terminal is gone (EIO): the session's writes now fail too
+                pass
+        os.close(read_end)
+        del self.outputs[read_end]
+
+    def drain(self) -> None:
+        """What the session wrote, to the end of each pipe, or until DRAIN_IDLE_SECONDS pass
+        without a byte (a write end left in flight in a unix socket)."""
+        while self.outputs:
+            poller = select.poll()
+            for read_end in self.outputs:
+                poller.register(read_end, select.POLLIN)
+            ready = poller.poll(DRAIN_IDLE_SECONDS * 1000)
+            if not ready:
+                return
+            for read_end, _ in ready:
+                self.copy_out(read_end)
+
+    def close(self) -> None:
+        if self.stdin_pipe >= 0:
+            self._close_stdin()
+        for read_end in self.outputs:
+            os.close(read_end)
+        self.outputs = {}
+
+
+def _same_terminal(first: int, second: int) -> bool:
+    return os.fstat(first).st_rdev == os.fstat(second).st_rdev
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -132,13 +293,13 @@ def _write_all(fd: int, data: bytes) -> None:
 
 @contextmanager
 def held_signals() -> Iterator[int]:
-    """From before the launch until the session is over: the forwarded signals only wake the
+    """From before the launch until the session is over: the held signals only wake the
     launcher (their numbers on the fd this yields), so one that arrives while the sandbox is
     still being built is passed on once it runs, not lost by killing the launcher. The
     handlers and wakeup fd before are put back after."""
     wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     previous_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-    previous = {number: signal.signal(number, _wake_only) for number in FORWARDED_SIGNALS}
+    previous = {number: signal.signal(number, _wake_only) for number in HELD_SIGNALS}
     try:
         yield wake_read
     finally:
@@ -177,14 +338,16 @@ def _wake_only(_number: int, _frame: object) -> None:
     pass  # the wakeup fd has the number; run_session acts on it
 
 
-def run_session(sandbox: Sandbox, grace: float, wake_read: int) -> int:
-    """Wait for the session, passing on the signals held_signals() collects on wake_read (and
-    copying its terminal, if it has one); its status."""
+def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRelay) -> int:
+    """Wait for the session, passing on the signals held_signals() collects on wake_read,
+    copying through relay (and its terminal, if it has one); its status."""
     terminal = _Terminal(sandbox.tty) if sandbox.tty >= 0 else None
     try:
-        _relay(sandbox, terminal, grace, wake_read)
-        if terminal is not None and terminal.open:
-            terminal.drain()  # before the handle reaps the session, which closes its terminal
+        _relay(sandbox, terminal, relay, grace, wake_read)
+        # before the handle reaps the session, which closes its terminal
+        relay.drain()
+        if terminal is not None:
+            terminal.drain()
     except BaseException:  # the launcher is leaving (its stdout gone): the session goes first
         sandbox.kill()
         sandbox.wait()
@@ -195,37 +358,40 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int) -> int:
     return sandbox.wait()
 
 
-def _relay(sandbox: Sandbox, terminal: _Terminal | None, grace: float, wake_read: int) -> None:
+def _relay(
+    sandbox: Sandbox, terminal: _Terminal | None, relay: StdioRelay, grace: float, wake_read: int
+) -> None:
     """Until the session has ended (its sentinel readable; not yet reaped): signals passed
-    on, the grace period kept, and its terminal copied both ways."""
+    on, the grace period kept, the caller's terminals relayed and its own terminal copied."""
     deadline: float | None = None
     signalled = False
     while True:
         poller = select.poll()
         poller.register(sandbox.sentinel, select.POLLIN)
         poller.register(wake_read, select.POLLIN)
-        if terminal is not None:
-            for fd, wanted in terminal.events().items():
-                poller.register(fd, wanted)
-        timeout = None if deadline is None else poll_ms(deadline - time.monotonic())
-        events = dict(poller.poll(timeout))
+        for part in (relay, terminal):
+            if part is not None:
+                for fd, wanted in part.events().items():
+                    poller.register(fd, wanted)
+        waits = [] if deadline is None else [deadline - time.monotonic()]
+        if relay.in_background:
+            waits.append(STATE_CHECK_SECONDS)
+        events = dict(poller.poll(poll_ms(min(waits)) if waits else None))
         if sandbox.sentinel in events:
             return
-        if not events:  # the grace period is over
+        if deadline is not None and time.monotonic() >= deadline:  # the grace period is over
             sandbox.kill()
             deadline = None
             continue
+        relay.handle(events)
         if terminal is not None:
-            if events.get(0, 0) & (select.POLLIN | select.POLLHUP):
-                terminal.from_stdin()
-            if events.get(terminal.controller, 0) & select.POLLOUT:
-                terminal.to_session()
-            if terminal.controller in events and not terminal.to_stdout():
-                terminal.open = terminal.reading_stdin = False
+            terminal.handle(events)
         if wake_read not in events:
             continue
         for received in os.read(wake_read, 64):
-            if received == signal.SIGWINCH and terminal is not None:
+            if received == signal.SIGCONT:
+                pass  # the loop looks at the foreground again
+            elif received == signal.SIGWINCH and terminal is not None:
                 terminal.resize()  # the session's terminal tells its foreground job
             elif received not in ENDING_SIGNALS:
                 sandbox.send_signal(received)  # passed on, nothing more
