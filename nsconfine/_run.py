@@ -5,9 +5,9 @@ Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH that re
 go to the command (its traps run), and the launcher exits with its status. The first of the
 ending ones (INT, TERM, HUP, QUIT) also starts a grace period: if the session has not ended when
 it is over, or at a second such signal, the whole session is killed. SIGCONT (the launcher was
-stopped and is continued: `fg`) is held too: it may be the foreground job again. The handlers
-only wake the loop below (the wakeup fd carries the signal numbers): no work, and no lock,
-inside a handler.
+stopped and is continued: `fg`) is held too: the launcher may be the foreground job again, and
+(--tty) its terminal is made raw again. The handlers only wake the loop below (the wakeup fd
+carries the signal numbers): no work, and no lock, inside a handler.
 
 The caller's terminal is never the session's to read. Without --tty, each of the launcher's fds
 0-2 that is a terminal reaches the session as a pipe the launcher relays (stdout and stderr on
@@ -25,7 +25,13 @@ copied both ways; a window-size change (SIGWINCH) is copied to the session's ter
 kernel tells its foreground job. Input goes to the session's terminal only as fast as it takes
 it (the launcher stops reading its stdin meanwhile): a session that never reads its input cannot
 block the launcher, which goes on relaying output and signals, and returns when the session ends.
-The launcher's terminal is put back as it was at the end.
+When the command stops itself, or asks to (a TUI at Ctrl-Z: see _Terminal.to_suspend), the
+launcher puts its terminal back and stops too, a job of the caller's shell; continued, it makes
+the terminal raw again, copies its size and continues the command's group. (The command is not
+the launcher's child: its state is read in /proc, every second and just after it was sent a
+suspend character.) When the session ends, the modes a TUI sets (mouse reporting, the alternate
+screen, …) are turned off, the answers to queries the session left on their way are read and
+dropped, and the terminal's settings are put back.
 
 Once the session has ended, what it wrote is copied to the end of each pipe and of its terminal,
 or until nothing came for DRAIN_IDLE_SECONDS: an end the session left in flight in a unix socket
@@ -52,7 +58,23 @@ FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIG
 HELD_SIGNALS = (*FORWARDED_SIGNALS, signal.SIGCONT)
 _CHUNK = 65536
 DRAIN_IDLE_SECONDS = 0.5
-STATE_CHECK_SECONDS = 1.0  # how often a launcher in the background looks again
+STATE_CHECK_SECONDS = 1.0  # how often a launcher in the background, or a --tty command, is
+# looked at again (in the foreground now? stopped?)
+SUSPEND_CHECK_SECONDS = 0.05  # how often, for SUSPEND_WINDOW_SECONDS after a suspend character
+SUSPEND_WINDOW_SECONDS = 0.5
+ANSWER_SECONDS = 0.5  # how long the caller's terminal may take to answer a status query
+
+# What a TUI may leave on in the caller's terminal, turned off: mouse reporting (X10, button,
+# any motion, UTF-8, SGR, urxvt), focus events, bracketed paste, the alternate screen (the
+# cursor saved first: leaving a screen never entered then moves nothing), application cursor
+# keys and keypad, the kitty keyboard protocol's last push; then the cursor shown, SGR reset.
+TUI_RESET = (
+    b"\033[?1000l\033[?1002l\033[?1003l\033[?1005l\033[?1006l\033[?1015l\033[?1004l\033[?2004l"
+    b"\0337\033[?1049l\033[?1l\033>\033[<u\033[?25h\033[0m"
+)
+# Device status: the terminal answers ESC [ 0 n, after its answers to every earlier query.
+STATUS_QUERY = b"\033[5n"
+STATUS_ANSWER = b"\033[0n"
 
 
 def _in_foreground() -> bool:
@@ -66,7 +88,7 @@ def _in_foreground() -> bool:
 class _Terminal:
     """The copying between the launcher's stdin/stdout and the session's terminal."""
 
-    def __init__(self, controller: int) -> None:
+    def __init__(self, controller: int, command_pid: int) -> None:
         import termios
 
         self.controller = controller
@@ -77,6 +99,14 @@ class _Terminal:
         self.saved = termios.tcgetattr(0) if os.isatty(0) else None
         self.raw()
         self.resize()
+        try:  # the command's state, as the kernel shows it (it is not the launcher's child)
+            self.command_stat = os.open(f"/proc/{command_pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # already gone
+            self.command_stat = -1
+        self.command_pid = command_pid
+        self.next_check = time.monotonic() + STATE_CHECK_SECONDS
+        self.quick_until = 0.0  # after a suspend character: look sooner, until then
+        self.modes_at_suspend = 0  # the session's terminal's local modes before it
 
     def raw(self) -> None:
         import termios
@@ -124,7 +154,29 @@ class _Terminal:
         self.pending = os.read(0, _CHUNK)
         if not self.pending:
             self.reading_stdin = False
+        else:
+            self._note_suspend(self.pending)
         self.to_session()
+
+    def _note_suspend(self, data: bytes) -> None:
+        """If data holds the session's terminal's suspend character (Ctrl-Z) and the command's
+        own group reads that terminal (not a job of a shell inside, whose job control works),
+        look at the command soon, with the terminal's local modes as they were before."""
+        import termios
+
+        try:
+            attributes = termios.tcgetattr(self.controller)  # the session's side's settings
+            suspend = attributes[6][termios.VSUSP]
+            if (suspend if suspend != b"\0" else b"\x1a") not in data:
+                return
+            if os.tcgetpgrp(self.controller) != self.command_pid:  # in our pid numbers
+                return
+        except (OSError, termios.error):
+            return
+        now = time.monotonic()
+        self.quick_until = now + SUSPEND_WINDOW_SECONDS
+        self.next_check = now + SUSPEND_CHECK_SECONDS
+        self.modes_at_suspend = attributes[3]
 
     def to_session(self) -> None:
         """As much pending input as the session's terminal takes now, without waiting: a
@@ -149,6 +201,72 @@ class _Terminal:
         _write_all(1, data)
         return True
 
+    def check_due(self) -> float:
+        """Seconds until the command's state is to be looked at next."""
+        return self.next_check - time.monotonic()
+
+    def to_suspend(self) -> tuple[bool, bool]:
+        """Is the session to be suspended, and must the launcher stop the command's group
+        itself? The next check is due then.
+
+        The command stopped (SIGSTOP): yes. But the kernel drops a SIGTSTP in the command's
+        group (a session leader's, whose parent is in another session: an orphaned group), so
+        just after a suspend character it reads, the launcher stands in for it: when the
+        command, raw, left raw mode (a TUI puts its terminal back, then sends its group
+        SIGTSTP: Claude Code, Codex), or when the terminal's kernel sent its group SIGTSTP,
+        which it neither catches nor ignores (cat)."""
+        import termios
+
+        now = time.monotonic()
+        soon = now < self.quick_until
+        self.next_check = now + (SUSPEND_CHECK_SECONDS if soon else STATE_CHECK_SECONDS)
+        try:
+            if os.pread(self.command_stat, 1024, 0).rsplit(b")", 1)[1].split()[0] == b"T":
+                return True, False
+            if not soon or os.tcgetpgrp(self.controller) != self.command_pid:
+                return False, False
+            modes = termios.tcgetattr(self.controller)[3]
+        except (OSError, IndexError, termios.error):  # gone
+            return False, False
+        before = self.modes_at_suspend
+        if not before & termios.ICANON and modes & termios.ICANON:
+            return True, True
+        if before & termios.ISIG and self._tstp_default():
+            return True, True
+        return False, False
+
+    def _tstp_default(self) -> bool:
+        """Is the command's SIGTSTP neither caught nor ignored?"""
+        bit = 1 << (signal.SIGTSTP - 1)
+        try:
+            with open(f"/proc/{self.command_pid}/status", "rb") as status:
+                masks = dict(line.split(b":", 1) for line in status if b":" in line)
+            return not (int(masks[b"SigIgn"], 16) | int(masks[b"SigCgt"], 16)) & bit
+        except (OSError, KeyError, ValueError):
+            return False
+
+    def suspend(self, sandbox: Sandbox, stop_it: bool) -> None:
+        """The session asked to be suspended: the command's group stopped (stop_it), the
+        caller's terminal back, the launcher stopped as a job of the caller's shell until it
+        is continued (`fg`), then the command's group continued. SIGTSTP, not SIGSTOP, stops
+        the launcher: outside job control (an orphaned group, which no shell would continue)
+        the kernel drops it, and all goes on at once."""
+        while self.open and wait_fd(self.controller, 0):
+            self.copy_out()  # what the command wrote as it stopped ("suspended")
+        if stop_it:
+            _signal_group(sandbox, signal.SIGSTOP)
+        self.restore()
+        os.kill(os.getpid(), signal.SIGTSTP)
+        self.resume()
+        _signal_group(sandbox, signal.SIGCONT)
+        self.quick_until = 0.0
+
+    def resume(self) -> None:
+        """Continued: the terminal raw again (a launcher continued in the background is
+        stopped here again, by SIGTTOU, until it is in the foreground), and its size copied."""
+        self.raw()
+        self.resize()
+
     def drain(self) -> None:
         """What the session wrote before it ended, to the end of its terminal: once no process
         holds the session's side, a read gives what is left and then EIO. A side left in flight
@@ -157,11 +275,42 @@ class _Terminal:
         while self.open and wait_fd(self.controller, DRAIN_IDLE_SECONDS):
             self.copy_out()
 
+    def leave_tui_modes(self) -> None:
+        """Turn off the modes a TUI may have left on in the caller's terminal, and read the
+        answers still coming to the queries it sent, up to the answer to a query of our own
+        (answers come in order), so that none is typed into the caller's shell."""
+        import termios
+
+        if not os.isatty(1) or not _in_foreground():
+            return
+        _write_all(1, TUI_RESET)
+        if self.saved is None or os.fstat(0).st_rdev != os.fstat(1).st_rdev:
+            return  # the answers go to a terminal the launcher does not read
+        _write_all(1, STATUS_QUERY)
+        seen = b""
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while STATUS_ANSWER not in seen:
+            if not wait_fd(0, deadline - time.monotonic()):
+                termios.tcflush(0, termios.TCIFLUSH)  # no answer: what is on its way goes
+                return
+            try:
+                chunk = os.read(0, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen = seen[-len(STATUS_ANSWER) :] + chunk  # an answer may come split
+
     def restore(self) -> None:
         import termios
 
         if self.saved is not None:
             termios.tcsetattr(0, termios.TCSADRAIN, self.saved)
+
+    def close(self) -> None:
+        if self.command_stat >= 0:
+            os.close(self.command_stat)
+            self.command_stat = -1
 
 
 class StdioRelay:
@@ -278,6 +427,15 @@ class StdioRelay:
         self.outputs = {}
 
 
+def _signal_group(sandbox: Sandbox, number: int) -> None:
+    """Signal the command's process group (a session leader's: its own pid, a number no one
+    else takes while the group lives), or the command alone should that fail."""
+    try:
+        os.killpg(sandbox.command_pid, number)
+    except OSError:
+        sandbox.send_signal(number)
+
+
 def _same_terminal(first: int, second: int) -> bool:
     return os.fstat(first).st_rdev == os.fstat(second).st_rdev
 
@@ -341,13 +499,14 @@ def _wake_only(_number: int, _frame: object) -> None:
 def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRelay) -> int:
     """Wait for the session, passing on the signals held_signals() collects on wake_read,
     copying through relay (and its terminal, if it has one); its status."""
-    terminal = _Terminal(sandbox.tty) if sandbox.tty >= 0 else None
+    terminal = _Terminal(sandbox.tty, sandbox.command_pid) if sandbox.tty >= 0 else None
     try:
         _relay(sandbox, terminal, relay, grace, wake_read)
         # before the handle reaps the session, which closes its terminal
         relay.drain()
         if terminal is not None:
             terminal.drain()
+            terminal.leave_tui_modes()
     except BaseException:  # the launcher is leaving (its stdout gone): the session goes first
         sandbox.kill()
         sandbox.wait()
@@ -355,6 +514,7 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRela
     finally:
         if terminal is not None:
             terminal.restore()
+            terminal.close()
     return sandbox.wait()
 
 
@@ -374,6 +534,8 @@ def _relay(
                 for fd, wanted in part.events().items():
                     poller.register(fd, wanted)
         waits = [] if deadline is None else [deadline - time.monotonic()]
+        if terminal is not None:
+            waits.append(terminal.check_due())
         if relay.in_background:
             waits.append(STATE_CHECK_SECONDS)
         events = dict(poller.poll(poll_ms(min(waits)) if waits else None))
@@ -386,11 +548,16 @@ def _relay(
         relay.handle(events)
         if terminal is not None:
             terminal.handle(events)
+            if terminal.check_due() <= 0:
+                suspended, stop_it = terminal.to_suspend()
+                if suspended:
+                    terminal.suspend(sandbox, stop_it)
         if wake_read not in events:
             continue
         for received in os.read(wake_read, 64):
             if received == signal.SIGCONT:
-                pass  # the loop looks at the foreground again
+                if terminal is not None:
+                    terminal.resume()  # stopped by someone else: raw again, resized
             elif received == signal.SIGWINCH and terminal is not None:
                 terminal.resize()  # the session's terminal tells its foreground job
             elif received not in ENDING_SIGNALS:
