@@ -201,6 +201,16 @@ def outcome_without_hanging(build: Callable[[], object], what: str, timeout: flo
     return outcome[0]
 
 
+def tmux(socket: str, *arguments: str) -> str:
+    """`tmux -S socket ARGUMENTS`'s output (a server of the test's own, on socket)."""
+    # tmux runs commands with $SHELL, else the account's login shell (nobody's is nologin).
+    environ = {**os.environ, "SHELL": "/bin/sh"}
+    return subprocess.run(
+        ["tmux", "-S", socket, *arguments], capture_output=True, text=True, check=False,
+        env=environ,
+    ).stdout  # fmt: skip
+
+
 def without_fd(argv: Sequence[str], fd: int) -> list[str]:
     """argv run with fd (0, 1 or 2) closed, by a shell that then execs it (a preexec_fn would
     fork the test runner with its threads, which can deadlock under ASan)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from agent_mock import FINAL_WORD, AgentAPI
-from helpers import SESSION_USER
+from helpers import SESSION_USER, tmux
 
 from nsconfine._accounts import run_as
 from nsconfine._selftest import World
@@ -163,15 +163,6 @@ def _onboarded(world: World) -> None:
             os.chown(path, user.uid, user.gid)
 
 
-def _tmux(socket: str, *arguments: str) -> str:
-    # tmux runs commands with $SHELL, else the account's login shell (nobody's is nologin).
-    environ = {**os.environ, "SHELL": "/bin/sh"}
-    return subprocess.run(
-        ["tmux", "-S", socket, *arguments], capture_output=True, text=True, check=False,
-        env=environ,
-    ).stdout  # fmt: skip
-
-
 def _longest_rule(screen: str) -> int:
     """The longest run of box-drawing rule characters on screen (the TUI's input box)."""
     longest = 0
@@ -201,24 +192,24 @@ def test_claude_code_renders_in_tty_mode_under_tmux(world: World, tmp_path: Path
             f"--run-dir {world.run_dir} -- claude --dangerously-skip-permissions "
             "'Run the steps.'; sleep 30"
         )
-        _tmux(socket, "new-session", "-d", "-x", "120", "-y", "40", "-c", "/", command)
+        tmux(socket, "new-session", "-d", "-x", "120", "-y", "40", "-c", "/", command)
         try:
             deadline = time.monotonic() + 120
             screen = ""
             while time.monotonic() < deadline and not api.done.is_set():
                 time.sleep(0.5)
-                screen = _tmux(socket, "capture-pane", "-p")
+                screen = tmux(socket, "capture-pane", "-p")
             assert api.done.is_set(), screen
             time.sleep(2)
-            before = _tmux(socket, "capture-pane", "-p")
+            before = tmux(socket, "capture-pane", "-p")
             assert FINAL_WORD in before, before
             wide = _longest_rule(before)
-            _tmux(socket, "resize-window", "-x", "70", "-y", "30")
+            tmux(socket, "resize-window", "-x", "70", "-y", "30")
             time.sleep(3)
-            after = _tmux(socket, "capture-pane", "-p")
+            after = tmux(socket, "capture-pane", "-p")
             narrow = _longest_rule(after)
         finally:
-            _tmux(socket, "kill-server")
+            tmux(socket, "kill-server")
     assert (Path(world.workspace) / "tty.txt").read_text() == f"tty-step-{world.token}\n"
     assert "ran" in api.results[0]
     assert wide > 70, before

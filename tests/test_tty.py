@@ -28,6 +28,7 @@ from helpers import (
     session,
     session_options,
     session_uid,
+    tmux,
     without_fd,
 )
 
@@ -500,15 +501,6 @@ def test_a_tty_command_that_stops_itself_stops_the_cli_as_a_job(
         shell.close(str(ws_run[0]))
 
 
-def _tmux(socket: str, *arguments: str) -> str:
-    # tmux runs commands with $SHELL, else the account's login shell (nobody's is nologin).
-    environ = {**os.environ, "SHELL": "/bin/sh"}
-    return subprocess.run(
-        ["tmux", "-S", socket, *arguments], capture_output=True, text=True, check=False,
-        env=environ,
-    ).stdout  # fmt: skip
-
-
 # What the caller's shell reads after the session, in raw mode: what the terminal types next.
 NEXT_READER = """
 import os, select, sys, termios, time, tty
@@ -541,23 +533,23 @@ def test_a_tty_session_leaves_no_replies_and_no_modes_behind(
     cli = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
            "/bin/sh", "-c", f"printf '{TUI_MODES}{TERMINAL_QUERIES}'"]  # fmt: skip
     reader = [sys.executable, "-c", NEXT_READER, str(typed)]
-    _tmux(socket, "new-session", "-d", "-x", "80", "-y", "24", "-c", "/",
+    tmux(socket, "new-session", "-d", "-x", "80", "-y", "24", "-c", "/",
           f"{shlex.join(cli)}; {shlex.join(reader)}; sleep 60")  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while "reader-ready" not in _tmux(socket, "capture-pane", "-p"):
-            assert time.monotonic() < deadline, _tmux(socket, "capture-pane", "-p")
+        while "reader-ready" not in tmux(socket, "capture-pane", "-p"):
+            assert time.monotonic() < deadline, tmux(socket, "capture-pane", "-p")
             time.sleep(0.1)
-        _tmux(socket, "set-buffer", "pasted")
-        _tmux(socket, "paste-buffer", "-p")  # bracketed only if the pane asked for it
+        tmux(socket, "set-buffer", "pasted")
+        tmux(socket, "paste-buffer", "-p")  # bracketed only if the pane asked for it
         while not typed.exists():
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        flags = _tmux(socket, "display-message", "-p",
+        flags = tmux(socket, "display-message", "-p",
                       "#{alternate_on} #{mouse_any_flag} #{mouse_sgr_flag} #{cursor_flag} "
                       "#{keypad_cursor_flag} #{keypad_flag}")  # fmt: skip
     finally:
-        _tmux(socket, "kill-server")
+        tmux(socket, "kill-server")
     # what the shell read next, and: no alternate screen, no mouse reporting (any, SGR), a
     # visible cursor, normal cursor keys and keypad
     assert (typed.read_text(), flags.split()) == (repr(b"pasted"), ["0", "0", "0", "1", "0", "0"])
