@@ -272,3 +272,31 @@ def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) 
                 pool.launch(["/bin/sh", "-c", "exit 3"])
         finally:
             signal.signal(signal.SIGCHLD, previous)
+
+
+@pytest.mark.parametrize("refill", ["inline", "background"])
+def test_no_fd_of_nsconfine_reaches_a_command_as_a_stdio_fd_the_launcher_lacks(
+    ws_run: tuple[Path, Path], tmp_path: Path, refill: str
+) -> None:
+    """A launcher without fd 0: the fds nsconfine opens for itself (the lifeline, a staged
+    sandbox's pidfds, the memfd of a plan's options, which holds its credential's values) must
+    never take that number and go to a command as its stdin; the command's fd 0 is closed, as
+    the launcher's was."""
+    output = tmp_path / "out"
+    child = python_child(
+        """
+        import os
+        out = open(sys.argv[4], "wb")
+        os.close(0)
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        with nsconfine.Pool(plan, size=1, refill=sys.argv[5]) as pool:
+            pool.wait_staged(60)
+            for _ in range(3):
+                pool.launch(["sh", "-c", "readlink /proc/self/fd/0 || echo closed"], stdout=out).wait(60)
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "", str(output), refill,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, out + err
+    assert output.read_text().splitlines() == ["closed"] * 3, output.read_text()
