@@ -41,7 +41,9 @@ from __future__ import annotations
 import _socket as socket
 import os
 import signal
+import stat
 import time
+from _thread import allocate_lock
 from collections.abc import Callable, Mapping, Sequence
 
 from nsconfine import _layers, _mountpoints, _syscalls, _terminal
@@ -84,6 +86,43 @@ CONFINING_NAMESPACES: Final = ("user", "mnt", "pid", "ipc", "uts", "cgroup", "ne
 INFO_TIMEOUT_SECONDS: Final = 10.0
 SETUP_TIMEOUT_SECONDS: Final = 120.0  # 10,000 copied files take bwrap seconds
 SPAWN_SHIM_TIMEOUT_MS: Final = 600_000  # a spawn hands its shim the command at once
+
+
+# Which of fds 0-2 the launcher lacked (closed) when a launch began: each was given /dev/null
+# then, so that no fd nsconfine opens for itself (the lifeline, a staged sandbox's pidfds, the
+# memfd of a plan's options, which holds its credential's values) can take that number and
+# reach a command as its stdio; a command launched with the launcher's own fd there gets it
+# closed, as the launcher had it.
+_filled_stdio: set[int] = set()
+_filled_lock = allocate_lock()
+
+
+def hold_closed_stdio() -> None:
+    """Give each of fds 0-2 that is closed /dev/null, remembering that the launcher lacks it
+    (called as every launch and every Pool begins, before nsconfine opens anything)."""
+    for number in (0, 1, 2):
+        try:
+            os.fstat(number)
+        except OSError:
+            with _filled_lock:
+                null = os.open(os.devnull, os.O_RDWR)
+                if null != number:  # a lower one was closed too, or another thread came first
+                    os.dup2(null, number, inheritable=True)
+                    os.close(null)
+                _filled_stdio.add(number)
+
+
+def launcher_lacks(number: int) -> bool:
+    """Did the launcher start a launch without its fd number (0-2): closed now, or the
+    /dev/null hold_closed_stdio put there (and nothing the caller put there since)?"""
+    try:
+        info = os.fstat(number)
+    except OSError:
+        return True
+    return number in _filled_stdio and stat.S_ISCHR(info.st_mode) and info.st_rdev == _NULL_DEVICE
+
+
+_NULL_DEVICE = os.stat(os.devnull).st_rdev
 
 
 def stdio_fd(value: Stdio, name: str) -> int:
@@ -708,6 +747,7 @@ def prepare_launch(
     """Check argv and env and encode them for the shim (UsageError: nothing was staged yet).
     Each of stdio is None (the launcher's own fd now), an fd or a file. tty: the command's
     stdio is a new terminal instead."""
+    hold_closed_stdio()
     if (
         isinstance(argv, str | bytes)
         or not argv
@@ -732,9 +772,7 @@ def prepare_launch(
         ):
             fd = stdio_fd(given, name)
             if fd < 0:  # None: the launcher's own fd, as spawn's bwrap would inherit it
-                try:
-                    os.fstat(number)
-                except OSError:
+                if launcher_lacks(number):
                     mask |= SHIM_CLOSE_MASK & (0x10 << number)  # closed here: closed there too
                     continue
                 fd = number

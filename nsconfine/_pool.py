@@ -25,7 +25,14 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from nsconfine._errors import SandboxUnavailable, UsageError
-from nsconfine._executor import Staged, StagedGone, hand_off, prepare_launch, teardown
+from nsconfine._executor import (
+    Staged,
+    StagedGone,
+    hand_off,
+    hold_closed_stdio,
+    prepare_launch,
+    teardown,
+)
 from nsconfine._pins import verify_pins
 from nsconfine._plan import Plan
 from nsconfine._protect import refreshed
@@ -66,6 +73,7 @@ class Pool:
             raise UsageError("idle_timeout must be a positive number of seconds")
         if refill not in ("background", "inline"):
             raise UsageError('refill must be "background" or "inline"')
+        hold_closed_stdio()  # before its stager opens anything
         with refusing_os_errors():
             lint(plan)  # refused here exactly as spawn would refuse it
             gate(plan)

@@ -18,6 +18,7 @@ from nsconfine._executor import (
     SPAWN_SHIM_TIMEOUT_MS,
     StagedGone,
     hand_off,
+    hold_closed_stdio,
     prepare_launch,
     stage,
     stdio_fd,
@@ -166,6 +167,7 @@ def checked_stage(
     bwrap while the plan is linted, its namespaces and mount table confirmed, and the exec shim
     waiting inside for its command (idle_timeout_ms at most). The staged sandbox keeps the plan
     it runs."""
+    hold_closed_stdio()  # before the launch opens anything
     with refusing_os_errors():
         plan = refreshed(plan)  # the repositories its workspace holds now
         cleared = gate(plan)

@@ -291,8 +291,9 @@ def test_no_fd_of_nsconfine_reaches_a_command_as_a_stdio_fd_the_launcher_lacks(
         plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
         with nsconfine.Pool(plan, size=1, refill=sys.argv[5]) as pool:
             pool.wait_staged(60)
+            show = ["sh", "-c", "readlink /proc/self/fd/0 || echo closed"]
             for _ in range(3):
-                pool.launch(["sh", "-c", "readlink /proc/self/fd/0 || echo closed"], stdout=out).wait(60)
+                pool.launch(show, stdout=out).wait(60)
         """,
         str(ws_run[0]), str(ws_run[1]), SESSION_USER or "", str(output), refill,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
