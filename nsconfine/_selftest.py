@@ -500,6 +500,52 @@ class World:
             return f"the second session could not fork: {second.stderr.strip()[-200:]}"
         return None
 
+    def terminal_read_leaks(self, through_cli: bool = True) -> str | None:
+        """A session whose output goes to the user's terminal (`nsconfine run … </dev/null` in
+        a shell; the relay stands in for it) tries to read what the user types there next:
+        through its stdout, its stdout re-opened, and /dev/console. None if it got none of it,
+        else what it got. through_cli=False gives spawn() the terminal itself, as the API does
+        when told to (the twin, which must leak)."""
+        import pty
+        import select
+        import time
+
+        controller, terminal = pty.openpty()
+        if os.geteuid() == 0:  # the user's terminal is the session's account's own
+            os.chown(os.ttyname(terminal), self.user.uid, self.user.gid)
+        secret = f"typed-{self.token}"
+        errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
+        try:
+            argv = ["python3", "-c", _READS_THE_TERMINAL]
+            if through_cli:
+                session = self.session()
+                user = ["--user", self.user.name] if os.geteuid() == 0 else []
+                child: subprocess.Popen[bytes] | Sandbox = subprocess.Popen(
+                    [sys.executable, "-m", "nsconfine", "run", *user,
+                     "--workspace", session.workspace, "--run-dir", session.run_dir, "--",
+                     *argv],
+                    stdin=subprocess.DEVNULL, stdout=terminal, stderr=errors_write, cwd="/",
+                )  # fmt: skip
+            else:
+                child = spawn(self.plan(), argv, stdout=terminal, stderr=errors_write)
+            os.close(errors_write)
+            errors_write = -1
+            seen = b""
+            deadline = time.monotonic() + PROBE_TIMEOUT_SECONDS
+            while b"ready" not in seen and time.monotonic() < deadline:
+                if select.select([controller], [], [], 1)[0]:
+                    seen += os.read(controller, 4096)
+            os.write(controller, secret.encode() + b"\n")
+            told = b""
+            while chunk := os.read(errors_read, 65536):
+                told += chunk
+            child.wait(PROBE_TIMEOUT_SECONDS)
+        finally:
+            for fd in (controller, terminal, errors_read, errors_write):
+                if fd >= 0:
+                    os.close(fd)
+        return secret if secret.encode() in told else None
+
     def _host_power_refusals(self) -> list[Probe]:
         planted = os.path.join(self.workspace, f"setuid-{self.token}")
         plant = (
@@ -740,6 +786,33 @@ def run_script(plan: Plan, script: str, launcher: Launcher = spawn) -> Outcome:
         )
 
 
+# Reads what it can of the terminal its stdout is, for a few seconds: through fd 1 (a terminal
+# a shell opened read-write), fd 1 re-opened, and /dev/console; says what it got on stderr.
+_READS_THE_TERMINAL = r"""
+import os, select, sys, time
+fds = {"stdout": 1}
+for name, path in (("console", "/dev/console"), ("reopened", "/proc/self/fd/1")):
+    try:
+        fds[name] = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        pass
+print("ready", flush=True)
+got = b""
+deadline = time.monotonic() + 3
+while fds and time.monotonic() < deadline:
+    readable = select.select(list(fds.values()), [], [], max(deadline - time.monotonic(), 0))[0]
+    for name, fd in list(fds.items()):
+        if fd in readable:
+            try:
+                data = os.read(fd, 100)
+            except OSError:
+                data = b""
+            got += data
+            if not data:
+                del fds[name]
+sys.stderr.write("read: " + got.decode(errors="replace"))
+"""
+
 _OPEN_SYSCTLS = r"""
 import os
 opened = 0
@@ -886,6 +959,15 @@ def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
                     "expected": "refused",
                     "observed": "refused" if starved is None else f"allowed: {starved}",
                     "ok": starved is None,
+                }
+            )
+            typed = world.terminal_read_leaks()
+            rows.append(
+                {
+                    "check": "read what the user types at the terminal its output goes to",
+                    "expected": "refused",
+                    "observed": "refused" if typed is None else f"allowed: {typed}",
+                    "ok": typed is None,
                 }
             )
             leaked = world.planted_symlink_leaks()

@@ -33,6 +33,7 @@ from helpers import (
 )
 
 import nsconfine
+from nsconfine._selftest import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -631,3 +632,11 @@ def test_no_launch_binds_the_launchers_terminal_at_dev_console(
         os.close(controller)
         os.close(terminal)
     assert "console absent" in err, err
+
+
+def test_the_selftest_terminal_check_can_fail(world: World) -> None:
+    """selftest's terminal row: through `nsconfine run` the session reads nothing the user
+    types at the terminal its output goes to; given that terminal by spawn() itself (as the
+    API does when told to), it does: the check can fail."""
+    assert world.terminal_read_leaks() is None
+    assert world.terminal_read_leaks(through_cli=False) is not None
