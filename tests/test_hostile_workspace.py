@@ -1100,3 +1100,44 @@ def test_what_a_workspace_costs_a_launch_is_bounded(tmp_path: Path) -> None:
     with pytest.raises(nsconfine.PlanError, match="mount points") as refused:
         session(workspace, run_dir).plan()
     assert "--unprotect" in refused.value.message
+
+
+# ------------------------------------------- what git and Mercurial use that the scan missed
+# (a fourth pass). Each is a place the host's git or hg takes config from, that a session can
+# write, and that the launch neither kept read-only nor named in untrusted_config after it.
+
+_BARE_TOP = (
+    "mkdir -p objects refs && echo 'ref: refs/heads/main' > HEAD && printf '[core]\\n"
+    "\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = .\\n' > config"
+)
+
+
+def test_a_workspace_top_made_to_look_bare_is_reported_and_then_protected(
+    tmp_path: Path,
+) -> None:
+    """A session makes the workspace's own top a bare repository (HEAD, objects/, refs/ and a
+    config with core.worktree = .): the host's git in the workspace, or in any directory of
+    it without a repository of its own, uses it and runs its core.fsmonitor. Made during the
+    session, its config must be named after it; from the next launch on, kept read-only."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    plan = session(workspace, run_dir).plan()
+    made = nsconfine.spawn(plan, ["/bin/sh", "-c", f"cd {workspace} && {_BARE_TOP}"])
+    assert made.wait() == 0
+    assert _host_git(workspace, "rev-parse", "--git-dir").stdout.strip() == "."  # git uses it
+    assert str(workspace / "config") in (made.untrusted_config or [])
+    _, output = attempt(session(workspace, run_dir).plan(), _plant_config(workspace / "config"))
+    assert "wrote" not in output, output
+    assert _host_git_config(workspace) == ""
+
+
+def test_the_reviewers_notes_made_to_look_bare_are_protected(tmp_path: Path) -> None:
+    """The same at the top of a writable bind inside a read-only workspace: the reviewer's
+    notes made a bare repository by one session stay read-only in the next."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    notes = workspace / "notes"
+    attempt(session(workspace, run_dir, profile=["reviewer"]).plan(), f"cd {notes} && {_BARE_TOP}")
+    assert _host_git(notes, "rev-parse", "--git-dir").stdout.strip() == "."  # git uses it
+    plan = session(workspace, run_dir, profile=["reviewer"]).plan()
+    _, output = attempt(plan, _plant_config(notes / "config"))
+    assert "wrote" not in output, output
+    assert _host_git_config(notes) == ""
