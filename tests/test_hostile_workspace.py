@@ -1141,3 +1141,21 @@ def test_the_reviewers_notes_made_to_look_bare_are_protected(tmp_path: Path) -> 
     _, output = attempt(plan, _plant_config(notes / "config"))
     assert "wrote" not in output, output
     assert _host_git_config(notes) == ""
+
+
+def test_a_symlinked_hg_below_the_top_is_refused_or_protected(repo: tuple[Path, Path]) -> None:
+    """Mercurial finds a repository where `.hg` is a directory *or a symlink to one* (it
+    follows it: `hg status` in sub runs the [hooks] of the hgrc it leads to; Mercurial 7.2).
+    A session plants `sub/.hg -> ../hgd` and writes hgd/hgrc: that must be named after the
+    session, and the next launch must refuse the symlink (as a `.git` symlink is refused) or
+    keep what it leads to read-only."""
+    workspace = repo[0]
+    plant = (
+        f"cd {workspace} && mkdir -p sub hgd && printf 'store\\n' > hgd/requires && "
+        "ln -s ../hgd sub/.hg && echo '[ui]' > hgd/hgrc"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", plant])
+    assert made.wait() == 0
+    assert made.untrusted_config, "the hgrc the session wrote is not named"
+    _, output = _launch(repo, _plant_config(workspace / "hgd" / "hgrc"))
+    assert "wrote" not in output, output
