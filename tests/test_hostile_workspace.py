@@ -1159,3 +1159,19 @@ def test_a_symlinked_hg_below_the_top_is_refused_or_protected(repo: tuple[Path, 
     assert made.untrusted_config, "the hgrc the session wrote is not named"
     _, output = _launch(repo, _plant_config(workspace / "hgd" / "hgrc"))
     assert "wrote" not in output, output
+
+
+def test_a_commondir_longer_than_a_page_is_read_as_git_reads_it(repo: tuple[Path, Path]) -> None:
+    """git reads a commondir whole (and resolves `./` after `./` as it goes), the plan read
+    only its first 4,096 bytes: 2,100 times `./` then `x` names vendor/lib/.git/x to git, and
+    vendor/lib/.git itself to the plan. x's config is what the host's git runs: protected."""
+    nested = repo[0] / "vendor" / "lib"
+    common = nested / ".git" / "x"
+    (common / "objects").mkdir(parents=True)
+    (common / "refs").mkdir()
+    (nested / ".git" / "commondir").write_text("./" * 2100 + "x\n")
+    give_to_session_user(repo[0])
+    assert _host_git(nested, "rev-parse", "--git-common-dir").stdout.strip().endswith("/x")
+    _, output = _launch(repo, _plant_config(common / "config"))
+    assert "wrote" not in output, output
+    assert _host_git_config(nested) == ""
