@@ -1175,3 +1175,15 @@ def test_a_commondir_longer_than_a_page_is_read_as_git_reads_it(repo: tuple[Path
     _, output = _launch(repo, _plant_config(common / "config"))
     assert "wrote" not in output, output
     assert _host_git_config(nested) == ""
+
+
+def test_a_repository_made_in_the_reviewers_notes_is_reported(tmp_path: Path) -> None:
+    """A repository the reviewer makes in its notes during the session is named after it,
+    as one made in a writable workspace is (the workspace's read-only bind above notes hid
+    everything below it from the report)."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    notes = workspace / "notes"
+    plan = session(workspace, run_dir, profile=["reviewer"]).plan()
+    made = nsconfine.spawn(plan, ["git", "init", "-q", f"{notes}/app"])
+    assert made.wait() == 0
+    assert str(notes / "app" / ".git" / "config") in (made.untrusted_config or [])
