@@ -1187,3 +1187,57 @@ def test_a_repository_made_in_the_reviewers_notes_is_reported(tmp_path: Path) ->
     made = nsconfine.spawn(plan, ["git", "init", "-q", f"{notes}/app"])
     assert made.wait() == 0
     assert str(notes / "app" / ".git" / "config") in (made.untrusted_config or [])
+
+
+def _as_account(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The host's git run as the account that owns the workspace (the launcher itself when
+    unprivileged; as root, the session's account), as the host user works there."""
+    environ = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+    as_user = ["runuser", "-u", SESSION_USER, "--"] if SESSION_USER else []
+    return subprocess.run(
+        [*as_user, "git", "-c", "safe.directory=*", "-c", "user.name=h", "-c", "user.email=h@h",
+         "-C", str(workspace), *args],
+        capture_output=True, text=True, env=environ, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("relative", "host"),
+    [
+        (".git/config", ("config", "user.name", "Host User")),  # config.lock renamed over it
+        (".envrc", ("checkout", "-q", "HEAD~1", "--", ".envrc")),  # unlinked, written anew
+    ],
+)
+def test_a_protected_file_the_host_replaces_during_a_session_is_not_left_to_it(
+    repo: tuple[Path, Path], relative: str, host: tuple[str, ...]
+) -> None:
+    """The host's git replaces a protected file while a session runs (`git config` renames
+    config.lock over .git/config; `git checkout` unlinks and writes a tracked .envrc): the
+    read-only bind held the old inode, so the session can write the new file. It must not be
+    able to, or the report after it must name the file (it named nothing: the path was
+    read-only in the plan)."""
+    workspace = repo[0]
+    (workspace / ".envrc").write_text("export SAFE=2\n")
+    _as_account(workspace, "commit", "-q", "-am", "two")
+    give_to_session_user(workspace)
+    target, go = workspace / relative, workspace / "go"
+    script = (
+        f"while [ ! -e {go} ]; do sleep 0.05; done; "
+        f"(printf '{_EVIL_CONFIG}' >> {target} && echo wrote) 2>/dev/null; true"
+    )
+    read, write = os.pipe()
+    sandbox = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script], stdout=write)
+    os.close(write)
+    try:
+        before = os.stat(target).st_ino
+        done = _as_account(workspace, *host)
+        assert done.returncode == 0, done.stderr
+        assert os.stat(target).st_ino != before  # the host did replace it
+        go.touch()
+    finally:
+        status = sandbox.wait()
+    output = os.read(read, 4096).decode()
+    os.close(read)
+    assert status == 0, output
+    if "wrote" in output:
+        assert str(target) in (sandbox.untrusted_config or []), output
