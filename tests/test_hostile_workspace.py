@@ -1241,3 +1241,25 @@ def test_a_protected_file_the_host_replaces_during_a_session_is_not_left_to_it(
     assert status == 0, output
     if "wrote" in output:
         assert str(target) in (sandbox.untrusted_config or []), output
+
+
+def test_a_repository_in_node_modules_made_a_submodule_is_reported(
+    repo: tuple[Path, Path],
+) -> None:
+    """A session makes a repository in node_modules (never looked into) and adds it to the
+    index of the workspace's repository as a gitlink (no .gitmodules needed): the host's
+    `git status` at the top then runs `git status` in it, and its core.fsmonitor. Never kept
+    read-only, it must at least be named after the session."""
+    workspace = repo[0]
+    evil = workspace / "node_modules" / "evil"
+    script = (
+        f"set -e; export GIT_CONFIG_NOSYSTEM=1; git init -q {evil}; cd {evil}; "
+        "git -c user.name=a -c user.email=a@a commit -q --allow-empty -m x; "
+        f"cd {workspace}; git update-index --add --cacheinfo "
+        f"160000,$(git -C {evil} rev-parse HEAD),node_modules/evil"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    assert "node_modules/evil" in _host_git(workspace, "status", "--short").stdout  # looked into
+    written = made.untrusted_config or []
+    assert any(path.startswith(str(evil)) for path in written), written
