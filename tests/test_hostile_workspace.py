@@ -1263,3 +1263,14 @@ def test_a_repository_in_node_modules_made_a_submodule_is_reported(
     assert "node_modules/evil" in _host_git(workspace, "status", "--short").stdout  # looked into
     written = made.untrusted_config or []
     assert any(path.startswith(str(evil)) for path in written), written
+
+
+@pytest.mark.parametrize("relative", [".devcontainer/devcontainer.json", ".devcontainer.json"])
+def test_a_dev_container_config_is_protected(repo: tuple[Path, Path], relative: str) -> None:
+    """VS Code's Dev Containers run a devcontainer.json's `initializeCommand` on the host
+    (before the container is made, on "Reopen in Container"): trusted as .vscode is."""
+    target = repo[0] / relative
+    _, output = _launch(
+        repo, f"mkdir -p {target.parent}; (echo '{{}}' > {target} && echo wrote) 2>/dev/null; true"
+    )
+    assert "wrote" not in output, output
