@@ -368,6 +368,25 @@ def test_a_bundle_whose_parent_is_missing_is_a_clear_refusal(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("bundle_is", ["not empty", "missing its parent"])
+def test_a_refused_bundle_leaves_no_mount_point_in_the_workspace(
+    tmp_path: Path, bundle_is: str
+) -> None:
+    """oci-bundle makes the stubs of the missing protected paths (.envrc, .mcp.json, ...) before
+    it writes the bundle: a bundle refused then (a usage error) must take them away again, as
+    a refused launch does; they stayed in the workspace until some later session of it ended
+    (for ever, if none does)."""
+    workspace, run_dir = session_dirs(tmp_path, "w", "r")
+    bundle = tmp_path / "missing" / "b"
+    if bundle_is == "not empty":
+        bundle = tmp_path / "b"
+        bundle.mkdir()
+        (bundle / "keep").write_text("mine")
+    options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
+    assert main(["oci-bundle", *options, str(bundle)]) == 64
+    assert sorted(os.listdir(workspace)) == []
+
+
 # ------------------------------------------------------------------ under runc
 
 RUNC = shutil.which("runc")
