@@ -553,6 +553,28 @@ def test_without_the_filter_pid_1_can_be_limited(
     assert "prlimit ok" in output, output
 
 
+_INIT_RENICED = r"""
+import os
+print("before", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
+for which, who in ((os.PRIO_USER, 0), (os.PRIO_PGRP, 0)):
+    try:
+        os.setpriority(which, who, 19)
+    except OSError:
+        pass
+print("after", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
+"""
+
+
+def test_the_sandbox_s_pid_1_cannot_be_reniced_by_user_or_group(ws_run: tuple[Path, Path]) -> None:
+    """setpriority(PRIO_USER, 0, 19) renices every process of the caller's uid in its pid
+    namespace, pid 1 among them (PRIO_PGRP likewise, for pid 1's process group): the filter
+    guarded only who == 1, so pid 1's priority, "the sandbox's own to keep", changed."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_RENICED])
+    assert status == 0, output
+    before, after = (line.split()[1] for line in output.split("\n")[:2])
+    assert after == before, output
+
+
 _SOCKETPAIR = r"""
 import ctypes, errno, socket
 libc = ctypes.CDLL(None, use_errno=True)
