@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import session
+from helpers import give_to_session_user, session
 
 import nsconfine
 from nsconfine import _mountpoints, _preflight
@@ -145,3 +145,36 @@ def test_a_session_locking_a_protected_path_makes_the_next_launch_refuse(
         holder.kill()
         holder.wait()
     assert nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"]).wait() == 0
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_session_that_only_reads_a_workspace_cannot_lock_out_its_writers(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A reviewer of the workspace (read-only but for notes) holds no lock on the coder's
+    mount points, so nothing stops it taking an exclusive one on a protected file it can read
+    (.envrc): every launch of the coder on that workspace was then refused ("is locked"),
+    for as long as the reviewer ran. A session that cannot write a path must not be able to
+    keep another session of the workspace from starting."""
+    workspace, run_dir = ws_run
+    (workspace / ".envrc").write_text("export SAFE=1\n")
+    reviewer_run = tmp_path / "reviewer-run"
+    reviewer_run.mkdir()
+    give_to_session_user(workspace, reviewer_run)
+    reviewer = session(workspace, reviewer_run, profile=["reviewer"]).plan()
+    read_end, write_end = os.pipe()
+    holder = nsconfine.spawn(
+        reviewer,
+        ["/usr/bin/flock", "-x", f"{workspace}/.envrc", "/bin/sh", "-c", "echo locked; sleep 60"],
+        stdout=write_end,
+    )
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 7) == b"locked\n"
+        coder = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"])
+        assert coder.wait() == 0
+    finally:
+        os.close(read_end)
+        holder.kill()
+        holder.wait()
