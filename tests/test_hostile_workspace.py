@@ -1274,3 +1274,28 @@ def test_a_dev_container_config_is_protected(repo: tuple[Path, Path], relative: 
         repo, f"mkdir -p {target.parent}; (echo '{{}}' > {target} && echo wrote) 2>/dev/null; true"
     )
     assert "wrote" not in output, output
+
+
+def test_a_repository_in_a_directory_the_launcher_cannot_list_is_not_hidden(
+    tmp_path: Path,
+) -> None:
+    """A session makes app a repository with a core.fsmonitor, then `chmod 0311 app`: listing
+    app needs its read bit, looking a name up in it only the search bit, so the host's git
+    (the same account, for an unprivileged launcher) still finds app/.git and runs the
+    command, while the launcher's scan, listing nothing there, neither named it after the
+    session nor protected it in the next (or refused it). A root launcher lists it all the
+    same: this fails as an unprivileged launcher only."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    app = workspace / "app"
+    made = nsconfine.spawn(
+        session(workspace, run_dir).plan(),
+        ["/bin/sh", "-c", f"set -e; git init -q {app}; chmod 0311 {app}"],
+    )
+    assert made.wait() == 0
+    try:
+        written = made.untrusted_config or []
+        _, output = _launch((workspace, run_dir), _plant_config(app / ".git" / "config"))
+        assert written, "the repository the session made is not named"
+        assert "wrote" not in output, output
+    finally:
+        app.chmod(0o755)
