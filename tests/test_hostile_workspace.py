@@ -1299,3 +1299,26 @@ def test_a_repository_in_a_directory_the_launcher_cannot_list_is_not_hidden(
         assert "wrote" not in output, output
     finally:
         app.chmod(0o755)
+
+
+def test_a_refusal_for_remembered_git_directories_names_them(tmp_path: Path) -> None:
+    """A session makes 110 directories look bare (HEAD, objects/, refs/): the next plan is
+    refused for the mount points they take. Once git's files are gone from all of them, the
+    launcher still remembers them (as it must, while they are directories), so the workspace
+    stays refused: the refusal must say what takes the mount points. It said "(1
+    repositories)" and "remove repositories", with none left to find."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    make = "for i in $(seq 1 110); do mkdir -p b$i/objects b$i/refs; echo x > b$i/HEAD; done"
+    assert attempt(session(workspace, run_dir).plan(), f"cd {workspace} && {make}")[0] == 0
+    with pytest.raises(nsconfine.PlanError, match="mount points"):
+        session(workspace, run_dir).plan()
+    for index in range(1, 111):
+        bare = workspace / f"b{index}"
+        (bare / "HEAD").unlink()
+        (bare / "objects").rmdir()
+        (bare / "refs").rmdir()
+    with pytest.raises(nsconfine.PlanError, match="mount points") as refused:
+        session(workspace, run_dir).plan()
+    assert any(f"{workspace}/b{index}" in refused.value.message for index in range(1, 111)), (
+        refused.value.message
+    )
