@@ -1322,3 +1322,30 @@ def test_a_refusal_for_remembered_git_directories_names_them(tmp_path: Path) -> 
     assert any(f"{workspace}/b{index}" in refused.value.message for index in range(1, 111)), (
         refused.value.message
     )
+
+
+@pytest.mark.parametrize("name", ["logs", "info"])
+def test_a_linked_worktree_named_like_a_git_directory_part_is_protected(
+    repo: tuple[Path, Path], tmp_path: Path, name: str
+) -> None:
+    """`git worktree add ../trees/logs`: the worktree's git directory is .git/worktrees/logs,
+    and `logs` (like info, hooks, refs, objects, lfs, branches) was taken for a part of a git
+    directory and passed over. Its commondir then stayed writable: a session points it at a
+    directory of its own inside .git (never looked into), whose config the host's git in
+    the worktree runs."""
+    workspace = repo[0]
+    outside = tmp_path / "trees" / name
+    outside.parent.mkdir()
+    open_up(outside.parent)
+    give_to_session_user(outside.parent)
+    done = _as_account(workspace, "worktree", "add", "-q", str(outside))
+    assert done.returncode == 0, done.stderr
+    gitdir = workspace / ".git" / "worktrees" / name
+    evil = workspace / ".git" / "evil"
+    script = (
+        f"mkdir -p {evil}/objects {evil}/refs && printf '{_EVIL_CONFIG}' > {evil}/config && "
+        f"(echo ../../evil > {gitdir}/commondir && echo wrote) 2>/dev/null; true"
+    )
+    _, output = _launch(repo, script)
+    assert "wrote" not in output, output
+    assert _host_git_config(outside) == ""
