@@ -262,6 +262,48 @@ def test_a_launcher_without_one_of_its_stdio_fds_can_use_a_pool(
         assert shown[1 + closed] == f"{closed} closed", shown
 
 
+# Where the command's fd N leads (the launcher had it closed).
+_SHOW_FD = """
+import os, sys
+fd = int(sys.argv[1])
+try:
+    print(fd, os.readlink(f"/proc/self/fd/{fd}"))
+except FileNotFoundError:
+    print(fd, "closed")
+"""
+
+
+@pytest.mark.parametrize("closed", [0, 2])
+def test_a_closed_stdio_fd_never_hands_the_command_a_launcher_fd(
+    ws_run: tuple[Path, Path], tmp_path: Path, closed: int
+) -> None:
+    """A launcher without fd 0 (or 2) launches from a Pool that stages in the background:
+    the lowest free fd is then whatever the refill opens at that instant (a pidfd of another
+    sandbox's process), and a launch that takes "the launcher's own fd at this call" handed
+    it to the command as its stdin (or stderr). 8 launches of a Pool of 4: each command's
+    fd must be closed, as the launcher's was, never one of nsconfine's own."""
+    output = tmp_path / "out"
+    child = python_child(
+        f"""
+        import os
+        out = open(sys.argv[4], "wb")  # first, or it would take the number closed
+        os.close({closed})
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        with nsconfine.Pool(plan, size=4) as pool:
+            for _ in range(8):
+                argv = ["python3", "-c", sys.argv[5], "{closed}"]
+                pool.launch(argv, stdout=out).wait(timeout=60)
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "", str(output), _SHOW_FD,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, out + err
+    shown = output.read_text().splitlines()
+    assert len(shown) == 8, shown
+    assert shown == [f"{closed} closed"] * 8, shown
+
+
 def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) -> None:
     """SIGCHLD ignored after the pool was made: its launch is refused as spawn's is (it
     returned 0 for `exit 3`)."""
