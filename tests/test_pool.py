@@ -304,6 +304,49 @@ def test_a_closed_stdio_fd_never_hands_the_command_a_launcher_fd(
     assert shown == [f"{closed} closed"] * 8, shown
 
 
+# Through a directory fd at 0, up to the host's root and down to a file outside the plan.
+_ESCAPE = """t=$(readlink /proc/self/fd/0 2>/dev/null) || exit 0
+[ -d /proc/self/fd/0 ] && cat "/proc/self/fd/0/../../../../../../../../..$1" 2>/dev/null
+true"""
+
+
+@pytest.mark.confinement
+def test_a_launcher_without_fd_0_never_hands_a_pool_command_a_host_directory(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The same race as the test above, at its worst: what the refill has open at that
+    instant is sometimes a directory fd (an O_PATH source such as /usr, a stub such as
+    .codex, the run directory), and `..` from it leads up the host's own tree, past every
+    mount of the sandbox: the command read a file the plan does not show (about 1 launch in
+    100 here). Up to 150 Pools of 4, 6 launches each, stopping at the first read."""
+    secret = tmp_path / "outside" / "secret"
+    secret.parent.mkdir()
+    secret.write_text("the host's secret\n")
+    open_up(secret.parent)
+    secret.chmod(0o644)
+    output = tmp_path / "out"
+    child = python_child(
+        """
+        import os
+        out = open(sys.argv[4], "wb")  # first, or it would take fd 0
+        os.close(0)
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        for _ in range(150):
+            with nsconfine.Pool(plan, size=4) as pool:
+                for _ in range(6):
+                    argv = ["/bin/sh", "-c", sys.argv[5], "sh", sys.argv[6]]
+                    pool.launch(argv, stdout=out).wait(timeout=60)
+            if os.path.getsize(sys.argv[4]):
+                break
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "", str(output), _ESCAPE, str(secret),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=600)
+    assert child.returncode == 0, out + err
+    assert "secret" not in output.read_text()
+
+
 def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) -> None:
     """SIGCHLD ignored after the pool was made: its launch is refused as spawn's is (it
     returned 0 for `exit 3`)."""
