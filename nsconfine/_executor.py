@@ -202,6 +202,7 @@ class Staged:
     """A sandbox built and checked, whose shim waits for its command."""
 
     __slots__ = (
+        "bound",
         "bwrap_pidfd",
         "command_pid",
         "command_pidfd",
@@ -221,6 +222,9 @@ class Staged:
 
     def __init__(self, plan: Plan, reaper: int, reaper_pidfd: int, sock: socket.socket) -> None:
         self.plan = plan  # the plan it was built from, protected paths as that launch found them
+        # Each bind's dest -> the source file it shows: device, inode and change time (an inode
+        # number is reused at once once its file is gone).
+        self.bound: dict[str, tuple[int, int, int]] = {}
         self.reaper = reaper
         self.reaper_pidfd = reaper_pidfd
         self.sock = sock
@@ -323,6 +327,7 @@ def stage(
         raise
     try:
         identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
+        bound = {dest: _bound_identity(fd) for dest, fd in sources.items()}
         staged = _start(bwrap, plan, sources if bind_fds else None, stderr, idle_timeout_ms)
     except BaseException:
         _mountpoints.remove(stubs)
@@ -332,6 +337,7 @@ def stage(
         for fd in sources.values():
             os.close(fd)
     staged.stubs = stubs
+    staged.bound = bound
     try:
         if lint is not None:  # bwrap is building the sandbox meanwhile
             _mountpoints.check_judged(plan, identities, lint())
@@ -362,6 +368,11 @@ def _lint_first(lint: Callable[[], object] | None) -> None:
 def _fd_identity(fd: int) -> Identity:
     info = os.fstat(fd)
     return (info.st_dev, info.st_ino)
+
+
+def _bound_identity(fd: int) -> tuple[int, int, int]:
+    info = os.fstat(fd)
+    return (info.st_dev, info.st_ino, info.st_ctime_ns)
 
 
 def _start(

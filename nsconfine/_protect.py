@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine import _plan as p
 from nsconfine import _syscalls
@@ -83,6 +83,11 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".claude/agents", "dir", "Claude Code on the host runs these agents"),
     (".mcp.json", "file", "agents on the host start the MCP servers it names"),
     (".codex", "dir", "Codex on the host reads its settings and commands"),
+    (".cursor", "dir", "Cursor on the host starts the MCP servers and runs the rules it names"),
+    (".gemini", "dir", "Gemini CLI on the host starts the MCP servers its settings name"),
+    (".zed", "dir", "Zed on the host runs its tasks and the language servers it names"),
+    (".devcontainer", "dir", "VS Code runs its initializeCommand on the host"),
+    (".devcontainer.json", "file", "VS Code runs its initializeCommand on the host"),
     (".bashrc", "file", "a shell started here on the host runs it"),
     (".zshrc", "file", "a shell started here on the host runs it"),
     (".profile", "file", "a login shell started here on the host runs it"),
@@ -110,11 +115,13 @@ ONLY_WHERE_PRESENT = (".hg/",)
 # table again after each), and a live session holds an fd on each. A score of repositories
 # fit; past this the plan is refused, not protected less.
 MAX_PROTECTED_MOUNTS = 400
-REPOSITORIES_SHOWN = "about 16"  # how many repositories that is, for the refusal
-# The entries of a git directory that are git's own (never part of a submodule's name).
+REPOSITORIES_SHOWN = "about 12"  # how many repositories that is, for the refusal
+# The entries of a git directory that are git's own: never looked into for the git directory
+# of a submodule whose name continues that of the one it is in.
 _GIT_DIRECTORY_PARTS = frozenset({"objects", "refs", "hooks", "info", "logs", "lfs", "branches"})
-# Remembered git directories, per writable tree: at most this many bytes are read back.
-_REMEMBERED_BYTES = 1 << 20
+# What is read of a file git reads whole (a .git pointer, a commondir, a remembered list): past
+# this it is refused, not read in part (git would read what the plan did not).
+_WHOLE_FILE_BYTES = 1 << 20
 
 PIN_REASON = (
     "a mount point of itself, writable as before: renaming it cannot carry the read-only "
@@ -155,6 +162,14 @@ def protection(
     """What protects the files the host trusts in trees, for a plan of entries (which the
     result's entries do not repeat): the read-only entries, the pins above them and above
     every other entry inside a writable bind, and what the scan depended on."""
+    return _protection(entries, trees, names)[0]
+
+
+def _protection(
+    entries: Sequence[p.Entry],
+    trees: Sequence[tuple[str, str]],
+    names: Sequence[tuple[str, str, str]],
+) -> tuple[Protection, _Scan]:
     scan = _Scan(entries)
     found: dict[str, p.Entry] = {}
     if names:
@@ -178,15 +193,20 @@ def protection(
     derived = (*protected, *pins)
     if len(derived) > MAX_PROTECTED_MOUNTS:
         tops = ", ".join(printable(dest) for dest, _ in trees)
+        shown = ", ".join(printable(path) for path in scan.found[:5])
+        more = len(scan.found) - 5
         raise PlanError(
-            f"protecting the files the host trusts in {tops} ({len(scan.repositories)} "
-            f"repositories) takes {len(derived)} read-only mount points, and a launch makes at "
-            f"most {MAX_PROTECTED_MOUNTS} ({REPOSITORIES_SHOWN} repositories: bwrap's set-up "
-            "time grows with the square of their number): remove repositories the session "
-            "does not need from its workspace, or --unprotect the names it does not need "
-            "(such as --unprotect .idea)"
+            f"protecting the files the host trusts in {tops} takes {len(derived)} read-only "
+            f"mount points, and a launch makes at most {MAX_PROTECTED_MOUNTS} "
+            f"({REPOSITORIES_SHOWN} repositories: bwrap's set-up time grows with the square of "
+            f"their number); they are for {len(scan.repositories)} repositories and "
+            f"{len(scan.found)} git directories ({shown}"
+            f"{f' and {more} more' if more > 0 else ''}; one a launch protected before stays "
+            "protected while it is a directory, whatever it holds now): remove the "
+            "repositories and directories the session does not need from its workspace, or "
+            "--unprotect the names it does not need (such as --unprotect .idea)"
         )
-    return Protection(tuple(trees), tuple(names), derived, tuple(scan.observed.items()))
+    return Protection(tuple(trees), tuple(names), derived, tuple(scan.observed.items())), scan
 
 
 # What the latest look at a plan's protection depended on, when it found the same entries: a
@@ -215,27 +235,121 @@ def refreshed(plan: Plan) -> Plan:
     return plan.replace(entries=(*base, *fresh.entries), protection=fresh)
 
 
-def written_config(plan: Plan) -> list[str]:
-    """The host paths the host runs or trusts that a session of plan could write: each one a
-    scan finds now (a repository the session made, a git directory it revealed) that was not
-    read-only in plan. A workspace that can no longer be scanned (a planted .git symlink) is
-    named itself."""
+def written_config(
+    plan: Plan, bound: Mapping[str, tuple[int, int, int]] | None = None, since: float = 0.0
+) -> list[str]:
+    """The host paths the host runs or trusts that a session of plan could write, looked for
+    once it has ended: each one a scan finds now (a repository the session made, a git
+    directory it revealed) that no read-only entry of plan covered; each protected file the
+    host itself replaced while the session ran (`git config` renames config.lock over
+    .git/config: the read-only bind held the old file, the session could write the new one),
+    by the identities the launch bound (bound: dest -> (device, inode, change time), as an
+    inode number is reused at once); and each repository
+    an index written since the session began (since: a time.time()) records as a gitlink that
+    the scan does not reach (one in node_modules, which the host's `git status` enters). A
+    workspace that can no longer be scanned (a planted .git symlink) is named itself."""
     kept = plan.protection
     if kept is None:
         return []
     base = _base_entries(plan)
     try:
-        fresh = protection(base, kept.trees, kept.names)
+        fresh, scan = _protection(base, kept.trees, kept.names)
     except PlanError:
         return [source for _dest, source in kept.trees]
-    read_only = [e.dest for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RO]
-    written = []
+    written: list[str] = []
     for entry in fresh.entries:
-        if entry.mode is not Mode.RO or any(within(entry.dest, dest) for dest in read_only):
+        if entry.mode is not Mode.RO or not os.path.lexists(entry.source):
             continue
-        if os.path.lexists(entry.source):
+        covering = _innermost(plan, entry.dest)
+        if covering is None or covering.mode is not Mode.RO or covering.kind is not Kind.BIND:
             written.append(entry.source)
-    return written
+        elif bound and covering.dest == entry.dest and covering.dest in bound:
+            info = os.lstat(entry.source)
+            if (info.st_dev, info.st_ino, info.st_ctime_ns) != bound[covering.dest]:
+                written.append(entry.source)  # replaced while the session ran
+    for working_tree, gitdir in scan.indexes:
+        index = os.path.join(gitdir, "index")
+        try:
+            if os.lstat(index).st_mtime < since:
+                continue
+        except OSError:
+            continue
+        for relative in _gitlinks(index):
+            repository = os.path.normpath(os.path.join(working_tree, relative))
+            if repository in scan.repositories or not within(repository, working_tree):
+                continue
+            config = os.path.join(repository, ".git", "config")
+            path = config if os.path.lexists(config) else os.path.join(repository, ".git")
+            if os.path.lexists(path):
+                written.append(path)
+    return list(dict.fromkeys(written))
+
+
+def _innermost(plan: Plan, dest: str) -> p.Entry | None:
+    """The entry that shows dest in the sandbox: the deepest whose destination holds it."""
+    best: p.Entry | None = None
+    for entry in plan.entries:
+        if entry.kind is Kind.REMOUNT_RO or entry.kind is Kind.SYMLINK:
+            continue
+        if within(dest, entry.dest) and (best is None or len(entry.dest) > len(best.dest)):
+            best = entry
+    return best
+
+
+def _gitlinks(index: str) -> list[str]:
+    """The paths the git index at index records as gitlinks (mode 0160000: a submodule the
+    host's `git status` enters and runs git in), read as git reads versions 2 to 4; none if
+    it is no index git would read. A session wrote it: every length is checked."""
+    import struct
+
+    raw = _syscalls.read_untrusted(index, 64 << 20) or b""
+    if len(raw) < 12 or raw[:4] != b"DIRC":
+        return []
+    version, count = struct.unpack(">II", raw[4:12])
+    if version not in (2, 3, 4):
+        return []
+    oid = 32 if _uses_sha256(os.path.dirname(index)) else 20
+    found: list[str] = []
+    offset, previous = 12, b""
+    try:
+        for _ in range(count):
+            start = offset
+            (mode,) = struct.unpack_from(">I", raw, offset + 24)
+            offset += 40 + oid
+            (flags,) = struct.unpack_from(">H", raw, offset)
+            offset += 2 + (2 if version >= 3 and flags & 0x4000 else 0)
+            end = raw.index(b"\0", offset)
+            if version == 4:  # a varint of bytes to drop from the previous name, then the rest
+                strip, offset = _varint(raw, offset)
+                end = raw.index(b"\0", offset)
+                name = previous[: len(previous) - strip] + raw[offset:end]
+                offset = end + 1
+            else:  # NUL-padded to a multiple of 8 bytes from the entry's start
+                name = raw[offset:end]
+                offset = start + (end - start + 8) // 8 * 8
+            previous = name
+            if mode & 0o170000 == 0o160000:
+                found.append(os.fsdecode(name))
+    except (struct.error, ValueError, IndexError):
+        return found
+    return found
+
+
+def _varint(raw: bytes, offset: int) -> tuple[int, int]:
+    """git's offset varint (varint.c) at offset: its value and the offset after it."""
+    byte = raw[offset]
+    offset += 1
+    value = byte & 127
+    while byte & 128:
+        byte = raw[offset]
+        offset += 1
+        value = ((value + 1) << 7) | (byte & 127)
+    return value, offset
+
+
+def _uses_sha256(gitdir: str) -> bool:
+    config = _syscalls.read_untrusted(os.path.join(gitdir, "config"), 1 << 20) or b""
+    return b"sha256" in config.lower() and b"objectformat" in config.lower()
 
 
 def _base_entries(plan: Plan) -> list[p.Entry]:
@@ -292,6 +406,8 @@ class _Scan:
         self.observed: Observed = {}
         self.repositories: list[str] = []
         self.pointers: list[str] = []
+        self.found: list[str] = []  # every git directory protected, for a refusal to name
+        self.indexes: list[tuple[str, str]] = []  # (working tree, its git directory)
         self.seen = 0
 
     def stat(self, path: str) -> os.stat_result | None:
@@ -312,14 +428,24 @@ class _Scan:
         return 0 if info is None else info.st_mode
 
     def listing(self, directory: str) -> dict[str, os.DirEntry[str]]:
-        """The entries of directory by name, remembered (none if it cannot be read). Its
-        identity changes whenever an entry is added, removed or renamed."""
-        self.stat(directory)
+        """The entries of directory by name, remembered (its identity changes whenever an entry
+        is added, removed or renamed). One the launcher cannot list is refused: git finds a
+        .git in it by name all the same (a directory with its search bit but not its read
+        bit)."""
+        if self.stat(directory) is None:
+            return {}
         try:
             with os.scandir(directory) as entries:
                 return {entry.name: entry for entry in entries}
-        except OSError:
+        except NotADirectoryError:
             return {}
+        except OSError as error:
+            raise PlanError(
+                f"{printable(directory)} cannot be listed ({error.strerror}): nsconfine looks "
+                "through the workspace for the repositories whose trusted files it keeps "
+                "read-only, and git on the host finds one there by name all the same; let the "
+                "launcher's account read it (chmod u+r), then launch again"
+            ) from None
 
     def count(self, what: str) -> None:
         self.seen += 1
@@ -405,6 +531,7 @@ class _Scan:
             if dot_git is not None:
                 if dot_git.is_dir(follow_symlinks=False):
                     git_directories.append(dot_git.path)
+                    self.indexes.append((directory, dot_git.path))
                 elif dot_git.is_file(follow_symlinks=False):
                     self.pointers.append(dot_git.path)
                 else:
@@ -413,7 +540,12 @@ class _Scan:
                         "a session may have planted it, for the host's git to follow or read; "
                         "remove it (a worktree's .git is a file)"
                     )
-            if directory == top or dot_git is not None or (hg and hg.is_dir(follow_symlinks=False)):
+            if hg is not None and not hg.is_dir(follow_symlinks=False):
+                raise PlanError(
+                    f"{printable(hg.path)} is a {_file_type(self.mode(hg.path))}: Mercurial on the "
+                    "host follows it and runs the hooks of the hgrc it leads to; remove it"
+                )
+            if directory == top or dot_git is not None or hg is not None:
                 self.repositories.append(directory)
                 if len(self.repositories) > MAX_REPOSITORIES:
                     raise PlanError(
@@ -422,7 +554,7 @@ class _Scan:
                         f"launch can protect at most {REPOSITORIES_SHOWN}; remove some, or "
                         "--unprotect the protected names"
                     )
-            if directory != top and _looks_bare(listing):
+            if _looks_bare(listing):  # the top too: git in the workspace would use it
                 git_directories.append(directory)
             for name, entry in listing.items():
                 if name in NOT_SCANNED or name in (".git", ".hg"):
@@ -448,6 +580,7 @@ class _Scan:
             gitdir = self.named_directory(pointer, "gitdir: ")
             if gitdir is not None:
                 pending.append((gitdir, "gitdir"))
+                self.indexes.append((os.path.dirname(pointer), gitdir))
         while pending:
             directory, what = pending.pop()
             if not stat.S_ISDIR(self.mode(directory)):
@@ -471,6 +604,12 @@ class _Scan:
                     pending += [
                         (d, kind or _module(self.listing(d))) for d in _subdirectories(inner)
                     ]
+            if what == "module":  # its name may go on: modules/a is one, modules/a/b another
+                pending += [
+                    (d, _module(self.listing(d)))
+                    for d in _subdirectories(listing, skip=_GIT_DIRECTORY_PARTS)
+                ]
+        self.found = found
         return found
 
     def named_directory(self, named_by: str, prefix: str = "") -> str | None:
@@ -481,7 +620,7 @@ class _Scan:
         directory left by `..`, where the session writes (the directories on the way to it are
         pinned)."""
         self.stat(named_by)
-        raw = _syscalls.read_untrusted(named_by, 4096)
+        raw = _read_whole(named_by)
         # As git reads it: the whole file less its trailing newlines (spaces are kept), then
         # as a C string (a NUL ends it, after a newline too), bytes as they are.
         text = os.fsdecode(raw.rstrip(b"\r\n").split(b"\0", 1)[0]) if raw else ""
@@ -540,12 +679,12 @@ class _Scan:
         if record is None:
             return []
         self.stat(record)
-        raw = _syscalls.read_untrusted(record, _REMEMBERED_BYTES) or b""
+        raw = _syscalls.read_untrusted(record, _WHOLE_FILE_BYTES) or b""
         kept = []
         for relative in os.fsdecode(raw).split("\0"):
             if not relative or relative.startswith("/") or ".." in relative.split("/"):
                 continue
-            path = os.path.join(top, relative)
+            path = top if relative == "." else os.path.join(top, relative)
             if path not in found and self.directory_below(top, relative):
                 kept.append(path)
         return kept
@@ -555,6 +694,8 @@ class _Scan:
         remembered)?"""
         path = top
         for part in relative.split("/"):
+            if part == ".":
+                continue
             path = os.path.join(path, part)
             if not stat.S_ISDIR(self.mode(path)):
                 return False
@@ -569,7 +710,7 @@ class _Scan:
         relative = sorted({os.path.relpath(g, top) for g in git_directories})
         data = os.fsencode("\0".join(relative))
         try:
-            if _syscalls.read_untrusted(record, _REMEMBERED_BYTES) != data:
+            if _syscalls.read_untrusted(record, _WHOLE_FILE_BYTES) != data:
                 temporary = f"{record}.{os.getpid()}"
                 flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
                 fd = os.open(temporary, flags, 0o600)
@@ -583,6 +724,18 @@ class _Scan:
             return
 
 
+def _read_whole(path: str) -> bytes | None:
+    """The whole of a file git reads whole, read as read_untrusted does; PlanError past
+    _WHOLE_FILE_BYTES (git would go on reading where the plan stopped)."""
+    raw = _syscalls.read_untrusted(path, _WHOLE_FILE_BYTES + 1)
+    if raw is not None and len(raw) > _WHOLE_FILE_BYTES:
+        raise PlanError(
+            f"{printable(path)} is larger than {_WHOLE_FILE_BYTES:,} bytes: git reads it whole, "
+            "to find the directory it takes config and hooks from; no real one is; remove it"
+        )
+    return raw
+
+
 def _looks_bare(listing: dict[str, os.DirEntry[str]]) -> bool:
     """Would git take this directory for a git directory, by what a session cannot easily
     remove: a HEAD beside objects, refs or a commondir, or objects and refs (git also checks
@@ -592,18 +745,21 @@ def _looks_bare(listing: dict[str, os.DirEntry[str]]) -> bool:
 
 
 def _module(listing: dict[str, os.DirEntry[str]]) -> str:
-    """What a directory under modules/ is: a submodule's git directory if it has any of a git
-    directory's signs (its HEAD may be gone, its config stays), else part of a name."""
+    """What a directory under modules/ is: a submodule's git directory ("module") if it has any
+    of a git directory's signs (its HEAD may be gone, its config stays), else part of a
+    name."""
     signs = ("HEAD", "config", "objects", "refs", "commondir")
-    return "gitdir" if any(sign in listing for sign in signs) else "name"
+    return "module" if any(sign in listing for sign in signs) else "name"
 
 
-def _subdirectories(listing: dict[str, os.DirEntry[str]]) -> list[str]:
-    """The directories of a listing (not symlinks to one), but a git directory's own parts."""
+def _subdirectories(
+    listing: dict[str, os.DirEntry[str]], skip: frozenset[str] = frozenset()
+) -> list[str]:
+    """The directories of a listing (not symlinks to one), but those named in skip."""
     return [
         entry.path
         for name, entry in listing.items()
-        if entry.is_dir(follow_symlinks=False) and name not in _GIT_DIRECTORY_PARTS
+        if entry.is_dir(follow_symlinks=False) and name not in skip
     ]
 
 

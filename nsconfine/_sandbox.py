@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from _thread import allocate_lock
 
 from nsconfine import _mountpoints, _terminal
@@ -53,11 +54,13 @@ class Sandbox:
     """A running confined session (made by spawn and Pool.launch, never by hand)."""
 
     __slots__ = (
+        "_bound",
         "_command_pidfd",
         "_init_pidfd",
         "_lock",
         "_owner",
         "_reaper_pidfd",
+        "_since",
         "_stubs",
         "_terminals",
         "_untrusted",
@@ -84,6 +87,8 @@ class Sandbox:
     _lock: LockType
     _owner: int
     _untrusted: list[str] | None
+    _bound: dict[str, tuple[int, int, int]]
+    _since: float
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
         raise TypeError("Sandbox handles come from nsconfine.spawn or Pool.launch")
@@ -93,6 +98,10 @@ class Sandbox:
         self = object.__new__(cls)
         self.plan = staged.plan
         self._untrusted = None
+        self._bound = staged.bound
+        # What the session could write is looked for in files changed since it began (a
+        # second early: file times are the kernel's coarse clock).
+        self._since = time.time() - 1.0
         self.pid = staged.reaper
         self.child_pid = staged.init_pid
         self.command_pid = staged.command_pid
@@ -125,7 +134,7 @@ class Sandbox:
         if self.returncode is None and self.poll() is None:
             return None
         if self._untrusted is None:
-            self._untrusted = written_config(self.plan)
+            self._untrusted = written_config(self.plan, self._bound, self._since)
         return list(self._untrusted)
 
     def poll(self) -> int | None:

@@ -1229,12 +1229,15 @@ def test_a_protected_file_the_host_replaces_during_a_session_is_not_left_to_it(
     sandbox = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script], stdout=write)
     os.close(write)
     try:
-        before = os.stat(target).st_ino
+        before = os.stat(target)
         done = _as_account(workspace, *host)
         assert done.returncode == 0, done.stderr
-        assert os.stat(target).st_ino != before  # the host did replace it
+        after = os.stat(target)  # the host did replace it (its inode number may be reused)
+        assert (after.st_ino, after.st_ctime_ns) != (before.st_ino, before.st_ctime_ns)
         go.touch()
     finally:
+        if not go.exists():  # a failed step above: the session would wait for ever
+            sandbox.kill()
         status = sandbox.wait()
     output = os.read(read, 4096).decode()
     os.close(read)
