@@ -121,6 +121,11 @@ def _conditions(rule: _syscalls.SeccompRule) -> list[list[dict[str, Any]]]:
             for first in _bits(rule.values[0])
             for second in _bits(rule.values[1])
         ]
+    if rule.when == _syscalls.RULE_ARG_NOT_OR_ARG2_IN:
+        others = complement_blocks(rule.values[:1])
+        return [[_masked(rule.arg, m, v)] for m, v in others] + [
+            [_masked(rule.arg2, MASK32, rule.values[1])]
+        ]
     raise PlanError(f"the seccomp rule for {rule.name} has a condition the export cannot state")
 
 
@@ -507,8 +512,10 @@ def materialize(plan: Plan, bundle: str, argv: Sequence[str] = DEFAULT_COMMAND) 
         # Left in place for the runtime, and kept while the bundle exists: the container
         # would otherwise lose its protected paths to the next session of the workspace.
         _mountpoints.keep_for_bundle(stubs, os.path.join(bundle, "config.json"))
-    finally:
-        _mountpoints.release(stubs)
+    except BaseException:
+        _mountpoints.remove(stubs)  # a bundle refused leaves nothing in the workspace
+        raise
+    _mountpoints.release(stubs)
     return exported
 
 
