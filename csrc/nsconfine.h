@@ -129,7 +129,9 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
  * the syscall (its name as libseccomp spells it, and its number here) fails with err when:
  * ALWAYS; ARG_IN: the low 32 bits of argument arg equal one of values; ARG_NOT_IN: they equal
  * none of them; ANY_BIT: argument arg has any bit of values[0]; BOTH_ANY_BIT: argument arg has
- * any bit of values[0] and argument arg2 any bit of values[1]. Everything else is allowed.
+ * any bit of values[0] and argument arg2 any bit of values[1]; ARG_NOT_OR_ARG2_IN: the low 32
+ * bits of argument arg are not values[0], or those of argument arg2 are values[1]. Everything
+ * else is allowed.
  * nsc_seccomp_rules copies those of the groups in rules (NSC_SECCOMP_*), in the filter's order.
  */
 #define NSC_RULE_ALWAYS 0
@@ -137,6 +139,7 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
 #define NSC_RULE_ARG_NOT_IN 2
 #define NSC_RULE_ANY_BIT 3
 #define NSC_RULE_BOTH_ANY_BIT 4
+#define NSC_RULE_ARG_NOT_OR_ARG2_IN 5 /* arg is not values[0], or arg2 is values[1] */
 #define NSC_RULE_MAX_VALUES 4
 #define NSC_SECCOMP_MAX_RULES 128
 struct nsc_seccomp_rule {

@@ -158,6 +158,21 @@ static void refuse_if_both(struct program *p, unsigned int nr, int arg, unsigned
     ret(p, SECCOMP_RET_ALLOW);
 }
 
+/* nr fails with err when the low 32 bits of argument arg are not value, or those of argument
+ * arg2 are value2 (setpriority: only its own process's, and not pid 1's). */
+static void refuse_unless_or_if(struct program *p, unsigned int nr, int arg, unsigned int value,
+                                int arg2, unsigned int value2, int err)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 7, nr);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 1, 0, value);
+    ret(p, RET_ERRNO(err));
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg2));
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, value2);
+    ret(p, RET_ERRNO(err));
+    ret(p, SECCOMP_RET_ALLOW);
+}
+
 /* The rules, in the order the filter checks them. SYSCALL(name) gives the name (as libseccomp
  * and the OCI runtime spec spell it) and its number on this architecture. */
 #define SYSCALL(name) #name, __NR_##name
@@ -285,7 +300,11 @@ static const struct nsc_seccomp_rule RULES[] = {
     PID_1(process_vm_readv, 0),
     PID_1(process_vm_writev, 0),
     PID_1(prlimit64, 0),
-    PID_1(setpriority, 1),
+    /* setpriority of a whole process group or user (which 1 or 2, who 0: the caller's own)
+     * renices pid 1 as well: only a process's own, and never pid 1's. */
+    { SYSCALL(setpriority), KERNEL, EPERM, NSC_RULE_ARG_NOT_OR_ARG2_IN, 0, 1, 2, { 0, 1 } },
+    /* ioprio_set alike (IOPRIO_WHO_PROCESS is 1). */
+    { SYSCALL(ioprio_set), KERNEL, EPERM, NSC_RULE_ARG_NOT_OR_ARG2_IN, 0, 1, 2, { 1, 1 } },
     PID_1(sched_setaffinity, 0),
     PID_1(sched_setscheduler, 0),
     PID_1(sched_setparam, 0),
@@ -332,6 +351,9 @@ static void emit_rule(struct program *p, const struct nsc_seccomp_rule *r)
         break;
     case NSC_RULE_BOTH_ANY_BIT:
         refuse_if_both(p, nr, r->arg, r->values[0], r->arg2, r->values[1], r->err);
+        break;
+    case NSC_RULE_ARG_NOT_OR_ARG2_IN:
+        refuse_unless_or_if(p, nr, r->arg, r->values[0], r->arg2, r->values[1], r->err);
         break;
     default:
         p->overflow = 1; /* a rule this generator cannot emit: refuse to build a filter */

@@ -236,6 +236,7 @@ RULE_ARG_IN: Final[int] = lib.NSC_RULE_ARG_IN
 RULE_ARG_NOT_IN: Final[int] = lib.NSC_RULE_ARG_NOT_IN
 RULE_ANY_BIT: Final[int] = lib.NSC_RULE_ANY_BIT
 RULE_BOTH_ANY_BIT: Final[int] = lib.NSC_RULE_BOTH_ANY_BIT
+RULE_ARG_NOT_OR_ARG2_IN: Final[int] = lib.NSC_RULE_ARG_NOT_OR_ARG2_IN
 
 
 class SeccompRule:

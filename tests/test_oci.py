@@ -65,7 +65,7 @@ def samples(rule: _syscalls.SeccompRule) -> list[tuple[int, ...]]:
         for other in (0, *rule.values[1:2]):
             args = [0] * 6
             args[rule.arg] = value
-            if rule.when == _syscalls.RULE_BOTH_ANY_BIT:
+            if rule.when in (_syscalls.RULE_BOTH_ANY_BIT, _syscalls.RULE_ARG_NOT_OR_ARG2_IN):
                 args[rule.arg2] = other
             calls.append(tuple(args))
     return calls
