@@ -369,8 +369,8 @@ def _mount_point(
         if stat.S_ISLNK(info.st_mode):
             raise PlanError(_refusal(entry.dest, None))
         stub_kind = _stub_kind(entry)
-        if stub_kind is None:
-            return None
+        if stub_kind is None or not _could_be_removed(parent, name, info, stub_kind):
+            return None  # no launcher removes it: nothing to hold (nor to let a session lock)
         identity = (info.st_dev, info.st_ino)
         hold = _hold(parent, name, identity, where)
         try:
@@ -381,6 +381,27 @@ def _mount_point(
         return Stub(resolved, parts, stub_kind, identity, recorded, hold)
     finally:
         os.close(parent)
+
+
+def _could_be_removed(parent_fd: int, name: str, info: os.stat_result, kind: str) -> bool:
+    """Could any launcher remove the file at name as a stub of its own: is it what a stub is
+    (an empty directory, a file of a stub's size)? Only those are held: a real .envrc, with
+    content, no launcher ever removes, and a session that can read it (a reviewer's) must not
+    keep the workspace's next launch from starting by locking it."""
+    if stat.S_ISREG(info.st_mode):
+        return info.st_size == _stub_size(kind)
+    if not stat.S_ISDIR(info.st_mode):
+        return False
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
+        )
+    except OSError:
+        return True  # judged by its lock, as before
+    try:
+        return not os.listdir(fd)
+    finally:
+        os.close(fd)
 
 
 def _hold(parent_fd: int, name: str, identity: Identity, where: str) -> int:
