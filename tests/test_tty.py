@@ -403,7 +403,7 @@ for name, path in (("console", "/dev/console"), ("reopened", "/proc/self/fd/1"))
         fds[name] = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as error:
         print(name, "not opened:", error.strerror, file=sys.stderr)
-print("ready", flush=True)
+print("ready", file=sys.stderr, flush=True)  # not on stdout: a pipe, which "reopened" reads
 got = {}
 deadline = time.monotonic() + 4
 while fds and time.monotonic() < deadline:
@@ -435,15 +435,20 @@ def test_a_session_cannot_read_the_terminal_its_output_goes_to(ws_run: tuple[Pat
         stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.PIPE, cwd="/",
     )  # fmt: skip
     try:
-        assert b"ready" in read_until(controller, b"ready")
+        assert cli.stderr is not None
+        first = b""
+        while b"ready" not in first and (line := cli.stderr.readline()):
+            first += line
+        assert b"ready" in first, first
         os.write(controller, b"typed-secret\n")
         _, err = cli.communicate(timeout=60)
+        err = first + err
         assert b"read:" in err, err
         assert b"typed-secret" not in err, err
     finally:
         if cli.poll() is None:
             cli.kill()
-            cli.wait()
+        cli.communicate()
         os.close(controller)
         os.close(terminal)
 
