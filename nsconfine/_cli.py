@@ -123,7 +123,14 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         "--network",
         choices=("host", "none"),
         default=None,
-        help="host: the launcher's network (default); none: a loopback of its own",
+        help="none: a network namespace of its own with only a loopback (default); host: the "
+        "launcher's network, shared (needs --network-reason)",
+    )
+    group.add_argument(
+        "--network-reason",
+        metavar="REASON",
+        help="why the session shares the launcher's network (--network host): the manifest "
+        "shows it",
     )
     group.add_argument(
         "--allow-nested-userns",
@@ -295,6 +302,7 @@ def _session(arguments: argparse.Namespace) -> Session:
         protect=arguments.protect,
         unprotect=arguments.unprotect,
         network=arguments.network,
+        network_reason=arguments.network_reason,
         allow_nested_userns=_nested_reason(arguments.allow_nested_userns),
         setenv=arguments.setenv,
         pass_terminal=not arguments.no_terminal_env,

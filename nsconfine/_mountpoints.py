@@ -35,11 +35,13 @@ directories mount points stop a session of the same plan from doing it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
 import os
 import stat
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -90,6 +92,16 @@ class Stub:
         # under an exclusive lock on it, so none (whatever records it keeps: another
         # XDG_CACHE_HOME, a read-only cache) removes one another live sandbox binds over.
         self.hold = hold
+        if hold >= 0:
+            with _held_here_lock:
+                _held_here[identity] += 1
+
+
+# How many of this launcher's sandboxes hold each stub: the last of them to end removes it.
+# (A lock it cannot take does not say a sandbox holds the stub: a child another thread is
+# starting has a copy of every fd, the holds included, until it execs.)
+_held_here: collections.Counter[Identity] = collections.Counter()
+_held_here_lock = threading.Lock()
 
 
 # ------------------------------------------------------------------ the records of stubs
@@ -571,6 +583,10 @@ def release(stubs: list[Stub]) -> None:
     for stub in stubs:
         if stub.hold >= 0:
             os.close(stub.hold)
+            with _held_here_lock:
+                _held_here[stub.identity] -= 1
+                if not _held_here[stub.identity]:
+                    del _held_here[stub.identity]
         stub.hold = -1
 
 
@@ -628,6 +644,9 @@ def _remove_if_unused(records: str, stub: Stub) -> None:
         return  # not a stub, another records directory's, or removed by another launch
     if _kept_for_bundle(records, stub.identity):
         return
+    with _held_here_lock:
+        if _held_here[stub.identity]:
+            return  # another sandbox of this launcher binds over it, and removes it at its end
     if _remove_stub(stub):
         with contextlib.suppress(OSError):
             os.unlink(token_path)
@@ -664,11 +683,8 @@ def _remove_at(
             info = os.fstat(fd)
         if (info.st_dev, info.st_ino) != identity:
             return True
-        if fd >= 0:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
+        if fd >= 0 and not _lock_exclusively(fd):
+            return False
         if kind == "dir" and stat.S_ISDIR(info.st_mode):
             os.rmdir(name, dir_fd=parent_fd)  # refused if not empty: then kept
         elif stat.S_ISREG(info.st_mode) and info.st_size == _stub_size(kind):
@@ -679,6 +695,33 @@ def _remove_at(
         if fd >= 0:
             os.close(fd)
     return True
+
+
+def _lock_exclusively(fd: int) -> bool:
+    """Take fd's exclusive lock, or find that only copies of this launcher's own let-go holds
+    keep it (children being started, until they exec): then no sandbox holds the file."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return _locked_by_this_launcher_alone(os.fstat(fd))
+
+
+def _locked_by_this_launcher_alone(info: os.stat_result) -> bool:
+    """Is every lock on the file this process's (/proc/locks names the process that took
+    each; another launcher's sandbox holds its own)? Called only when this launcher holds
+    none of its stubs there any more."""
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    holders = set()
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if len(fields) >= 6 and fields[1] != "->" and fields[5] == inode:
+                    holders.add(fields[4])
+    except OSError:
+        return False
+    return holders == {str(os.getpid())}
 
 
 def _stub_size(kind: str) -> int:

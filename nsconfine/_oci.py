@@ -434,6 +434,7 @@ def _annotations(plan: Plan, notes: list[tuple[Entry, str]]) -> dict[str, str]:
     annotations = {
         f"{ANNOTATION}.runs-as": str(plan.user),
         f"{ANNOTATION}.network": plan.network,
+        **({f"{ANNOTATION}.network-reason": plan.network_reason} if plan.network_reason else {}),
         f"{ANNOTATION}.nested-userns": plan.nested_userns or "refused",
         f"{ANNOTATION}.hidden-env": ",".join(v.name for v in plan.env if not v.origin.shown),
     }
@@ -654,6 +655,13 @@ def pod_spec(
     ]
     annotations = {
         f"{K8S_ANNOTATION}/runs-as": str(plan.user),
+        # A pod has no "no network": its own network reaches the cluster's.
+        f"{K8S_ANNOTATION}/network": "the host's"
+        if plan.network == "host"
+        else (
+            f"{plan.network} is not expressed: the pod's network reaches the cluster; deny its "
+            "egress with a NetworkPolicy"
+        ),
         f"{K8S_ANNOTATION}/image-must-provide": "; ".join(root_made),
         f"{K8S_ANNOTATION}/proc-read-only": ", ".join(exported.config["linux"]["readonlyPaths"])
         + ": left to the runtime's default read-only and masked /proc paths (procMount Default)",

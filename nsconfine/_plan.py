@@ -473,10 +473,26 @@ def _execution_order(entry: Entry) -> tuple[int, int]:
 # A session's network: the launcher's own ("host"), or a namespace of its own with only a
 # loopback ("none"). Room is left for a filtering proxy.
 NETWORKS = {
-    "host": "the launcher's network, shared: anything the launcher can reach",
+    "host": "the launcher's network, shared: the host's loopback and every service on it, every "
+    "address the launcher reaches, and the host's abstract unix sockets (a session can also "
+    "serve one that host programs connect to)",
     "none": "a network namespace of its own with only a loopback: no host service, no host "
     "abstract socket",
 }
+
+
+def require_network_reason(network: str, reason: str | None) -> str | None:
+    """The reason a session shares the host's network, which only that network has and
+    which it must have: it opens every service the launcher reaches."""
+    if network != "host":
+        return None  # (a plan replaced from host to none keeps no reason it no longer needs)
+    if reason is None or not reason.strip():
+        raise UsageError(
+            "--network host shares the launcher's network (the host's loopback services, every "
+            "address it reaches, its abstract sockets): say why with --network-reason "
+            "(network_reason in a profile or Session), or keep the default, none"
+        )
+    return reason.strip()
 
 
 def _sized(entries: Sequence[Entry], limits: Limits) -> list[Entry]:
@@ -509,6 +525,7 @@ class Plan(Record):
         "deny",
         "user",
         "network",
+        "network_reason",
         "nested_userns",
         "protection",
         "limits",
@@ -520,6 +537,7 @@ class Plan(Record):
     deny: tuple[DenyRule, ...]
     user: RunAs
     network: str
+    network_reason: str | None  # why the session shares the host's network (host only)
     nested_userns: str | None
     protection: Protection | None
     limits: Limits
@@ -531,10 +549,11 @@ class Plan(Record):
         chdir: str = "/",
         deny: tuple[DenyRule, ...] = (),
         user: RunAs | None = None,
-        network: str = "host",
+        network: str = "none",
         nested_userns: str | None = None,
         protection: Protection | None = None,
         limits: Limits | None = None,
+        network_reason: str | None = None,
     ) -> None:
         limits = Limits() if limits is None else limits
         ordered = tuple(sorted(_sized(entries, limits), key=_execution_order))
@@ -544,6 +563,7 @@ class Plan(Record):
             user = launcher_account()
         if network not in NETWORKS:
             raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
+        network_reason = require_network_reason(network, network_reason)
         if nested_userns is not None and not nested_userns.strip():
             raise UsageError("nested user namespaces are allowed only with a reason")
         self._set(
@@ -553,6 +573,7 @@ class Plan(Record):
             deny=tuple(deny),
             user=user,
             network=network,
+            network_reason=network_reason,
             nested_userns=nested_userns,
             protection=protection,
             limits=limits,
@@ -580,10 +601,11 @@ class Plan(Record):
         chdir: str = "/",
         deny: Sequence[DenyRule] = (),
         user: RunAs | None = None,
-        network: str = "host",
+        network: str = "none",
         nested_userns: str | None = None,
         protection: Protection | None = None,
         limits: Limits | None = None,
+        network_reason: str | None = None,
     ) -> Plan:
         """A plan from any iterables."""
         return cls(
@@ -596,6 +618,7 @@ class Plan(Record):
             nested_userns,
             protection,
             limits,
+            network_reason,
         )
 
     def without(self, dest: str) -> Plan:
@@ -618,6 +641,7 @@ class Plan(Record):
             "chdir": self.chdir,
             "deny": [rule.to_json() for rule in self.deny],
             "network": self.network,
+            "network_reason": self.network_reason,
             "nested_userns": self.nested_userns,
             "protection": None if self.protection is None else self.protection.to_json(),
             "limits": self.limits.to_json(),
@@ -641,6 +665,8 @@ class Plan(Record):
         lines.append("")
         lines.append(f"runs as: {printable(str(self.user))}")
         lines.append(f"network: {self.network} ({NETWORKS[self.network]})")
+        if self.network_reason is not None:
+            lines.append(f"  why: {printable(self.network_reason)}")
         lines.append(f"working directory: {printable(self.chdir)}")
         lines.append("environment (starts empty):")
         lines += [

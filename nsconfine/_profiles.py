@@ -13,7 +13,8 @@ file. Its keys:
     protect, unprotect, deny = ["…"]                     as the command-line options
     mask = ["{workspace}/.env"]                          paths shown empty and read-only, each
                                                          absolute after {workspace}, $NAME, ~
-    network = "host" | "none"; home = "persist" | "fresh"; workspace = "rw" | "ro"
+    network = "none" | "host"; network_reason = "why host" (host needs one)
+    home = "persist" | "fresh"; workspace = "rw" | "ro"
     [limits] processes = 512, tmp = "256M", …          the session's share (nsconfine._limits)
     git_identity = "Name <email>"; allow_nested_userns = "reason"
     credential = "~/.config/nsconfine/agent.env"         the file, if none is given
@@ -48,6 +49,7 @@ BUILT_IN_DIRECTORY = os.path.join(os.path.dirname(__file__), "profiles")
 _SCALARS = {
     "description": str,
     "network": str,
+    "network_reason": str,
     "home": str,
     "workspace": str,
     "git_identity": str,

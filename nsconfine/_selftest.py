@@ -107,6 +107,17 @@ class Probe:
     before: str = ""  # run first, in a launch of the same plan: what a session leaves behind
 
 
+def _serve(server: socket.socket, answer: str) -> None:
+    """Answer every connection to server with answer, until it is closed."""
+    while True:
+        try:
+            connection, _ = server.accept()
+        except OSError:
+            return
+        with connection:
+            connection.sendall(answer.encode())
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, errors="replace") as file:
@@ -126,6 +137,10 @@ def _add(*entries: p.Entry) -> Callable[[Plan], Plan]:
         return plan.replace(entries=(*kept, *entries))  # the plan puts them in order
 
     return weaken
+
+
+def _host_network(plan: Plan) -> Plan:
+    return plan.replace(network="host", network_reason="weakened: the launcher's network")
 
 
 def _drop(dest: str, chdir: str | None = None) -> Callable[[Plan], Plan]:
@@ -169,7 +184,7 @@ class World:
         self.credential = join(root, "coder.env")
         self.leaked_fd = -1
         self.host_process: subprocess.Popen[bytes] | None = None
-        self._server: socket.socket | None = None
+        self.loopback_port = 0  # the host loopback service's, once running
         for path in [*self.secrets.values(), self.runner_file]:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as file:
@@ -240,8 +255,13 @@ class World:
         server.listen(8)
         if os.geteuid() == 0:  # connecting takes write permission on the socket
             os.chown(self.tool_socket, self.user.uid, self.user.gid)
-        self._server = server
-        threading.Thread(target=self._serve, daemon=True).start()
+        threading.Thread(target=_serve, args=(server, f"pong {self.token}"), daemon=True).start()
+        # A service on the host's loopback (a broker's API, a database): no session reaches it.
+        loopback = socket.create_server(("127.0.0.1", 0))
+        self.loopback_port = loopback.getsockname()[1]
+        threading.Thread(
+            target=_serve, args=(loopback, f"loopback {self.token}"), daemon=True
+        ).start()
         self.host_process = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(600)", f"host-{self.token}"]
         )
@@ -255,6 +275,7 @@ class World:
             yield self
         finally:
             abstract.close()
+            loopback.close()
             _revoke_key(self.key_serial)
             os.close(self.leaked_fd)
             for mark in self.outside_marks:
@@ -264,21 +285,12 @@ class World:
             self.host_process.wait()
             server.close()
 
-    def _serve(self) -> None:
-        assert self._server is not None
-        while True:
-            try:
-                connection, _ = self._server.accept()
-            except OSError:
-                return
-            with connection:
-                connection.sendall(f"pong {self.token}".encode())
-
     def probes(self) -> list[Probe]:
         """Every check, refusals first; each one judged from the host."""
         probes = [self._read_probe(name, path) for name, path in self.secrets.items()]
         probes += self._write_refusals()
         probes += self._process_and_fd_refusals()
+        probes += self._network_refusals()
         probes += self._host_power_refusals()
         probes += self._trusted_file_refusals()
         probes += self._layer_refusals()
@@ -339,26 +351,30 @@ class World:
                     layers_off=("seccomp",),
                 )
             )
-        if _layers.landlock_abi() >= _layers.LANDLOCK_SCOPES_ABI:
-            connect = (
-                "import socket, sys; s = socket.socket(socket.AF_UNIX)\ntry:\n"
-                "    s.connect('\\0' + sys.argv[1]); print('connected')\n"
-                "except OSError:\n    print('refused')"
+        scopes = _layers.landlock_abi() >= _layers.LANDLOCK_SCOPES_ABI
+        connect = (
+            "import socket, sys; s = socket.socket(socket.AF_UNIX)\ntry:\n"
+            "    s.connect('\\0' + sys.argv[1]); print('connected')\n"
+            "except OSError:\n    print('refused')"
+        )
+        # Both the session's own network namespace and Landlock's scope keep it out.
+        probes.append(
+            Probe(
+                "connect to a host abstract socket",
+                False,
+                f"python3 -c {_quote(connect)} {self.abstract_name}",
+                lambda outcome: outcome.stdout.strip() == "connected",
+                _host_network,
+                layers_off=("landlock",) if scopes else (),
             )
+        )
+        if scopes:
             pid_1 = (
                 "import ctypes, os; libc = ctypes.CDLL(None)\n"
                 "try:\n    os.close(os.open('/proc/1/mem', os.O_RDWR)); print('reached')\n"
                 "except OSError:\n    print('refused')"
             )
             probes += [
-                Probe(
-                    "connect to a host abstract socket",
-                    False,
-                    f"python3 -c {_quote(connect)} {self.abstract_name}",
-                    lambda outcome: outcome.stdout.strip() == "connected",
-                    lambda plan: plan,
-                    layers_off=("landlock",),
-                ),
                 Probe(
                     "write the memory of the sandbox's pid 1",
                     False,
@@ -657,6 +673,22 @@ class World:
             ),
             self._write_probe(
                 "the host's /tmp", host_tmp, _add(p.rw_bind("/tmp", "/tmp", in_sandbox))
+            ),
+        ]
+
+    def _network_refusals(self) -> list[Probe]:
+        client = (
+            "import socket, sys\ntry:\n"
+            "    s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5)\n"
+            "    print(s.recv(100).decode(), end='')\nexcept OSError as e:\n    print(e)"
+        )
+        return [
+            Probe(
+                "reach a service on the host's loopback (the default network is none)",
+                False,
+                f"python3 -c {_quote(client)} {self.loopback_port}",
+                lambda outcome: outcome.stdout == f"loopback {self.token}",
+                _host_network,
             ),
         ]
 

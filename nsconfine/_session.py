@@ -37,7 +37,7 @@ from nsconfine._profiles import Bind, chain
 from nsconfine._protect import protected_names, protection, writable_trees
 from nsconfine._record import Record
 from nsconfine._syscalls import open_no_symlinks, realpath
-from nsconfine._system import system_entries
+from nsconfine._system import RESOLVER, system_entries
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -89,6 +89,7 @@ class Session(Record):
         "protect",
         "unprotect",
         "network",
+        "network_reason",
         "allow_nested_userns",
         "setenv",
         "pass_terminal",
@@ -113,7 +114,8 @@ class Session(Record):
     user: str | int | None  # the account to run as (a root launcher must name one)
     protect: tuple[str, ...]  # more paths the host trusts, relative to the workspace
     unprotect: tuple[str, ...]  # default protected names to leave writable
-    network: str | None  # "host" (the launcher's; None: the profile's, else host) or "none"
+    network: str | None  # "none" (None: the profile's, else none) or "host" (the launcher's)
+    network_reason: str | None  # why the session shares the launcher's network (host needs one)
     allow_nested_userns: str | None  # why it may make user namespaces (None: it may not)
     setenv: tuple[tuple[str, str], ...]  # literal, non-secret values
     pass_terminal: bool  # TERM, COLORTERM, LANG, LC_* and TZ from the launcher
@@ -143,6 +145,7 @@ class Session(Record):
         protect: Iterable[str] = (),
         unprotect: Iterable[str] = (),
         network: str | None = None,
+        network_reason: str | None = None,
         allow_nested_userns: bool | str | None = False,
         setenv: Mapping[str, str] | Iterable[str | tuple[str, str]] = (),
         pass_terminal: bool = True,
@@ -191,6 +194,7 @@ class Session(Record):
             protect=tuple(_path_text(name) for name in protect),
             unprotect=tuple(_path_text(name) for name in unprotect),
             network=network,
+            network_reason=network_reason,
             allow_nested_userns=_nested_userns_reason(allow_nested_userns),
             setenv=tuple(_literal_values(setenv)),
             pass_terminal=bool(pass_terminal),
@@ -271,6 +275,8 @@ def _build_plan(
                     f"{printable(rule.path)}/work/<session>"
                 )
     system = system_entries(user, session.home)
+    if (session.network or "none") != "host":
+        system = tuple(entry for entry in system if entry.dest != RESOLVER)
     own = session_entries(session, reserved=system)
     protected = session_protection(session, [*system, *own])
     _require_reachable(session, user)
@@ -280,7 +286,8 @@ def _build_plan(
         chdir=session.workspace,
         deny=deny,
         user=user,
-        network=session.network or "host",
+        network=session.network or "none",
+        network_reason=session.network_reason,
         nested_userns=session.allow_nested_userns,
         protection=protected,
         limits=Limits.parse(session.limits),
@@ -606,8 +613,8 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
             expanded = _expand(masked, session, environ, profile.where("mask"))
             if expanded is not None:  # it names a variable the launcher does not set
                 masks.append(expanded)
-        for key in ("network", "home", "workspace", "git_identity", "allow_nested_userns",
-                    "credential"):  # fmt: skip
+        for key in ("network", "network_reason", "home", "workspace", "git_identity",
+                    "allow_nested_userns", "credential"):  # fmt: skip
             if key in values:
                 scalars[key] = values[key]
         if "credential" in values:
@@ -641,7 +648,8 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         setenv=(*setenv.items(), *session.setenv),
         limits=(*limits.items(), *session.limits),
         mask=(*masks, *session.mask),
-        network=session.network or scalars.get("network", "host"),
+        network=session.network or scalars.get("network", "none"),
+        network_reason=session.network_reason or scalars.get("network_reason"),
         home_mode=session.home_mode or scalars.get("home", "persist"),
         workspace_mode=session.workspace_mode or scalars.get("workspace", "rw"),
         git_identity=session.git_identity or scalars.get("git_identity"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Final
 
 from nsconfine import _plan as p
 from nsconfine._plan import RunAs
@@ -16,13 +17,17 @@ from nsconfine._syscalls import realpath
 # The top-level links of a merged /usr (Debian ≥ 12): mirrored as the same symlinks.
 USR_MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
+# The DNS resolver's address: of use to a session sharing the host's network alone (with none
+# there is no resolver to reach; behind the proxy, the proxy resolves names).
+RESOLVER: Final = "/etc/resolv.conf"
+
 # Of /etc, only what the harness and its tools need, each for a stated reason.
 ETC_NEEDS: tuple[tuple[str, str], ...] = (
     ("/etc/ld.so.cache", "the dynamic linker's library index, so programs start"),
     ("/etc/alternatives", "Debian's alternatives links that /usr/bin commands go through"),
     ("/etc/nsswitch.conf", "how libc looks up users, groups and hosts"),
     ("/etc/hosts", "static host names (localhost)"),
-    ("/etc/resolv.conf", "the DNS resolver, for the shared network"),
+    (RESOLVER, "the DNS resolver, for the shared network (--network host only)"),
     ("/etc/host.conf", "resolver options read by libc"),
     ("/etc/gai.conf", "getaddrinfo's address ordering"),
     ("/etc/services", "port names for network tools"),

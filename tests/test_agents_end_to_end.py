@@ -77,6 +77,7 @@ def launch(
     return subprocess.run(
         [sys.executable, "-m", "nsconfine", "run", *user, "--profile", profile,
          "--harness", str(agent), "--credential", credential,
+         "--network", "host", "--network-reason", "the mock API on the host's loopback",
          "--workspace", world.workspace, "--run-dir", world.run_dir,
          "--ro", world.runner_file, "--deny", world.data_root, "--", *argv],
         env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd="/",
@@ -189,6 +190,7 @@ def test_claude_code_renders_in_tty_mode_under_tmux(world: World, tmp_path: Path
             f"env HOME={world.home} ANTHROPIC_BASE_URL=http://127.0.0.1:{api.port} "
             f"{sys.executable} -m nsconfine run --tty {user}--profile claude-code "
             f"--harness {claude} --credential {world.credential} --workspace {world.workspace} "
+            "--network host --network-reason 'the mock API on the host loopback' "
             f"--run-dir {world.run_dir} -- claude --dangerously-skip-permissions "
             "'Run the steps.'; sleep 30"
         )

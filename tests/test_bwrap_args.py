@@ -60,6 +60,7 @@ def test_golden_options_of_a_small_plan() -> None:
         "--cap-drop",
         "ALL",
         "--clearenv",
+        "--unshare-net",
         "--disable-userns",
         "--setenv", "HOME", "/tmp/home",
         "--setenv", "TOKEN", "s3cret value",
@@ -153,12 +154,13 @@ def session_plan(tmp_path: Path) -> Plan:
     return build_plan(Session(workspace=workspace, run_dir=run_dir), environ={})
 
 
-def test_session_plan_unshares_every_namespace_but_the_network(session_plan: Plan) -> None:
-    """A session's options have every namespace option and no network switch either way."""
+def test_session_plan_unshares_every_namespace(session_plan: Plan) -> None:
+    """A session's options have every namespace option, the network's too by default."""
     options = bwrap_options(session_plan)
     assert options[: len(NAMESPACE_OPTIONS)] == list(NAMESPACE_OPTIONS)
     assert {"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"} <= set(options)
-    for absent in ("--unshare-net", "--share-net", "--unshare-all", "--unshare-user-try"):
+    assert "--unshare-net" in options
+    for absent in ("--share-net", "--unshare-all", "--unshare-user-try"):
         assert absent not in options
 
 

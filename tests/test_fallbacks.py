@@ -108,8 +108,8 @@ def test_without_landlock_sessions_are_still_confined(
     )
     without("landlock")
     assert "landlock" not in _layers.active(world.plan())
-    if abstract is not None:
-        assert run_probe(world.plan(), abstract)[0]
+    if abstract is not None:  # (on the host's network: a namespace of its own also cuts it)
+        assert run_probe(abstract.weaken(world.plan()), abstract)[0]
     assert_still_confined(world)
 
 

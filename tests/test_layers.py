@@ -439,9 +439,10 @@ _CONNECT_TCP = (
 def test_network_none_cuts_the_host_loopback(
     ws_run: tuple[Path, Path], loopback_listener: int
 ) -> None:
-    """With network none, a host loopback listener is unreachable; the session has its own
-    loopback."""
-    plan = session(*ws_run, network="none").plan()
+    """By default (network none), a host loopback listener is unreachable; the session has
+    its own loopback."""
+    plan = session(*ws_run).plan()
+    assert plan.network == "none"
     assert "network: none" in plan.manifest()
     _status, output = run(plan, ["python3", "-c", _CONNECT_TCP, str(loopback_listener)])
     assert output.startswith("unreachable"), output
@@ -450,11 +451,30 @@ def test_network_none_cuts_the_host_loopback(
 def test_network_host_reaches_the_host_loopback(
     ws_run: tuple[Path, Path], loopback_listener: int
 ) -> None:
-    """The control: with network host (the default) the same listener is reached."""
-    _status, output = run(
-        session(*ws_run).plan(), ["python3", "-c", _CONNECT_TCP, str(loopback_listener)]
-    )
+    """The control: with network host, and its reason, the same listener is reached; the
+    manifest says what host opens and why."""
+    plan = session(*ws_run, network="host", network_reason="the test's control").plan()
+    assert "every service on it" in plan.manifest()
+    assert "why: the test's control" in plan.manifest()
+    _status, output = run(plan, ["python3", "-c", _CONNECT_TCP, str(loopback_listener)])
     assert output.startswith("reached"), output
+
+
+@pytest.mark.parametrize("reason", [None, "", "   "])
+def test_network_host_without_a_reason_is_refused(
+    ws_run: tuple[Path, Path], reason: str | None
+) -> None:
+    """network host opens every service the launcher reaches: refused without a reason."""
+    with pytest.raises(nsconfine.UsageError, match="--network-reason"):
+        session(*ws_run, network="host", network_reason=reason).plan()
+
+
+def test_network_host_without_a_reason_is_refused_by_the_cli(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run --network host` without --network-reason: a usage error, nothing runs."""
+    result = cli("run", *session_options(*ws_run), "--network", "host", "--", "/bin/true")
+    assert result.returncode == 64, result.stderr
+    assert "--network-reason" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_network_none_cuts_host_abstract_sockets_on_any_kernel(
@@ -482,9 +502,9 @@ def test_network_none_cuts_host_abstract_sockets_on_any_kernel(
 
 
 def test_a_bad_network_is_a_usage_error(ws_run: tuple[Path, Path]) -> None:
-    """network must be host or none."""
+    """network must be one of NETWORKS."""
     with pytest.raises(nsconfine.UsageError, match="network"):
-        session(*ws_run, network="proxy").plan()
+        session(*ws_run, network="everywhere").plan()
 
 
 # ------------------------------------------------------------------ what check and the manifest say

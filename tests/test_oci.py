@@ -201,7 +201,7 @@ def test_the_config_states_every_entry(plan: Plan, tmp_path: Path) -> None:
     assert "API_KEY=(hidden)" in process["env"]
     assert "MODE=ci" in process["env"]
     assert process["cwd"] == plan.chdir
-    assert {"type": "network"} not in config["linux"]["namespaces"]
+    assert {"type": "network"} in config["linux"]["namespaces"]  # the default: none
     assert config["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ALLOW"
     for layer in _oci.NOT_EXPRESSED:
         assert f"org.nsconfine.not-expressed.{layer}" in config["annotations"]
@@ -227,10 +227,12 @@ def test_the_config_states_the_limits(plan: Plan, tmp_path: Path) -> None:
     assert "org.nsconfine.not-expressed.inotify" in annotations
 
 
-def test_network_none_is_a_network_namespace(plan: Plan, tmp_path: Path) -> None:
-    """--network none: a network namespace of the container's own."""
-    config = _oci.export(plan.replace(network="none"), str(tmp_path / "b")).config
-    assert {"type": "network"} in config["linux"]["namespaces"]
+def test_network_host_is_no_network_namespace(plan: Plan, tmp_path: Path) -> None:
+    """--network host: the container shares the host's network, and says why."""
+    shared = plan.replace(network="host", network_reason="the test's")
+    config = _oci.export(shared, str(tmp_path / "b")).config
+    assert {"type": "network"} not in config["linux"]["namespaces"]
+    assert config["annotations"]["org.nsconfine.network-reason"] == "the test's"
 
 
 def test_what_oci_cannot_state_is_refused(plan: Plan, tmp_path: Path) -> None:
@@ -251,7 +253,8 @@ def test_the_pod_is_valid_and_as_narrow(plan: Plan, tmp_path: Path) -> None:
     kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
     spec = pod["spec"]
     assert spec["automountServiceAccountToken"] is False
-    assert spec["hostNetwork"] is True
+    assert spec["hostNetwork"] is False
+    assert "NetworkPolicy" in pod["metadata"]["annotations"]["nsconfine.io/network"]
     container = spec["containers"][0]
     context = container["securityContext"]
     assert context["runAsUser"] == plan.user.uid

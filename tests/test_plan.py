@@ -193,6 +193,7 @@ def test_to_json_entry_keys_are_exact() -> None:
         "chdir",
         "deny",
         "network",
+        "network_reason",
         "nested_userns",
         "protection",
         "limits",

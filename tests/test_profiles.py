@@ -149,7 +149,8 @@ def test_command_line_options_win_over_the_profile(
 ) -> None:
     """A scalar given on the command line (network) overrides the profile's."""
     profile = write_profile(tmp_path, 'description = "x"\nnetwork = "none"\n')
-    assert session(*ws_run, profile=[str(profile)], network="host").plan().network == "host"
+    given = session(*ws_run, profile=[str(profile)], network="host", network_reason="given")
+    assert given.plan().network == "host"
 
 
 def test_a_profile_cannot_bind_a_denied_path(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
@@ -322,7 +323,10 @@ def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
         "    print('refused', error.reason)\n"
     )
     try:
-        _status, output = run(session(*ws_run, profile=profiles).plan(), ["python3", "-c", client])
+        shared = session(
+            *ws_run, profile=profiles, network="host", network_reason="the test's TLS server"
+        )
+        _status, output = run(shared.plan(), ["python3", "-c", client])
     finally:
         listener.close()
     if profiles == ["coder"]:
