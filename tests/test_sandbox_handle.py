@@ -121,3 +121,33 @@ def test_a_handle_answers_only_in_the_process_that_launched(ws_run: tuple[Path, 
     )  # fmt: skip
     out, err = child.communicate(timeout=60)
     assert out.splitlines() == ["forked child 0", "parent None"], out + err
+
+
+def test_concurrent_launches_of_one_workspace_all_run_and_leave_nothing_there(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """32 spawns at once of one workspace's plan, 6 times: each runs, and once they have ended
+    no mount point they made is left (a launch that saw another's stub before its record was
+    written took it for the session's own directory and made stubs inside it)."""
+    import threading
+
+    plan = session(*ws_run).plan()
+    failures: list[str] = []
+
+    def launch() -> None:
+        try:
+            status = nsconfine.spawn(plan, ["/bin/true"]).wait()
+        except nsconfine.NsconfineError as error:
+            failures.append(str(error))
+        else:
+            if status != 0:
+                failures.append(f"status {status}")
+
+    for _ in range(6):
+        threads = [threading.Thread(target=launch) for _ in range(32)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures[:3]
+        assert os.listdir(ws_run[0]) == []
