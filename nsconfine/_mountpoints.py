@@ -213,8 +213,12 @@ def is_stub(path: str) -> bool:
     will be once that session ends."""
     where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
     try:
-        info = os.lstat(path)
-        return _recorded(_records(), (info.st_dev, info.st_ino), where)
+        # Under the records' lock: a launch makes a stub and its token under it, so a stub is
+        # never seen without its token (taken for the session's own, protected file by file,
+        # and stubs made inside it, the plan would leave it behind, not empty).
+        with _records_locked() as records:
+            info = os.lstat(path)
+            return _recorded(records, (info.st_dev, info.st_ino), where)
     except (OSError, SandboxUnavailable):
         return False
 
