@@ -470,13 +470,51 @@ def _execution_order(entry: Entry) -> tuple[int, int]:
     return (1 if entry.kind is Kind.REMOUNT_RO else 0, depth)
 
 
-# A session's network: the launcher's own ("host"), or a namespace of its own with only a
-# loopback ("none"). Room is left for a filtering proxy.
+# A session's network: the launcher's own ("host"), a namespace of its own with only a
+# loopback ("none"), or that and a relay to nsconfine's proxy outside ("proxy").
 NETWORKS = {
     "host": "the launcher's network, shared: anything the launcher can reach",
     "none": "a network namespace of its own with only a loopback: no host service, no host "
     "abstract socket",
+    "proxy": "a network namespace of its own with only a loopback, and a relay on "
+    "127.0.0.1:3128 to nsconfine's proxy outside: only the destinations the plan lists",
 }
+
+
+def has_own_network(network: str) -> bool:
+    """Whether a session of this network gets a network namespace of its own."""
+    return network != "host"
+
+
+# The "proxy" network's way out. Inside the sandbox the exec shim's relay (csrc/relay.c)
+# listens on 127.0.0.1:RELAY_PORT and joins each connection to the unix stream socket
+# RELAY_SOCKET, which the proxy outside listens on: the plan binds the host directory holding
+# it read-only at RELAY_DIRECTORY (connect() works through a read-only bind; the session can
+# neither remove nor replace the socket).
+RELAY_PORT = 3128
+RELAY_DIRECTORY = "/run/nsconfine/proxy"
+RELAY_SOCKET_NAME = "socket"
+RELAY_SOCKET = f"{RELAY_DIRECTORY}/{RELAY_SOCKET_NAME}"
+RELAY_REASON = "the relay's way out: nsconfine's proxy, which allows only the plan's destinations"
+
+
+def relay_entry(directory: str) -> Entry:
+    """The "proxy" network's bind: the host directory holding the proxy's socket (named
+    RELAY_SOCKET_NAME), read-only at RELAY_DIRECTORY."""
+    return ro_bind(directory, RELAY_DIRECTORY, RELAY_REASON)
+
+
+def _check_relay(network: str, entries: Sequence[Entry]) -> None:
+    """A "proxy" session's plan must bind its relay's way out read-only: refused otherwise
+    (its relay would reset every connection)."""
+    bound = [entry for entry in entries if entry.dest == RELAY_DIRECTORY]
+    if network == "proxy" and not (
+        bound and bound[0].kind is Kind.BIND and bound[0].mode is Mode.RO
+    ):
+        raise PlanError(
+            f"network proxy: the plan has no read-only bind at {RELAY_DIRECTORY} (the relay's "
+            "way out to nsconfine's proxy): add relay_entry(the proxy's socket directory)"
+        )
 
 
 def _sized(entries: Sequence[Entry], limits: Limits) -> list[Entry]:
@@ -544,6 +582,7 @@ class Plan(Record):
             user = launcher_account()
         if network not in NETWORKS:
             raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
+        _check_relay(network, ordered)
         if nested_userns is not None and not nested_userns.strip():
             raise UsageError("nested user namespaces are allowed only with a reason")
         self._set(
