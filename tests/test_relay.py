@@ -15,7 +15,7 @@ import socket
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -271,6 +271,24 @@ def test_proxy_has_the_relay_on_the_port(
     assert (status, output) == (0, "listening\n")
 
 
+def spawn_reading(
+    plan: nsconfine.Plan, argv: list[str], meanwhile: Callable[[], None] = lambda: None
+) -> tuple[int, bytes | None]:
+    """argv's exit status in a session of plan, and its stdout to EOF (None: no EOF within
+    WAIT_SECONDS); meanwhile runs once the command has started."""
+    read_end, write_end = os.pipe()
+    try:
+        try:
+            sandbox = nsconfine.spawn(plan, argv, stdout=write_end)
+        finally:
+            os.close(write_end)
+        meanwhile()
+        output = read_to_eof(read_end, WAIT_SECONDS)
+    finally:
+        os.close(read_end)
+    return sandbox.wait(timeout=WAIT_SECONDS), output
+
+
 def sandbox_processes(pid_namespace: str) -> list[int]:
     """The host's processes in the pid namespace named pid_namespace ("pid:[N]")."""
     found = []
@@ -306,19 +324,9 @@ def test_the_relay_ends_with_the_command_and_holds_no_stdio(
     print(os.readlink("/proc/self/ns/pid"))
     print(sorted(relays))
     """
-    read_end, write_end = os.pipe()
-    try:
-        try:
-            sandbox = nsconfine.spawn(
-                proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code), stdout=write_end
-            )
-        finally:
-            os.close(write_end)
-        output = read_to_eof(read_end, WAIT_SECONDS)
-    finally:
-        os.close(read_end)
+    status, output = spawn_reading(proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code))
     assert output is not None, "the session's stdout never reached EOF"
-    assert sandbox.wait(timeout=WAIT_SECONDS) == 0
+    assert status == 0
     namespace, relays = output.decode().splitlines()
     # The relay (pid 1's child, not the command's) and the process serving the held
     # connection (the relay's), each in a session not the command's, stdio on /dev/null.
@@ -347,24 +355,22 @@ def test_a_missing_socket_resets_that_connection_and_the_next_is_served(
         time.sleep(0.05)
     print(repr(first), exchange(b"second"))
     """
-    read_end, write_end = os.pipe()
     server = Proxy(proxy_directory)
-    try:
-        try:
-            sandbox = nsconfine.spawn(
-                proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code), stdout=write_end
-            )
-        finally:
-            os.close(write_end)
+
+    def start_the_proxy_after_the_first_connection() -> None:
         deadline = time.monotonic() + WAIT_SECONDS
         while not (workspace / "first-done").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         server.start()
         (workspace / "proxy-up").touch()
-        output = read_to_eof(read_end, WAIT_SECONDS)
-        status = sandbox.wait(timeout=WAIT_SECONDS)
+
+    try:
+        status, output = spawn_reading(
+            proxy_plan(ws_run, proxy_directory),
+            python(EXCHANGE, code),
+            start_the_proxy_after_the_first_connection,
+        )
     finally:
-        os.close(read_end)
         server.stop()
     assert output is not None
     assert (status, output.decode()) == (0, f"'reset' {b'second[eof]'!r}\n")
