@@ -4,6 +4,7 @@
 #   nsconfine/_reaper  csrc/reaper.c: the launcher's child, which runs bwrap and kills what it
 #                      leaves behind
 #   nsconfine/_shim    csrc/shim.c: runs inside each sandbox and execs the command it is handed
+#                      (csrc/relay.c: its loopback relay, for a "proxy" network)
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ import os
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-HELPERS = {"_reaper": "csrc/reaper.c", "_shim": "csrc/shim.c"}
+HELPERS = {"_reaper": ["csrc/reaper.c"], "_shim": ["csrc/shim.c", "csrc/relay.c"]}
 # No libc (csrc/freestanding.h says why): static, freestanding, our own _start.
 HELPER_FLAGS = [
     "-Wall",
@@ -32,8 +33,8 @@ class build_ext_with_helpers(build_ext):
 
     def run(self) -> None:
         super().run()
-        for name, source in HELPERS.items():
-            self._build_helper(name, source)
+        for name, sources in HELPERS.items():
+            self._build_helper(name, sources)
 
     def _helper_path(self, name: str) -> str:
         if self.inplace:
@@ -41,10 +42,10 @@ class build_ext_with_helpers(build_ext):
             return os.path.join(package_dir, name)
         return os.path.join(self.build_lib, "nsconfine", name)
 
-    def _build_helper(self, name: str, source: str) -> None:
+    def _build_helper(self, name: str, sources: list[str]) -> None:
         output = self._helper_path(name)
         objects = self.compiler.compile(
-            [source, "csrc/freestanding.c"],
+            [*sources, "csrc/freestanding.c"],
             output_dir=os.path.join(self.build_temp, name),
             include_dirs=["csrc"],
             extra_postargs=HELPER_FLAGS,

@@ -134,6 +134,17 @@ static inline long sys_close_range(unsigned int first, unsigned int last, unsign
     return 0;
 }
 
+/* fd itself, or for one below 3 a close-on-exec copy above 2, the low number freed (it
+ * was free before); an error (< 0) as it is. */
+static inline long above_stdio(long fd)
+{
+    if (fd < 0 || fd > 2)
+        return fd;
+    long moved = SYS3(__NR_fcntl, fd, F_DUPFD_CLOEXEC, 3);
+    (void)SYS1(__NR_close, fd);
+    return moved;
+}
+
 /* The kernel's sigset is one word here (both architectures have 64 signals). */
 typedef unsigned long ksigset_t;
 #define KSIGBIT(sig) (1UL << ((sig) - 1))

@@ -178,6 +178,7 @@ int nsc_seccomp_rules(unsigned int rules, struct nsc_seccomp_rule *out, size_t c
 #define NSC_SHIM_STAGE_SIGNALS 7
 #define NSC_SHIM_STAGE_TTY 8
 #define NSC_SHIM_STAGE_LIMITS 9 /* prlimit(RLIMIT_NOFILE) of the command */
+#define NSC_SHIM_STAGE_RELAY 10 /* the loopback relay of a "proxy" network: listen, fork */
 #define NSC_SHIM_EXECUTING 88 /* 'X' on the error pipe: the shim took its command and now execs
                                  it; EOF without it means the shim ended before (killed) */
 

@@ -2,7 +2,7 @@
  * nsconfine's exec shim: the first command of every sandbox (bwrap runs it
  * from a sealed memfd, as /proc/self/fd/7).
  *
- *     _shim SOCKET_FD IDLE_TIMEOUT_MS GUARD_PID_1 OPEN_FILES
+ *     _shim SOCKET_FD IDLE_TIMEOUT_MS GUARD_PID_1 OPEN_FILES [RELAY_PORT RELAY_SOCKET]
  *
  * The sandbox is already built (namespaces, mounts, environment, working
  * directory) when this runs; what is missing is the caller's command. The
@@ -47,10 +47,17 @@
  * that domain), which holds the exit status the launcher reads; nor connect to
  * an abstract socket outside it. If that fails it sends 'L' instead of 'R'.
  *
+ * With RELAY_PORT and RELAY_SOCKET (a session whose network is "proxy"), once the launch
+ * message is read and before anything of the command is put in place, the shim listens on
+ * 127.0.0.1:RELAY_PORT and starts the relay (relay.c) on that listener, which joins each
+ * connection to the unix socket at RELAY_SOCKET; if it cannot, the launch fails (stage
+ * NSC_SHIM_STAGE_RELAY) and the command never runs.
+ *
  * No libc (see freestanding.h): it starts once per launch.
  */
 #include "freestanding.h"
 #include "nsconfine.h"
+#include "relay.h"
 
 #define SHIM_MAX_FDS 4 /* the error pipe and 0, 1, 2 */
 #define DEFAULT_PATH "/bin:/usr/bin" /* execvp's, when the environment has no PATH */
@@ -186,17 +193,6 @@ static long send_fd(int sock, char byte, int fd)
  * A new pty of the sandbox's own as the command's terminal: its controlling terminal and
  * stdio; the controller goes to the launcher, which answers 'G' once it has set the size.
  */
-/* fd itself, or for one below 3 a close-on-exec copy above 2, the low number freed (it
- * was free before); an error (< 0) as it is. */
-static long above_stdio(long fd)
-{
-    if (fd < 0 || fd > 2)
-        return fd;
-    long moved = SYS3(__NR_fcntl, fd, F_DUPFD_CLOEXEC, 3);
-    (void)SYS1(__NR_close, fd);
-    return moved;
-}
-
 static void take_new_terminal(int sock)
 {
     /* Both above stdio: one opened where the launcher had no stdio fd would be overwritten
@@ -348,13 +344,17 @@ __attribute__((noreturn)) static void exec_command(char **args, char **envp)
 
 int helper_main(int argc, char **argv, char **envp)
 {
-    if (argc != 5)
+    if (argc != 5 && argc != 7)
         return 2;
     long sock = parse_unsigned(argv[1]);
     long timeout_ms = parse_unsigned(argv[2]);
     long guard = parse_unsigned(argv[3]);
     long open_files = parse_unsigned(argv[4]);
-    if (sock < 3 || timeout_ms < 0 || guard < 0 || guard > 1 || open_files < 0)
+    long relay_port = argc == 7 ? parse_unsigned(argv[5]) : 0;
+    const char *relay_socket = argc == 7 ? argv[6] : 0;
+    if (sock < 3 || timeout_ms < 0 || guard < 0 || guard > 1 || open_files < 0 ||
+        (relay_socket && (relay_port < 1 || relay_port > 65535 || relay_socket[0] != '/' ||
+                          strlen(relay_socket) >= RELAY_MAX_PATH)))
         return 2;
     if (guard && guard_pid_1() < 0) {
         (void)sys_write_all((int)sock, "L", 1);
@@ -382,6 +382,7 @@ int helper_main(int argc, char **argv, char **envp)
         ((h.fd_mask & NSC_SHIM_TTY) && (h.fd_mask & NSC_SHIM_PLACE_MASK)))
         fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
 
+    long r;
     char *body = map((size_t)h.size + 1);
     /* One slot before the arguments, for /bin/sh should the command need it. */
     char **slots = map(((size_t)h.argc + 2) * sizeof *slots);
@@ -411,6 +412,11 @@ int helper_main(int argc, char **argv, char **envp)
         fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
     args[h.argc] = 0;
     char **environment = merge_environment(envp, extra, h.envc);
+
+    /* Before the command's fds are placed (the relay keeps none of them anyway) and long
+     * before its exec: the port is taken and listening by the time the command can run. */
+    if (relay_socket && (r = start_relay(relay_port, relay_socket)) < 0)
+        fail(r, NSC_SHIM_STAGE_RELAY);
 
     /*
      * A received fd lands on the lowest free number, which is below 3 if
@@ -443,7 +449,7 @@ int helper_main(int argc, char **argv, char **envp)
     /* The command starts with default signal handling, whatever bwrap left. */
     reset_signal_dispositions();
     ksigset_t none = 0;
-    long r = sys_sigprocmask(SIG_SETMASK, &none, 0);
+    r = sys_sigprocmask(SIG_SETMASK, &none, 0);
     if (r < 0)
         fail(r, NSC_SHIM_STAGE_SIGNALS);
     if (open_files > 0 && (r = cap_open_files((uint64_t)open_files)) < 0)

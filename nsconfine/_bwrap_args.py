@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nsconfine._errors import PlanError
-from nsconfine._plan import Entry, Kind, Mode, Plan
+from nsconfine._plan import RELAY_PORT, RELAY_SOCKET, Entry, Kind, Mode, Plan, has_own_network
 
 ARGS_FD = 3  # the memfd holding the NUL-separated options
 INFO_FD = 4  # bwrap writes {"child-pid": N, …} here once the namespaces exist
@@ -121,7 +121,7 @@ def bwrap_options(
     --bind-fd; the mount check after set-up then does the whole job). seccomp and
     disable_userns are off only in the test suite's mutation twins (nsconfine._layers)."""
     arguments = [*NAMESPACE_OPTIONS, *PROCESS_OPTIONS]
-    if plan.network == "none":
+    if has_own_network(plan.network):
         arguments.append("--unshare-net")  # a namespace of its own, loopback only
     if disable_userns:
         arguments.append("--disable-userns")
@@ -139,17 +139,23 @@ def bwrap_options(
     return arguments
 
 
-def shim_command(idle_timeout_ms: int, guard_pid_1: bool, open_files: int = 0) -> list[str]:
+def shim_command(
+    idle_timeout_ms: int, guard_pid_1: bool, open_files: int = 0, relay: bool = False
+) -> list[str]:
     """The command bwrap runs: the exec shim, on its socket, waiting at most idle_timeout_ms;
     guard_pid_1: it takes a Landlock domain that keeps its command from pid 1; open_files > 0:
-    the command's RLIMIT_NOFILE is at most that."""
-    return [
+    the command's RLIMIT_NOFILE is at most that; relay (a "proxy" network): before the command
+    runs it starts the loopback relay on 127.0.0.1:RELAY_PORT to RELAY_SOCKET."""
+    command = [
         f"/proc/self/fd/{SHIM_PROGRAM_FD}",
         str(SHIM_FD),
         str(idle_timeout_ms),
         "1" if guard_pid_1 else "0",
         str(open_files),
     ]
+    if relay:
+        command += (str(RELAY_PORT), RELAY_SOCKET)
+    return command
 
 
 def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:

@@ -57,7 +57,7 @@ from nsconfine._bwrap_args import (
 )
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError, refuse_if_short_of_fds
 from nsconfine._mounts import mount_table_problems, read_mountinfo
-from nsconfine._plan import Kind, Plan, is_env_name
+from nsconfine._plan import Kind, Plan, has_own_network, is_env_name
 from nsconfine._programs import (
     REAPER_PATH,
     SHIM_CLOSE_MASK,
@@ -386,7 +386,12 @@ def _start(
     seccomp = _layers.seccomp_program(plan)
     options = compiled_options(plan, seccomp is not None, bind_sources is not None)
     flags, uid, gid = _layers.spawn_flags(plan.user)
-    shim = shim_command(idle_timeout_ms, _layers.shim_guards_pid_1(), plan.limits.open_files)
+    shim = shim_command(
+        idle_timeout_ms,
+        _layers.shim_guards_pid_1(),
+        plan.limits.open_files,
+        relay=plan.network == "proxy",
+    )
     reaper_fd, shim_fd = program_fd(REAPER_PATH), program_fd(SHIM_PATH)
     bwrap_argv = bwrap_command_line(bwrap, shim)
     argv = [
@@ -489,7 +494,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     except ProcessLookupError:
         raise _SetupEnded("ended before it could be checked") from None
     staged.init_pid = child
-    bwrap_pid = _check_init(bwrap, staged.reaper, child, info, plan.network == "none")
+    bwrap_pid = _check_init(bwrap, staged.reaper, child, info, has_own_network(plan.network))
     try:
         staged.bwrap_pidfd = os.pidfd_open(bwrap_pid)
     except ProcessLookupError:

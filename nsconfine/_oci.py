@@ -33,7 +33,7 @@ import posixpath
 
 from nsconfine import _syscalls
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
-from nsconfine._plan import Entry, Kind, Mode, Plan, inside, printable
+from nsconfine._plan import Entry, Kind, Mode, Plan, has_own_network, inside, printable
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -67,6 +67,9 @@ NOT_EXPRESSED = {
     "inotify": "the session's own inotify counts (its inotify_instances and inotify_watches "
     "limits) take a user namespace of its own, which the spec does not make: the account's "
     "user.max_inotify_* apply, shared with its other processes",
+    "relay": "the loopback relay of a proxy network (127.0.0.1:3128 to nsconfine's proxy): "
+    "the container gets the network namespace with only a loopback and the bind of the "
+    "proxy's socket directory, but nothing listens on 127.0.0.1:3128",
     "podman-dev": "under podman-args, podman makes /dev, /dev/pts and /dev/shm itself: /dev "
     "stays writable and the ptys are limited only by the host's (its /dev/shm is sized by "
     "--shm-size); the bundle under runc states all three",
@@ -343,7 +346,7 @@ def export(
                 raise _unexpressible(entry, f"a {kind} inside the writable {parent_dest(parent)}")
     uid, gid = plan.user.uid, plan.user.gid
     namespaces = [{"type": name} for name in ("pid", "ipc", "uts", "mount", "cgroup")]
-    if plan.network == "none":
+    if has_own_network(plan.network):
         namespaces.append({"type": "network"})
     result.seccomp = seccomp_profile(plan)
     result.config = {
@@ -742,7 +745,7 @@ def podman_args(
     arguments = [
         "podman", "run", "--rm", "--rootfs", f"{bundle}/rootfs",
         "--read-only", "--read-only-tmpfs=false", "--no-hosts", "--dns=none",
-        "--network", "none" if plan.network == "none" else "host",
+        "--network", "none" if has_own_network(plan.network) else "host",
         "--user", f"{plan.user.uid}:{plan.user.gid}",
         "--cap-drop", "all", "--security-opt", "no-new-privileges", *_ulimits(plan),
         "--shm-size", str(plan.limits.shm),

@@ -470,14 +470,16 @@ def _execution_order(entry: Entry) -> tuple[int, int]:
     return (1 if entry.kind is Kind.REMOUNT_RO else 0, depth)
 
 
-# A session's network: the launcher's own ("host"), or a namespace of its own with only a
-# loopback ("none"). Room is left for a filtering proxy.
+# A session's network: the launcher's own ("host"), a namespace of its own with only a
+# loopback ("none"), or that and a relay to nsconfine's proxy outside ("proxy").
 NETWORKS = {
     "host": "the launcher's network, shared: the host's loopback and every service on it, every "
     "address the launcher reaches, and the host's abstract unix sockets (a session can also "
     "serve one that host programs connect to)",
     "none": "a network namespace of its own with only a loopback: no host service, no host "
     "abstract socket",
+    "proxy": "a network namespace of its own with only a loopback, and a relay on "
+    "127.0.0.1:3128 to nsconfine's proxy outside: only the destinations the plan lists",
 }
 
 
@@ -493,6 +495,29 @@ def require_network_reason(network: str, reason: str | None) -> str | None:
             "(network_reason in a profile or Session), or keep the default, none"
         )
     return reason.strip()
+
+
+def has_own_network(network: str) -> bool:
+    """Whether a session of this network gets a network namespace of its own."""
+    return network != "host"
+
+
+# The "proxy" network's way out. Inside the sandbox the exec shim's relay (csrc/relay.c)
+# listens on 127.0.0.1:RELAY_PORT and joins each connection to the unix stream socket
+# RELAY_SOCKET, which the proxy outside listens on: the plan binds the host directory holding
+# it read-only at RELAY_DIRECTORY (connect() works through a read-only bind; the session can
+# neither remove nor replace the socket).
+RELAY_PORT = 3128
+RELAY_DIRECTORY = "/run/nsconfine/proxy"
+RELAY_SOCKET_NAME = "socket"
+RELAY_SOCKET = f"{RELAY_DIRECTORY}/{RELAY_SOCKET_NAME}"
+RELAY_REASON = "the relay's way out: nsconfine's proxy, which allows only the plan's destinations"
+
+
+def relay_entry(directory: str) -> Entry:
+    """The "proxy" network's bind: the host directory holding the proxy's socket (named
+    RELAY_SOCKET_NAME), read-only at RELAY_DIRECTORY."""
+    return ro_bind(directory, RELAY_DIRECTORY, RELAY_REASON)
 
 
 def _sized(entries: Sequence[Entry], limits: Limits) -> list[Entry]:

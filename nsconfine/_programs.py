@@ -48,6 +48,7 @@ SHIM_STAGES: Final = {
     sys_.SHIM_WIRE["STAGE_SIGNALS"]: "sigprocmask",
     sys_.SHIM_WIRE["STAGE_TTY"]: "a new terminal (/dev/ptmx)",
     sys_.SHIM_WIRE["STAGE_LIMITS"]: "prlimit(RLIMIT_NOFILE)",
+    sys_.SHIM_WIRE["STAGE_RELAY"]: "the loopback relay (listen on 127.0.0.1, fork)",
 }
 
 _INSTALL_HINT: Final = (

@@ -135,6 +135,20 @@ def test_the_reaper_runs_bwrap_with_its_lifeline_and_info_fd() -> None:
     assert reaper_command_line("/x/_reaper", bwrap)[3] == "-"
 
 
+def test_a_proxy_network_unshares_it_and_has_the_shim_start_the_relay(
+    session_plan: Plan, tmp_path: Path
+) -> None:
+    """Network proxy: a network namespace of its own, as none, and the relay's port and
+    socket after the shim's own arguments; other networks give the shim neither."""
+    proxy = session_plan.replace(
+        network="proxy", entries=(*session_plan.entries, p.relay_entry(str(tmp_path)))
+    )
+    assert "--unshare-net" in bwrap_options(proxy)
+    assert bwrap_options(proxy)[: len(NAMESPACE_OPTIONS)] == list(NAMESPACE_OPTIONS)
+    assert shim_command(5000, True, 1024, relay=True)[5:] == ["3128", "/run/nsconfine/proxy/socket"]
+    assert len(shim_command(5000, True, 1024)) == 5
+
+
 def test_encode_options_is_nul_terminated() -> None:
     """Every option is followed by one NUL byte, the last one included."""
     assert encode_options(["--setenv", "A", "b c", ""]) == b"--setenv\0A\0b c\0\0"

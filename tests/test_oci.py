@@ -235,6 +235,21 @@ def test_network_host_is_no_network_namespace(plan: Plan, tmp_path: Path) -> Non
     assert config["annotations"]["org.nsconfine.network-reason"] == "the test's"
 
 
+def test_network_proxy_is_a_network_namespace_without_the_relay(plan: Plan, tmp_path: Path) -> None:
+    """--network proxy: a network namespace of the container's own, with the proxy's socket
+    directory bound; the relay itself is named among what OCI does not state."""
+    relay_directory = tmp_path / "proxy"
+    relay_directory.mkdir()
+    proxy = plan.replace(
+        network="proxy", entries=(*plan.entries, p.relay_entry(str(relay_directory)))
+    )
+    exported = _oci.export(proxy, str(tmp_path / "b"))
+    assert {"type": "network"} in exported.config["linux"]["namespaces"]
+    assert "org.nsconfine.not-expressed.relay" in exported.config["annotations"]
+    assert "--network" in (args := _oci.podman_args(proxy, exported, str(tmp_path / "b")))
+    assert args[args.index("--network") + 1] == "none"
+
+
 def test_what_oci_cannot_state_is_refused(plan: Plan, tmp_path: Path) -> None:
     """A directory made inside a writable tmpfs has no OCI operation: refused, never
     dropped."""

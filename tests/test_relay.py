@@ -1,0 +1,368 @@
+"""The "proxy" network's loopback relay (csrc/relay.c), proved on real sessions: inside, TCP to
+127.0.0.1:3128 reaches a unix socket the host serves, both ways and half-closed; connections
+are served side by side; the command cannot take the port; and the relay neither keeps the
+sandbox alive nor holds the caller's stdio. A session of network "none" is the twin: nothing
+listens there.
+
+Until the plan of a "proxy" session makes its own relay entry, each test adds it to a "none"
+session's plan (relay_entry, the hook the plan's check asks for).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import open_up, read_to_eof, run, session
+
+import nsconfine
+from nsconfine._errors import PlanError
+from nsconfine._plan import RELAY_SOCKET_NAME, relay_entry
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+WAIT_SECONDS = 60.0  # generous bounds on what must happen, never asserted as a duration
+
+FLOOD = b"flood"  # a request the proxy answers without end
+AFTER_FLOOD = b"after-flood"  # its echo waits until the flood is stuck (or WAIT_SECONDS)
+
+
+class Proxy:
+    """A stand-in for nsconfine's proxy on a unix socket: it echoes what each connection
+    sends as it comes, and once its peer half-closes sends b"[eof]" and closes; a connection
+    opening with FLOOD is sent bytes until it dies instead."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = str(directory / RELAY_SOCKET_NAME)
+        self.flood_stuck = threading.Event()
+        self.connections = 0
+        self._stop = threading.Event()
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
+        os.chmod(self.path, 0o666)  # as root, the session's account connects
+        listener.listen(64)
+        listener.settimeout(0.2)
+        self._listener = listener
+        self._spawn(self._accept_loop)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(WAIT_SECONDS)
+        if self._listener is not None:
+            self._listener.close()
+
+    def _spawn(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            self._spawn(self._serve, connection)
+
+    def _serve(self, connection: socket.socket) -> None:
+        connection.settimeout(0.5)
+        received = b""
+        try:
+            with connection:
+                while not self._stop.is_set():
+                    try:
+                        chunk = connection.recv(65536)
+                    except TimeoutError:
+                        continue
+                    if received == b"" and chunk.startswith(FLOOD):
+                        self._flood(connection)
+                        return
+                    if not chunk:
+                        break
+                    received += chunk
+                    connection.sendall(chunk)
+                ending = b"[eof]"
+                if AFTER_FLOOD in received:
+                    stuck = self.flood_stuck.wait(WAIT_SECONDS)
+                    ending = (b"[flood stuck]" if stuck else b"[flood flowing]") + ending
+                connection.sendall(ending)
+        except OSError:
+            pass  # the relay reset it: nothing to answer
+
+    def _flood(self, connection: socket.socket) -> None:
+        block = b"x" * 65536
+        while not self._stop.is_set():
+            try:
+                connection.send(block)
+            except TimeoutError:
+                self.flood_stuck.set()  # nobody reads it: every buffer on the way is full
+            except OSError:
+                return
+
+
+@pytest.fixture
+def proxy_directory(tmp_path: Path) -> Path:
+    """The host directory the proxy's socket lives in, searchable by the session's account."""
+    directory = tmp_path / "proxy"
+    directory.mkdir()
+    directory.chmod(0o755)
+    open_up(directory)
+    return directory
+
+
+@pytest.fixture
+def proxy(proxy_directory: Path) -> Iterator[Proxy]:
+    """The stand-in proxy, serving on proxy_directory/socket."""
+    server = Proxy(proxy_directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def proxy_plan(ws_run: tuple[Path, Path], directory: Path) -> nsconfine.Plan:
+    """A session's plan of network "proxy" whose relay reaches directory's socket."""
+    plan = session(*ws_run, network="none").plan()
+    return plan.replace(network="proxy", entries=(*plan.entries, relay_entry(str(directory))))
+
+
+def python(*parts: str) -> list[str]:
+    """python3 running the snippets given, each dedented on its own, one after the other."""
+    return ["python3", "-c", "\n".join(textwrap.dedent(part) for part in parts)]
+
+
+# Inside the session: one exchange through the relay, half-closed after sending.
+EXCHANGE = """
+import socket
+
+def exchange(payload, port=3128):
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(payload)
+    s.shutdown(socket.SHUT_WR)
+    reply = b""
+    while chunk := s.recv(65536):
+        reply += chunk
+    s.close()
+    return reply
+"""
+
+
+def test_relay_echoes_and_passes_the_half_close(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """Bytes sent to 127.0.0.1:3128 reach the proxy and its answer comes back; the client's
+    shutdown(SHUT_WR) reaches the proxy as EOF, and what the proxy sends after it still
+    arrives."""
+    plan = proxy_plan(ws_run, proxy_directory)
+    assert "network: proxy" in plan.manifest()
+    status, output = run(plan, python(EXCHANGE, "print(exchange(b'hello' * 1000))"))
+    assert (status, output) == (0, repr(b"hello" * 1000 + b"[eof]") + "\n")
+
+
+def test_twenty_connections_at_once_are_all_served(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """Twenty connections open together, each sends its own bytes, and each gets its own
+    back."""
+    code = """
+    import socket
+    clients = [socket.create_connection(("127.0.0.1", 3128), timeout=60) for _ in range(20)]
+    for i, c in enumerate(clients):
+        c.sendall(b"client %d" % i)
+        c.shutdown(socket.SHUT_WR)
+    for i, c in enumerate(clients):
+        reply = b""
+        while chunk := c.recv(65536):
+            reply += chunk
+        assert reply == b"client %d[eof]" % i, reply
+    print("all served")
+    """
+    status, output = run(proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code))
+    assert (status, output) == (0, "all served\n")
+    assert proxy.connections == 20
+
+
+def test_a_connection_that_never_reads_does_not_stop_another(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """While the proxy floods a connection its client never reads, until every buffer on
+    the way is full, another connection is still served."""
+    code = """
+    stalled = socket.create_connection(("127.0.0.1", 3128), timeout=60)
+    stalled.sendall(b"flood")
+    print(exchange(b"after-flood"))
+    """
+    status, output = run(proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code))
+    assert (status, output) == (0, repr(b"after-flood[flood stuck][eof]") + "\n")
+
+
+def test_the_command_cannot_take_the_port_and_finds_it_listening_at_once(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """The command's very first act, a connection, is served; binding 127.0.0.1:3128 (or any
+    address's 3128, SO_REUSEADDR and SO_REUSEPORT set) fails with EADDRINUSE."""
+    code = """
+    first = exchange(b"first")
+    import errno
+    results = []
+    for address in ("127.0.0.1", "0.0.0.0"):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            s.bind((address, 3128))
+            s.listen(1)
+            results.append("bound")
+        except OSError as e:
+            results.append(errno.errorcode[e.errno])
+    print(first, results)
+    """
+    status, output = run(proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code))
+    assert (status, output) == (0, f"{b'first[eof]'!r} ['EADDRINUSE', 'EADDRINUSE']\n")
+
+
+CONNECT_3128 = """
+import socket, errno
+try:
+    socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    print("listening")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""
+
+
+def test_network_none_has_nothing_on_the_port(ws_run: tuple[Path, Path]) -> None:
+    """The twin: with network none the same probe finds nothing on 127.0.0.1:3128, and the
+    port is the command's to bind."""
+    plan = session(*ws_run, network="none").plan()
+    status, output = run(plan, python(CONNECT_3128))
+    assert (status, output) == (0, "ECONNREFUSED\n")
+
+
+def test_proxy_has_the_relay_on_the_port(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """The same probe as the twin's, with network proxy: it finds the relay."""
+    status, output = run(proxy_plan(ws_run, proxy_directory), python(CONNECT_3128))
+    assert (status, output) == (0, "listening\n")
+
+
+def spawn_reading(
+    plan: nsconfine.Plan, argv: list[str], meanwhile: Callable[[], None] = lambda: None
+) -> tuple[int, bytes | None]:
+    """argv's exit status in a session of plan, and its stdout to EOF (None: no EOF within
+    WAIT_SECONDS); meanwhile runs once the command has started."""
+    read_end, write_end = os.pipe()
+    try:
+        try:
+            sandbox = nsconfine.spawn(plan, argv, stdout=write_end)
+        finally:
+            os.close(write_end)
+        meanwhile()
+        output = read_to_eof(read_end, WAIT_SECONDS)
+    finally:
+        os.close(read_end)
+    return sandbox.wait(timeout=WAIT_SECONDS), output
+
+
+def sandbox_processes(pid_namespace: str) -> list[int]:
+    """The host's processes in the pid namespace named pid_namespace ("pid:[N]")."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.readlink(f"/proc/{name}/ns/pid") == pid_namespace:
+                    found.append(int(name))
+            except OSError:
+                pass  # gone, or not ours to look at
+    return found
+
+
+def test_the_relay_ends_with_the_command_and_holds_no_stdio(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """The command, with a connection still open through the relay, exits: the session's wait
+    returns, its stdout pipe reaches EOF (the relay never held it: its 0, 1 and 2 are
+    /dev/null, in a session of its own), and no process of the sandbox is left."""
+    code = """
+    import os, socket
+    held = socket.create_connection(("127.0.0.1", 3128), timeout=60)
+    held.sendall(b"still open")
+    assert held.recv(100) == b"still open"  # the relay has a process serving it by now
+    me = os.getpid()
+    relays = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in (1, me):
+            stat = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()
+            parent, session_id = int(stat[1]), int(stat[3])
+            fds = [os.readlink(f"/proc/{name}/fd/{fd}") for fd in range(3)]
+            relays.append((parent == 1, session_id != os.getsid(0), fds))
+    print(os.readlink("/proc/self/ns/pid"))
+    print(sorted(relays))
+    """
+    status, output = spawn_reading(proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code))
+    assert output is not None, "the session's stdout never reached EOF"
+    assert status == 0
+    namespace, relays = output.decode().splitlines()
+    # The relay (pid 1's child, not the command's) and the process serving the held
+    # connection (the relay's), each in a session not the command's, stdio on /dev/null.
+    null = ["/dev/null"] * 3
+    assert relays == repr([(False, True, null), (True, True, null)])
+    deadline = time.monotonic() + WAIT_SECONDS
+    while (left := sandbox_processes(namespace)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == [], f"processes of the sandbox outlived it: {left}"
+
+
+def test_a_missing_socket_resets_that_connection_and_the_next_is_served(
+    ws_run: tuple[Path, Path], proxy_directory: Path
+) -> None:
+    """With no socket in the proxy's directory a connection is reset (or ends at once); once
+    the proxy is up, the next connection through the same relay is served."""
+    workspace = ws_run[0]
+    code = """
+    import os, time
+    try:
+        first = exchange(b"nobody there")
+    except (ConnectionResetError, BrokenPipeError):
+        first = "reset"
+    open("first-done", "w").close()
+    while not os.path.exists("proxy-up"):
+        time.sleep(0.05)
+    print(repr(first), exchange(b"second"))
+    """
+    server = Proxy(proxy_directory)
+
+    def start_the_proxy_after_the_first_connection() -> None:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not (workspace / "first-done").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.start()
+        (workspace / "proxy-up").touch()
+
+    try:
+        status, output = spawn_reading(
+            proxy_plan(ws_run, proxy_directory),
+            python(EXCHANGE, code),
+            start_the_proxy_after_the_first_connection,
+        )
+    finally:
+        server.stop()
+    assert output is not None
+    assert (status, output.decode()) == (0, f"'reset' {b'second[eof]'!r}\n")
