@@ -121,10 +121,33 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--network",
-        choices=("host", "none"),
+        choices=("none", "proxy", "host"),
         default=None,
-        help="none: a network namespace of its own with only a loopback (default); host: the "
-        "launcher's network, shared (needs --network-reason)",
+        help="none: a network namespace of its own with only a loopback (default); proxy: that "
+        "and a relay to nsconfine's proxy, which allows only --allow-host destinations (the "
+        "default when any is given); host: the launcher's network, shared (needs "
+        "--network-reason)",
+    )
+    group.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT][=ADDRESS]",
+        help="repeatable; a destination the proxy allows (pypi.org, *.githubusercontent.com, "
+        "host:8443; =ADDRESS pins its address, as curl's --resolve does)",
+    )
+    group.add_argument(
+        "--inject-for",
+        action="append",
+        default=[],
+        metavar="ROUTE",
+        help="repeatable; an API (anthropic, openai) the session reaches through the proxy, "
+        "which adds the credential file's key: the session holds a placeholder",
+    )
+    group.add_argument(
+        "--audit",
+        metavar="FILE",
+        help="append a JSON line per proxy connection (allowed or refused) to FILE",
     )
     group.add_argument(
         "--network-reason",
@@ -303,6 +326,9 @@ def _session(arguments: argparse.Namespace) -> Session:
         unprotect=arguments.unprotect,
         network=arguments.network,
         network_reason=arguments.network_reason,
+        allow_hosts=arguments.allow_host,
+        inject=arguments.inject_for,
+        audit=arguments.audit,
         allow_nested_userns=_nested_reason(arguments.allow_nested_userns),
         setenv=arguments.setenv,
         pass_terminal=not arguments.no_terminal_env,
@@ -378,6 +404,10 @@ def _run(arguments: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
     plan = build_plan(_session(arguments), lint=False)  # spawn lints it
+    if plan.network == "proxy":  # a user sees why `npm install` failed
+        from nsconfine._network import report_refusals
+
+        report_refusals(sys.stderr.fileno())
     # The signals from before the launch: none is lost while it builds. The caller's terminals
     # reach the session as pipes (see nsconfine/_run.py).
     with kept_stdio_flags(), held_signals() as signals:

@@ -46,7 +46,7 @@ import time
 from _thread import allocate_lock
 from collections.abc import Callable, Mapping, Sequence
 
-from nsconfine import _layers, _mountpoints, _syscalls, _terminal
+from nsconfine import _layers, _mountpoints, _network, _syscalls, _terminal
 from nsconfine._bwrap_args import (
     bwrap_command_line,
     bwrap_options,
@@ -206,6 +206,7 @@ class Staged:
         "bwrap_pidfd",
         "command_pid",
         "command_pidfd",
+        "egress",
         "info_fd",
         "init_pid",
         "init_pidfd",
@@ -236,6 +237,7 @@ class Staged:
         self.stderr = -1  # bwrap's fd 2 (-1: the launcher's)
         self.info_fd = -1
         self.stubs: list[_mountpoints.Stub] = []
+        self.egress: _network.Egress | None = None  # its socket on the launcher's proxy
 
     def mark(self, stage: str) -> None:
         """Record when stage was reached, in seconds since the launch began."""
@@ -320,9 +322,12 @@ def stage(
     gate's lint()), run while bwrap builds the sandbox, which no command enters unless they
     pass; what it judged is checked against the sources opened. bind_fds: bwrap takes
     --bind-fd; stderr: bwrap's fd 2, for its own messages (-1: the launcher's)."""
+    plan, egress = _network.attach(plan)  # a proxy network's socket, for this sandbox
     try:
         stubs, sources = _mountpoints.open_for_launch(plan)
     except BaseException:
+        if egress is not None:
+            egress.close()
         _lint_first(lint)  # a refusal of the plan explains more than what it led to
         raise
     try:
@@ -331,12 +336,15 @@ def stage(
         staged = _start(bwrap, plan, sources if bind_fds else None, stderr, idle_timeout_ms)
     except BaseException:
         _mountpoints.remove(stubs)
+        if egress is not None:
+            egress.close()
         _lint_first(lint)
         raise
     finally:
         for fd in sources.values():
             os.close(fd)
     staged.stubs = stubs
+    staged.egress = egress
     staged.bound = bound
     try:
         if lint is not None:  # bwrap is building the sandbox meanwhile
@@ -670,6 +678,8 @@ def teardown(staged: Staged) -> int:
         os.close(fd)
     staged.reaper_pidfd = staged.bwrap_pidfd = staged.init_pidfd = staged.command_pidfd = -1
     _mountpoints.remove(staged.stubs)
+    if staged.egress is not None:
+        staged.egress.close()
     return os.waitstatus_to_exitcode(status)
 
 

@@ -10,6 +10,7 @@ in hundreds of places), and a path a built-in profile would show is answered wit
 from __future__ import annotations
 
 import os
+import urllib.parse
 
 from nsconfine._plan import Entry, Kind, Plan, printable, within
 from nsconfine._policy import Judge, resolve
@@ -22,8 +23,11 @@ MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP 
 
 
 def explain(plan: Plan, path: str, session: Session | None = None) -> tuple[bool, list[str]]:
-    """Whether a session of plan sees the host's path, and the lines that say why; with the
-    session, also the built-in profiles that would show a path it does not see."""
+    """Whether a session of plan sees the host's path (or reaches the URL), and the lines that
+    say why; with the session, also the built-in profiles that would show a path it does not
+    see."""
+    if "://" in path:
+        return explain_url(plan, path)
     path = os.path.normpath(os.path.abspath(path))
     reached, links = _follow(plan, path)
     lines = [
@@ -47,6 +51,52 @@ def explain(plan: Plan, path: str, session: Session | None = None) -> tuple[bool
             f"{printable(rule.reason)} [from {printable(rule.origin or 'the plan')}]"
         )
     return visible and found is None, lines
+
+
+def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
+    """Whether a session of plan reaches url's host and port, through which destination (and
+    its reason), or why not. Names are matched as the proxy matches them; the address a name
+    resolves to is judged when the session connects."""
+    from nsconfine._allowlist import HostRefused, canonical_host, ip_literal
+
+    shown = printable(url)
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        host = canonical_host(parts.hostname or "")
+    except (ValueError, HostRefused) as problem:
+        return False, [f"{shown}: not reachable: not a URL the proxy judges ({problem})"]
+    if port is None:
+        return False, [f"{shown}: not reachable: say the port of a {parts.scheme}: URL"]
+    if plan.network == "none":
+        return False, [f"{shown}: not reachable: network none (a loopback of its own)"]
+    if plan.network == "host":
+        return True, [
+            f"{shown}: reachable: network host, the launcher's network "
+            f"({printable(plan.network_reason or '')})"
+        ]
+    named = [d for d in plan.destinations if d.matches_name(host)]
+    allowed = [d for d in named if d.allows_port(port)]
+    if allowed:
+        rule = min(allowed, key=lambda d: d.pattern.startswith("*."))
+        where = (
+            f"pinned to {rule.address}"
+            if rule.address
+            else "the proxy resolves it when the session connects, and refuses a private, "
+            "loopback or link-local address"
+        )
+        return True, [
+            f"{shown}: reachable through the proxy: {printable(str(rule))} "
+            f"({printable(rule.reason)}); {where}"
+        ]
+    if named:
+        listed = ", ".join(printable(str(d)) for d in named)
+        return False, [f"{shown}: not reachable: port {port} is not listed ({listed})"]
+    what = "the IP address" if ip_literal(host) is not None else "the name"
+    return False, [
+        f"{shown}: not reachable: {what} {host} is not on the plan's allowlist "
+        "(--allow-host it, with its reason)"
+    ]
 
 
 def _covering(plan: Plan, path: str) -> Entry | None:

@@ -21,6 +21,8 @@ TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy rea
 if TYPE_CHECKING:
     from typing import Any
 
+    from nsconfine._allowlist import Destination, Route
+
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # refused in paths outright
 _SUSPECT = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII is looked at
@@ -554,6 +556,9 @@ class Plan(Record):
         "nested_userns",
         "protection",
         "limits",
+        "destinations",
+        "routes",
+        "audit",
     )
     __slots__ = FIELDS
     entries: tuple[Entry, ...]
@@ -566,6 +571,9 @@ class Plan(Record):
     nested_userns: str | None
     protection: Protection | None
     limits: Limits
+    destinations: tuple[Destination, ...]  # what a proxy session may reach, each with its reason
+    routes: tuple[Route, ...]  # APIs it reaches with a key the launcher's proxy adds
+    audit: str | None  # the file the proxy's records of its connections are appended to
 
     def __init__(
         self,
@@ -579,8 +587,16 @@ class Plan(Record):
         protection: Protection | None = None,
         limits: Limits | None = None,
         network_reason: str | None = None,
+        destinations: Sequence[Destination] = (),
+        routes: Sequence[Route] = (),
+        audit: str | None = None,
     ) -> None:
         limits = Limits() if limits is None else limits
+        if network != "proxy" and (destinations or routes or audit is not None):
+            raise UsageError(
+                "destinations, routes and an audit file are for --network proxy, not "
+                f"{network}: say --network proxy (or leave the network to them)"
+            )
         ordered = tuple(sorted(_sized(entries, limits), key=_execution_order))
         if protection is not None and not set(protection.entries) <= set(ordered):
             protection = None  # its entries were taken out by hand: a plan it no longer describes
@@ -602,6 +618,9 @@ class Plan(Record):
             nested_userns=nested_userns,
             protection=protection,
             limits=limits,
+            destinations=tuple(destinations),
+            routes=tuple(routes),
+            audit=audit,
         )
         seen: set[str] = set()
         for entry in ordered:
@@ -631,6 +650,9 @@ class Plan(Record):
         protection: Protection | None = None,
         limits: Limits | None = None,
         network_reason: str | None = None,
+        destinations: Sequence[Destination] = (),
+        routes: Sequence[Route] = (),
+        audit: str | None = None,
     ) -> Plan:
         """A plan from any iterables."""
         return cls(
@@ -644,6 +666,9 @@ class Plan(Record):
             protection,
             limits,
             network_reason,
+            destinations,
+            routes,
+            audit,
         )
 
     def without(self, dest: str) -> Plan:
@@ -667,6 +692,13 @@ class Plan(Record):
             "deny": [rule.to_json() for rule in self.deny],
             "network": self.network,
             "network_reason": self.network_reason,
+            "destinations": [
+                {"destination": str(d), "reason": d.reason} for d in self.destinations
+            ],
+            "routes": [
+                {"name": r.name, "upstream": r.upstream, "header": r.header} for r in self.routes
+            ],
+            "audit": self.audit,
             "nested_userns": self.nested_userns,
             "protection": None if self.protection is None else self.protection.to_json(),
             "limits": self.limits.to_json(),
@@ -692,6 +724,8 @@ class Plan(Record):
         lines.append(f"network: {self.network} ({NETWORKS[self.network]})")
         if self.network_reason is not None:
             lines.append(f"  why: {printable(self.network_reason)}")
+        if self.network == "proxy":
+            lines += self._network_lines()
         lines.append(f"working directory: {printable(self.chdir)}")
         lines.append("environment (starts empty):")
         lines += [
@@ -718,6 +752,26 @@ class Plan(Record):
                 f"{NESTED_USERNS_REOPENS}"
             )
         return "\n".join(line.rstrip() for line in lines) + "\n"
+
+    def _network_lines(self) -> list[str]:
+        lines = [
+            "  the relay's way out: a socket of the launcher's proxy, made at each launch, "
+            "read-only at /run/nsconfine/proxy; the proxy resolves names itself (the session "
+            "has no resolver) and refuses private, loopback and link-local addresses unless "
+            "listed by address",
+            "  may reach (CONNECT or plain HTTP; nothing else):",
+        ]
+        lines += [f"    {printable(str(d))}  {printable(d.reason)}" for d in self.destinations] or [
+            "    nothing"
+        ]
+        for route in self.routes:
+            lines.append(
+                f"  route /{route.name}/ -> {printable(route.upstream)}: the key in "
+                f"{route.header} is the launcher's (the session holds a placeholder)"
+            )
+        if self.audit is not None:
+            lines.append(f"  every connection recorded in {printable(self.audit)}")
+        return lines
 
     def manifest_json(self) -> str:
         """The manifest as JSON text."""

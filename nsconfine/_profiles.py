@@ -35,6 +35,7 @@ import os
 import re
 import stat
 
+from nsconfine._allowlist import Destination
 from nsconfine._errors import UsageError
 from nsconfine._limits import parse_value
 from nsconfine._plan import is_env_name
@@ -57,8 +58,12 @@ _SCALARS = {
     "credential": str,
     "requires_credential": bool,
 }
-_LISTS = ("include", "env", "protect", "unprotect", "deny", "mask")
-_CHOICES = {"network": ("host", "none"), "home": ("persist", "fresh"), "workspace": ("rw", "ro")}
+_LISTS = ("include", "env", "protect", "unprotect", "deny", "mask", "inject")
+_CHOICES = {
+    "network": ("none", "proxy", "host"),
+    "home": ("persist", "fresh"),
+    "workspace": ("rw", "ro"),
+}
 _PATH_KEYS = ("deny", "credential")
 # What a profile's path may start with: each is expanded (nsconfine._session), and a path that is
 # none of them would be relative to whatever directory the launcher happens to run in.
@@ -269,6 +274,8 @@ def _checked(label: str, path: str, text: str) -> Profile:
             ):
                 raise where.error(line, key, 'must be a table of NAME = "value"')
             values[key] = dict(value)
+        elif key == "allow_hosts":
+            values[key] = _checked_destinations(where, line, value)
         elif key == "bind":
             if not isinstance(value, list):
                 raise where.error(line, key, "must be an array of tables ([[bind]])")
@@ -286,6 +293,23 @@ def _checked(label: str, path: str, text: str) -> Profile:
         raise where.error(1, "description", "is required: say what the profile is for")
     name = label if os.sep not in label else os.path.basename(path).removesuffix(".toml")
     return Profile(name, path, values, tuple(binds), lines)
+
+
+def _checked_destinations(where: _Where, line: int, value: object) -> list[Destination]:
+    """[[allow_hosts]] tables: host (as --allow-host takes it) and reason, both required."""
+    if not isinstance(value, list) or not all(isinstance(table, dict) for table in value):
+        raise where.error(line, "allow_hosts", "must be an array of tables ([[allow_hosts]])")
+    destinations = []
+    after = 0
+    for table in value:
+        after = where.line_of("allow_hosts", after)
+        if set(table) != {"host", "reason"} or not all(isinstance(v, str) for v in table.values()):
+            raise where.error(after, "allow_hosts", 'each is host = "…" and reason = "…"')
+        try:
+            destinations.append(Destination.parse(table["host"], table["reason"]))
+        except UsageError as refused:
+            raise where.error(after, "allow_hosts", refused.message) from None
+    return destinations
 
 
 def _check_path_form(where: _Where, line: int, key: str, text: object) -> None:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from nsconfine._executor import Staged
     from nsconfine._mountpoints import Stub
+    from nsconfine._network import Egress
     from nsconfine._plan import Plan
     from nsconfine._terminal import Saved
 
@@ -56,6 +57,7 @@ class Sandbox:
     __slots__ = (
         "_bound",
         "_command_pidfd",
+        "_egress",
         "_init_pidfd",
         "_lock",
         "_owner",
@@ -84,6 +86,7 @@ class Sandbox:
     _command_pidfd: int
     _terminals: list[Saved]
     _stubs: list[Stub]
+    _egress: Egress | None
     _lock: LockType
     _owner: int
     _untrusted: list[str] | None
@@ -113,6 +116,7 @@ class Sandbox:
         self._command_pidfd = staged.command_pidfd
         self._terminals = terminals
         self._stubs, staged.stubs = staged.stubs, []
+        self._egress, staged.egress = staged.egress, None
         self._lock = allocate_lock()
         self._owner = os.getpid()
         return self
@@ -204,6 +208,9 @@ class Sandbox:
         _terminal.restore(self._terminals)
         self._terminals = []
         _mountpoints.remove(self._stubs)
+        if self._egress is not None:
+            self._egress.close()
+            self._egress = None
 
 
 def _send(pidfd: int, number: int) -> None:

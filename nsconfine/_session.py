@@ -8,13 +8,16 @@ inside the run directory. Paths are the same inside as outside.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from nsconfine import _network
 from nsconfine import _plan as p
 from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
+from nsconfine._allowlist import Destination, Route
 from nsconfine._credential import read_credential
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._harness import harness_entries
@@ -90,6 +93,9 @@ class Session(Record):
         "unprotect",
         "network",
         "network_reason",
+        "allow_hosts",
+        "inject",
+        "audit",
         "allow_nested_userns",
         "setenv",
         "pass_terminal",
@@ -116,6 +122,9 @@ class Session(Record):
     unprotect: tuple[str, ...]  # default protected names to leave writable
     network: str | None  # "none" (None: the profile's, else none) or "host" (the launcher's)
     network_reason: str | None  # why the session shares the launcher's network (host needs one)
+    allow_hosts: tuple[Destination, ...]  # what a proxy session may reach, each with its reason
+    inject: tuple[str, ...]  # routes (nsconfine._network.ROUTES) whose key the proxy holds
+    audit: str | None  # the file the proxy appends a JSON line to for each connection
     allow_nested_userns: str | None  # why it may make user namespaces (None: it may not)
     setenv: tuple[tuple[str, str], ...]  # literal, non-secret values
     pass_terminal: bool  # TERM, COLORTERM, LANG, LC_* and TZ from the launcher
@@ -146,6 +155,9 @@ class Session(Record):
         unprotect: Iterable[str] = (),
         network: str | None = None,
         network_reason: str | None = None,
+        allow_hosts: Iterable[Destination | str] = (),
+        inject: Iterable[str] = (),
+        audit: str | os.PathLike[str] | None = None,
         allow_nested_userns: bool | str | None = False,
         setenv: Mapping[str, str] | Iterable[str | tuple[str, str]] = (),
         pass_terminal: bool = True,
@@ -195,6 +207,12 @@ class Session(Record):
             unprotect=tuple(_path_text(name) for name in unprotect),
             network=network,
             network_reason=network_reason,
+            allow_hosts=tuple(
+                d if isinstance(d, Destination) else Destination.parse(d, ALLOWED_BY_LAUNCHER)
+                for d in _strings("allow_hosts", allow_hosts)
+            ),
+            inject=tuple(_strings("inject", inject)),
+            audit=None if audit is None else path(audit),
             allow_nested_userns=_nested_userns_reason(allow_nested_userns),
             setenv=tuple(_literal_values(setenv)),
             pass_terminal=bool(pass_terminal),
@@ -280,14 +298,18 @@ def _build_plan(
     own = session_entries(session, reserved=system)
     protected = session_protection(session, [*system, *own])
     _require_reachable(session, user)
+    env, routes = network_environment(session, session_environment(session, user, environ), environ)
     plan = Plan.of(
         [*system, *own, *protected.entries],
-        env=session_environment(session, user, environ),
+        env=env,
         chdir=session.workspace,
         deny=deny,
         user=user,
         network=session.network or "none",
         network_reason=session.network_reason,
+        destinations=session.allow_hosts,
+        routes=routes,
+        audit=session.audit,
         nested_userns=session.allow_nested_userns,
         protection=protected,
         limits=Limits.parse(session.limits),
@@ -541,6 +563,35 @@ def gitconfig_entry(home: str, identity: str) -> p.Entry:
 NESTED_USERNS_DEFAULT_REASON = "the session's harness sandboxes its own tools (bwrap inside)"
 
 
+# The reason of a destination the launcher names without one (--allow-host, allow_hosts=).
+ALLOWED_BY_LAUNCHER = "named by the launcher (--allow-host)"
+
+
+def _strings(name: str, given: Iterable[Any]) -> list[Any]:
+    """given as a list; a bare string (which would be taken letter by letter) is refused."""
+    if isinstance(given, str | bytes):
+        raise UsageError(f"{name} is a list: give [{given!r}], not the bare string")
+    return list(given)
+
+
+def network_environment(
+    session: Session, env: list[EnvVar], environ: Mapping[str, str]
+) -> tuple[list[EnvVar], tuple[Route, ...]]:
+    """A proxy session's environment: the relay's proxy variables instead of any the launcher
+    passed, and for each injected route its base URL on the relay and a placeholder where the
+    credential file's key was (the key goes to the route, for the launcher's proxy); with any
+    other network, env as it is."""
+    if (session.network or "none") != "proxy":
+        return env, ()
+    credential = {v.name: v.value for v in env if v.origin is Origin.CREDENTIAL}
+    routes, replaced = _network.injected(session.inject, credential, environ)
+    replaced.update(_network.PROXY_VARIABLES)
+    kept = [
+        v for v in env if v.name not in replaced and v.name not in _network.LAUNCHER_PROXY_VARIABLES
+    ]
+    return [*kept, *(EnvVar(n, value, Origin.NSCONFINE) for n, value in replaced.items())], routes
+
+
 def _nested_userns_reason(allowed: bool | str | None) -> str | None:
     """allow_nested_userns as the plan keeps it: the reason it is allowed, or None."""
     if allowed is True:
@@ -602,6 +653,8 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
     binds: list[Bind] = []
     deny: list[DenyRule] = []
     needs_credential: list[str] = []
+    allow_hosts: list[Destination] = []
+    inject: list[str] = []
     credential_where = ""
     for profile in chain(list(session.profile)):
         values = profile.values
@@ -613,6 +666,11 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
             expanded = _expand(masked, session, environ, profile.where("mask"))
             if expanded is not None:  # it names a variable the launcher does not set
                 masks.append(expanded)
+        allow_hosts += [
+            dataclasses.replace(d, reason=f"{d.reason} [profile {profile.name}]")
+            for d in values.get("allow_hosts", [])
+        ]
+        inject += values.get("inject", [])
         for key in ("network", "network_reason", "home", "workspace", "git_identity",
                     "allow_nested_userns", "credential"):  # fmt: skip
             if key in values:
@@ -637,6 +695,12 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         source, dest = _expand(bind.source, session, environ), _expand(bind.dest, session, environ)
         if source is not None and dest is not None:
             binds.append(bind.replace(source=source, dest=dest))
+    network = session.network or scalars.get("network")
+    if network is None:
+        wants_proxy = allow_hosts or inject or session.allow_hosts or session.inject
+        network = "proxy" if wants_proxy else "none"
+    if network != "proxy":  # a profile's allowlist and routes are for a proxy session
+        allow_hosts, inject = [], []
     credential = session.credential
     if credential is None and "credential" in scalars:
         credential = _expand(scalars["credential"], session, environ, credential_where)
@@ -648,7 +712,9 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         setenv=(*setenv.items(), *session.setenv),
         limits=(*limits.items(), *session.limits),
         mask=(*masks, *session.mask),
-        network=session.network or scalars.get("network", "none"),
+        allow_hosts=tuple(dict.fromkeys([*allow_hosts, *session.allow_hosts])),
+        inject=tuple(dict.fromkeys([*inject, *session.inject])),
+        network=network,
         network_reason=session.network_reason or scalars.get("network_reason"),
         home_mode=session.home_mode or scalars.get("home", "persist"),
         workspace_mode=session.workspace_mode or scalars.get("workspace", "rw"),

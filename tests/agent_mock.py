@@ -27,6 +27,7 @@ class AgentAPI:
         self.script = list(script)
         self.results: dict[int, str] = {}
         self.requests: list[str] = []  # each request's path, for diagnosis
+        self.keys: set[str] = set()  # every x-api-key and Authorization the API was sent
         self.done = threading.Event()  # the last word was sent
         api = self
 
@@ -37,6 +38,9 @@ class AgentAPI:
                 length = int(self.headers.get("content-length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 api.requests.append(self.path)
+                for header in ("x-api-key", "authorization"):
+                    if self.headers.get(header):
+                        api.keys.add(self.headers[header])
                 if self.path.startswith("/v1/messages/count_tokens"):
                     self._json({"input_tokens": 100})
                 elif self.path.startswith("/v1/messages"):

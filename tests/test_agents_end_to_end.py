@@ -24,6 +24,7 @@ from agent_mock import FINAL_WORD, AgentAPI
 from helpers import SESSION_USER, tmux
 
 from nsconfine._accounts import run_as
+from nsconfine._network import PLACEHOLDER, route_base_url
 from nsconfine._selftest import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
@@ -68,7 +69,9 @@ def launch(
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": world.home,
         "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME", ""),
+        # The proxy's upstreams (the launcher's own base URLs): the mock, on the host.
         "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+        "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
         "LANG": "C.UTF-8",
     }
     for name in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS"):  # CI's sanitizer run
@@ -77,7 +80,6 @@ def launch(
     return subprocess.run(
         [sys.executable, "-m", "nsconfine", "run", *user, "--profile", profile,
          "--harness", str(agent), "--credential", credential,
-         "--network", "host", "--network-reason", "the mock API on the host's loopback",
          "--workspace", world.workspace, "--run-dir", world.run_dir,
          "--ro", world.runner_file, "--deny", world.data_root, "--", *argv],
         env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd="/",
@@ -115,6 +117,9 @@ def test_claude_code_is_confined(world: World) -> None:
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
     assert FINAL_WORD in result.stdout
     judge(world, api, meaning, result)
+    # The API got the real key, from the launcher's proxy; the session held a placeholder.
+    key = Path(world.credential).read_text().strip().split("=", 1)[1]
+    assert api.keys == {key}, api.keys
     # Claude Code kept its state in the session's HOME, inside the run directory.
     assert (Path(world.run_dir) / "home" / ".claude").is_dir()
 
@@ -131,7 +136,7 @@ def test_codex_is_confined(world: World) -> None:
     steps, meaning = attack_script(world)
     with AgentAPI(steps) as api:
         provider = (
-            f'model_providers.mock={{name="mock", base_url="http://127.0.0.1:{api.port}/v1", '
+            f'model_providers.mock={{name="mock", base_url="{route_base_url("openai")}", '
             'env_key="OPENAI_API_KEY", wire_api="responses"}'
         )
         result = launch(
@@ -143,6 +148,7 @@ def test_codex_is_confined(world: World) -> None:
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
     assert FINAL_WORD in result.stdout
     judge(world, api, meaning, result)
+    assert api.keys == {f"Bearer sk-stand-in-{world.token}"}, api.keys
 
 
 def _onboarded(world: World) -> None:
@@ -150,7 +156,7 @@ def _onboarded(world: World) -> None:
     answer them once): onboarding done, the API key and the workspace trusted."""
     home = Path(world.run_dir) / "home"
     home.mkdir(exist_ok=True)
-    key = Path(world.credential).read_text().strip().split("=", 1)[1]
+    key = PLACEHOLDER  # what the session holds: the proxy adds the key
     state = {
         "hasCompletedOnboarding": True,
         "bypassPermissionsModeAccepted": True,
@@ -190,7 +196,6 @@ def test_claude_code_renders_in_tty_mode_under_tmux(world: World, tmp_path: Path
             f"env HOME={world.home} ANTHROPIC_BASE_URL=http://127.0.0.1:{api.port} "
             f"{sys.executable} -m nsconfine run --tty {user}--profile claude-code "
             f"--harness {claude} --credential {world.credential} --workspace {world.workspace} "
-            "--network host --network-reason 'the mock API on the host loopback' "
             f"--run-dir {world.run_dir} -- claude --dangerously-skip-permissions "
             "'Run the steps.'; sleep 30"
         )

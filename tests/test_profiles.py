@@ -31,7 +31,9 @@ def write_profile(directory: Path, text: str, name: str = "mine.toml") -> Path:
     return path
 
 
-def credential(directory: Path, text: str = "ANTHROPIC_API_KEY=sk-test\n") -> Path:
+def credential(
+    directory: Path, text: str = "ANTHROPIC_API_KEY=sk-test\nOPENAI_API_KEY=sk-test\n"
+) -> Path:
     path = directory / "agent.env"
     path.write_text(text)
     path.chmod(0o600)

@@ -22,7 +22,6 @@ import pytest
 from helpers import open_up, read_to_eof, run, session
 
 import nsconfine
-from nsconfine._errors import PlanError
 from nsconfine._plan import RELAY_SOCKET_NAME, relay_entry
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]

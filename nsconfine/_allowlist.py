@@ -1,0 +1,324 @@
+"""A session's network allowlist and the judge of each destination it asks for.
+
+Pure functions over plain values: a host name as the session wrote it, the rules the launcher
+listed, a resolver and the host's own addresses. The proxy (`_proxy`) only asks `judge` and
+connects to the address it returns, never re-resolving: what was judged is what is reached.
+
+Host names are held to the strict form (ASCII letters, digits, hyphens, dots) because every
+parser between the session and the network reads a name its own way: a `%2e`, an `@`, a NUL,
+a backslash or a non-ASCII letter is a name one of them sees differently from us.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import re
+import socket
+import urllib.parse
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nsconfine._errors import UsageError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], list[str]]
+
+DEFAULT_PORTS = (443, 80)
+_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+# Carrier-grade NAT space: Python's is_private does not count it, yet it is nobody's public host.
+_SHARED_SPACE = ipaddress.ip_network("100.64.0.0/10")
+
+
+class HostRefused(ValueError):
+    """A host name (or literal) the session wrote is not one the proxy will judge."""
+
+
+def canonical_host(text: str) -> str:
+    """The one spelling of a host: lowercase, no trailing dot, an IPv6 literal without brackets
+    in its compressed form. HostRefused (with a reason a person can act on) for anything else."""
+    if not text.isascii():
+        raise HostRefused("the host name is not ASCII: use the punycode (xn--) form")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in text):
+        raise HostRefused("the host name holds a space or a control character")
+    for character, what in (("%", "a percent escape"), ("@", "user information (@)")):
+        if character in text:
+            raise HostRefused(f"the host name holds {what}")
+    if "/" in text or "\\" in text:
+        raise HostRefused("the host name holds a slash")
+    if text.startswith("[") or ":" in text:
+        inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        try:
+            return ipaddress.IPv6Address(inner).compressed
+        except ValueError:
+            raise HostRefused("the host is not a valid IPv6 literal") from None
+    name = text.lower()
+    if name.endswith("."):
+        name = name[:-1]
+    if not name:
+        raise HostRefused("the host name is empty")
+    if len(name) > 253:
+        raise HostRefused("the host name is longer than 253 characters")
+    try:
+        return str(ipaddress.IPv4Address(name))
+    except ValueError:
+        pass
+    labels = name.split(".")
+    if labels[-1].isdigit() or labels[-1].startswith("0x"):
+        # inet_aton reads "2130706433", "127.1" and "0x7f.1" as 127.0.0.1: a resolver would too.
+        raise HostRefused("the host looks like an IP address in a non-standard form")
+    for label in labels:
+        if not label:
+            raise HostRefused("the host name has an empty label (two dots in a row)")
+        if len(label) > 63:
+            raise HostRefused("a label of the host name is longer than 63 characters")
+        if not _LABEL.fullmatch(label):
+            raise HostRefused(
+                "the host name holds a character other than letters, digits, '-' and '.' "
+                "(or a label starts or ends with '-')"
+            )
+    return name
+
+
+def ip_literal(host: str) -> IPAddress | None:
+    """The address a canonical host spells, if it is an IP literal."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _port(text: str, whole: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536 or len(text) > 5:
+        raise UsageError(f"destination {whole!r}: the port must be a number from 1 to 65535")
+    return int(text)
+
+
+def _split_host_port(text: str, whole: str) -> tuple[str, int | None]:
+    if text.startswith("["):
+        host, bracket, rest = text.partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise UsageError(
+                f"destination {whole!r}: write an IPv6 literal as [addr] or [addr]:port"
+            )
+        return host + "]", _port(rest[1:], whole) if rest else None
+    if text.count(":") > 1:  # a bare IPv6 literal, no port
+        return text, None
+    host, colon, port = text.partition(":")
+    return host, _port(port, whole) if colon else None
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One allowlist entry. pattern: a canonical host name, `*.suffix` (any subdomain of the
+    suffix, not the suffix itself) or an IP literal. port: None allows 443 and 80 only.
+    address: a pinned address (as curl --resolve): the proxy connects there and asks no resolver;
+    a destination listed by address may be private or loopback."""
+
+    pattern: str
+    port: int | None
+    address: str | None
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.reason.strip():
+            raise UsageError(f"destination {self.pattern!r} has no reason: say why it is needed")
+        name = self.pattern[2:] if self.pattern.startswith("*.") else self.pattern
+        try:
+            canonical = canonical_host(name)
+        except HostRefused as refused:
+            raise UsageError(f"destination {self.pattern!r}: {refused}") from None
+        if canonical != name:
+            raise UsageError(f"destination {self.pattern!r}: write it as {canonical!r}")
+        if self.pattern.startswith("*."):
+            if ip_literal(name) is not None:
+                raise UsageError(f"destination {self.pattern!r}: a wildcard of an IP address")
+            if "." not in name:
+                raise UsageError(f"destination {self.pattern!r} is too broad: name a domain")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise UsageError(f"destination {self.pattern!r}: the port must be from 1 to 65535")
+        if self.address is not None:
+            if ip_literal(self.pattern) is not None:
+                raise UsageError(f"destination {self.pattern!r} is an address: it pins nothing")
+            if ip_literal(self.address) is None or canonical_or_none(self.address) != self.address:
+                raise UsageError(
+                    f"destination {self.pattern!r}: the pinned address {self.address!r} is not "
+                    "an IP address in canonical form"
+                )
+
+    @classmethod
+    def parse(cls, text: str, reason: str) -> Destination:
+        """A manifest line: "host", "host:port", "*.x.org", "host=ADDR", "host:port=ADDR",
+        "10.0.0.5", "[::1]:8443"."""
+        spec, equals, pinned = text.partition("=")
+        host, port = _split_host_port(spec.strip(), text)
+        wildcard = host.startswith("*.")
+        try:
+            name = canonical_host(host[2:] if wildcard else host)
+            address = canonical_host(pinned.strip()) if equals else None
+        except HostRefused as refused:
+            raise UsageError(f"destination {text!r}: {refused}") from None
+        if address is not None and ip_literal(address) is None:
+            raise UsageError(f"destination {text!r}: pin an IP address after '=', not a name")
+        return cls(("*." if wildcard else "") + name, port, address, reason)
+
+    def matches_name(self, host: str) -> bool:
+        """Whether this rule names the canonical host (the port aside)."""
+        if self.pattern.startswith("*."):
+            return host.endswith(self.pattern[1:])  # ".suffix": a whole label, not the bare suffix
+        return host == self.pattern
+
+    def allows_port(self, port: int) -> bool:
+        return port in DEFAULT_PORTS if self.port is None else port == self.port
+
+    def __str__(self) -> str:
+        host = f"[{self.pattern}]" if ":" in self.pattern else self.pattern
+        ports = "443/80" if self.port is None else str(self.port)
+        pinned = f"={self.address}" if self.address else ""
+        return f"{host}:{ports}{pinned}"
+
+
+def canonical_or_none(text: str) -> str | None:
+    try:
+        return canonical_host(text)
+    except HostRefused:
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The judge's answer. allowed: connect to `addresses` (in order) on port; reason: the
+    rule's reason, or why the destination was refused."""
+
+    allowed: bool
+    reason: str
+    host: str
+    port: int
+    addresses: tuple[str, ...] = ()
+
+    @property
+    def address(self) -> str | None:
+        return self.addresses[0] if self.addresses else None
+
+
+def is_public(address: IPAddress) -> bool:
+    """Whether an address is some public host's, not this host's, its LAN's or a metadata
+    service's (loopback, link-local, private, CGNAT, unspecified, multicast, reserved)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return not (
+        address.is_loopback
+        or address.is_link_local
+        or address.is_private
+        or address.is_unspecified
+        or address.is_multicast
+        or address.is_reserved
+        or address in _SHARED_SPACE
+        or not address.is_global
+    )
+
+
+def host_addresses() -> frozenset[IPAddress]:
+    """This host's own interface addresses (a public one reaches the host's own services)."""
+    found: set[IPAddress] = set()
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        lines = []
+    for previous, line in itertools.pairwise(lines):
+        if line.strip() == "/32 host LOCAL":
+            found.add(ipaddress.ip_address(previous.split()[-1]))
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
+    except (OSError, ValueError, IndexError):
+        pass
+    return frozenset(found)
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    """The host's resolver, TCP addresses in its order."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def judge(
+    host_text: str,
+    port: int,
+    destinations: Sequence[Destination],
+    resolver: Resolver = system_resolver,
+    own_addresses: Collection[IPAddress] = frozenset(),
+) -> Decision:
+    """Whether a session may reach host_text:port, and at which addresses."""
+    try:
+        host = canonical_host(host_text)
+    except HostRefused as problem:
+        return Decision(False, str(problem), host_text, port)
+
+    def refused(reason: str) -> Decision:
+        return Decision(False, reason, host, port)
+
+    literal = ip_literal(host)
+    named = [rule for rule in destinations if rule.matches_name(host)]
+    if not named:
+        if literal is not None:
+            return refused(f"the IP address {host} is not listed: list it by address or use a name")
+        return refused(f"{host} is not on this session's allowlist")
+    rules = [rule for rule in named if rule.allows_port(port)]
+    if not rules:
+        listed = ", ".join(str(rule) for rule in named)
+        return refused(f"port {port} of {host} is not allowed (listed: {listed})")
+    # An exact name is more specific than a wildcard: its pin (or its lack of one) applies.
+    rule = min(rules, key=lambda r: r.pattern.startswith("*."))
+    if literal is not None:
+        return Decision(True, rule.reason, host, port, (host,))
+    if rule.address is not None:
+        return Decision(True, rule.reason, host, port, (rule.address,))
+    try:
+        resolved = resolver(host, port)
+    except (OSError, UnicodeError) as error:
+        return refused(f"{host} does not resolve ({error})")
+    if not resolved:
+        return refused(f"{host} does not resolve")
+    for text in resolved:
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            return refused(f"{host} resolves to something that is not an address")
+        if not is_public(address) or address in own_addresses:
+            return refused(
+                f"{host} resolves to {address}, a private, local or reserved address: "
+                f"pin it ({host}={address}) if that is meant"
+            )
+    return Decision(True, rule.reason, host, port, tuple(resolved))
+
+
+@dataclass(frozen=True)
+class Route:
+    """A credential-injecting route: a session's `/<name>/rest` goes to upstream + `/rest` with
+    the real key in `header` (for "authorization", as "Bearer <secret>")."""
+
+    name: str
+    upstream: str
+    header: str
+    secret: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or not set(self.name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-_"):
+            raise UsageError(f"route name {self.name!r}: use lowercase letters, digits, - and _")
+        parts = urllib.parse.urlsplit(self.upstream)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"route {self.name}: upstream {self.upstream!r} is not an http(s) URL")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise UsageError(f"route {self.name}: upstream {self.upstream!r} has more than a path")
+        if self.header.lower() not in ("authorization", "x-api-key"):
+            raise UsageError(f"route {self.name}: header must be authorization or x-api-key")
+        if not self.secret or any(byte < 0x20 or byte == 0x7F for byte in self.secret):
+            # Said without the secret: a refusal message is logged, the key must not be.
+            raise UsageError(f"route {self.name}: the key is empty or holds a control character")
+
+    @property
+    def header_line(self) -> bytes:
+        value = b"Bearer " + self.secret if self.header.lower() == "authorization" else self.secret
+        return self.header.lower().encode() + b": " + value

@@ -1,0 +1,342 @@
+"""The "proxy" network end to end, on real sessions: the relay inside, the launcher's proxy
+outside, the plan's destinations the whole truth of what is reached. Each refusal has a twin
+that lists the destination (or shares the host's network) and is reached: the check can fail.
+
+The upstreams are local stand-ins on the host's loopback, reached through the proxy by a name
+pinned to 127.0.0.1 (`name=127.0.0.1`, as curl's --resolve): listed by address, as a test or an
+internal mirror must be.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import cli, run, session, session_options
+
+import nsconfine
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+class _Upstream(http.server.BaseHTTPRequestHandler):
+    """Answers every request with what it was asked and the credential headers it got."""
+
+    seen: list[dict[str, str]]
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.seen.append(
+            {
+                "path": self.path,
+                "x-api-key": self.headers.get("x-api-key", ""),
+                "authorization": self.headers.get("authorization", ""),
+                "body": body.decode(errors="replace"),
+            }
+        )
+        answer = f"upstream saw {self.command} {self.path}".encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """A local HTTP server on the host's loopback: its port, and the requests it saw."""
+    seen: list[dict[str, str]] = []
+    handler = type("Handler", (_Upstream,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# A client as a tool is one: urllib through HTTP_PROXY (it honours the variable), printing the
+# status and the body, or the refusal the proxy answered with.
+_FETCH = """
+import sys, urllib.request, urllib.error
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=20) as answer:
+        print(answer.status, answer.read().decode())
+except urllib.error.HTTPError as refused:
+    print(refused.code, refused.read().decode())
+except OSError as error:
+    print("failed", error)
+"""
+
+# CONNECT as an HTTPS client opens its tunnel, then bytes through it.
+_CONNECT = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(f"CONNECT {sys.argv[1]} HTTP/1.1\\r\\nHost: {sys.argv[1]}\\r\\n\\r\\n".encode())
+head = s.recv(4096).decode(errors="replace")
+print(head.split("\\r\\n")[0])
+if " 200 " in head:
+    s.sendall(b"GET / HTTP/1.0\\r\\nHost: tunnel.test\\r\\n\\r\\n")
+    print(s.recv(4096).decode(errors="replace").split("\\r\\n")[0])
+"""
+
+
+def _proxy_session(ws_run: tuple[Path, Path], *allowed: str, **options: Any) -> nsconfine.Plan:
+    return session(*ws_run, allow_hosts=list(allowed), **options).plan()
+
+
+def test_a_listed_name_is_fetched_and_an_unlisted_one_refused(
+    ws_run: tuple[Path, Path], upstream: tuple[int, list[dict[str, str]]], tmp_path: Path
+) -> None:
+    """allow_hosts opens exactly what it names: the listed (pinned) name answers through the
+    proxy; the same upstream under another name is refused with the reason, and the audit file
+    has a line for each."""
+    port, seen = upstream
+    audit = tmp_path / "audit.jsonl"
+    plan = _proxy_session(ws_run, f"mirror.test:{port}=127.0.0.1", audit=str(audit))
+    assert plan.network == "proxy"
+    assert f"mirror.test:{port}=127.0.0.1" in plan.manifest()
+    _status, listed = run(plan, ["python3", "-c", _FETCH, f"http://mirror.test:{port}/simple"])
+    assert listed.strip() == "200 upstream saw GET /simple", listed
+    _status, other = run(plan, ["python3", "-c", _FETCH, f"http://other.test:{port}/simple"])
+    assert other.startswith("403"), other
+    assert "not on this session's allowlist" in other
+    assert [request["path"] for request in seen] == ["/simple"]
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(r["host"], r["decision"]) for r in records] == [
+        ("mirror.test", "allowed"),
+        ("other.test", "refused"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("asked", "listed", "refusal"),
+    [
+        ("127.0.0.1:{port}", "mirror.test:{port}=127.0.0.1", "not listed"),
+        ("localhost:{port}", "localhost:{port}", "private, local or reserved"),
+        ("mirror.test:1", "mirror.test:{port}=127.0.0.1", "port 1"),
+    ],
+    ids=["an IP literal", "a name resolving to loopback", "a port not listed"],
+)
+def test_connect_is_refused_where_the_plan_does_not_say(
+    ws_run: tuple[Path, Path],
+    upstream: tuple[int, list[dict[str, str]]],
+    asked: str,
+    listed: str,
+    refusal: str,
+) -> None:
+    """CONNECT to an IP literal, to a listed name that resolves to loopback, or to a port not
+    listed: refused with the reason; its twin, CONNECT to the listed name, opens the tunnel."""
+    port, _seen = upstream
+    plan = _proxy_session(ws_run, listed.format(port=port), f"mirror.test:{port}=127.0.0.1")
+    _status, refused = run(plan, ["python3", "-c", _CONNECT, asked.format(port=port)])
+    assert refused.startswith("HTTP/1.1 403"), refused
+    _status, twin = run(plan, ["python3", "-c", _CONNECT, f"mirror.test:{port}"])
+    assert twin.splitlines() == ["HTTP/1.1 200 Connection established", "HTTP/1.0 200 OK"], twin
+
+
+# What a proxy session must not reach outside the proxy: DNS (UDP and TCP 53), the host's
+# loopback listener, ICMP, UDP. Each prints one line: "reached" or why not.
+_AROUND_THE_PROXY = """
+import socket, sys
+port = int(sys.argv[1])
+def attempt(name, make):
+    try:
+        make()
+        print(name, "reached")
+    except OSError as error:
+        print(name, "refused", error.errno)
+def udp(address):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    s.sendto(b"\\x12\\x34\\x01\\x00\\x00\\x01" + bytes(6) + b"\\x00\\x00\\x01\\x00\\x01", address)
+    s.recv(512)
+attempt("dns-udp", lambda: udp(("1.1.1.1", 53)))
+attempt("dns-tcp", lambda: socket.create_connection(("1.1.1.1", 53), timeout=3))
+attempt("host-loopback", lambda: socket.create_connection(("127.0.0.1", port), timeout=3))
+attempt("icmp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+        .sendto(b"\\x08\\x00\\xf7\\xff\\x00\\x00\\x00\\x00", ("1.1.1.1", 0)))
+attempt("resolver", lambda: socket.getaddrinfo("pypi.org", 443))
+"""
+
+
+def test_nothing_but_the_proxy_is_reached(
+    ws_run: tuple[Path, Path], upstream: tuple[int, list[dict[str, str]]]
+) -> None:
+    """A proxy session reaches no resolver, no DNS server by UDP or TCP, not the host's
+    loopback listener, and sends no ICMP; its twin on the host's network reaches the
+    listener."""
+    port, _seen = upstream
+    plan = _proxy_session(ws_run, f"mirror.test:{port}=127.0.0.1")
+    _status, output = run(plan, ["python3", "-c", _AROUND_THE_PROXY, str(port)])
+    outcomes = dict(line.split(" ", 1) for line in output.splitlines())
+    assert set(outcomes) == {"dns-udp", "dns-tcp", "host-loopback", "icmp", "resolver"}, output
+    assert not [name for name, outcome in outcomes.items() if outcome == "reached"], output
+    host = session(*ws_run, network="host", network_reason="the twin").plan()
+    _status, shared = run(host, ["python3", "-c", _AROUND_THE_PROXY, str(port)])
+    assert "host-loopback reached" in shared, shared
+
+
+_SEARCH_FOR = """
+import os, sys
+secret = sys.argv[1][::-1].encode()  # given reversed: the search's own argv holds no secret
+found = []
+for name, value in os.environ.items():
+    if secret in value.encode():
+        found.append("environment " + name)
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for part in ("environ", "cmdline"):
+        try:
+            with open(f"/proc/{pid}/{part}", "rb") as f:
+                if secret in f.read():
+                    found.append(f"/proc/{pid}/{part}")
+        except OSError:
+            pass
+for top in ("/tmp", os.environ["HOME"], os.getcwd(), "/run", "/etc"):
+    for root, dirs, files in os.walk(top):
+        for name in files:
+            try:
+                with open(os.path.join(root, name), "rb") as f:
+                    if secret in f.read(1 << 20):
+                        found.append(os.path.join(root, name))
+            except OSError:
+                pass
+print("found:", found)
+"""
+
+
+def test_an_injected_key_reaches_the_upstream_and_never_the_session(
+    ws_run: tuple[Path, Path],
+    upstream: tuple[int, list[dict[str, str]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """inject=["anthropic"]: the session calls $ANTHROPIC_BASE_URL with the placeholder it
+    holds, and the upstream (the launcher's own ANTHROPIC_BASE_URL) gets the real key in
+    x-api-key and nothing the session sent; the key is nowhere in the session's environment,
+    /proc or files (its twin, the credential passed as today, is found there)."""
+    port, seen = upstream
+    secret = "sk-ant-test-" + os.urandom(8).hex()
+    credential = tmp_path / "agent.env"
+    credential.write_text(f"ANTHROPIC_API_KEY={secret}\n")
+    credential.chmod(0o600)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{port}")
+    plan = session(*ws_run, credential=str(credential), inject=["anthropic"]).plan()
+    call = (
+        "import os, urllib.request\n"
+        "request = urllib.request.Request(os.environ['ANTHROPIC_BASE_URL'] + '/v1/messages', "
+        "data=b'{}', headers={'x-api-key': os.environ['ANTHROPIC_API_KEY']})\n"
+        "print(urllib.request.urlopen(request, timeout=20).read().decode())"
+    )
+    _status, output = run(plan, ["python3", "-c", call])
+    assert output.strip() == "upstream saw POST /v1/messages", output
+    assert seen[-1]["x-api-key"] == secret
+    _status, searched = run(plan, ["python3", "-c", _SEARCH_FOR, secret[::-1]])
+    assert searched.strip() == "found: []", searched
+    plain = session(*ws_run, credential=str(credential)).plan()
+    _status, twin = run(plain, ["python3", "-c", _SEARCH_FOR, secret[::-1]])
+    assert "environment ANTHROPIC_API_KEY" in twin, twin
+
+
+def test_a_proxy_session_cannot_reach_or_serve_a_host_abstract_socket(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """With proxy (as with none), a host abstract socket is out of reach, and one the session
+    serves is not the host's: a host client finds nothing there."""
+    name = f"nsconfine-net-{os.urandom(4).hex()}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("\0" + name)
+    server.listen(1)
+    connect = (
+        "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+        "    s.connect('\\0' + sys.argv[1]); print('connected')\nexcept OSError:\n"
+        "    print('refused')"
+    )
+    plan = _proxy_session(ws_run, "mirror.test:1=127.0.0.1")
+    try:
+        _status, output = run(plan, ["python3", "-c", connect, name])
+    finally:
+        server.close()
+    assert output.strip() == "refused", output
+    serve = (
+        "import socket, sys, time\ns = socket.socket(socket.AF_UNIX)\n"
+        "s.bind('\\0' + sys.argv[1]); s.listen(1); print('serving', flush=True); time.sleep(30)"
+    )
+    served = f"nsconfine-served-{os.urandom(4).hex()}"
+    read_end, write_end = os.pipe()
+    sandbox = nsconfine.spawn(plan, ["python3", "-c", serve, served], stdout=write_end)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 100).startswith(b"serving")
+        client = socket.socket(socket.AF_UNIX)
+        with pytest.raises(ConnectionRefusedError):
+            client.connect("\0" + served)
+        client.close()
+    finally:
+        sandbox.kill()
+        sandbox.wait()
+        os.close(read_end)
+
+
+def test_run_prints_each_refusal_on_stderr(
+    ws_run: tuple[Path, Path], upstream: tuple[int, list[dict[str, str]]]
+) -> None:
+    """`nsconfine run --allow-host …`: a refused destination is one line on stderr, naming it
+    and why (so a user sees why `npm install` failed); nothing for the allowed one."""
+    port, _seen = upstream
+    result = cli(
+        "run", *session_options(*ws_run), "--allow-host", f"mirror.test:{port}=127.0.0.1",
+        "--", "python3", "-c", _FETCH, f"http://registry.test:{port}/",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("403"), result.stdout
+    lines = [line for line in result.stderr.splitlines() if "network" in line]
+    assert lines == [
+        f"nsconfine: network: refused registry.test:{port}: registry.test is not on this "
+        "session's allowlist"
+    ], result.stderr
+
+
+def test_allow_host_without_proxy_is_a_usage_error(ws_run: tuple[Path, Path]) -> None:
+    """--allow-host with --network none (or host): refused, nothing runs."""
+    result = cli(
+        "run", *session_options(*ws_run), "--network", "none", "--allow-host", "pypi.org",
+        "--", "/bin/true",
+    )  # fmt: skip
+    assert result.returncode == 64, result.stderr
+    assert "--network proxy" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "answer", "status"),
+    [
+        ("https://pypi.org", ["--profile", "python"], "reachable through the proxy: pypi.org", 0),
+        ("https://evil.test/x", ["--profile", "python"], "evil.test is not on the plan's", 1),
+        ("http://pypi.org:8080/", ["--profile", "python"], "port 8080 is not listed", 1),
+        ("https://pypi.org", [], "not reachable: network none", 1),
+        ("https://pypi.org", ["--network", "host", "--network-reason", "why"], "network host", 0),
+    ],
+    ids=["listed", "not listed", "port", "none", "host"],
+)
+def test_explain_answers_for_a_url(
+    ws_run: tuple[Path, Path], url: str, options: list[str], answer: str, status: int
+) -> None:
+    """`nsconfine explain URL SESSION` answers as for a path: through which destination (and
+    its reason), or why not."""
+    result = cli("explain", url, *session_options(*ws_run), *options)
+    assert result.returncode == status, result.stderr
+    assert answer in result.stdout, result.stdout

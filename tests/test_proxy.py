@@ -1,0 +1,890 @@
+"""The egress proxy on real local sockets: a session's requests arrive on its unix socket (as
+its relay would pass them), upstreams are local HTTP, TLS and raw TCP servers on 127.0.0.1
+reached through destinations pinned there (listed by address).
+
+Every refusal is paired with a twin whose rule lets the same request through, so each test
+can fail: it is the rule that refuses, not a broken path."""
+
+from __future__ import annotations
+
+import http.server
+import ipaddress
+import json
+import os
+import socket
+import ssl
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nsconfine._allowlist import Destination, HostRefused, Route, canonical_host, judge
+from nsconfine._errors import UsageError
+from nsconfine._proxy import Proxy, audit_to_file
+
+SECRET = b"sk-real-secret-0123456789"
+
+# -- upstreams ------------------------------------------------------------------------------
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    """Answers with what it received (path, headers, body) as JSON, keep-alive on purpose:
+    the proxy must make the client see Connection: close. /sse streams two events, the second
+    only once the test has seen the first."""
+
+    protocol_version = "HTTP/1.1"
+    release: threading.Event
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode() if length else ""
+        if self.path.endswith("/sse"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "keep-alive")
+            self.end_headers()
+            self.wfile.write(b"data: one\n\n")
+            self.wfile.flush()
+            self.server.release.wait(30)  # type: ignore[attr-defined]
+            self.wfile.write(b"data: two\n\n")
+            self.close_connection = True
+            return
+        payload = json.dumps(
+            {"path": self.path, "headers": list(self.headers.items()), "body": body}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Connection", "keep-alive")
+        self.end_headers()
+        self.wfile.write(payload)
+        self.close_connection = True  # as asked (send_header took keep-alive for its own)
+
+    do_GET = do_POST = _answer
+
+
+@dataclass
+class Upstream:
+    port: int
+    release: threading.Event
+
+
+def _serve_http(context: ssl.SSLContext | None) -> Iterator[Upstream]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    server.daemon_threads = True
+    release = threading.Event()
+    server.release = release  # type: ignore[attr-defined]
+    if context is not None:
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Upstream(server.server_address[1], release)
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def http_upstream() -> Iterator[Upstream]:
+    yield from _serve_http(None)
+
+
+@dataclass(frozen=True)
+class LocalCA:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+@pytest.fixture(scope="module")
+def test_ca(tmp_path_factory: pytest.TempPathFactory) -> LocalCA:
+    """A CA and a certificate it signed for localhost and 127.0.0.1 (openssl CLI)."""
+    where = tmp_path_factory.mktemp("ca")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-days", "2", "-subj", "/CN=nsconfine test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
+    (where / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "2",
+            "-extfile", "san.ext")  # fmt: skip
+    return LocalCA(where / "ca.pem", where / "server.pem", where / "server.key")
+
+
+@pytest.fixture
+def tls_upstream(test_ca: LocalCA) -> Iterator[Upstream]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(test_ca.cert, test_ca.key)
+    yield from _serve_http(context)
+
+
+class _TcpServer:
+    """A raw TCP server on 127.0.0.1: echo (until EOF, then close) or flood (send until the
+    peer's buffers are full, then set `blocked`)."""
+
+    def __init__(self, flood: bool = False) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.flood = flood
+        self.blocked = threading.Event()
+        self.peers: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                peer, _ = self.listener.accept()
+            except OSError:
+                return
+            self.peers.append(peer)
+            threading.Thread(target=self._flood if self.flood else self._echo, args=(peer,),
+                             daemon=True).start()  # fmt: skip
+
+    @staticmethod
+    def _echo(peer: socket.socket) -> None:
+        try:
+            while data := peer.recv(65536):
+                peer.sendall(data)
+            peer.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def _flood(self, peer: socket.socket) -> None:
+        peer.settimeout(1.0)
+        try:
+            while True:
+                peer.sendall(b"x" * 65536)
+        except TimeoutError:
+            self.blocked.set()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for peer in self.peers:
+            peer.close()
+
+
+@pytest.fixture
+def echo() -> Iterator[_TcpServer]:
+    server = _TcpServer()
+    yield server
+    server.close()
+
+
+# -- the proxy and a session's side of it ---------------------------------------------------
+
+FAKE_DNS = {
+    "loopback.test": ["127.0.0.1"],
+    "metadata.test": ["169.254.169.254"],
+    "lan.test": ["10.0.0.1"],
+}
+
+
+def fake_resolver(host: str, port: int) -> list[str]:
+    if host in FAKE_DNS:
+        return FAKE_DNS[host]
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
+class Audited(list[dict[str, object]]):
+    def wait_for(self, decision: str, count: int = 1) -> list[dict[str, object]]:
+        """The records of that decision, once there are count of them (an allowed connection is
+        audited when it ends, just after its client saw the end)."""
+        for _ in range(400):
+            found = [r for r in self if r["decision"] == decision]
+            if len(found) >= count:
+                return found
+            time.sleep(0.025)
+        raise AssertionError(f"no {count} {decision} audit records in {list(self)}")
+
+
+@pytest.fixture
+def audited() -> Audited:
+    return Audited()
+
+
+@pytest.fixture
+def proxy(audited: Audited) -> Iterator[Proxy]:
+    with Proxy(audit=audited.append, resolver=fake_resolver, head_timeout=1.0) as proxy:
+        yield proxy
+
+
+def dest(text: str) -> Destination:
+    return Destination.parse(text, "the test needs it")
+
+
+def connect(path: str) -> socket.socket:
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.settimeout(10)
+    try:
+        client.connect(path)
+    except OSError:
+        client.close()
+        raise
+    return client
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def ask(path: str, request: bytes) -> bytes:
+    """What the proxy answers a whole request (read until it closes); for a CONNECT it
+    allows, the answer head alone (the tunnel stays open)."""
+    with connect(path) as client:
+        client.sendall(request)
+        if not request.startswith(b"CONNECT "):
+            return read_all(client)
+        head = read_head(client)
+        return head if status(head) == 200 else head + read_all(client)
+
+
+def status(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def read_head(sock: socket.socket) -> bytes:
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        byte = sock.recv(1)
+        if not byte:
+            break
+        head += byte
+    return head
+
+
+def tunnel(path: str, target: str) -> tuple[socket.socket, bytes]:
+    """A client socket after CONNECT target, and the proxy's answer head."""
+    client = connect(path)
+    client.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    return client, read_head(client)
+
+
+def connect_status(path: str, target: str) -> int:
+    client, head = tunnel(path, target)
+    client.close()
+    return status(head)
+
+
+def get(host: str, port: int, path: str = "/hello", extra: str = "") -> bytes:
+    return (
+        f"GET http://{host}:{port}{path} HTTP/1.1\r\nHost: {host}:{port}\r\n{extra}"
+        "Proxy-Authorization: Basic c2Vzc2lvbg==\r\n\r\n"
+    ).encode()
+
+
+def body_json(response: bytes) -> dict[str, object]:
+    parsed: dict[str, object] = json.loads(response.partition(b"\r\n\r\n")[2])
+    return parsed
+
+
+def headers_of(response: bytes) -> list[tuple[str, str]]:
+    lines = response.partition(b"\r\n\r\n")[0].decode().split("\r\n")[1:]
+    return [(k.lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines)]
+
+
+# -- judging, pure --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("PyPI.org", "pypi.org"),
+        ("pypi.org.", "pypi.org"),
+        ("[::1]", "::1"),
+        ("10.0.0.5", "10.0.0.5"),
+    ],
+)
+def test_canonical_host(text: str, canonical: str) -> None:
+    assert canonical_host(text) == canonical
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("allowed.test\0.evil.com", "control"),
+        ("allowed%2etest", "percent"),
+        ("allowed.test@evil.com", "user information"),
+        ("allowéd.test", "punycode (xn--)"),
+        ("a" * 64 + ".test", "63"),
+        (("a" * 60 + ".") * 5 + "test", "253"),
+        ("allowed..test", "empty label"),
+        ("allowed.test..", "empty label"),
+        ("allowed_test.com", "letters, digits"),
+        ("-allowed.test", "letters, digits"),
+        ("allowed.test/x", "slash"),
+        ("allowed.test\\x", "slash"),
+        ("allowed test", "space"),
+        ("2130706433", "non-standard"),
+        ("127.1", "non-standard"),
+        ("0x7f.0.0.1", "non-standard"),
+        ("[::1%eth0]", "percent"),
+        ("", "empty"),
+    ],
+)
+def test_canonical_host_refuses(text: str, says: str) -> None:
+    with pytest.raises(HostRefused, match=says.replace("(", r"\(").replace(")", r"\)")):
+        canonical_host(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern", "port", "address"),
+    [
+        ("pypi.org", "pypi.org", None, None),
+        ("PyPI.org.:8443", "pypi.org", 8443, None),
+        ("*.githubusercontent.com", "*.githubusercontent.com", None, None),
+        ("api.test=127.0.0.1", "api.test", None, "127.0.0.1"),
+        ("api.test:8080=[::1]", "api.test", 8080, "::1"),
+        ("[::1]:8443", "::1", 8443, None),
+        ("10.0.0.5", "10.0.0.5", None, None),
+    ],
+)
+def test_destination_parse(text: str, pattern: str, port: int | None, address: str | None) -> None:
+    assert dest(text) == Destination(pattern, port, address, "the test needs it")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "empty"),
+        ("*.com", "too broad"),
+        ("pypi.org:0", "port"),
+        ("pypi.org:http", "port"),
+        ("pypi.org=pypi.org", "pin an IP address"),
+        ("10.0.0.5=10.0.0.6", "pins nothing"),
+        ("[::1", "IPv6"),
+        ("*.10.0.0.5", "wildcard of an IP"),
+        ("pypi.org/simple", "slash"),
+    ],
+)
+def test_destination_parse_refuses(text: str, says: str) -> None:
+    with pytest.raises(UsageError, match=says):
+        dest(text)
+
+
+def test_destination_needs_a_reason_and_a_canonical_pattern() -> None:
+    with pytest.raises(UsageError, match="no reason"):
+        Destination.parse("pypi.org", " ")
+    with pytest.raises(UsageError, match=r"write it as 'pypi\.org'"):
+        Destination("PyPI.org", None, None, "why")
+
+
+def public(host: str, port: int) -> list[str]:
+    return ["93.184.216.34"]
+
+
+@pytest.mark.parametrize(
+    ("host", "rule", "allowed"),
+    [
+        ("pypi.org", "pypi.org", True),
+        ("files.pypi.org", "pypi.org", False),
+        ("pypi.org.evil.com", "pypi.org", False),
+        ("raw.githubusercontent.com", "*.githubusercontent.com", True),
+        ("a.b.githubusercontent.com", "*.githubusercontent.com", True),
+        ("githubusercontent.com", "*.githubusercontent.com", False),
+        ("evil-githubusercontent.com", "*.githubusercontent.com", False),
+        ("githubusercontent.com.evil.com", "*.githubusercontent.com", False),
+    ],
+)
+def test_judge_matches_on_label_boundaries(host: str, rule: str, allowed: bool) -> None:
+    assert judge(host, 443, [dest(rule)], public).allowed is allowed
+
+
+@pytest.mark.parametrize(
+    ("port", "rule", "allowed"),
+    [(443, "pypi.org", True), (80, "pypi.org", True), (22, "pypi.org", False),
+     (22, "pypi.org:22", True), (443, "pypi.org:22", False)],
+)  # fmt: skip
+def test_judge_ports(port: int, rule: str, allowed: bool) -> None:
+    decision = judge("pypi.org", port, [dest(rule)], public)
+    assert decision.allowed is allowed
+    assert allowed or f"port {port}" in decision.reason
+
+
+PRIVATE = ["127.0.0.1", "169.254.169.254", "10.0.0.1", "172.16.0.1", "192.168.1.1",
+           "100.64.0.1", "0.0.0.0", "224.0.0.1", "240.0.0.1", "::1", "fe80::1", "fc00::1",
+           "::ffff:10.0.0.1", "::", "ff02::1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("address", PRIVATE)
+def test_judge_refuses_a_name_resolving_to_a_private_address(address: str) -> None:
+    decision = judge("api.test", 443, [dest("api.test")], lambda h, p: ["93.184.216.34", address])
+    assert not decision.allowed
+    assert "pin it" in decision.reason
+    # The twin: listed by that address, the same destination is reached there.
+    pinned = judge("api.test", 443, [dest(f"api.test={address}")], fake_resolver)
+    assert pinned.allowed
+    assert pinned.address == str(ipaddress.ip_address(address))
+
+
+def test_judge_refuses_the_hosts_own_address() -> None:
+    own = {ipaddress.ip_address("93.184.216.34")}
+    assert not judge("api.test", 443, [dest("api.test")], public, own).allowed
+    assert judge("api.test", 443, [dest("api.test")], public).allowed
+
+
+def test_judge_refuses_an_unlisted_ip_literal() -> None:
+    assert not judge("93.184.216.34", 443, [dest("api.test")], public).allowed
+    assert not judge("[::1]", 443, [dest("api.test")], public).allowed
+    assert judge("93.184.216.34", 443, [dest("93.184.216.34")], public).allowed
+    assert judge("[::1]", 8443, [dest("[::1]:8443")], public).addresses == ("::1",)
+
+
+def test_judge_refuses_what_does_not_resolve() -> None:
+    decision = judge("nowhere.test", 443, [dest("nowhere.test")], fake_resolver)
+    assert not decision.allowed
+    assert "does not resolve" in decision.reason
+
+
+def test_judge_prefers_an_exact_rule_to_a_wildcard() -> None:
+    rules = [dest("*.api.test"), dest("x.api.test=127.0.0.1")]
+    assert judge("x.api.test", 443, rules, public).address == "127.0.0.1"
+    assert judge("y.api.test", 443, rules, public).address == "93.184.216.34"
+
+
+# -- CONNECT and plain HTTP on real sockets -------------------------------------------------
+
+
+def test_connect_tunnels_tls_end_to_end(proxy: Proxy, tls_upstream: Upstream, test_ca: LocalCA,
+                                        audited: Audited) -> None:  # fmt: skip
+    path = proxy.add_session("s", [dest(f"secure.test:{tls_upstream.port}=127.0.0.1")], [])
+    client, head = tunnel(path, f"secure.test:{tls_upstream.port}")
+    assert head == b"HTTP/1.1 200 Connection established\r\n\r\n"
+    context = ssl.create_default_context(cafile=test_ca.ca)
+    with context.wrap_socket(client, server_hostname="localhost") as tls:
+        tls.sendall(b"GET /through HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        response = read_all(tls)
+    assert status(response) == 200
+    assert body_json(response)["path"] == "/through"
+    [record] = audited.wait_for("allowed")
+    assert record["host"] == "secure.test"
+    assert record["address"] == "127.0.0.1"
+    assert int(str(record["bytes_up"])) > 0
+    assert int(str(record["bytes_down"])) > len(response)
+
+
+def test_connect_passes_a_half_close(proxy: Proxy, echo: _TcpServer) -> None:
+    path = proxy.add_session("s", [dest(f"echo.test:{echo.port}=127.0.0.1")], [])
+    client, head = tunnel(path, f"echo.test:{echo.port}")
+    with client:
+        assert status(head) == 200
+        client.sendall(b"early and late")
+        client.shutdown(socket.SHUT_WR)
+        assert read_all(client) == b"early and late"
+
+
+def test_plain_http_is_forwarded_in_origin_form(proxy: Proxy, http_upstream: Upstream) -> None:
+    port = http_upstream.port
+    path = proxy.add_session("s", [dest(f"web.test:{port}=127.0.0.1")], [])
+    response = ask(path, get("web.test", port, "/hello?x=1"))
+    assert status(response) == 200
+    echoed = body_json(response)
+    assert echoed["path"] == "/hello?x=1"
+    sent = {k.lower(): v for k, v in echoed["headers"]}  # type: ignore[attr-defined]
+    assert sent["host"] == f"web.test:{port}"
+    assert sent["connection"] == "close"
+    assert "proxy-authorization" not in sent
+    assert ("connection", "close") in headers_of(response)
+    assert ("connection", "keep-alive") not in headers_of(response)
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_a_name_not_listed_is_refused(proxy: Proxy, echo: _TcpServer, listed: bool) -> None:
+    rules = [dest(f"echo.test:{echo.port}=127.0.0.1")]
+    if listed:
+        rules.append(dest(f"other.test:{echo.port}=127.0.0.1"))
+    path = proxy.add_session("s", rules, [])
+    assert connect_status(path, f"other.test:{echo.port}") == (200 if listed else 403)
+
+
+@pytest.mark.parametrize("listed", [False, True])
+@pytest.mark.parametrize("literal", ["127.0.0.1", "[::1]"])
+def test_an_ip_literal_is_refused_unless_listed(proxy: Proxy, echo: _TcpServer, listed: bool,
+                                                literal: str) -> None:  # fmt: skip
+    rules = [dest(f"echo.test:{echo.port}=127.0.0.1")]
+    if listed:
+        rules.append(dest(f"{literal}:{echo.port}"))
+    path = proxy.add_session("s", rules, [])
+    expected = 200 if listed and literal == "127.0.0.1" else 502 if listed else 403
+    assert connect_status(path, f"{literal}:{echo.port}") == expected  # ::1 listens nowhere
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+@pytest.mark.parametrize("name", ["loopback.test", "metadata.test", "lan.test"])
+def test_a_name_resolving_to_a_private_address_is_refused(
+    proxy: Proxy, echo: _TcpServer, audited: Audited, pinned: bool, name: str
+) -> None:
+    rule = f"{name}:{echo.port}" + ("=127.0.0.1" if pinned else "")
+    path = proxy.add_session("s", [dest(rule)], [])
+    response = ask(path, f"CONNECT {name}:{echo.port} HTTP/1.1\r\n\r\n".encode())
+    if pinned:  # listed by address: reached (at the pin, whatever the resolver says)
+        assert status(response) == 200
+        return
+    assert status(response) == 403
+    assert b"pin it" in response
+    [record] = audited.wait_for("refused")
+    assert record["host"] == name
+    assert "resolves to" in str(record["reason"])
+
+
+@pytest.mark.parametrize("rule_port", ["", ":{port}"])
+def test_an_unlisted_port_is_refused(proxy: Proxy, echo: _TcpServer, rule_port: str) -> None:
+    path = proxy.add_session("s", [dest("echo.test" + rule_port.format(port=echo.port) +
+                                        "=127.0.0.1")], [])  # fmt: skip
+    assert connect_status(path, f"echo.test:{echo.port}") == (403 if not rule_port else 200)
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("allowed.test", 200),
+        ("ALLOWED.Test", 200),
+        ("allowed.test.", 200),
+        ("allowed.test\0.evil.test", 400),
+        ("allowed%2etest", 403),
+        ("allowed.test%00", 403),
+        ("allowed.test@evil.test", 403),
+        ("evil.test@allowed.test", 403),
+        ("allowed.test.evil.test", 403),
+        ("evil-allowed.test", 403),
+        ("allowéd.test", 400),
+        ("a" * 64 + ".allowed.test", 403),
+        ("allowed.test\\.evil.test", 403),
+    ],
+)
+def test_parser_differentials(proxy: Proxy, http_upstream: Upstream, audited: Audited,
+                              target: str, expected: int) -> None:  # fmt: skip
+    port = http_upstream.port
+    rules = [dest(f"allowed.test:{port}=127.0.0.1"), dest(f"*.allowed.test:{port}=127.0.0.1")]
+    path = proxy.add_session("s", rules, [])
+    for request in (
+        f"CONNECT {target}:{port} HTTP/1.1\r\n\r\n",
+        f"GET http://{target}:{port}/ HTTP/1.1\r\n\r\n",
+    ):
+        response = ask(path, request.encode())
+        assert status(response) == expected, response
+    if expected == 200:
+        assert {r["host"] for r in audited.wait_for("allowed", 2)} == {"allowed.test"}
+    else:
+        assert response.endswith(b"\n")
+        assert response.partition(b"\r\n\r\n")[2].startswith(b"nsconfine: ")
+
+
+@pytest.mark.parametrize(
+    ("host_header", "expected"),
+    [("web.test:{port}", 200), ("WEB.test.:{port}", 200), ("evil.test:{port}", 400),
+     ("web.test", 400), ("web.test:{port}\r\nHost: evil.test", 400), ("web.test:{port}@evil", 400)],
+)  # fmt: skip
+def test_the_host_header_must_agree(proxy: Proxy, http_upstream: Upstream, host_header: str,
+                                    expected: int) -> None:  # fmt: skip
+    port = http_upstream.port
+    path = proxy.add_session("s", [dest(f"web.test:{port}=127.0.0.1")], [])
+    request = f"GET http://web.test:{port}/ HTTP/1.1\r\nHost: {host_header.format(port=port)}"
+    assert status(ask(path, (request + "\r\n\r\n").encode())) == expected
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n",
+        b"GET https://web.test/ HTTP/1.1\r\n\r\n",
+        b"CONNECT web.test HTTP/1.1\r\n\r\n",
+        b"CONNECT web.test:99999 HTTP/1.1\r\n\r\n",
+        b"GET http://web.test/ HTTP/2.0\r\n\r\n",
+        b"GET  http://web.test/ HTTP/1.1\r\n\r\n",
+        b"GET http://web.test/ HTTP/1.1\r\nX-Folded: a\r\n b\r\n\r\n",
+        b"GET http://web.test/ HTTP/1.1\r\nHost : web.test\r\n\r\n",
+        b"GET http://web.test/ HTTP/1.1\r\nX: a\nHost: evil.test\r\n\r\n",
+        b"POST http://web.test/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"POST http://web.test/ HTTP/1.1\r\nContent-Length: 1\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",
+        b"\r\n\r\n",
+    ],
+)
+def test_malformed_or_unproxied_requests_are_refused(proxy: Proxy, audited: Audited,
+                                                     request_head: bytes) -> None:  # fmt: skip
+    path = proxy.add_session("s", [dest("web.test=127.0.0.1")], [])
+    response = ask(path, request_head)
+    assert status(response) in (400, 403)
+    assert b"nsconfine: " in response
+    audited.wait_for("refused")
+
+
+def test_the_403_says_what_is_allowed(proxy: Proxy) -> None:
+    route = Route("anthropic", "https://api.anthropic.com", "x-api-key", SECRET)
+    path = proxy.add_session("s", [dest("pypi.org")], [route])
+    response = ask(path, b"GET /elsewhere HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status(response) == 403
+    assert b"pypi.org:443/80" in response
+    assert b"/anthropic/" in response
+    assert SECRET not in response
+
+
+# -- limits ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [(["X-A: b"] * 150, 431), (["X-A: " + "b" * 20000], 431), (["X-A: b"] * 50, 403)],
+)
+def test_header_floods_are_refused(proxy: Proxy, lines: list[str], expected: int) -> None:
+    path = proxy.add_session("s", [], [])
+    head = "\r\n".join(["GET http://web.test/ HTTP/1.1", *lines]) + "\r\n\r\n"
+    with connect(path) as client:
+        try:
+            client.sendall(head.encode())
+        except BrokenPipeError:  # refused before all of it was read
+            pass
+        assert status(read_all(client)) == expected  # 403: web.test is not listed
+
+
+@pytest.mark.parametrize("finish", [False, True])
+def test_a_slow_request_head_is_refused(proxy: Proxy, finish: bool) -> None:
+    path = proxy.add_session("s", [], [])
+    with connect(path) as client:
+        client.sendall(b"GET http://web.test/ HTTP/1.1\r\n")
+        if finish:
+            client.sendall(b"\r\n")
+        assert status(read_all(client)) == (403 if finish else 408)
+
+
+def test_the_session_cap_refuses_at_once(audited: Audited, echo: _TcpServer) -> None:
+    with Proxy(audit=audited.append, max_connections_per_session=2) as proxy:
+        rules = [dest(f"echo.test:{echo.port}=127.0.0.1")]
+        path = proxy.add_session("capped", rules, [])
+        other = proxy.add_session("other", rules, [])
+        held = [tunnel(path, f"echo.test:{echo.port}") for _ in range(2)]
+        assert [status(head) for _, head in held] == [200, 200]
+        assert connect_status(path, f"echo.test:{echo.port}") == 503
+        assert connect_status(other, f"echo.test:{echo.port}") == 200  # its own cap
+        assert "2 connections open" in str(audited.wait_for("refused")[0]["reason"])
+        held[0][0].close()
+        for _ in range(400):  # the freed place is taken once the proxy saw the close
+            if connect_status(path, f"echo.test:{echo.port}") == 200:
+                break
+            time.sleep(0.025)
+        else:
+            raise AssertionError("a closed connection did not free its place")
+        held[1][0].close()
+
+
+def test_a_client_that_never_reads_blocks_nobody(proxy: Proxy, http_upstream: Upstream) -> None:
+    flood = _TcpServer(flood=True)
+    rules = [dest(f"flood.test:{flood.port}=127.0.0.1"),
+             dest(f"web.test:{http_upstream.port}=127.0.0.1")]  # fmt: skip
+    path = proxy.add_session("s", rules, [])
+    stuck, head = tunnel(path, f"flood.test:{flood.port}")
+    with stuck:
+        assert status(head) == 200
+        # Every buffer between the flood and the stuck client is full: the proxy's relay of it
+        # is blocked in a send.
+        assert flood.blocked.wait(30)
+        assert status(ask(path, get("web.test", http_upstream.port))) == 200
+    flood.close()
+
+
+# -- routes ---------------------------------------------------------------------------------
+
+
+def route_request(name: str, rest: str, body: bytes = b"{}") -> bytes:
+    return (
+        f"POST /{name}{rest} HTTP/1.1\r\nHost: 127.0.0.1:3128\r\nx-api-key: session-fake\r\n"
+        "Authorization: Bearer session-fake\r\nProxy-Authorization: Basic eA==\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def test_a_route_injects_the_real_key(
+    proxy: Proxy, http_upstream: Upstream, tmp_path: Path
+) -> None:
+    upstream = f"http://127.0.0.1:{http_upstream.port}/prefix/"
+    records = tmp_path / "audit.jsonl"
+    with Proxy(audit=audit_to_file(records)) as proxy:
+        path = proxy.add_session("s", [], [Route("anthropic", upstream, "x-api-key", SECRET)])
+        response = ask(path, route_request("anthropic", "/v1/messages?beta=true", b'{"a": 1}'))
+    assert status(response) == 200
+    echoed = body_json(response)
+    assert echoed["path"] == "/prefix/v1/messages?beta=true"
+    assert echoed["body"] == '{"a": 1}'
+    sent = [(k.lower(), v) for k, v in echoed["headers"]]  # type: ignore[attr-defined]
+    assert [v for k, v in sent if k == "x-api-key"] == [SECRET.decode()]
+    assert not [k for k, _ in sent if k in ("authorization", "proxy-authorization")]
+    assert ("host", f"127.0.0.1:{http_upstream.port}") in sent
+    assert ("connection", "close") in sent
+    assert [v for k, v in headers_of(response) if k == "connection"] == ["close"]
+    [line] = records.read_text().splitlines()
+    record = json.loads(line)
+    assert record["decision"] == "allowed"
+    assert record["route"] == "anthropic"
+    assert SECRET.decode() not in line
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_tls_route_verifies_with_the_launchers_ca(
+    proxy: Proxy, tls_upstream: Upstream, test_ca: LocalCA, monkeypatch: pytest.MonkeyPatch,
+    trusted: bool,
+) -> None:  # fmt: skip
+    if trusted:
+        monkeypatch.setenv("SSL_CERT_FILE", str(test_ca.ca))
+    else:
+        monkeypatch.setenv("SSL_CERT_FILE", os.devnull)
+        monkeypatch.setenv("SSL_CERT_DIR", os.devnull)
+    upstream = f"https://localhost:{tls_upstream.port}"
+    path = proxy.add_session("s", [], [Route("openai", upstream, "authorization", SECRET)])
+    response = ask(path, route_request("openai", "/v1/chat"))
+    if not trusted:
+        assert status(response) == 502
+        assert b"TLS" in response
+        return
+    assert status(response) == 200
+    sent = [(k.lower(), v) for k, v in body_json(response)["headers"]]  # type: ignore[attr-defined]
+    assert [v for k, v in sent if k == "authorization"] == [f"Bearer {SECRET.decode()}"]
+    assert not [k for k, _ in sent if k == "x-api-key"]
+
+
+def test_a_route_streams_events_as_they_come(proxy: Proxy, http_upstream: Upstream) -> None:
+    route = Route("anthropic", f"http://127.0.0.1:{http_upstream.port}", "x-api-key", SECRET)
+    path = proxy.add_session("s", [], [route])
+    with connect(path) as client:
+        client.sendall(route_request("anthropic", "/v1/sse"))
+        received = b""
+        while b"data: one" not in received:  # the upstream sends two only once one is seen
+            received += client.recv(65536)
+        assert b"data: two" not in received
+        assert b"connection: close" in received.lower()
+        http_upstream.release.set()
+        received += read_all(client)
+    assert received.endswith(b"data: two\n\n")
+
+
+@pytest.mark.parametrize("rest", ["/../other", "/v1/%2e%2e/x", "/./v1"])
+def test_a_route_path_cannot_climb(proxy: Proxy, rest: str) -> None:
+    route = Route("anthropic", "http://127.0.0.1:9/prefix", "x-api-key", SECRET)
+    path = proxy.add_session("s", [], [route])
+    assert status(ask(path, route_request("anthropic", rest))) == 400
+
+
+def test_sessions_do_not_share_routes(proxy: Proxy, http_upstream: Upstream) -> None:
+    route = Route("anthropic", f"http://127.0.0.1:{http_upstream.port}", "x-api-key", SECRET)
+    with_route = proxy.add_session("a", [], [route])
+    without = proxy.add_session("b", [], [])
+    assert status(ask(with_route, route_request("anthropic", "/v1/messages"))) == 200
+    response = ask(without, route_request("anthropic", "/v1/messages"))
+    assert status(response) == 403
+    assert SECRET not in response
+
+
+def test_a_route_never_shows_its_secret() -> None:
+    route = Route("anthropic", "https://api.anthropic.com", "x-api-key", SECRET)
+    assert SECRET.decode() not in repr(route)
+    with pytest.raises(UsageError) as refused:
+        Route("anthropic", "https://api.anthropic.com", "x-api-key", SECRET + b"\r\nX: y")
+    assert SECRET.decode() not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "upstream", "header"),
+    [("Anthropic", "https://a.test", "x-api-key"), ("a", "ftp://a.test", "x-api-key"),
+     ("a", "https://u:p@a.test", "x-api-key"), ("a", "https://a.test", "cookie")],
+)  # fmt: skip
+def test_route_refuses_bad_input(name: str, upstream: str, header: str) -> None:
+    with pytest.raises(UsageError):
+        Route(name, upstream, header, SECRET)
+
+
+# -- audit and session lifecycle ------------------------------------------------------------
+
+
+def test_audit_lines_for_allowed_and_refused(http_upstream: Upstream, tmp_path: Path) -> None:
+    records = tmp_path / "audit.jsonl"
+    port = http_upstream.port
+    with Proxy(audit=audit_to_file(records)) as proxy:
+        path = proxy.add_session("s", [dest(f"web.test:{port}=127.0.0.1")], [])
+        assert status(ask(path, get("web.test", port))) == 200
+        assert status(ask(path, get("evil.test", port))) == 403
+        for _ in range(400):
+            if len(records.read_text().splitlines()) == 2:
+                break
+            time.sleep(0.025)
+    assert stat.S_IMODE(records.stat().st_mode) == 0o600
+    by_decision = {r["decision"]: r for r in map(json.loads, records.read_text().splitlines())}
+    allowed, refused = by_decision["allowed"], by_decision["refused"]
+    assert set(allowed) >= {"time", "session", "method", "host", "port", "address", "decision",
+                            "reason", "bytes_up", "bytes_down"}  # fmt: skip
+    assert (allowed["session"], allowed["method"], allowed["host"]) == ("s", "GET", "web.test")
+    assert (allowed["port"], allowed["address"]) == (port, "127.0.0.1")
+    assert allowed["reason"] == "the test needs it"
+    assert allowed["bytes_up"] > 0
+    assert allowed["bytes_down"] > 0
+    assert (refused["host"], refused["address"]) == ("evil.test", None)
+    assert "not on this session's allowlist" in refused["reason"]
+
+
+def test_an_audit_sink_that_fails_does_not_stop_the_proxy(
+    http_upstream: Upstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(record: dict[str, object]) -> None:
+        raise OSError("disk full")
+
+    with Proxy(audit=broken) as proxy:
+        path = proxy.add_session("s", [], [])
+        assert status(ask(path, get("web.test", http_upstream.port))) == 403
+        assert status(ask(path, get("web.test", http_upstream.port))) == 403
+
+
+def test_remove_session_ends_connections_and_removes_the_socket(
+    proxy: Proxy, echo: _TcpServer
+) -> None:
+    path = proxy.add_session("s", [dest(f"echo.test:{echo.port}=127.0.0.1")], [])
+    directory = Path(path).parent
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o711
+    assert stat.S_ISSOCK(Path(path).stat().st_mode)
+    client, head = tunnel(path, f"echo.test:{echo.port}")
+    with client:
+        assert status(head) == 200
+        proxy.remove_session(path)
+        assert client.recv(1) == b""
+    assert not directory.exists()
+    with pytest.raises(FileNotFoundError):
+        connect(path)
+    proxy.remove_session("s")  # gone already: nothing to do
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a socket is given to another account by root")
+def test_a_root_launcher_gives_the_socket_to_the_sessions_account(proxy: Proxy) -> None:
+    path = proxy.add_session("s", [], [], uid=65534)
+    info = Path(path).stat()
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (65534, 0o600)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may give the socket to any account")
+def test_an_unprivileged_launcher_cannot_give_the_socket_away(proxy: Proxy) -> None:
+    with pytest.raises(UsageError, match="uid 0"):
+        proxy.add_session("s", [], [], uid=0)
+
+
+def test_sessions_are_named_once_and_close_is_idempotent(audited: Audited) -> None:
+    proxy = Proxy(audit=audited.append)
+    path = proxy.add_session("s", [], [])
+    with pytest.raises(UsageError, match="already"):
+        proxy.add_session("s", [], [])
+    proxy.close()
+    proxy.close()
+    assert not Path(path).exists()
+    with pytest.raises(UsageError, match="closed"):
+        proxy.add_session("t", [], [])
