@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import open_up, read_to_eof, run, session
+from helpers import open_up, read_to_eof, read_until, run, session
 
 import nsconfine
 from nsconfine._errors import PlanError
@@ -395,3 +395,26 @@ def test_a_missing_or_refusing_socket_resets_that_connection_and_the_next_is_ser
         unlistened.close()
     assert output is not None
     assert (status, output.decode()) == (0, f"reset reset {b'served[eof]'!r}\n")
+
+
+def test_a_ctrl_c_on_the_sessions_terminal_does_not_reach_the_relay(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """With a terminal of the session's own, a ^C typed there signals the foreground job (the
+    command, which catches it) and not the relay, in a session of its own: the next connection
+    is still served."""
+    code = """
+    import signal, sys
+    interrupted = []
+    signal.signal(signal.SIGINT, lambda *_: interrupted.append(1))
+    print("ready", flush=True)
+    while not interrupted:
+        signal.pause()
+    print("after ^C", exchange(b"still relayed"), flush=True)
+    """
+    sandbox = nsconfine.spawn(proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code), tty=True)
+    seen = read_until(sandbox.tty, b"ready", WAIT_SECONDS)
+    os.write(sandbox.tty, b"\x03")
+    seen += read_until(sandbox.tty, b"[eof]'", WAIT_SECONDS)
+    assert sandbox.wait(timeout=WAIT_SECONDS) == 0, seen
+    assert b"after ^C b'still relayed[eof]'" in seen, seen
