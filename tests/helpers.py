@@ -146,6 +146,26 @@ def read_to_eof(fd: int, timeout: float) -> bytes | None:
         chunks.append(chunk)
 
 
+def read_until(fd: int, wanted: bytes, timeout: float = 20) -> bytes:
+    """What fd gives until wanted shows up (or the timeout, or the end)."""
+    import select
+
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return seen
+
+
 def open_fds() -> list[int]:
     """This process's open fd numbers."""
     return sorted(int(name) for name in os.listdir("/proc/self/fd"))

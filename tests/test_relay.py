@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import open_up, read_to_eof, run, session
+from helpers import open_up, read_to_eof, read_until, run, session
 
 import nsconfine
 from nsconfine._plan import RELAY_SOCKET_NAME, relay_entry
@@ -329,39 +329,83 @@ def test_the_relay_ends_with_the_command_and_holds_no_stdio(
     assert left == [], f"processes of the sandbox outlived it: {left}"
 
 
-def test_a_missing_socket_resets_that_connection_and_the_next_is_served(
+def test_a_missing_or_refusing_socket_resets_that_connection_and_the_next_is_served(
     ws_run: tuple[Path, Path], proxy_directory: Path
 ) -> None:
-    """With no socket in the proxy's directory a connection is reset (or ends at once); once
-    the proxy is up, the next connection through the same relay is served."""
+    """With no socket in the proxy's directory, then with one nobody listens on, a connection
+    is reset; once the proxy is up, the next connection through the same relay is served."""
     workspace = ws_run[0]
     code = """
     import os, time
-    try:
-        first = exchange(b"nobody there")
-    except (ConnectionResetError, BrokenPipeError):
-        first = "reset"
-    open("first-done", "w").close()
-    while not os.path.exists("proxy-up"):
-        time.sleep(0.05)
-    print(repr(first), exchange(b"second"))
+
+    def attempt(payload):
+        try:
+            return repr(exchange(payload))
+        except (ConnectionResetError, BrokenPipeError):
+            return "reset"
+
+    def step(name):  # tell the host this step is done, wait for its next change
+        open(name + "-done", "w").close()
+        while not os.path.exists(name + "-changed"):
+            time.sleep(0.05)
+
+    missing = attempt(b"nobody there")
+    step("missing")
+    refusing = attempt(b"nobody listening")
+    step("refusing")
+    print(missing, refusing, attempt(b"served"))
     """
     server = Proxy(proxy_directory)
+    unlistened = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 
-    def start_the_proxy_after_the_first_connection() -> None:
+    def after(name: str, change: Callable[[], None]) -> None:
         deadline = time.monotonic() + WAIT_SECONDS
-        while not (workspace / "first-done").exists() and time.monotonic() < deadline:
+        while not (workspace / f"{name}-done").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        change()
+        (workspace / f"{name}-changed").touch()
+
+    def bind_without_listening() -> None:
+        unlistened.bind(server.path)  # connect() to it: ECONNREFUSED
+        os.chmod(server.path, 0o666)
+
+    def listen_there() -> None:
+        os.unlink(server.path)
         server.start()
-        (workspace / "proxy-up").touch()
+
+    def change_the_socket() -> None:
+        after("missing", bind_without_listening)
+        after("refusing", listen_there)
 
     try:
         status, output = spawn_reading(
-            proxy_plan(ws_run, proxy_directory),
-            python(EXCHANGE, code),
-            start_the_proxy_after_the_first_connection,
+            proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code), change_the_socket
         )
     finally:
         server.stop()
+        unlistened.close()
     assert output is not None
-    assert (status, output.decode()) == (0, f"'reset' {b'second[eof]'!r}\n")
+    assert (status, output.decode()) == (0, f"reset reset {b'served[eof]'!r}\n")
+
+
+def test_a_ctrl_c_on_the_sessions_terminal_does_not_reach_the_relay(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """With a terminal of the session's own, a ^C typed there signals the foreground job (the
+    command, which catches it) and not the relay, in a session of its own: the next connection
+    is still served."""
+    code = """
+    import signal, sys
+    interrupted = []
+    signal.signal(signal.SIGINT, lambda *_: interrupted.append(1))
+    print("ready", flush=True)
+    while not interrupted:
+        signal.pause()
+    print("after ^C", exchange(b"still relayed"), flush=True)
+    """
+    sandbox = nsconfine.spawn(proxy_plan(ws_run, proxy_directory), python(EXCHANGE, code), tty=True)
+    seen = read_until(sandbox.tty, b"ready", WAIT_SECONDS)
+    os.write(sandbox.tty, b"\x03")
+    seen += read_until(sandbox.tty, b"[eof]'", WAIT_SECONDS)
+    assert sandbox.wait(timeout=WAIT_SECONDS) == 0, seen
+    assert b"after ^C b'still relayed[eof]'" in seen, seen

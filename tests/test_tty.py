@@ -25,6 +25,7 @@ from helpers import (
     kill_all,
     pids_with,
     python_child,
+    read_until,
     session,
     session_options,
     session_uid,
@@ -36,24 +37,6 @@ import nsconfine
 from nsconfine._selftest import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
-
-
-def read_until(fd: int, wanted: bytes, timeout: float = 20) -> bytes:
-    """What fd gives until wanted shows up (or the timeout, or the end)."""
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while wanted not in seen:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            break
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    return seen
 
 
 def test_the_command_has_a_controlling_terminal(ws_run: tuple[Path, Path]) -> None:
