@@ -205,8 +205,13 @@ class Decision:
 def is_public(address: IPAddress) -> bool:
     """Whether an address is some public host's, not this host's, its LAN's or a metadata
     service's (loopback, link-local, private, CGNAT, unspecified, multicast, reserved)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.is_site_local:  # fec0::/10, deprecated, still routed on some LANs
+            return False
+        # An IPv4 address inside (mapped, 6to4, Teredo's client) is judged as that address.
+        inner = address.ipv4_mapped or address.sixtofour or (address.teredo or (None, None))[1]
+        if inner is not None:
+            address = inner
     return not (
         address.is_loopback
         or address.is_link_local

@@ -22,6 +22,8 @@ import select
 import shutil
 import socket
 import ssl
+import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -236,6 +238,40 @@ class _Session:
     thread: threading.Thread | None = None
 
 
+def _sockets_parent() -> str:
+    """The directory the sessions' socket directories are made in: the launcher's own, 0711 (a
+    session's account passes through it to its socket, and lists nothing: the socket's name is
+    random). /run/nsconfine for root, else the launcher's runtime directory, else /tmp's."""
+    if os.geteuid() == 0:
+        parent = "/run/nsconfine"
+    elif os.environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
+        parent = os.path.join(os.environ["XDG_RUNTIME_DIR"], "nsconfine")
+    else:
+        parent = f"/tmp/nsconfine-{os.geteuid()}-proxy"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(parent, 0o711)
+    info = os.lstat(parent)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o066:
+        raise UsageError(
+            f"{printable(parent)} must be a directory of this account's that no one else can "
+            "read or write (it holds the sessions' proxy sockets): remove it"
+        )
+    return parent
+
+
+_LAUNCHER_NETWORK = os.stat("/proc/self/ns/net").st_ino
+
+
+def _from_a_sandbox(client: socket.socket) -> bool:
+    """Is the peer in a network namespace other than the launcher's (a sandbox's relay)?"""
+    try:
+        credentials = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        pid = struct.unpack("3i", credentials)[0]
+        return os.stat(f"/proc/{pid}/ns/net").st_ino != _LAUNCHER_NETWORK
+    except (OSError, struct.error):
+        return False
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
@@ -253,6 +289,7 @@ class Proxy:
         idle_timeout: float = 300.0,
         max_connections_per_session: int = 64,
         max_connections: int = 512,
+        sandboxes_only: bool = True,
     ) -> None:
         self._audit = audit
         self._resolver = resolver or system_resolver
@@ -261,6 +298,9 @@ class Proxy:
         self.idle_timeout = idle_timeout
         self.max_connections_per_session = max_connections_per_session
         self.max_connections = max_connections
+        # Only peers in a network namespace other than the launcher's (off for tests that
+        # speak to the proxy from the host).
+        self.sandboxes_only = sandboxes_only
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
         self._closed = False
@@ -286,7 +326,7 @@ class Proxy:
                 raise UsageError("the proxy is closed")
             if name in self._sessions:
                 raise UsageError(f"session {name!r} already has a proxy socket")
-        directory = Path(tempfile.mkdtemp(prefix="nsconfine-proxy-"))
+        directory = Path(tempfile.mkdtemp(prefix="proxy-", dir=_sockets_parent()))
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             os.chmod(directory, 0o711)
@@ -369,6 +409,16 @@ class Proxy:
                 if session.stopping.is_set():
                     return
                 time.sleep(0.05)  # EMFILE and the like: the next accept may succeed
+                continue
+            if self.sandboxes_only and not _from_a_sandbox(client):
+                # The socket is the session account's to connect to, and a host process of
+                # that account (a daemon sharing `nobody`) is no sandbox: it gets nothing here.
+                client.close()
+                self._emit(
+                    {"time": _now(), "session": session.name},
+                    False,
+                    "a connection from outside the sandbox (the launcher's own network)",
+                )
                 continue
             connection = _Connection(session.name, client)
             with self._lock:
@@ -460,7 +510,12 @@ class Proxy:
             sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
             dropped = 0
-            while dropped < MAX_DRAINED and (chunk := sock.recv(CHUNK)):
+            deadline = time.monotonic() + 1.0  # one second for the whole drain: a trickle
+            while dropped < MAX_DRAINED and (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)  # cannot keep a refused connection (and its thread)
+                chunk = sock.recv(CHUNK)
+                if not chunk:
+                    break
                 dropped += len(chunk)
         except OSError:
             pass

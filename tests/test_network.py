@@ -340,3 +340,47 @@ def test_explain_answers_for_a_url(
     result = cli("explain", url, *session_options(*ws_run), *options)
     assert result.returncode == status, result.stderr
     assert answer in result.stdout, result.stdout
+
+
+def test_a_host_process_of_the_session_account_gets_nothing_from_its_proxy(
+    ws_run: tuple[Path, Path],
+    upstream: tuple[int, list[dict[str, str]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The session's proxy socket serves its sandbox alone: a host process of the session's
+    account (as root, `nobody`, which host daemons share) that finds the socket and asks the
+    route gets nothing, and the upstream never sees the key (from inside, the same request
+    reaches it: test_an_injected_key_reaches_the_upstream_and_never_the_session)."""
+    from nsconfine._proxy import _sockets_parent
+
+    port, seen = upstream
+    secret = "sk-ant-test-" + os.urandom(8).hex()
+    credential = tmp_path / "agent.env"
+    credential.write_text(f"ANTHROPIC_API_KEY={secret}\n")
+    credential.chmod(0o600)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{port}")
+    plan = session(*ws_run, credential=str(credential), inject=["anthropic"]).plan()
+    parent = _sockets_parent()
+    before = set(os.listdir(parent))
+    sandbox = nsconfine.spawn(plan, ["sleep", "60"])
+    try:
+        (directory,) = set(os.listdir(parent)) - before
+        child = os.fork()
+        if child == 0:  # outside any sandbox, as the session's account
+            try:
+                os.setgroups([])
+                os.setgid(plan.user.gid)
+                os.setuid(plan.user.uid)
+                with socket.socket(socket.AF_UNIX) as client:
+                    client.settimeout(10)
+                    client.connect(os.path.join(parent, directory, "socket"))
+                    client.sendall(b"GET /anthropic/v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                    client.recv(4096)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+    finally:
+        sandbox.kill()
+        sandbox.wait(timeout=30)
+    assert not [request for request in seen if secret in request["x-api-key"]], seen

@@ -217,7 +217,9 @@ def audited() -> Audited:
 
 @pytest.fixture
 def proxy(audited: Audited) -> Iterator[Proxy]:
-    with Proxy(audit=audited.append, resolver=fake_resolver, head_timeout=1.0) as proxy:
+    with Proxy(
+        sandboxes_only=False, audit=audited.append, resolver=fake_resolver, head_timeout=1.0
+    ) as proxy:
         yield proxy
 
 
@@ -664,7 +666,7 @@ def test_a_slow_request_head_is_refused(proxy: Proxy, finish: bool) -> None:
 
 
 def test_the_session_cap_refuses_at_once(audited: Audited, echo: _TcpServer) -> None:
-    with Proxy(audit=audited.append, max_connections_per_session=2) as proxy:
+    with Proxy(sandboxes_only=False, audit=audited.append, max_connections_per_session=2) as proxy:
         rules = [dest(f"echo.test:{echo.port}=127.0.0.1")]
         path = proxy.add_session("capped", rules, [])
         other = proxy.add_session("other", rules, [])
@@ -714,7 +716,7 @@ def test_a_route_injects_the_real_key(
 ) -> None:
     upstream = f"http://127.0.0.1:{http_upstream.port}/prefix/"
     records = tmp_path / "audit.jsonl"
-    with Proxy(audit=audit_to_file(records)) as proxy:
+    with Proxy(sandboxes_only=False, audit=audit_to_file(records)) as proxy:
         path = proxy.add_session("s", [], [Route("anthropic", upstream, "x-api-key", SECRET)])
         response = ask(path, route_request("anthropic", "/v1/messages?beta=true", b'{"a": 1}'))
     assert status(response) == 200
@@ -813,7 +815,7 @@ def test_route_refuses_bad_input(name: str, upstream: str, header: str) -> None:
 def test_audit_lines_for_allowed_and_refused(http_upstream: Upstream, tmp_path: Path) -> None:
     records = tmp_path / "audit.jsonl"
     port = http_upstream.port
-    with Proxy(audit=audit_to_file(records)) as proxy:
+    with Proxy(sandboxes_only=False, audit=audit_to_file(records)) as proxy:
         path = proxy.add_session("s", [dest(f"web.test:{port}=127.0.0.1")], [])
         assert status(ask(path, get("web.test", port))) == 200
         assert status(ask(path, get("evil.test", port))) == 403
@@ -841,7 +843,7 @@ def test_an_audit_sink_that_fails_does_not_stop_the_proxy(
     def broken(record: dict[str, object]) -> None:
         raise OSError("disk full")
 
-    with Proxy(audit=broken) as proxy:
+    with Proxy(sandboxes_only=False, audit=broken) as proxy:
         path = proxy.add_session("s", [], [])
         assert status(ask(path, get("web.test", http_upstream.port))) == 403
         assert status(ask(path, get("web.test", http_upstream.port))) == 403
@@ -879,7 +881,7 @@ def test_an_unprivileged_launcher_cannot_give_the_socket_away(proxy: Proxy) -> N
 
 
 def test_sessions_are_named_once_and_close_is_idempotent(audited: Audited) -> None:
-    proxy = Proxy(audit=audited.append)
+    proxy = Proxy(sandboxes_only=False, audit=audited.append)
     path = proxy.add_session("s", [], [])
     with pytest.raises(UsageError, match="already"):
         proxy.add_session("s", [], [])
@@ -888,3 +890,44 @@ def test_sessions_are_named_once_and_close_is_idempotent(audited: Audited) -> No
     assert not Path(path).exists()
     with pytest.raises(UsageError, match="closed"):
         proxy.add_session("t", [], [])
+
+
+def _refused_then_trickle(path: str, most: int) -> int:
+    """Sends a bad head, reads the 400, then one byte every 0.25 s: how many bytes the proxy
+    took before it ended the connection (most if it never did)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(10)
+        client.connect(path)
+        client.sendall(b"NOT HTTP\r\n\r\n")
+        assert client.recv(100).startswith(b"HTTP/1.1 400")
+        for sent in range(most):
+            try:
+                client.send(b"x")
+            except OSError:
+                return sent
+            time.sleep(0.25)
+        return most
+
+
+def test_a_refused_connection_is_not_held_open_by_a_trickle() -> None:
+    """A refused connection is drained for one second in all, not a second per byte: a byte
+    every 0.25 s does not keep it (its thread, its fds, its place under both caps). Found by an
+    attacker's pass: 40 bytes (10 s) were all taken."""
+    with Proxy(sandboxes_only=False, head_timeout=1.0) as proxy:
+        path = proxy.add_session("hostile", [], [])
+        taken = _refused_then_trickle(path, most=40)
+    assert taken < 40, "the proxy kept draining a refused connection as long as bytes trickled"
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["fec0::1", "2002:7f00:1::1", "2002:a9fe:a9fe::1", "2002:a00:1::1"],
+    ids=["site-local", "6to4 of loopback", "6to4 of metadata", "6to4 of a LAN"],
+)
+def test_a_listed_name_resolving_to_a_disguised_local_address_is_refused(address: str) -> None:
+    """fec0::/10 (deprecated site-local) and the 6to4 (2002::/16) spellings of 127.0.0.1,
+    169.254.169.254 and 10/8 are not public: a listed wildcard whose DNS the session's author
+    steers gets none of them. Found by an attacker's pass (they were counted public)."""
+    rules = [Destination.parse("*.cdn.example", "the test needs it")]
+    decision = judge("x.cdn.example", 443, rules, lambda _host, _port: [address])
+    assert not decision.allowed, decision
