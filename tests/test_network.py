@@ -218,6 +218,20 @@ print("found:", found)
 """
 
 
+def _injected_session(
+    ws_run: tuple[Path, Path], port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, Path, nsconfine.Plan]:
+    """A fresh key in a credential file, the launcher's ANTHROPIC_BASE_URL on the upstream at
+    port, and a session injecting the key there: the key, the file and the plan."""
+    secret = "sk-ant-test-" + os.urandom(8).hex()
+    credential = tmp_path / "agent.env"
+    credential.write_text(f"ANTHROPIC_API_KEY={secret}\n")
+    credential.chmod(0o600)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{port}")
+    plan = session(*ws_run, credential=str(credential), inject=["anthropic"]).plan()
+    return secret, credential, plan
+
+
 def test_an_injected_key_reaches_the_upstream_and_never_the_session(
     ws_run: tuple[Path, Path],
     upstream: tuple[int, list[dict[str, str]]],
@@ -229,12 +243,7 @@ def test_an_injected_key_reaches_the_upstream_and_never_the_session(
     x-api-key and nothing the session sent; the key is nowhere in the session's environment,
     /proc or files (its twin, the credential passed as today, is found there)."""
     port, seen = upstream
-    secret = "sk-ant-test-" + os.urandom(8).hex()
-    credential = tmp_path / "agent.env"
-    credential.write_text(f"ANTHROPIC_API_KEY={secret}\n")
-    credential.chmod(0o600)
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{port}")
-    plan = session(*ws_run, credential=str(credential), inject=["anthropic"]).plan()
+    secret, credential, plan = _injected_session(ws_run, port, tmp_path, monkeypatch)
     call = (
         "import os, urllib.request\n"
         "request = urllib.request.Request(os.environ['ANTHROPIC_BASE_URL'] + '/v1/messages', "
@@ -355,12 +364,7 @@ def test_a_host_process_of_the_session_account_gets_nothing_from_its_proxy(
     from nsconfine._proxy import _sockets_parent
 
     port, seen = upstream
-    secret = "sk-ant-test-" + os.urandom(8).hex()
-    credential = tmp_path / "agent.env"
-    credential.write_text(f"ANTHROPIC_API_KEY={secret}\n")
-    credential.chmod(0o600)
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{port}")
-    plan = session(*ws_run, credential=str(credential), inject=["anthropic"]).plan()
+    secret, _credential, plan = _injected_session(ws_run, port, tmp_path, monkeypatch)
     parent = _sockets_parent()
     before = set(os.listdir(parent))
     sandbox = nsconfine.spawn(plan, ["sleep", "60"])

@@ -126,9 +126,10 @@ def test_a_handle_answers_only_in_the_process_that_launched(ws_run: tuple[Path, 
 def test_concurrent_launches_of_one_workspace_all_run_and_leave_nothing_there(
     ws_run: tuple[Path, Path],
 ) -> None:
-    """32 spawns at once of one workspace's plan, 6 times: each runs, and once they have ended
-    no mount point they made is left (a launch that saw another's stub before its record was
-    written took it for the session's own directory and made stubs inside it)."""
+    """16 spawns at once (an account's 1,024 fds allow them) of one workspace's plan, 6 times:
+    each runs, and once they have ended no mount point they made is left (a launch that saw
+    another's stub before its record was written took it for the session's own directory and
+    made stubs inside it)."""
     import threading
 
     plan = session(*ws_run).plan()
@@ -144,7 +145,7 @@ def test_concurrent_launches_of_one_workspace_all_run_and_leave_nothing_there(
                 failures.append(f"status {status}")
 
     for _ in range(6):
-        threads = [threading.Thread(target=launch) for _ in range(32)]
+        threads = [threading.Thread(target=launch) for _ in range(16)]
         for thread in threads:
             thread.start()
         for thread in threads:
