@@ -23,7 +23,7 @@ from typing import Final
 
 from nsconfine._allowlist import Route
 from nsconfine._errors import CredentialMissing, UsageError
-from nsconfine._plan import RELAY_DIRECTORY, RELAY_PORT, RELAY_SOCKET_NAME, Plan, relay_entry
+from nsconfine._plan import RELAY_DIRECTORY, RELAY_PORT, Plan, relay_entry
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
@@ -152,7 +152,9 @@ class _Proxies:
             return self._proxy
 
     def _record(self, record: dict[str, object]) -> None:
-        for listener in self._listeners.get(str(record.get("session")), ()):
+        with self._lock:  # (sessions come and go on other threads)
+            listeners = list(self._listeners.get(str(record.get("session")), ()))
+        for listener in listeners:
             listener.write(record)
 
     def attach(self, plan: Plan, reporter: _Reporter | None) -> tuple[Plan, Egress]:
@@ -162,19 +164,20 @@ class _Proxies:
             listeners.append(AuditLog(plan.audit))
         if reporter is not None:
             listeners.append(reporter)
-        self._listeners[name] = listeners
+        with self._lock:
+            self._listeners[name] = listeners
         try:
             path = self.proxy().add_session(name, plan.destinations, plan.routes, uid=plan.user.uid)
         except BaseException:
             self._drop(name)
             raise
-        if os.path.basename(path) != RELAY_SOCKET_NAME:
-            raise AssertionError(f"the proxy's socket is {path}, not {RELAY_SOCKET_NAME}")
         bound = plan.replace(entries=(*plan.entries, relay_entry(os.path.dirname(path))))
         return bound, Egress(self, name)
 
     def _drop(self, name: str) -> None:
-        for listener in self._listeners.pop(name, ()):
+        with self._lock:
+            dropped = self._listeners.pop(name, [])
+        for listener in dropped:
             if isinstance(listener, AuditLog):
                 listener.close()
 

@@ -756,7 +756,7 @@ class Plan(Record):
     def _network_lines(self) -> list[str]:
         lines = [
             "  the relay's way out: a socket of the launcher's proxy, made at each launch, "
-            "read-only at /run/nsconfine/proxy; the proxy resolves names itself (the session "
+            f"read-only at {RELAY_DIRECTORY}; the proxy resolves names itself (the session "
             "has no resolver) and refuses private, loopback and link-local addresses unless "
             "listed by address",
             "  may reach (CONNECT or plain HTTP; nothing else):",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import socket
 import subprocess
 import sys
 import textwrap
@@ -246,3 +247,21 @@ def with_sigchld_ignored(argv: Sequence[str]) -> list[str]:
         "os.execv(sys.argv[1], sys.argv[1:])"
     )
     return [sys.executable, "-c", ignore, *argv]
+
+
+# A session's attempt on a host abstract unix socket named by argv[1]: "connected", or
+# "refused" and the errno.
+CONNECT_ABSTRACT = (
+    "import socket,sys; s=socket.socket(socket.AF_UNIX)\n"
+    "try:\n    s.connect('\\0'+sys.argv[1]); print('connected')\n"
+    "except OSError as e:\n    print('refused', e.errno)"
+)
+
+
+def abstract_listener() -> tuple[socket.socket, str]:
+    """A host abstract unix socket listening under a fresh name: the socket and the name."""
+    name = f"nsconfine-test-abstract-{os.urandom(4).hex()}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("\0" + name)
+    server.listen(4)
+    return server, name

@@ -27,8 +27,10 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    CONNECT_ABSTRACT,
     IS_ROOT,
     SESSION_USER,
+    abstract_listener,
     cli,
     give_to_session_user,
     kill_all,
@@ -704,30 +706,10 @@ def test_mq_open_cannot_ask_for_a_set_id_mode(plan: nsconfine.Plan) -> None:
     assert output.startswith("refused 1"), output
 
 
-_ABSTRACT = "nsconfine-test-abstract-{}"
-
-
-def _abstract_listener() -> tuple[object, str]:
-    import socket
-
-    name = _ABSTRACT.format(os.urandom(4).hex())
-    server = socket.socket(socket.AF_UNIX)
-    server.bind("\0" + name)
-    server.listen(4)
-    return server, name
-
-
 def _shared_network(plan: nsconfine.Plan) -> nsconfine.Plan:
     """plan on the host's network: the Landlock layer alone keeps host abstract sockets out
     (a network namespace of the session's own does too)."""
     return plan.replace(network="host", network_reason="the Landlock layer alone is under test")
-
-
-_CONNECT = (
-    "import socket,sys; s=socket.socket(socket.AF_UNIX)\n"
-    "try:\n    s.connect('\\0'+sys.argv[1]); print('connected')\n"
-    "except OSError as e:\n    print('refused', e.errno)"
-)
 
 
 def test_host_abstract_sockets_are_unreachable(plan: nsconfine.Plan) -> None:
@@ -737,11 +719,11 @@ def test_host_abstract_sockets_are_unreachable(plan: nsconfine.Plan) -> None:
 
     if _syscalls.landlock_abi() < 6:
         pytest.skip("this kernel's Landlock has no scopes (ABI < 6)")
-    server, name = _abstract_listener()
+    server, name = abstract_listener()
     try:
-        _status, output = sh(_shared_network(plan), f'python3 -c "{_CONNECT}" {name}')
+        _status, output = sh(_shared_network(plan), f'python3 -c "{CONNECT_ABSTRACT}" {name}')
     finally:
-        server.close()  # type: ignore[attr-defined]
+        server.close()
     assert output.startswith("refused"), output
 
 
@@ -750,11 +732,11 @@ def test_without_landlock_host_abstract_sockets_are_reached(
 ) -> None:
     """The twin: without the Landlock layer the same connect succeeds."""
     without("landlock")
-    server, name = _abstract_listener()
+    server, name = abstract_listener()
     try:
-        _status, output = sh(_shared_network(plan), f'python3 -c "{_CONNECT}" {name}')
+        _status, output = sh(_shared_network(plan), f'python3 -c "{CONNECT_ABSTRACT}" {name}')
     finally:
-        server.close()  # type: ignore[attr-defined]
+        server.close()
     assert output.startswith("connected"), output
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    CONNECT_ABSTRACT,
+    abstract_listener,
     cli,
     give_to_session_user,
     open_up,
@@ -483,18 +485,10 @@ def test_network_none_cuts_host_abstract_sockets_on_any_kernel(
     """Even without Landlock, network none puts the session in a network namespace of its own:
     host abstract sockets are out of reach."""
     without("landlock")
-    name = f"nsconfine-test-{os.urandom(4).hex()}"
-    server = socket.socket(socket.AF_UNIX)
-    server.bind("\0" + name)
-    server.listen(1)
-    connect = (
-        "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
-        "    s.connect('\\0' + sys.argv[1]); print('connected')\nexcept OSError as e:\n"
-        "    print('refused', e.errno)"
-    )
+    server, name = abstract_listener()
     try:
         _status, output = run(
-            session(*ws_run, network="none").plan(), ["python3", "-c", connect, name]
+            session(*ws_run, network="none").plan(), ["python3", "-c", CONNECT_ABSTRACT, name]
         )
     finally:
         server.close()

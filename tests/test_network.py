@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import cli, run, session, session_options
+from helpers import CONNECT_ABSTRACT, abstract_listener, cli, run, session, session_options
 
 import nsconfine
 
@@ -265,21 +265,13 @@ def test_a_proxy_session_cannot_reach_or_serve_a_host_abstract_socket(
 ) -> None:
     """With proxy (as with none), a host abstract socket is out of reach, and one the session
     serves is not the host's: a host client finds nothing there."""
-    name = f"nsconfine-net-{os.urandom(4).hex()}"
-    server = socket.socket(socket.AF_UNIX)
-    server.bind("\0" + name)
-    server.listen(1)
-    connect = (
-        "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
-        "    s.connect('\\0' + sys.argv[1]); print('connected')\nexcept OSError:\n"
-        "    print('refused')"
-    )
+    server, name = abstract_listener()
     plan = _proxy_session(ws_run, "mirror.test:1=127.0.0.1")
     try:
-        _status, output = run(plan, ["python3", "-c", connect, name])
+        _status, output = run(plan, ["python3", "-c", CONNECT_ABSTRACT, name])
     finally:
         server.close()
-    assert output.strip() == "refused", output
+    assert output.startswith("refused"), output
     serve = (
         "import socket, sys, time\ns = socket.socket(socket.AF_UNIX)\n"
         "s.bind('\\0' + sys.argv[1]); s.listen(1); print('serving', flush=True); time.sleep(30)"
