@@ -319,9 +319,11 @@ class Route:
             raise UsageError(f"route {self.name}: upstream {self.upstream!r} has more than a path")
         if self.header.lower() not in ("authorization", "x-api-key"):
             raise UsageError(f"route {self.name}: header must be authorization or x-api-key")
-        if not self.secret or any(byte < 0x20 or byte == 0x7F for byte in self.secret):
+        # An empty key: the plan's credential file was not there (Plan.credential_needed),
+        # a plan to show that no launch takes.
+        if any(byte < 0x20 or byte == 0x7F for byte in self.secret):
             # Said without the secret: a refusal message is logged, the key must not be.
-            raise UsageError(f"route {self.name}: the key is empty or holds a control character")
+            raise UsageError(f"route {self.name}: the key holds a control character")
 
     @property
     def header_line(self) -> bytes:

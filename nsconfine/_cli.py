@@ -421,9 +421,9 @@ def _run(arguments: argparse.Namespace) -> int:
             except BaseException as failed:
                 relay.launched()
                 relay.drain()  # bwrap's own messages, before nsconfine's
-                if not isinstance(failed, OSError):
-                    raise
-                # not an NsconfineError: the command itself could not start
+                if not isinstance(failed, OSError) or isinstance(failed, NsconfineError):
+                    raise  # (CredentialMissing is an OSError too)
+                # the command itself could not start
                 print(
                     f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: "
                     f"{failed.strerror}",

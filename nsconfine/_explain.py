@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 
+from nsconfine._network import route_base_url
 from nsconfine._plan import Entry, Kind, Plan, printable, within
 from nsconfine._policy import Judge, resolve
 
@@ -19,6 +20,7 @@ TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
     from nsconfine._session import Session
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP past it)
 
 
@@ -62,7 +64,7 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
     shown = printable(url)
     parts = urllib.parse.urlsplit(url)
     try:
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
         host = canonical_host(parts.hostname or "")
     except (ValueError, HostRefused) as problem:
         return False, [f"{shown}: not reachable: not a URL the proxy judges ({problem})"]
@@ -92,6 +94,14 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
     if named:
         listed = ", ".join(printable(str(d)) for d in named)
         return False, [f"{shown}: not reachable: port {port} is not listed ({listed})"]
+    for route in plan.routes:
+        upstream = urllib.parse.urlsplit(route.upstream)
+        if upstream.hostname == host and (upstream.port or _DEFAULT_PORTS[upstream.scheme]) == port:
+            return True, [
+                f"{shown}: reachable only through the route {route_base_url(route.name)}/ on "
+                f"the session's relay, to {printable(route.upstream)}, where the launcher's "
+                f"proxy adds the key ({route.header}); not by CONNECT"
+            ]
     what = "the IP address" if ip_literal(host) is not None else "the name"
     return False, [
         f"{shown}: not reachable: {what} {host} is not on the plan's allowlist "

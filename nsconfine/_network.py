@@ -89,17 +89,27 @@ def route_base_url(name: str) -> str:
 
 
 def injected(
-    names: tuple[str, ...], credential: Mapping[str, str], environ: Mapping[str, str]
+    names: tuple[str, ...],
+    credential: Mapping[str, str],
+    environ: Mapping[str, str],
+    *,
+    pending: bool = False,
 ) -> tuple[tuple[Route, ...], dict[str, str]]:
     """The routes for names, each with the key the credential file holds for it, and what
     the session's environment gets instead: the base URL on the relay and a placeholder for
-    every key variable the file holds."""
+    every key variable the file holds. pending: the file is not there yet (a plan to show,
+    never to launch): each route with its first key's header and no key."""
     routes: list[Route] = []
     replaced: dict[str, str] = {}
     for name in dict.fromkeys(names):
         kind = ROUTES.get(name)
         if kind is None:
             raise UsageError(f"--inject-for {name!r}: it is one of {', '.join(ROUTES)}")
+        upstream = (environ.get(kind.base_variable) or kind.default_upstream).rstrip("/")
+        replaced[kind.base_variable] = route_base_url(name)
+        if pending:
+            routes.append(Route(name, upstream, kind.keys[0][1], b""))
+            continue
         held = [(variable, header) for variable, header in kind.keys if credential.get(variable)]
         if not held:
             wanted = " or ".join(variable for variable, _ in kind.keys)
@@ -107,10 +117,8 @@ def injected(
                 f"--inject-for {name}: the credential file holds no {wanted}: add the key there"
             )
         variable, header = held[0]
-        upstream = environ.get(kind.base_variable) or kind.default_upstream
         secret = credential[variable].encode("utf-8", "surrogateescape")
-        routes.append(Route(name, upstream.rstrip("/"), header, secret))
-        replaced[kind.base_variable] = route_base_url(name)
+        routes.append(Route(name, upstream, header, secret))
         for other, _header in kind.keys:
             if other in credential:
                 replaced[other] = PLACEHOLDER
@@ -158,6 +166,7 @@ class _Proxies:
             listener.write(record)
 
     def attach(self, plan: Plan, reporter: _Reporter | None) -> tuple[Plan, Egress]:
+        plan.require_launchable()  # (gate refused it already: its routes hold no key)
         name = f"session-{os.getpid()}-{next(self._numbers)}"
         listeners: list[AuditLog | _Reporter] = []
         if plan.audit is not None:

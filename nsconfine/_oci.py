@@ -485,6 +485,7 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
                 f"the bundle {printable(bundle)} lies inside {printable(entry.source)}, "
                 "which the session can write: it could rewrite its own config.json"
             )
+    plan.require_launchable()  # the bundle holds the credential's values
     try:  # an OSError on a path (unreadable, swapped while checked) refuses, naming it
         lint(plan)
         return materialize(plan, bundle, argv)

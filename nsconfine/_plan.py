@@ -13,7 +13,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Sequence
 
-from nsconfine._errors import PlanError, UsageError
+from nsconfine._errors import CredentialMissing, PlanError, UsageError
 from nsconfine._limits import Limits
 from nsconfine._record import Record
 
@@ -559,6 +559,7 @@ class Plan(Record):
         "destinations",
         "routes",
         "audit",
+        "credential_needed",
     )
     __slots__ = FIELDS
     entries: tuple[Entry, ...]
@@ -574,6 +575,9 @@ class Plan(Record):
     destinations: tuple[Destination, ...]  # what a proxy session may reach, each with its reason
     routes: tuple[Route, ...]  # APIs it reaches with a key the launcher's proxy adds
     audit: str | None  # the file the proxy's records of its connections are appended to
+    # The credential file a launch needs and that was not there when the plan was built: the
+    # plan shows what a launch will do, and every launch of it is refused (refuse_unlaunchable).
+    credential_needed: str | None
 
     def __init__(
         self,
@@ -590,6 +594,7 @@ class Plan(Record):
         destinations: Sequence[Destination] = (),
         routes: Sequence[Route] = (),
         audit: str | None = None,
+        credential_needed: str | None = None,
     ) -> None:
         limits = Limits() if limits is None else limits
         if network != "proxy" and (destinations or routes or audit is not None):
@@ -621,6 +626,7 @@ class Plan(Record):
             destinations=tuple(destinations),
             routes=tuple(routes),
             audit=audit,
+            credential_needed=credential_needed,
         )
         seen: set[str] = set()
         for entry in ordered:
@@ -653,6 +659,7 @@ class Plan(Record):
         destinations: Sequence[Destination] = (),
         routes: Sequence[Route] = (),
         audit: str | None = None,
+        credential_needed: str | None = None,
     ) -> Plan:
         """A plan from any iterables."""
         return cls(
@@ -669,7 +676,18 @@ class Plan(Record):
             destinations,
             routes,
             audit,
+            credential_needed,
         )
+
+    def require_launchable(self) -> None:
+        """Refuse (CredentialMissing) a plan built to be shown, not run: its credential file
+        was not there when it was built."""
+        if self.credential_needed is not None:
+            raise CredentialMissing(
+                f"credential file {printable(self.credential_needed)} does not exist: create "
+                "it (KEY=VALUE, mode 0600); a plan built before it existed is shown, never "
+                "launched: build the plan again then"
+            )
 
     def without(self, dest: str) -> Plan:
         """This plan less the entry at dest (to show what a session cannot do without it)."""
@@ -699,6 +717,7 @@ class Plan(Record):
                 {"name": r.name, "upstream": r.upstream, "header": r.header} for r in self.routes
             ],
             "audit": self.audit,
+            "credential_needed": self.credential_needed,
             "nested_userns": self.nested_userns,
             "protection": None if self.protection is None else self.protection.to_json(),
             "limits": self.limits.to_json(),
@@ -727,6 +746,12 @@ class Plan(Record):
         if self.network == "proxy":
             lines += self._network_lines()
         lines.append(f"working directory: {printable(self.chdir)}")
+        if self.credential_needed is not None:
+            lines.append(
+                f"credential: {printable(self.credential_needed)} does not exist yet; a launch "
+                "is refused until it does (KEY=VALUE, mode 0600), and its variables join the "
+                "environment then"
+            )
         lines.append("environment (starts empty):")
         lines += [
             f"  {printable(v.name)}={printable(v.to_json()['value'])}  [{v.origin}]"

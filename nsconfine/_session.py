@@ -310,6 +310,7 @@ def _build_plan(
         destinations=session.allow_hosts,
         routes=routes,
         audit=session.audit,
+        credential_needed=session.credential if credential_pending(session) else None,
         nested_userns=session.allow_nested_userns,
         protection=protected,
         limits=Limits.parse(session.limits),
@@ -584,7 +585,9 @@ def network_environment(
     if (session.network or "none") != "proxy":
         return env, ()
     credential = {v.name: v.value for v in env if v.origin is Origin.CREDENTIAL}
-    routes, replaced = _network.injected(session.inject, credential, environ)
+    routes, replaced = _network.injected(
+        session.inject, credential, environ, pending=credential_pending(session)
+    )
     replaced.update(_network.PROXY_VARIABLES)
     kept = [
         v for v in env if v.name not in replaced and v.name not in _network.LAUNCHER_PROXY_VARIABLES
@@ -601,6 +604,12 @@ def _nested_userns_reason(allowed: bool | str | None) -> str | None:
     if isinstance(allowed, str) and allowed.strip():
         return allowed.strip()
     raise UsageError("allow_nested_userns is True, False or the reason it is allowed")
+
+
+def credential_pending(session: Session) -> bool:
+    """Whether the session names a credential file that is not there (yet): its plan can be
+    shown and explained, and a launch of it is refused (Plan.credential_needed)."""
+    return session.credential is not None and not os.path.lexists(session.credential)
 
 
 def _require_exists(path: str, what: str) -> None:
@@ -627,7 +636,7 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
     for name in session.env:
         if name in environ:
             variables[name] = EnvVar(name, environ[name], Origin.LAUNCHER)
-    if session.credential is not None:
+    if session.credential is not None and not credential_pending(session):
         for name, value in read_credential(session.credential).items():
             if name in variables and variables[name].origin is not Origin.NSCONFINE:
                 raise PlanError(f"{name} comes both from --env and from the credential file")

@@ -13,7 +13,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from nsconfine._accounts import SEARCH, access_problem
-from nsconfine._errors import PlanError, SandboxUnavailable, UsageError, refuse_if_short_of_fds
+from nsconfine._errors import (
+    NsconfineError,
+    PlanError,
+    SandboxUnavailable,
+    UsageError,
+    refuse_if_short_of_fds,
+)
 from nsconfine._executor import (
     SPAWN_SHIM_TIMEOUT_MS,
     StagedGone,
@@ -76,6 +82,7 @@ def gate(plan: Plan) -> Cleared:
     """Refuse plan unless every check due before bwrap runs passes (who the session runs as,
     which bwrap, proven); what the launch then needs. The plan's own checks are lint()."""
     euid = os.geteuid()
+    plan.require_launchable()
     refuse_if_statuses_discarded()
     if plan.user.uid == 0:
         raise SandboxUnavailable(
@@ -187,6 +194,8 @@ def refusing_os_errors() -> Iterator[None]:
     race with a hostile workspace) is a refusal of the launch, never a failure of the command."""
     try:
         yield
+    except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
+        raise
     except OSError as error:
         refuse_if_short_of_fds(error)
         where = f" ({printable(error.filename)})" if error.filename else ""

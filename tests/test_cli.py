@@ -182,13 +182,50 @@ def test_refused_run_runs_nothing(dirs: Dirs, name: str) -> None:
     assert not dirs.marker.exists()
 
 
-@pytest.mark.parametrize("name", [n for n in REFUSALS if n != "no-bwrap"])
+# Refused by `run` only: `plan` shows what a launch would do (no bwrap runs for it), and names
+# a credential file that is not there yet (test_plan_before_the_credential_exists).
+LAUNCH_ONLY_REFUSALS = ("no-bwrap", "credential-missing")
+
+
+@pytest.mark.parametrize("name", [n for n in REFUSALS if n not in LAUNCH_ONLY_REFUSALS])
 def test_refused_plan_is_one_line(dirs: Dirs, name: str) -> None:
     """`plan` refuses the same sessions as `run`, with the same status and one-line message."""
     args, env, status, code, named = refusal_case(name, dirs)
     result = nsconfine("plan", *args, env=env)
     assert named in assert_refused(result, status, code)
     assert result.stdout == ""
+
+
+def test_plan_before_the_credential_exists(dirs: Dirs) -> None:
+    """Before its credential file exists, a session's plan and explain answer (the manifest
+    names the file a launch needs, the route is shown), while run and oci-bundle refuse with
+    credential-missing and run nothing; once the file is there, the manifest no longer says so."""
+    missing = dirs.root / "later.env"
+    args = [*dirs.session, "--credential", str(missing), "--network", "proxy"]
+    args += ["--inject-for", "anthropic"]
+    shown = nsconfine("plan", *args)
+    assert shown.returncode == 0, shown.stderr
+    assert f"credential: {missing} does not exist yet" in shown.stdout
+    assert "route /anthropic/ -> https://api.anthropic.com" in shown.stdout
+    as_json = json.loads(nsconfine("plan", "--json", *args).stdout)
+    assert as_json["credential_needed"] == str(missing)
+    explained = nsconfine("explain", "https://api.anthropic.com", *args)
+    assert explained.returncode == 0, explained.stderr
+    assert "reachable only through the route" in explained.stdout
+    line = assert_refused(nsconfine("run", *args, *dirs.marker_command), 78, "credential-missing")
+    assert str(missing) in line
+    assert not dirs.marker.exists()
+    bundle = dirs.root / "bundle"
+    line = assert_refused(
+        nsconfine("oci-bundle", *args, str(bundle), "--", "/bin/true"),
+        78,
+        "credential-missing",
+    )
+    assert not (bundle / "config.json").exists()
+    write_credential(missing, "ANTHROPIC_API_KEY=sk-later\n")
+    shown = nsconfine("plan", *args)
+    assert shown.returncode == 0, shown.stderr
+    assert "does not exist yet" not in shown.stdout
 
 
 @pytest.mark.confinement

@@ -197,6 +197,7 @@ def test_to_json_entry_keys_are_exact() -> None:
         "destinations",
         "routes",
         "audit",
+        "credential_needed",
         "nested_userns",
         "protection",
         "limits",
