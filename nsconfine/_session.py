@@ -14,6 +14,7 @@ import re
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from nsconfine import _arguments as a
 from nsconfine import _network
 from nsconfine import _plan as p
 from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
@@ -44,7 +45,13 @@ from nsconfine._system import RESOLVER, system_entries
 
 TYPE_CHECKING = False  # see nsconfine/_executor.py
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Literal, TypeAlias
+
+    # The choices, as types: mypy refuses Session(network="nonee") before it runs.
+    Network: TypeAlias = Literal["none", "proxy", "host"]
+    HomeMode: TypeAlias = Literal["persist", "fresh"]
+    WorkspaceMode: TypeAlias = Literal["rw", "ro"]
+    PathArgument: TypeAlias = str | os.PathLike[str]
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -142,88 +149,91 @@ class Session(Record):
     def __init__(
         self,
         *,
-        workspace: str | os.PathLike[str],
-        run_dir: str | os.PathLike[str],
-        ro: Iterable[str | os.PathLike[str]] = (),
-        harness: Iterable[str | os.PathLike[str] | Harness] = (),
-        tool_socket: str | os.PathLike[str] | None = None,
+        workspace: PathArgument,
+        run_dir: PathArgument,
+        ro: Iterable[PathArgument] = (),
+        harness: Iterable[PathArgument | Harness] = (),
+        tool_socket: PathArgument | None = None,
         env: Iterable[str] = (),
-        credential: str | os.PathLike[str] | None = None,
-        deny: Iterable[str | os.PathLike[str]] = (),
+        credential: PathArgument | None = None,
+        deny: Iterable[PathArgument] = (),
         user: str | int | None = None,
         protect: Iterable[str] = (),
         unprotect: Iterable[str] = (),
-        network: str | None = None,
+        network: Network | None = None,
         network_reason: str | None = None,
         allow_hosts: Iterable[Destination | str] = (),
         inject: Iterable[str] = (),
-        audit: str | os.PathLike[str] | None = None,
+        audit: PathArgument | None = None,
         allow_nested_userns: bool | str | None = False,
         setenv: Mapping[str, str] | Iterable[str | tuple[str, str]] = (),
         pass_terminal: bool = True,
-        home_mode: str | None = None,
+        home_mode: HomeMode | None = None,
         git_identity: str | None = None,
         profile: str | Iterable[str] = (),
         binds: Iterable[Bind] = (),
-        workspace_mode: str | None = None,
+        workspace_mode: WorkspaceMode | None = None,
         credential_needed_by: Iterable[str] = (),
         limits: Mapping[str, int | str] | Iterable[str | tuple[str, int | str]] = (),
-        mask: Iterable[str | os.PathLike[str]] = (),
+        mask: Iterable[PathArgument] = (),
     ) -> None:
-        def path(value: str | os.PathLike[str]) -> str:
-            return _absolute(_path_text(os.fspath(value)))
-
+        # Each keyword checked for its shape first (nsconfine._arguments): a bare string where a
+        # list is meant, a path where a Bind is, a mapping where names are, refused by name.
         harnesses = tuple(
-            h if isinstance(h, Harness) else Harness.parse(os.fspath(h)) for h in harness
+            h if isinstance(h, Harness) else Harness.parse(os.fspath(h))
+            for h in a.items("harness", harness, (str, os.PathLike, Harness))
         )
         if any(not h.path for h in harnesses):
             raise UsageError("a harness path is empty: name the harness executable (--harness)")
-        harnesses = tuple(Harness(path(h.path), h.sha256) for h in harnesses)
-        if home_mode is not None and home_mode not in HOME_MODES:
-            raise UsageError(f"home_mode {home_mode!r}: it is one of {', '.join(HOME_MODES)}")
-        if workspace_mode is not None and workspace_mode not in ("rw", "ro"):
-            raise UsageError(f"workspace_mode {workspace_mode!r}: it is rw or ro")
+        harnesses = tuple(Harness(_path(h.path), h.sha256) for h in harnesses)
         if git_identity is not None:
-            git_identity_parts(git_identity)  # refused now if malformed
-        if network is not None and network not in NETWORKS:
-            raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
-        names = tuple(env)
+            git_identity_parts(a.text("git_identity", git_identity))  # refused now if malformed
+        if isinstance(env, Mapping):
+            raise UsageError(
+                "Session(env=...) names variables to pass from the launcher's environment; "
+                "for values, give setenv={...}"
+            )
+        names = tuple(a.items("env", env, str))
         for name in names:
             if not is_env_name(name):
                 raise UsageError(f"--env {name!r} is not a variable name")
             if name == "HOME":
                 raise UsageError("HOME cannot be passed: the session gets its own empty HOME")
+        if isinstance(user, bool) or not isinstance(user, str | int | None):
+            raise UsageError(f"Session(user=...): an account name or uid, not {user!r}")
         self._set(
-            workspace=path(workspace),
-            run_dir=path(run_dir),
-            ro=tuple(path(r) for r in ro),
+            workspace=_path(a.path("workspace", workspace)),
+            run_dir=_path(a.path("run_dir", run_dir)),
+            ro=tuple(_path(r) for r in a.paths("ro", ro)),
             harness=harnesses,
-            tool_socket=None if tool_socket is None else path(tool_socket),
+            tool_socket=_optional_path("tool_socket", tool_socket),
             env=names,
-            credential=None if credential is None else path(credential),
-            deny=tuple(path(d) for d in deny),
+            credential=_optional_path("credential", credential),
+            deny=tuple(_path(d) for d in a.paths("deny", deny)),
             user=_path_text(user) if isinstance(user, str) else user,
-            protect=tuple(_path_text(name) for name in protect),
-            unprotect=tuple(_path_text(name) for name in unprotect),
-            network=network,
-            network_reason=network_reason,
+            protect=tuple(_path_text(name) for name in a.items("protect", protect, str)),
+            unprotect=tuple(_path_text(name) for name in a.items("unprotect", unprotect, str)),
+            network=a.choice("network", network, NETWORKS),
+            network_reason=a.optional_text("network_reason", network_reason),
             allow_hosts=tuple(
                 d if isinstance(d, Destination) else Destination.parse(d, ALLOWED_BY_LAUNCHER)
-                for d in _strings("allow_hosts", allow_hosts)
+                for d in a.items("allow_hosts", allow_hosts, (str, Destination))
             ),
-            inject=tuple(_strings("inject", inject)),
-            audit=None if audit is None else path(audit),
+            inject=tuple(a.items("inject", inject, str)),
+            audit=_optional_path("audit", audit),
             allow_nested_userns=_nested_userns_reason(allow_nested_userns),
-            setenv=tuple(_literal_values(setenv)),
-            pass_terminal=bool(pass_terminal),
-            home_mode=home_mode,
+            setenv=tuple(_literal_values(a.pairs("setenv", setenv))),
+            pass_terminal=a.flag("pass_terminal", pass_terminal),
+            home_mode=a.choice("home_mode", home_mode, HOME_MODES),
             git_identity=git_identity,
-            profile=(profile,) if isinstance(profile, str) else tuple(profile),
-            binds=tuple(binds),
-            workspace_mode=workspace_mode,
-            credential_needed_by=tuple(credential_needed_by),
-            limits=tuple((name, parse_value(name, value)) for name, value in pairs(limits)),
-            mask=tuple(path(m) for m in mask),
+            profile=(profile,) if isinstance(profile, str) else a.items("profile", profile, str),
+            binds=a.items("binds", binds, Bind, "give nsconfine.Bind(source, dest, mode, reason)"),
+            workspace_mode=a.choice("workspace_mode", workspace_mode, ("rw", "ro")),
+            credential_needed_by=a.items("credential_needed_by", credential_needed_by, str),
+            limits=tuple(
+                (name, parse_value(name, value)) for name, value in pairs(a.pairs("limits", limits))
+            ),
+            mask=tuple(_path(m) for m in a.paths("mask", mask)),
         )
 
     @property
@@ -568,13 +578,6 @@ NESTED_USERNS_DEFAULT_REASON = "the session's harness sandboxes its own tools (b
 ALLOWED_BY_LAUNCHER = "named by the launcher (--allow-host)"
 
 
-def _strings(name: str, given: Iterable[Any]) -> list[Any]:
-    """given as a list; a bare string (which would be taken letter by letter) is refused."""
-    if isinstance(given, str | bytes):
-        raise UsageError(f"{name} is a list: give [{given!r}], not the bare string")
-    return list(given)
-
-
 def network_environment(
     session: Session, env: list[EnvVar], environ: Mapping[str, str]
 ) -> tuple[list[EnvVar], tuple[Route, ...]]:
@@ -776,6 +779,14 @@ def _expand(
             "be taken from the launcher's working directory)"
         )
     return _absolute(expanded)
+
+
+def _path(value: str | os.PathLike[str]) -> str:
+    return _absolute(_path_text(os.fspath(value)))
+
+
+def _optional_path(keyword: str, value: str | os.PathLike[str] | None) -> str | None:
+    return None if value is None else _path(a.path(keyword, value))
 
 
 def _absolute(path: str) -> str:

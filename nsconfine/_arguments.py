@@ -1,0 +1,110 @@
+"""The shape of the Python API's keyword arguments, checked before their meaning.
+
+Python takes a bare string for a list of paths without a word, and iterates it letter by
+letter (`deny="/srv/data"` would deny "/", "s", "r", …); a mapping where names are meant gives
+its keys and drops its values; a path where a Bind is meant fails deep inside with an
+AttributeError. Each helper here refuses such a value with a UsageError that names the keyword
+and says what to give instead, so a caller's mistake is never a traceback or a different plan.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable, Mapping
+
+from nsconfine._errors import UsageError
+
+TYPE_CHECKING = False  # see nsconfine/_executor.py
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+    P = TypeVar("P", bound=Iterable[object])
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def items(
+    keyword: str,
+    given: Iterable[T],
+    wanted: type[Any] | tuple[type[Any], ...],
+    hint: str = "",
+) -> tuple[T, ...]:
+    """given as a tuple of wanted values: a bare str or bytes, a mapping, a non-iterable or an
+    item of another type is refused, naming keyword (and saying hint, how to make an item)."""
+    if isinstance(given, str | bytes | os.PathLike):
+        raise UsageError(
+            f"Session({keyword}=...) is a list: give [{given!r}], not the bare {_kind(given)}"
+        )
+    if isinstance(given, Mapping):
+        raise UsageError(f"Session({keyword}=...) is a list, not a mapping ({_kind(given)})")
+    if not isinstance(given, Iterable):
+        raise UsageError(f"Session({keyword}=...) is a list, not {given!r}")
+    found = tuple(given)
+    for item in found:
+        if not isinstance(item, wanted):
+            names = " or ".join(
+                t.__name__ for t in (wanted if isinstance(wanted, tuple) else (wanted,))
+            )
+            raise UsageError(
+                f"Session({keyword}=...): each item is a {names}, not {item!r} "
+                f"({_kind(item)}){': ' + hint if hint else ''}"
+            )
+    return found
+
+
+def pairs(keyword: str, given: P) -> P:
+    """given, if it is a mapping or a list of NAME=VALUE strings or (name, value) pairs whose
+    names are str."""
+    if isinstance(given, Mapping):
+        found: Iterable[object] = given.items()
+    else:
+        found = items(keyword, given, (str, tuple), "give NAME=VALUE or (name, value)")
+    for item in found:
+        if isinstance(item, tuple) and (len(item) != 2 or not isinstance(item[0], str)):
+            raise UsageError(f"Session({keyword}=...): {item!r} is not a (name, value) pair")
+    return given
+
+
+def paths(
+    keyword: str, given: Iterable[str | os.PathLike[str]]
+) -> tuple[str | os.PathLike[str], ...]:
+    """given as a tuple of paths (str or os.PathLike)."""
+    return items(keyword, given, (str, os.PathLike))
+
+
+def path(keyword: str, given: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """given, if it is one path."""
+    if not isinstance(given, str | os.PathLike):
+        raise UsageError(f"Session({keyword}=...) is one path (str or os.PathLike), not {given!r}")
+    return given
+
+
+def text(keyword: str, given: str) -> str:
+    """given, if it is a str."""
+    if not isinstance(given, str):
+        raise UsageError(f"Session({keyword}=...) is a str, not {given!r} ({_kind(given)})")
+    return given
+
+
+def optional_text(keyword: str, given: str | None) -> str | None:
+    """given, if it is a str or None."""
+    return None if given is None else text(keyword, given)
+
+
+def flag(keyword: str, given: bool) -> bool:
+    """given, if it is True or False (not a truthy string such as "no")."""
+    if not isinstance(given, bool):
+        raise UsageError(f"Session({keyword}=...) is True or False, not {given!r}")
+    return given
+
+
+def choice(keyword: str, given: T | None, choices: Collection[str]) -> T | None:
+    """given, if it is None or one of choices."""
+    if given is not None and (not isinstance(given, str) or given not in choices):
+        raise UsageError(
+            f"Session({keyword}={given!r}): it is one of {', '.join(sorted(choices))} (or None)"
+        )
+    return given
