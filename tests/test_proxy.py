@@ -273,7 +273,10 @@ def read_head(sock: socket.socket) -> bytes:
 def tunnel(path: str, target: str) -> tuple[socket.socket, bytes]:
     """A client socket after CONNECT target, and the proxy's answer head."""
     client = connect(path)
-    client.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    try:
+        client.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    except BrokenPipeError:
+        pass  # refused at once: the answer, sent before the close, is still there to read
     return client, read_head(client)
 
 
