@@ -9,12 +9,12 @@ from nsconfine._errors import (
     TimeoutExpired,
     UsageError,
 )
-from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan, RunAs
-from nsconfine._preflight import PreflightReport, preflight
-from nsconfine._profiles import Bind
-from nsconfine._sandbox import Sandbox
+from nsconfine._gate import spawn
+from nsconfine._launch.sandbox import Sandbox
+from nsconfine._plan.model import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan, RunAs
+from nsconfine._plan.profiles import Bind
+from nsconfine._preflight.checks import PreflightReport, preflight
 from nsconfine._session import Harness, Session
-from nsconfine._spawn import spawn
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 import sys
 
-from nsconfine._cli import main
+from nsconfine._cli.main import main
 
 sys.exit(main(sys.argv[1:]))

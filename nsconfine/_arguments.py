@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from nsconfine._errors import UsageError
 
-TYPE_CHECKING = False  # see nsconfine/_executor.py
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 

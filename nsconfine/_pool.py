@@ -1,6 +1,6 @@
 """Pre-staged sandboxes: a thin front over the executor's two halves.
 
-nsconfine.spawn builds a sandbox and hands it its command at once (nsconfine._executor.stage,
+nsconfine.spawn builds a sandbox and hands it its command at once (nsconfine._launch.stage.stage,
 then hand_off). A Pool does the first half ahead of need: its sandboxes pass the same gate and
 the same checks, and wait with the exec shim inside; `launch` is then only the hand-off, one
 sendmsg. Harness pins are checked again at that moment, so a harness changed after staging is
@@ -13,7 +13,7 @@ for idle_timeout seconds ends (its shim exits), is reaped, and is replaced only 
 launch. The launcher's death ends them all (their reapers watch its lifeline).
 
 A staged sandbox protects the repositories its workspace held when it was built: at launch it is
-looked at again (nsconfine._protect.refreshed, a stat of what its scan read), and one staged
+looked at again (nsconfine._plan.protect.refreshed, a stat of what its scan read), and one staged
 before a repository appeared is torn down and replaced by one staged on the spot.
 """
 
@@ -25,7 +25,15 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from nsconfine._errors import SandboxUnavailable, UsageError
-from nsconfine._executor import (
+from nsconfine._gate import (
+    checked_stage,
+    gate,
+    lint,
+    refuse_if_statuses_discarded,
+    refusing_os_errors,
+)
+from nsconfine._launch.sandbox import Sandbox
+from nsconfine._launch.stage import (
     Staged,
     StagedGone,
     hand_off,
@@ -33,23 +41,15 @@ from nsconfine._executor import (
     prepare_launch,
     teardown,
 )
-from nsconfine._pins import verify_pins
-from nsconfine._plan import Plan
-from nsconfine._protect import refreshed
-from nsconfine._sandbox import Sandbox
-from nsconfine._spawn import (
-    checked_stage,
-    gate,
-    lint,
-    refuse_if_statuses_discarded,
-    refusing_os_errors,
-)
+from nsconfine._plan.model import Plan
+from nsconfine._plan.protect import refreshed
+from nsconfine._policy.pins import verify_pins
 
-TYPE_CHECKING = False  # see nsconfine/_executor.py
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from typing import Literal
 
-    from nsconfine._executor import Stdio
+    from nsconfine._launch.stage import Stdio
 
     Refill = Literal["background", "inline"]
 

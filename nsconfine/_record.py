@@ -8,7 +8,7 @@ from here.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # see nsconfine/_executor.py
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from typing import Any, ClassVar, Self
 

@@ -15,16 +15,17 @@ import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from nsconfine import _arguments as a
-from nsconfine import _network
-from nsconfine import _plan as p
-from nsconfine._accounts import READ, SEARCH, WRITE, access_problem, run_as
-from nsconfine._allowlist import Destination, Route
-from nsconfine._credential import read_credential
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
-from nsconfine._harness import harness_entries
-from nsconfine._limits import Limits, pairs, parse_value
-from nsconfine._mask import mask_entries, mask_rules
-from nsconfine._plan import (
+from nsconfine._kernel.accounts import READ, SEARCH, WRITE, access_problem, run_as
+from nsconfine._kernel.syscalls import open_no_symlinks, realpath
+from nsconfine._plan import model as p
+from nsconfine._plan import network as _network
+from nsconfine._plan.allowlist import Destination, Route
+from nsconfine._plan.credential import read_credential
+from nsconfine._plan.harness import harness_entries
+from nsconfine._plan.limits import Limits, pairs, parse_value
+from nsconfine._plan.mask import mask_entries, mask_rules
+from nsconfine._plan.model import (
     NETWORKS,
     DenyRule,
     EnvVar,
@@ -36,14 +37,13 @@ from nsconfine._plan import (
     printable,
     within,
 )
-from nsconfine._policy import check_plan, default_deny, deny_paths, resolve
-from nsconfine._profiles import Bind, chain
-from nsconfine._protect import protected_names, protection, writable_trees
+from nsconfine._plan.profiles import Bind, chain
+from nsconfine._plan.protect import protected_names, protection, writable_trees
+from nsconfine._plan.system import RESOLVER, system_entries
+from nsconfine._policy.lint import check_plan, default_deny, deny_paths, resolve
 from nsconfine._record import Record
-from nsconfine._syscalls import open_no_symlinks, realpath
-from nsconfine._system import RESOLVER, system_entries
 
-TYPE_CHECKING = False  # see nsconfine/_executor.py
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from typing import Any, Literal, TypeAlias
 
@@ -130,7 +130,7 @@ class Session(Record):
     network: str | None  # "none" (None: the profile's, else none) or "host" (the launcher's)
     network_reason: str | None  # why the session shares the launcher's network (host needs one)
     allow_hosts: tuple[Destination, ...]  # what a proxy session may reach, each with its reason
-    inject: tuple[str, ...]  # routes (nsconfine._network.ROUTES) whose key the proxy holds
+    inject: tuple[str, ...]  # routes (nsconfine._plan.network.ROUTES) whose key the proxy holds
     audit: str | None  # the file the proxy appends a JSON line to for each connection
     allow_nested_userns: str | None  # why it may make user namespaces (None: it may not)
     setenv: tuple[tuple[str, str], ...]  # literal, non-secret values
@@ -142,7 +142,9 @@ class Session(Record):
     binds: tuple[Bind, ...]  # more host paths, each with its reason (from profiles)
     workspace_mode: str | None  # "rw" (None: the profile's, else rw) or "ro"
     credential_needed_by: tuple[str, ...]  # profiles that refuse a launch without a credential
-    limits: tuple[tuple[str, int], ...]  # the session's share, by name (nsconfine._limits); the
+    limits: tuple[
+        tuple[str, int], ...
+    ]  # the session's share, by name (nsconfine._plan.limits); the
     # rest at their defaults
     mask: tuple[str, ...]  # host paths shown empty and read-only wherever a bind holds them
 
@@ -333,7 +335,7 @@ def _build_plan(
 
 def _require_runnable(plan: Plan, runner_paths: int) -> None:
     """Refuse a plan with more options than bwrap accepts, now rather than at launch."""
-    from nsconfine._bwrap_args import MAX_BWRAP_ARGUMENTS, bwrap_options
+    from nsconfine._plan.bwrap_args import MAX_BWRAP_ARGUMENTS, bwrap_options
 
     count = len(bwrap_options(plan)) + 8  # and the command line: --args 3 -- the shim …
     if count > MAX_BWRAP_ARGUMENTS:
@@ -653,7 +655,7 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
 
 
 def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session, list[DenyRule]]:
-    """session with its profiles applied (nsconfine._profiles): each profile's values, in
+    """session with its profiles applied (nsconfine._plan.profiles): each profile's values, in
     include order, then the session's own, which add to lists and win over scalars; every path
     a profile gives expanded here, once (_expand). Also the profiles' deny rules, each naming
     its profile (one whose variable is unset keeps its text, and matches nothing)."""

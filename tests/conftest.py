@@ -17,9 +17,9 @@ import pytest
 from helpers import SESSION_USER, open_up, session, session_dirs
 
 import nsconfine
-from nsconfine import _layers
-from nsconfine._accounts import run_as
-from nsconfine._selftest import World
+from nsconfine._kernel import layers as _layers
+from nsconfine._kernel.accounts import run_as
+from nsconfine._selftest.world import World
 
 MUST_WORK = os.environ.get("NSCONFINE_MUST_WORK") == "1"
 
@@ -82,7 +82,7 @@ def plan(ws_run: tuple[Path, Path]) -> nsconfine.Plan:
 
 @pytest.fixture
 def without(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """Switch kernel layers off for one test (nsconfine._layers' test-only door, for the
+    """Switch kernel layers off for one test (nsconfine._kernel.layers' test-only door, for the
     mutation twins and the forced fallbacks)."""
 
     def switch_off(*names: str) -> None:

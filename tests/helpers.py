@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import nsconfine
-from nsconfine._selftest import pids_with as pids_with  # re-exported for the tests
+from nsconfine._selftest.world import pids_with as pids_with  # re-exported for the tests
 
 IS_ROOT = os.geteuid() == 0
 SESSION_USER: str | None = (os.environ.get("NSCONFINE_TEST_USER") or "nobody") if IS_ROOT else None

@@ -17,7 +17,7 @@ import pytest
 from helpers import cli, open_up, read_to_eof, session, session_options, sh
 
 import nsconfine
-from nsconfine._plan import Kind
+from nsconfine._plan.model import Kind
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

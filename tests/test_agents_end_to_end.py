@@ -23,9 +23,9 @@ import pytest
 from agent_mock import FINAL_WORD, AgentAPI
 from helpers import SESSION_USER, tmux
 
-from nsconfine._accounts import run_as
-from nsconfine._network import PLACEHOLDER, route_base_url
-from nsconfine._selftest import World
+from nsconfine._kernel.accounts import run_as
+from nsconfine._plan.network import PLACEHOLDER, route_base_url
+from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

@@ -88,7 +88,7 @@ def test_nsconfine_needs_nothing_but_cffi() -> None:
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert [d.split(">")[0] for d in pyproject["project"]["dependencies"]] == ["cffi"]
     probe = (
-        "import sys, nsconfine, nsconfine._cli, nsconfine._selftest, nsconfine._spawn\n"
+        "import sys, nsconfine, nsconfine._cli.main, nsconfine._selftest.world, nsconfine._gate\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psutil', 'matplotlib')))"
     )
     result = subprocess.run(

@@ -13,7 +13,8 @@ import pytest
 from helpers import give_to_session_user, session
 
 import nsconfine
-from nsconfine import _mountpoints, _preflight
+from nsconfine._launch import sources as _sources
+from nsconfine._preflight import checks as _checks
 
 
 @pytest.fixture
@@ -22,9 +23,9 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     cache = tmp_path / "cache"
     cache.mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    _mountpoints.forget_records()
+    _sources.forget_records()
     yield cache
-    _mountpoints.forget_records()
+    _sources.forget_records()
 
 
 def test_records_made_under_a_group_writable_umask_are_accepted(own_cache: Path) -> None:
@@ -34,8 +35,8 @@ def test_records_made_under_a_group_writable_umask_are_accepted(own_cache: Path)
     others (which made every launch of a workspace fail, for good)."""
     old = os.umask(0o002)
     try:
-        _preflight._remember("attack10-identity", frozenset())  # the gate does this first
-        records = _mountpoints._records()
+        _checks._remember("attack10-identity", frozenset())  # the gate does this first
+        records = _sources._records()
     finally:
         os.umask(old)
     for path in (records, os.path.dirname(records)):
@@ -49,7 +50,7 @@ def test_a_token_that_cannot_be_written_leaks_no_fd(
     fails the launch without leaving the token's fd open, and leaves no stub behind."""
     workspace, run_dir = ws_run
     plan = session(workspace, run_dir).plan()
-    _mountpoints._records()  # found (and its directory made) before the count
+    _sources._records()  # found (and its directory made) before the count
     before = len(os.listdir("/proc/self/fd"))
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -57,7 +58,7 @@ def test_a_token_that_cannot_be_written_leaks_no_fd(
     try:
         for _ in range(3):
             with pytest.raises(OSError, match="too large"):
-                _mountpoints.open_for_launch(plan)
+                _sources.open_for_launch(plan)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, handler)
@@ -82,7 +83,7 @@ def test_a_stub_another_records_directory_holds_is_not_removed(
         cache = tmp_path / name
         cache.mkdir(exist_ok=True)
         monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-        _mountpoints.forget_records()
+        _sources.forget_records()
 
     records_in("cache-a")
     first = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/sleep", "1000"])
@@ -99,13 +100,13 @@ def test_a_stub_another_records_directory_holds_is_not_removed(
     finally:
         second.kill()
         second.wait()
-        _mountpoints.forget_records()
+        _sources.forget_records()
 
 
 def test_a_wait_longer_than_poll_can_count_waits() -> None:
     """wait_fd (Sandbox.wait's, and the CLI's) with a timeout past poll()'s int of ms (a
     broker's float('inf'), `--grace 1e300` once a signal came) waits: no OverflowError."""
-    from nsconfine._syscalls import wait_fd
+    from nsconfine._kernel.syscalls import wait_fd
 
     read_end, write_end = os.pipe()
     try:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nsconfine import _plan as p
-from nsconfine._bwrap_args import (
+from nsconfine._plan import model as p
+from nsconfine._plan.bwrap_args import (
     FIRST_DATA_FD,
     NAMESPACE_OPTIONS,
     bwrap_command_line,
@@ -17,7 +17,7 @@ from nsconfine._bwrap_args import (
     reaper_command_line,
     shim_command,
 )
-from nsconfine._plan import EnvVar, Kind, Origin, Plan
+from nsconfine._plan.model import EnvVar, Kind, Origin, Plan
 from nsconfine._session import Session, build_plan
 
 PASSWD = b"root:x:0:0::/tmp/home:/bin/sh\n"

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from nsconfine import _layers, _selftest
-from nsconfine._bwrap_args import (
+from nsconfine._kernel import layers as _layers
+from nsconfine._kernel.mountinfo import mount_table_problems
+from nsconfine._launch.stage import open_entry_fds
+from nsconfine._plan.bwrap_args import (
     ARGS_FD,
     FIRST_DATA_FD,
     INFO_FD,
@@ -25,14 +27,13 @@ from nsconfine._bwrap_args import (
     bwrap_options,
     encode_options,
 )
-from nsconfine._executor import open_entry_fds
-from nsconfine._mounts import mount_table_problems
-from nsconfine._plan import Plan
-from nsconfine._preflight import proven_bwrap
-from nsconfine._selftest import World, killed_launches_leave_nothing, run_probe, run_script
+from nsconfine._plan.model import Plan
+from nsconfine._preflight.checks import proven_bwrap
+from nsconfine._selftest import world as _world
+from nsconfine._selftest.world import World, killed_launches_leave_nothing, run_probe, run_script
 
 if TYPE_CHECKING:
-    from nsconfine._executor import Stdio
+    from nsconfine._launch.stage import Stdio
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -45,7 +46,7 @@ def _probe_names() -> list[str]:
         return [probe.name for probe in World(root).probes()]
 
 
-def _probe(world: World, name: str) -> _selftest.Probe:
+def _probe(world: World, name: str) -> _world.Probe:
     return next(probe for probe in world.probes() if probe.name == name)
 
 
@@ -78,7 +79,7 @@ def naive_launch(
     --die-with-parent, no namespace or mount check, the command run directly: what nsconfine's
     executor exists to avoid. keep_info: report the sandbox's pid on the info fd (to kill
     bwrap right after it, as kill() at once would)."""
-    import nsconfine._syscalls as syscalls
+    import nsconfine._kernel.syscalls as syscalls
     from nsconfine.bench._core import make_stubs
 
     make_stubs(plan)  # the protected paths' stubs nsconfine would make (and later remove)
@@ -132,7 +133,7 @@ def test_probe_flips_on_a_weakened_plan(
     entry the need depends on: the check can fail."""
     probe = _probe(world, name)
     plan = world.plan()
-    launcher: _selftest.Launcher = _selftest.unchecked_launcher
+    launcher: _world.Launcher = _world.unchecked_launcher
     if name == "use an fd the launcher leaked":
         launcher = naive_launch  # type: ignore[assignment]  # a launcher that passes fds on
     weakened = probe.weaken(plan)
@@ -228,4 +229,4 @@ def test_the_planted_symlink_twin_leaks(world: World) -> None:
     """selftest's planted-symlink check can fail: past the lint, the next session's workspace
     leads into the checkout and its internal file is read."""
     assert world.planted_symlink_leaks() is None
-    assert world.planted_symlink_leaks(_selftest.unchecked_launcher, check=False) is not None
+    assert world.planted_symlink_leaks(_world.unchecked_launcher, check=False) is not None

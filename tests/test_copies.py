@@ -13,10 +13,10 @@ import pytest
 from helpers import open_up, session, session_dirs
 
 import nsconfine
-from nsconfine import _plan as p
 from nsconfine import _session
-from nsconfine._plan import Kind
-from nsconfine._selftest import run_script, unchecked_launcher
+from nsconfine._plan import model as p
+from nsconfine._plan.model import Kind
+from nsconfine._selftest.world import run_script, unchecked_launcher
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

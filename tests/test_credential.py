@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nsconfine._bwrap_args import bwrap_options
-from nsconfine._credential import parse_environment_file, read_credential
 from nsconfine._errors import CredentialInsecure, CredentialMissing, PlanError
-from nsconfine._plan import EnvVar, Origin
+from nsconfine._plan.bwrap_args import bwrap_options
+from nsconfine._plan.credential import parse_environment_file, read_credential
+from nsconfine._plan.model import EnvVar, Origin
 from nsconfine._session import Session, build_plan
 
 

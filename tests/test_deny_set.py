@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from helpers import IS_ROOT, SESSION_USER, open_up, session
 
-from nsconfine import _plan as p
-from nsconfine import _policy
 from nsconfine._errors import PlanError
-from nsconfine._plan import Kind, Plan
+from nsconfine._plan import model as p
+from nsconfine._plan.model import Kind, Plan
+from nsconfine._policy import lint as _lint
 from nsconfine._session import Session, build_plan
 
 
@@ -176,14 +176,15 @@ def test_a_hardlink_to_a_key_is_refused(ws_run: tuple[Path, Path], standin: Path
 
 _BIND_VIEW = r"""
 import os, subprocess, sys
-from nsconfine import _plan as p, _policy
+from nsconfine._plan import model as p
+from nsconfine._policy import lint as _lint
 from nsconfine._errors import PlanError
 home, view, deny_home = sys.argv[1], sys.argv[2], sys.argv[3]
 subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), view], check=True)
-rules = _policy.default_deny(homes=[deny_home], environ={})
+rules = _lint.default_deny(homes=[deny_home], environ={})
 plan = p.Plan.of([p.ro_bind(view, "/keys", "a view")], deny=rules)
 try:
-    _policy.check_plan(plan)
+    _lint.check_plan(plan)
     print("allowed")
 except PlanError as refused:
     print("refused", refused.message)
@@ -279,7 +280,7 @@ def test_a_plan_bwrap_cannot_run_is_refused_when_built(
 def test_rules_of_kind_bind_only_judge_sources() -> None:
     """A plan without any bind passes the lint whatever the rules (the control)."""
     rules = [p.DenyRule("/", "everything", origin="--deny")]
-    _policy.check_plan(Plan.of([p.tmpfs("/tmp", "private")], deny=rules))
+    _lint.check_plan(Plan.of([p.tmpfs("/tmp", "private")], deny=rules))
     assert all(e.kind is not Kind.BIND for e in Plan.of([p.tmpfs("/tmp", "x")]).entries)
 
 
@@ -299,15 +300,16 @@ def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
 
 _VIEW_BELOW = r"""
 import os, subprocess, sys
-from nsconfine import _plan as p, _policy
+from nsconfine._plan import model as p
+from nsconfine._policy import lint as _lint
 from nsconfine._errors import PlanError
 home, lib = sys.argv[1], sys.argv[2]
 subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), os.path.join(lib, "view")],
                check=True)
-rules = _policy.default_deny(homes=[home], environ={})
+rules = _lint.default_deny(homes=[home], environ={})
 plan = p.Plan.of([p.ro_bind(lib, "/lib", "a runner directory")], deny=rules)
 try:
-    _policy.check_plan(plan)
+    _lint.check_plan(plan)
     print("allowed")
 except PlanError as refused:
     print("refused", refused.message)
@@ -364,5 +366,5 @@ def test_every_plan_denies_the_hosts_root_daemons(ws_run: tuple[Path, Path], pat
     system bus reaches the host's services: every plan's deny set holds their sockets (a
     session bind of one is refused where it exists; this host runs none of them)."""
     deny = session(*ws_run).plan().deny
-    judge = _policy.Judge(deny)
+    judge = _lint.Judge(deny)
     assert judge.violated(path) is not None

@@ -21,8 +21,10 @@ import pytest
 from helpers import python_child, session_options, wait_until_gone
 
 import nsconfine
-from nsconfine import _executor, _layers, _preflight
-from nsconfine._selftest import Probe, World, run_probe, unchecked_launcher
+from nsconfine._kernel import layers as _layers
+from nsconfine._launch import stage as _stage
+from nsconfine._preflight import checks as _checks
+from nsconfine._selftest.world import Probe, World, run_probe, unchecked_launcher
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -48,14 +50,14 @@ def assert_still_confined(world: World) -> None:
 def bwrap_options_seen(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The option vectors launches hand bwrap from now on (recorded, not changed)."""
     seen: list[list[str]] = []
-    compile_options = _executor.compiled_options
+    compile_options = _stage.compiled_options
 
     def recorded(*arguments: object, **keywords: object) -> bytes:
         encoded = compile_options(*arguments, **keywords)  # type: ignore[arg-type]
         seen.append(encoded.decode().split("\0"))
         return encoded
 
-    monkeypatch.setattr(_executor, "compiled_options", recorded)
+    monkeypatch.setattr(_stage, "compiled_options", recorded)
     return seen
 
 
@@ -69,9 +71,9 @@ def binds_by_fd(options: list[str]) -> bool:
 def test_without_bind_fd_bwrap_binds_paths_and_still_confines(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With --bind-fd ignored (nsconfine._preflight's test-only door), every bind names its
+    """With --bind-fd ignored (nsconfine._preflight.checks's test-only door), every bind names its
     source, and the session is as confined."""
-    monkeypatch.setattr(_preflight, "IGNORE_BIND_FD", True)
+    monkeypatch.setattr(_checks, "IGNORE_BIND_FD", True)
     seen = bwrap_options_seen(monkeypatch)
     assert_still_confined(world)
     assert seen
@@ -84,7 +86,7 @@ def test_by_default_bwrap_is_handed_bind_sources_by_fd(
 ) -> None:
     """The control: where bwrap takes --bind-fd, a launch hands it every bind source by fd,
     so the test above really forced the other path."""
-    if not _preflight.takes_bind_fds(_preflight.proven_bwrap()):
+    if not _checks.takes_bind_fds(_checks.proven_bwrap()):
         pytest.skip("this bwrap has no --bind-fd: every launch here is the fallback")
     seen = bwrap_options_seen(monkeypatch)
     assert_still_confined(world)
@@ -98,9 +100,9 @@ def test_by_default_bwrap_is_handed_bind_sources_by_fd(
 def test_without_landlock_sessions_are_still_confined(
     world: World, without: Callable[..., None]
 ) -> None:
-    """With the Landlock scopes off (nsconfine._layers' test-only door), as on a kernel before
-    6.12: the plan lists no landlock layer, a host abstract socket is reached (the layer is
-    really off), and the session is otherwise as confined."""
+    """With the Landlock scopes off (the test-only door in nsconfine._kernel.layers), as on a
+    kernel before 6.12: the plan lists no landlock layer, a host abstract socket is reached
+    (the layer is really off), and the session is otherwise as confined."""
     abstract = (
         probe(world, "connect to a host abstract socket")
         if _layers.landlock_abi() >= _layers.LANDLOCK_SCOPES_ABI
@@ -176,7 +178,7 @@ import errno
 def no_pidfd(pid, flags=0):
     raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
 os.pidfd_open = no_pidfd
-from nsconfine._cli import main
+from nsconfine._cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -5,7 +5,7 @@ writable /proc/sys, setuid files left on the host, the launcher's session keyrin
 left alive (holding its pipes) after kill() or the launcher's death, pool fd leaks and stale
 pins, select()'s fd limit, a bwrap planted through PATH, a FIFO among copied runner files, the
 caller's terminal, and ambiguous exit statuses. Where a layer can be switched off (through
-nsconfine._layers' test-only door), its twin shows the check failing without it.
+nsconfine._kernel.layers' test-only door), its twin shows the check failing without it.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_no_sysctl_opens_for_write(plan: nsconfine.Plan) -> None:
 
 
 def _sysctls_opened_for_write(plan: nsconfine.Plan) -> int:
-    from nsconfine._selftest import unchecked_launcher
+    from nsconfine._selftest.world import unchecked_launcher
 
     read_end, write_end = os.pipe()
     sandbox = unchecked_launcher(
@@ -188,7 +188,7 @@ def test_without_seccomp_a_setuid_file_is_planted(
 
 _KEYRING_LAUNCHER = r"""
 import ctypes
-from nsconfine import _layers
+from nsconfine._kernel import layers as _layers
 if sys.argv[4]:
     _layers.DISABLED_FOR_TESTS = frozenset(sys.argv[4].split(","))
 libc = ctypes.CDLL(None, use_errno=True)
@@ -621,7 +621,7 @@ def test_bwrap_is_used_by_its_resolved_path(
 ) -> None:
     """A PATH entry that is a symlink is resolved once: every later use (proof, exec) names the
     real file, so a symlink flipped between them cannot swap the binary."""
-    from nsconfine._preflight import located_bwrap
+    from nsconfine._preflight.checks import located_bwrap
 
     (link := tmp_path / "pbin").symlink_to("/usr/bin")
     monkeypatch.setenv("PATH", f"{link}:/usr/bin")
@@ -715,7 +715,7 @@ def _shared_network(plan: nsconfine.Plan) -> nsconfine.Plan:
 def test_host_abstract_sockets_are_unreachable(plan: nsconfine.Plan) -> None:
     """A session cannot connect to a host abstract unix socket (where it could park its own
     stdout, so that no reader of it ever sees EOF): the Landlock scope refuses it."""
-    from nsconfine import _syscalls
+    from nsconfine._kernel import syscalls as _syscalls
 
     if _syscalls.landlock_abi() < 6:
         pytest.skip("this kernel's Landlock has no scopes (ABI < 6)")

@@ -29,7 +29,7 @@ from helpers import (
 )
 
 import nsconfine
-from nsconfine._plan import Kind
+from nsconfine._plan.model import Kind
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -311,7 +311,7 @@ def test_the_manifest_lists_each_protected_path_with_its_reason(repo: tuple[Path
 def test_without_protection_git_config_is_writable(repo: tuple[Path, Path]) -> None:
     """The twin: with every path unprotected, the session rewrites .git/config."""
     workspace = repo[0]
-    from nsconfine._protect import PROTECTED
+    from nsconfine._plan.protect import PROTECTED
 
     plan = session(*repo, unprotect=[name for name, _, _ in PROTECTED]).plan()
     assert not any(e.dest.endswith(".git/config") for e in plan.entries if e.kind is Kind.BIND)
@@ -500,7 +500,7 @@ def test_a_repository_scan_cut_short_refuses_the_plan(
 ) -> None:
     """A workspace with more directories than the scan looks through is refused by name,
     never protected less than it says."""
-    from nsconfine import _protect
+    from nsconfine._plan import protect as _protect
 
     monkeypatch.setattr(_protect, "REPOSITORY_SCAN", 20)
     for index in range(30):

@@ -85,7 +85,7 @@ def test_a_relative_cache_or_home_never_puts_records_under_the_working_directory
     """XDG_CACHE_HOME=cache (or HOME=.) from a launcher started in a workspace: the XDG spec
     ignores a relative value, and so does nsconfine; its records never land where a session
     could have planted a symlink for root to write through."""
-    from nsconfine._accounts import records_directory
+    from nsconfine._kernel.accounts import records_directory
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CACHE_HOME", "cache")
@@ -101,14 +101,14 @@ def test_a_planted_symlink_among_the_bwrap_proofs_is_never_written_through(
 ) -> None:
     """A proof's file replaced by a symlink to another file: the launcher that remembers the
     proof does not write through it (a root launcher would overwrite any file)."""
-    from nsconfine import _preflight
+    from nsconfine._preflight import checks as _checks
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    proofs = Path(_preflight._cache_dir())
+    proofs = Path(_checks._cache_dir())
     proofs.mkdir(parents=True, mode=0o700)
     (proofs / "some-identity").symlink_to(victim)
-    _preflight._remember("some-identity", frozenset({"--bind-fd"}))
+    _checks._remember("some-identity", frozenset({"--bind-fd"}))
     assert victim.read_text() == "precious\n"
-    assert _preflight._recalled("some-identity") is None
+    assert _checks._recalled("some-identity") is None

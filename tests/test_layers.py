@@ -3,7 +3,7 @@
 A probe program runs in a session and tries every call the seccomp filter refuses, with
 arguments the kernel itself would reject differently (a NULL path: EFAULT; a bad flag:
 EINVAL), so that the errno tells the filter's answer from the kernel's. The same program under
-a session with the layer switched off (nsconfine._layers' test-only door) must get the
+a session with the layer switched off (nsconfine._kernel.layers' test-only door) must get the
 kernel's answers. Calls whose kernel answer is the filter's (acct, pivot_root) are proved on
 the filter program itself (tests/test_seccomp_program.py).
 """
@@ -33,7 +33,7 @@ from helpers import (
 )
 
 import nsconfine
-from nsconfine import _layers
+from nsconfine._kernel import layers as _layers
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

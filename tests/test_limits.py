@@ -26,8 +26,8 @@ from helpers import (
 )
 
 import nsconfine
-from nsconfine._mounts import mount_table_problems
-from nsconfine._selftest import FORK_UNTIL_REFUSED, World
+from nsconfine._kernel.mountinfo import mount_table_problems
+from nsconfine._selftest.world import FORK_UNTIL_REFUSED, World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -443,7 +443,7 @@ def test_two_sessions_of_one_account_are_limited_apart(
 def test_the_largest_limits_still_launch(ws_run: tuple[Path, Path]) -> None:
     """Every limit at the largest value it takes still launches (the reaper parses it, the
     mount check reads it back)."""
-    from nsconfine._limits import LIMITS
+    from nsconfine._plan.limits import LIMITS
 
     largest = {name: LIMITS[name][2] for name in LIMITS}
     assert sh(_limited(ws_run, **largest), "echo ran") == (0, "ran\n")
@@ -456,8 +456,8 @@ def test_the_reaper_reports_a_limit_it_cannot_take(ws_run: tuple[Path, Path]) ->
     """Where the session's own user namespace cannot be made (here: inside a session, whose
     filter refuses one), the reaper reports the failed step on its info fd and starts nothing;
     told to take no limits, the same reaper starts its command (the twin)."""
-    from nsconfine import _syscalls
-    from nsconfine._programs import REAPER_PATH
+    from nsconfine._kernel import syscalls as _syscalls
+    from nsconfine._launch.programs import REAPER_PATH
 
     plan = session(*ws_run, ro=[REAPER_PATH]).plan()
     # Its lifeline is the session's stderr (a pipe's write end: never readable, so never EOF).
@@ -473,7 +473,7 @@ def test_a_limit_step_that_failed_is_a_clear_refusal() -> None:
     """The launcher turns the reaper's report into a refusal naming the step."""
     import socket
 
-    from nsconfine._executor import _read_info
+    from nsconfine._launch.stage import _read_info
 
     read_end, write_end = os.pipe()
     os.write(write_end, b'{"reaper-errno": 1, "reaper-stage": 29}\n')

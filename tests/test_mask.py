@@ -19,8 +19,8 @@ import pytest
 from helpers import cli, give_to_session_user, open_up, session, session_options, sh
 
 import nsconfine
-from nsconfine._policy import check_plan
-from nsconfine._selftest import run_script, unchecked_launcher
+from nsconfine._policy.lint import check_plan
+from nsconfine._selftest.world import run_script, unchecked_launcher
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -263,9 +263,10 @@ def test_a_profile_masks_a_path(ws_run: tuple[Path, Path], tmp_path: Path) -> No
 
 _MASKED_VIEW = r"""
 import os, subprocess, sys
-from nsconfine import _plan as p, _policy
+from nsconfine._plan import model as p
+from nsconfine._policy import lint as _lint
 from nsconfine._errors import PlanError
-from nsconfine._mask import mask_rules
+from nsconfine._plan.mask import mask_rules
 workspace, view, covered = sys.argv[1], sys.argv[2], sys.argv[3] == "covered"
 subprocess.run(["mount", "--bind", workspace, view], check=True)
 secret = os.path.join(workspace, ".env")
@@ -274,7 +275,7 @@ entries = [p.ro_bind(workspace, workspace, "the workspace"), p.ro_bind(view, "/v
 if covered:
     entries.append(p.data(b"", "/view/.env", "masked"))
 try:
-    _policy.check_plan(p.Plan.of(entries, deny=mask_rules([secret])))
+    _lint.check_plan(p.Plan.of(entries, deny=mask_rules([secret])))
     print("allowed")
 except PlanError as refused:
     print("refused", refused.message)

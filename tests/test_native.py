@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from nsconfine._syscalls import SyscallError, memfd_sealed, probe_user_namespace, spawn
+from nsconfine._kernel.syscalls import SyscallError, memfd_sealed, probe_user_namespace, spawn
 
 PYTHON = os.fsencode(sys.executable)
 SH = b"/bin/sh"
@@ -230,7 +230,7 @@ def test_signal_dispositions_reset_and_mask_restored() -> None:
 
 HELPER = """if 1:
     import os, sys
-    from nsconfine._syscalls import spawn
+    from nsconfine._kernel.syscalls import spawn
     null = os.open(os.devnull, os.O_RDWR)
     pid = spawn(b"/bin/sleep", [b"sleep", b"60"], [], stdin=null, stdout=null, stderr=null,
                 pdeathsig=int(sys.argv[1]))

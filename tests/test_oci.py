@@ -25,14 +25,15 @@ from helpers import SESSION_USER, open_up, session, session_dirs, user_options
 from test_limits import FILL, OPEN_FILES, PTYS
 from test_seccomp_program import CASES, SECCOMP_RET_ALLOW, errno_of, run_filter
 
-from nsconfine import _oci, _syscalls
-from nsconfine import _plan as p
-from nsconfine._accounts import run_as
-from nsconfine._cli import main
+from nsconfine._cli.main import main
 from nsconfine._errors import NsconfineError, PlanError
-from nsconfine._limits import LIMITS
-from nsconfine._plan import Kind, Mode, Plan
-from nsconfine._selftest import FORK_UNTIL_REFUSED, Outcome, Probe, World
+from nsconfine._export import oci as _oci
+from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._kernel.accounts import run_as
+from nsconfine._plan import model as p
+from nsconfine._plan.limits import LIMITS
+from nsconfine._plan.model import Kind, Mode, Plan
+from nsconfine._selftest.world import FORK_UNTIL_REFUSED, Outcome, Probe, World
 
 X86_64 = os.uname().machine == "x86_64"
 

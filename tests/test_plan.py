@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from nsconfine import _plan as p
 from nsconfine._errors import PlanError
-from nsconfine._plan import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
+from nsconfine._plan import model as p
+from nsconfine._plan.model import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
 
 ENTRY_KEYS = {"kind", "source", "dest", "mode", "reason"}
 

@@ -11,13 +11,13 @@ import pytest
 from helpers import session
 
 import nsconfine
-from nsconfine import _plan as p
-from nsconfine import _policy
 from nsconfine._errors import PlanError
-from nsconfine._plan import Kind, Plan
+from nsconfine._plan import model as p
+from nsconfine._plan.model import Kind, Plan
+from nsconfine._policy import lint as _lint
 from nsconfine._session import Session, build_plan
 
-STORE_NAMES = [name for name, _ in _policy.HOME_CREDENTIAL_STORES]
+STORE_NAMES = [name for name, _ in _lint.HOME_CREDENTIAL_STORES]
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_root_is_refused(home: Path, ws_run: tuple[Path, Path], tmp_path: Path) 
 def test_check_plan_refuses_a_bind_of_root() -> None:
     """check_plan refuses a hand-built plan binding `/` at any destination."""
     with pytest.raises(PlanError, match="resolves to /"):
-        _policy.check_plan(Plan.of([p.ro_bind("/", "/host", "everything")]))
+        _lint.check_plan(Plan.of([p.ro_bind("/", "/host", "everything")]))
 
 
 def test_deny_path_and_inside_it_are_refused(
@@ -206,13 +206,13 @@ def test_check_plan_refuses_a_missing_source() -> None:
     """check_plan refuses a hand-built bind whose source is gone, naming it."""
     plan = Plan.of([p.ro_bind("/nonexistent/nsconfine-test", "/x", "gone")])
     with pytest.raises(PlanError, match="/nonexistent/nsconfine-test"):
-        _policy.check_plan(plan)
+        _lint.check_plan(plan)
 
 
 @pytest.mark.parametrize("what", ["workspace", "run_dir"])
 def test_real_home_as_workspace_or_run_dir_is_refused(tmp_path: Path, what: str) -> None:
     """The invoking user's real home, or `/` above it, cannot be the workspace or run dir."""
-    real_home = _policy.invoking_user_home()
+    real_home = _lint.invoking_user_home()
     if not os.path.isdir(real_home):
         pytest.skip(f"the invoking user's home {real_home} does not exist on this host")
     other = tmp_path / "other"
@@ -297,11 +297,11 @@ def test_workspace_holding_the_credential_is_refused(home: Path, tmp_path: Path)
 def test_violated_rule_judges_paths_not_prefixes() -> None:
     """violated_rule matches whole path components: /a/bc is neither in nor above /a/b."""
     rules = [p.DenyRule("/a/b", "secret")]
-    assert _policy.violated_rule("/a/b", rules) is rules[0]
-    assert _policy.violated_rule("/a/b/c", rules) is rules[0]
-    assert _policy.violated_rule("/a", rules) is rules[0]
-    assert _policy.violated_rule("/a/bc", rules) is None
-    assert _policy.violated_rule("/a/b/c", [p.DenyRule("/a/b", "home", inside=False)]) is None
+    assert _lint.violated_rule("/a/b", rules) is rules[0]
+    assert _lint.violated_rule("/a/b/c", rules) is rules[0]
+    assert _lint.violated_rule("/a", rules) is rules[0]
+    assert _lint.violated_rule("/a/bc", rules) is None
+    assert _lint.violated_rule("/a/b/c", [p.DenyRule("/a/b", "home", inside=False)]) is None
 
 
 # ------------------------------------------------------------------ the host's /proc and /dev

@@ -17,7 +17,7 @@ import pytest
 from helpers import SESSION_USER, open_up, python_child, session
 
 import nsconfine
-from nsconfine._programs import SHIM_PATH
+from nsconfine._launch.programs import SHIM_PATH
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

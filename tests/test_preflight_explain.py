@@ -6,8 +6,8 @@ import errno
 
 import pytest
 
-from nsconfine import _preflight
-from nsconfine._syscalls import SyscallError
+from nsconfine._kernel.syscalls import SyscallError
+from nsconfine._preflight import checks as _checks
 
 
 @pytest.mark.parametrize(
@@ -33,7 +33,7 @@ from nsconfine._syscalls import SyscallError
 )
 def test_bwrap_errors_are_explained(stderr: str, hint: str) -> None:
     """bwrap's known error lines map to the host setting that causes them."""
-    assert hint in _preflight.explain_bwrap_failure(stderr)
+    assert hint in _checks.explain_bwrap_failure(stderr)
 
 
 @pytest.mark.parametrize(
@@ -68,5 +68,5 @@ def test_user_namespace_failures_are_explained(
     hint: str,
 ) -> None:
     """The user-namespace probe's failure names the sysctl or kernel feature to fix."""
-    monkeypatch.setattr(_preflight, "_read_sysctl", sysctls.get)
-    assert hint in _preflight._explain_userns(SyscallError(error, syscall))
+    monkeypatch.setattr(_checks, "_read_sysctl", sysctls.get)
+    assert hint in _checks._explain_userns(SyscallError(error, syscall))

@@ -17,7 +17,7 @@ import pytest
 from helpers import cli, open_up, outcome_without_hanging, run, session, session_options, sh
 
 import nsconfine
-from nsconfine._plan import Kind, Mode
+from nsconfine._plan.model import Kind, Mode
 
 BUILT_IN = ("claude-code", "codex", "git", "node", "python", "jvm", "tls",
             "coder", "reviewer", "researcher")  # fmt: skip

@@ -28,11 +28,11 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 import nsconfine
 from nsconfine import Bind, Entry, EnvVar, Kind, Mode, NsconfineError, Origin, Plan
-from nsconfine._bwrap_args import bwrap_options, encode_options
-from nsconfine._cli import main
-from nsconfine._credential import parse_environment_file, read_credential
-from nsconfine._policy import check_plan
-from nsconfine._profiles import chain
+from nsconfine._cli.main import main
+from nsconfine._plan.bwrap_args import bwrap_options, encode_options
+from nsconfine._plan.credential import parse_environment_file, read_credential
+from nsconfine._plan.profiles import chain
+from nsconfine._policy.lint import check_plan
 
 # Hypothesis keeps caches (constants it found in the source, Unicode tables) in a directory of
 # its own, by default .hypothesis in the working directory: here, the suite's temporary cache.

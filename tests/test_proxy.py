@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from nsconfine._allowlist import Destination, HostRefused, Route, canonical_host, judge
 from nsconfine._errors import UsageError
-from nsconfine._proxy import Proxy, audit_to_file
+from nsconfine._launch.proxy import Proxy, audit_to_file
+from nsconfine._plan.allowlist import Destination, HostRefused, Route, canonical_host, judge
 
 SECRET = b"sk-real-secret-0123456789"
 

@@ -16,16 +16,16 @@ import pytest
 from helpers import SESSION_USER, open_up, session_dirs
 
 import nsconfine
-import nsconfine._programs
-from nsconfine import _plan as p
-from nsconfine._accounts import run_as
-from nsconfine._preflight import find_bwrap
-from nsconfine._selftest import World
+import nsconfine._launch.programs
+from nsconfine._kernel.accounts import run_as
+from nsconfine._plan import model as p
+from nsconfine._preflight.checks import find_bwrap
+from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 REAL_BWRAP = find_bwrap()
-SHIM_PATH = nsconfine._programs.SHIM_PATH
+SHIM_PATH = nsconfine._launch.programs.SHIM_PATH
 
 FAKES = {
     # Fails like a host with user namespaces switched off, but answers --help like bwrap.

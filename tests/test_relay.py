@@ -22,7 +22,7 @@ import pytest
 from helpers import open_up, read_to_eof, read_until, run, session
 
 import nsconfine
-from nsconfine._plan import RELAY_SOCKET_NAME, relay_entry
+from nsconfine._plan.model import RELAY_SOCKET_NAME, relay_entry
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

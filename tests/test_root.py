@@ -19,7 +19,7 @@ import pytest
 from helpers import SESSION_USER, cli, give_to_session_user, session
 
 import nsconfine
-from nsconfine._credential import read_credential
+from nsconfine._plan.credential import read_credential
 from nsconfine._session import build_plan
 
 pytestmark = pytest.mark.root
@@ -80,7 +80,7 @@ def test_a_credential_owned_by_another_uid_is_insecure(tmp_path: Path) -> None:
 
 _PROBE_IN_A_CHROOT = """if 1:
     import os, sys
-    from nsconfine._syscalls import SyscallError, probe_user_namespace
+    from nsconfine._kernel.syscalls import SyscallError, probe_user_namespace
     os.chroot(sys.argv[1])
     try:
         probe_user_namespace()
@@ -108,7 +108,7 @@ def test_the_canary_world_goes_to_its_account_last(
     symlink names."""
     import shutil
 
-    from nsconfine import _preflight
+    from nsconfine._preflight import checks as _checks
 
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -124,6 +124,6 @@ def test_the_canary_world_goes_to_its_account_last(
             runner.symlink_to(victim)
 
     monkeypatch.setattr(os, "chown", chown)
-    _preflight.canary_plan(str(world), _preflight.canary_account(), "token")
+    _checks.canary_plan(str(world), _checks.canary_account(), "token")
     assert victim.stat().st_uid == 0
     assert (world / "runner").is_symlink()  # the swap did happen

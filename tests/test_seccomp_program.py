@@ -15,7 +15,7 @@ import struct
 
 import pytest
 
-from nsconfine import _syscalls
+from nsconfine._kernel import syscalls as _syscalls
 
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 SECCOMP_RET_ERRNO = 0x00050000

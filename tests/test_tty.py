@@ -34,7 +34,7 @@ from helpers import (
 )
 
 import nsconfine
-from nsconfine._selftest import World
+from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

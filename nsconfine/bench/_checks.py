@@ -6,15 +6,15 @@ import os
 from collections.abc import Callable
 
 import nsconfine
-from nsconfine._bwrap_args import (
+from nsconfine._kernel.syscalls import memfd_sealed
+from nsconfine._launch.stage import own_namespaces
+from nsconfine._plan.bwrap_args import (
     bwrap_options,
     encode_options,
 )
-from nsconfine._executor import own_namespaces
-from nsconfine._pins import verify_pins
-from nsconfine._policy import check_plan
-from nsconfine._preflight import proven_bwrap
-from nsconfine._syscalls import memfd_sealed
+from nsconfine._policy.lint import check_plan
+from nsconfine._policy.pins import verify_pins
+from nsconfine._preflight.checks import proven_bwrap
 from nsconfine.bench._core import (
     Config,
     Results,

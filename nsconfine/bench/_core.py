@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import nsconfine
-from nsconfine import _layers, _syscalls
-from nsconfine._accounts import run_as
-from nsconfine._bwrap_args import (
+from nsconfine._kernel import layers as _layers
+from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._kernel.accounts import run_as
+from nsconfine._launch.stage import open_entry_fds
+from nsconfine._plan.bwrap_args import (
     ARGS_FD,
     FIRST_DATA_FD,
     INFO_FD,
@@ -30,9 +32,8 @@ from nsconfine._bwrap_args import (
     bwrap_options,
     encode_options,
 )
-from nsconfine._executor import open_entry_fds
-from nsconfine._plan import Plan
-from nsconfine._preflight import proven_bwrap
+from nsconfine._plan.model import Plan
+from nsconfine._preflight.checks import proven_bwrap
 
 SCHEMA: Final = 1
 SECTIONS: Final = (

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 import nsconfine
-from nsconfine import _layers
+from nsconfine._kernel import layers as _layers
 from nsconfine.bench._core import (
     OTHER_SANDBOXES,
     TRUE_ARGV,

@@ -1,0 +1,1 @@
+"""The `nsconfine` command: argument parsing and the `run` relay."""

@@ -1,0 +1,543 @@
+"""The command line: `nsconfine check | plan | run | selftest`.
+
+Refusals print one line, `nsconfine: CODE: what was refused and what to do`, and exit with the
+code's sysexits status; nothing runs and no traceback is shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+from nsconfine._errors import NsconfineError, UsageError
+from nsconfine._plan.bwrap_args import bwrap_options
+from nsconfine._plan.model import Plan
+from nsconfine._session import Harness, Session
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+
+EXEC_FAILED_STATUS = 127  # as a shell: the command was not found or could not be executed
+DEFAULT_GRACE_SECONDS = 10.0
+
+
+def _seconds(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    # argparse asks shutil for the terminal's width each time it makes a formatter (every
+    # add_argument does); importing shutil costs a run ~4 ms, os answers the same question.
+    def __init__(self, prog: str) -> None:
+        columns = os.environ.get("COLUMNS", "")
+        try:
+            width = int(columns) if columns.isdigit() else os.get_terminal_size(1).columns
+        except OSError:  # not a terminal
+            width = 80
+        super().__init__(prog, width=max(width - 2, 20))
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _add_session_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("session")
+    group.add_argument(
+        "--workspace", required=True, metavar="DIR", help="read-write; the working directory"
+    )
+    group.add_argument(
+        "--run-dir", required=True, metavar="DIR", help="read-write; HOME is created inside it"
+    )
+    group.add_argument(
+        "--ro",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="read-only file or dir the runner loads (repeatable)",
+    )
+    group.add_argument(
+        "--harness",
+        action="append",
+        default=[],
+        metavar="PATH[@sha256:HEX]",
+        help="read-only harness executable, pinned when a digest is given",
+    )
+    group.add_argument("--tool-socket", metavar="PATH", help="a unix socket the session reaches")
+    group.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="pass NAME's value from this environment (repeatable)",
+    )
+    group.add_argument(
+        "--credential", metavar="FILE", help="KEY=VALUE file, owned by you, mode 0600"
+    )
+    group.add_argument(
+        "--deny",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another host path no bind may expose (repeatable)",
+    )
+    group.add_argument(
+        "--mask",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a host path a bind would show (a workspace's .env): shown empty and read-only "
+        "instead (repeatable)",
+    )
+    group.add_argument(
+        "--user",
+        metavar="NAME",
+        help="the unprivileged account the session runs as (required when running as root)",
+    )
+    group.add_argument(
+        "--protect",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another path (relative to the workspace) the host trusts: kept read-only",
+    )
+    group.add_argument(
+        "--network",
+        choices=("none", "proxy", "host"),
+        default=None,
+        help="none: a network namespace of its own with only a loopback (default); proxy: that "
+        "and a relay to nsconfine's proxy, which allows only --allow-host destinations (the "
+        "default when any is given); host: the launcher's network, shared (needs "
+        "--network-reason)",
+    )
+    group.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT][=ADDRESS]",
+        help="repeatable; a destination the proxy allows (pypi.org, *.githubusercontent.com, "
+        "host:8443; =ADDRESS pins its address, as curl's --resolve does)",
+    )
+    group.add_argument(
+        "--inject-for",
+        action="append",
+        default=[],
+        metavar="ROUTE",
+        help="repeatable; an API (anthropic, openai) the session reaches through the proxy, "
+        "which adds the credential file's key: the session holds a placeholder",
+    )
+    group.add_argument(
+        "--audit",
+        metavar="FILE",
+        help="append a JSON line per proxy connection (allowed or refused) to FILE",
+    )
+    group.add_argument(
+        "--network-reason",
+        metavar="REASON",
+        help="why the session shares the launcher's network (--network host): the manifest "
+        "shows it",
+    )
+    group.add_argument(
+        "--allow-nested-userns",
+        metavar="REASON",
+        help="let the session make user namespaces of its own (a harness that runs bwrap "
+        "itself), saying why: the manifest shows it",
+    )
+    group.add_argument(
+        "--unprotect",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a protected name (.envrc, .vscode, …) to leave writable (repeatable)",
+    )
+    group.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="NAME|FILE",
+        help="a built-in profile (nsconfine profiles) or a TOML profile file (repeatable); "
+        "the other options add to it",
+    )
+    group.add_argument(
+        "--setenv",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a literal, non-secret value (repeatable; shown in the manifest)",
+    )
+    group.add_argument(
+        "--no-terminal-env",
+        action="store_true",
+        help="do not pass TERM, COLORTERM, LANG, LANGUAGE, LC_* and TZ (passed by default)",
+    )
+    group.add_argument(
+        "--home",
+        choices=("persist", "fresh"),
+        default=None,
+        help="persist: RUN/home, kept from launch to launch (default); fresh: empty each launch",
+    )
+    group.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the session's share (repeatable): processes, open_files, tmp, shm (bytes, or "
+        "with K, M, G), ptys, inotify_instances, inotify_watches; shown in the manifest",
+    )
+    group.add_argument(
+        "--git-identity",
+        metavar='"NAME <EMAIL>"',
+        help="who the session's commits are by (a generated, read-only HOME .gitconfig)",
+    )
+
+
+def _check_options(check: argparse.ArgumentParser) -> None:
+    check.add_argument("--json", action="store_true")
+
+
+def _plan_options(plan: argparse.ArgumentParser) -> None:
+    _add_session_options(plan)
+    shown = plan.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="the manifest as JSON")
+    shown.add_argument(
+        "--bwrap-args",
+        action="store_true",
+        help="the options bwrap reads from --args 3, as a JSON array "
+        "(values from --env and the credential file shown as (hidden))",
+    )
+    shown.add_argument(
+        "--format",
+        choices=("oci", "k8s"),
+        help="oci: the OCI runtime spec (config.json) of the bundle at --bundle; k8s: a "
+        "Kubernetes Pod (hidden values shown as (hidden), or from a Secret)",
+    )
+    plan.add_argument(
+        "--bundle",
+        metavar="DIR",
+        default="nsconfine-bundle",
+        help="with --format: where `nsconfine oci-bundle` writes (or wrote) the bundle "
+        "(default ./nsconfine-bundle)",
+    )
+
+
+def _run_options(run: argparse.ArgumentParser) -> None:
+    _add_session_options(run)
+    run.add_argument(
+        "--grace",
+        type=_seconds,
+        default=DEFAULT_GRACE_SECONDS,
+        metavar="SECONDS",
+        help="after a signal is passed on to the command, how long it may take to end before "
+        f"the whole session is killed; a second signal kills at once (default "
+        f"{DEFAULT_GRACE_SECONDS:g})",
+    )
+    run.add_argument(
+        "--tty",
+        action="store_true",
+        help="give the command a terminal of its own (job control, Ctrl-C and Ctrl-Z for its "
+        "foreground job, window-size changes), copied to and from this one",
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
+
+
+def _explain_options(explain: argparse.ArgumentParser) -> None:
+    explain.add_argument("path", metavar="PATH")
+    _add_session_options(explain)
+
+
+def _bundle_options(bundle: argparse.ArgumentParser) -> None:
+    _add_session_options(bundle)
+    bundle.add_argument("directory", metavar="DIR", help="the bundle: a new or empty dir")
+    bundle.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
+
+
+def _selftest_options(selftest: argparse.ArgumentParser) -> None:
+    selftest.add_argument("--json", action="store_true")
+    selftest.add_argument(
+        "--user",
+        metavar="NAME",
+        help="as root: the account the stand-in sessions run as (default: nobody)",
+    )
+
+
+# Each subcommand: its help line and what adds its options.
+_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | None]] = {
+    "check": ("preflight: is this host ready to confine?", _check_options),
+    "plan": ("print a session's manifest", _plan_options),
+    "run": ("run a command confined", _run_options),
+    "explain": ("would a session see PATH, through which entry, or why not", _explain_options),
+    "oci-bundle": ("write an OCI bundle that runs the session under runc", _bundle_options),
+    "podman-args": (
+        "write the bundle, print the `podman run` command that runs it",
+        _bundle_options,
+    ),
+    "profiles": ("list the built-in profiles", None),
+    "selftest": ("prove confinement on this host", _selftest_options),
+}
+
+
+def _parser(wanted: str | None = None) -> _Parser:
+    """The command line's parser. With wanted, the subcommand the arguments name, only its
+    options are built: a launcher's `nsconfine run` does not pay ~2 ms for the others'."""
+    parser = _Parser(
+        prog="nsconfine",
+        description="Confine a session with bubblewrap.",
+        epilog="NSCONFINE_BWRAP=PATH selects the bwrap (default: bwrap on PATH).",
+    )
+    commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
+    for name, (help_line, add_options) in _SUBCOMMANDS.items():
+        if wanted is None or name == wanted:
+            subcommand = commands.add_parser(name, help=help_line)
+            if add_options is not None:
+                add_options(subcommand)
+    return parser
+
+
+def _session(arguments: argparse.Namespace) -> Session:
+    return Session(
+        workspace=arguments.workspace,
+        run_dir=arguments.run_dir,
+        ro=arguments.ro,
+        harness=[Harness.parse(spec) for spec in arguments.harness],
+        tool_socket=arguments.tool_socket,
+        env=arguments.env,
+        credential=arguments.credential,
+        deny=arguments.deny,
+        user=arguments.user,
+        protect=arguments.protect,
+        unprotect=arguments.unprotect,
+        network=arguments.network,
+        network_reason=arguments.network_reason,
+        allow_hosts=arguments.allow_host,
+        inject=arguments.inject_for,
+        audit=arguments.audit,
+        allow_nested_userns=_nested_reason(arguments.allow_nested_userns),
+        setenv=arguments.setenv,
+        pass_terminal=not arguments.no_terminal_env,
+        home_mode=arguments.home,
+        git_identity=arguments.git_identity,
+        profile=arguments.profile,
+        limits=arguments.limit,
+        mask=arguments.mask,
+    )
+
+
+def _nested_reason(given: str | None) -> str | bool:
+    if given is None:
+        return False
+    if not given.strip():
+        raise UsageError("--allow-nested-userns needs a reason: why the session makes its own")
+    return given
+
+
+def _shown_options(plan: Plan) -> list[str]:
+    hidden = {v.value for v in plan.env if not v.origin.shown}
+    options = bwrap_options(plan)
+    # A secret is only ever a --setenv value, which directly follows its name.
+    return [
+        "(hidden)" if i >= 2 and options[i - 2] == "--setenv" and value in hidden else value
+        for i, value in enumerate(options)
+    ]
+
+
+def _check(arguments: argparse.Namespace) -> int:
+    from nsconfine._preflight.checks import preflight
+
+    report = preflight()
+    if arguments.json:
+        import json  # only for --json: the CLI's start-up is on every session's launch path
+
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        for check in report.checks:
+            print(f"{'ok' if check.ok else 'REFUSED':8} {check.name}: {check.detail}")
+    if report.error is not None:
+        if not arguments.json:
+            print(f"nsconfine: {report.error}", file=sys.stderr)
+        return report.error.exit_status
+    return 0
+
+
+def _plan(arguments: argparse.Namespace) -> int:
+    plan = _session(arguments).plan()
+    if arguments.format is not None:
+        from nsconfine._export.oci import print_export
+
+        return print_export(plan, arguments.format, arguments.bundle)
+    if arguments.bwrap_args:
+        import json
+
+        print(json.dumps(_shown_options(plan), indent=2))
+    elif arguments.json:
+        sys.stdout.write(plan.manifest_json())
+    else:
+        sys.stdout.write(plan.manifest())
+    return 0
+
+
+def _run(arguments: argparse.Namespace) -> int:
+    from nsconfine._cli.relay import StdioRelay, held_signals, kept_stdio_flags, run_session
+    from nsconfine._gate import spawn
+    from nsconfine._session import build_plan
+
+    command = list(arguments.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
+    plan = build_plan(_session(arguments), lint=False)  # spawn lints it
+    if plan.network == "proxy":  # a user sees why `npm install` failed
+        from nsconfine._plan.network import report_refusals
+
+        report_refusals(sys.stderr.fileno())
+    # The signals from before the launch: none is lost while it builds. The caller's terminals
+    # reach the session as pipes (see nsconfine/_cli/relay.py).
+    with kept_stdio_flags(), held_signals() as signals:
+        relay = StdioRelay(arguments.tty)
+        try:
+            stdin, stdout, stderr = relay.given
+            try:
+                sandbox = spawn(
+                    plan, command, stdin=stdin, stdout=stdout, stderr=stderr, tty=arguments.tty
+                )
+            except BaseException as failed:
+                relay.launched()
+                relay.drain()  # bwrap's own messages, before nsconfine's
+                if not isinstance(failed, OSError) or isinstance(failed, NsconfineError):
+                    raise  # (CredentialMissing is an OSError too)
+                # the command itself could not start
+                print(
+                    f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: "
+                    f"{failed.strerror}",
+                    file=sys.stderr,
+                )
+                return EXEC_FAILED_STATUS
+            relay.launched()
+            status = run_session(sandbox, arguments.grace, signals, relay)
+        finally:
+            relay.close()
+    _warn_of_untrusted_config(sandbox.untrusted_config or [])
+    return 128 - status if status < 0 else status
+
+
+def _warn_of_untrusted_config(paths: Sequence[str]) -> None:
+    """One line on stderr for each file the host runs or trusts that the session could write
+    (a repository it made, say): the user should read it before the host's git does."""
+    from nsconfine._plan.model import printable
+
+    for path in paths:
+        print(
+            f"nsconfine: warning: {printable(path)} was writable by the session (it is not "
+            "protected until the next launch finds it): the host runs or trusts what it holds; "
+            "read it before running git or other tools there",
+            file=sys.stderr,
+        )
+
+
+def _selftest(arguments: argparse.Namespace) -> int:
+    from nsconfine._selftest.world import run_selftest
+
+    return run_selftest(as_json=arguments.json, user=arguments.user)
+
+
+def _profiles(_arguments: argparse.Namespace) -> int:
+    from nsconfine._plan.profiles import built_in
+
+    profiles = built_in()
+    width = max(len(name) for name in profiles)
+    for name, description in profiles.items():
+        print(f"{name.ljust(width)}  {description}")
+    return 0
+
+
+def _bundle(arguments: argparse.Namespace) -> int:
+    from nsconfine._export.oci import bundle_command
+
+    command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
+    plan = _session(arguments).plan()
+    return bundle_command(plan, arguments.subcommand, arguments.directory, command)
+
+
+def _explain(arguments: argparse.Namespace) -> int:
+    from nsconfine._policy.explain import explain
+
+    session = _session(arguments)
+    visible, lines = explain(session.plan(), arguments.path, session)
+    print("\n".join(lines))
+    return 0 if visible else 1
+
+
+_COMMANDS = {
+    "check": _check,
+    "plan": _plan,
+    "run": _run,
+    "explain": _explain,
+    "profiles": _profiles,
+    "selftest": _selftest,
+    "oci-bundle": _bundle,
+    "podman-args": _bundle,
+}
+
+
+def _fill_closed_stdio() -> None:
+    """/dev/null on each of fds 0-2 that is closed, as daemons do."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the CLI on argv (without the program name) and return the exit status."""
+    # The CLI owns its process: a SIGCHLD its parent ignored (kept across exec) would have the
+    # kernel discard the statuses of the sessions it waits for; and a stdio fd it was started
+    # without would be taken by its own pipes (signals, a terminal), then read as its stdin.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _fill_closed_stdio()
+    try:
+        wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
+        arguments = _parser(wanted).parse_args(list(argv))
+        status = _COMMANDS[arguments.subcommand](arguments)
+        if sys.stdout is not None:  # None when started without an fd 1
+            sys.stdout.flush()  # here, so that a reader gone away is met below, not at exit
+        return status
+    except NsconfineError as refused:
+        print(f"nsconfine: {refused}", file=sys.stderr)
+        return refused.exit_status
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # stdout's reader went away (`nsconfine plan … | head -1`): end quietly, as a
+        # pipeline's writer killed by SIGPIPE does; stdout goes to /dev/null so that the
+        # interpreter's last flush does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+        return 128 + 13  # SIGPIPE
+
+
+def console_main() -> NoReturn:
+    """The `nsconfine` console script."""
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,571 @@
+"""`nsconfine run`'s side of a running session: signals passed on, the caller's terminal
+relayed, and (--tty) the session's own terminal.
+
+Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH that reach the launcher
+go to the command (its traps run), and the launcher exits with its status. The first of the
+ending ones (INT, TERM, HUP, QUIT) also starts a grace period: if the session has not ended when
+it is over, or at a second such signal, the whole session is killed. SIGCONT (the launcher was
+stopped and is continued: `fg`) is held too: the launcher may be the foreground job again, and
+(--tty) its terminal is made raw again. The handlers only wake the loop below (the wakeup fd
+carries the signal numbers): no work, and no lock, inside a handler.
+
+The caller's terminal is never the session's to read. Without --tty, each of the launcher's fds
+0-2 that is a terminal reaches the session as a pipe the launcher relays (stdout and stderr on
+one terminal share one pipe, so that their order holds): a session holding that terminal could
+read it while its output went there, and went on reading it when a Ctrl-Z stopped the launcher
+(a session of its own, outside job control, it is not stopped with it): what the user typed at
+the shell next was the session's. Input is read only while the launcher is in the foreground:
+stopped or in the background, it leaves what is typed to the shell. Pipes and files are handed
+over as they are. With --tty, only bwrap's stderr is relayed (the command has its own terminal).
+
+With --tty the command has a terminal of its own (a pty of the sandbox's, its controlling
+terminal: job control, /dev/tty, Ctrl-C and Ctrl-Z for its foreground job). The launcher's own
+terminal is put in raw mode, so that every key reaches the session's terminal, and bytes are
+copied both ways; a window-size change (SIGWINCH) is copied to the session's terminal, whose
+kernel tells its foreground job. Input goes to the session's terminal only as fast as it takes
+it (the launcher stops reading its stdin meanwhile): a session that never reads its input cannot
+block the launcher, which goes on relaying output and signals, and returns when the session ends.
+When the command stops itself, or asks to (a TUI at Ctrl-Z: see _Terminal.to_suspend), the
+launcher puts its terminal back and stops too, a job of the caller's shell; continued, it makes
+the terminal raw again, copies its size and continues the command's group. (The command is not
+the launcher's child: its state is read in /proc, every second and just after it was sent a
+suspend character.) When the session ends, the modes a TUI sets (mouse reporting, the alternate
+screen, …) are turned off, the answers to queries the session left on their way are read and
+dropped, and the terminal's settings are put back.
+
+Once the session has ended, what it wrote is copied to the end of each pipe and of its terminal,
+or until nothing came for DRAIN_IDLE_SECONDS: an end the session left in flight in a unix socket
+is held until the kernel's collector frees it (the reaper starts one), never for good.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from nsconfine._kernel.syscalls import poll_ms, wait_fd
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from nsconfine._launch.sandbox import Sandbox
+
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
+HELD_SIGNALS = (*FORWARDED_SIGNALS, signal.SIGCONT)
+_CHUNK = 65536
+DRAIN_IDLE_SECONDS = 0.5
+STATE_CHECK_SECONDS = 1.0  # how often a launcher in the background, or a --tty command, is
+# looked at again (in the foreground now? stopped?)
+SUSPEND_CHECK_SECONDS = 0.05  # how often, for SUSPEND_WINDOW_SECONDS after a suspend character
+SUSPEND_WINDOW_SECONDS = 0.5
+ANSWER_SECONDS = 0.5  # how long the caller's terminal may take to answer a status query
+
+# What a TUI may leave on in the caller's terminal, turned off: mouse reporting (X10, button,
+# any motion, UTF-8, SGR, urxvt), focus events, bracketed paste, the alternate screen (the
+# cursor saved first: leaving a screen never entered then moves nothing), application cursor
+# keys and keypad, the kitty keyboard protocol's last push; then the cursor shown, SGR reset.
+TUI_RESET = (
+    b"\033[?1000l\033[?1002l\033[?1003l\033[?1005l\033[?1006l\033[?1015l\033[?1004l\033[?2004l"
+    b"\0337\033[?1049l\033[?1l\033>\033[<u\033[?25h\033[0m"
+)
+# Device status: the terminal answers ESC [ 0 n, after its answers to every earlier query.
+STATUS_QUERY = b"\033[5n"
+STATUS_ANSWER = b"\033[0n"
+
+
+def _in_foreground() -> bool:
+    """Is the launcher its terminal's foreground job (so that reading fd 0 stops no one)?"""
+    try:
+        return os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:  # not its controlling terminal: no job control applies
+        return True
+
+
+class _Terminal:
+    """The copying between the launcher's stdin/stdout and the session's terminal."""
+
+    def __init__(self, controller: int, command_pid: int) -> None:
+        import termios
+
+        self.controller = controller
+        os.set_blocking(controller, False)  # see from_stdin
+        self.open = True  # until the session's side of its terminal is closed
+        self.reading_stdin = True
+        self.pending = b""  # input read from stdin, not yet taken by the session's terminal
+        self.saved = termios.tcgetattr(0) if os.isatty(0) else None
+        self.raw()
+        self.resize()
+        try:  # the command's state, as the kernel shows it (it is not the launcher's child)
+            self.command_stat = os.open(f"/proc/{command_pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # already gone
+            self.command_stat = -1
+        self.command_pid = command_pid
+        self.next_check = time.monotonic() + STATE_CHECK_SECONDS
+        self.quick_until = 0.0  # after a suspend character: look sooner, until then
+        self.modes_at_suspend = 0  # the session's terminal's local modes before it
+
+    def raw(self) -> None:
+        import termios
+        import tty
+
+        if self.saved is not None:
+            tty.setraw(0, termios.TCSANOW)
+
+    def resize(self) -> None:
+        """The launcher's window size, onto the session's terminal."""
+        import fcntl
+        import termios
+
+        for fd in (0, 1):
+            try:
+                size = fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8)
+            except OSError:
+                continue
+            fcntl.ioctl(self.controller, termios.TIOCSWINSZ, size)
+            return
+
+    def events(self) -> dict[int, int]:
+        """What to wait for: the session's output (and room for pending input) while its
+        terminal is open; more input only once the session has taken what was read."""
+        wanted = {}
+        if self.open:
+            wanted[self.controller] = select.POLLIN | (select.POLLOUT if self.pending else 0)
+        if self.reading_stdin and not self.pending:
+            wanted[0] = select.POLLIN
+        return wanted
+
+    def handle(self, events: dict[int, int]) -> None:
+        if events.get(0, 0) & (select.POLLIN | select.POLLHUP):
+            self.from_stdin()
+        if events.get(self.controller, 0) & select.POLLOUT:
+            self.to_session()
+        if self.controller in events:
+            self.copy_out()
+
+    def copy_out(self) -> None:
+        if not self.to_stdout():
+            self.open = self.reading_stdin = False
+
+    def from_stdin(self) -> None:
+        self.pending = os.read(0, _CHUNK)
+        if not self.pending:
+            self.reading_stdin = False
+        else:
+            self._note_suspend(self.pending)
+        self.to_session()
+
+    def _note_suspend(self, data: bytes) -> None:
+        """If data holds the session's terminal's suspend character (Ctrl-Z) and the command's
+        own group reads that terminal (not a job of a shell inside, whose job control works),
+        look at the command soon, with the terminal's local modes as they were before."""
+        import termios
+
+        try:
+            attributes = termios.tcgetattr(self.controller)  # the session's side's settings
+            suspend = attributes[6][termios.VSUSP]
+            if (suspend if suspend != b"\0" else b"\x1a") not in data:
+                return
+            if os.tcgetpgrp(self.controller) != self.command_pid:  # in our pid numbers
+                return
+        except (OSError, termios.error):
+            return
+        now = time.monotonic()
+        self.quick_until = now + SUSPEND_WINDOW_SECONDS
+        self.next_check = now + SUSPEND_CHECK_SECONDS
+        self.modes_at_suspend = attributes[3]
+
+    def to_session(self) -> None:
+        """As much pending input as the session's terminal takes now, without waiting: a
+        session that does not read would otherwise block the launcher in its write for good."""
+        try:
+            self.pending = self.pending[os.write(self.controller, self.pending) :]
+        except BlockingIOError:
+            pass
+        except OSError:  # EIO: the session's end is gone, and its input with it
+            self.pending = b""
+
+    def to_stdout(self) -> bool:
+        """Copy what the session wrote; False once its terminal is closed on its side."""
+        try:
+            data = os.read(self.controller, _CHUNK)
+        except BlockingIOError:
+            return True  # woken for room to write, or nothing after all
+        except OSError:  # EIO: no process holds the session's end any more
+            return False
+        if not data:
+            return False
+        _write_all(1, data)
+        return True
+
+    def check_due(self) -> float:
+        """Seconds until the command's state is to be looked at next."""
+        return self.next_check - time.monotonic()
+
+    def to_suspend(self) -> tuple[bool, bool]:
+        """Is the session to be suspended, and must the launcher stop the command's group
+        itself? The next check is due then.
+
+        The command stopped (SIGSTOP): yes. But the kernel drops a SIGTSTP in the command's
+        group (a session leader's, whose parent is in another session: an orphaned group), so
+        just after a suspend character it reads, the launcher stands in for it: when the
+        command, raw, left raw mode (a TUI puts its terminal back, then sends its group
+        SIGTSTP: Claude Code, Codex), or when the terminal's kernel sent its group SIGTSTP,
+        which it neither catches nor ignores (cat)."""
+        import termios
+
+        now = time.monotonic()
+        soon = now < self.quick_until
+        self.next_check = now + (SUSPEND_CHECK_SECONDS if soon else STATE_CHECK_SECONDS)
+        try:
+            if os.pread(self.command_stat, 1024, 0).rsplit(b")", 1)[1].split()[0] == b"T":
+                return True, False
+            if not soon or os.tcgetpgrp(self.controller) != self.command_pid:
+                return False, False
+            modes = termios.tcgetattr(self.controller)[3]
+        except (OSError, IndexError, termios.error):  # gone
+            return False, False
+        before = self.modes_at_suspend
+        if not before & termios.ICANON and modes & termios.ICANON:
+            return True, True
+        if before & termios.ISIG and self._tstp_default():
+            return True, True
+        return False, False
+
+    def _tstp_default(self) -> bool:
+        """Is the command's SIGTSTP neither caught nor ignored?"""
+        bit = 1 << (signal.SIGTSTP - 1)
+        try:
+            with open(f"/proc/{self.command_pid}/status", "rb") as status:
+                masks = dict(line.split(b":", 1) for line in status if b":" in line)
+            return not (int(masks[b"SigIgn"], 16) | int(masks[b"SigCgt"], 16)) & bit
+        except (OSError, KeyError, ValueError):
+            return False
+
+    def suspend(self, sandbox: Sandbox, stop_it: bool) -> None:
+        """The session asked to be suspended: the command's group stopped (stop_it), the
+        caller's terminal back, the launcher stopped as a job of the caller's shell until it
+        is continued (`fg`), then the command's group continued. SIGTSTP, not SIGSTOP, stops
+        the launcher: outside job control (an orphaned group, which no shell would continue)
+        the kernel drops it, and all goes on at once."""
+        while self.open and wait_fd(self.controller, 0):
+            self.copy_out()  # what the command wrote as it stopped ("suspended")
+        if stop_it:
+            _signal_group(sandbox, signal.SIGSTOP)
+        self.restore()
+        os.kill(os.getpid(), signal.SIGTSTP)
+        self.resume()
+        _signal_group(sandbox, signal.SIGCONT)
+        self.quick_until = 0.0
+
+    def resume(self) -> None:
+        """Continued: the terminal raw again (a launcher continued in the background is
+        stopped here again, by SIGTTOU, until it is in the foreground), and its size copied."""
+        self.raw()
+        self.resize()
+
+    def drain(self) -> None:
+        """What the session wrote before it ended, to the end of its terminal: once no process
+        holds the session's side, a read gives what is left and then EIO. A side left in flight
+        in a unix socket has no reader, and nothing more comes: given up after
+        DRAIN_IDLE_SECONDS without a byte."""
+        while self.open and wait_fd(self.controller, DRAIN_IDLE_SECONDS):
+            self.copy_out()
+
+    def leave_tui_modes(self) -> None:
+        """Turn off the modes a TUI may have left on in the caller's terminal, and read the
+        answers still coming to the queries it sent, up to the answer to a query of our own
+        (answers come in order), so that none is typed into the caller's shell."""
+        import termios
+
+        if not os.isatty(1) or not _in_foreground():
+            return
+        _write_all(1, TUI_RESET)
+        if self.saved is None or os.fstat(0).st_rdev != os.fstat(1).st_rdev:
+            return  # the answers go to a terminal the launcher does not read
+        _write_all(1, STATUS_QUERY)
+        seen = b""
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while STATUS_ANSWER not in seen:
+            if not wait_fd(0, deadline - time.monotonic()):
+                termios.tcflush(0, termios.TCIFLUSH)  # no answer: what is on its way goes
+                return
+            try:
+                chunk = os.read(0, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen = seen[-len(STATUS_ANSWER) :] + chunk  # an answer may come split
+
+    def restore(self) -> None:
+        import termios
+
+        if self.saved is not None:
+            termios.tcsetattr(0, termios.TCSADRAIN, self.saved)
+
+    def close(self) -> None:
+        if self.command_stat >= 0:
+            os.close(self.command_stat)
+            self.command_stat = -1
+
+
+class StdioRelay:
+    """The launcher's terminals among its fds 0-2, given to the session as pipes, and the
+    copying through them (see the module's docstring). `given` is what the session gets for
+    each of 0-2: a pipe's end, or None (the launcher's own fd, not a terminal)."""
+
+    def __init__(self, tty: bool) -> None:
+        self.given: list[int | None] = [None, None, None]
+        self.stdin_pipe = -1  # the launcher's end of the session's stdin
+        self.pending = b""  # input read from the terminal, not yet taken by the pipe
+        self.outputs: dict[int, int] = {}  # the launcher's read end -> the fd it copies to
+        self.in_background = False  # not reading stdin for it: looked at again every second
+        terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
+        try:
+            for fd in terminals:
+                if fd == 0:
+                    read_end, self.stdin_pipe = os.pipe2(os.O_CLOEXEC)
+                    os.set_blocking(self.stdin_pipe, False)
+                    self.given[0] = read_end
+                elif fd == 2 and 1 in terminals and _same_terminal(1, 2):
+                    self.given[2] = self.given[1]  # one pipe: the order of their bytes holds
+                else:
+                    read_end, self.given[fd] = os.pipe2(os.O_CLOEXEC)
+                    os.set_blocking(read_end, False)
+                    self.outputs[read_end] = fd
+        except BaseException:
+            self.launched()
+            self.close()
+            raise
+
+    def launched(self) -> None:
+        """The session has its ends (or its launch failed): the launcher's copies go."""
+        for fd in {fd for fd in self.given if fd is not None}:
+            os.close(fd)
+        self.given = [None, None, None]
+
+    def events(self) -> dict[int, int]:
+        wanted = dict.fromkeys(self.outputs, select.POLLIN)
+        self.in_background = False
+        if self.stdin_pipe >= 0:
+            if self.pending:
+                wanted[self.stdin_pipe] = select.POLLOUT
+            elif _in_foreground():
+                wanted[0] = select.POLLIN
+            else:  # `fg` continues it (SIGCONT); a check now and then, should it not
+                self.in_background = True
+        return wanted
+
+    def handle(self, events: dict[int, int]) -> None:
+        if self.stdin_pipe >= 0 and events.get(0, 0) and _in_foreground():
+            self.from_stdin()
+        if self.stdin_pipe in events:
+            self.to_session()
+        for read_end in [fd for fd in self.outputs if fd in events]:
+            self.copy_out(read_end)
+
+    def from_stdin(self) -> None:
+        try:
+            self.pending = os.read(0, _CHUNK)
+        except OSError:  # EIO: the terminal hung up
+            self.pending = b""
+        if self.pending:
+            self.to_session()
+        else:  # the end of input (Ctrl-D): the session's too
+            self._close_stdin()
+
+    def to_session(self) -> None:
+        try:
+            self.pending = self.pending[os.write(self.stdin_pipe, self.pending) :]
+        except BlockingIOError:
+            pass
+        except OSError:  # EPIPE: the session no longer reads; what is typed stays the shell's
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        os.close(self.stdin_pipe)
+        self.stdin_pipe = -1
+        self.pending = b""
+
+    def copy_out(self, read_end: int) -> None:
+        """Copy what the session wrote to one pipe; at its end, let go of it."""
+        try:
+            data = os.read(read_end, _CHUNK)
+        except BlockingIOError:
+            return
+        if data:
+            try:
+                _write_all(self.outputs[read_end], data)
+                return
+            except OSError:  # the terminal is gone (EIO): the session's writes now fail too
+                pass
+        os.close(read_end)
+        del self.outputs[read_end]
+
+    def drain(self) -> None:
+        """What the session wrote, to the end of each pipe, or until DRAIN_IDLE_SECONDS pass
+        without a byte (a write end left in flight in a unix socket)."""
+        while self.outputs:
+            poller = select.poll()
+            for read_end in self.outputs:
+                poller.register(read_end, select.POLLIN)
+            ready = poller.poll(DRAIN_IDLE_SECONDS * 1000)
+            if not ready:
+                return
+            for read_end, _ in ready:
+                self.copy_out(read_end)
+
+    def close(self) -> None:
+        if self.stdin_pipe >= 0:
+            self._close_stdin()
+        for read_end in self.outputs:
+            os.close(read_end)
+        self.outputs = {}
+
+
+def _signal_group(sandbox: Sandbox, number: int) -> None:
+    """Signal the command's process group (a session leader's: its own pid, a number no one
+    else takes while the group lives), or the command alone should that fail."""
+    try:
+        os.killpg(sandbox.command_pid, number)
+    except OSError:
+        sandbox.send_signal(number)
+
+
+def _same_terminal(first: int, second: int) -> bool:
+    return os.fstat(first).st_rdev == os.fstat(second).st_rdev
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            wait_fd(fd, None, writable=True)
+
+
+@contextmanager
+def held_signals() -> Iterator[int]:
+    """From before the launch until the session is over: the held signals only wake the
+    launcher (their numbers on the fd this yields), so one that arrives while the sandbox is
+    still being built is passed on once it runs, not lost by killing the launcher. The
+    handlers and wakeup fd before are put back after."""
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    previous_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    previous = {number: signal.signal(number, _wake_only) for number in HELD_SIGNALS}
+    try:
+        yield wake_read
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(wake_read)
+        os.close(wake_write)
+
+
+@contextmanager
+def kept_stdio_flags() -> Iterator[None]:
+    """The file status flags of the launcher's fds 0-2, put back when the session is over: a
+    session shares their open files, and one that left O_NONBLOCK on a pipe would cut short
+    the output of the caller's next writer to it (EAGAIN). Terminals get more: see
+    nsconfine/_kernel/terminal.py."""
+    import fcntl
+
+    flags = {}
+    for fd in (0, 1, 2):
+        try:
+            flags[fd] = fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError:
+            continue  # closed
+    try:
+        yield
+    finally:
+        for fd, kept in flags.items():
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETFL, kept)
+            except OSError:
+                pass
+
+
+def _wake_only(_number: int, _frame: object) -> None:
+    pass  # the wakeup fd has the number; run_session acts on it
+
+
+def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRelay) -> int:
+    """Wait for the session, passing on the signals held_signals() collects on wake_read,
+    copying through relay (and its terminal, if it has one); its status."""
+    terminal = _Terminal(sandbox.tty, sandbox.command_pid) if sandbox.tty >= 0 else None
+    try:
+        _relay(sandbox, terminal, relay, grace, wake_read)
+        # before the handle reaps the session, which closes its terminal
+        relay.drain()
+        if terminal is not None:
+            terminal.drain()
+            terminal.leave_tui_modes()
+    except BaseException:  # the launcher is leaving (its stdout gone): the session goes first
+        sandbox.kill()
+        sandbox.wait()
+        raise
+    finally:
+        if terminal is not None:
+            terminal.restore()
+            terminal.close()
+    return sandbox.wait()
+
+
+def _relay(
+    sandbox: Sandbox, terminal: _Terminal | None, relay: StdioRelay, grace: float, wake_read: int
+) -> None:
+    """Until the session has ended (its sentinel readable; not yet reaped): signals passed
+    on, the grace period kept, the caller's terminals relayed and its own terminal copied."""
+    deadline: float | None = None
+    signalled = False
+    while True:
+        poller = select.poll()
+        poller.register(sandbox.sentinel, select.POLLIN)
+        poller.register(wake_read, select.POLLIN)
+        for part in (relay, terminal):
+            if part is not None:
+                for fd, wanted in part.events().items():
+                    poller.register(fd, wanted)
+        waits = [] if deadline is None else [deadline - time.monotonic()]
+        if terminal is not None:
+            waits.append(terminal.check_due())
+        if relay.in_background:
+            waits.append(STATE_CHECK_SECONDS)
+        events = dict(poller.poll(poll_ms(min(waits)) if waits else None))
+        if sandbox.sentinel in events:
+            return
+        if deadline is not None and time.monotonic() >= deadline:  # the grace period is over
+            sandbox.kill()
+            deadline = None
+            continue
+        relay.handle(events)
+        if terminal is not None:
+            terminal.handle(events)
+            if terminal.check_due() <= 0:
+                suspended, stop_it = terminal.to_suspend()
+                if suspended:
+                    terminal.suspend(sandbox, stop_it)
+        if wake_read not in events:
+            continue
+        for received in os.read(wake_read, 64):
+            if received == signal.SIGCONT:
+                if terminal is not None:
+                    terminal.resume()  # stopped by someone else: raw again, resized
+            elif received == signal.SIGWINCH and terminal is not None:
+                terminal.resize()  # the session's terminal tells its foreground job
+            elif received not in ENDING_SIGNALS:
+                sandbox.send_signal(received)  # passed on, nothing more
+            elif signalled:
+                sandbox.kill()
+                deadline = None
+            else:
+                signalled = True
+                sandbox.send_signal(received)
+                deadline = time.monotonic() + grace

@@ -1,0 +1,1 @@
+"""A plan for another runtime: the OCI bundle (runc, podman, Kubernetes)."""

@@ -1,0 +1,205 @@
+"""Where a launch is refused: the one gate every session passes before its sandbox is built.
+
+spawn and Pool both come through gate(). There is no path from here to an unconfined command:
+a session that would hold host uid 0, a plan that fails the lint, a pinned file that changed, a
+bwrap that is missing, broken or does not confine, or a program of the launch that a session
+could have written, refuses the launch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from nsconfine._errors import (
+    NsconfineError,
+    PlanError,
+    SandboxUnavailable,
+    UsageError,
+    refuse_if_short_of_fds,
+)
+from nsconfine._kernel.accounts import SEARCH, access_problem
+from nsconfine._kernel.syscalls import child_statuses_discarded, realpath
+from nsconfine._launch.programs import REAPER_PATH, SHIM_PATH
+from nsconfine._launch.sandbox import Sandbox
+from nsconfine._launch.stage import (
+    SPAWN_SHIM_TIMEOUT_MS,
+    StagedGone,
+    hand_off,
+    hold_closed_stdio,
+    prepare_launch,
+    stage,
+    stdio_fd,
+)
+from nsconfine._plan.model import Kind, Mode, Plan, printable, within
+from nsconfine._plan.protect import refreshed
+from nsconfine._policy.lint import check_plan
+from nsconfine._policy.pins import verify_pins
+from nsconfine._preflight.checks import (
+    located_bwrap,
+    proven_bwrap,
+    refuse_untrusted,
+    takes_bind_fds,
+)
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from nsconfine._launch.stage import Identity, Staged, Stdio
+
+
+class Cleared:
+    """What the gate hands the executor: the proven bwrap, whether it binds by fd, and each
+    source's identity as the lint judged it."""
+
+    __slots__ = ("bind_fds", "bwrap")
+
+    def __init__(self, bwrap: str, bind_fds: bool) -> None:
+        self.bwrap = bwrap
+        self.bind_fds = bind_fds
+
+
+def lint(plan: Plan) -> dict[str, Identity | None]:
+    """The plan's own checks: the policy lint and the harness pins; what the lint judged (each
+    bind source's identity). A launch runs it while bwrap builds the sandbox (see stage), and
+    hands the command over only once it has passed."""
+    judged = check_plan(plan)
+    verify_pins(plan)
+    return judged
+
+
+def refuse_if_statuses_discarded() -> None:
+    """Refuse a launch (spawn's, or a Pool's at each launch) while SIGCHLD is ignored."""
+    if child_statuses_discarded():
+        raise SandboxUnavailable(
+            "this launcher ignores SIGCHLD (SIG_IGN, or SA_NOCLDWAIT): the kernel would reap "
+            "its sessions itself and lose every exit status; restore the default first "
+            "(signal.signal(SIGCHLD, SIG_DFL))"
+        )
+
+
+def gate(plan: Plan) -> Cleared:
+    """Refuse plan unless every check due before bwrap runs passes (who the session runs as,
+    which bwrap, proven); what the launch then needs. The plan's own checks are lint()."""
+    euid = os.geteuid()
+    plan.require_launchable()
+    refuse_if_statuses_discarded()
+    if plan.user.uid == 0:
+        raise SandboxUnavailable(
+            "this launcher runs as root and the session names no other account: it would hold "
+            "host uid 0; name an unprivileged account to run it as (--user NAME, "
+            "Session(user=...))"
+        )
+    if euid != 0 and plan.user.uid != euid:
+        raise UsageError(
+            f"the plan runs as {plan.user}, but only a root launcher can run a session as "
+            f"another account (this one is uid {euid})"
+        )
+    if not any(e.dest == "/proc" and e.kind is Kind.PROC for e in plan.entries):
+        raise PlanError(
+            "the plan has no /proc: the sandbox's first command (nsconfine's exec shim) runs "
+            "from it; keep the proc entry Session.plan() makes"
+        )
+    bwrap = located_bwrap()
+    # Before bwrap is first run (its proof runs it): a planted one must never run at all.
+    programs = {"bwrap": bwrap, "reaper": REAPER_PATH, "shim": SHIM_PATH}
+    _refuse_writable_programs(plan, programs)
+    if os.path.exists(bwrap):
+        for name, path in programs.items():
+            refuse_untrusted(path, name)
+    # (A missing bwrap is left to proven_bwrap, which says how to install one.)
+    problem = access_problem(os.path.realpath(bwrap), plan.user, SEARCH)
+    if problem is not None and os.path.exists(bwrap):
+        raise SandboxUnavailable(
+            f"bwrap {bwrap} cannot be run by {plan.user.name}, who runs the session ({problem}): "
+            "install bubblewrap where that account can run it (Debian's /usr/bin/bwrap)"
+        )
+    proven_bwrap(bwrap)
+    return Cleared(bwrap, takes_bind_fds(bwrap))
+
+
+def _refuse_writable_programs(plan: Plan, programs: dict[str, str]) -> None:
+    # A program the session could have written (a bwrap found in a previous session's
+    # workspace, nsconfine installed in a venv inside it) would run, outside the sandbox, with
+    # the launcher's trust at the next launch.
+    writable = [
+        realpath(e.source) for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW
+    ]
+    for name, path in programs.items():
+        try:
+            resolved = realpath(path)
+        except OSError:
+            continue  # missing: refused where it is used, with its own message
+        for root in writable:
+            if within(resolved, root):
+                raise SandboxUnavailable(
+                    f"the {name} {path} lies inside {root}, which the session can write (a "
+                    f"session could have put it there): use a {name} outside every writable "
+                    "bind"
+                )
+
+
+def spawn(
+    plan: Plan,
+    argv: Sequence[str],
+    *,
+    stdin: Stdio = None,
+    stdout: Stdio = None,
+    stderr: Stdio = None,
+    tty: bool = False,
+) -> Sandbox:
+    """Run argv confined by plan; return once it has exec'd. Each stdio is None (inherit), an
+    fd, or a file object; tty=True gives the command a new terminal of the sandbox's own instead
+    (its controller is the handle's tty). OSError if argv[0] cannot be executed there."""
+    # A refused command never has a sandbox built for it.
+    launch = prepare_launch(argv, stdio=(stdin, stdout, stderr), tty=tty)
+    staged = checked_stage(plan, stderr=stdio_fd(stderr, "stderr"))
+    try:
+        return hand_off(staged, launch)  # OSError from here on: the command could not start
+    except StagedGone:
+        raise SandboxUnavailable(
+            "the sandbox ended before its command started (its bwrap was killed); nothing "
+            "was run, launch again"
+        ) from None
+
+
+def checked_stage(
+    plan: Plan,
+    *,
+    stderr: int = -1,
+    idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
+) -> Staged:
+    """The one checked launch up to the hand-off, for spawn and Pool alike: the plan's
+    protected paths found again where its workspace changed, the gate, then a sandbox built by
+    bwrap while the plan is linted, its namespaces and mount table confirmed, and the exec shim
+    waiting inside for its command (idle_timeout_ms at most). The staged sandbox keeps the plan
+    it runs."""
+    hold_closed_stdio()  # before the launch opens anything
+    with refusing_os_errors():
+        plan = refreshed(plan)  # the repositories its workspace holds now
+        cleared = gate(plan)
+        return stage(
+            cleared.bwrap,
+            plan,
+            lint=lambda: lint(plan),
+            bind_fds=cleared.bind_fds,
+            stderr=stderr,
+            idle_timeout_ms=idle_timeout_ms,
+        )
+
+
+@contextmanager
+def refusing_os_errors() -> Iterator[None]:
+    """Until the command is handed over, an OSError (a path that changed under the lint, a
+    race with a hostile workspace) is a refusal of the launch, never a failure of the command."""
+    try:
+        yield
+    except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
+        raise
+    except OSError as error:
+        refuse_if_short_of_fds(error)
+        where = f" ({printable(error.filename)})" if error.filename else ""
+        raise SandboxUnavailable(
+            f"the launch was refused: {error.strerror or error}{where} changed while it was "
+            "checked or built; nothing was run, launch again"
+        ) from None

@@ -1,0 +1,134 @@
+"""The account a session runs as, and what that account can reach on the host.
+
+A launcher that is not root runs its sessions as itself. A root launcher must name another,
+unprivileged account (--user, Session(user=...)): no session ever holds host uid 0. That
+account, not root, then runs bwrap: it must be able to reach bwrap, every path the plan binds,
+and write its workspace and run directory, which the plan checks up front, naming what fails.
+The account keeps no supplementary group, so only its uid and primary gid count here.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from nsconfine._errors import UsageError
+from nsconfine._plan.model import RunAs, launcher_account
+
+READ, WRITE, SEARCH = 0o4, 0o2, 0o1
+
+
+def run_as(user: str | int | None) -> RunAs:
+    """The account a session runs as: the launcher's own, or (for a root launcher) the named
+    one, by name or uid (a name of digits only is a uid, as useradd allows no such name).
+    Refused: an unknown account, uid 0, and another account without root."""
+    import pwd
+
+    if user is None:
+        return launcher_account()
+    if isinstance(user, str) and user.isascii() and user.isdigit():
+        user = int(user)
+    try:
+        entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
+    except (KeyError, OverflowError):
+        raise UsageError(f"--user {user}: there is no such account") from None
+    if entry.pw_uid == 0:
+        raise UsageError(
+            f"--user {user}: a session never runs as uid 0; name an unprivileged account"
+        )
+    if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
+        raise UsageError(
+            f"--user {user}: only a launcher running as root can run a session as another "
+            f"account (this one is uid {os.geteuid()}); drop --user"
+        )
+    gid = entry.pw_gid if os.geteuid() == 0 else os.getegid()
+    return RunAs(entry.pw_name, entry.pw_uid, gid)
+
+
+def _allows(info: os.stat_result, user: RunAs, bits: int) -> bool:
+    if info.st_uid == user.uid:
+        shift = 6
+    elif info.st_gid == user.gid:
+        shift = 3
+    else:
+        shift = 0
+    return info.st_mode & (bits << shift) == bits << shift
+
+
+def access_problem(path: str, user: RunAs, bits: int) -> str | None:
+    """Why user could not reach path and use it with bits (READ, WRITE, SEARCH), or None.
+    Judged by the mode bits (ACLs are not read); the launcher's own account is never asked."""
+    if user.uid == os.geteuid():
+        return None
+    try:
+        if not _allows(os.stat(path), user, bits):
+            return f"{user.name} (uid {user.uid}) has no {_words(bits)} permission on {path}"
+        parent = os.path.dirname(os.path.abspath(path))
+        while True:
+            if not _allows(os.stat(parent), user, SEARCH):
+                return f"{user.name} (uid {user.uid}) cannot search {parent}"
+            if parent == "/":
+                return None
+            parent = os.path.dirname(parent)
+    except OSError as error:
+        return f"{path}: {error.strerror}"
+
+
+def _words(bits: int) -> str:
+    return "+".join(
+        word for bit, word in ((READ, "read"), (WRITE, "write"), (SEARCH, "search")) if bits & bit
+    )
+
+
+def scratch_directory(prefix: str) -> str:
+    """A fresh private directory (mode 0700) in a world-reachable temp directory, whatever
+    TMPDIR says: the canary and the selftest bind from it as the session's account."""
+    import tempfile
+
+    for base in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(base):
+            try:
+                return tempfile.mkdtemp(prefix=prefix, dir=base)
+            except OSError:
+                continue
+    return tempfile.mkdtemp(prefix=prefix)
+
+
+def records_directory(name: str) -> str:
+    """Where nsconfine keeps its records of kind name for this account:
+    $XDG_CACHE_HOME/nsconfine/name, else $HOME/.cache/nsconfine/name (both in every deny set).
+    A relative XDG_CACHE_HOME or HOME is ignored, as the XDG spec says: it would name a place
+    under the launcher's working directory, which may be a session's workspace."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            import pwd
+
+            try:
+                home = pwd.getpwuid(os.geteuid()).pw_dir
+            except KeyError:  # an account without a passwd entry (containers)
+                home = f"/tmp/nsconfine-{os.geteuid()}"
+        cache = os.path.join(home, ".cache")
+    return os.path.join(cache, "nsconfine", name)
+
+
+def require_private(directory: str) -> None:
+    """PermissionError unless directory, and the one above it, are directories of this
+    account that no one else can write: a directory another account (a session) could write
+    may hold symlinks it planted for the launcher to write through."""
+    for path in (directory, os.path.dirname(directory)):
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise PermissionError(
+                errno.EPERM, "not a directory of this account that only it can write", path
+            )
+
+
+def make_private_directory(path: str) -> None:
+    """Make path and the directory holding it, where missing, 0700 whatever the umask (makedirs
+    gives its mode to the last one only): records directories are refused if another account,
+    or the group, could write them or the directory above (a umask of 002 would)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.makedirs(path, mode=0o700, exist_ok=True)

@@ -1,0 +1,155 @@
+"""The kernel layers every session gets past its mount namespace, and how they are asked for.
+
+They are not options: no flag or variable turns one off. A plan may allow nested user
+namespaces, with a reason the manifest shows (a harness that sandboxes its own tools with
+bwrap); that lifts "no-nested-userns" alone. DISABLED_FOR_TESTS is the one other door, for the
+test suite's mutation twins (each layer's test must fail without it; "session-limits" switches
+off the reaper's limits step, to show the mount check refusing what bwrap then builds); nothing
+in the package sets it, and the manifest lists only the layers a launch applies.
+
+Where each layer lives:
+- seccomp: the filter (csrc/seccomp.c) bwrap loads in the sandbox's pid 1 and the command;
+- session-keyring and no-new-privileges: the launcher's C child, before it execs the reaper;
+- no-nested-userns: bwrap's --disable-userns, and the filter's namespace rules;
+- landlock: a scope-only domain in the launcher's C child (no abstract socket and no signal
+  out of the sandbox), and a second one the exec shim takes before it execs the command, so
+  that the command cannot reach the sandbox's pid 1 either (ptrace, /proc/1/mem, signals).
+"""
+
+from __future__ import annotations
+
+import os
+
+from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._plan.model import Kind
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from typing import Final
+
+    from nsconfine._plan.model import Plan, RunAs
+
+# What each layer does, for the manifest.
+LAYERS: Final = {
+    "seccomp": (
+        "a seccomp filter: no set-user-ID or set-group-ID bit by chmod, open, creat, mknod or "
+        "mq_open; no io_uring; no keyrings, NUMA policy, accounting, kernel log, quotas, perf, "
+        "bpf, userfaultfd, kexec or modules; no modify_ldt or port I/O, no clocks, reboot, "
+        "swap or vhangup, no kcmp, pidfd_getfd, process_madvise, open_by_handle_at or "
+        "fanotify; no other personality; no ptrace of pid 1; only UNIX, INET, INET6 and "
+        "NETLINK sockets; no TIOCSTI or TIOCLINUX; no other syscall entry (x32, i386)"
+    ),
+    "session-keyring": (
+        "a fresh session keyring: the launcher's keys are not reachable, and keys a session "
+        "adds die with it"
+    ),
+    "no-new-privileges": (
+        "no_new_privs and no capabilities: no setuid binary or file capability raises the "
+        "session's power"
+    ),
+    "no-nested-userns": (
+        "no namespace of its own (bwrap's --disable-userns, and the filter refuses unshare, "
+        "setns, namespace flags, the mount calls and the host name): no overlay, mqueue or "
+        "cgroup file system of the session's own, and none of the kernel's user-namespace "
+        "surface"
+    ),
+    "landlock": (
+        "Landlock scopes (ABI 6 and later): no connecting to an abstract unix socket outside "
+        "the sandbox, no signal to a process outside it; and the command is kept out of reach "
+        "of the sandbox's pid 1 (no ptrace, no /proc/1/mem, no signal), which holds its exit "
+        "status"
+    ),
+}
+
+NESTED_USERNS_REOPENS: Final = (
+    "this re-opens the kernel's user-namespace surface (a kernel bug there is reachable), "
+    "mounts of the session's own (overlay, mqueue, cgroupfs: where the host delegates cgroups "
+    "to this account, a nested cgroupfs reaches them) and the mount system calls"
+)
+
+LANDLOCK_SCOPES_ABI: Final = 6
+
+DISABLED_FOR_TESTS: frozenset[str] = frozenset()
+
+_filters: dict[int, bytes] = {}
+_ruleset: int | None = None
+_abi: int | None = None
+
+
+def active(plan: Plan | None = None) -> list[str]:
+    """The layers a launch of plan applies on this kernel (Landlock scopes need ABI 6)."""
+    return [name for name in LAYERS if _applies(name, plan)]
+
+
+def _applies(name: str, plan: Plan | None) -> bool:
+    if name in DISABLED_FOR_TESTS:
+        return False
+    if name == "landlock":
+        return landlock_abi() >= LANDLOCK_SCOPES_ABI
+    if name == "no-nested-userns":
+        return plan is None or plan.nested_userns is None
+    return True
+
+
+def landlock_abi() -> int:
+    """This kernel's Landlock ABI (0: none), asked once."""
+    global _abi
+    if _abi is None:
+        _abi = _syscalls.landlock_abi()
+    return _abi
+
+
+def disables_userns(plan: Plan) -> bool:
+    """Does bwrap get --disable-userns for plan?"""
+    return _applies("no-nested-userns", plan)
+
+
+def seccomp_program(plan: Plan) -> bytes | None:
+    """The seccomp filter bwrap loads for plan's sessions (each variant built once), or None
+    in a test that switched it off."""
+    if "seccomp" in DISABLED_FOR_TESTS:
+        return None
+    rules = _syscalls.SECCOMP_DEFAULT if disables_userns(plan) else _syscalls.SECCOMP_NESTED_USERNS
+    program = _filters.get(rules)
+    if program is None:
+        program = _filters[rules] = _syscalls.seccomp_filter(rules)
+    return program
+
+
+def landlock_ruleset() -> int:
+    """The scope-only Landlock ruleset the launcher's child restricts itself with before it
+    execs the reaper (made once; its fd is close-on-exec), or -1 where this kernel has no
+    scopes or a test switched the layer off."""
+    global _ruleset
+    if not _applies("landlock", None):
+        return -1
+    if _ruleset is None:
+        _ruleset = _syscalls.landlock_scopes()
+    return _ruleset
+
+
+def shim_guards_pid_1() -> bool:
+    """Does the exec shim take a Landlock domain of its own before the command (so that the
+    command cannot ptrace, write or signal the sandbox's pid 1)?"""
+    return _applies("landlock", None)
+
+
+def session_limits(plan: Plan) -> tuple[int, int, int, int] | None:
+    """What the reaper takes for plan in the session's own user namespace (nsconfine._plan.limits):
+    its processes, ptys (where the plan has the devpts that holds them; else 0), inotify
+    instances and watches; None in a test that switched the step off ("session-limits")."""
+    if "session-limits" in DISABLED_FOR_TESTS:
+        return None
+    limits = plan.limits
+    ptys = next((e.capacity or 0 for e in plan.entries if e.kind is Kind.DEVPTS), 0)
+    return (limits.processes, ptys, limits.inotify_instances, limits.inotify_watches)
+
+
+def spawn_flags(user: RunAs) -> tuple[int, int, int]:
+    """nsc_spawn's flags, uid and gid for the launcher's child that runs bwrap as user."""
+    flags = _syscalls.SPAWN_NEW_PGRP | _syscalls.SPAWN_DROP_CAPS | _syscalls.SPAWN_NO_NEW_PRIVS
+    if "session-keyring" not in DISABLED_FOR_TESTS:
+        flags |= _syscalls.SPAWN_NEW_KEYRING
+    if os.geteuid() == 0:  # the gate refused uid 0 itself; anyone else keeps their own ids
+        flags |= _syscalls.SPAWN_SET_IDS
+    return flags, user.uid, user.gid

@@ -1,0 +1,739 @@
+"""The host side of a session's network: an HTTP proxy on a unix socket per session.
+
+A session's network namespace has only a loopback; a relay inside forwards each TCP
+connection to 127.0.0.1:3128 to this session's unix socket. Here each connection is one
+request: CONNECT to a listed host, a plain-HTTP request to a listed host, or a request to one of
+the session's routes (an API reached with a key the session never sees). Everything else is
+refused with a one-line reason, and every connection is audited.
+
+The peer is hostile: it may send nothing, send forever, never read, or send what two HTTP
+parsers read differently. So: a thread per connection with blocking sockets and timeouts (a
+stuck peer holds only its own thread), caps per session and overall, a strict request parser,
+and the session's own rules and routes only (a listener knows no other session's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import select
+import shutil
+import socket
+import ssl
+import stat
+import struct
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from nsconfine._errors import UsageError
+from nsconfine._plan.allowlist import (
+    Decision,
+    Destination,
+    HostRefused,
+    Resolver,
+    Route,
+    canonical_host,
+    host_addresses,
+    judge,
+    system_resolver,
+)
+from nsconfine._plan.model import RELAY_SOCKET_NAME, printable
+
+Audit = Callable[[dict[str, object]], None]
+
+MAX_HEAD = 16 * 1024
+MAX_HEADER_LINES = 100
+MAX_RESPONSE_HEAD = 64 * 1024
+CHUNK = 64 * 1024
+MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
+# Headers that speak to this hop (or carry credentials to it), never forwarded as sent.
+_HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization"})
+_CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass
+class _Request:
+    method: str
+    target: str
+    version: str
+    headers: list[tuple[str, str]]  # in order, names as sent
+
+    def values(self, name: str) -> list[str]:
+        return [value for key, value in self.headers if key.lower() == name]
+
+    def head(self, target: str, drop: frozenset[str], extra: Sequence[bytes]) -> bytes:
+        lines = [f"{self.method} {target} HTTP/1.1".encode()]
+        lines += [f"{k}: {v}".encode() for k, v in self.headers if k.lower() not in drop]
+        lines += [*extra, b"Connection: close"]
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def parse_head(head: bytes) -> _Request:
+    """The request line and headers, held to the strict form (CRLF only, no folding, token
+    names, no control characters): anything two parsers could read differently is a 400."""
+    try:
+        text = head.decode("ascii")
+    except UnicodeDecodeError:
+        raise _Refusal(400, "the request head is not ASCII") from None
+    lines = text[:-4].split("\r\n") if text.endswith("\r\n\r\n") else text.split("\r\n")
+    if len(lines) - 1 > MAX_HEADER_LINES:
+        raise _Refusal(431, f"more than {MAX_HEADER_LINES} header lines")
+    if any(c in line for line in lines for c in "\r\n\0"):
+        raise _Refusal(400, "a bare CR, LF or NUL in the request head")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[0] or not set(parts[0]) <= _TOKEN:
+        raise _Refusal(400, "the request line is not 'METHOD target HTTP/1.1'")
+    method, target, version = parts
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        raise _Refusal(400, "only HTTP/1.1 and HTTP/1.0 are spoken")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in target):
+        raise _Refusal(400, "the request target holds a control character")
+    headers = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or not set(name) <= _TOKEN:
+            raise _Refusal(400, "a header line is not 'Name: value' (or is folded)")
+        if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in value):
+            raise _Refusal(400, "a header value holds a control character")
+        headers.append((name, value.strip(" \t")))
+    request = _Request(method, target, version, headers)
+    lengths = request.values("content-length")
+    if len(lengths) > 1 or (lengths and request.values("transfer-encoding")):
+        raise _Refusal(400, "the request's body length is stated twice")
+    if lengths and not lengths[0].isdigit():
+        raise _Refusal(400, "Content-Length is not a number")
+    return request
+
+
+def split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    """host and port of "host:port" / "[v6]:port" (port optional if default_port)."""
+    if authority.startswith("["):
+        host, bracket, rest = authority.partition("]")
+        host += bracket
+        port_text = rest[1:] if rest.startswith(":") else None
+        if rest and port_text is None:
+            raise _Refusal(400, "the authority is not [address]:port")
+    else:
+        host, colon, port_text_or_empty = authority.rpartition(":")
+        if not colon or ":" in host:
+            host, port_text = authority, None
+        else:
+            port_text = port_text_or_empty
+    if port_text is None:
+        if default_port is None:
+            raise _Refusal(400, "CONNECT needs host:port")
+        return host, default_port
+    if not port_text.isdigit() or len(port_text) > 5 or not 0 < int(port_text) < 65536:
+        raise _Refusal(400, "the port is not a number from 1 to 65535")
+    return host, int(port_text)
+
+
+def _response(status: int, reason: str) -> bytes:
+    body = f"nsconfine: {printable(reason)}\n".encode("ascii", "backslashreplace")
+    return (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode() + body
+
+
+def _holds_decrypted(sock: socket.socket) -> bool:
+    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
+
+
+def _header_name(line: bytes) -> str:
+    return line.split(b":")[0].strip().lower().decode("latin-1")
+
+
+class _ResponseHeadRewriter:
+    """Bytes from the upstream with the response head's Connection header replaced by
+    `Connection: close` (interim 1xx heads pass as they are); the body passes untouched, as it
+    comes: a stream of server-sent events is not held back."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            return data
+        self.pending += data
+        out = b""
+        while not self.done:
+            end = self.pending.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.pending) > MAX_RESPONSE_HEAD:  # not HTTP as we know it: pass it on
+                    self.done = True
+                    out, self.pending = out + self.pending, b""
+                return out
+            head, self.pending = self.pending[: end + 4], self.pending[end + 4 :]
+            lines = head[:-4].split(b"\r\n")
+            interim = lines[0][9:12].startswith(b"1") and lines[0][9:12] != b"101"
+            if not interim:
+                kept = [ln for ln in lines if _header_name(ln) not in _HOP_HEADERS]
+                head = b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n"
+                self.done = True
+            out += head
+        out, self.pending = out + self.pending, b""
+        return out
+
+    def flush(self) -> bytes:
+        out, self.pending = self.pending, b""
+        return out
+
+
+@dataclass(eq=False)  # held in a set, by identity
+class _Connection:
+    session: str
+    client: socket.socket
+    upstream: socket.socket | None = None
+    record: dict[str, object] = field(default_factory=dict)
+
+    def shut(self) -> None:
+        for sock in (self.client, self.upstream):
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@dataclass(eq=False)
+class _Session:
+    name: str
+    directory: Path
+    path: Path
+    listener: socket.socket
+    destinations: tuple[Destination, ...]
+    routes: dict[str, Route]
+    connections: set[_Connection] = field(default_factory=set)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
+def _sockets_parent() -> str:
+    """The directory the sessions' socket directories are made in: the launcher's own, 0711 (a
+    session's account passes through it to its socket, and lists nothing: the socket's name is
+    random). /run/nsconfine for root, else the launcher's runtime directory, else /tmp's."""
+    if os.geteuid() == 0:
+        parent = "/run/nsconfine"
+    elif os.environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
+        parent = os.path.join(os.environ["XDG_RUNTIME_DIR"], "nsconfine")
+    else:
+        parent = f"/tmp/nsconfine-{os.geteuid()}-proxy"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(parent, 0o711)
+    info = os.lstat(parent)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o066:
+        raise UsageError(
+            f"{printable(parent)} must be a directory of this account's that no one else can "
+            "read or write (it holds the sessions' proxy sockets): remove it"
+        )
+    return parent
+
+
+_LAUNCHER_NETWORK = os.stat("/proc/self/ns/net").st_ino
+
+
+def _from_a_sandbox(client: socket.socket) -> bool:
+    """Is the peer in a network namespace other than the launcher's (a sandbox's relay)?"""
+    try:
+        credentials = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        pid = struct.unpack("3i", credentials)[0]
+        return os.stat(f"/proc/{pid}/ns/net").st_ino != _LAUNCHER_NETWORK
+    except (OSError, struct.error):
+        return False
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+
+
+class Proxy:
+    """One per launcher: serves each session's unix socket on daemon threads of its own."""
+
+    def __init__(
+        self,
+        *,
+        audit: Audit | None = None,
+        resolver: Resolver | None = None,
+        head_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        idle_timeout: float = 300.0,
+        max_connections_per_session: int = 64,
+        max_connections: int = 512,
+        sandboxes_only: bool = True,
+    ) -> None:
+        self._audit = audit
+        self._resolver = resolver or system_resolver
+        self.head_timeout = head_timeout
+        self.connect_timeout = connect_timeout
+        self.idle_timeout = idle_timeout
+        self.max_connections_per_session = max_connections_per_session
+        self.max_connections = max_connections
+        # Only peers in a network namespace other than the launcher's (off for tests that
+        # speak to the proxy from the host).
+        self.sandboxes_only = sandboxes_only
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Session] = {}
+        self._closed = False
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def add_session(
+        self,
+        name: str,
+        destinations: Sequence[Destination],
+        routes: Sequence[Route],
+        *,
+        uid: int | None = None,
+    ) -> str:
+        """A new unix socket, in a fresh private directory, for the session's relay; what
+        arrives on it is judged by these destinations and routes only. With uid (a root
+        launcher's session account) the socket is that account's to connect to."""
+        by_name = {route.name: route for route in routes}
+        if len(by_name) != len(routes):
+            raise UsageError(f"session {name}: two routes share a name")
+        with self._lock:
+            if self._closed:
+                raise UsageError("the proxy is closed")
+            if name in self._sessions:
+                raise UsageError(f"session {name!r} already has a proxy socket")
+        directory = Path(tempfile.mkdtemp(prefix="proxy-", dir=_sockets_parent()))
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.chmod(directory, 0o711)
+            path = directory / RELAY_SOCKET_NAME
+            listener.bind(str(path))
+            if uid is not None and uid != os.geteuid():
+                try:
+                    os.chown(path, uid, -1)
+                except PermissionError:
+                    raise UsageError(
+                        f"session {name}: the proxy socket cannot be given to uid {uid} "
+                        "(only a root launcher runs sessions as another account)"
+                    ) from None
+            os.chmod(path, 0o600)
+            listener.listen(128)
+        except BaseException:
+            listener.close()
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        session = _Session(name, directory, path, listener, tuple(destinations), by_name)
+        session.thread = threading.Thread(
+            target=self._accept_loop, args=(session,), name=f"nsconfine-proxy-{name}", daemon=True
+        )
+        with self._lock:
+            self._sessions[name] = session
+        session.thread.start()
+        return str(path)
+
+    def remove_session(self, name_or_path: str | os.PathLike[str]) -> None:
+        """Closes the session's listener, ends its connections, removes its socket."""
+        with self._lock:
+            session = self._sessions.pop(str(name_or_path), None)
+            if session is None:
+                for key, candidate in self._sessions.items():
+                    if str(candidate.path) == os.fspath(name_or_path):
+                        session = self._sessions.pop(key)
+                        break
+        if session is None:
+            return
+        session.stopping.set()
+        # Shutting a listening socket down wakes its accept() at once (EINVAL): a session's end
+        # waits for no timeout.
+        with contextlib.suppress(OSError):
+            session.listener.shutdown(socket.SHUT_RDWR)
+        if session.thread is not None and session.thread is not threading.current_thread():
+            session.thread.join()
+        session.listener.close()
+        with self._lock:
+            connections = list(session.connections)
+        for connection in connections:
+            connection.shut()
+        shutil.rmtree(session.directory, ignore_errors=True)
+
+    def close(self) -> None:
+        """Ends every session; closing twice is closing once."""
+        with self._lock:
+            self._closed = True
+            names = list(self._sessions)
+        for name in names:
+            self.remove_session(name)
+
+    def __enter__(self) -> Proxy:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def _accept_loop(self, session: _Session) -> None:
+        while not session.stopping.is_set():
+            try:
+                client, _ = session.listener.accept()
+            except OSError:
+                if session.stopping.is_set():
+                    return
+                time.sleep(0.05)  # EMFILE and the like: the next accept may succeed
+                continue
+            if self.sandboxes_only and not _from_a_sandbox(client):
+                # The socket is the session account's to connect to, and a host process of
+                # that account (a daemon sharing `nobody`) is no sandbox: it gets nothing here.
+                client.close()
+                self._emit(
+                    {"time": _now(), "session": session.name},
+                    False,
+                    "a connection from outside the sandbox (the launcher's own network)",
+                )
+                continue
+            connection = _Connection(session.name, client)
+            with self._lock:
+                total = sum(len(s.connections) for s in self._sessions.values())
+                if len(session.connections) >= self.max_connections_per_session:
+                    refusal = f"this session has {len(session.connections)} connections open"
+                elif total >= self.max_connections:
+                    refusal = f"the proxy has {total} connections open"
+                else:
+                    refusal = ""
+                    session.connections.add(connection)
+            if refusal:
+                self._refuse_at_once(connection, refusal)
+                continue
+            threading.Thread(
+                target=self._serve,
+                args=(session, connection),
+                name=f"nsconfine-proxy-{session.name}-conn",
+                daemon=True,
+            ).start()
+
+    def _refuse_at_once(self, connection: _Connection, reason: str) -> None:
+        """Over a cap: answered from the accept loop without reading (a send into an empty
+        buffer does not block), so a flood costs no thread."""
+        connection.record = {"time": _now(), "session": connection.session}
+        try:
+            connection.client.setblocking(False)
+            connection.client.send(_response(503, reason))
+        except OSError:
+            pass
+        connection.client.close()
+        self._emit(connection.record, False, reason)
+
+    def _emit(self, record: dict[str, object], allowed: bool, reason: str) -> None:
+        full: dict[str, object] = {
+            "time": record.get("time", _now()),
+            "session": record.get("session"),
+            "method": record.get("method"),
+            "host": record.get("host"),
+            "port": record.get("port"),
+            "address": record.get("address"),
+            "decision": "allowed" if allowed else "refused",
+            "reason": printable(reason),
+            "bytes_up": record.get("bytes_up", 0),
+            "bytes_down": record.get("bytes_down", 0),
+        }
+        if "route" in record:
+            full["route"] = record["route"]
+        if self._audit is None:
+            return
+        try:
+            self._audit(full)
+        except Exception as error:  # an audit sink that fails must not end the proxy
+            print(f"nsconfine proxy: the audit sink failed: {error!r}", file=sys.stderr)
+
+    def _serve(self, session: _Session, connection: _Connection) -> None:
+        record = connection.record = {"time": _now(), "session": session.name}
+        allowed_reason: str | None = None
+        try:
+            head, rest = self._read_head(connection.client)
+            if head is None:
+                return  # closed before a request: nothing was asked
+            request = parse_head(head)
+            record["method"] = request.method
+            allowed_reason = self._dispatch(session, connection, request, rest)
+        except _Refusal as refusal:
+            self._send_quietly(connection.client, _response(refusal.status, refusal.reason))
+            self._emit(record, False, refusal.reason)
+        except Exception as error:  # never a traceback for what a session sent
+            reason = f"the proxy failed on this request ({type(error).__name__})"
+            self._send_quietly(connection.client, _response(502, reason))
+            self._emit(record, False, reason)
+        finally:
+            for sock in (connection.client, connection.upstream):
+                if sock is not None:
+                    sock.close()
+            with self._lock:
+                session.connections.discard(connection)
+        if allowed_reason is not None:
+            self._emit(record, True, allowed_reason)
+
+    @staticmethod
+    def _send_quietly(sock: socket.socket, data: bytes) -> None:
+        """Send a refusal and half-close; then read (and drop) what the peer still sends, for
+        a moment and a bounded amount: closing with input unread would reset the connection,
+        and the peer would lose the answer that says why."""
+        try:
+            sock.settimeout(1.0)
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            dropped = 0
+            deadline = time.monotonic() + 1.0  # one second for the whole drain: a trickle
+            while dropped < MAX_DRAINED and (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)  # cannot keep a refused connection (and its thread)
+                chunk = sock.recv(CHUNK)
+                if not chunk:
+                    break
+                dropped += len(chunk)
+        except OSError:
+            pass
+
+    def _read_head(self, client: socket.socket) -> tuple[bytes | None, bytes]:
+        """The request head (through its blank line) and what came after it. 408 when it takes
+        longer than head_timeout in all (a trickle of bytes does not reset it)."""
+        buffer = b""
+        deadline = time.monotonic() + self.head_timeout
+        while True:
+            end = buffer.find(b"\r\n\r\n")
+            if end >= 0:
+                return buffer[: end + 4], buffer[end + 4 :]
+            if len(buffer) > MAX_HEAD:
+                raise _Refusal(431, f"the request head is longer than {MAX_HEAD} bytes")
+            if buffer.count(b"\n") > MAX_HEADER_LINES + 1:
+                raise _Refusal(431, f"more than {MAX_HEADER_LINES} header lines")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Refusal(408, f"the request head took longer than {self.head_timeout:g} s")
+            client.settimeout(remaining)
+            try:
+                data = client.recv(MAX_HEAD + 4 - len(buffer))
+            except TimeoutError:
+                continue
+            if not data:
+                if buffer:
+                    raise _Refusal(400, "the connection closed inside the request head")
+                return None, b""
+            buffer += data
+
+    def _dispatch(
+        self, session: _Session, connection: _Connection, request: _Request, rest: bytes
+    ) -> str:
+        """Serves one request; returns the reason it was allowed (raises _Refusal if not)."""
+        record = connection.record
+        if request.method == "CONNECT":
+            host, port = split_authority(request.target, None)
+            decision = self._judge(session, record, host, port)
+            connection.upstream = self._connect(decision)
+            established = b"HTTP/1.1 200 Connection established\r\n\r\n"
+            self._relay(connection, rest, rewriter=None, reply=established)
+            return decision.reason
+        if request.target[:7].lower() == "http://":
+            return self._plain_http(session, connection, request, rest)
+        if request.target[:8].lower() == "https://":
+            raise _Refusal(400, "for https, CONNECT host:443 and speak TLS through the tunnel")
+        for route in session.routes.values():
+            if request.target.startswith(f"/{route.name}/"):
+                return self._route(connection, route, request, rest)
+        raise _Refusal(403, self._what_is_allowed(session))
+
+    @staticmethod
+    def _what_is_allowed(session: _Session) -> str:
+        routes = ", ".join(f"/{name}/..." for name in session.routes) or "none"
+        hosts = ", ".join(str(d) for d in session.destinations) or "none"
+        return (
+            f"not a proxy request: CONNECT host:port or GET http://host/... to a listed "
+            f"destination ({hosts}), or a route ({routes})"
+        )
+
+    def _judge(
+        self, session: _Session, record: dict[str, object], host: str, port: int
+    ) -> Decision:
+        record["host"], record["port"] = printable(host[:300]), port
+        decision = judge(host, port, session.destinations, self._resolver, host_addresses())
+        record["host"] = printable(decision.host[:300])
+        if not decision.allowed:
+            raise _Refusal(403, decision.reason)
+        return decision
+
+    def _connect(self, decision: Decision) -> socket.socket:
+        """A TCP connection to the first judged address that answers (never re-resolved)."""
+        failure, status = "no address", 502
+        for address in decision.addresses:
+            try:
+                return socket.create_connection((address, decision.port), self.connect_timeout)
+            except TimeoutError:
+                failure = f"{address} did not answer within {self.connect_timeout:g} s"
+                status = 504
+            except OSError as error:
+                failure, status = f"{address}: {error.strerror or error}", 502
+        raise _Refusal(
+            status if decision.addresses else 502, f"cannot reach {decision.host}: {failure}"
+        )
+
+    def _plain_http(
+        self, session: _Session, connection: _Connection, request: _Request, rest: bytes
+    ) -> str:
+        remainder = request.target[7:]
+        slash = min((i for i in (remainder.find("/"), remainder.find("?")) if i >= 0), default=-1)
+        authority, path = (remainder, "/") if slash < 0 else (remainder[:slash], remainder[slash:])
+        if not path.startswith("/"):
+            path = "/" + path
+        if "#" in path:
+            raise _Refusal(400, "the request target holds a fragment (#)")
+        host, port = split_authority(authority, 80)
+        decision = self._judge(session, connection.record, host, port)
+        hosts = request.values("host")
+        if len(hosts) > 1:
+            raise _Refusal(400, "more than one Host header")
+        if hosts:
+            try:
+                header_host, header_port = split_authority(hosts[0], 80)
+                agrees = (canonical_host(header_host), header_port) == (decision.host, port)
+            except (HostRefused, _Refusal):
+                agrees = False
+            if not agrees:
+                raise _Refusal(400, "the Host header does not agree with the URL's host")
+        host_line = decision.host if ":" not in decision.host else f"[{decision.host}]"
+        if port != 80:
+            host_line += f":{port}"
+        head = request.head(path, _HOP_HEADERS | {"host"}, [f"Host: {host_line}".encode()])
+        connection.upstream = self._connect(decision)
+        self._relay(connection, head + rest, rewriter=_ResponseHeadRewriter())
+        return decision.reason
+
+    def _route(self, connection: _Connection, route: Route, request: _Request, rest: bytes) -> str:
+        suffix = request.target[len(route.name) + 1 :]
+        path = suffix.split("?")[0]
+        if "%2e" in path.lower() or any(seg in (".", "..") for seg in path.split("/")):
+            raise _Refusal(400, "the route's path holds a '.' or '..' segment")
+        upstream = urllib.parse.urlsplit(route.upstream)
+        assert upstream.hostname is not None  # Route checked it
+        port = upstream.port or (443 if upstream.scheme == "https" else 80)
+        record = connection.record
+        record.update(route=route.name, host=upstream.hostname, port=port)
+        drop = _HOP_HEADERS | _CREDENTIAL_HEADERS | {"host", route.header.lower()}
+        extra = [f"Host: {upstream.netloc}".encode(), route.header_line]
+        head = request.head(upstream.path.rstrip("/") + suffix, drop, extra)
+        try:
+            raw = socket.create_connection((upstream.hostname, port), self.connect_timeout)
+        except TimeoutError:
+            raise _Refusal(504, f"route {route.name}: {upstream.netloc} did not answer") from None
+        except OSError as error:
+            reason = f"route {route.name}: cannot reach {upstream.netloc}: {error.strerror}"
+            raise _Refusal(502, reason) from None
+        record["address"] = raw.getpeername()[0]
+        connection.upstream = raw
+        if upstream.scheme == "https":
+            try:
+                # Made here, not once: the launcher's SSL_CERT_FILE applies as it is now.
+                context = ssl.create_default_context()
+                connection.upstream = context.wrap_socket(raw, server_hostname=upstream.hostname)
+            except (ssl.SSLError, OSError) as error:
+                reason = f"route {route.name}: TLS with {upstream.netloc} failed: {error}"
+                raise _Refusal(502, reason) from None
+        self._relay(connection, head + rest, rewriter=_ResponseHeadRewriter())
+        return f"route {route.name}"
+
+    def _relay(
+        self,
+        connection: _Connection,
+        first: bytes,
+        rewriter: _ResponseHeadRewriter | None,
+        reply: bytes = b"",
+    ) -> None:
+        """Bytes both ways until both sides have closed (a half-close is passed on) or neither
+        has sent anything for idle_timeout. first: what goes upstream before the client's next
+        bytes; reply: what the client is told first. One thread: a peer that never reads
+        blocks its own sendall (until idle_timeout), nobody else's."""
+        client, upstream = connection.client, connection.upstream
+        assert upstream is not None
+        record = connection.record
+        record["address"] = record.get("address") or upstream.getpeername()[0]
+        sent = {client: 0, upstream: 0}  # bytes sent to each
+        try:
+            for sock in (client, upstream):
+                sock.settimeout(self.idle_timeout)
+            client.sendall(reply)
+            upstream.sendall(first)
+            sent[upstream] += len(first)
+            open_from = {client: upstream, upstream: client}
+            while open_from:
+                readable: list[socket.socket] = [
+                    s for s in open_from if isinstance(s, ssl.SSLSocket) and s.pending()
+                ]
+                if not readable:
+                    readable, _, _ = select.select(list(open_from), [], [], self.idle_timeout)
+                    if not readable:
+                        return  # idle: _serve closes both ends
+                for source in readable:
+                    destination = open_from[source]
+                    try:
+                        data = source.recv(CHUNK)
+                    except (ConnectionError, ssl.SSLError):
+                        data = b""
+                    ended = not data
+                    if source is upstream and rewriter is not None:
+                        data = rewriter.flush() if ended else rewriter.feed(data)
+                    if data:
+                        destination.sendall(data)
+                        sent[destination] += len(data)
+                    if not ended:
+                        continue
+                    del open_from[source]
+                    # An SSL socket cannot half-close without ending TLS: the upstream was told
+                    # `Connection: close` and ends the exchange itself.
+                    if not isinstance(destination, ssl.SSLSocket):
+                        destination.shutdown(socket.SHUT_WR)
+        except OSError:
+            return  # a reset, a peer that stopped reading for idle_timeout: the connection ends
+        finally:
+            record["bytes_up"], record["bytes_down"] = sent[upstream], sent[client]
+
+
+def audit_to_file(target: str | os.PathLike[str] | int) -> Callable[[dict[str, object]], None]:
+    """An audit sink writing each record as one JSON line (one write each, appended) to a path
+    (created 0600) or an open file descriptor (which stays the caller's)."""
+    if isinstance(target, int):
+        fd = target
+    else:
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = threading.Lock()
+
+    def write(record: dict[str, object]) -> None:
+        line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+        with lock:
+            os.write(fd, line)
+
+    return write

@@ -1,0 +1,736 @@
+"""Bind sources, and mount points inside writable binds, as the launcher opens and makes them.
+
+A session controls its workspace and run directory between launches (and during one, if
+another session of that workspace runs). bwrap resolves every path it is given, follows
+symlinks while it makes mount points (before 0.12.0, even onto the host through /oldroot:
+GHSA-pxhw-h44j-8pfx), and creates what is missing. So, before bwrap runs:
+
+- every bind source is opened O_PATH with no symlink followed anywhere on the way, at the path
+  the lint resolved and judged, and checked to be the same file the lint looked at; bwrap
+  gets that fd (`--bind-fd`/`--ro-bind-fd`, where it has them) and the launcher later checks
+  that each destination shows exactly that file;
+- every mount point that lies inside a writable bind (a protected path, a pinned directory, a
+  runner file in the workspace, HOME in the run directory) is walked from the writable bind's
+  own fd one component at a time without following symlinks; a symlink anywhere is refused by
+  name; a missing stub is made (see nsconfine._plan.model.STUBS, the session's account's);
+- a read-only file there must have no second name (a hardlink the session can write), and a
+  read-only directory there no such file and no symlink out to where the session writes.
+
+Stubs are shared by every launch of a workspace, from any process: each sandbox holds a shared
+lock on every mount point it binds over inside a writable bind (the file itself, whoever made
+it) for as long as it lives, and a stub is removed only under an exclusive lock on it, so the
+last one to let go removes it, if it is still the one made, and no launcher removes one that
+another live sandbox binds over (whatever records it keeps). What is a stub is recorded by its
+token (a file named by the stub's device and inode in the account's records directory, which no
+session can see); tokens are made and stubs adopted and removed under one lock of the records
+directory. A stub left by a launcher that was killed is adopted by the next launch that finds
+its token, and removed after it.
+
+What stays open: a process that swaps a directory for a symlink *during* a launch, after this
+walk and before bwrap makes its mount point, can still send bwrap's mount elsewhere in the
+sandbox (the mount-table check then refuses the launch) and, with bwrap < 0.12, make bwrap
+create an empty file where the session's account may write. The pins that make those
+directories mount points stop a session of the same plan from doing it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
+from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._plan.model import (
+    COMMONDIR_STUB,
+    Entry,
+    Kind,
+    Mode,
+    Plan,
+    RunAs,
+    inside,
+    printable,
+    within,
+)
+
+Identity = tuple[int, int]
+
+# How many entries of a read-only directory inside a writable bind are looked through for a
+# second name or a symlink out; past it the launch is refused.
+PROTECTED_DIRECTORY_SCAN = 10_000
+
+
+class Stub:
+    """A mount point inside a writable bind that a sandbox binds over, held until that sandbox
+    ends: a stub made at launch (or adopted from an earlier launch), its token in this
+    account's records, or a file found there (the session's own, or a stub of another records
+    directory), held all the same."""
+
+    __slots__ = ("hold", "identity", "kind", "parts", "recorded", "top")
+
+    def __init__(
+        self,
+        top: str,
+        parts: list[str],
+        kind: str,
+        identity: Identity,
+        recorded: bool,
+        hold: int,
+    ) -> None:
+        self.top = top  # the writable bind's resolved path
+        self.parts = parts  # the path below it, one component each
+        self.kind = kind
+        self.identity = identity
+        self.recorded = recorded  # a stub, by this account's records: removed when let go
+        # An fd of the file itself, with a shared lock on it. A launcher removes a stub only
+        # under an exclusive lock on it, so none (whatever records it keeps: another
+        # XDG_CACHE_HOME, a read-only cache) removes one another live sandbox binds over.
+        self.hold = hold
+        if hold >= 0:
+            with _held_here_lock:
+                _held_here[identity] += 1
+
+
+# How many of this launcher's sandboxes hold each stub: the last of them to end removes it.
+# (A lock it cannot take does not say a sandbox holds the stub: a child another thread is
+# starting has a copy of every fd, the holds included, until it execs.)
+_held_here: collections.Counter[Identity] = collections.Counter()
+_held_here_lock = threading.Lock()
+
+
+# ------------------------------------------------------------------ the records of stubs
+
+
+_records_found: dict[tuple[int, str | None, str | None], str] = {}
+
+
+def _records() -> str:
+    """The account's directory of stub tokens, made 0700 if missing; refused if anyone else
+    could write it. Found once per account and environment (forget_records() on a miss)."""
+    key = (os.geteuid(), os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+    found = _records_found.get(key)
+    if found is None:
+        found = _records_found[key] = _find_records()
+    return found
+
+
+def forget_records() -> None:
+    """Look for the records directory afresh (it was removed, or the environment changed)."""
+    _records_found.clear()
+
+
+def _find_records() -> str:
+    from nsconfine._kernel.accounts import (
+        make_private_directory,
+        records_directory,
+        require_private,
+    )
+
+    directory = records_directory("mountpoints")
+    try:
+        make_private_directory(directory)
+        _require_writable(directory)  # one there already may sit on a read-only mount
+    except OSError:
+        # No writable home (a system account, a unit's read-only home): a directory of this
+        # uid's own in /tmp, which every launcher of this account with the same environment
+        # picks alike.
+        directory = f"/tmp/nsconfine-{os.geteuid()}/mountpoints"
+        try:
+            make_private_directory(directory)
+        except OSError as error:
+            refuse_if_short_of_fds(error)
+            raise SandboxUnavailable(
+                f"cannot keep the records of the mount points it makes in "
+                f"{printable(directory)} ({error.strerror}): set XDG_CACHE_HOME to a directory "
+                "this account can write"
+            ) from None
+    try:
+        require_private(directory)
+    except PermissionError:
+        raise SandboxUnavailable(
+            f"{printable(directory)} must belong to this account and be writable by no one "
+            "else: it records the mount points nsconfine makes in workspaces"
+        ) from None
+    return directory
+
+
+@contextmanager
+def _records_locked() -> Iterator[str]:
+    """The records directory, with its lock held (by this open file: threads exclude each
+    other too)."""
+    directory = _records()
+    lock = os.path.join(directory, ".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:  # removed since it was found: make it again
+        forget_records()
+        directory = _records()
+        lock = os.path.join(directory, ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield directory
+    finally:
+        os.close(fd)
+
+
+def _require_writable(directory: str) -> None:
+    """OSError unless this account can make files in directory. Tried, not asked: access()
+    answers by mode bits, and root passes those even on a read-only mount."""
+    probe = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    os.close(probe)
+
+
+def _token_path(records: str, identity: Identity) -> str:
+    return os.path.join(records, f"{identity[0]}-{identity[1]}")
+
+
+def _record(records: str, identity: Identity, where: str) -> None:
+    """Make identity's token, naming where: the file there is a stub of these records."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    fd = os.open(_token_path(records, identity), flags, 0o600)
+    try:
+        os.write(fd, os.fsencode(where))  # a full cache (ENOSPC) fails here
+    finally:
+        os.close(fd)
+
+
+def _recorded(records: str, identity: Identity, where: str) -> bool:
+    """Does identity's token name where (else there is none, or the inode number was reused
+    elsewhere)?"""
+    try:
+        with open(_token_path(records, identity), "rb") as token:
+            return token.read(8192) == os.fsencode(where)
+    except FileNotFoundError:
+        return False
+
+
+def is_stub(path: str) -> bool:
+    """Is the file at path a stub a launch of this account made (and still holds, or left)?
+    A plan built while another session of the workspace runs treats it as missing, as it
+    will be once that session ends."""
+    where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    try:
+        # Under the records' lock: a launch makes a stub and its token under it, so a stub is
+        # never seen without its token (taken for the session's own, protected file by file,
+        # and stubs made inside it, the plan would leave it behind, not empty).
+        with _records_locked() as records:
+            info = os.lstat(path)
+            return _recorded(records, (info.st_dev, info.st_ino), where)
+    except (OSError, SandboxUnavailable):
+        return False
+
+
+# ------------------------------------------------------------------ preparing a launch
+
+
+def _outermost_writable(plan: Plan) -> list[Entry]:
+    writable = [e for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW]
+    return [
+        e
+        for e in writable
+        if not any(o is not e and inside(e.dest, o.dest) is not None for o in writable)
+    ]
+
+
+def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
+    """Walk, check and (where the plan says so) make every mount point inside the plan's
+    writable binds, then open every bind's source; the stubs held and dest -> an O_PATH fd of
+    each source (the caller closes them, removes the stubs once the sandbox is gone, and checks
+    the fds against what the lint judged: check_judged)."""
+    tops = [(top, _resolved(top.source)) for top in _outermost_writable(plan)]
+    inner = [
+        (entry, top, resolved, relative)
+        for entry in plan.entries
+        if entry.kind in (Kind.BIND, Kind.DIR, Kind.TMPFS, Kind.DATA)
+        for top, resolved in tops
+        if (relative := inside(entry.dest, top.dest)) is not None
+    ]
+    stubs: list[Stub] = []
+    fds: dict[str, int] = {}
+    try:
+        if inner:
+            with _records_locked() as records:
+                for entry, top, resolved, relative in inner:
+                    stub = _mount_point(records, top, resolved, relative, entry, plan.user)
+                    if stub is not None:
+                        stubs.append(stub)
+                    if entry.kind is Kind.BIND:  # opened while no launch can remove a stub
+                        fds[entry.dest] = _open_inside(resolved, relative, entry)
+        for entry in plan.entries:
+            if entry.kind is Kind.BIND and entry.dest not in fds:
+                fds[entry.dest] = _open_source(entry.source)
+        writable = [resolved for _top, resolved in tops]
+        for entry, _top, _resolved_top, _relative in inner:
+            if entry.kind is Kind.BIND and entry.mode is Mode.RO:
+                _refuse_writable_names(entry, fds[entry.dest], writable)
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        remove(stubs)
+        raise
+    return stubs, fds
+
+
+def _resolved(path: str) -> str:
+    try:
+        return _syscalls.realpath(path)
+    except OSError as error:
+        refuse_if_short_of_fds(error)
+        raise SandboxUnavailable(
+            f"{printable(path)} cannot be reached ({error.strerror}): it changed since its plan "
+            "was checked; nothing was run"
+        ) from None
+
+
+def _open_source(source: str) -> int:
+    """An O_PATH fd of source resolved as the lint resolves it, with no symlink followed on
+    the way; refused if a symlink appeared there since."""
+    resolved = _syscalls.realpath(source) if os.path.lexists(source) else source
+    try:
+        fd = _syscalls.open_no_symlinks(resolved)
+    except OSError as error:
+        refuse_if_short_of_fds(error)
+        raise SandboxUnavailable(
+            f"{printable(source)} changed since its plan was checked ({error.strerror}): a "
+            "symlink appeared on its way, or it is gone; nothing was run"
+        ) from None
+    return fd
+
+
+def check_judged(
+    plan: Plan, opened: Mapping[str, Identity], judged: Mapping[str, Identity | None]
+) -> None:
+    """Each bind's opened source (dest -> its identity) is the very file the lint judged
+    (None: a stub, judged by nobody)."""
+    for entry in plan.entries:
+        expected = judged.get(entry.source) if entry.kind is Kind.BIND else None
+        if expected is not None and opened.get(entry.dest) != expected:
+            raise SandboxUnavailable(
+                f"{printable(entry.source)} was replaced while it was checked: nothing was "
+                "run; launch again"
+            )
+
+
+def _walk_to_parent(top: str, parts: list[str], where: str) -> int:
+    """An O_PATH fd of the directory holding parts[-1] below top, reached one component at a
+    time without following a symlink (refused by name: a session may have planted it)."""
+    fd = _syscalls.open_no_symlinks(top)
+    try:
+        for depth, part in enumerate(parts[:-1]):
+            try:
+                next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
+            except OSError as error:
+                refuse_if_short_of_fds(error)
+                shown = os.path.join(os.path.dirname(where), *parts[: depth + 1])
+                raise PlanError(_refusal(shown, error)) from None
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_inside(top: str, relative: str, entry: Entry) -> int:
+    """An O_PATH fd of a bind's source that lies inside a writable bind, reached from that
+    bind's resolved path (a symlink above the workspace, the host's own, is fine)."""
+    parts = relative.split("/")
+    parent = _walk_to_parent(top, parts, entry.dest)
+    try:
+        fd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as error:
+        refuse_if_short_of_fds(error)
+        raise SandboxUnavailable(
+            f"{printable(entry.source)} cannot be opened ({error.strerror}): it changed during "
+            "the launch; nothing was run"
+        ) from None
+    finally:
+        os.close(parent)
+    if stat.S_ISLNK(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PlanError(_refusal(entry.dest, None))
+    return fd
+
+
+def _mount_point(
+    records: str, top: Entry, resolved: str, relative: str, entry: Entry, user: RunAs
+) -> Stub | None:
+    """Walk from the writable bind to entry's mount point without following symlinks; make
+    it if it is missing and the entry says so (a stub, or a DIR the session keeps). The stub
+    this launch now holds, if it is one (made now, or by an earlier launch)."""
+    parts = relative.split("/")
+    parent = _walk_to_parent(resolved, parts, entry.dest)
+    name, where = parts[-1], os.path.join(resolved, relative)
+    try:
+        try:
+            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            made = _make(parent, name, entry, user)
+            if made is None:
+                return None
+            kind, identity = made
+            hold = -1
+            try:
+                hold = _hold(parent, name, identity, where)
+                _record(records, identity, where)
+            except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
+                if hold >= 0:
+                    os.close(hold)
+                _remove_at(parent, name, kind, identity, made_now=True)
+                raise
+            return Stub(resolved, parts, kind, identity, True, hold)
+        if stat.S_ISLNK(info.st_mode):
+            raise PlanError(_refusal(entry.dest, None))
+        stub_kind = _stub_kind(entry)
+        if stub_kind is None or not _could_be_removed(parent, name, info, stub_kind):
+            return None  # no launcher removes it: nothing to hold (nor to let a session lock)
+        identity = (info.st_dev, info.st_ino)
+        hold = _hold(parent, name, identity, where)
+        try:
+            recorded = _recorded(records, identity, where)
+        except BaseException:
+            os.close(hold)
+            raise
+        return Stub(resolved, parts, stub_kind, identity, recorded, hold)
+    finally:
+        os.close(parent)
+
+
+def _could_be_removed(parent_fd: int, name: str, info: os.stat_result, kind: str) -> bool:
+    """Could any launcher remove the file at name as a stub of its own: is it what a stub is
+    (an empty directory, a file of a stub's size)? Only those are held: a real .envrc, with
+    content, no launcher ever removes, and a session that can read it (a reviewer's) must not
+    keep the workspace's next launch from starting by locking it."""
+    if stat.S_ISREG(info.st_mode):
+        return info.st_size == _stub_size(kind)
+    if not stat.S_ISDIR(info.st_mode):
+        return False
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
+        )
+    except OSError:
+        return True  # judged by its lock, as before
+    try:
+        return not os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def _hold(parent_fd: int, name: str, identity: Identity, where: str) -> int:
+    """An fd of the mount point at name, with a shared lock on it for as long as the sandbox
+    binds it (see Stub.hold). Refused while someone holds it exclusively: a launcher removing
+    it, or a running session of the workspace locking it to strip the next session's bind."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks
+    fd = os.open(name, flags, dir_fd=parent_fd)
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != identity:
+            raise PlanError(f"{printable(where)} changed while it was checked; nothing was run")
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SandboxUnavailable(
+            f"{printable(where)} is locked (a launcher is removing it, or a running session of "
+            "this workspace holds it): nothing was run; launch again once that session ends"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refusal(where: str, error: OSError | None) -> str:
+    if error is None or error.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink, or a file
+        return (
+            f"{printable(where)} is (or runs through) a symlink, inside a writable bind: a "
+            "session may have planted it to move a mount point; remove it. Nothing was run"
+        )
+    return f"{printable(where)} cannot be used as a mount point: {error.strerror}"
+
+
+def _stub_kind(entry: Entry) -> str | None:
+    """What is made as entry's mount point and removed after (a generated file's is an empty
+    file); None for what is made and kept (a directory the session owns: HOME) or not made."""
+    return "file" if entry.kind is Kind.DATA else entry.stub
+
+
+def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> tuple[str, Identity] | None:
+    """Make the missing mount point; its kind and identity if it is a stub to remove later."""
+    kept = entry.kind in (Kind.DIR, Kind.TMPFS)  # the session's own directory (HOME)
+    kind = "dir" if kept else _stub_kind(entry)
+    if kind is None:
+        raise PlanError(
+            f"{printable(entry.dest)} is missing since its plan was built: build the plan again"
+        )
+    try:
+        if kind == "dir":
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        else:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o644, dir_fd=parent_fd)
+            try:
+                if kind == "commondir":
+                    os.write(fd, COMMONDIR_STUB)
+            finally:
+                os.close(fd)
+    except OSError as error:
+        refuse_if_short_of_fds(error)
+        raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from None
+    if os.geteuid() == 0 and user.uid != 0:
+        os.chown(name, user.uid, user.gid, dir_fd=parent_fd, follow_symlinks=False)
+    if kept:
+        return None
+    info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    return kind, (info.st_dev, info.st_ino)
+
+
+def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
+    """A read-only bind inside a writable one must not be writable under another name, nor
+    written through: a file with a second name (a hardlink, made while it was not protected)
+    is written through that name; a FIFO or a device is written through the read-only bind
+    itself. A directory must hold none of these, and no symlink that leads through where the
+    session writes (the host would follow it into what the session wrote, then or later)."""
+    info = os.fstat(fd)
+    _refuse_written_through(printable(entry.source), info)
+    if not stat.S_ISDIR(info.st_mode):
+        return
+    from nsconfine._kernel.walk import walk
+
+    seen = 0
+    base = f"/proc/self/fd/{fd}"
+    own = _syscalls.realpath(base)
+    try:
+        for root, dirs, files in walk(base):  # iterative: no depth runs out of stack
+            for name in [*files, *dirs]:
+                path = os.path.join(root, name)
+                shown = printable(entry.source + path[len(base) :])
+                member = os.lstat(path)
+                _refuse_written_through(shown, member)
+                if stat.S_ISLNK(member.st_mode):
+                    _refuse_leading_out(shown, path, own, writable)
+            seen += len(files) + len(dirs)
+            if seen > PROTECTED_DIRECTORY_SCAN:
+                raise PlanError(
+                    f"{printable(entry.source)} holds more than {PROTECTED_DIRECTORY_SCAN:,} "
+                    "entries: too many to check that none can be changed from the workspace"
+                )
+    except OSError as error:  # unreadable, too deep for a path, or changed while checked
+        where = entry.source + (error.filename or base)[len(base) :]
+        raise PlanError(
+            f"{printable(where)} cannot be checked ({error.strerror}): nothing in "
+            f"{printable(entry.source)} may be left unchecked; make it readable, or remove it"
+        ) from None
+
+
+def _refuse_written_through(shown: str, info: os.stat_result) -> None:
+    """Refuse a read-only file that can be written all the same (see _refuse_writable_names)."""
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise PlanError(
+            f"{shown} has {info.st_nlink} names (hardlinks): another may lie where the session "
+            f"writes and change it there; keep one name (`find {shown} -samefile` … lists "
+            "them), then launch again"
+        )
+    if stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+        what = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device"
+        raise PlanError(
+            f"{shown} is {what}: a read-only bind does not stop a session writing through it, "
+            "to whoever reads it on the host; remove it, then launch again"
+        )
+
+
+def _refuse_leading_out(shown: str, link: str, own: str, writable: list[str]) -> None:
+    """Refuse a symlink in a read-only directory whose way leads through a path outside that
+    directory where the session writes: the session can put, or re-point, what it leads to
+    (a symlink to a file it makes later, or through a symlink of its own)."""
+    directory = _syscalls.realpath(os.path.dirname(link))
+    looked, _end = _syscalls.lookups(directory, os.readlink(link))
+    for path in looked:
+        if within(path, "/proc"):  # /proc/self means whoever follows the link
+            raise PlanError(
+                f"{shown} is a symlink that leads through {printable(path)}, which leads "
+                "elsewhere for each process that follows it; make it a file, or remove it"
+            )
+        if not within(path, own) and any(within(path, top) for top in writable):
+            raise PlanError(
+                f"{shown} is a symlink that leads through {printable(path)}, which the session "
+                "can write: the host would follow it into what the session put there; make it "
+                "a file, or remove it"
+            )
+
+
+# ------------------------------------------------------------------ after a sandbox
+
+
+def remove(stubs: list[Stub]) -> None:
+    """A sandbox is done with stubs: let go of each, and remove those no other launch holds,
+    if each is still the stub made."""
+    if not stubs:
+        return
+    # Let go of the holds first: that frees as many fds as the lock below needs, for a launch
+    # refused for want of fds. Whether a stub is still held is decided by its own lock.
+    release(stubs)
+    try:
+        with _records_locked() as records:
+            for stub in reversed(stubs):
+                _remove_if_unused(records, stub)
+    except (OSError, SandboxUnavailable):
+        pass  # the records are gone or out of reach: the next launch adopts the stubs
+    stubs.clear()
+
+
+def release(stubs: list[Stub]) -> None:
+    """Let go of stubs (their holds) without removing them."""
+    for stub in stubs:
+        if stub.hold >= 0:
+            os.close(stub.hold)
+            with _held_here_lock:
+                _held_here[stub.identity] -= 1
+                if not _held_here[stub.identity]:
+                    del _held_here[stub.identity]
+        stub.hold = -1
+
+
+def keep_for_bundle(stubs: list[Stub], config: str) -> None:
+    """Keep stubs while the OCI bundle whose config.json is at config exists: a runtime runs it
+    when it will, and the container would lose its protected paths with them. Each stub's
+    token gets a companion naming that file (by path and identity); a stub whose bundle is
+    still there is never removed, and goes with the first session to end after the bundle
+    has been."""
+    recorded = [stub for stub in stubs if stub.recorded]
+    if not recorded:
+        return
+    info = os.stat(config)
+    holder = os.fsencode(f"{info.st_dev}-{info.st_ino}\0{config}")
+    with _records_locked() as records:
+        for stub in recorded:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(_bundle_path(records, stub.identity), flags, 0o600)
+            try:
+                os.write(fd, holder)
+            finally:
+                os.close(fd)
+
+
+def _bundle_path(records: str, identity: Identity) -> str:
+    return _token_path(records, identity) + ".bundle"
+
+
+def _kept_for_bundle(records: str, identity: Identity) -> bool:
+    """Is the stub of identity kept for an OCI bundle that still exists (its config.json the
+    very file named)? A companion whose bundle is gone is removed."""
+    path = _bundle_path(records, identity)
+    try:
+        with open(path, "rb") as companion:
+            named, _, config = companion.read(8192).partition(b"\0")
+    except FileNotFoundError:
+        return False
+    try:
+        info = os.stat(config)
+        if os.fsencode(f"{info.st_dev}-{info.st_ino}") == named:
+            return True
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return False
+
+
+def _remove_if_unused(records: str, stub: Stub) -> None:
+    """Remove a stub of these records (called with their lock held) unless a sandbox or an
+    OCI bundle holds it; its token goes with it, or stays for a later launch to remove it
+    then."""
+    token_path = _token_path(records, stub.identity)
+    if not stub.recorded or not os.path.exists(token_path):
+        return  # not a stub, another records directory's, or removed by another launch
+    if _kept_for_bundle(records, stub.identity):
+        return
+    with _held_here_lock:
+        if _held_here[stub.identity]:
+            return  # another sandbox of this launcher binds over it, and removes it at its end
+    if _remove_stub(stub):
+        with contextlib.suppress(OSError):
+            os.unlink(token_path)
+
+
+def _remove_stub(stub: Stub) -> bool:
+    """Remove the stub if it is still the one made (see _remove_at); False if it is kept
+    because another sandbox binds over it."""
+    try:
+        parent = _walk_to_parent(stub.top, stub.parts, os.path.join(stub.top, *stub.parts))
+    except (OSError, PlanError):
+        return True  # gone or changed: nothing of ours is left there
+    try:
+        return _remove_at(parent, stub.parts[-1], stub.kind, stub.identity)
+    finally:
+        os.close(parent)
+
+
+def _remove_at(
+    parent_fd: int, name: str, kind: str, identity: Identity, *, made_now: bool = False
+) -> bool:
+    """Remove the stub of kind at name in parent_fd if it is still the one made (the same
+    inode, and empty, or for a commondir holding "." alone) and no sandbox holds it (an
+    exclusive lock on it, held while it goes); False if one does. made_now: a stub this
+    launch has just made and no one can hold yet, removed without an fd (a launch short of
+    fds takes this way out)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = -1
+    try:
+        if made_now:
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        else:
+            fd = os.open(name, flags, dir_fd=parent_fd)
+            info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != identity:
+            return True
+        if fd >= 0 and not _lock_exclusively(fd):
+            return False
+        if kind == "dir" and stat.S_ISDIR(info.st_mode):
+            os.rmdir(name, dir_fd=parent_fd)  # refused if not empty: then kept
+        elif stat.S_ISREG(info.st_mode) and info.st_size == _stub_size(kind):
+            os.unlink(name, dir_fd=parent_fd)
+    except OSError:
+        pass  # gone, changed or no longer empty: not ours to remove
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return True
+
+
+def _lock_exclusively(fd: int) -> bool:
+    """Take fd's exclusive lock, or find that only copies of this launcher's own let-go holds
+    keep it (children being started, until they exec): then no sandbox holds the file."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return _locked_by_this_launcher_alone(os.fstat(fd))
+
+
+def _locked_by_this_launcher_alone(info: os.stat_result) -> bool:
+    """Is every lock on the file this process's (/proc/locks names the process that took
+    each; another launcher's sandbox holds its own)? Called only when this launcher holds
+    none of its stubs there any more."""
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    holders = set()
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if len(fields) >= 6 and fields[1] != "->" and fields[5] == inode:
+                    holders.add(fields[4])
+    except OSError:
+        return False
+    return holders == {str(os.getpid())}
+
+
+def _stub_size(kind: str) -> int:
+    return len(COMMONDIR_STUB) if kind == "commondir" else 0

@@ -1,0 +1,803 @@
+"""Files the host trusts, kept read-only inside the session's writable workspace.
+
+A session writes its workspace; the host later runs git, direnv, editors and agents there,
+which trust what they find: `git config core.fsmonitor '…'` in a workspace runs on the host's
+next `git status`. So these paths are read-only in every session: at the top of each writable
+tree of the workspace (the workspace itself, and each writable bind inside it: the reviewer's
+notes) and in every repository inside one (any depth; not inside node_modules or a
+virtualenv):
+
+- an existing one is bound read-only onto itself (whatever it is: a file where a protected
+  directory belongs is kept too, so that the directory cannot take its place);
+- a missing one is made at launch as an empty file or directory, bound read-only (so it cannot
+  be created), and removed after the session;
+- every directory between the writable tree and a protected path is bound onto itself
+  (writable, as it was), which makes it a mount point: renaming it (`mv .git .git.old`, then a
+  fresh `.git/config`) fails with EBUSY instead of carrying the protection away.
+
+What is a repository is decided as git decides it, by what a session cannot make look
+otherwise before the next launch. Every directory is looked at, and what one is never hides
+what another is:
+
+- a directory holding a `.git` directory is a repository, whatever that .git holds (a
+  session can move its HEAD away between launches, and back once its config is written);
+  one whose `.git` is a file is a repository whose git directory that file names; a `.git`
+  that is a symlink, a FIFO, a socket or a device is refused (git would follow or read it);
+- a directory that looks bare (a HEAD beside objects, refs or a commondir, or objects and
+  refs) is a git directory of its own, protected as a .git is, and is looked into as any
+  other (a bare look-alike beside a .git hides neither);
+- a directory holding a `.hg` directory is a Mercurial repository;
+- and each git directory a launch of this workspace protected before stays protected while it
+  is a directory (remembered in the launcher's records), so that one a session made look like
+  nothing before a launch is still covered.
+
+git's own trusted files are protected in every git directory of such a repository: its own
+(.git), each submodule's (.git/modules/NAME), each linked worktree's (.git/worktrees/NAME),
+and the one a `.git` file points to or a commondir names, where the session writes (its
+workspace or run directory): `config` and `hooks` (git runs what they name), and `commondir`,
+which names the directory git takes config and hooks from. A missing commondir is made holding
+".", the git directory itself, which changes nothing for git. A pointer the session could
+re-point (through a symlink of its own) is refused.
+
+A plan keeps what its scan depended on (each directory listed, each file read, by identity):
+every launch looks again (`refreshed`), and scans afresh if any of it changed, so a plan kept
+across launches protects the repositories each launch finds.
+
+The list is the caller's to extend (`--protect PATH`, relative to the workspace) or shorten
+(`--unprotect NAME`). Anything else a session wrote (Makefiles, scripts, venvs, a repository
+it created itself during the session) stays untrusted input to the host: `written_config`
+names what the host runs that a session could write.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+
+from nsconfine._errors import PlanError
+from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._launch.sources import is_stub
+from nsconfine._plan import model as p
+from nsconfine._plan.model import Kind, Mode, Plan, Protection, inside, printable, within
+
+# The session's writable binds, each as (where the sandbox shows it, its resolved source).
+Writable = Sequence[tuple[str, str]]
+# What a scan depended on: a path and its identity then (None: it did not exist).
+Observed = dict[str, tuple[int, int, int, int] | None]
+
+# (name relative to a repository, what to make if missing, why the host trusts it). Names under
+# .git/ apply to every git directory of the repository (see the module's docstring).
+PROTECTED: tuple[tuple[str, str, str], ...] = (
+    (".git/config", "file", "git runs what it names on the host (core.fsmonitor, aliases)"),
+    (".git/config.worktree", "file", "git reads it as config with extensions.worktreeConfig"),
+    (".git/hooks", "dir", "git runs these hooks on the host"),
+    (".git/commondir", "commondir", "git takes its config and hooks from the directory it names"),
+    (".gitmodules", "file", "git clones and runs submodule URLs and commands from it"),
+    (".envrc", "file", "direnv runs it in the host's shell"),
+    (".vscode", "dir", "the editor runs tasks and settings from it on the host"),
+    (".idea", "dir", "the IDE runs run-configurations from it on the host"),
+    (".claude/settings.json", "file", "Claude Code on the host runs its hooks and commands"),
+    (".claude/settings.local.json", "file", "Claude Code on the host runs its hooks"),
+    (".claude/commands", "dir", "Claude Code on the host runs these commands"),
+    (".claude/agents", "dir", "Claude Code on the host runs these agents"),
+    (".mcp.json", "file", "agents on the host start the MCP servers it names"),
+    (".codex", "dir", "Codex on the host reads its settings and commands"),
+    (".cursor", "dir", "Cursor on the host starts the MCP servers and runs the rules it names"),
+    (".gemini", "dir", "Gemini CLI on the host starts the MCP servers its settings name"),
+    (".zed", "dir", "Zed on the host runs its tasks and the language servers it names"),
+    (".devcontainer", "dir", "VS Code runs its initializeCommand on the host"),
+    (".devcontainer.json", "file", "VS Code runs its initializeCommand on the host"),
+    (".bashrc", "file", "a shell started here on the host runs it"),
+    (".zshrc", "file", "a shell started here on the host runs it"),
+    (".profile", "file", "a login shell started here on the host runs it"),
+    (".bash_profile", "file", "a login shell started here on the host runs it"),
+    (".bash_login", "file", "a login shell started here on the host runs it"),
+    (".bash_logout", "file", "a login shell started here on the host runs it as it exits"),
+    (".zshenv", "file", "every zsh started here on the host runs it, scripts too"),
+    (".zprofile", "file", "a login shell started here on the host runs it"),
+    (".zlogin", "file", "a login shell started here on the host runs it"),
+    (".zlogout", "file", "a login shell started here on the host runs it as it exits"),
+    (".hg/hgrc", "file", "Mercurial runs the hooks and extensions it names on the host"),
+    (".hg/hgrc-not-shared", "file", "Mercurial reads it as .hg/hgrc (5.7 on)"),
+    (".hg/sharedpath", "file", "Mercurial reads the .hg/hgrc of the repository it names"),
+)
+
+# The repository scan looks through at most this many directories, never into these (large
+# and generated); past it the plan is refused rather than protecting less than it says.
+REPOSITORY_SCAN = 20_000
+NOT_SCANNED = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox"})
+# Names inside a version control directory, protected only where that directory is (as git's
+# are): an empty read-only stand-in would stop `hg init`, and look like a repository.
+ONLY_WHERE_PRESENT = (".hg/",)
+# What a launch spends on a workspace: every protected path and pinned directory is a mount
+# point, bwrap's set-up time grows with the square of their number (bwrap reads its mount
+# table again after each), and a live session holds an fd on each. A score of repositories
+# fit; past this the plan is refused, not protected less.
+MAX_PROTECTED_MOUNTS = 400
+REPOSITORIES_SHOWN = "about 12"  # how many repositories that is, for the refusal
+# The entries of a git directory that are git's own: never looked into for the git directory
+# of a submodule whose name continues that of the one it is in.
+_GIT_DIRECTORY_PARTS = frozenset({"objects", "refs", "hooks", "info", "logs", "lfs", "branches"})
+# What is read of a file git reads whole (a .git pointer, a commondir, a remembered list): past
+# this it is refused, not read in part (git would read what the plan did not).
+_WHOLE_FILE_BYTES = 1 << 20
+
+PIN_REASON = (
+    "a mount point of itself, writable as before: renaming it cannot carry the read-only "
+    "paths below it away (EBUSY)"
+)
+
+
+def protected_names(protect: Iterable[str], unprotect: Iterable[str]) -> list[tuple[str, str, str]]:
+    """The default list less unprotect, plus protect (each a path relative to a repository)."""
+    dropped = {name.strip("/") for name in unprotect}
+    names = [item for item in PROTECTED if item[0] not in dropped]
+    known = {name for name, _, _ in names}
+    for extra in protect:
+        name = os.path.normpath(extra.strip("/"))
+        if name.startswith("..") or (os.path.isabs(extra) and not extra.startswith("/")):
+            raise PlanError(f"--protect {printable(extra)} must lie inside the workspace")
+        if name not in known and name not in dropped:
+            names.append((name, "file", "named by --protect: the host trusts it"))
+            known.add(name)
+    return names
+
+
+def writable_trees(entries: Sequence[p.Entry], workspace: str) -> tuple[tuple[str, str], ...]:
+    """The writable binds scanned as a workspace is, (dest, source) each: the workspace itself
+    when the session writes it, and every writable bind inside it (its dest lies there)."""
+    return tuple(
+        (entry.dest, entry.source)
+        for entry in entries
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW and within(entry.dest, workspace)
+    )
+
+
+def protection(
+    entries: Sequence[p.Entry],
+    trees: Sequence[tuple[str, str]],
+    names: Sequence[tuple[str, str, str]],
+) -> Protection:
+    """What protects the files the host trusts in trees, for a plan of entries (which the
+    result's entries do not repeat): the read-only entries, the pins above them and above
+    every other entry inside a writable bind, and what the scan depended on."""
+    return _protection(entries, trees, names)[0]
+
+
+def _protection(
+    entries: Sequence[p.Entry],
+    trees: Sequence[tuple[str, str]],
+    names: Sequence[tuple[str, str, str]],
+) -> tuple[Protection, _Scan]:
+    scan = _Scan(entries)
+    found: dict[str, p.Entry] = {}
+    if names:
+        for dest, source in trees:
+            for entry in scan.tree(dest, source, names, trees):
+                found.setdefault(entry.dest, entry)
+    taken = {entry.dest for entry in entries}
+    # Where the sandbox shows content of nsconfine's own inside a writable tree (a masked
+    # path's empty cover), nothing of the host's is there to protect.
+    covers = [
+        e.dest
+        for e in entries
+        if e.kind in (Kind.TMPFS, Kind.DATA) and any(inside(e.dest, d) for d, _ in trees)
+    ]
+    protected = [
+        entry
+        for dest, entry in found.items()
+        if dest not in taken and not any(within(dest, cover) for cover in covers)
+    ]
+    pins = pin_parents([*entries, *protected])
+    derived = (*protected, *pins)
+    if len(derived) > MAX_PROTECTED_MOUNTS:
+        tops = ", ".join(printable(dest) for dest, _ in trees)
+        shown = ", ".join(printable(path) for path in scan.found[:5])
+        more = len(scan.found) - 5
+        raise PlanError(
+            f"protecting the files the host trusts in {tops} takes {len(derived)} read-only "
+            f"mount points, and a launch makes at most {MAX_PROTECTED_MOUNTS} "
+            f"({REPOSITORIES_SHOWN} repositories: bwrap's set-up time grows with the square of "
+            f"their number); they are for {len(scan.repositories)} repositories and "
+            f"{len(scan.found)} git directories ({shown}"
+            f"{f' and {more} more' if more > 0 else ''}; one a launch protected before stays "
+            "protected while it is a directory, whatever it holds now): remove the "
+            "repositories and directories the session does not need from its workspace, or "
+            "--unprotect the names it does not need (such as --unprotect .idea)"
+        )
+    return Protection(tuple(trees), tuple(names), derived, tuple(scan.observed.items())), scan
+
+
+# What the latest look at a plan's protection depended on, when it found the same entries: a
+# launch's own stubs change the workspace, and the next launch need not look through it again.
+_latest: dict[int, tuple[Protection, tuple[tuple[str, tuple[int, int, int, int] | None], ...]]] = {}
+
+
+def refreshed(plan: Plan) -> Plan:
+    """plan as a launch now must run it: its protection found afresh if anything its scan
+    depended on changed since (a repository made, a stub gone) and what it finds differs,
+    else plan itself."""
+    kept = plan.protection
+    if kept is None:
+        return plan
+    latest = _latest.get(id(kept))
+    observed = latest[1] if latest is not None and latest[0] is kept else kept.observed
+    if not _changed(observed):
+        return plan
+    base = _base_entries(plan)
+    fresh = protection(base, kept.trees, kept.names)
+    if fresh.entries == kept.entries:
+        if len(_latest) >= 64:
+            _latest.clear()
+        _latest[id(kept)] = (kept, fresh.observed)  # kept: its id stays its own
+        return plan
+    return plan.replace(entries=(*base, *fresh.entries), protection=fresh)
+
+
+def written_config(
+    plan: Plan, bound: Mapping[str, tuple[int, int, int]] | None = None, since: float = 0.0
+) -> list[str]:
+    """The host paths the host runs or trusts that a session of plan could write, looked for
+    once it has ended: each one a scan finds now (a repository the session made, a git
+    directory it revealed) that no read-only entry of plan covered; each protected file the
+    host itself replaced while the session ran (`git config` renames config.lock over
+    .git/config: the read-only bind held the old file, the session could write the new one),
+    by the identities the launch bound (bound: dest -> (device, inode, change time), as an
+    inode number is reused at once); and each repository
+    an index written since the session began (since: a time.time()) records as a gitlink that
+    the scan does not reach (one in node_modules, which the host's `git status` enters). A
+    workspace that can no longer be scanned (a planted .git symlink) is named itself."""
+    kept = plan.protection
+    if kept is None:
+        return []
+    base = _base_entries(plan)
+    try:
+        fresh, scan = _protection(base, kept.trees, kept.names)
+    except PlanError:
+        return [source for _dest, source in kept.trees]
+    written: list[str] = []
+    for entry in fresh.entries:
+        if entry.mode is not Mode.RO or not os.path.lexists(entry.source):
+            continue
+        covering = _innermost(plan, entry.dest)
+        if covering is None or covering.mode is not Mode.RO or covering.kind is not Kind.BIND:
+            written.append(entry.source)
+        elif bound and covering.dest == entry.dest and covering.dest in bound:
+            info = os.lstat(entry.source)
+            if (info.st_dev, info.st_ino, info.st_ctime_ns) != bound[covering.dest]:
+                written.append(entry.source)  # replaced while the session ran
+    for working_tree, gitdir in scan.indexes:
+        index = os.path.join(gitdir, "index")
+        try:
+            if os.lstat(index).st_mtime < since:
+                continue
+        except OSError:
+            continue
+        for relative in _gitlinks(index):
+            repository = os.path.normpath(os.path.join(working_tree, relative))
+            if repository in scan.repositories or not within(repository, working_tree):
+                continue
+            config = os.path.join(repository, ".git", "config")
+            path = config if os.path.lexists(config) else os.path.join(repository, ".git")
+            if os.path.lexists(path):
+                written.append(path)
+    return list(dict.fromkeys(written))
+
+
+def _innermost(plan: Plan, dest: str) -> p.Entry | None:
+    """The entry that shows dest in the sandbox: the deepest whose destination holds it."""
+    best: p.Entry | None = None
+    for entry in plan.entries:
+        if entry.kind is Kind.REMOUNT_RO or entry.kind is Kind.SYMLINK:
+            continue
+        if within(dest, entry.dest) and (best is None or len(entry.dest) > len(best.dest)):
+            best = entry
+    return best
+
+
+def _gitlinks(index: str) -> list[str]:
+    """The paths the git index at index records as gitlinks (mode 0160000: a submodule the
+    host's `git status` enters and runs git in), read as git reads versions 2 to 4; none if
+    it is no index git would read. A session wrote it: every length is checked."""
+    import struct
+
+    raw = _syscalls.read_untrusted(index, 64 << 20) or b""
+    if len(raw) < 12 or raw[:4] != b"DIRC":
+        return []
+    version, count = struct.unpack(">II", raw[4:12])
+    if version not in (2, 3, 4):
+        return []
+    oid = 32 if _uses_sha256(os.path.dirname(index)) else 20
+    found: list[str] = []
+    offset, previous = 12, b""
+    try:
+        for _ in range(count):
+            start = offset
+            (mode,) = struct.unpack_from(">I", raw, offset + 24)
+            offset += 40 + oid
+            (flags,) = struct.unpack_from(">H", raw, offset)
+            offset += 2 + (2 if version >= 3 and flags & 0x4000 else 0)
+            end = raw.index(b"\0", offset)
+            if version == 4:  # a varint of bytes to drop from the previous name, then the rest
+                strip, offset = _varint(raw, offset)
+                end = raw.index(b"\0", offset)
+                name = previous[: len(previous) - strip] + raw[offset:end]
+                offset = end + 1
+            else:  # NUL-padded to a multiple of 8 bytes from the entry's start
+                name = raw[offset:end]
+                offset = start + (end - start + 8) // 8 * 8
+            previous = name
+            if mode & 0o170000 == 0o160000:
+                found.append(os.fsdecode(name))
+    except (struct.error, ValueError, IndexError):
+        return found
+    return found
+
+
+def _varint(raw: bytes, offset: int) -> tuple[int, int]:
+    """git's offset varint (varint.c) at offset: its value and the offset after it."""
+    byte = raw[offset]
+    offset += 1
+    value = byte & 127
+    while byte & 128:
+        byte = raw[offset]
+        offset += 1
+        value = ((value + 1) << 7) | (byte & 127)
+    return value, offset
+
+
+def _uses_sha256(gitdir: str) -> bool:
+    config = _syscalls.read_untrusted(os.path.join(gitdir, "config"), 1 << 20) or b""
+    return b"sha256" in config.lower() and b"objectformat" in config.lower()
+
+
+def _base_entries(plan: Plan) -> list[p.Entry]:
+    assert plan.protection is not None
+    derived = {entry.dest for entry in plan.protection.entries}
+    return [entry for entry in plan.entries if entry.dest not in derived]
+
+
+def _changed(observed: Iterable[tuple[str, tuple[int, int, int, int] | None]]) -> bool:
+    """Has any path a scan depended on changed since? A directory's identity (device, inode,
+    modification and change times, to the nanosecond) changes whenever it gains, loses or
+    renames an entry, a file's whenever it is written."""
+    for path, identity in observed:
+        try:
+            info = os.lstat(path)
+        except OSError:
+            if identity is not None:
+                return True
+            continue
+        if identity != (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns):
+            return True
+    return False
+
+
+def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
+    """A writable self-bind of every directory between a writable bind and an entry inside
+    it: `mv lib lib.old` would otherwise take a read-only lib/config.py along and leave room
+    for a forged one. Only directories that exist (a missing one is an entry's own stub)."""
+    writable = [e.dest for e in entries if e.kind is Kind.BIND and e.mode is Mode.RW]
+    taken = {entry.dest for entry in entries}
+    pins: dict[str, p.Entry] = {}
+    for entry in entries:
+        for top in writable:
+            if inside(entry.dest, top) is None:
+                continue
+            parent = os.path.dirname(entry.dest)
+            while parent != top and parent not in taken and os.path.isdir(parent):
+                pins.setdefault(parent, p.rw_bind(parent, parent, PIN_REASON))
+                parent = os.path.dirname(parent)
+    return list(pins.values())
+
+
+class _Scan:
+    """One look at the writable trees, remembering what it depended on."""
+
+    def __init__(self, entries: Sequence[p.Entry]) -> None:
+        # Where the session writes, (dest, resolved source, source as written) each: git
+        # directories a pointer names there are the session's to change.
+        self.writable = [
+            (e.dest, _resolved(e.source), e.source)
+            for e in entries
+            if e.kind is Kind.BIND and e.mode is Mode.RW
+        ]
+        self.observed: Observed = {}
+        self.repositories: list[str] = []
+        self.pointers: list[str] = []
+        self.found: list[str] = []  # every git directory protected, for a refusal to name
+        self.indexes: list[tuple[str, str]] = []  # (working tree, its git directory)
+        self.seen = 0
+
+    def stat(self, path: str) -> os.stat_result | None:
+        """path's lstat (None if there is none), its identity remembered."""
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            self.observed[path] = None
+            return None
+        except OSError as error:
+            raise PlanError(f"{printable(path)} cannot be looked at: {error.strerror}") from None
+        self.observed[path] = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+        return info
+
+    def mode(self, path: str) -> int:
+        """path's mode without following a symlink, 0 if there is none (remembered)."""
+        info = self.stat(path)
+        return 0 if info is None else info.st_mode
+
+    def listing(self, directory: str) -> dict[str, os.DirEntry[str]]:
+        """The entries of directory by name, remembered (its identity changes whenever an entry
+        is added, removed or renamed). One the launcher cannot list is refused: git finds a
+        .git in it by name all the same (a directory with its search bit but not its read
+        bit)."""
+        if self.stat(directory) is None:
+            return {}
+        try:
+            with os.scandir(directory) as entries:
+                return {entry.name: entry for entry in entries}
+        except NotADirectoryError:
+            return {}
+        except OSError as error:
+            raise PlanError(
+                f"{printable(directory)} cannot be listed ({error.strerror}): nsconfine looks "
+                "through the workspace for the repositories whose trusted files it keeps "
+                "read-only, and git on the host finds one there by name all the same; let the "
+                "launcher's account read it (chmod u+r), then launch again"
+            ) from None
+
+    def count(self, what: str) -> None:
+        self.seen += 1
+        if self.seen > REPOSITORY_SCAN:
+            raise PlanError(
+                f"{printable(what)} holds more than {REPOSITORY_SCAN:,} directories (outside "
+                "node_modules and virtualenvs): nsconfine looks through all of them for "
+                "repositories whose trusted files it keeps read-only, and will not protect less "
+                "than it says; make the workspace smaller, or --unprotect every protected name"
+            )
+
+    def shown(self, real: str) -> tuple[str, str] | None:
+        """(the sandbox's name, the host's name as the plan writes it) of a real path that
+        lies in one of the session's writable binds; None elsewhere."""
+        for dest, source, written in self.writable:
+            if within(real, source):
+                rest = real[len(source.rstrip("/")) :]
+                return dest + rest, written.rstrip("/") + rest
+        return None
+
+    # ------------------------------------------------------------ one writable tree
+
+    def tree(
+        self,
+        dest: str,
+        source: str,
+        names: Sequence[tuple[str, str, str]],
+        trees: Sequence[tuple[str, str]],
+    ) -> list[p.Entry]:
+        """The protected entries of one writable tree, shown at dest, read at source."""
+        git_names = [item for item in names if item[0].startswith(".git/")]
+        tree_names = [item for item in names if not item[0].startswith(".git/")]
+        top = _resolved(source)
+        # The host paths the sandbox covers with another writable tree: scanned as that one.
+        covered = [
+            top + other[len(dest.rstrip("/")) :] for other, _ in trees if inside(other, dest)
+        ]
+        entries: list[p.Entry] = []
+
+        def protect(base: str, relative: str, kind: str, reason: str, name: str) -> None:
+            target = self.to_protect(base, relative, kind, name)
+            named = None if target is None else self.shown(target[0])
+            if target is not None and named is not None:
+                why = f"{reason}: read-only, so the host never runs what a session wrote"
+                entries.append(p.ro_bind(named[1], named[0], why, stub=target[1]))
+
+        git_directories = self.scan(top, covered)
+        for directory in self.remembered(top, git_directories):
+            git_directories.append(directory)
+        for base in self.repositories:
+            if not within(base, top):
+                continue
+            for name, kind, reason in tree_names:
+                first = name.split("/", 1)[0] + "/"
+                if first in ONLY_WHERE_PRESENT and not stat.S_ISDIR(self.mode(base + "/" + first)):
+                    continue
+                protect(base, name, kind, reason, name)
+        if git_names:
+            for pointer in self.pointers:
+                named = self.shown(pointer) if within(pointer, top) else None
+                if named is not None:
+                    why = "a gitdir pointer: git on the host follows it; read-only"
+                    entries.append(p.ro_bind(named[1], named[0], why))
+            for gitdir in self.git_directories(git_directories):
+                for name, kind, reason in git_names:
+                    protect(gitdir, name[len(".git/") :], kind, reason, name)
+        self.remember(top, [g for g in git_directories if within(g, top)])
+        return entries
+
+    def scan(self, top: str, covered: Sequence[str]) -> list[str]:
+        """Look through the tree at top (real), not through symlinks, never below a covered
+        path (another writable tree shows its own there): every repository (the top first,
+        whose own trusted files are protected, repository or not) goes to self.repositories,
+        every .git pointer file to self.pointers; the git directories found as they are (a
+        .git directory, a bare one) are returned, to be looked into further."""
+        git_directories: list[str] = []
+        pending = [top]
+        while pending:
+            directory = pending.pop()
+            listing = self.listing(directory)
+            dot_git = listing.get(".git")
+            hg = listing.get(".hg")
+            if dot_git is not None:
+                if dot_git.is_dir(follow_symlinks=False):
+                    git_directories.append(dot_git.path)
+                    self.indexes.append((directory, dot_git.path))
+                elif dot_git.is_file(follow_symlinks=False):
+                    self.pointers.append(dot_git.path)
+                else:
+                    raise PlanError(
+                        f"{printable(dot_git.path)} is a {_file_type(self.mode(dot_git.path))}: "
+                        "a session may have planted it, for the host's git to follow or read; "
+                        "remove it (a worktree's .git is a file)"
+                    )
+            if hg is not None and not hg.is_dir(follow_symlinks=False):
+                raise PlanError(
+                    f"{printable(hg.path)} is a {_file_type(self.mode(hg.path))}: Mercurial on the "
+                    "host follows it and runs the hooks of the hgrc it leads to; remove it"
+                )
+            if directory == top or dot_git is not None or hg is not None:
+                self.repositories.append(directory)
+                if len(self.repositories) > MAX_REPOSITORIES:
+                    raise PlanError(
+                        f"the workspace {printable(top)} holds more than {MAX_REPOSITORIES} "
+                        "repositories: nsconfine keeps the trusted files of each read-only, and a "
+                        f"launch can protect at most {REPOSITORIES_SHOWN}; remove some, or "
+                        "--unprotect the protected names"
+                    )
+            if _looks_bare(listing):  # the top too: git in the workspace would use it
+                git_directories.append(directory)
+            for name, entry in listing.items():
+                if name in NOT_SCANNED or name in (".git", ".hg"):
+                    continue
+                if entry.is_dir(follow_symlinks=False) and entry.path not in covered:
+                    self.count(top)
+                    pending.append(entry.path)
+        return git_directories
+
+    # ------------------------------------------------------------ git directories
+
+    def git_directories(self, starts: Sequence[str]) -> list[str]:
+        """Every git directory reached from starts (each a .git directory, a bare one, or a
+        remembered one) and from the pointers: from each, the one its commondir names, every
+        submodule's under modules/ (at any depth: a name may hold slashes, a submodule have
+        its own) and every linked worktree's under worktrees/. Each gets all of git's
+        protected names, whatever it is (an empty stub changes nothing where git does not
+        look). Not through symlinks; PlanError past REPOSITORY_SCAN directories, or for a
+        pointer the session could re-point."""
+        found: list[str] = []
+        pending = [(start, "gitdir") for start in starts]
+        for pointer in self.pointers:
+            gitdir = self.named_directory(pointer, "gitdir: ")
+            if gitdir is not None:
+                pending.append((gitdir, "gitdir"))
+                self.indexes.append((os.path.dirname(pointer), gitdir))
+        while pending:
+            directory, what = pending.pop()
+            if not stat.S_ISDIR(self.mode(directory)):
+                continue  # gone, a symlink or a file: git would not use it as a directory here
+            self.count(directory)
+            listing = self.listing(directory)
+            if what == "name":  # a directory under modules/ that is part of a name
+                pending += [(d, _module(self.listing(d))) for d in _subdirectories(listing)]
+                continue
+            if directory in found:
+                continue  # named again, as a worktree's commondir names its repository's
+            found.append(directory)
+            # git takes config and hooks from the directory commondir names: protected as well
+            if "commondir" in listing:
+                common = self.named_directory(directory + "/commondir")
+                if common is not None:
+                    pending.append((common, "gitdir"))
+            for part, kind in (("modules", None), ("worktrees", "gitdir")):
+                if part in listing and listing[part].is_dir(follow_symlinks=False):
+                    inner = self.listing(listing[part].path)
+                    pending += [
+                        (d, kind or _module(self.listing(d))) for d in _subdirectories(inner)
+                    ]
+            if what == "module":  # its name may go on: modules/a is one, modules/a/b another
+                pending += [
+                    (d, _module(self.listing(d)))
+                    for d in _subdirectories(listing, skip=_GIT_DIRECTORY_PARTS)
+                ]
+        self.found = found
+        return found
+
+    def named_directory(self, named_by: str, prefix: str = "") -> str | None:
+        """The directory a git file names (a .git pointer: "gitdir: PATH"; a commondir: PATH),
+        relative to the directory that holds the file, as git resolves it, as a real path; None
+        if there is none to read, or it lies where the session cannot write (not the session's
+        to change). PlanError if the session could change where it leads: a symlink, or a
+        directory left by `..`, where the session writes (the directories on the way to it are
+        pinned)."""
+        self.stat(named_by)
+        raw = _read_whole(named_by)
+        # As git reads it: the whole file less its trailing newlines (spaces are kept), then
+        # as a C string (a NUL ends it, after a newline too), bytes as they are.
+        text = os.fsdecode(raw.rstrip(b"\r\n").split(b"\0", 1)[0]) if raw else ""
+        named = text[len(prefix) :]
+        if not text.startswith(prefix) or not named:
+            return None
+        looked, end = _syscalls.lookups(_resolved(os.path.dirname(named_by)), named)
+        for path in looked:
+            self.stat(path)
+            if within(path, "/proc") or (not within(end, path) and self.shown(path)):
+                raise PlanError(
+                    f"{printable(named_by)} names {printable(named)}, which leads "
+                    f"through {printable(path)}: the session can change that, and so where the "
+                    "host's git goes; name the git directory by a path of plain directories, "
+                    "then launch again"
+                )
+        return end if self.shown(end) is not None else None
+
+    # ------------------------------------------------------------ protected paths
+
+    def to_protect(self, base: str, relative: str, kind: str, name: str) -> tuple[str, str] | None:
+        """The path to bind read-only for relative under base (the protected name's path
+        there), and what to make there if it is missing at launch: that path itself; or, if a
+        directory on the way is missing, that directory (an empty read-only one blocks
+        everything below it); or, if a file is in the way of a directory, that file (kept as
+        it is, so the directory cannot take its place). Refused: a symlink, FIFO, socket or
+        device on the way (a session may have planted it: the host would follow a symlink,
+        and read from a FIFO what the session writes through the read-only bind)."""
+        path = base
+        parts = relative.split("/")
+        for index, part in enumerate(parts):
+            path = os.path.join(path, part)
+            last = index == len(parts) - 1
+            mode = self.mode(path)
+            if not mode:
+                return path, kind if last else "dir"
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise PlanError(
+                    f"{printable(path)} is a {_file_type(mode)}, where a file the host trusts "
+                    "belongs: a session may have planted it; remove it (or --unprotect "
+                    f"{printable(name)})"
+                )
+            if not last and not stat.S_ISDIR(mode):
+                return path, "file"  # in the way of the directory: kept, so none can be made
+            if not last and is_stub(path):
+                return path, "dir"  # another session's stub: judged as the missing one it is
+        return path, kind
+
+    # ------------------------------------------------------------ remembered git directories
+
+    def remembered(self, top: str, found: Sequence[str]) -> list[str]:
+        """The git directories launches of this tree protected before that are still
+        directories, reached without a symlink (a session cannot make one look like nothing
+        between two launches to have the next leave it writable)."""
+        record = _record_path(top)
+        if record is None:
+            return []
+        self.stat(record)
+        raw = _syscalls.read_untrusted(record, _WHOLE_FILE_BYTES) or b""
+        kept = []
+        for relative in os.fsdecode(raw).split("\0"):
+            if not relative or relative.startswith("/") or ".." in relative.split("/"):
+                continue
+            path = top if relative == "." else os.path.join(top, relative)
+            if path not in found and self.directory_below(top, relative):
+                kept.append(path)
+        return kept
+
+    def directory_below(self, top: str, relative: str) -> bool:
+        """Is top/relative a directory reached with no symlink on the way (each step
+        remembered)?"""
+        path = top
+        for part in relative.split("/"):
+            if part == ".":
+                continue
+            path = os.path.join(path, part)
+            if not stat.S_ISDIR(self.mode(path)):
+                return False
+        return True
+
+    def remember(self, top: str, git_directories: Sequence[str]) -> None:
+        """Record the tree's git directories for later launches (best effort: a launcher
+        without writable records protects what each launch finds)."""
+        record = _record_path(top)
+        if record is None:
+            return
+        relative = sorted({os.path.relpath(g, top) for g in git_directories})
+        data = os.fsencode("\0".join(relative))
+        try:
+            if _syscalls.read_untrusted(record, _WHOLE_FILE_BYTES) != data:
+                temporary = f"{record}.{os.getpid()}"
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(temporary, flags, 0o600)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                os.replace(temporary, record)
+            self.stat(record)
+        except (OSError, PlanError):
+            return
+
+
+def _read_whole(path: str) -> bytes | None:
+    """The whole of a file git reads whole, read as read_untrusted does; PlanError past
+    _WHOLE_FILE_BYTES (git would go on reading where the plan stopped)."""
+    raw = _syscalls.read_untrusted(path, _WHOLE_FILE_BYTES + 1)
+    if raw is not None and len(raw) > _WHOLE_FILE_BYTES:
+        raise PlanError(
+            f"{printable(path)} is larger than {_WHOLE_FILE_BYTES:,} bytes: git reads it whole, "
+            "to find the directory it takes config and hooks from; no real one is; remove it"
+        )
+    return raw
+
+
+def _looks_bare(listing: dict[str, os.DirEntry[str]]) -> bool:
+    """Would git take this directory for a git directory, by what a session cannot easily
+    remove: a HEAD beside objects, refs or a commondir, or objects and refs (git also checks
+    that HEAD is valid, which the session controls; a HEAD may be a symlink)."""
+    head, objects, refs = "HEAD" in listing, "objects" in listing, "refs" in listing
+    return (head and (objects or refs or "commondir" in listing)) or (objects and refs)
+
+
+def _module(listing: dict[str, os.DirEntry[str]]) -> str:
+    """What a directory under modules/ is: a submodule's git directory ("module") if it has any
+    of a git directory's signs (its HEAD may be gone, its config stays), else part of a
+    name."""
+    signs = ("HEAD", "config", "objects", "refs", "commondir")
+    return "module" if any(sign in listing for sign in signs) else "name"
+
+
+def _subdirectories(
+    listing: dict[str, os.DirEntry[str]], skip: frozenset[str] = frozenset()
+) -> list[str]:
+    """The directories of a listing (not symlinks to one), but those named in skip."""
+    return [
+        entry.path
+        for name, entry in listing.items()
+        if entry.is_dir(follow_symlinks=False) and name not in skip
+    ]
+
+
+MAX_REPOSITORIES = 64  # the scan stops counting here: far past what MAX_PROTECTED_MOUNTS allows
+
+
+def _record_path(top: str) -> str | None:
+    """Where the git directories of the tree at top are remembered (named by its device and
+    inode, in the launcher's own records), or None where there are no records to keep."""
+    from nsconfine._kernel.accounts import (
+        make_private_directory,
+        records_directory,
+        require_private,
+    )
+
+    directory = records_directory("git-directories")
+    try:
+        make_private_directory(directory)
+        require_private(directory)
+        info = os.stat(top)
+    except OSError:
+        return None
+    return os.path.join(directory, f"{info.st_dev}-{info.st_ino}")
+
+
+def _resolved(path: str) -> str:
+    try:
+        return _syscalls.realpath(path)
+    except OSError as error:
+        raise PlanError(f"{printable(path)} cannot be resolved: {error.strerror}") from None
+
+
+def _file_type(mode: int) -> str:
+    """What a file that is neither a regular file nor a directory is, for a refusal."""
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device"

@@ -1,0 +1,1 @@
+"""Judging a plan: the lint, the pins, and `explain`."""

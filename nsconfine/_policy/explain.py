@@ -1,0 +1,207 @@
+"""`nsconfine explain PATH`: would a session see PATH, through which entry, or why not.
+
+The first thing a user wants when an agent says "No such file": the plan entry whose
+destination holds PATH (its kind, mode, source and reason), or that nothing in the plan grants
+it; and, for a host path, the deny rule that keeps it out of every session, with where the rule
+came from. A symlink is followed as the session would follow it (Debian's /usr links into /etc
+in hundreds of places), and a path a built-in profile would show is answered with its name.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+from nsconfine._plan.model import Entry, Kind, Plan, printable, within
+from nsconfine._plan.network import route_base_url
+from nsconfine._policy.lint import Judge, resolve
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from nsconfine._session import Session
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP past it)
+
+
+def explain(plan: Plan, path: str, session: Session | None = None) -> tuple[bool, list[str]]:
+    """Whether a session of plan sees the host's path (or reaches the URL), and the lines that
+    say why; with the session, also the built-in profiles that would show a path it does not
+    see."""
+    if "://" in path:
+        return explain_url(plan, path)
+    path = os.path.normpath(os.path.abspath(path))
+    reached, links = _follow(plan, path)
+    lines = [
+        f"{printable(link)}: a symlink to {printable(target)}, as the session sees it"
+        for link, target in links
+    ]
+    entry = _covering(plan, reached)
+    visible = entry is not None and _shows_the_host(entry, reached)
+    shown = printable(reached)
+    if entry is None:
+        lines.append(f"{shown}: not visible: nothing in the plan grants it")
+    else:
+        lines.append(f"{shown}: {_through(entry, reached)}")
+    if not visible and session is not None:
+        lines += _profiles_showing(reached, session)
+    found = Judge(plan.deny).violated(resolve(path))
+    if found is not None:
+        rule, relation = found
+        lines.append(
+            f"{printable(path)} {relation} {printable(rule.path)}, which no session may see: "
+            f"{printable(rule.reason)} [from {printable(rule.origin or 'the plan')}]"
+        )
+    return visible and found is None, lines
+
+
+def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
+    """Whether a session of plan reaches url's host and port, through which destination (and
+    its reason), or why not. Names are matched as the proxy matches them; the address a name
+    resolves to is judged when the session connects."""
+    from nsconfine._plan.allowlist import HostRefused, canonical_host, ip_literal
+
+    shown = printable(url)
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+        host = canonical_host(parts.hostname or "")
+    except (ValueError, HostRefused) as problem:
+        return False, [f"{shown}: not reachable: not a URL the proxy judges ({problem})"]
+    if port is None:
+        return False, [f"{shown}: not reachable: say the port of a {parts.scheme}: URL"]
+    if plan.network == "none":
+        return False, [f"{shown}: not reachable: network none (a loopback of its own)"]
+    if plan.network == "host":
+        return True, [
+            f"{shown}: reachable: network host, the launcher's network "
+            f"({printable(plan.network_reason or '')})"
+        ]
+    named = [d for d in plan.destinations if d.matches_name(host)]
+    allowed = [d for d in named if d.allows_port(port)]
+    if allowed:
+        rule = min(allowed, key=lambda d: d.pattern.startswith("*."))
+        where = (
+            f"pinned to {rule.address}"
+            if rule.address
+            else "the proxy resolves it when the session connects, and refuses a private, "
+            "loopback or link-local address"
+        )
+        return True, [
+            f"{shown}: reachable through the proxy: {printable(str(rule))} "
+            f"({printable(rule.reason)}); {where}"
+        ]
+    if named:
+        listed = ", ".join(printable(str(d)) for d in named)
+        return False, [f"{shown}: not reachable: port {port} is not listed ({listed})"]
+    for route in plan.routes:
+        upstream = urllib.parse.urlsplit(route.upstream)
+        if upstream.hostname == host and (upstream.port or _DEFAULT_PORTS[upstream.scheme]) == port:
+            return True, [
+                f"{shown}: reachable only through the route {route_base_url(route.name)}/ on "
+                f"the session's relay, to {printable(route.upstream)}, where the launcher's "
+                f"proxy adds the key ({route.header}); not by CONNECT"
+            ]
+    what = "the IP address" if ip_literal(host) is not None else "the name"
+    return False, [
+        f"{shown}: not reachable: {what} {host} is not on the plan's allowlist "
+        "(--allow-host it, with its reason)"
+    ]
+
+
+def _covering(plan: Plan, path: str) -> Entry | None:
+    """The entry whose destination is path or the nearest directory above it; None for the
+    sandbox's own empty, read-only root."""
+    best: Entry | None = None
+    for entry in plan.entries:
+        if entry.kind is Kind.REMOUNT_RO or entry.dest == "/":
+            continue
+        if within(path, entry.dest) and (best is None or len(entry.dest) > len(best.dest)):
+            best = entry
+    return best
+
+
+def _link_target(plan: Plan, path: str) -> str | None:
+    """What path is a symlink to inside the sandbox (a symlink entry's target, or the host's
+    link a bind shows), or None when it is no symlink there."""
+    entry = _covering(plan, path)
+    if entry is None:
+        return None
+    if entry.kind is Kind.SYMLINK:
+        return entry.source if entry.dest == path else None
+    if entry.kind is not Kind.BIND:
+        return None
+    try:
+        return os.readlink(entry.source + path[len(entry.dest) :])
+    except (OSError, ValueError):  # no link, or no such path on the host
+        return None
+
+
+def _follow(plan: Plan, path: str) -> tuple[str, list[tuple[str, str]]]:
+    """The path an open of path reaches in the sandbox, each component's symlink followed as
+    the sandbox shows it, and the links followed (at most MAX_LINKS, as the kernel's lookup).
+    Iterative: a path of thousands of components, or links leading to links, costs no stack."""
+    pending = [name for name in reversed(path.split("/")) if name]
+    reached = "/"
+    links: list[tuple[str, str]] = []
+    while pending:
+        name = pending.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            reached = os.path.dirname(reached)
+            continue
+        current = os.path.join(reached, name)
+        target = _link_target(plan, current) if len(links) < MAX_LINKS else None
+        if target is None:
+            reached = current
+            continue
+        links.append((current, target))
+        pending += [part for part in reversed(target.split("/")) if part]
+        if target.startswith("/"):
+            reached = "/"
+    return reached, links
+
+
+def _shows_the_host(entry: Entry, path: str) -> bool:
+    """Does the session see the host's path through entry: a bind's host file, or a copy of
+    it; not what the sandbox makes there itself (a tmpfs, a directory, its proc and dev, a
+    generated file)."""
+    return entry.kind is Kind.BIND or (entry.kind is Kind.COPY and entry.dest == path)
+
+
+def _through(entry: Entry, path: str) -> str:
+    where = f"the {entry.kind} entry at {printable(entry.dest)} ({entry.mode})"
+    reason = f": {printable(entry.reason)}"
+    if entry.kind is Kind.BIND:
+        host = entry.source + path[len(entry.dest) :]
+        exists = "" if os.path.lexists(host) else " (not there on the host now)"
+        return f"visible through {where}, showing the host's {printable(host)}{exists}{reason}"
+    if entry.kind is Kind.SYMLINK:
+        return f"a symlink to {printable(entry.source)} through {where}{reason}"
+    if entry.kind is Kind.COPY and entry.dest == path:
+        return f"visible as a copy taken at launch, through {where}{reason}"
+    if entry.kind in (Kind.DATA, Kind.COPY):
+        made = "a file nsconfine makes"
+    else:
+        made = f"the sandbox's own {entry.kind} (no host path)"
+    return f"the host's file is not visible: the session sees {made} there, {where}{reason}"
+
+
+def _profiles_showing(path: str, session: Session) -> list[str]:
+    """A line for each built-in profile whose own binds would show path."""
+    from nsconfine._errors import NsconfineError
+    from nsconfine._plan.profiles import built_in
+    from nsconfine._session import profile_gives
+
+    lines: list[str] = []
+    for name in built_in():
+        try:
+            given = profile_gives(name, session, os.environ)
+        except NsconfineError:  # a profile this session cannot take (a missing credential)
+            continue
+        for source, reason in given:
+            if within(path, source):
+                lines.append(f"  --profile {name} would show it: {printable(reason)}")
+                break
+    return lines

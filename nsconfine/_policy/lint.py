@@ -1,0 +1,729 @@
+"""Where a bind is refused: the deny set, and the lint every plan passes before it launches.
+
+The deny set is built from every home the launcher has: the password database's and $HOME
+(they differ under systemd units, containers, `sudo -E`, test harnesses), the directories tools
+are pointed at instead of a home's defaults ($XDG_CONFIG_HOME, $GNUPGHOME, $CLAUDE_CONFIG_DIR,
+…), $SUDO_USER's home, and for a root launcher the home of the account a session runs as. Each
+rule keeps the path as it was derived and says where it came from.
+
+The lint judges what a path *is*, afresh on every check (nothing resolved is cached, so a
+symlink re-pointed since the last launch counts at once):
+
+- every rule and every bind source is resolved (symlinks followed) now;
+- both are placed in their file system: the mount that holds them (from the launcher's own
+  mount table) gives its device and the path inside that file system, so a bind-mount view of
+  ~/.ssh at /tmp/view is ~/.ssh;
+- a source is refused when it is, contains or lies inside a denied path in that sense, or when
+  it is the very file (device and inode) a rule names, which a hardlink is;
+- a masked path (nsconfine._plan.mask) is denied the same way to every bind but one that holds it,
+  which passes only where the plan covers it (an empty read-only file or directory) at the
+  very place that bind shows it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import os
+import pwd
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+
+from nsconfine._errors import PlanError
+from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan, RunAs, printable, within
+
+# Credential stores under a home directory, each with why it must stay out of every session.
+HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
+    (".ssh", "SSH keys and known hosts"),
+    (".gnupg", "GnuPG private keys"),
+    (".config", "application settings and secrets (gh, gcloud, agents, …)"),
+    (".local/share", "application data (keyrings, tokens, histories)"),
+    (".local/state", "application state (histories, sessions)"),
+    (".claude", "the host's Claude Code login and history"),
+    (".claude.json", "the host's Claude Code settings and account"),
+    (".codex", "the host's Codex login and history"),
+    (".git-credentials", "git's stored HTTPS passwords and tokens"),
+    (".gitconfig", "git identity and credential helpers"),
+    (".netrc", "passwords for FTP/HTTP hosts"),
+    (".aws", "AWS keys"),
+    (".azure", "Azure login"),
+    (".docker", "registry logins"),
+    (".kube", "Kubernetes cluster credentials"),
+    (".npmrc", "npm registry tokens"),
+    (".pypirc", "PyPI upload tokens"),
+    (".cargo/credentials", "crates.io tokens"),
+    (".cargo/credentials.toml", "crates.io tokens"),
+    (".password-store", "pass(1) password store"),
+    (".pki", "NSS certificate and key databases"),
+    (".terraform.d", "Terraform Cloud tokens"),
+    (".vault-token", "HashiCorp Vault token"),
+    (".cache/nsconfine", "nsconfine's own record of proven bwrap binaries"),
+)
+
+# Variables that move a store out of the home: each names a directory or file a tool uses
+# instead of the home's default. KUBECONFIG may list several files.
+STORE_VARIABLES: tuple[tuple[str, str], ...] = (
+    ("XDG_CONFIG_HOME", "application settings and secrets"),
+    ("XDG_DATA_HOME", "application data (keyrings, tokens, histories)"),
+    ("XDG_STATE_HOME", "application state (histories, sessions)"),
+    ("GNUPGHOME", "GnuPG private keys"),
+    ("CLAUDE_CONFIG_DIR", "Claude Code's login and settings"),
+    ("CODEX_HOME", "Codex's login and settings"),
+    ("DOCKER_CONFIG", "registry logins"),
+    ("AWS_SHARED_CREDENTIALS_FILE", "AWS keys"),
+    ("AWS_CONFIG_FILE", "AWS configuration and SSO tokens"),
+    ("KUBECONFIG", "Kubernetes cluster credentials"),
+    ("GIT_CONFIG_GLOBAL", "git identity and credential helpers"),
+)
+
+# A secret with more than one name (a hardlink) is the same secret under each. The denied
+# directories are looked through this deep, and this far in all, for files with several names
+# (key material sits near the top: ~/.ssh/id_*, ~/.config/gh/hosts.yml); a bound directory on
+# the same file system as one is then looked through for another name of it, this far, and
+# refused if it is too large to tell.
+LINKED_DEPTH = 3
+LINKED_SCAN = 5_000
+BOUND_SCAN = 50_000
+
+SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
+    ("/etc/shadow", "the host's password hashes"),
+    ("/etc/gshadow", "the host's group password hashes"),
+    ("/etc/ssh", "the host's SSH host keys"),
+    ("/etc/ssl/private", "the host's TLS private keys"),
+    ("/run/docker.sock", "the Docker daemon: root on the host"),
+    ("/var/run/docker.sock", "the Docker daemon: root on the host"),
+    ("/run/podman", "the Podman service's socket: root on the host"),
+    ("/run/containerd", "containerd's sockets: root on the host"),
+    ("/run/crio", "CRI-O's socket: root on the host"),
+    ("/run/libvirt", "libvirt's sockets: root on the host"),
+    ("/run/dbus/system_bus_socket", "the D-Bus system bus: the host's services"),
+)
+
+# Sockets in a user's runtime directory ($XDG_RUNTIME_DIR, /run/user/UID) that hand out power.
+RUNTIME_SOCKETS: tuple[tuple[str, str], ...] = (
+    ("gnupg", "gpg-agent's sockets"),
+    ("keyring", "the desktop keyring's sockets"),
+    ("docker.sock", "a rootless Docker daemon: every container as that user"),
+    ("podman/podman.sock", "a rootless Podman service: every container as that user"),
+    ("bus", "the D-Bus session bus: the desktop's services (secrets, systemd --user)"),
+    ("systemd", "systemd's user manager: starts any unit as that user"),
+)
+
+
+def _account(uid: int) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwuid(uid)
+    except KeyError:  # an account without a passwd entry (containers)
+        return None
+
+
+def invoking_user_home() -> str:
+    """The home of the user nsconfine runs as, from the password database."""
+    entry = _account(os.getuid())
+    return entry.pw_dir if entry else "/"
+
+
+def resolve(path: str) -> str:
+    """path with its symlinks resolved, as far as it exists; the rest kept as written, so a
+    rule still covers a store created later by its name."""
+    try:
+        return _syscalls.realpath(path)
+    except OSError:
+        return _resolve_missing(path, {})
+
+
+def _resolve_missing(path: str, memo: dict[str, str]) -> str:
+    """path, which realpath could not resolve: its nearest ancestor that resolves, resolved,
+    and the rest as written. Iterative (a path of thousands of components costs no stack);
+    memo holds the resolved ancestors of missing paths (many rules share a home)."""
+    below: list[tuple[str, str]] = []  # (directory, name) from path upwards
+    current = path
+    while True:
+        parent, name = os.path.split(current)
+        if parent == current:  # the root (or "" for a relative path): kept as it is
+            resolved = current
+            break
+        below.append((parent, name))
+        if parent in memo:
+            resolved = memo[parent]
+            break
+        try:
+            resolved = _syscalls.realpath(parent)
+            break
+        except OSError:
+            current = parent
+    for parent, name in reversed(below):
+        memo.setdefault(parent, resolved)
+        resolved = os.path.join(resolved, name)
+    return resolved
+
+
+def _owns_home(entry: pwd.struct_passwd) -> bool:
+    # A system account's "home" (/usr/sbin for daemon, / for many) is a system directory it
+    # does not own, where no credential store of its lives: denying it would deny /usr. A home
+    # that does not exist (/nonexistent) holds nothing yet, and is denied by name.
+    try:
+        return os.stat(entry.pw_dir).st_uid == entry.pw_uid
+    except OSError:
+        return True
+
+
+def homes_of(
+    environ: Mapping[str, str], account: RunAs | None, extra: Sequence[str]
+) -> list[tuple[str, str]]:
+    """Every home the launcher has, each with where it came from, first occurrence kept."""
+    found: list[tuple[str, str]] = []
+    own = _account(os.getuid())
+    if own is not None and _owns_home(own):
+        found.append((own.pw_dir, f"the password database's home of {own.pw_name}"))
+    if environ.get("HOME"):
+        found.append((environ["HOME"], "$HOME"))
+    sudo_user = environ.get("SUDO_USER")
+    if sudo_user:
+        try:
+            entry = pwd.getpwnam(sudo_user)
+        except KeyError:
+            entry = None
+        if entry is not None and _owns_home(entry):
+            found.append((entry.pw_dir, f"$SUDO_USER ({sudo_user})'s home"))
+    if account is not None and account.uid != os.getuid():
+        entry = _account(account.uid)
+        if entry is not None and _owns_home(entry):
+            found.append((entry.pw_dir, f"--user {account.name}'s home"))
+    found += [(home, "a stand-in home") for home in extra]
+    seen: set[str] = set()
+    kept = []
+    for home, origin in found:
+        home = os.path.abspath(home)
+        if home not in seen and home != "/":
+            seen.add(home)
+            kept.append((home, origin))
+    return kept
+
+
+def home_rules(home: str, origin: str) -> list[DenyRule]:
+    """The home itself (no bind of it or above) and every credential store inside it."""
+    rules = [
+        DenyRule(home, "a home directory: sessions get an empty HOME", inside=False, origin=origin)
+    ]
+    rules += [
+        DenyRule(os.path.join(home, name), reason, origin=origin)
+        for name, reason in HOME_CREDENTIAL_STORES
+    ]
+    return rules
+
+
+def default_deny(
+    homes: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    account: RunAs | None = None,
+) -> tuple[DenyRule, ...]:
+    """The deny set every plan starts with: each home and its stores, the stores tools are
+    pointed at, the host's secrets, and the runtime sockets of the launcher and the account.
+    homes: extra (stand-in) homes; environ: the launcher's environment."""
+    environ = os.environ if environ is None else environ
+    rules: list[DenyRule] = []
+    every_home = homes_of(environ, account, homes)
+    for home, origin in every_home:
+        if os.path.isdir(home):
+            rules += home_rules(home, origin)
+        else:  # no store can be bound from a home that does not exist; it, by its name
+            rules += home_rules(home, origin)[:1]
+    for variable, reason in STORE_VARIABLES:
+        value = environ.get(variable, "")
+        for named in value.split(os.pathsep) if variable == "KUBECONFIG" else [value]:
+            for path in _store_paths(named, [home for home, _ in every_home]):
+                rules.append(DenyRule(path, reason, origin=f"${variable}"))
+    cache = environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(cache):
+        rules.append(
+            DenyRule(
+                os.path.join(os.path.normpath(cache), "nsconfine"),
+                "nsconfine's own records (proven bwrap binaries, mount points it made)",
+                origin="$XDG_CACHE_HOME",
+            )
+        )
+    rules += [DenyRule(path, reason, origin="the host") for path, reason in SYSTEM_SECRETS]
+    runtimes = [(f"/run/user/{os.getuid()}", "the launcher's runtime directory")]
+    if environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
+        runtimes.append((environ["XDG_RUNTIME_DIR"], "$XDG_RUNTIME_DIR"))
+    if account is not None and account.uid != os.getuid():
+        runtimes.append((f"/run/user/{account.uid}", f"--user {account.name}'s runtime directory"))
+    for runtime, origin in runtimes:
+        if os.path.isdir(runtime):
+            rules += [
+                DenyRule(os.path.join(runtime, name), reason, origin=origin)
+                for name, reason in RUNTIME_SOCKETS
+            ]
+    agent = environ.get("SSH_AUTH_SOCK", "")
+    if agent.startswith("/"):
+        rules.append(
+            DenyRule(agent, "the ssh-agent holding the user's keys", origin="$SSH_AUTH_SOCK")
+        )
+    return tuple(_unique(rules))
+
+
+def _store_paths(named: str, homes: Sequence[str]) -> list[str]:
+    """The paths a store variable's value names: itself if absolute; with a leading ~ (a
+    systemd unit does not expand it, the tool does), the same path in every home."""
+    if os.path.isabs(named):
+        return [os.path.normpath(named)]
+    if named == "~" or named.startswith("~/"):
+        return [os.path.normpath(os.path.join(home, named[2:])) for home in homes]
+    return []
+
+
+def deny_paths(paths: Iterable[str], reason: str, origin: str) -> list[DenyRule]:
+    """Rules for extra host paths no bind may expose (the data root, the canonical checkout)."""
+    return [DenyRule(path, reason, origin=origin) for path in paths]
+
+
+def _unique(rules: Iterable[DenyRule]) -> list[DenyRule]:
+    seen: set[tuple[str, bool]] = set()
+    kept = []
+    for rule in rules:
+        if (rule.path, rule.inside) not in seen:
+            seen.add((rule.path, rule.inside))
+            kept.append(rule)
+    return kept
+
+
+# ------------------------------------------------------------------ judging what a path is
+
+
+def _parent(path: str) -> str:
+    """The directory holding an absolute, normalized path (os.path.dirname, without its
+    generality: the lint walks up hundreds of paths per check)."""
+    return path[: path.rfind("/")] or "/"
+
+
+class _Places:
+    """Where paths lie in their file systems: (device, path inside the file system), from the
+    launcher's mount table, read once per check."""
+
+    def __init__(self) -> None:
+        from nsconfine._kernel.mountinfo import mount_roots, read_mountinfo
+
+        self.mounts = mount_roots(read_mountinfo("self"))  # point -> (device, root), topmost
+
+    def of(self, resolved: str) -> tuple[str, str]:
+        point = resolved
+        while point not in self.mounts:  # the nearest mount point above (or at) the path
+            if point == "/":
+                return "", resolved
+            point = _parent(point)
+        device, root = self.mounts[point]
+        rest = resolved[len(point) :] if point != "/" else resolved
+        return device, os.path.normpath(root.rstrip("/") + "/" + rest.lstrip("/"))
+
+
+class _Index:
+    """Paths (of one namespace of names) arranged so that judging one costs a walk up its
+    ancestors and a binary search, not a pass over every rule."""
+
+    def __init__(self) -> None:
+        self.exact: dict[str, DenyRule] = {}
+        self.inside: dict[str, DenyRule] = {}
+        self.ordered: list[str] = []
+
+    def add(self, path: str, rule: DenyRule) -> None:
+        self.exact.setdefault(path, rule)  # the first rule for a path wins
+        if rule.inside:
+            self.inside.setdefault(path, rule)
+
+    def seal(self) -> None:
+        self.ordered = sorted(self.exact)
+
+    def violated(self, path: str) -> tuple[DenyRule, str] | None:
+        if path in self.exact:
+            return self.exact[path], "is or contains"
+        prefix = path.rstrip("/") + "/"
+        at = bisect.bisect_left(self.ordered, prefix)
+        if at < len(self.ordered) and self.ordered[at].startswith(prefix):
+            return self.exact[self.ordered[at]], "is or contains"
+        ancestor = path
+        while ancestor != "/":
+            ancestor = _parent(ancestor)
+            if ancestor in self.inside:
+                return self.inside[ancestor], "lies inside"
+        return None
+
+
+class Judge:
+    """The rules, resolved and placed now, and indexed twice: by host path (a source that
+    contains a denied mount point is caught there) and by place in a file system (a
+    bind-mount view is caught there); then by file identity (a hardlink)."""
+
+    def __init__(self, rules: Sequence[DenyRule]) -> None:
+        self.places = _Places()
+        self.by_path = _Index()
+        self.by_place: dict[str, _Index] = {}
+        self.identities: dict[tuple[int, int], DenyRule] = {}
+        self.denied_dirs: list[tuple[DenyRule, str]] = []  # looked through for hardlinks
+        self.linked: dict[tuple[int, int], tuple[DenyRule, str]] | None = None  # made lazily
+        self.everything: DenyRule | None = None
+        self.linked_files: list[tuple[DenyRule, str, os.stat_result]] = []
+        resolved_dirs: dict[str, str] = {}
+        for rule in rules:
+            if not rule.path.startswith("/"):
+                continue  # a profile's rule naming an unset variable: it names no host path
+            if rule.mask:
+                continue  # judged where each bind shows it: _refuse_shown_masks
+            resolved, info = _resolve_with(rule.path, resolved_dirs)
+            if resolved == "/":
+                self.everything = rule
+            self.by_path.add(resolved, rule)
+            device, place = self.places.of(resolved)
+            self.by_place.setdefault(device, _Index()).add(place, rule)
+            if info is not None:
+                self.identities.setdefault((info.st_dev, info.st_ino), rule)
+                if rule.inside and stat.S_ISDIR(info.st_mode):
+                    self.denied_dirs.append((rule, resolved))
+                elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                    self.linked_files.append((rule, resolved, info))
+        self.by_path.seal()
+        for index in self.by_place.values():
+            index.seal()
+
+    def violated(self, source: str) -> tuple[DenyRule, str] | None:
+        """The rule a bind of the (resolved) source would break, and how; or None."""
+        if self.everything is not None:
+            return self.everything, "lies inside"
+        found = self.by_path.violated(source)
+        if found is not None:
+            return found
+        device, place = self.places.of(source)
+        index = self.by_place.get(device)
+        found = index.violated(place) if index is not None else None
+        if found is not None:
+            return found
+        try:
+            info = os.stat(source)
+        except OSError:
+            return None
+        rule = self.identities.get((info.st_dev, info.st_ino))
+        if rule is not None:
+            return rule, "is (the same file as)"
+        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            named = self._linked().get((info.st_dev, info.st_ino))
+            if named is not None:
+                return named[0], f"is another name (a hardlink) of {printable(named[1])}, in"
+        if stat.S_ISDIR(info.st_mode):
+            return self._mounted_below(source) or self._linked_below(source, info.st_dev)
+        return None
+
+    def _mounted_below(self, source: str) -> tuple[DenyRule, str] | None:
+        """A host mount below source that shows a denied place (bwrap binds recursively, so a
+        bind-mount view of ~/.ssh inside a bound directory would come along)."""
+        prefix = source.rstrip("/") + "/"
+        for point, (device, root) in self.places.mounts.items():
+            index = self.by_place.get(device)
+            if index is not None and point.startswith(prefix):
+                found = index.violated(root)
+                if found is not None:
+                    return found[0], f"holds a mount ({printable(point)}) of"
+        return None
+
+    def _linked(self) -> dict[tuple[int, int], tuple[DenyRule, str]]:
+        """Denied files with more than one name: named by a rule, or in a denied directory
+        (LINKED_DEPTH deep, LINKED_SCAN entries in all). Looked for once per check."""
+        if self.linked is None:
+            self.linked = {
+                (info.st_dev, info.st_ino): (rule, path) for rule, path, info in self.linked_files
+            }
+            budget = LINKED_SCAN
+            for rule, directory in self.denied_dirs:
+                budget = _collect_linked(directory, rule, LINKED_DEPTH, budget, self.linked)
+        return self.linked
+
+    def _linked_below(self, source: str, device: int) -> tuple[DenyRule, str] | None:
+        """The denied file with several names of which source holds one, looked for only when
+        such a file lies on source's file system; a directory too large to look through is
+        refused, as it could hold one."""
+        wanted = {
+            identity: named for identity, named in self._linked().items() if identity[0] == device
+        }
+        if not wanted:
+            return None
+        from nsconfine._kernel.walk import walk
+
+        seen = 0
+        for root, dirs, files in walk(source, on_error=lambda _error: None):
+            for name in files:
+                path = os.path.join(root, name)
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                named = wanted.get((info.st_dev, info.st_ino))
+                if named is not None:
+                    return named[
+                        0
+                    ], f"holds {printable(path)}, another name of {printable(named[1])}, in"
+            seen += len(files) + len(dirs)
+            if seen > BOUND_SCAN:
+                rule, key = next(iter(wanted.values()))
+                return rule, (
+                    f"is too large to look through for another name of {printable(key)} (it "
+                    "has several, on the same file system), in"
+                )
+        return None
+
+
+def _collect_linked(
+    directory: str,
+    rule: DenyRule,
+    depth: int,
+    budget: int,
+    found: dict[tuple[int, int], tuple[DenyRule, str]],
+) -> int:
+    """Add the files with several names in directory (depth levels down) to found; the
+    budget of entries left."""
+    try:
+        with os.scandir(directory) as listing:  # closed even when listing fails half-way
+            entries = list(listing)
+    except OSError:
+        return budget
+    for entry in entries:
+        budget -= 1
+        if budget <= 0:
+            return 0
+        try:
+            if entry.is_file(follow_symlinks=False):
+                info = entry.stat(follow_symlinks=False)
+                if info.st_nlink > 1:
+                    found.setdefault((info.st_dev, info.st_ino), (rule, entry.path))
+            elif depth > 1 and entry.is_dir(follow_symlinks=False):
+                budget = _collect_linked(entry.path, rule, depth - 1, budget, found)
+        except OSError:
+            continue
+    return budget
+
+
+def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result | None]:
+    """path resolved as resolve() does, and its stat if it exists; memo holds the resolved
+    parents of missing paths (many rules share a home) for the length of one check."""
+    try:
+        resolved = _syscalls.realpath(path)
+    except OSError:
+        return _resolve_missing(path, memo), None
+    try:
+        return resolved, os.stat(resolved)
+    except OSError:
+        return resolved, None
+
+
+def violated_rule(resolved_source: str, rules: Sequence[DenyRule]) -> DenyRule | None:
+    """A rule a bind of resolved_source would break, or None."""
+    found = Judge(rules).violated(resolved_source)
+    return None if found is None else found[0]
+
+
+# The host's procfs holds every process's environment, command line and memory maps (the
+# launcher's own among them, at /proc/self); its /dev, the host's devices and shared memory.
+# The sandbox has its own of each. Only the system's read-only covers of /proc's writable parts
+# (nsconfine._plan.system) are bound from the host's, each over itself.
+_KERNEL_FILE_SYSTEMS = {
+    "/proc": "every process's environment and memory, the launcher's own among them",
+    "/dev": "the host's devices and shared memory",
+}
+_SUB_MOUNTS = ("/dev/pts", "/dev/shm", "/dev/mqueue", "/dev/hugepages")
+
+
+def _kernel_file_systems() -> dict[int, str]:
+    """Device number -> which of the host's /proc or /dev it is (a bind of either elsewhere
+    keeps its device)."""
+    found: dict[int, str] = {}
+    for path in (*_KERNEL_FILE_SYSTEMS, *_SUB_MOUNTS):
+        try:
+            found.setdefault(os.stat(path).st_dev, "/dev" if path != "/proc" else "/proc")
+        except OSError:
+            continue
+    return found
+
+
+def _refuse_host_proc_or_dev(
+    entry: Entry, resolved: str, device: int, kernel_devices: Mapping[int, str]
+) -> None:
+    # Judged as resolved, and as written: /proc/self/cwd resolves to the launcher's directory,
+    # and a destination in /proc lies in the sandbox's own, which changes with each process.
+    top = kernel_devices.get(device) or next(
+        (
+            top
+            for top in _KERNEL_FILE_SYSTEMS
+            if any(within(path, top) for path in (resolved, entry.source, entry.dest))
+        ),
+        None,
+    )
+    if top is None:
+        return
+    from nsconfine._plan.system import PROC_READ_ONLY
+
+    if (
+        top == "/proc"
+        and entry.kind is Kind.BIND
+        and entry.mode is Mode.RO
+        and entry.source == entry.dest == resolved
+        and any(resolved == path for path, _ in PROC_READ_ONLY)
+    ):
+        return
+    raise PlanError(
+        f"{printable(entry.source)} (for {printable(entry.dest)}) is in the host's {top} "
+        f"({_KERNEL_FILE_SYSTEMS[top]}): no session binds it; the sandbox has a {top} of its own"
+    )
+
+
+def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
+    """Refuse the plan (PlanError) if any bind's source is missing, is `/`, breaks a rule, or
+    would make writable what another entry binds read-only. Returns what it judged: each
+    source's (device, inode), None for a stub not made yet; the launch checks the files it
+    opens against it."""
+    judge = Judge(plan.deny)
+    kernel_devices = _kernel_file_systems()
+    judged: dict[str, tuple[int, int] | None] = {}
+    writable: list[tuple[Entry, tuple[str, str]]] = []
+    read_only: list[tuple[Entry, tuple[str, str]]] = []
+    binds: list[tuple[Entry, str]] = []  # each host bind and its resolved source
+    for entry in plan.entries:
+        if not entry.is_host_bind:
+            continue
+        try:
+            resolved = _syscalls.realpath(entry.source)
+        except OSError as error:
+            if entry.stub is not None and error.errno == errno.ENOENT:
+                judged[entry.source] = None  # made empty at launch: nothing to judge yet
+                continue
+            raise PlanError(
+                f"{printable(entry.source)} (for {printable(entry.dest)}) cannot be bound: "
+                f"{os.strerror(error.errno or 0)}; create it or drop it from the session"
+            ) from None
+        if resolved == "/":
+            raise PlanError(
+                f"{printable(entry.source)} resolves to / and would expose the whole host"
+            )
+        identity = _syscalls.identity(resolved)
+        device = -1 if identity is None else identity[0]
+        _refuse_host_proc_or_dev(entry, resolved, device, kernel_devices)
+        found = judge.violated(resolved)
+        if found is not None:
+            rule, relation = found
+            shown = printable(entry.source)
+            if resolved != entry.source:
+                shown += f" (-> {printable(resolved)})"
+            raise PlanError(
+                f"{shown} {relation} {printable(rule.path)} ({rule.reason}; from "
+                f"{rule.origin}); no session may see it: bind a narrower path that holds no "
+                "secrets"
+            )
+        judged[entry.source] = identity
+        binds.append((entry, resolved))
+        place = judge.places.of(resolved)
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW:
+            writable.append((entry, place))
+        else:
+            read_only.append((entry, place))
+    _refuse_writable_aliases(writable, read_only)
+    _refuse_symlinks_in_writable(plan)
+    _refuse_shown_masks(plan, judge.places, binds)
+    return judged
+
+
+def _refuse_shown_masks(plan: Plan, places: _Places, shown: Sequence[tuple[Entry, str]]) -> None:
+    """Every masked path is a symlink to none, has one name (or, a directory, holds no file
+    with another), and is shown by no bind but where the plan covers it: a bind that is it or
+    lies inside it is refused, and one that holds it (by path, or by place: a bind-mount view)
+    must have a cover at the very place it shows it."""
+    if not any(rule.mask for rule in plan.deny):
+        return
+    from nsconfine._plan.mask import is_cover, masked_path, refuse_other_names
+    from nsconfine._plan.model import inside
+
+    remounted = {entry.dest for entry in plan.entries if entry.kind is Kind.REMOUNT_RO}
+    covered = {entry.dest for entry in plan.entries if is_cover(entry, remounted)}
+    for rule in plan.deny:
+        if not rule.mask:
+            continue
+        path = masked_path(rule.path)
+        refuse_other_names(path)
+        device, place = places.of(path)
+        for entry, source in shown:
+            source_device, source_place = places.of(source)
+            same_file_system = source_device == device
+            if within(source, path) or (same_file_system and within(source_place, place)):
+                raise PlanError(
+                    f"{printable(entry.source)} (for {printable(entry.dest)}) shows "
+                    f"{printable(rule.path)}, which is masked ({printable(rule.reason)}; from "
+                    f"{rule.origin}): no bind may show it but where the mask covers it; drop "
+                    "the bind or the mask"
+                )
+            below = inside(path, source)
+            if below is None and same_file_system:
+                below = inside(place, source_place)
+            if below is None:
+                continue
+            there = os.path.normpath(f"{entry.dest}/{below}")
+            if there not in covered:
+                raise PlanError(
+                    f"{printable(entry.source)} (for {printable(entry.dest)}) shows the masked "
+                    f"{printable(rule.path)} at {printable(there)}, where the plan does not "
+                    "cover it: mask it there too (or bind a narrower path)"
+                )
+
+
+def _refuse_symlinks_in_writable(plan: Plan) -> None:
+    """A source that lies inside a writable bind must be reached without a symlink below
+    that bind: the session may have planted one there, to lead a later read-only bind (or a
+    runner file) to any file its account can read. And a writable bind itself must not be a
+    symlink (a session may have put one where the broker will put the next workspace)."""
+    tops = [
+        (entry.source.rstrip("/"), _syscalls.realpath(entry.source))
+        for entry in plan.entries
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW and os.path.exists(entry.source)
+    ]
+    for entry in plan.entries:
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW and os.path.islink(entry.source):
+            target = printable(os.readlink(entry.source))
+            raise PlanError(
+                f"{printable(entry.source)} is a symlink (to {target}): a writable bind is "
+                "given by its real path, so that no session can plant one where the next "
+                "workspace goes"
+            )
+        if not entry.is_host_bind or not os.path.lexists(entry.source):
+            continue
+        for top, resolved_top in tops:
+            if entry.source == top or not entry.source.startswith(top + "/"):
+                continue
+            expected = resolved_top.rstrip("/") + entry.source[len(top) :]
+            try:
+                actual = _syscalls.realpath(entry.source)
+            except OSError:  # a symlink to nothing
+                actual = ""
+            if actual != expected:
+                raise PlanError(
+                    f"{printable(entry.source)} runs through a symlink inside the writable bind "
+                    f"{printable(top)}: a session may have planted it to lead this bind "
+                    "elsewhere; remove the symlink, or give the file's real path"
+                )
+
+
+def _refuse_writable_aliases(
+    writable: Sequence[tuple[Entry, tuple[str, str]]],
+    read_only: Sequence[tuple[Entry, tuple[str, str]]],
+) -> None:
+    """A file the plan binds read-only must not also be reachable through a writable bind at
+    another place in the sandbox (a symlink a session planted where the next workspace goes
+    leads exactly there). At its own place, a read-only bind inside a writable one (a runner
+    file in the workspace) covers it, and is fine."""
+    for rw, (device, inside) in writable:
+        for ro, (ro_device, ro_inside) in read_only:
+            if ro_device != device or not within(ro_inside, inside):
+                continue
+            there = os.path.normpath(rw.dest + "/" + ro_inside[len(inside) :].lstrip("/"))
+            if there != ro.dest:
+                raise PlanError(
+                    f"{printable(ro.source)} is bound read-only at {printable(ro.dest)}, but the "
+                    f"writable bind of {printable(rw.source)} shows it at {printable(there)} as "
+                    "well: the session could change it there; keep read-only files out of "
+                    "writable directories, and check for symlinks a session planted"
+                )

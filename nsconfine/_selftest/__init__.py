@@ -1,0 +1,1 @@
+"""`nsconfine selftest`: a world of decoys and the probes run against it."""
