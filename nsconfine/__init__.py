@@ -10,8 +10,9 @@ from nsconfine._errors import (
     UsageError,
 )
 from nsconfine._gate import spawn
+from nsconfine._kernel.accounts import RunAs
 from nsconfine._launch.sandbox import Sandbox
-from nsconfine._plan.model import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan, RunAs
+from nsconfine._plan.model import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
 from nsconfine._plan.profiles import Bind
 from nsconfine._preflight.checks import PreflightReport, preflight
 from nsconfine._session import Harness, Session

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from nsconfine._text import printable
+
 
 class NsconfineError(Exception):
     """Base of every refusal; `code` is stable and `exit_status` is the CLI's (sysexits.h)."""
@@ -14,8 +16,6 @@ class NsconfineError(Exception):
         self.message = message
 
     def __str__(self) -> str:
-        from nsconfine._plan.model import printable  # _plan imports this module
-
         # One line, whatever path or value the message quotes: a newline in it cannot forge
         # a second line of the CLI's refusal.
         return f"{self.code}: {printable(self.message)}"
@@ -82,8 +82,6 @@ def path_refusal(error: OSError, what: str) -> PlanError:
     """An OSError on a host path met while what was built (a path a hostile workspace swapped
     or made unreadable, one too long or too deep) as the refusal it is: one line naming the
     path. A launcher out of file descriptors is told so instead (SandboxUnavailable)."""
-    from nsconfine._plan.model import printable
-
     refuse_if_short_of_fds(error)
     where = f" ({printable(str(error.filename))})" if error.filename else ""
     return PlanError(f"{what} was refused: {error.strerror or error}{where}; nothing was run")

@@ -21,18 +21,11 @@ from nsconfine._errors import (
 )
 from nsconfine._kernel.accounts import SEARCH, access_problem
 from nsconfine._kernel.syscalls import child_statuses_discarded, realpath
+from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.programs import REAPER_PATH, SHIM_PATH
 from nsconfine._launch.sandbox import Sandbox
-from nsconfine._launch.stage import (
-    SPAWN_SHIM_TIMEOUT_MS,
-    StagedGone,
-    hand_off,
-    hold_closed_stdio,
-    prepare_launch,
-    stage,
-    stdio_fd,
-)
-from nsconfine._plan.model import Kind, Mode, Plan, printable, within
+from nsconfine._launch.stage import SPAWN_SHIM_TIMEOUT_MS, hold_closed_stdio, stage, stdio_fd
+from nsconfine._plan.model import Kind, Mode, Plan
 from nsconfine._plan.protect import refreshed
 from nsconfine._policy.lint import check_plan
 from nsconfine._policy.pins import verify_pins
@@ -42,6 +35,7 @@ from nsconfine._preflight.checks import (
     refuse_untrusted,
     takes_bind_fds,
 )
+from nsconfine._text import printable, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:

@@ -32,15 +32,9 @@ from nsconfine._gate import (
     refuse_if_statuses_discarded,
     refusing_os_errors,
 )
+from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
-from nsconfine._launch.stage import (
-    Staged,
-    StagedGone,
-    hand_off,
-    hold_closed_stdio,
-    prepare_launch,
-    teardown,
-)
+from nsconfine._launch.stage import Staged, hold_closed_stdio, teardown
 from nsconfine._plan.model import Plan
 from nsconfine._plan.protect import refreshed
 from nsconfine._policy.pins import verify_pins

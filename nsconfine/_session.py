@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from nsconfine import _arguments as a
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
-from nsconfine._kernel.accounts import READ, SEARCH, WRITE, access_problem, run_as
+from nsconfine._kernel.accounts import READ, SEARCH, WRITE, RunAs, access_problem, run_as
 from nsconfine._kernel.syscalls import open_no_symlinks, realpath
 from nsconfine._plan import model as p
 from nsconfine._plan import network as _network
@@ -25,23 +25,13 @@ from nsconfine._plan.credential import read_credential
 from nsconfine._plan.harness import harness_entries
 from nsconfine._plan.limits import Limits, pairs, parse_value
 from nsconfine._plan.mask import mask_entries, mask_rules
-from nsconfine._plan.model import (
-    NETWORKS,
-    DenyRule,
-    EnvVar,
-    Kind,
-    Origin,
-    Plan,
-    RunAs,
-    is_env_name,
-    printable,
-    within,
-)
+from nsconfine._plan.model import NETWORKS, DenyRule, EnvVar, Kind, Origin, Plan
 from nsconfine._plan.profiles import Bind, chain
 from nsconfine._plan.protect import protected_names, protection, writable_trees
 from nsconfine._plan.system import RESOLVER, system_entries
 from nsconfine._policy.lint import check_plan, default_deny, deny_paths, resolve
 from nsconfine._record import Record
+from nsconfine._text import encodable, is_env_name, printable, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -799,7 +789,7 @@ def _absolute(path: str) -> str:
 
 def _path_text(text: str) -> str:
     """text, if the kernel can take it as a path or name: no NUL byte, no lone surrogate."""
-    if "\0" in text or not p.encodable(text):
+    if "\0" in text or not encodable(text):
         raise UsageError(
             f"{text!r} holds a NUL byte or a character no path can hold: give the name as the "
             "file system has it"
@@ -899,3 +889,20 @@ def _make_bind_directory(path: str, session: Session) -> None:
         raise PlanError(f"{printable(path)} cannot be made: {error.strerror}") from None
     finally:
         os.close(parent_fd)
+
+
+def profiles_showing(path: str, session: Session) -> list[str]:
+    """A line for each built-in profile whose own binds would show path (for `explain`)."""
+    from nsconfine._plan.profiles import built_in
+
+    lines: list[str] = []
+    for name in built_in():
+        try:
+            given = profile_gives(name, session, os.environ)
+        except NsconfineError:  # a profile this session cannot take (a missing credential)
+            continue
+        for source, reason in given:
+            if within(path, source):
+                lines.append(f"  --profile {name} would show it: {printable(reason)}")
+                break
+    return lines

@@ -13,6 +13,7 @@ import pytest
 from helpers import give_to_session_user, session
 
 import nsconfine
+from nsconfine._kernel import stub_records as _stub_records
 from nsconfine._launch import sources as _sources
 from nsconfine._preflight import checks as _checks
 
@@ -23,9 +24,9 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     cache = tmp_path / "cache"
     cache.mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    _sources.forget_records()
+    _stub_records.forget_records()
     yield cache
-    _sources.forget_records()
+    _stub_records.forget_records()
 
 
 def test_records_made_under_a_group_writable_umask_are_accepted(own_cache: Path) -> None:
@@ -36,7 +37,7 @@ def test_records_made_under_a_group_writable_umask_are_accepted(own_cache: Path)
     old = os.umask(0o002)
     try:
         _checks._remember("attack10-identity", frozenset())  # the gate does this first
-        records = _sources._records()
+        records = _stub_records.records()
     finally:
         os.umask(old)
     for path in (records, os.path.dirname(records)):
@@ -50,7 +51,7 @@ def test_a_token_that_cannot_be_written_leaks_no_fd(
     fails the launch without leaving the token's fd open, and leaves no stub behind."""
     workspace, run_dir = ws_run
     plan = session(workspace, run_dir).plan()
-    _sources._records()  # found (and its directory made) before the count
+    _stub_records.records()  # found (and its directory made) before the count
     before = len(os.listdir("/proc/self/fd"))
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -83,7 +84,7 @@ def test_a_stub_another_records_directory_holds_is_not_removed(
         cache = tmp_path / name
         cache.mkdir(exist_ok=True)
         monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-        _sources.forget_records()
+        _stub_records.forget_records()
 
     records_in("cache-a")
     first = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/sleep", "1000"])
@@ -100,7 +101,7 @@ def test_a_stub_another_records_directory_holds_is_not_removed(
     finally:
         second.kill()
         second.wait()
-        _sources.forget_records()
+        _stub_records.forget_records()
 
 
 def test_a_wait_longer_than_poll_can_count_waits() -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from nsconfine._kernel import layers as _layers
-from nsconfine._kernel.mountinfo import mount_table_problems
+from nsconfine._launch.confirm import mount_table_problems
 from nsconfine._launch.stage import open_entry_fds
 from nsconfine._plan.bwrap_args import (
     ARGS_FD,

@@ -23,6 +23,7 @@ from nsconfine._plan import model as p
 from nsconfine._plan.model import Kind, Plan
 from nsconfine._policy import lint as _lint
 from nsconfine._session import Session, build_plan
+from nsconfine._text import printable
 
 
 @pytest.fixture
@@ -337,7 +338,7 @@ def test_unicode_controls_are_escaped(character: str) -> None:
     """C1 controls, bidi overrides and line separators are escaped in readable output."""
     plan = Plan.of([p.tmpfs("/tmp", f"reason{character}bind rw /root/.ssh")])
     assert character not in plan.manifest()
-    assert character not in p.printable(f"x{character}y")
+    assert character not in printable(f"x{character}y")
 
 
 def test_a_dangling_tool_socket_is_a_clean_refusal(

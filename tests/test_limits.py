@@ -26,7 +26,7 @@ from helpers import (
 )
 
 import nsconfine
-from nsconfine._kernel.mountinfo import mount_table_problems
+from nsconfine._launch.confirm import mount_table_problems
 from nsconfine._selftest.world import FORK_UNTIL_REFUSED, World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
@@ -473,7 +473,7 @@ def test_a_limit_step_that_failed_is_a_clear_refusal() -> None:
     """The launcher turns the reaper's report into a refusal naming the step."""
     import socket
 
-    from nsconfine._launch.stage import _read_info
+    from nsconfine._launch.confirm import read_info
 
     read_end, write_end = os.pipe()
     os.write(write_end, b'{"reaper-errno": 1, "reaper-stage": 29}\n')
@@ -481,7 +481,7 @@ def test_a_limit_step_that_failed_is_a_clear_refusal() -> None:
     quiet, other = socket.socketpair()
     try:
         with pytest.raises(nsconfine.SandboxUnavailable, match=r"limits: unshare.*not permitted"):
-            _read_info("/usr/bin/bwrap", read_end, quiet.fileno())
+            read_info("/usr/bin/bwrap", read_end, quiet.fileno())
     finally:
         os.close(read_end)
         quiet.close()

@@ -405,7 +405,7 @@ def _run(arguments: argparse.Namespace) -> int:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
     plan = build_plan(_session(arguments), lint=False)  # spawn lints it
     if plan.network == "proxy":  # a user sees why `npm install` failed
-        from nsconfine._plan.network import report_refusals
+        from nsconfine._launch.egress import report_refusals
 
         report_refusals(sys.stderr.fileno())
     # The signals from before the launch: none is lost while it builds. The caller's terminals
@@ -441,7 +441,7 @@ def _run(arguments: argparse.Namespace) -> int:
 def _warn_of_untrusted_config(paths: Sequence[str]) -> None:
     """One line on stderr for each file the host runs or trusts that the session could write
     (a repository it made, say): the user should read it before the host's git does."""
-    from nsconfine._plan.model import printable
+    from nsconfine._text import printable
 
     for path in paths:
         print(
@@ -478,9 +478,12 @@ def _bundle(arguments: argparse.Namespace) -> int:
 
 def _explain(arguments: argparse.Namespace) -> int:
     from nsconfine._policy.explain import explain
+    from nsconfine._session import profiles_showing
 
     session = _session(arguments)
-    visible, lines = explain(session.plan(), arguments.path, session)
+    visible, lines = explain(
+        session.plan(), arguments.path, lambda path: profiles_showing(path, session)
+    )
     print("\n".join(lines))
     return 0 if visible else 1
 

@@ -33,7 +33,8 @@ import posixpath
 
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._plan.model import Entry, Kind, Mode, Plan, has_own_network, inside, printable
+from nsconfine._plan.model import Entry, Kind, Mode, Plan, has_own_network
+from nsconfine._text import inside, printable
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:

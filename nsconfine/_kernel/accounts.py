@@ -14,9 +14,46 @@ import os
 import stat
 
 from nsconfine._errors import UsageError
-from nsconfine._plan.model import RunAs, launcher_account
+from nsconfine._record import Record
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from typing import Any
 
 READ, WRITE, SEARCH = 0o4, 0o2, 0o1
+
+
+class RunAs(Record):
+    """The account a session runs as, on the host and inside: its name, uid and primary gid
+    (it keeps no supplementary group)."""
+
+    FIELDS = ("name", "uid", "gid")
+    __slots__ = FIELDS
+    name: str
+    uid: int
+    gid: int
+
+    def __init__(self, name: str, uid: int, gid: int) -> None:
+        self._set(name=name, uid=uid, gid=gid)
+
+    def __str__(self) -> str:
+        return f"{self.name} (uid {self.uid}, gid {self.gid})"
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest form."""
+        return {"name": self.name, "uid": self.uid, "gid": self.gid}
+
+
+def launcher_account() -> RunAs:
+    """The account the launcher itself runs as (a plan's default; refused at launch if root)."""
+    import pwd
+
+    uid = os.geteuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:  # an account without a passwd entry (containers)
+        name = str(uid)
+    return RunAs(name, uid, os.getegid())
 
 
 def run_as(user: str | int | None) -> RunAs:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import os
 
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._plan.model import Kind
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from typing import Final
 
-    from nsconfine._plan.model import Plan, RunAs
+    from nsconfine._kernel.accounts import RunAs
 
 # What each layer does, for the manifest.
 LAYERS: Final = {
@@ -76,18 +75,22 @@ _ruleset: int | None = None
 _abi: int | None = None
 
 
-def active(plan: Plan | None = None) -> list[str]:
-    """The layers a launch of plan applies on this kernel (Landlock scopes need ABI 6)."""
-    return [name for name in LAYERS if _applies(name, plan)]
+# Each function below takes what it needs of a plan as values (the plan's model sits above this
+# module): nested_userns is whether the plan allows nested user namespaces, with its reason.
 
 
-def _applies(name: str, plan: Plan | None) -> bool:
+def active(nested_userns: bool = False) -> list[str]:
+    """The layers a launch applies on this kernel (Landlock scopes need ABI 6)."""
+    return [name for name in LAYERS if _applies(name, nested_userns)]
+
+
+def _applies(name: str, nested_userns: bool) -> bool:
     if name in DISABLED_FOR_TESTS:
         return False
     if name == "landlock":
         return landlock_abi() >= LANDLOCK_SCOPES_ABI
     if name == "no-nested-userns":
-        return plan is None or plan.nested_userns is None
+        return not nested_userns
     return True
 
 
@@ -99,17 +102,21 @@ def landlock_abi() -> int:
     return _abi
 
 
-def disables_userns(plan: Plan) -> bool:
-    """Does bwrap get --disable-userns for plan?"""
-    return _applies("no-nested-userns", plan)
+def disables_userns(nested_userns: bool) -> bool:
+    """Does bwrap get --disable-userns?"""
+    return _applies("no-nested-userns", nested_userns)
 
 
-def seccomp_program(plan: Plan) -> bytes | None:
-    """The seccomp filter bwrap loads for plan's sessions (each variant built once), or None
+def seccomp_program(nested_userns: bool) -> bytes | None:
+    """The seccomp filter bwrap loads for a plan's sessions (each variant built once), or None
     in a test that switched it off."""
     if "seccomp" in DISABLED_FOR_TESTS:
         return None
-    rules = _syscalls.SECCOMP_DEFAULT if disables_userns(plan) else _syscalls.SECCOMP_NESTED_USERNS
+    rules = (
+        _syscalls.SECCOMP_DEFAULT
+        if disables_userns(nested_userns)
+        else _syscalls.SECCOMP_NESTED_USERNS
+    )
     program = _filters.get(rules)
     if program is None:
         program = _filters[rules] = _syscalls.seccomp_filter(rules)
@@ -121,7 +128,7 @@ def landlock_ruleset() -> int:
     execs the reaper (made once; its fd is close-on-exec), or -1 where this kernel has no
     scopes or a test switched the layer off."""
     global _ruleset
-    if not _applies("landlock", None):
+    if not _applies("landlock", False):
         return -1
     if _ruleset is None:
         _ruleset = _syscalls.landlock_scopes()
@@ -131,18 +138,18 @@ def landlock_ruleset() -> int:
 def shim_guards_pid_1() -> bool:
     """Does the exec shim take a Landlock domain of its own before the command (so that the
     command cannot ptrace, write or signal the sandbox's pid 1)?"""
-    return _applies("landlock", None)
+    return _applies("landlock", False)
 
 
-def session_limits(plan: Plan) -> tuple[int, int, int, int] | None:
-    """What the reaper takes for plan in the session's own user namespace (nsconfine._plan.limits):
-    its processes, ptys (where the plan has the devpts that holds them; else 0), inotify
-    instances and watches; None in a test that switched the step off ("session-limits")."""
+def session_limits(
+    processes: int, ptys: int, inotify_instances: int, inotify_watches: int
+) -> tuple[int, int, int, int] | None:
+    """What the reaper takes in the session's own user namespace (nsconfine._plan.limits): its
+    processes, ptys (0 where the plan has no devpts to hold them), inotify instances and
+    watches; None in a test that switched the step off ("session-limits")."""
     if "session-limits" in DISABLED_FOR_TESTS:
         return None
-    limits = plan.limits
-    ptys = next((e.capacity or 0 for e in plan.entries if e.kind is Kind.DEVPTS), 0)
-    return (limits.processes, ptys, limits.inotify_instances, limits.inotify_watches)
+    return (processes, ptys, inotify_instances, inotify_watches)
 
 
 def spawn_flags(user: RunAs) -> tuple[int, int, int]:

@@ -46,7 +46,8 @@ from nsconfine._plan.allowlist import (
     judge,
     system_resolver,
 )
-from nsconfine._plan.model import RELAY_SOCKET_NAME, printable
+from nsconfine._plan.model import RELAY_SOCKET_NAME
+from nsconfine._text import printable
 
 Audit = Callable[[dict[str, object]], None]
 

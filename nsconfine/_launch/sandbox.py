@@ -46,10 +46,10 @@ if TYPE_CHECKING:
     from _thread import LockType
 
     from nsconfine._kernel.terminal import Saved
+    from nsconfine._launch.egress import Egress
     from nsconfine._launch.sources import Stub
     from nsconfine._launch.stage import Staged
     from nsconfine._plan.model import Plan
-    from nsconfine._plan.network import Egress
 
 
 class Sandbox:

@@ -42,22 +42,14 @@ import fcntl
 import os
 import stat
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
+from nsconfine._kernel import stub_records as _stub_records
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._plan.model import (
-    COMMONDIR_STUB,
-    Entry,
-    Kind,
-    Mode,
-    Plan,
-    RunAs,
-    inside,
-    printable,
-    within,
-)
+from nsconfine._kernel.accounts import RunAs
+from nsconfine._plan.model import COMMONDIR_STUB, Entry, Kind, Mode, Plan
+from nsconfine._text import inside, printable, within
 
 Identity = tuple[int, int]
 
@@ -104,129 +96,6 @@ _held_here: collections.Counter[Identity] = collections.Counter()
 _held_here_lock = threading.Lock()
 
 
-# ------------------------------------------------------------------ the records of stubs
-
-
-_records_found: dict[tuple[int, str | None, str | None], str] = {}
-
-
-def _records() -> str:
-    """The account's directory of stub tokens, made 0700 if missing; refused if anyone else
-    could write it. Found once per account and environment (forget_records() on a miss)."""
-    key = (os.geteuid(), os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
-    found = _records_found.get(key)
-    if found is None:
-        found = _records_found[key] = _find_records()
-    return found
-
-
-def forget_records() -> None:
-    """Look for the records directory afresh (it was removed, or the environment changed)."""
-    _records_found.clear()
-
-
-def _find_records() -> str:
-    from nsconfine._kernel.accounts import (
-        make_private_directory,
-        records_directory,
-        require_private,
-    )
-
-    directory = records_directory("mountpoints")
-    try:
-        make_private_directory(directory)
-        _require_writable(directory)  # one there already may sit on a read-only mount
-    except OSError:
-        # No writable home (a system account, a unit's read-only home): a directory of this
-        # uid's own in /tmp, which every launcher of this account with the same environment
-        # picks alike.
-        directory = f"/tmp/nsconfine-{os.geteuid()}/mountpoints"
-        try:
-            make_private_directory(directory)
-        except OSError as error:
-            refuse_if_short_of_fds(error)
-            raise SandboxUnavailable(
-                f"cannot keep the records of the mount points it makes in "
-                f"{printable(directory)} ({error.strerror}): set XDG_CACHE_HOME to a directory "
-                "this account can write"
-            ) from None
-    try:
-        require_private(directory)
-    except PermissionError:
-        raise SandboxUnavailable(
-            f"{printable(directory)} must belong to this account and be writable by no one "
-            "else: it records the mount points nsconfine makes in workspaces"
-        ) from None
-    return directory
-
-
-@contextmanager
-def _records_locked() -> Iterator[str]:
-    """The records directory, with its lock held (by this open file: threads exclude each
-    other too)."""
-    directory = _records()
-    lock = os.path.join(directory, ".lock")
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:  # removed since it was found: make it again
-        forget_records()
-        directory = _records()
-        lock = os.path.join(directory, ".lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield directory
-    finally:
-        os.close(fd)
-
-
-def _require_writable(directory: str) -> None:
-    """OSError unless this account can make files in directory. Tried, not asked: access()
-    answers by mode bits, and root passes those even on a read-only mount."""
-    probe = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    os.close(probe)
-
-
-def _token_path(records: str, identity: Identity) -> str:
-    return os.path.join(records, f"{identity[0]}-{identity[1]}")
-
-
-def _record(records: str, identity: Identity, where: str) -> None:
-    """Make identity's token, naming where: the file there is a stub of these records."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    fd = os.open(_token_path(records, identity), flags, 0o600)
-    try:
-        os.write(fd, os.fsencode(where))  # a full cache (ENOSPC) fails here
-    finally:
-        os.close(fd)
-
-
-def _recorded(records: str, identity: Identity, where: str) -> bool:
-    """Does identity's token name where (else there is none, or the inode number was reused
-    elsewhere)?"""
-    try:
-        with open(_token_path(records, identity), "rb") as token:
-            return token.read(8192) == os.fsencode(where)
-    except FileNotFoundError:
-        return False
-
-
-def is_stub(path: str) -> bool:
-    """Is the file at path a stub a launch of this account made (and still holds, or left)?
-    A plan built while another session of the workspace runs treats it as missing, as it
-    will be once that session ends."""
-    where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-    try:
-        # Under the records' lock: a launch makes a stub and its token under it, so a stub is
-        # never seen without its token (taken for the session's own, protected file by file,
-        # and stubs made inside it, the plan would leave it behind, not empty).
-        with _records_locked() as records:
-            info = os.lstat(path)
-            return _recorded(records, (info.st_dev, info.st_ino), where)
-    except (OSError, SandboxUnavailable):
-        return False
-
-
 # ------------------------------------------------------------------ preparing a launch
 
 
@@ -256,7 +125,7 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
     fds: dict[str, int] = {}
     try:
         if inner:
-            with _records_locked() as records:
+            with _stub_records.records_locked() as records:
                 for entry, top, resolved, relative in inner:
                     stub = _mount_point(records, top, resolved, relative, entry, plan.user)
                     if stub is not None:
@@ -379,7 +248,7 @@ def _mount_point(
             hold = -1
             try:
                 hold = _hold(parent, name, identity, where)
-                _record(records, identity, where)
+                _stub_records.record(records, identity, where)
             except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
                 if hold >= 0:
                     os.close(hold)
@@ -394,7 +263,7 @@ def _mount_point(
         identity = (info.st_dev, info.st_ino)
         hold = _hold(parent, name, identity, where)
         try:
-            recorded = _recorded(records, identity, where)
+            recorded = _stub_records.recorded(records, identity, where)
         except BaseException:
             os.close(hold)
             raise
@@ -578,7 +447,7 @@ def remove(stubs: list[Stub]) -> None:
     # refused for want of fds. Whether a stub is still held is decided by its own lock.
     release(stubs)
     try:
-        with _records_locked() as records:
+        with _stub_records.records_locked() as records:
             for stub in reversed(stubs):
                 _remove_if_unused(records, stub)
     except (OSError, SandboxUnavailable):
@@ -609,7 +478,7 @@ def keep_for_bundle(stubs: list[Stub], config: str) -> None:
         return
     info = os.stat(config)
     holder = os.fsencode(f"{info.st_dev}-{info.st_ino}\0{config}")
-    with _records_locked() as records:
+    with _stub_records.records_locked() as records:
         for stub in recorded:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(_bundle_path(records, stub.identity), flags, 0o600)
@@ -620,7 +489,7 @@ def keep_for_bundle(stubs: list[Stub], config: str) -> None:
 
 
 def _bundle_path(records: str, identity: Identity) -> str:
-    return _token_path(records, identity) + ".bundle"
+    return _stub_records.token_path(records, identity) + ".bundle"
 
 
 def _kept_for_bundle(records: str, identity: Identity) -> bool:
@@ -647,7 +516,7 @@ def _remove_if_unused(records: str, stub: Stub) -> None:
     """Remove a stub of these records (called with their lock held) unless a sandbox or an
     OCI bundle holds it; its token goes with it, or stays for a later launch to remove it
     then."""
-    token_path = _token_path(records, stub.identity)
+    token_path = _stub_records.token_path(records, stub.identity)
     if not stub.recorded or not os.path.exists(token_path):
         return  # not a stub, another records directory's, or removed by another launch
     if _kept_for_bundle(records, stub.identity):

@@ -17,7 +17,7 @@ import re
 from nsconfine._errors import PlanError
 from nsconfine._kernel.syscalls import read_untrusted, realpath
 from nsconfine._plan import model as p
-from nsconfine._plan.model import printable
+from nsconfine._text import printable
 
 # A harness with more packages than this is refused rather than bound package by package
 # (give the node_modules directory with --ro instead).

@@ -29,7 +29,8 @@ from collections.abc import Iterable, Sequence
 from nsconfine._errors import PlanError
 from nsconfine._kernel.syscalls import realpath
 from nsconfine._plan import model as p
-from nsconfine._plan.model import DenyRule, Entry, Kind, inside, printable
+from nsconfine._plan.model import DenyRule, Entry, Kind
+from nsconfine._text import inside, printable
 
 # A masked directory is looked through this far for a file with another name; past it, refused.
 MASKED_DIRECTORY_SCAN = 10_000

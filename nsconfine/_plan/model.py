@@ -14,8 +14,10 @@ import re
 from collections.abc import Iterable, Sequence
 
 from nsconfine._errors import CredentialMissing, PlanError, UsageError
+from nsconfine._kernel.accounts import RunAs, launcher_account
 from nsconfine._plan.limits import Limits
 from nsconfine._record import Record
+from nsconfine._text import encodable, is_env_name, printable
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
 if TYPE_CHECKING:
@@ -25,68 +27,6 @@ if TYPE_CHECKING:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # refused in paths outright
-_SUSPECT = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII is looked at
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def is_env_name(name: object) -> bool:
-    """A portable environment variable name (letters, digits and _, not a digit first): the one
-    rule for every name a session's environment gets, from any source. bwrap reads its options
-    NUL-separated, so this also keeps a name from smuggling options in."""
-    return isinstance(name, str) and _ENV_NAME.match(name) is not None
-
-
-_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-# Unicode categories a terminal may act on instead of showing: controls (C0, C1), format
-# characters (bidi overrides and isolates, zero-width ones), line and paragraph separators; and
-# surrogates (a non-UTF-8 byte of a path), which a UTF-8 terminal cannot be sent at all.
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-
-
-def inside(dest: str, top: str) -> str | None:
-    """dest relative to top if it lies strictly inside it (both absolute and normalized)."""
-    prefix = top.rstrip("/") + "/"
-    return dest[len(prefix) :] if dest.startswith(prefix) else None
-
-
-def within(path: str, top: str) -> bool:
-    """Is path top itself or inside it (both absolute and normalized)?"""
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def encodable(text: str) -> bool:
-    """Can text reach the kernel and bwrap as bytes (a non-UTF-8 byte, kept as a surrogate
-    escape, can; a lone surrogate from elsewhere cannot)?"""
-    try:
-        text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def is_hidden(character: str) -> bool:
-    """Would a terminal act on character rather than show it (a newline, a bidi override)?"""
-    if " " <= character <= "~":
-        return False
-    import unicodedata  # only for text that is not plain ASCII
-
-    return unicodedata.category(character) in _HIDDEN_CATEGORIES
-
-
-def printable(text: str) -> str:
-    """text with control and format characters written as escapes: what a person reads (a
-    manifest row, a refusal) cannot be forged by a newline, a C1 control, a bidi override or a
-    terminal sequence inside a path."""
-    if not _SUSPECT.search(text):
-        return text
-    return "".join(_escaped(c) if is_hidden(c) else c for c in text)
-
-
-def _escaped(character: str) -> str:
-    code = ord(character)
-    if character in _ESCAPES:
-        return _ESCAPES[character]
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class Kind(enum.StrEnum):
@@ -347,27 +287,6 @@ class EnvVar(Record):
         return {"name": self.name, "value": shown, "origin": str(self.origin)}
 
 
-class RunAs(Record):
-    """The account a session runs as, on the host and inside: its name, uid and primary gid
-    (it keeps no supplementary group)."""
-
-    FIELDS = ("name", "uid", "gid")
-    __slots__ = FIELDS
-    name: str
-    uid: int
-    gid: int
-
-    def __init__(self, name: str, uid: int, gid: int) -> None:
-        self._set(name=name, uid=uid, gid=gid)
-
-    def __str__(self) -> str:
-        return f"{self.name} (uid {self.uid}, gid {self.gid})"
-
-    def to_json(self) -> dict[str, Any]:
-        """The manifest form."""
-        return {"name": self.name, "uid": self.uid, "gid": self.gid}
-
-
 class DenyRule(Record):
     """A host path no bind may expose: a bind is refused when its source is this path or
     contains it, and, when `inside` is set, when the source lies anywhere inside it. A masked
@@ -450,19 +369,6 @@ class Protection(Record):
             "trees": [dest for dest, _source in self.trees],
             "names": [name for name, _kind, _reason in self.names],
         }
-
-
-def launcher_account() -> RunAs:
-    """The account the launcher itself runs as (a plan's default; refused at launch if root)."""
-    import os
-    import pwd
-
-    uid = os.geteuid()
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:  # an account without a passwd entry (containers)
-        name = str(uid)
-    return RunAs(name, uid, os.getegid())
 
 
 def _execution_order(entry: Entry) -> tuple[int, int]:
@@ -721,7 +627,10 @@ class Plan(Record):
             "nested_userns": self.nested_userns,
             "protection": None if self.protection is None else self.protection.to_json(),
             "limits": self.limits.to_json(),
-            "layers": [{"name": name, "what": LAYERS[name]} for name in active(self)],
+            "layers": [
+                {"name": name, "what": LAYERS[name]}
+                for name in active(self.nested_userns is not None)
+            ],
         }
 
     def manifest(self) -> str:
@@ -770,7 +679,7 @@ class Plan(Record):
         from nsconfine._kernel.layers import LAYERS, NESTED_USERNS_REOPENS, active
 
         lines.append("kernel layers:")
-        lines += [f"  {name}: {LAYERS[name]}" for name in active(self)]
+        lines += [f"  {name}: {LAYERS[name]}" for name in active(self.nested_userns is not None)]
         if self.nested_userns is not None:
             lines.append(
                 f"nested user namespaces: allowed ({printable(self.nested_userns)}); "

@@ -38,8 +38,8 @@ import stat
 from nsconfine._errors import UsageError
 from nsconfine._plan.allowlist import Destination
 from nsconfine._plan.limits import parse_value
-from nsconfine._plan.model import is_env_name
 from nsconfine._record import Record
+from nsconfine._text import is_env_name
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:

@@ -57,9 +57,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine._errors import PlanError
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._launch.sources import is_stub
+from nsconfine._kernel.stub_records import is_stub
 from nsconfine._plan import model as p
-from nsconfine._plan.model import Kind, Mode, Plan, Protection, inside, printable, within
+from nsconfine._plan.model import Kind, Mode, Plan, Protection
+from nsconfine._text import inside, printable, within
 
 # The session's writable binds, each as (where the sandbox shows it, its resolved source).
 Writable = Sequence[tuple[str, str]]

@@ -10,9 +10,9 @@ import os
 import stat
 from typing import Final
 
+from nsconfine._kernel.accounts import RunAs
 from nsconfine._kernel.syscalls import realpath
 from nsconfine._plan import model as p
-from nsconfine._plan.model import RunAs
 
 # The top-level links of a merged /usr (Debian ≥ 12): mirrored as the same symlinks.
 USR_MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")

@@ -12,22 +12,25 @@ from __future__ import annotations
 import os
 import urllib.parse
 
-from nsconfine._plan.model import Entry, Kind, Plan, printable, within
+from nsconfine._plan.model import Entry, Kind, Plan
 from nsconfine._plan.network import route_base_url
 from nsconfine._policy.lint import Judge, resolve
+from nsconfine._text import printable, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
-    from nsconfine._session import Session
+    from collections.abc import Callable
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP past it)
 
 
-def explain(plan: Plan, path: str, session: Session | None = None) -> tuple[bool, list[str]]:
+def explain(
+    plan: Plan, path: str, profiles_showing: Callable[[str], list[str]] | None = None
+) -> tuple[bool, list[str]]:
     """Whether a session of plan sees the host's path (or reaches the URL), and the lines that
-    say why; with the session, also the built-in profiles that would show a path it does not
-    see."""
+    say why; for a path it does not see, also profiles_showing's lines (the built-in profiles
+    that would show it: nsconfine._session.profiles_showing, which the CLI passes)."""
     if "://" in path:
         return explain_url(plan, path)
     path = os.path.normpath(os.path.abspath(path))
@@ -43,8 +46,8 @@ def explain(plan: Plan, path: str, session: Session | None = None) -> tuple[bool
         lines.append(f"{shown}: not visible: nothing in the plan grants it")
     else:
         lines.append(f"{shown}: {_through(entry, reached)}")
-    if not visible and session is not None:
-        lines += _profiles_showing(reached, session)
+    if not visible and profiles_showing is not None:
+        lines += profiles_showing(reached)
     found = Judge(plan.deny).violated(resolve(path))
     if found is not None:
         rule, relation = found
@@ -186,22 +189,3 @@ def _through(entry: Entry, path: str) -> str:
     else:
         made = f"the sandbox's own {entry.kind} (no host path)"
     return f"the host's file is not visible: the session sees {made} there, {where}{reason}"
-
-
-def _profiles_showing(path: str, session: Session) -> list[str]:
-    """A line for each built-in profile whose own binds would show path."""
-    from nsconfine._errors import NsconfineError
-    from nsconfine._plan.profiles import built_in
-    from nsconfine._session import profile_gives
-
-    lines: list[str] = []
-    for name in built_in():
-        try:
-            given = profile_gives(name, session, os.environ)
-        except NsconfineError:  # a profile this session cannot take (a missing credential)
-            continue
-        for source, reason in given:
-            if within(path, source):
-                lines.append(f"  --profile {name} would show it: {printable(reason)}")
-                break
-    return lines

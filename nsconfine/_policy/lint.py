@@ -31,7 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine._errors import PlanError
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan, RunAs, printable, within
+from nsconfine._kernel.accounts import RunAs
+from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan
+from nsconfine._text import printable, within
 
 # Credential stores under a home directory, each with why it must stay out of every session.
 HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
@@ -637,7 +639,7 @@ def _refuse_shown_masks(plan: Plan, places: _Places, shown: Sequence[tuple[Entry
     if not any(rule.mask for rule in plan.deny):
         return
     from nsconfine._plan.mask import is_cover, masked_path, refuse_other_names
-    from nsconfine._plan.model import inside
+    from nsconfine._text import inside
 
     remounted = {entry.dest for entry in plan.entries if entry.kind is Kind.REMOUNT_RO}
     covered = {entry.dest for entry in plan.entries if is_cover(entry, remounted)}

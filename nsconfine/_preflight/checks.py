@@ -15,6 +15,7 @@ import stat
 
 from nsconfine._errors import NsconfineError, SandboxUnavailable
 from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._kernel.accounts import RunAs, launcher_account
 from nsconfine._plan import model as p
 from nsconfine._plan.bwrap_args import REQUIRED_OPTIONS
 from nsconfine._record import Record
@@ -300,21 +301,21 @@ exit 0
 """
 
 
-def canary_account() -> p.RunAs:
+def canary_account() -> RunAs:
     """Whom the canary runs as: the launcher, or for a root launcher (whose sessions never run
     as root) the unprivileged `nobody`."""
     if os.geteuid() != 0:
-        return p.launcher_account()
+        return launcher_account()
     import pwd
 
     try:
         nobody = pwd.getpwnam("nobody")
-        return p.RunAs("nobody", nobody.pw_uid, nobody.pw_gid)
+        return RunAs("nobody", nobody.pw_uid, nobody.pw_gid)
     except KeyError:
-        return p.RunAs("nobody", 65534, 65534)
+        return RunAs("nobody", 65534, 65534)
 
 
-def canary_plan(world: str, account: p.RunAs, token: str) -> tuple[p.Plan, str, str, str]:
+def canary_plan(world: str, account: RunAs, token: str) -> tuple[p.Plan, str, str, str]:
     """The canary's plan (built from the plan model directly, not the session layer: no lint,
     no home or TMPDIR layout matters), and its marker (holding token), secret and workspace
     paths."""
@@ -357,7 +358,8 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
     import shutil
 
     from nsconfine._kernel.accounts import scratch_directory
-    from nsconfine._launch.stage import hand_off, prepare_launch, stage
+    from nsconfine._launch.handoff import hand_off, prepare_launch
+    from nsconfine._launch.stage import stage
 
     world = scratch_directory("nsconfine-canary-")
     try:

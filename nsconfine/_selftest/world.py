@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nsconfine._errors import NsconfineError
 from nsconfine._gate import spawn
 from nsconfine._kernel import layers as _layers
-from nsconfine._kernel.accounts import run_as, scratch_directory
-from nsconfine._kernel.mountinfo import mount_table_problems
+from nsconfine._kernel.accounts import RunAs, run_as, scratch_directory
 from nsconfine._kernel.walk import walk
+from nsconfine._launch.confirm import mount_table_problems
+from nsconfine._launch.handoff import hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
-from nsconfine._launch.stage import hand_off, prepare_launch, stage, stdio_fd
+from nsconfine._launch.stage import stage, stdio_fd
 from nsconfine._plan import model as p
-from nsconfine._plan.model import Plan, RunAs
+from nsconfine._plan.model import Plan
 from nsconfine._plan.protect import refreshed
 from nsconfine._plan.system import system_entries
 from nsconfine._preflight.checks import canary_account, proven_bwrap, takes_bind_fds

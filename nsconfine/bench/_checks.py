@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import nsconfine
 from nsconfine._kernel.syscalls import memfd_sealed
-from nsconfine._launch.stage import own_namespaces
+from nsconfine._launch.confirm import own_namespaces
 from nsconfine._plan.bwrap_args import (
     bwrap_options,
     encode_options,

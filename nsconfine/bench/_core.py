@@ -234,7 +234,7 @@ class Launchers:
         self.options = without_info(bwrap_options(plan, bind_fds=False))
         make_stubs(plan)
         self.encoded = encode_options(self.options)
-        self.seccomp = _layers.seccomp_program(plan) or b""
+        self.seccomp = _layers.seccomp_program(plan.nested_userns is not None) or b""
         # As root, bwrap runs as the session's account in every variant, as nsconfine runs it.
         self.ids = (plan.user.uid, plan.user.gid) if os.geteuid() == 0 else None
 

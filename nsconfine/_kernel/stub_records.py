@@ -1,0 +1,136 @@
+"""The records of stubs: which files in workspaces are mount points a launch of this account
+made (a token per file, by device and inode, naming where it is), kept in the account's cache
+under one lock, so that any launcher of the account tells its own stubs from a session's files.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from nsconfine._errors import SandboxUnavailable, refuse_if_short_of_fds
+from nsconfine._text import printable
+
+Identity = tuple[int, int]
+
+
+_found: dict[tuple[int, str | None, str | None], str] = {}
+
+
+def records() -> str:
+    """The account's directory of stub tokens, made 0700 if missing; refused if anyone else
+    could write it. Found once per account and environment (forget_records() on a miss)."""
+    key = (os.geteuid(), os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+    found = _found.get(key)
+    if found is None:
+        found = _found[key] = _find()
+    return found
+
+
+def forget_records() -> None:
+    """Look for the records directory afresh (it was removed, or the environment changed)."""
+    _found.clear()
+
+
+def _find() -> str:
+    from nsconfine._kernel.accounts import (
+        make_private_directory,
+        records_directory,
+        require_private,
+    )
+
+    directory = records_directory("mountpoints")
+    try:
+        make_private_directory(directory)
+        _require_writable(directory)  # one there already may sit on a read-only mount
+    except OSError:
+        # No writable home (a system account, a unit's read-only home): a directory of this
+        # uid's own in /tmp, which every launcher of this account with the same environment
+        # picks alike.
+        directory = f"/tmp/nsconfine-{os.geteuid()}/mountpoints"
+        try:
+            make_private_directory(directory)
+        except OSError as error:
+            refuse_if_short_of_fds(error)
+            raise SandboxUnavailable(
+                f"cannot keep the records of the mount points it makes in "
+                f"{printable(directory)} ({error.strerror}): set XDG_CACHE_HOME to a directory "
+                "this account can write"
+            ) from None
+    try:
+        require_private(directory)
+    except PermissionError:
+        raise SandboxUnavailable(
+            f"{printable(directory)} must belong to this account and be writable by no one "
+            "else: it records the mount points nsconfine makes in workspaces"
+        ) from None
+    return directory
+
+
+@contextmanager
+def records_locked() -> Iterator[str]:
+    """The records directory, with its lock held (by this open file: threads exclude each
+    other too)."""
+    directory = records()
+    lock = os.path.join(directory, ".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:  # removed since it was found: make it again
+        forget_records()
+        directory = records()
+        lock = os.path.join(directory, ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield directory
+    finally:
+        os.close(fd)
+
+
+def _require_writable(directory: str) -> None:
+    """OSError unless this account can make files in directory. Tried, not asked: access()
+    answers by mode bits, and root passes those even on a read-only mount."""
+    probe = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    os.close(probe)
+
+
+def token_path(records: str, identity: Identity) -> str:
+    return os.path.join(records, f"{identity[0]}-{identity[1]}")
+
+
+def record(records: str, identity: Identity, where: str) -> None:
+    """Make identity's token, naming where: the file there is a stub of these records."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    fd = os.open(token_path(records, identity), flags, 0o600)
+    try:
+        os.write(fd, os.fsencode(where))  # a full cache (ENOSPC) fails here
+    finally:
+        os.close(fd)
+
+
+def recorded(records: str, identity: Identity, where: str) -> bool:
+    """Does identity's token name where (else there is none, or the inode number was reused
+    elsewhere)?"""
+    try:
+        with open(token_path(records, identity), "rb") as token:
+            return token.read(8192) == os.fsencode(where)
+    except FileNotFoundError:
+        return False
+
+
+def is_stub(path: str) -> bool:
+    """Is the file at path a stub a launch of this account made (and still holds, or left)?
+    A plan built while another session of the workspace runs treats it as missing, as it
+    will be once that session ends."""
+    where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    try:
+        # Under the records' lock: a launch makes a stub and its token under it, so a stub is
+        # never seen without its token (taken for the session's own, protected file by file,
+        # and stubs made inside it, the plan would leave it behind, not empty).
+        with records_locked() as records:
+            info = os.lstat(path)
+            return recorded(records, (info.st_dev, info.st_ino), where)
+    except (OSError, SandboxUnavailable):
+        return False

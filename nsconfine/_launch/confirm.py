@@ -1,0 +1,303 @@
+"""The whole-truth check: does a sandbox's mount table hold exactly the plan's mounts?
+
+Run on every launch, before the command may exec, against /proc/<pid>/mountinfo of the process
+that will become the command. Every mount point must be one the plan sets up (or lie below a
+new /proc or /dev, whose inner mounts bwrap makes itself, or be a mount the host has below a
+bound directory, which a recursive bind carries in); every mount the plan sets up must be there;
+each must be read-only or writable as the plan says; and each must be what the plan says: a new
+tmpfs or proc (a tmpfs of the size the plan gives it), the session's own devpts (holding the
+ptys the plan allows, and not the host's: a devpts bound in from the launcher's namespace would
+show the host's terminals), or, for a bind, the very file or directory of its source: the
+launcher looks at the destination through the sandbox's own root (/proc/<pid>/root) and
+compares device and inode with the source's.
+"""
+
+from __future__ import annotations
+
+# The C module socket.py wraps (see nsconfine/_launch/stage.py).
+import _socket as socket
+import os
+import time
+from collections.abc import Mapping
+
+from nsconfine._errors import SandboxUnavailable
+from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._kernel.mountinfo import parse_mountinfo, read_mountinfo
+from nsconfine._plan.model import Entry, Kind, Plan
+from nsconfine._text import inside
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from typing import Any, Final
+
+# What a launch must see differ from the launcher's own ("net" too, for a network of its own).
+CONFINING_NAMESPACES: Final = ("user", "mnt", "pid", "ipc", "uts", "cgroup", "net")
+INFO_TIMEOUT_SECONDS: Final = 10.0
+SETUP_TIMEOUT_SECONDS: Final = 120.0  # 10,000 copied files take bwrap seconds
+
+
+class SetupEnded(Exception):
+    """bwrap, or its sandbox, ended before the command could start."""
+
+
+_own_namespaces: dict[str, int] | None = None
+
+
+def own_namespaces() -> dict[str, int]:
+    """The launcher's namespace ids, read once (a launcher does not change namespaces)."""
+    global _own_namespaces
+    if _own_namespaces is None:
+        found = {}
+        for name in CONFINING_NAMESPACES:
+            try:
+                found[name] = os.stat(f"/proc/self/ns/{name}").st_ino
+            except FileNotFoundError:  # a kernel without this kind of namespace
+                continue
+        _own_namespaces = found
+    return _own_namespaces
+
+
+# ------------------------------------------------------------------ the processes
+
+
+def read_info(bwrap: str, info_fd: int, shim_sock: int) -> dict[str, Any]:
+    """bwrap's info object, or a refusal if bwrap exits or stays silent first, or if the shim
+    speaks first (bubblewrap reports the sandbox before anything runs in it)."""
+    import json  # on the first launch: not on the import path of every launcher
+    import select
+
+    poller = select.poll()
+    poller.register(info_fd, select.POLLIN)
+    poller.register(shim_sock, select.POLLIN)
+    received = b""
+    deadline = time.monotonic() + INFO_TIMEOUT_SECONDS
+    while True:
+        events = dict(poller.poll(max(deadline - time.monotonic(), 0) * 1000))
+        if info_fd not in events:
+            if events:
+                raise SandboxUnavailable(
+                    f"{bwrap} ran the command without reporting a sandbox first: it is not a "
+                    "bubblewrap nsconfine can trust"
+                )
+            raise SandboxUnavailable(
+                f"{bwrap} did not report a sandbox within {INFO_TIMEOUT_SECONDS:g} s: it is not "
+                "a working bubblewrap; reinstall it or point NSCONFINE_BWRAP at one"
+            )
+        chunk = os.read(info_fd, 4096)
+        if not chunk:
+            raise SetupEnded("could not be created: bwrap exited first")
+        received += chunk
+        try:
+            info = json.loads(received)
+        except ValueError:
+            continue  # bwrap writes the object in one go, but a pipe may split it
+        if isinstance(info, dict) and isinstance(info.get("reaper-stage"), int):
+            step = _syscalls.stage_syscall(info["reaper-stage"])
+            raise SandboxUnavailable(
+                f"cannot give the session its limits: {step}: "
+                f"{os.strerror(info.get('reaper-errno', 0))}; `nsconfine check` says which "
+                "limits this host enforces"
+            )
+        if isinstance(info, dict) and isinstance(info.get("reaper-errno"), int):
+            raise SandboxUnavailable(
+                f"cannot run {bwrap}: {os.strerror(info['reaper-errno'])}; reinstall "
+                "bubblewrap or point NSCONFINE_BWRAP at a working one"
+            )
+        if not isinstance(info, dict) or not isinstance(info.get("child-pid"), int):
+            raise SandboxUnavailable(f"{bwrap} reported no sandbox pid: it is not bubblewrap")
+        return info
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as stat_file:
+        return int(stat_file.read().rsplit(b")", 1)[1].split()[1])
+
+
+def _namespaces(pid: int) -> dict[str, int]:
+    return {name: os.stat(f"/proc/{pid}/ns/{name}").st_ino for name in own_namespaces()}
+
+
+def check_init(bwrap: str, reaper: int, child: int, info: dict[str, Any], own_network: bool) -> int:
+    """The sandbox's init is bwrap's child, bwrap is the reaper's, and its namespaces are new
+    (the network's only when the plan gives it one of its own); bwrap's pid."""
+    try:
+        bwrap_pid = _parent(child)
+        grandparent = _parent(bwrap_pid)
+        theirs = _namespaces(child)
+    except (OSError, ValueError, IndexError):
+        raise SetupEnded("ended during set-up") from None
+    if grandparent != reaper:
+        raise SandboxUnavailable(
+            f"{bwrap} named pid {child} as its sandbox, but that is not its child: it is not "
+            "a bubblewrap nsconfine can trust"
+        )
+    for name, own in own_namespaces().items():
+        if name == "net" and not own_network:
+            continue
+        claimed = info.get(f"{name}-namespace", theirs[name])
+        if theirs[name] == own or claimed != theirs[name]:
+            raise SandboxUnavailable(
+                f"{bwrap} left the sandbox in the launcher's {name} namespace (or misreported "
+                "it): it does not confine; install Debian's bubblewrap or point "
+                "NSCONFINE_BWRAP at a real one"
+            )
+    return bwrap_pid
+
+
+def await_shim(sock: socket.socket, reaper_pidfd: int) -> int:
+    """The shim's pid, from the kernel, once it says it is ready (the mounts are done)."""
+    import select
+    import struct
+
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(reaper_pidfd, select.POLLIN)
+    deadline = time.monotonic() + SETUP_TIMEOUT_SECONDS
+    while True:
+        left = deadline - time.monotonic()
+        events = dict(poller.poll(max(left, 0) * 1000))
+        if sock.fileno() in events:
+            break
+        if events:
+            raise SetupEnded("failed to set up")
+        if left <= 0:
+            raise SandboxUnavailable(
+                f"bwrap did not finish building the sandbox within {SETUP_TIMEOUT_SECONDS:g} s"
+            )
+    data, ancillary, _flags, _address = sock.recvmsg(1, socket.CMSG_SPACE(12))
+    if data == b"L":
+        raise SandboxUnavailable(
+            "the exec shim could not take the Landlock domain that keeps the command away from "
+            "the sandbox's pid 1: nothing was run; `nsconfine check` shows this kernel's layers"
+        )
+    if data != b"R":
+        raise SetupEnded("failed to set up")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid, _uid, _gid = struct.unpack("iII", payload[:12])
+            return int(pid)
+    raise SandboxUnavailable("the exec shim's message carried no sender: cannot check it")
+
+
+def check_shim(bwrap: str, init: int, shim: int) -> None:
+    """The process that will become the command is the sandbox init's child, in its
+    namespaces (read now: bwrap enters a second user namespace after it reports the first)."""
+    try:
+        parent = _parent(shim)
+        same = _namespaces(shim) == _namespaces(init)
+    except (OSError, ValueError, IndexError):
+        raise SetupEnded("ended before its command could start") from None
+    if parent != init or not same:
+        raise SandboxUnavailable(
+            f"the process that would run the command (pid {shim}) is not inside the sandbox "
+            f"{bwrap} built: nothing was run; this bwrap cannot be trusted"
+        )
+
+
+# ------------------------------------------------------------------ the mount table
+
+
+def _capacity_option(entry: Entry) -> str | None:
+    """The super option that shows entry's capacity: a tmpfs's size (in KiB, whole pages, as
+    the kernel rounds it), a devpts's max."""
+    if entry.capacity is None:
+        return None
+    if entry.kind is Kind.DEVPTS:
+        return f"max={entry.capacity}"
+    page = os.sysconf("SC_PAGE_SIZE")
+    return f"size={-(-entry.capacity // page) * page // 1024}k"
+
+
+def _expected(plan: Plan) -> dict[str, tuple[str, str, str | None]]:
+    """Mount point -> (mode, what, option): what is a file system type, or "bind" for a bind;
+    option a super option it must show (its size, or its ptys), if any."""
+    expected: dict[str, tuple[str, str, str | None]] = {"/": ("rw", "tmpfs", None)}
+    for entry in plan.entries:
+        if entry.kind is Kind.BIND:
+            expected[entry.dest] = (str(entry.mode), "bind", None)
+        elif entry.kind in (Kind.TMPFS, Kind.DEV, Kind.DATA):  # a data file sits on a tmpfs
+            mode = "ro" if entry.kind is Kind.DATA else "rw"
+            expected[entry.dest] = (mode, "tmpfs", _capacity_option(entry))
+        elif entry.kind is Kind.DEVPTS:
+            expected[entry.dest] = ("rw", "devpts", _capacity_option(entry))
+        elif entry.kind is Kind.PROC:
+            expected[entry.dest] = ("rw", "proc", None)
+        elif entry.kind is Kind.REMOUNT_RO:
+            _, what, option = expected.get(entry.dest, ("ro", "?", None))
+            expected[entry.dest] = ("ro", what, option)
+    return expected
+
+
+def mount_table_problems(
+    mountinfo: str,
+    plan: Plan,
+    root: str | None = None,
+    sources: Mapping[str, tuple[int, int] | None] | None = None,
+    host_mountinfo: str | None = None,
+) -> list[str]:
+    """What in the sandbox's mountinfo differs from the plan (empty when they agree).
+
+    root is the sandbox's root as the launcher reaches it (/proc/<pid>/root): each bind's
+    destination is looked at through it and compared with sources (dest -> the (device, inode)
+    of the source the launcher opened; each bind's source as it is now if None). root None (a
+    session reading its own table) skips that part.
+    host_mountinfo is the launcher's own table, consulted only for mounts below a bound
+    directory; None reads /proc/self/mountinfo when one is found."""
+    expected = _expected(plan)
+    observed = parse_mountinfo(mountinfo)
+    made_by_bwrap = [e.dest for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)]
+    binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
+    problems = []
+    host_points: set[str] | None = None
+    for point, mount in observed.items():
+        want = expected.get(point)
+        if want is not None:
+            mode, what, option = want
+            if mount.mode != mode:
+                problems.append(f"{point} is mounted {mount.mode}, the plan says {mode}")
+            if what != "bind" and mount.fstype != what:
+                problems.append(f"{point} is a {mount.fstype} mount, the plan's is a {what}")
+            elif option is not None and option not in mount.options:
+                problems.append(f"{point} is not mounted with {option}, as the plan says")
+            continue
+        if any(point.startswith(tree + "/") for tree in made_by_bwrap):
+            continue
+        carried = _host_path_below_bind(point, binds)
+        if carried is not None:
+            if host_points is None:
+                host_points = set(parse_mountinfo(host_mountinfo or read_mountinfo("self")))
+            if carried in host_points:
+                continue
+        problems.append(f"{point} is mounted, and no plan entry accounts for it")
+    problems += [
+        f"{point} is not mounted, though the plan sets it up"
+        for point in expected
+        if point not in observed
+    ]
+    if root is not None:
+        if sources is None:
+            sources = {
+                e.dest: _syscalls.identity(e.source) for e in plan.entries if e.kind is Kind.BIND
+            }
+        for dest, source in sources.items():
+            seen = _syscalls.identity(root + dest)
+            if seen is None or seen != source:
+                problems.append(f"{dest} does not show {binds[dest]}")
+        host_ptys = _syscalls.identity("/dev/pts")
+        for entry in plan.entries:
+            if entry.kind is Kind.DEVPTS:
+                seen = _syscalls.identity(root + entry.dest)
+                if seen is None or (host_ptys is not None and seen[0] == host_ptys[0]):
+                    problems.append(f"{entry.dest} is not the session's own devpts")
+    return problems
+
+
+def _host_path_below_bind(point: str, binds: dict[str, str]) -> str | None:
+    """The host path that point shows, if it lies below a bound directory."""
+    best = ""
+    for dest in binds:
+        if inside(point, dest) is not None and len(dest) > len(best):
+            best = dest
+    if not best:
+        return None
+    return binds[best].rstrip("/") + point[len(best.rstrip("/")) :]

@@ -1,0 +1,141 @@
+"""A "proxy" session's way out, as the launcher runs it.
+
+At each launch the launcher's proxy (one per launcher process, nsconfine._launch.proxy.Proxy,
+shared by every spawn and Pool) gets a unix socket for the sandbox, judged by that plan alone;
+the sandbox sees the socket's directory read-only at RELAY_DIRECTORY, where the exec shim's
+relay joins 127.0.0.1:RELAY_PORT to it. The socket goes when the sandbox ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+from collections.abc import Mapping
+
+from nsconfine._plan.model import RELAY_DIRECTORY, Plan, relay_entry
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from nsconfine._launch.proxy import Proxy
+
+
+class AuditLog:
+    """Where a session's proxy records go: one JSON line each, appended to a file."""
+
+    def __init__(self, path: str) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        self.fd = os.open(path, flags, 0o600)
+
+    def write(self, record: Mapping[str, object]) -> None:
+        os.write(self.fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _Proxies:
+    """The launcher's one proxy, started at its first proxy launch; each record goes to the
+    listeners of the session it is about."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proxy: Proxy | None = None
+        self._listeners: dict[str, list[AuditLog | _Reporter]] = {}
+        self._numbers = itertools.count(1)
+
+    def proxy(self) -> Proxy:
+        from nsconfine._launch.proxy import Proxy  # (ssl and its threads: for proxy launches only)
+
+        with self._lock:
+            if self._proxy is None:
+                self._proxy = Proxy(audit=self._record)
+            return self._proxy
+
+    def _record(self, record: dict[str, object]) -> None:
+        with self._lock:  # (sessions come and go on other threads)
+            listeners = list(self._listeners.get(str(record.get("session")), ()))
+        for listener in listeners:
+            listener.write(record)
+
+    def attach(self, plan: Plan, reporter: _Reporter | None) -> tuple[Plan, Egress]:
+        plan.require_launchable()  # (gate refused it already: its routes hold no key)
+        name = f"session-{os.getpid()}-{next(self._numbers)}"
+        listeners: list[AuditLog | _Reporter] = []
+        if plan.audit is not None:
+            listeners.append(AuditLog(plan.audit))
+        if reporter is not None:
+            listeners.append(reporter)
+        with self._lock:
+            self._listeners[name] = listeners
+        try:
+            path = self.proxy().add_session(name, plan.destinations, plan.routes, uid=plan.user.uid)
+        except BaseException:
+            self._drop(name)
+            raise
+        bound = plan.replace(entries=(*plan.entries, relay_entry(os.path.dirname(path))))
+        return bound, Egress(self, name)
+
+    def _drop(self, name: str) -> None:
+        with self._lock:
+            dropped = self._listeners.pop(name, [])
+        for listener in dropped:
+            if isinstance(listener, AuditLog):
+                listener.close()
+
+    def detach(self, name: str) -> None:
+        proxy = self._proxy
+        if proxy is not None:
+            proxy.remove_session(name)
+        self._drop(name)
+
+
+class _Reporter:
+    """Prints each refusal on a terminal's stderr, one line each (nsconfine run)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, record: Mapping[str, object]) -> None:
+        if record.get("decision") != "refused":
+            return
+        where = f"{record.get('host') or '?'}:{record.get('port') or '?'}"
+        line = f"nsconfine: network: refused {where}: {record.get('reason')}\n"
+        try:
+            os.write(self.fd, line.encode(errors="replace"))
+        except OSError:
+            pass
+
+
+class Egress:
+    """A sandbox's socket on the launcher's proxy, until the sandbox ends."""
+
+    def __init__(self, proxies: _Proxies, name: str) -> None:
+        self._proxies = proxies
+        self.name = name
+
+    def close(self) -> None:
+        name, self.name = self.name, ""
+        if name:
+            self._proxies.detach(name)
+
+
+_proxies = _Proxies()
+_report_to: list[_Reporter] = []
+
+
+def report_refusals(fd: int) -> None:
+    """Print every later proxy session's refusals on fd (the CLI's stderr)."""
+    _report_to[:] = [_Reporter(fd)]
+
+
+def attach(plan: Plan) -> tuple[Plan, Egress | None]:
+    """plan as a launch runs it: with a proxy network, bound to a new socket on the launcher's
+    proxy (closed with the returned Egress); any other plan, or one that binds a relay
+    directory of its own (a proxy of the caller's, as the tests' stand-ins), as it is."""
+    if plan.network != "proxy" or any(e.dest == RELAY_DIRECTORY for e in plan.entries):
+        return plan, None
+    return _proxies.attach(plan, _report_to[0] if _report_to else None)

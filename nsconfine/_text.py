@@ -1,0 +1,70 @@
+"""Text as nsconfine shows and checks it: what a person reads (escaped, unforgeable), what
+the kernel can take (encodable), environment names, and paths one inside another. A leaf:
+errors, the plan and the kernel layer all use it, and it uses none of them."""
+
+from __future__ import annotations
+
+import re
+
+_SUSPECT = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII is looked at
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def is_env_name(name: object) -> bool:
+    """A portable environment variable name (letters, digits and _, not a digit first): the one
+    rule for every name a session's environment gets, from any source. bwrap reads its options
+    NUL-separated, so this also keeps a name from smuggling options in."""
+    return isinstance(name, str) and _ENV_NAME.match(name) is not None
+
+
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+# Unicode categories a terminal may act on instead of showing: controls (C0, C1), format
+# characters (bidi overrides and isolates, zero-width ones), line and paragraph separators; and
+# surrogates (a non-UTF-8 byte of a path), which a UTF-8 terminal cannot be sent at all.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def inside(dest: str, top: str) -> str | None:
+    """dest relative to top if it lies strictly inside it (both absolute and normalized)."""
+    prefix = top.rstrip("/") + "/"
+    return dest[len(prefix) :] if dest.startswith(prefix) else None
+
+
+def within(path: str, top: str) -> bool:
+    """Is path top itself or inside it (both absolute and normalized)?"""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def encodable(text: str) -> bool:
+    """Can text reach the kernel and bwrap as bytes (a non-UTF-8 byte, kept as a surrogate
+    escape, can; a lone surrogate from elsewhere cannot)?"""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_hidden(character: str) -> bool:
+    """Would a terminal act on character rather than show it (a newline, a bidi override)?"""
+    if " " <= character <= "~":
+        return False
+    import unicodedata  # only for text that is not plain ASCII
+
+    return unicodedata.category(character) in _HIDDEN_CATEGORIES
+
+
+def printable(text: str) -> str:
+    """text with control and format characters written as escapes: what a person reads (a
+    manifest row, a refusal) cannot be forged by a newline, a C1 control, a bidi override or a
+    terminal sequence inside a path."""
+    if not _SUSPECT.search(text):
+        return text
+    return "".join(_escaped(c) if is_hidden(c) else c for c in text)
+
+
+def _escaped(character: str) -> str:
+    code = ord(character)
+    if character in _ESCAPES:
+        return _ESCAPES[character]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
