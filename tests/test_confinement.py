@@ -121,7 +121,7 @@ def naive_launch(
 def test_probe_holds_on_the_real_plan(world: World, name: str) -> None:
     """Each refusal is refused and each need is met, judged by the host's own files."""
     probe = _probe(world, name)
-    allowed, outcome = run_probe(world.plan(), probe)
+    allowed, outcome = run_probe(world.plan_for(probe), probe)
     assert allowed == probe.expect_allowed, outcome
 
 
@@ -132,7 +132,7 @@ def test_probe_flips_on_a_weakened_plan(
     """The same probe comes out the other way once the plan exposes the secret or loses the
     entry the need depends on: the check can fail."""
     probe = _probe(world, name)
-    plan = world.plan()
+    plan = world.plan_for(probe)
     launcher: _world.Launcher = _world.unchecked_launcher
     if name == "use an fd the launcher leaked":
         launcher = naive_launch  # type: ignore[assignment]  # a launcher that passes fds on

@@ -490,7 +490,9 @@ def _runc_probe_names() -> list[str]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as root:
-        return [p.name for p in World(root).probes() if p.name not in NOT_UNDER_RUNC]
+        # A proxy session's relay has no OCI counterpart: the export gives it no network.
+        probes = World(root).probes()
+        return [p.name for p in probes if p.name not in NOT_UNDER_RUNC and not p.proxied]
 
 
 def _probe(world: World, name: str) -> Probe:

@@ -36,6 +36,7 @@ from nsconfine._launch.handoff import hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import stage, stdio_fd
 from nsconfine._plan import model as p
+from nsconfine._plan.allowlist import Destination
 from nsconfine._plan.model import Plan
 from nsconfine._plan.protect import refreshed
 from nsconfine._plan.system import system_entries
@@ -107,6 +108,7 @@ class Probe:
     weaken: Callable[[Plan], Plan]
     layers_off: tuple[str, ...] = ()
     before: str = ""  # run first, in a launch of the same plan: what a session leaves behind
+    proxied: bool = False  # runs in the world's proxy session (World.plan_for)
 
 
 def _serve(server: socket.socket, answer: str) -> None:
@@ -118,6 +120,91 @@ def _serve(server: socket.socket, answer: str) -> None:
             return
         with connection:
             connection.sendall(answer.encode())
+
+
+def _serve_api(server: socket.socket, key: str, answer: str) -> None:
+    """A stand-in for an agent's API on the host's loopback: every request is answered with
+    answer and whether it carried key in x-api-key, as the launcher's proxy adds it (the
+    judgement is the host's, made here, not the session's)."""
+    while True:
+        try:
+            connection, _ = server.accept()
+        except OSError:
+            return
+        with connection, contextlib.suppress(OSError):
+            connection.settimeout(PROBE_TIMEOUT_SECONDS)
+            received = b""
+            while b"\r\n\r\n" not in received and len(received) < 65536:
+                chunk = connection.recv(4096)
+                if not chunk:
+                    break
+                received += chunk
+            head, _, body = received.partition(b"\r\n\r\n")
+            headers = {}
+            for line in head.decode("latin-1").split("\r\n")[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0") or 0)
+            while len(body) < length and (chunk := connection.recv(4096)):
+                body += chunk  # read whole: a reply to a request half read may be reset
+            verdict = "key-ok" if headers.get("x-api-key") == key else "key-wrong"
+            text = f"{answer} {verdict}".encode()
+            connection.sendall(
+                b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(text), text)
+            )
+
+
+# Searches everything a session can read for a secret, given reversed (so that the search's own
+# argv holds no copy): its environment, every process's environ, cmdline and memory (but its
+# own, which holds the needle once reversed back), and its files. Prints "found: [...]".
+SECRET_SEARCH = r"""
+import os, sys
+secret = sys.argv[1][::-1].encode()
+found, searched = [], 0
+for name, value in os.environ.items():
+    if secret in value.encode():
+        found.append("environment " + name)
+for pid in sorted(p for p in os.listdir("/proc") if p.isdigit()):
+    for part in ("environ", "cmdline"):
+        try:
+            with open(f"/proc/{pid}/{part}", "rb") as f:
+                if secret in f.read():
+                    found.append(f"/proc/{pid}/{part}")
+        except OSError:
+            pass
+    if int(pid) == os.getpid():
+        continue
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            regions = [line.split()[:2] for line in f]
+        mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError:
+        continue
+    searched += 1
+    for span, perms in regions:
+        start, end = (int(x, 16) for x in span.split("-"))
+        if perms[0] != "r" or end - start > 256 << 20:
+            continue
+        try:
+            if secret in os.pread(mem, end - start, start):
+                found.append(f"/proc/{pid}/mem")
+                break
+        except OSError:
+            pass
+    os.close(mem)
+for top in ("/tmp", os.environ.get("HOME", "/"), os.getcwd(), "/run", "/etc"):
+    for root, dirs, files in os.walk(top):
+        for name in files:
+            try:
+                with open(os.path.join(root, name), "rb") as f:
+                    if secret in f.read(1 << 20):
+                        found.append(os.path.join(root, name))
+            except OSError:
+                pass
+print("memory of", searched, "processes searched", file=sys.stderr)
+print("found:", sorted(set(found)))
+"""
 
 
 def _read(path: str) -> str | None:
@@ -187,6 +274,8 @@ class World:
         self.leaked_fd = -1
         self.host_process: subprocess.Popen[bytes] | None = None
         self.loopback_port = 0  # the host loopback service's, once running
+        self.api_port = 0  # the stand-in API's (on the host's loopback), once running
+        self.api_key = f"sk-stand-in-{self.token}"  # the credential file's key for it
         for path in [*self.secrets.values(), self.runner_file]:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as file:
@@ -213,7 +302,7 @@ class World:
             file.write(f"#!/bin/sh\necho harness {self.token}\n")
         os.chmod(self.harness, 0o755)
         fd = os.open(self.credential, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.write(fd, f"ANTHROPIC_API_KEY=sk-stand-in-{self.token}\n".encode())
+        os.write(fd, f"ANTHROPIC_API_KEY={self.api_key}\n".encode())
         os.close(fd)
         self.key_serial = 0  # a key in the launcher's session keyring, while running
         self.key_payload = f"broker-key-{self.token}"
@@ -248,6 +337,22 @@ class World:
         """The coder session's checked plan, the stand-in home denied like a real one."""
         return build_plan(self.session(), homes=[self.home], environ={})
 
+    def proxy_plan(self, inject: bool = True) -> Plan:
+        """The coder session with a "proxy" network: one listed host (the host's loopback
+        service, by a pinned name) and, with inject, its API (the stand-in) reached through a
+        route whose key the launcher's proxy holds; without, the key in its environment."""
+        session = self.session().replace(
+            network="proxy",
+            allow_hosts=(f"listed.test:{self.loopback_port}=127.0.0.1",),
+            inject=("anthropic",) if inject else (),
+        )
+        environ = {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{self.api_port}"}
+        return build_plan(session, homes=[self.home], environ=environ)
+
+    def plan_for(self, probe: Probe) -> Plan:
+        """The plan probe runs on."""
+        return self.proxy_plan() if probe.proxied else self.plan()
+
     @contextlib.contextmanager
     def running(self) -> Iterator[World]:
         """The world's live parts: the tool socket's server, a host process carrying the
@@ -264,6 +369,11 @@ class World:
         threading.Thread(
             target=_serve, args=(loopback, f"loopback {self.token}"), daemon=True
         ).start()
+        api = socket.create_server(("127.0.0.1", 0))
+        self.api_port = api.getsockname()[1]
+        threading.Thread(
+            target=_serve_api, args=(api, self.api_key, f"api {self.token}"), daemon=True
+        ).start()
         self.host_process = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(600)", f"host-{self.token}"]
         )
@@ -277,6 +387,7 @@ class World:
             yield self
         finally:
             abstract.close()
+            api.close()
             loopback.close()
             _revoke_key(self.key_serial)
             os.close(self.leaked_fd)
@@ -684,6 +795,7 @@ class World:
             "    s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5)\n"
             "    print(s.recv(100).decode(), end='')\nexcept OSError as e:\n    print(e)"
         )
+        unlisted = f"unlisted.test:{self.loopback_port}"
         return [
             Probe(
                 "reach a service on the host's loopback (the default network is none)",
@@ -691,6 +803,27 @@ class World:
                 f"python3 -c {_quote(client)} {self.loopback_port}",
                 lambda outcome: outcome.stdout == f"loopback {self.token}",
                 _host_network,
+            ),
+            Probe(
+                "reach a host its allowlist does not name, through its proxy",
+                False,
+                f"python3 -c {_quote(_TUNNEL)} {unlisted}",
+                lambda outcome: f"loopback {self.token}" in outcome.stdout,
+                lambda plan: plan.replace(
+                    destinations=(
+                        *plan.destinations,
+                        Destination.parse(f"{unlisted}=127.0.0.1", "weakened: listed"),
+                    )
+                ),
+                proxied=True,
+            ),
+            Probe(
+                "find its API key in its environment, memory, files or /proc",
+                False,
+                f"python3 -c {_quote(SECRET_SEARCH)} {_quote(self.api_key[::-1])}",
+                lambda outcome: "found: [" in outcome.stdout and "found: []" not in outcome.stdout,
+                lambda plan: self.proxy_plan(inject=False),
+                proxied=True,
             ),
         ]
 
@@ -774,10 +907,18 @@ class World:
                 "get its credential",
                 True,
                 'printf %s "$ANTHROPIC_API_KEY"',
-                lambda outcome: outcome.stdout == f"sk-stand-in-{self.token}",
+                lambda outcome: outcome.stdout == self.api_key,
                 lambda plan: plan.replace(
                     env=tuple(v for v in plan.env if v.name != "ANTHROPIC_API_KEY")
                 ),
+            ),
+            Probe(
+                "call its API through its proxy, which adds the key it never holds",
+                True,
+                f"python3 -c {_quote(_CALL_API)}",
+                lambda outcome: outcome.stdout == f"api {self.token} key-ok",
+                lambda plan: plan.replace(routes=()),
+                proxied=True,
             ),
             Probe(
                 "exit with its command's status",
@@ -787,6 +928,33 @@ class World:
                 lambda plan: plan.replace(chdir="/nonexistent"),
             ),
         ]
+
+
+# A CONNECT through the session's proxy (the relay on its loopback) to argv[1]; prints what
+# the tunnel brings back (the host's loopback service says who it is), or the proxy's refusal.
+_TUNNEL = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(f"CONNECT {sys.argv[1]} HTTP/1.1\r\nHost: {sys.argv[1]}\r\n\r\n".encode())
+got = b""
+while b"loopback" not in got and (chunk := s.recv(4096)):
+    got += chunk
+print(got.decode(errors="replace"))
+"""
+
+# A call to the API as a harness makes it: to its base URL, with the key it holds (a placeholder).
+_CALL_API = """
+import os, urllib.request, urllib.error
+request = urllib.request.Request(
+    os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages",
+    data=b"{}",
+    headers={"x-api-key": os.environ.get("ANTHROPIC_API_KEY", "")},
+)
+try:
+    print(urllib.request.urlopen(request, timeout=20).read().decode(), end="")
+except OSError as error:
+    print(error)
+"""
 
 
 def run_probe(plan: Plan, probe: Probe, launcher: Launcher = spawn) -> tuple[bool, Outcome]:
@@ -955,7 +1123,7 @@ def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
         with world.running():
             plan = world.plan()
             for probe in world.probes():
-                allowed, outcome = run_probe(plan, probe)
+                allowed, outcome = run_probe(world.plan_for(probe), probe)
                 ok = allowed == probe.expect_allowed
                 row: dict[str, Any] = {
                     "check": probe.name,
