@@ -300,9 +300,11 @@ def _build_plan(
     own = session_entries(session, reserved=system)
     protected = session_protection(session, [*system, *own])
     _require_reachable(session, user)
-    env, routes = network_environment(session, session_environment(session, user, environ), environ)
+    env, routes, home_files = network_environment(
+        session, session_environment(session, user, environ), environ
+    )
     plan = Plan.of(
-        [*system, *own, *protected.entries],
+        [*system, *own, *home_files, *protected.entries],
         env=env,
         chdir=session.workspace,
         deny=deny,
@@ -572,22 +574,30 @@ ALLOWED_BY_LAUNCHER = "named by the launcher (--allow-host)"
 
 def network_environment(
     session: Session, env: list[EnvVar], environ: Mapping[str, str]
-) -> tuple[list[EnvVar], tuple[Route, ...]]:
+) -> tuple[list[EnvVar], tuple[Route, ...], list[p.Entry]]:
     """A proxy session's environment: the relay's proxy variables instead of any the launcher
     passed, and for each injected route its base URL on the relay and a placeholder where the
-    credential file's key was (the key goes to the route, for the launcher's proxy); with any
-    other network, env as it is."""
+    credential file's key was (the key goes to the route, for the launcher's proxy); the routes;
+    and the files its harnesses read to find a route, generated read-only in its HOME. With any
+    other network, env as it is, and neither routes nor files."""
     if (session.network or "none") != "proxy":
-        return env, ()
+        return env, (), []
     credential = {v.name: v.value for v in env if v.origin is Origin.CREDENTIAL}
-    routes, replaced = _network.injected(
+    injected = _network.injected(
         session.inject, credential, environ, pending=credential_pending(session)
     )
-    replaced.update(_network.PROXY_VARIABLES)
+    replaced = {**injected.environment, **_network.PROXY_VARIABLES}
     kept = [
         v for v in env if v.name not in replaced and v.name not in _network.LAUNCHER_PROXY_VARIABLES
     ]
-    return [*kept, *(EnvVar(n, value, Origin.NSCONFINE) for n, value in replaced.items())], routes
+    files: list[p.Entry] = []
+    for path, (text, reason) in injected.home_files.items():
+        parent = os.path.dirname(path)  # made for the file, and kept: the harness's own
+        if parent:
+            files.append(p.directory(os.path.join(session.home, parent), f"holds: {reason}"))
+        files.append(p.data(text.encode(), os.path.join(session.home, path), reason))
+    new = [EnvVar(n, value, Origin.NSCONFINE) for n, value in replaced.items()]
+    return [*kept, *new], injected.routes, files
 
 
 def _nested_userns_reason(allowed: bool | str | None) -> str | None:

@@ -24,7 +24,7 @@ from agent_mock import FINAL_WORD, AgentAPI
 from helpers import SESSION_USER, tmux
 
 from nsconfine._kernel.accounts import run_as
-from nsconfine._plan.network import PLACEHOLDER, route_base_url
+from nsconfine._plan.network import PLACEHOLDER
 from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
@@ -135,15 +135,11 @@ def test_codex_is_confined(world: World) -> None:
     os.close(fd)
     steps, meaning = attack_script(world)
     with AgentAPI(steps) as api:
-        provider = (
-            f'model_providers.mock={{name="mock", base_url="{route_base_url("openai")}", '
-            'env_key="OPENAI_API_KEY", wire_api="responses"}'
-        )
+        # As a new user runs it: the profile's generated config points Codex at the route.
         result = launch(
             world, "codex", codex, str(credential), api.port,
             ["codex", "exec", "--skip-git-repo-check",
-             "--dangerously-bypass-approvals-and-sandbox",
-             "-c", "model_provider=mock", "-c", provider, "Run the steps."],
+             "--dangerously-bypass-approvals-and-sandbox", "Run the steps."],
         )  # fmt: skip
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
     assert FINAL_WORD in result.stdout

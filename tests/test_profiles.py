@@ -18,6 +18,7 @@ from helpers import cli, open_up, outcome_without_hanging, run, session, session
 
 import nsconfine
 from nsconfine._plan.model import Kind, Mode
+from nsconfine._plan.network import PLACEHOLDER, route_base_url
 
 BUILT_IN = ("claude-code", "codex", "git", "node", "python", "jvm", "tls",
             "coder", "reviewer", "researcher")  # fmt: skip
@@ -102,6 +103,32 @@ def test_an_agent_gets_nothing_of_the_host_s_claude(
     home = os.path.expanduser("~")
     assert not any(e.source.startswith(f"{home}/.claude") for e in plan.entries)
     assert dict((v.name, v.value) for v in plan.env)["HOME"].startswith(str(ws_run[1]))
+
+
+@pytest.mark.parametrize("variable", ["OPENAI_API_KEY", "CODEX_API_KEY"])
+def test_codex_is_pointed_at_its_route_by_a_generated_config(
+    ws_run: tuple[Path, Path], tmp_path: Path, variable: str
+) -> None:
+    """Codex reads no OPENAI_BASE_URL: the codex profile's plan generates its config.toml,
+    read-only in the session's HOME, whose model provider is the openai route on the relay and
+    whose key variable is the one holding the placeholder; a session without the route (no
+    proxy) gets no such file."""
+    key_file = credential(tmp_path, f"{variable}=sk-test-codex\n")
+    plan = session(*ws_run, profile=["codex"], credential=key_file).plan()
+    home = dict((v.name, v.value) for v in plan.env)["HOME"]
+    config = next(e for e in plan.entries if e.dest == f"{home}/.codex/config.toml")
+    assert config.kind is Kind.DATA
+    assert config.mode is Mode.RO
+    assert config.content is not None
+    text = config.content.decode()
+    assert f'base_url = "{route_base_url("openai")}"' in text
+    assert f'env_key = "{variable}"' in text
+    assert dict((v.name, v.value) for v in plan.env)[variable] == PLACEHOLDER
+    assert "sk-test-codex" not in text
+    host = session(
+        *ws_run, profile=["codex"], credential=key_file, network="host", network_reason="twin"
+    ).plan()
+    assert not [e for e in host.entries if e.dest.endswith("/.codex/config.toml")]
 
 
 # ------------------------------------------------------------------ a profile of one's own

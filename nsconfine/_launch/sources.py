@@ -187,7 +187,7 @@ def check_judged(
             )
 
 
-def _walk_to_parent(top: str, parts: list[str], where: str) -> int:
+def _walk_to_parent(top: str, parts: list[str]) -> int:
     """An O_PATH fd of the directory holding parts[-1] below top, reached one component at a
     time without following a symlink (refused by name: a session may have planted it)."""
     fd = _syscalls.open_no_symlinks(top)
@@ -197,7 +197,7 @@ def _walk_to_parent(top: str, parts: list[str], where: str) -> int:
                 next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
             except OSError as error:
                 refuse_if_short_of_fds(error)
-                shown = os.path.join(os.path.dirname(where), *parts[: depth + 1])
+                shown = os.path.join(top, *parts[: depth + 1])
                 raise PlanError(_refusal(shown, error)) from None
             os.close(fd)
             fd = next_fd
@@ -211,7 +211,7 @@ def _open_inside(top: str, relative: str, entry: Entry) -> int:
     """An O_PATH fd of a bind's source that lies inside a writable bind, reached from that
     bind's resolved path (a symlink above the workspace, the host's own, is fine)."""
     parts = relative.split("/")
-    parent = _walk_to_parent(top, parts, entry.dest)
+    parent = _walk_to_parent(top, parts)
     try:
         fd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     except OSError as error:
@@ -235,7 +235,7 @@ def _mount_point(
     it if it is missing and the entry says so (a stub, or a DIR the session keeps). The stub
     this launch now holds, if it is one (made now, or by an earlier launch)."""
     parts = relative.split("/")
-    parent = _walk_to_parent(resolved, parts, entry.dest)
+    parent = _walk_to_parent(resolved, parts)
     name, where = parts[-1], os.path.join(resolved, relative)
     try:
         try:
@@ -533,7 +533,7 @@ def _remove_stub(stub: Stub) -> bool:
     """Remove the stub if it is still the one made (see _remove_at); False if it is kept
     because another sandbox binds over it."""
     try:
-        parent = _walk_to_parent(stub.top, stub.parts, os.path.join(stub.top, *stub.parts))
+        parent = _walk_to_parent(stub.top, stub.parts)
     except (OSError, PlanError):
         return True  # gone or changed: nothing of ours is left there
     try:
