@@ -19,7 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import nsconfine
-from nsconfine._selftest.world import pids_with as pids_with  # re-exported for the tests
+from nsconfine._launch.handoff import hand_off, prepare_launch
+from nsconfine._launch.stage import stage, stdio_fd
+from nsconfine._plan.model import Plan
+from nsconfine._plan.protect import PROTECTED
+from nsconfine._plan.system import system_entries
+from nsconfine._preflight.checks import proven_bwrap, takes_bind_fds
+from nsconfine._selftest.report import pids_with as pids_with  # re-exported for the tests
+from nsconfine._selftest.world import World
+from nsconfine._session import session_entries
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nsconfine._launch.stage import Stdio
 
 IS_ROOT = os.geteuid() == 0
 SESSION_USER: str | None = (os.environ.get("NSCONFINE_TEST_USER") or "nobody") if IS_ROOT else None
@@ -172,6 +184,17 @@ def open_fds() -> list[int]:
     return sorted(int(name) for name in os.listdir("/proc/self/fd"))
 
 
+def fd_targets() -> dict[int, str]:
+    """This process's open fds and what each one is (a leak is named by what it holds)."""
+    found = {}
+    for fd in open_fds():
+        try:
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own fd)
+    return found
+
+
 def run(plan: nsconfine.Plan, argv: Sequence[str], timeout: float = 120) -> tuple[int, str]:
     """argv's exit status and everything it wrote to stdout and stderr, in a session of plan."""
     read_end, write_end = os.pipe()
@@ -265,3 +288,29 @@ def abstract_listener() -> tuple[socket.socket, str]:
     server.bind("\0" + name)
     server.listen(4)
     return server, name
+
+
+def unchecked_launcher(
+    plan: Plan, argv: Sequence[str], *, stdout: Stdio = None, stderr: Stdio = None
+) -> nsconfine.Sandbox:
+    """Launch without the gate (no lint, no refusal of uid 0): only for the weakened plans of
+    twins, which must expose what the gate refuses."""
+    launch = prepare_launch(argv, stdio=(None, stdout, stderr))
+    bwrap = proven_bwrap()
+    staged = stage(bwrap, plan, bind_fds=takes_bind_fds(bwrap), stderr=stdio_fd(stderr, "stderr"))
+    return hand_off(staged, launch)
+
+
+def unlinted_next_plan(world: World, workspace: str) -> Plan:
+    """The next session's plan at workspace built past the lint, and without protected paths
+    (each of which refuses a planted symlink too): the twin of the selftest's planted-symlink
+    check, which must leak."""
+    session = world.session().replace(
+        workspace=workspace,
+        ro=(world.runner_file,),
+        unprotect=tuple(name for name, _, _ in PROTECTED),
+    )
+    system = system_entries(world.user, session.home)
+    return Plan.of(
+        [*system, *session_entries(session, reserved=system)], chdir=workspace, user=world.user
+    )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import unchecked_launcher, unlinted_next_plan
 
 from nsconfine._kernel import layers as _layers
 from nsconfine._launch.confirm import mount_table_problems
@@ -29,8 +30,15 @@ from nsconfine._plan.bwrap_args import (
 )
 from nsconfine._plan.model import Plan
 from nsconfine._preflight.checks import proven_bwrap
-from nsconfine._selftest import world as _world
-from nsconfine._selftest.world import World, killed_launches_leave_nothing, run_probe, run_script
+from nsconfine._selftest import report as _report
+from nsconfine._selftest.probes import Probe, plan_for, probes
+from nsconfine._selftest.report import (
+    killed_launches_leave_nothing,
+    planted_symlink_leaks,
+    run_probe,
+    run_script,
+)
+from nsconfine._selftest.world import World
 
 if TYPE_CHECKING:
     from nsconfine._launch.stage import Stdio
@@ -43,11 +51,11 @@ def _probe_names() -> list[str]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as root:
-        return [probe.name for probe in World(root).probes()]
+        return [probe.name for probe in probes(World(root))]
 
 
-def _probe(world: World, name: str) -> _world.Probe:
-    return next(probe for probe in world.probes() if probe.name == name)
+def _probe(world: World, name: str) -> Probe:
+    return next(probe for probe in probes(world) if probe.name == name)
 
 
 class NaiveSandbox:
@@ -121,7 +129,7 @@ def naive_launch(
 def test_probe_holds_on_the_real_plan(world: World, name: str) -> None:
     """Each refusal is refused and each need is met, judged by the host's own files."""
     probe = _probe(world, name)
-    allowed, outcome = run_probe(world.plan_for(probe), probe)
+    allowed, outcome = run_probe(plan_for(world, probe), probe)
     assert allowed == probe.expect_allowed, outcome
 
 
@@ -132,8 +140,8 @@ def test_probe_flips_on_a_weakened_plan(
     """The same probe comes out the other way once the plan exposes the secret or loses the
     entry the need depends on: the check can fail."""
     probe = _probe(world, name)
-    plan = world.plan_for(probe)
-    launcher: _world.Launcher = _world.unchecked_launcher
+    plan = plan_for(world, probe)
+    launcher: _report.Launcher = unchecked_launcher
     if name == "use an fd the launcher leaked":
         launcher = naive_launch  # type: ignore[assignment]  # a launcher that passes fds on
     weakened = probe.weaken(plan)
@@ -228,5 +236,5 @@ def test_a_naive_launch_killed_at_once_leaves_its_command_running(world: World) 
 def test_the_planted_symlink_twin_leaks(world: World) -> None:
     """selftest's planted-symlink check can fail: past the lint, the next session's workspace
     leads into the checkout and its internal file is read."""
-    assert world.planted_symlink_leaks() is None
-    assert world.planted_symlink_leaks(_world.unchecked_launcher, check=False) is not None
+    assert planted_symlink_leaks(world) is None
+    assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan) is not None

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import open_up, session, session_dirs
+from helpers import open_up, session, session_dirs, unchecked_launcher
 
 import nsconfine
 from nsconfine import _session
 from nsconfine._plan import model as p
 from nsconfine._plan.model import Kind
-from nsconfine._selftest.world import run_script, unchecked_launcher
+from nsconfine._selftest.report import run_script
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

@@ -18,13 +18,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import python_child, session_options, wait_until_gone
+from helpers import python_child, session_options, unchecked_launcher, wait_until_gone
 
 import nsconfine
 from nsconfine._kernel import layers as _layers
 from nsconfine._launch import stage as _stage
 from nsconfine._preflight import checks as _checks
-from nsconfine._selftest.world import Probe, World, run_probe, unchecked_launcher
+from nsconfine._selftest.probes import Probe, probes
+from nsconfine._selftest.report import run_probe
+from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -32,7 +34,7 @@ SECRET = "read ~/.ssh/id_ed25519"
 
 
 def probe(world: World, name: str) -> Probe:
-    return next(probe for probe in world.probes() if probe.name == name)
+    return next(probe for probe in probes(world) if probe.name == name)
 
 
 def assert_still_confined(world: World) -> None:

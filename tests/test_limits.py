@@ -27,7 +27,8 @@ from helpers import (
 
 import nsconfine
 from nsconfine._launch.confirm import mount_table_problems
-from nsconfine._selftest.world import FORK_UNTIL_REFUSED, World
+from nsconfine._selftest.report import FORK_UNTIL_REFUSED, process_limit_leaks
+from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -417,8 +418,8 @@ def test_check_says_which_limits_this_host_enforces() -> None:
 
 def test_selftest_probes_the_process_limit(world: World) -> None:
     """selftest's process-limit probe holds, and its weakened twin (the limit raised) fails."""
-    assert world.process_limit_leaks() is None
-    assert world.process_limit_leaks(weakened=True) is not None
+    assert process_limit_leaks(world) is None
+    assert process_limit_leaks(world, weakened=True) is not None
 
 
 def test_two_sessions_of_one_account_are_limited_apart(

@@ -16,11 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import cli, give_to_session_user, open_up, session, session_options, sh
+from helpers import (
+    cli,
+    give_to_session_user,
+    open_up,
+    session,
+    session_options,
+    sh,
+    unchecked_launcher,
+)
 
 import nsconfine
 from nsconfine._policy.lint import check_plan
-from nsconfine._selftest.world import run_script, unchecked_launcher
+from nsconfine._selftest.report import run_script
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

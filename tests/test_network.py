@@ -22,7 +22,7 @@ import pytest
 from helpers import CONNECT_ABSTRACT, abstract_listener, cli, run, session, session_options
 
 import nsconfine
-from nsconfine._selftest.world import SECRET_SEARCH
+from nsconfine._selftest.probes import SECRET_SEARCH
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 

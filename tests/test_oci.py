@@ -33,7 +33,9 @@ from nsconfine._kernel.accounts import run_as
 from nsconfine._plan import model as p
 from nsconfine._plan.limits import LIMITS
 from nsconfine._plan.model import Kind, Mode, Plan
-from nsconfine._selftest.world import FORK_UNTIL_REFUSED, Outcome, Probe, World
+from nsconfine._selftest.probes import Outcome, Probe, probes
+from nsconfine._selftest.report import FORK_UNTIL_REFUSED
+from nsconfine._selftest.world import World
 
 X86_64 = os.uname().machine == "x86_64"
 
@@ -491,12 +493,12 @@ def _runc_probe_names() -> list[str]:
 
     with tempfile.TemporaryDirectory() as root:
         # A proxy session's relay has no OCI counterpart: the export gives it no network.
-        probes = World(root).probes()
-        return [p.name for p in probes if p.name not in NOT_UNDER_RUNC and not p.proxied]
+        found = probes(World(root))
+        return [p.name for p in found if p.name not in NOT_UNDER_RUNC and not p.proxied]
 
 
 def _probe(world: World, name: str) -> Probe:
-    return next(probe for probe in world.probes() if probe.name == name)
+    return next(probe for probe in probes(world) if probe.name == name)
 
 
 @pytest.mark.parametrize("name", _runc_probe_names())

@@ -34,6 +34,7 @@ from helpers import (
 )
 
 import nsconfine
+from nsconfine._selftest.report import terminal_read_leaks
 from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
@@ -626,5 +627,5 @@ def test_the_selftest_terminal_check_can_fail(world: World) -> None:
     """selftest's terminal row: through `nsconfine run` the session reads nothing the user
     types at the terminal its output goes to; given that terminal by spawn() itself (as the
     API does when told to), it does: the check can fail."""
-    assert world.terminal_read_leaks() is None
-    assert world.terminal_read_leaks(through_cli=False) is not None
+    assert terminal_read_leaks(world) is None
+    assert terminal_read_leaks(world, through_cli=False) is not None

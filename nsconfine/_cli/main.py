@@ -453,7 +453,7 @@ def _warn_of_untrusted_config(paths: Sequence[str]) -> None:
 
 
 def _selftest(arguments: argparse.Namespace) -> int:
-    from nsconfine._selftest.world import run_selftest
+    from nsconfine._selftest.report import run_selftest
 
     return run_selftest(as_json=arguments.json, user=arguments.user)
 

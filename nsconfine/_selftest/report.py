@@ -1,0 +1,353 @@
+"""`nsconfine selftest`: prove confinement on this host with real sessions in the stand-in world
+(nsconfine._selftest.world), each probe (nsconfine._selftest.probes) in a fresh session, and the
+checks that take more than one session: a launch killed at once, a session forking past its
+limit, a session reading the terminal its output goes to, a symlink planted for the next launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nsconfine._errors import NsconfineError
+from nsconfine._gate import spawn
+from nsconfine._kernel.accounts import run_as, scratch_directory
+from nsconfine._launch.confirm import mount_table_problems
+from nsconfine._launch.sandbox import Sandbox
+from nsconfine._plan.model import Plan
+from nsconfine._plan.protect import refreshed
+from nsconfine._preflight.checks import canary_account
+from nsconfine._selftest.probes import Outcome, Probe, host_text, plan_for, probes, shell_quoted
+from nsconfine._selftest.world import PROBE_TIMEOUT_SECONDS, World
+from nsconfine._session import build_plan
+
+if TYPE_CHECKING:
+    from nsconfine._launch.stage import Stdio
+
+KILLED_LAUNCHES = 10  # launches killed at once, each of which must leave nothing behind
+PROBED_PROCESSES = 64  # the process limit of the session that forks until fork fails
+FORK_BOUND = 256  # how often it tries: a weakened twin takes this many of its account's
+
+# Spawn `sleep` until it fails (at most argv[1] times); print how many; with "hold", keep them.
+FORK_UNTIL_REFUSED = r"""
+import os, sys, time
+children = []
+while len(children) < int(sys.argv[1]):
+    try:
+        children.append(os.posix_spawn("/bin/sleep", ["sleep", "600"], {}))
+    except OSError:
+        break
+print(len(children), flush=True)
+if sys.argv[2:] == ["hold"]:
+    time.sleep(600)
+"""
+
+
+class Launcher(Protocol):
+    """spawn's signature: how a probe's session is started."""
+
+    def __call__(
+        self, plan: Plan, argv: Sequence[str], *, stdout: Stdio = ..., stderr: Stdio = ...
+    ) -> Sandbox: ...
+
+
+def run_probe(plan: Plan, probe: Probe, launcher: Launcher = spawn) -> tuple[bool, Outcome]:
+    """Run probe in a fresh session on plan (after its `before`, in a session of its own);
+    whether the host shows it took effect."""
+    if probe.before:
+        run_script(plan, probe.before, launcher)
+    outcome = run_script(plan, probe.script, launcher)
+    return probe.judge(outcome), outcome
+
+
+def run_script(plan: Plan, script: str, launcher: Launcher = spawn) -> Outcome:
+    """Run a shell snippet in a fresh session on plan and collect what it did. A launch that
+    is refused (a sandbox that cannot be built, a shell that cannot start) did nothing: its
+    outcome has status -1 and the refusal as its stderr."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            sandbox = launcher(plan, ["/bin/sh", "-c", script], stdout=out, stderr=err)
+        except (NsconfineError, OSError) as refused:
+            err.seek(0)
+            return Outcome(-1, "", f"{err.read().decode(errors='replace')}{refused}")
+        try:
+            status = sandbox.wait(PROBE_TIMEOUT_SECONDS)
+        except TimeoutError:
+            sandbox.kill()
+            status = sandbox.wait()
+        out.seek(0)
+        err.seek(0)
+        return Outcome(
+            status, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        )
+
+
+def next_session_plan(world: World, workspace: str) -> Plan:
+    """The plan a broker builds for the next session, put at workspace."""
+    session = world.session().replace(workspace=workspace, ro=(world.runner_file,))
+    return build_plan(session, homes=[world.home], environ={})
+
+
+def planted_symlink_leaks(
+    world: World,
+    launcher: Launcher = spawn,
+    plan_next: Callable[[World, str], Plan] = next_session_plan,
+) -> str | None:
+    """The attack of a session that plants `next -> …/checkout` in its workspace, where
+    the broker will put the next session's workspace: None if the next launch is refused or
+    sees nothing of the checkout beyond its runner file; else what it read. plan_next builds
+    the next session's plan (a test's twin builds it past the lint, and must leak)."""
+    planted = os.path.join(world.workspace, "next")
+    checkout = os.path.dirname(world.runner_file)
+    plant = run_script(world.plan(), f"ln -sfn {shell_quoted(checkout)} {shell_quoted(planted)}")
+    if plant.status != 0:
+        return f"could not plant: {plant.stderr.strip()}"
+    try:
+        try:
+            next_plan = plan_next(world, planted)
+        except NsconfineError:
+            return None
+        secret = world.secrets["the checkout outside the runner's files"]
+        read = f"cat {shell_quoted(planted)}/{os.path.basename(secret)}"
+        outcome = run_script(next_plan, read, launcher)
+    finally:
+        os.unlink(planted)
+    truth = host_text(secret)
+    return outcome.stdout if truth and outcome.stdout == truth else None
+
+
+def process_limit_leaks(
+    world: World, weakened: bool = False, launcher: Launcher = spawn
+) -> str | None:
+    """A session allowed PROBED_PROCESSES forks until fork fails (at most FORK_BOUND
+    times) and holds what it got, while the launcher starts another session that forks
+    8 more: None if the first stopped short of its limit and the second forked; else what
+    happened. weakened: the first session's limit raised past the bound (the twin that
+    must report it)."""
+    plan = world.plan()
+    first = plan.replace(
+        limits=plan.limits.replace(processes=10 * FORK_BOUND if weakened else PROBED_PROCESSES)
+    )
+    argv = ["python3", "-c", FORK_UNTIL_REFUSED, str(FORK_BOUND), "hold"]
+    read_end, write_end = os.pipe()
+    try:
+        holder = launcher(first, argv, stdout=write_end)
+    finally:
+        os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb", closefd=False) as lines:
+            held = lines.readline().decode().strip()
+        second = run_script(plan, f"python3 -c {shell_quoted(FORK_UNTIL_REFUSED)} 8", launcher)
+    finally:
+        holder.kill()
+        holder.wait()
+        os.close(read_end)
+    if not held.isdigit() or int(held) >= PROBED_PROCESSES:
+        return f"the first session forked {held or 'nothing'} (its limit: {PROBED_PROCESSES})"
+    if second.stdout.strip() != "8":
+        return f"the second session could not fork: {second.stderr.strip()[-200:]}"
+    return None
+
+
+def terminal_read_leaks(world: World, through_cli: bool = True) -> str | None:
+    """A session whose output goes to the user's terminal (`nsconfine run … </dev/null` in
+    a shell; the relay stands in for it) tries to read what the user types there next:
+    through its stdout, its stdout re-opened, and /dev/console. None if it got none of it,
+    else what it got. through_cli=False gives spawn() the terminal itself, as the API does
+    when told to (the twin, which must leak)."""
+    import pty
+    import select
+    import time
+
+    controller, terminal = pty.openpty()
+    if os.geteuid() == 0:  # the user's terminal is the session's account's own
+        os.chown(os.ttyname(terminal), world.user.uid, world.user.gid)
+    secret = f"typed-{world.token}"
+    errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
+    try:
+        argv = ["python3", "-c", _READS_THE_TERMINAL]
+        if through_cli:
+            session = world.session()
+            user = ["--user", world.user.name] if os.geteuid() == 0 else []
+            child: subprocess.Popen[bytes] | Sandbox = subprocess.Popen(
+                [sys.executable, "-m", "nsconfine", "run", *user,
+                 "--workspace", session.workspace, "--run-dir", session.run_dir, "--",
+                 *argv],
+                stdin=subprocess.DEVNULL, stdout=terminal, stderr=errors_write, cwd="/",
+            )  # fmt: skip
+        else:
+            child = spawn(world.plan(), argv, stdout=terminal, stderr=errors_write)
+        os.close(errors_write)
+        errors_write = -1
+        seen = b""
+        deadline = time.monotonic() + PROBE_TIMEOUT_SECONDS
+        while b"ready" not in seen and time.monotonic() < deadline:
+            if select.select([controller], [], [], 1)[0]:
+                seen += os.read(controller, 4096)
+        os.write(controller, secret.encode() + b"\n")
+        told = b""
+        while chunk := os.read(errors_read, 65536):
+            told += chunk
+        child.wait(PROBE_TIMEOUT_SECONDS)
+    finally:
+        for fd in (controller, terminal, errors_read, errors_write):
+            if fd >= 0:
+                os.close(fd)
+    return secret if secret.encode() in told else None
+
+
+# Reads what it can of the terminal its stdout is, for a few seconds: through fd 1 (a terminal
+# a shell opened read-write), fd 1 re-opened, and /dev/console; says what it got on stderr.
+_READS_THE_TERMINAL = r"""
+import os, select, sys, time
+fds = {"stdout": 1}
+for name, path in (("console", "/dev/console"), ("reopened", "/proc/self/fd/1")):
+    try:
+        fds[name] = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        pass
+print("ready", flush=True)
+got = b""
+deadline = time.monotonic() + 3
+while fds and time.monotonic() < deadline:
+    readable = select.select(list(fds.values()), [], [], max(deadline - time.monotonic(), 0))[0]
+    for name, fd in list(fds.items()):
+        if fd in readable:
+            try:
+                data = os.read(fd, 100)
+            except OSError:
+                data = b""
+            got += data
+            if not data:
+                del fds[name]
+sys.stderr.write("read: " + got.decode(errors="replace"))
+"""
+
+
+def killed_launches_leave_nothing(
+    plan: Plan, launches: int = KILLED_LAUNCHES, launcher: Launcher = spawn
+) -> str | None:
+    """Launch `sleep` and kill the sandbox at once, launches times; None if every time its
+    stdout reached EOF and no process of it was left, else what was."""
+    import select
+    import time
+
+    for attempt in range(launches):
+        marker = f"nsconfine-killed-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        try:
+            sandbox = launcher(
+                plan, ["/bin/sh", "-c", f"exec sleep 600 # {marker}"], stdout=write_end
+            )
+        finally:
+            os.close(write_end)
+        sandbox.kill()
+        sandbox.wait()
+        poller = select.poll()
+        poller.register(read_end, select.POLLIN)
+        eof = bool(poller.poll(5000)) and os.read(read_end, 1) == b""
+        os.close(read_end)
+        deadline = time.monotonic() + 5
+        while (left := pids_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for pid in left:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        if left or not eof:
+            return f"attempt {attempt}: " + (f"pids {left} alive" if left else "no EOF")
+    return None
+
+
+def pids_with(marker: str) -> list[int]:
+    """Host pids whose command line holds marker (a zombie's is empty, so it does not count)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as file:
+                    if marker.encode() in file.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+# The checks that take more than one session: each says what leaked, or None.
+SESSION_CHECKS: tuple[tuple[str, Callable[[World], str | None]], ...] = (
+    ("outlive a launch killed at once", lambda world: killed_launches_leave_nothing(world.plan())),
+    ("fork past the session's process limit, starving its account", process_limit_leaks),
+    ("read what the user types at the terminal its output goes to", terminal_read_leaks),
+    ("redirect the next workspace by a planted symlink", planted_symlink_leaks),
+)
+
+
+def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
+    """Build a stand-in world, run every probe confined, print the table; 0 if all hold.
+    As root, the stand-in sessions run as user (default: nobody)."""
+    rows: list[dict[str, Any]] = []
+    account = run_as(user) if user else (canary_account() if os.geteuid() == 0 else None)
+    root = scratch_directory("nsconfine-selftest-")
+    try:
+        world = World(root, account)
+        with world.running():
+            plan = world.plan()
+            for probe in probes(world):
+                allowed, outcome = run_probe(plan_for(world, probe), probe)
+                ok = allowed == probe.expect_allowed
+                row: dict[str, Any] = {
+                    "check": probe.name,
+                    "expected": _word(probe.expect_allowed),
+                    "observed": _word(allowed),
+                    "ok": ok,
+                }
+                if not ok:  # what the session said, for whoever has to fix the host
+                    row["detail"] = f"status {outcome.status}: {outcome.stderr.strip()[-300:]}"
+                rows.append(row)
+            mountinfo = run_script(plan, "cat /proc/self/mountinfo").stdout
+            ran = refreshed(plan)  # as that launch found the workspace the probes changed
+            problems = mount_table_problems(mountinfo, ran) if mountinfo else ["no mountinfo"]
+            rows.append(
+                {
+                    "check": "every mount is a plan entry",
+                    "expected": "yes",
+                    "observed": "yes" if not problems else f"no: {'; '.join(problems)}",
+                    "ok": not problems,
+                }
+            )
+            for name, leaks in SESSION_CHECKS:
+                found = leaks(world)
+                rows.append(
+                    {
+                        "check": name,
+                        "expected": "refused",
+                        "observed": "refused" if found is None else f"allowed: {found[:200]}",
+                        "ok": found is None,
+                    }
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    failed = [row for row in rows if not row["ok"]]
+    if as_json:
+        print(json.dumps({"ok": not failed, "checks": rows}, indent=2))
+    else:
+        width = max(len(row["check"]) for row in rows)
+        print(f"{'CHECK'.ljust(width)}  EXPECTED  OBSERVED  RESULT")
+        for row in rows:
+            verdict = "ok" if row["ok"] else f"FAIL {row.get('detail', '')}"
+            print(
+                f"{row['check'].ljust(width)}  {row['expected']:8}  {row['observed']:8}  {verdict}"
+            )
+        print(f"\n{len(rows) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+def _word(allowed: bool) -> str:
+    return "allowed" if allowed else "refused"
