@@ -303,7 +303,7 @@ def _build_plan(
     env, routes, home_files = network_environment(
         session, session_environment(session, user, environ), environ
     )
-    plan = Plan.of(
+    plan = Plan(
         [*system, *own, *home_files, *protected.entries],
         env=env,
         chdir=session.workspace,

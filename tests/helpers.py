@@ -311,6 +311,6 @@ def unlinted_next_plan(world: World, workspace: str) -> Plan:
         unprotect=tuple(name for name, _, _ in PROTECTED),
     )
     system = system_entries(world.user, session.home)
-    return Plan.of(
+    return Plan(
         [*system, *session_entries(session, reserved=system)], chdir=workspace, user=world.user
     )

@@ -26,7 +26,7 @@ GROUP = b"root:x:0:\n"
 
 def small_plan() -> Plan:
     """One entry of every kind, two of them data, given out of execution order."""
-    return Plan.of(
+    return Plan(
         [
             p.remount_ro("/", "read-only root"),
             p.rw_bind("/srv/ws", "/srv/ws", "the workspace"),

@@ -183,7 +183,7 @@ from nsconfine._errors import PlanError
 home, view, deny_home = sys.argv[1], sys.argv[2], sys.argv[3]
 subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), view], check=True)
 rules = _lint.default_deny(homes=[deny_home], environ={})
-plan = p.Plan.of([p.ro_bind(view, "/keys", "a view")], deny=rules)
+plan = p.Plan([p.ro_bind(view, "/keys", "a view")], deny=rules)
 try:
     _lint.check_plan(plan)
     print("allowed")
@@ -251,7 +251,7 @@ def test_control_characters_in_paths_are_refused(
 
 def test_manifest_escapes_what_it_prints() -> None:
     """Every human-readable field of a manifest is printed with control characters escaped."""
-    plan = Plan.of(
+    plan = Plan(
         [p.tmpfs("/tmp", "reason with\nnew line")],
         env=[p.EnvVar("X", "v\nbind rw /root", p.Origin.NSCONFINE)],
     )
@@ -281,8 +281,8 @@ def test_a_plan_bwrap_cannot_run_is_refused_when_built(
 def test_rules_of_kind_bind_only_judge_sources() -> None:
     """A plan without any bind passes the lint whatever the rules (the control)."""
     rules = [p.DenyRule("/", "everything", origin="--deny")]
-    _lint.check_plan(Plan.of([p.tmpfs("/tmp", "private")], deny=rules))
-    assert all(e.kind is not Kind.BIND for e in Plan.of([p.tmpfs("/tmp", "x")]).entries)
+    _lint.check_plan(Plan([p.tmpfs("/tmp", "private")], deny=rules))
+    assert all(e.kind is not Kind.BIND for e in Plan([p.tmpfs("/tmp", "x")]).entries)
 
 
 # ------------------------------------------------------------------ found by an attacker's pass
@@ -308,7 +308,7 @@ home, lib = sys.argv[1], sys.argv[2]
 subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), os.path.join(lib, "view")],
                check=True)
 rules = _lint.default_deny(homes=[home], environ={})
-plan = p.Plan.of([p.ro_bind(lib, "/lib", "a runner directory")], deny=rules)
+plan = p.Plan([p.ro_bind(lib, "/lib", "a runner directory")], deny=rules)
 try:
     _lint.check_plan(plan)
     print("allowed")
@@ -336,7 +336,7 @@ def test_a_bind_mount_view_below_a_bound_directory_is_refused(
 @pytest.mark.parametrize("character", ["\u0085", "\u009b", "\u202e", "\u2066", "\u2028"])
 def test_unicode_controls_are_escaped(character: str) -> None:
     """C1 controls, bidi overrides and line separators are escaped in readable output."""
-    plan = Plan.of([p.tmpfs("/tmp", f"reason{character}bind rw /root/.ssh")])
+    plan = Plan([p.tmpfs("/tmp", f"reason{character}bind rw /root/.ssh")])
     assert character not in plan.manifest()
     assert character not in printable(f"x{character}y")
 

@@ -283,7 +283,7 @@ entries = [p.ro_bind(workspace, workspace, "the workspace"), p.ro_bind(view, "/v
 if covered:
     entries.append(p.data(b"", "/view/.env", "masked"))
 try:
-    _lint.check_plan(p.Plan.of(entries, deny=mask_rules([secret])))
+    _lint.check_plan(p.Plan(entries, deny=mask_rules([secret])))
     print("allowed")
 except PlanError as refused:
     print("refused", refused.message)

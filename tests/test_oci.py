@@ -78,7 +78,7 @@ MASK32 = 0xFFFF_FFFF
 
 
 def plan_with(nested: str | None) -> Plan:
-    return Plan.of(
+    return Plan(
         [p.proc("/proc", "procfs"), p.remount_ro("/", "read-only root")], nested_userns=nested
     )
 

@@ -16,7 +16,7 @@ ENTRY_KEYS = {"kind", "source", "dest", "mode", "reason"}
 
 def sample_plan() -> Plan:
     """A small plan with one entry of every kind, given out of execution order."""
-    return Plan.of(
+    return Plan(
         [
             p.remount_ro("/", "read-only root"),
             p.rw_bind("/srv/ws", "/srv/ws", "the workspace"),
@@ -127,21 +127,21 @@ def test_plan_sorts_parents_before_children_and_remount_last() -> None:
 
 def test_plan_sorts_a_child_given_first_after_its_parent() -> None:
     """A tmpfs given after a bind below it is still set up first, so it cannot hide the bind."""
-    plan = Plan.of([p.rw_bind("/srv/ws", "/tmp/ws", "ws"), p.tmpfs("/tmp", "tmp")])
+    plan = Plan([p.rw_bind("/srv/ws", "/tmp/ws", "ws"), p.tmpfs("/tmp", "tmp")])
     assert [entry.dest for entry in plan.entries] == ["/tmp", "/tmp/ws"]
 
 
 def test_plan_refuses_duplicate_destinations() -> None:
     """Two entries at the same destination are refused, naming it."""
     with pytest.raises(PlanError, match="/tmp") as refused:
-        Plan.of([p.tmpfs("/tmp", "one"), p.rw_bind("/srv", "/tmp", "two")])
+        Plan([p.tmpfs("/tmp", "one"), p.rw_bind("/srv", "/tmp", "two")])
     assert refused.value.code == "plan-refused"
 
 
 def test_plan_refuses_duplicate_environment_names() -> None:
     """Setting one environment variable twice is refused, naming it."""
     with pytest.raises(PlanError, match="TOKEN") as refused:
-        Plan.of(
+        Plan(
             [p.tmpfs("/tmp", "tmp")],
             env=[
                 EnvVar("TOKEN", "a", Origin.NSCONFINE),

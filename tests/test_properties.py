@@ -378,7 +378,9 @@ def test_plan_entries(
             plan = base.replace(
                 entries=(*base.entries, entry), env=(*base.env, variable), chdir=chdir
             )
-            plan = Plan(plan.entries, plan.env, plan.chdir, plan.deny, plan.user)
+            plan = Plan(
+                plan.entries, env=plan.env, chdir=plan.chdir, deny=plan.deny, user=plan.user
+            )
             shorter = plan.without(world.place(without))
         except NsconfineError:
             return
@@ -522,7 +524,7 @@ def test_credential_file(
             env = [EnvVar(name, value, Origin.CREDENTIAL) for name, value in variables.items()]
         except NsconfineError:
             continue
-        plan = Plan((), tuple(env))
+        plan = Plan((), env=tuple(env))
         assert_no_injection(plan, bwrap_reads(plan))
 
 

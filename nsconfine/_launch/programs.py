@@ -34,7 +34,6 @@ SHIM_HEADER: Final = struct.Struct("=5I")  # magic, fd mask, argc, envc, body si
 SHIM_REPORT: Final = struct.Struct("=ii")  # errno, stage
 SHIM_MAGIC: Final = sys_.SHIM_WIRE["MAGIC"]
 SHIM_MAX_BODY: Final = sys_.SHIM_WIRE["MAX_BODY"]
-SHIM_PLACE_MASK: Final = sys_.SHIM_WIRE["PLACE_MASK"]
 SHIM_CLOSE_MASK: Final = sys_.SHIM_WIRE["CLOSE_MASK"]
 SHIM_TTY: Final = sys_.SHIM_WIRE["TTY"]
 SHIM_EXEC_STAGE: Final = sys_.SHIM_WIRE["STAGE_EXEC"]

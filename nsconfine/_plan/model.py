@@ -487,28 +487,30 @@ class Plan(Record):
 
     def __init__(
         self,
-        entries: tuple[Entry, ...],
-        env: tuple[EnvVar, ...] = (),
+        entries: Iterable[Entry],
+        *,
+        env: Iterable[EnvVar] = (),
         chdir: str = "/",
-        deny: tuple[DenyRule, ...] = (),
+        deny: Iterable[DenyRule] = (),
         user: RunAs | None = None,
         network: str = "none",
         nested_userns: str | None = None,
         protection: Protection | None = None,
         limits: Limits | None = None,
         network_reason: str | None = None,
-        destinations: Sequence[Destination] = (),
-        routes: Sequence[Route] = (),
+        destinations: Iterable[Destination] = (),
+        routes: Iterable[Route] = (),
         audit: str | None = None,
         credential_needed: str | None = None,
     ) -> None:
+        destinations, routes = tuple(destinations), tuple(routes)
         limits = Limits() if limits is None else limits
         if network != "proxy" and (destinations or routes or audit is not None):
             raise UsageError(
                 "destinations, routes and an audit file are for --network proxy, not "
                 f"{network}: say --network proxy (or leave the network to them)"
             )
-        ordered = tuple(sorted(_sized(entries, limits), key=_execution_order))
+        ordered = tuple(sorted(_sized(tuple(entries), limits), key=_execution_order))
         if protection is not None and not set(protection.entries) <= set(ordered):
             protection = None  # its entries were taken out by hand: a plan it no longer describes
         if user is None:
@@ -529,8 +531,8 @@ class Plan(Record):
             nested_userns=nested_userns,
             protection=protection,
             limits=limits,
-            destinations=tuple(destinations),
-            routes=tuple(routes),
+            destinations=destinations,
+            routes=routes,
             audit=audit,
             credential_needed=credential_needed,
         )
@@ -547,43 +549,6 @@ class Plan(Record):
         if len(set(names)) != len(names):
             duplicate = next(name for name in names if names.count(name) > 1)
             raise PlanError(f"the environment sets {duplicate} twice")
-
-    @classmethod
-    def of(
-        cls,
-        entries: Iterable[Entry],
-        *,
-        env: Sequence[EnvVar] = (),
-        chdir: str = "/",
-        deny: Sequence[DenyRule] = (),
-        user: RunAs | None = None,
-        network: str = "none",
-        nested_userns: str | None = None,
-        protection: Protection | None = None,
-        limits: Limits | None = None,
-        network_reason: str | None = None,
-        destinations: Sequence[Destination] = (),
-        routes: Sequence[Route] = (),
-        audit: str | None = None,
-        credential_needed: str | None = None,
-    ) -> Plan:
-        """A plan from any iterables."""
-        return cls(
-            tuple(entries),
-            tuple(env),
-            chdir,
-            tuple(deny),
-            user,
-            network,
-            nested_userns,
-            protection,
-            limits,
-            network_reason,
-            destinations,
-            routes,
-            audit,
-            credential_needed,
-        )
 
     def require_launchable(self) -> None:
         """Refuse (CredentialMissing) a plan built to be shown, not run: its credential file

@@ -120,12 +120,6 @@ def _account(uid: int) -> pwd.struct_passwd | None:
         return None
 
 
-def invoking_user_home() -> str:
-    """The home of the user nsconfine runs as, from the password database."""
-    entry = _account(os.getuid())
-    return entry.pw_dir if entry else "/"
-
-
 def resolve(path: str) -> str:
     """path with its symlinks resolved, as far as it exists; the rest kept as written, so a
     rule still covers a store created later by its name."""
@@ -514,12 +508,6 @@ def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result 
         return resolved, os.stat(resolved)
     except OSError:
         return resolved, None
-
-
-def violated_rule(resolved_source: str, rules: Sequence[DenyRule]) -> DenyRule | None:
-    """A rule a bind of resolved_source would break, or None."""
-    found = Judge(rules).violated(resolved_source)
-    return None if found is None else found[0]
 
 
 # The host's procfs holds every process's environment, command line and memory maps (the

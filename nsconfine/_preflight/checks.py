@@ -339,7 +339,7 @@ def canary_plan(world: str, account: RunAs, token: str) -> tuple[p.Plan, str, st
         os.chmod(world, 0o755)
         for path in (marker, secret, runner, workspace, home, world):
             os.chown(path, account.uid, account.gid, follow_symlinks=False)
-    plan = p.Plan.of(
+    plan = p.Plan(
         [
             *system_entries(account, home),
             p.ro_bind(marker, marker, "the canary's runner file"),
