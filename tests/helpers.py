@@ -7,16 +7,21 @@ directories above them must be traversable by it; `session_dirs` makes them so.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pwd
+import shutil
 import socket
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import nsconfine
 from nsconfine._launch.handoff import hand_off, prepare_launch
@@ -314,3 +319,42 @@ def unlinted_next_plan(world: World, workspace: str) -> Plan:
     return Plan(
         [*system, *session_entries(session, reserved=system)], chdir=workspace, user=world.user
     )
+
+
+@dataclass(frozen=True)
+class LocalCA:
+    """A CA of a test's own (outside every trust store) and a server certificate it signed."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_local_ca(where: Path, names: Sequence[str] = ("localhost", "127.0.0.1")) -> LocalCA:
+    """A CA in where and a certificate it signed for names (host names or IP addresses), made
+    by the openssl CLI; the CA certificate is readable by the session's account (a session
+    trusts it through a bind), the keys are not."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl on this host")
+
+    def run(*argv: str) -> None:
+        subprocess.run([openssl, *argv], cwd=where, check=True, capture_output=True)
+
+    def alt_name(name: str) -> str:
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return f"DNS:{name}"
+        return f"IP:{name}"
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+        "ca.pem", "-days", "2", "-subj", "/CN=nsconfine test CA")  # fmt: skip
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+        "server.csr", "-subj", f"/CN={names[0]}")  # fmt: skip
+    (where / "san.ext").write_text(f"subjectAltName={','.join(map(alt_name, names))}\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    open_up(where)
+    (where / "ca.pem").chmod(0o644)
+    return LocalCA(where / "ca.pem", where / "server.pem", where / "server.key")

@@ -9,12 +9,20 @@ import os
 import shutil
 import socket
 import ssl
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-from helpers import cli, open_up, outcome_without_hanging, run, session, session_options, sh
+from helpers import (
+    cli,
+    make_local_ca,
+    open_up,
+    outcome_without_hanging,
+    run,
+    session,
+    session_options,
+    sh,
+)
 
 import nsconfine
 from nsconfine._plan.model import Kind, Mode
@@ -262,54 +270,6 @@ def test_javac_and_maven_run_in_a_coder_session(
         assert status != 0, output
 
 
-def _test_ca(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA of the test's own (outside the system store) and a server certificate for
-    localhost signed by it: (CA certificate, server certificate, server key)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl on this host")
-    ca, ca_key = directory / "ca.pem", directory / "ca.key"
-    server, key, request = directory / "server.pem", directory / "server.key", directory / "r"
-    extensions = directory / "ext.cnf"
-    extensions.write_text("subjectAltName=DNS:localhost\n")
-
-    def run(*argv: str | Path) -> None:
-        subprocess.run([openssl, *map(str, argv)], check=True, capture_output=True)
-
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        ca_key,
-        "-out",
-        ca,
-        "-days",
-        "1",
-        "-subj",
-        "/CN=nsconfine test CA",
-    )
-    run(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        key,
-        "-out",
-        request,
-        "-subj",
-        "/CN=localhost",
-    )
-    run("x509", "-req", "-in", request, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
-        "-out", server, "-days", "1", "-extfile", extensions)  # fmt: skip
-    open_up(directory)
-    ca.chmod(0o644)
-    return ca, server, key
-
-
 @pytest.mark.parametrize("profiles", [["coder"], CODER_BEFORE], ids=["coder", "without-tls"])
 def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
     ws_run: tuple[Path, Path],
@@ -321,9 +281,9 @@ def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
     CA SSL_CERT_FILE names, outside the default store, as behind a TLS-intercepting proxy;
     without tls, CERTIFICATE_VERIFY_FAILED."""
     (ca_dir := tmp_path / "ca").mkdir()
-    ca, server_cert, server_key = _test_ca(ca_dir)
+    local_ca = make_local_ca(ca_dir, ["localhost"])
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(server_cert, server_key)
+    context.load_cert_chain(local_ca.cert, local_ca.key)
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
@@ -340,7 +300,7 @@ def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
                 pass
 
     threading.Thread(target=serve, daemon=True).start()
-    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    monkeypatch.setenv("SSL_CERT_FILE", str(local_ca.ca))
     client = (
         "import socket, ssl\n"
         "context = ssl.create_default_context()\n"

@@ -14,7 +14,6 @@ import os
 import socket
 import ssl
 import stat
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import LocalCA, make_local_ca
 
 from nsconfine._errors import UsageError
 from nsconfine._launch.proxy import Proxy, audit_to_file
@@ -96,30 +96,10 @@ def http_upstream() -> Iterator[Upstream]:
     yield from _serve_http(None)
 
 
-@dataclass(frozen=True)
-class LocalCA:
-    ca: Path
-    cert: Path
-    key: Path
-
-
 @pytest.fixture(scope="module")
 def test_ca(tmp_path_factory: pytest.TempPathFactory) -> LocalCA:
     """A CA and a certificate it signed for localhost and 127.0.0.1 (openssl CLI)."""
-    where = tmp_path_factory.mktemp("ca")
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.pem", "-days", "2", "-subj", "/CN=nsconfine test CA")  # fmt: skip
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
-            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
-    (where / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2",
-            "-extfile", "san.ext")  # fmt: skip
-    return LocalCA(where / "ca.pem", where / "server.pem", where / "server.key")
+    return make_local_ca(tmp_path_factory.mktemp("ca"))
 
 
 @pytest.fixture
