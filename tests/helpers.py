@@ -7,16 +7,20 @@ directories above them must be traversable by it; `session_dirs` makes them so.
 
 from __future__ import annotations
 
+import http.server
 import ipaddress
 import os
 import pwd
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -358,3 +362,23 @@ def make_local_ca(where: Path, names: Sequence[str] = ("localhost", "127.0.0.1")
     open_up(where)
     (where / "ca.pem").chmod(0o644)
     return LocalCA(where / "ca.pem", where / "server.pem", where / "server.key")
+
+
+@contextmanager
+def serving(
+    handler: type[http.server.BaseHTTPRequestHandler], tls: LocalCA | None = None
+) -> Iterator[int]:
+    """An HTTP server (HTTPS with tls's certificate) on the host's loopback, on a free port,
+    answering with handler until the block ends: its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls.cert, tls.key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
