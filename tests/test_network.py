@@ -2,9 +2,10 @@
 outside, the plan's destinations the whole truth of what is reached. Each refusal has a twin
 that lists the destination (or shares the host's network) and is reached: the check can fail.
 
-The upstreams are local stand-ins on the host's loopback, reached through the proxy by a name
-pinned to 127.0.0.1 (`name=127.0.0.1`, as curl's --resolve): listed by address, as a test or an
-internal mirror must be.
+The upstreams are local stand-ins on the host's loopback (HTTP, and HTTPS with a certificate of
+a CA made for the test), reached through the proxy by a name pinned to 127.0.0.1
+(`name=127.0.0.1`, as curl's --resolve): listed by address, as a test or an internal mirror
+must be.
 """
 
 from __future__ import annotations
@@ -13,13 +14,22 @@ import http.server
 import json
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CONNECT_ABSTRACT, abstract_listener, cli, run, session, session_options
+from helpers import (
+    CONNECT_ABSTRACT,
+    LocalCA,
+    abstract_listener,
+    cli,
+    make_local_ca,
+    run,
+    serving,
+    session,
+    session_options,
+)
 
 import nsconfine
 from nsconfine._selftest.probes import SECRET_SEARCH
@@ -55,18 +65,28 @@ class _Upstream(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def _upstream(tls: LocalCA | None) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    seen: list[dict[str, str]] = []
+    with serving(type("Handler", (_Upstream,), {"seen": seen}), tls) as port:
+        yield port, seen
+
+
 @pytest.fixture
 def upstream() -> Iterator[tuple[int, list[dict[str, str]]]]:
     """A local HTTP server on the host's loopback: its port, and the requests it saw."""
-    seen: list[dict[str, str]] = []
-    handler = type("Handler", (_Upstream,), {"seen": seen})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1], seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield from _upstream(None)
+
+
+@pytest.fixture(scope="module")
+def local_ca(tmp_path_factory: pytest.TempPathFactory) -> LocalCA:
+    """The test's CA and a certificate it signed for secure.test."""
+    return make_local_ca(tmp_path_factory.mktemp("ca"), ["secure.test"])
+
+
+@pytest.fixture
+def tls_upstream(local_ca: LocalCA) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """The same server over HTTPS, with local_ca's certificate for secure.test."""
+    yield from _upstream(local_ca)
 
 
 # A client as a tool is one: urllib through HTTP_PROXY (it honours the variable), printing the
@@ -120,6 +140,33 @@ def test_a_listed_name_is_fetched_and_an_unlisted_one_refused(
     assert [(r["host"], r["decision"]) for r in records] == [
         ("mirror.test", "allowed"),
         ("other.test", "refused"),
+    ]
+
+
+def test_a_listed_name_is_fetched_over_https_and_an_unlisted_one_refused(
+    ws_run: tuple[Path, Path],
+    tls_upstream: tuple[int, list[dict[str, str]]],
+    local_ca: LocalCA,
+    tmp_path: Path,
+) -> None:
+    """HTTPS through the relay and the proxy's CONNECT: the listed (pinned) name answers, the
+    session verifying the upstream's own certificate with the test's CA (the proxy passes TLS
+    through); the same upstream under another name is refused, and the audit says why."""
+    port, seen = tls_upstream
+    audit = tmp_path / "audit.jsonl"
+    plan = _proxy_session(
+        ws_run, f"secure.test:{port}=127.0.0.1", audit=str(audit), ro=[str(local_ca.ca)],
+        setenv={"SSL_CERT_FILE": str(local_ca.ca)},
+    )  # fmt: skip
+    _status, listed = run(plan, ["python3", "-c", _FETCH, f"https://secure.test:{port}/simple"])
+    assert listed.strip() == "200 upstream saw GET /simple", listed
+    _status, other = run(plan, ["python3", "-c", _FETCH, f"https://other.test:{port}/simple"])
+    assert "Tunnel connection failed: 403" in other, other
+    assert [request["path"] for request in seen] == ["/simple"]
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(r["host"], r["method"], r["decision"], r["reason"]) for r in records] == [
+        ("secure.test", "CONNECT", "allowed", "named by the launcher (--allow-host)"),
+        ("other.test", "CONNECT", "refused", "other.test is not on this session's allowlist"),
     ]
 
 
