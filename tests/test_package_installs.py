@@ -65,10 +65,12 @@ class _Files(http.server.BaseHTTPRequestHandler):
 
 @dataclass(frozen=True)
 class Registry:
-    """A stand-in registry on the host's loopback: its port, the files it serves (filled in
-    once the port is known, as their URLs name it) and the paths it was asked for."""
+    """A stand-in registry on the host's loopback: its port, the CA its certificate chains
+    to, the files it serves (filled in once the port is known, as their URLs name it) and the
+    paths it was asked for."""
 
     port: int
+    ca: Path
     files: dict[str, tuple[str, bytes]]
     asked: list[str]
 
@@ -80,15 +82,21 @@ def registry(local_ca: LocalCA) -> Iterator[Registry]:
     asked: list[str] = []
     handler = type("Handler", (_Files,), {"files": files, "asked": asked})
     with serving(handler, local_ca) as port:
-        yield Registry(port, files, asked)
+        yield Registry(port, local_ca.ca, files, asked)
+
+
+@pytest.fixture(params=[True, False], ids=["listed", "not-listed"])
+def listed(request: pytest.FixtureRequest) -> bool:
+    """Whether the session's allowlist names the stand-in (the twin: it does not)."""
+    return bool(request.param)
 
 
 @pytest.fixture(autouse=True)
 def launcher_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the launcher's own settings that the profiles would pass along and that would
-    change what is tested: another index or links for pip, hosts it need not verify, and a
-    CA bundle that requests takes over pip's PIP_CERT (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE:
-    this CI machine sets them to the system's)."""
+    """Clears the launcher's settings that the profiles would pass along and that would change
+    what is tested: another index or links for pip, hosts it need not verify, and the CA
+    bundles that requests prefers to pip's PIP_CERT (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE: this
+    CI machine sets them to the system's)."""
     for name in (
         "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "REQUESTS_CA_BUNDLE",
         "CURL_CA_BUNDLE", "npm_config_registry", "npm_config_cafile",
@@ -96,15 +104,16 @@ def launcher_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def _install(
-    ws_run: tuple[Path, Path], pinned: str | None, audit: Path, command: str
-) -> tuple[int, str]:
+def _install(ws_run: tuple[Path, Path], pinned: str | None, command: str) -> tuple[int, str, Path]:
     """command's status and output, run in the workspace of a coder session that lists the
-    pinned registry (or none), the proxy's audit going to audit."""
+    pinned registry (or none), and the proxy's audit file (beside the workspace, in the test's
+    own directory: out of the session's reach)."""
+    audit = ws_run[0].parent / "audit.jsonl"
     listed = [pinned] if pinned else []
     plan = session(*ws_run, profile=["coder"], allow_hosts=listed, audit=str(audit)).plan()
     assert plan.network == "proxy"
-    return sh(plan, f"cd {ws_run[0]} && {command}")
+    status, output = sh(plan, f"cd {ws_run[0]} && {command}")
+    return status, output, audit
 
 
 def _check_audit(audit: Path, host: str, listed: bool) -> None:
@@ -166,28 +175,21 @@ def _serve_npm_package(registry: Registry) -> None:
     registry.files[tarball_path] = ("application/octet-stream", tarball)
 
 
-@pytest.mark.parametrize("listed", [True, False], ids=["listed", "not-listed"])
 def test_npm_install_through_the_proxy(
-    ws_run: tuple[Path, Path],
-    registry: Registry,
-    local_ca: LocalCA,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    listed: bool,
+    ws_run: tuple[Path, Path], registry: Registry, listed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`npm install` in a coder session fetches the packument and the tarball from the
     registry the launcher's NPM_CONFIG_REGISTRY names, through the proxy (verified with the CA
-    the launcher names): the package lands in node_modules and its code runs. Not
-    listed, the install fails and the proxy's audit says why."""
+    the launcher names): the package lands in node_modules and its code runs. Not listed, the
+    install fails and the proxy's audit says why."""
     _serve_npm_package(registry)
     monkeypatch.setenv("NPM_CONFIG_REGISTRY", f"https://{NPM_REGISTRY}:{registry.port}/")
     # node's variable for a CA, and npm's own: npm ignores node's where an npmrc names a cafile
     # (this CI machine's global npmrc does), so a user there sets both.
-    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(local_ca.ca))
-    monkeypatch.setenv("NPM_CONFIG_CAFILE", str(local_ca.ca))
-    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(registry.ca))
+    monkeypatch.setenv("NPM_CONFIG_CAFILE", str(registry.ca))
     pinned = f"{NPM_REGISTRY}:{registry.port}=127.0.0.1" if listed else None
-    status, output = _install(ws_run, pinned, audit, _NPM_INSTALL)
+    status, output, audit = _install(ws_run, pinned, _NPM_INSTALL)
     installed = ws_run[0] / "node_modules" / PACKAGE / "index.js"
     if listed:
         assert status == 0, output
@@ -251,14 +253,8 @@ def _serve_python_package(registry: Registry) -> None:
     registry.files[f"/files/{_WHEEL}"] = ("application/octet-stream", wheel)
 
 
-@pytest.mark.parametrize("listed", [True, False], ids=["listed", "not-listed"])
 def test_pip_install_through_the_proxy(
-    ws_run: tuple[Path, Path],
-    registry: Registry,
-    local_ca: LocalCA,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    listed: bool,
+    ws_run: tuple[Path, Path], registry: Registry, listed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`pip install` in a coder session fetches the project's page and its wheel from the
     index the launcher's PIP_INDEX_URL names, through the proxy (verified with the CA PIP_CERT
@@ -266,10 +262,9 @@ def test_pip_install_through_the_proxy(
     and the proxy's audit says why."""
     _serve_python_package(registry)
     monkeypatch.setenv("PIP_INDEX_URL", f"https://{PYTHON_INDEX}:{registry.port}/simple/")
-    monkeypatch.setenv("PIP_CERT", str(local_ca.ca))
-    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("PIP_CERT", str(registry.ca))
     pinned = f"{PYTHON_INDEX}:{registry.port}=127.0.0.1" if listed else None
-    status, output = _install(ws_run, pinned, audit, _PIP_INSTALL)
+    status, output, audit = _install(ws_run, pinned, _PIP_INSTALL)
     installed = list((ws_run[0] / "venv" / "lib").glob(f"python3*/site-packages/{_MODULE}"))
     if listed:
         assert status == 0, output
