@@ -1,6 +1,6 @@
 """The bench: what a confined launch costs, next to the floors it is built on.
 
-Run `python -m nsconfine.bench` (the full run, about two minutes) or `--smoke` (CI, seconds).
+Run `python -m nsconfine.bench` (the full run, about three minutes) or `--smoke` (CI, seconds).
 Every section runs its variants round-robin in one process, so a noisy machine slows them
 alike and the ratios hold. benchmarks/README.md says what each row measures. It needs psutil
 (`pip install 'nsconfine[bench]'`); nsconfine itself does not.
