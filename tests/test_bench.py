@@ -42,7 +42,8 @@ ROW_KEYS = {
 }
 TARGET_KEYS = {"name", "goal", "value", "limit", "unit", "met", "value_over_limit"}
 SECTIONS = {
-    "launch", "pool", "layers", "checks", "plan", "binds", "concurrency", "memory", "size", "cli"
+    "launch", "pool", "layers", "checks", "plan", "binds", "concurrency", "memory", "size", "cli",
+    "network",
 }  # fmt: skip
 ROWS = {
     "launch.exec.nsconfine",
@@ -71,6 +72,17 @@ ROWS = {
     "cli.run",
     "cli.python",
     "cli.bwrap",
+    "network.launch.proxy",
+    "network.launch.none",
+    "network.request.proxy",
+    "network.request.direct",
+    "network.download.plain",
+    "network.download.tunnel",
+    "network.download.direct",
+    "network.memory.rss.proxy",
+    "network.memory.rss.none",
+    "network.memory.threads.proxy",
+    "network.memory.threads.none",
 }
 TARGETS = {
     "pool-layers-p50",
@@ -84,6 +96,11 @@ TARGETS = {
     "pool-warm-vs-process",
     "import",
     "cli-overhead",
+    "network-launch-p50",
+    "network-launch-p99",
+    "network-request-p50",
+    "network-download-plain",
+    "network-download-tunnel",
 }
 
 
@@ -136,3 +153,18 @@ def test_smoke_judges_every_target(smoke_report: dict[str, Any]) -> None:
         assert set(target) >= TARGET_KEYS
         assert isinstance(target["met"], bool)
     assert {"cli_overhead_ms", "import_ms"} <= set(smoke_report["derived"])
+    assert {"network_request_added_p50_ms", "network_request_added_p99_ms"} <= set(
+        smoke_report["derived"]
+    )
+
+
+@pytest.mark.confinement
+def test_smoke_network_rows_have_their_baselines_from_the_run(smoke_report: dict[str, Any]) -> None:
+    """Each proxy row of the network section is paired with its baseline from the same run:
+    the launch with "none", the request and both downloads with the direct ones."""
+    rows = {row["name"]: row for row in smoke_report["rows"]}
+    assert rows["network.launch.proxy"]["baseline"] == "network.launch.none"
+    assert rows["network.request.proxy"]["baseline"] == "network.request.direct"
+    for how in ("plain", "tunnel"):
+        assert rows[f"network.download.{how}"]["baseline"] == "network.download.direct"
+        assert rows[f"network.download.{how}"]["unit"] == "MiB/s"

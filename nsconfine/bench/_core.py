@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import nsconfine
 from nsconfine._kernel import layers as _layers
@@ -35,6 +35,9 @@ from nsconfine._plan.bwrap_args import (
 from nsconfine._plan.model import Plan
 from nsconfine._preflight.checks import proven_bwrap
 
+if TYPE_CHECKING:
+    from nsconfine._session import Network
+
 SCHEMA: Final = 1
 SECTIONS: Final = (
     "launch",
@@ -47,6 +50,7 @@ SECTIONS: Final = (
     "memory",
     "size",
     "cli",
+    "network",
 )
 EXEC_ARGV: Final = ("/bin/echo", "-n", "x")  # its first output is the proof that it exec'd
 TRUE_ARGV: Final = ("/bin/true",)
@@ -370,12 +374,19 @@ class World:
     devnull: int
     bwrap: str
 
-    def session(self, binds: int = 0) -> nsconfine.Session:
+    def session(
+        self,
+        binds: int = 0,
+        network: Network | None = None,
+        allow_hosts: Sequence[str] = (),
+    ) -> nsconfine.Session:
         return nsconfine.Session(
             workspace=self.workspace,
             run_dir=self.run_dir,
             ro=self.files[:binds],
             user=SESSION_USER if os.geteuid() == 0 else None,
+            network=network,
+            allow_hosts=allow_hosts,
         )
 
 
@@ -451,3 +462,19 @@ class Config:
     @property
     def sizes_mib(self) -> tuple[int, ...]:
         return (20, 256) if self.smoke else (20, 1024)
+
+    @property
+    def requests(self) -> int:
+        return 20 if self.smoke else 1000
+
+    @property
+    def download_mib(self) -> int:
+        return 4 if self.smoke else 256
+
+    @property
+    def download_rounds(self) -> int:
+        return 2 if self.smoke else 10
+
+    @property
+    def memory_rounds(self) -> int:
+        return 1 if self.smoke else 3

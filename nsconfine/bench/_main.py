@@ -38,6 +38,9 @@ from nsconfine.bench._launches import (
 from nsconfine.bench._memory import (
     bench_memory,
 )
+from nsconfine.bench._network import (
+    bench_network,
+)
 from nsconfine.bench._report import (
     plot,
     report,
@@ -58,6 +61,7 @@ SECTION_FUNCTIONS: Final[dict[str, Callable[[Results, World, Config], None]]] = 
     "memory": bench_memory,
     "size": bench_size,
     "cli": bench_cli,
+    "network": bench_network,
     "soak": bench_soak,  # only when asked for (--only soak): it counts, for minutes
 }
 

@@ -132,6 +132,30 @@ def targets(results: Results) -> list[Target]:
             15.0,
             "ms",
         )
+    for key in ("p50", "p99"):
+        goal(
+            f"network-launch-{key}",
+            f'a "proxy" session launch {key} (to exit) <= 1.15x the same with "none"',
+            ratio("network.launch.proxy", "network.launch.none", key),
+            1.15,
+            "x",
+        )
+    goal(
+        "network-request-p50",
+        "a small GET through the proxy p50 <= 1 ms more than straight to the server",
+        results.derived.get("network_request_added_p50_ms"),
+        1.0,
+        "ms",
+    )
+    for how, label in (("plain", "plain HTTP"), ("tunnel", "a CONNECT tunnel")):
+        goal(
+            f"network-download-{how}",
+            f"a large download through the proxy ({label}) p50 >= 0.8x straight from the server",
+            ratio(f"network.download.{how}", "network.download.direct"),
+            0.8,
+            "x",
+            higher=True,
+        )
     return found
 
 
