@@ -424,7 +424,7 @@ def encodable(text: str) -> str:
     mkdir=st.booleans(),
     include=mostly([], st.lists(paths(), max_size=2)),
     listed=st.lists(texts(), max_size=2),
-    key=st.sampled_from(("env", "protect", "unprotect", "deny")),
+    key=st.sampled_from(("pass_env", "protect", "unprotect", "deny")),
     credential=mostly(None, paths()),
     raw=mostly(None, st.binary(max_size=64)),
 )
@@ -551,8 +551,8 @@ def terminal_streams() -> Iterator[tuple[io.BytesIO, io.BytesIO]]:
 
 
 OPTIONS = ("--ro", "--harness", "--deny", "--tool-socket", "--credential", "--protect",
-           "--unprotect", "--env", "--setenv", "--profile", "--user", "--git-identity",
-           "--network", "--home", "--allow-nested-userns", "--workspace", "--run-dir")  # fmt: skip
+           "--unprotect", "--pass-env", "--setenv", "--profile", "--user", "--git-identity",
+           "--network", "--home-mode", "--allow-nested-userns", "--workspace", "--run-dir")  # fmt: skip
 
 
 @PROPERTY
