@@ -1,27 +1,19 @@
 """Session's keywords refuse a value of the wrong shape by name (nsconfine/_arguments.py): a bare
 string where a list is meant (Python would take it letter by letter), a mapping where names are
-meant (its values dropped), a path where a Bind is meant, a choice not on its list. And by
-property: any value for any keyword is a clear error or a correct plan, never a traceback."""
+meant (its values dropped), a path where a Bind is meant, a choice not on its list. (That any
+value for any keyword is a clear error or a correct plan is tests/test_properties.py's.)"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import helpers
 import pytest
 from helpers import session_dirs
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from hypothesis.configuration import set_hypothesis_home_dir
 
 import nsconfine
-from nsconfine import Bind, NsconfineError, Plan, UsageError
-
-set_hypothesis_home_dir(os.path.join(os.environ["XDG_CACHE_HOME"], "hypothesis"))
-
-KEYWORDS = [name for name in nsconfine.Session.FIELDS if name not in ("workspace", "run_dir")]
+from nsconfine import Bind, UsageError
 
 
 @pytest.fixture(scope="module")
@@ -89,54 +81,3 @@ def test_the_right_shapes_make_the_plan_they_say(dirs: tuple[Path, Path]) -> Non
     assert not any(rule.path == "/" for rule in plan.deny)
     assert ("FOO", "bar") in [(v.name, v.value) for v in plan.env]
     assert any(e.dest == "/opt/doc" for e in plan.entries)
-
-
-ODD_VALUES = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-2, 70000)
-    | st.text(max_size=12)
-    | st.binary(max_size=6)
-    | st.sampled_from(
-        [
-            "/usr",
-            "/bin/sh",
-            "none",
-            "proxy",
-            "fresh",
-            "ro",
-            "TERM",
-            "processes=5",
-            "pypi.org",
-            "openai",
-            Path("/usr"),
-            Bind("/usr/share/doc", "/usr/share/doc", "ro", "docs"),
-        ]
-    ),
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.tuples(inner, inner)
-        | st.dictionaries(st.text(max_size=6), inner, max_size=2)
-    ),
-    max_leaves=6,
-)
-
-
-@settings(
-    max_examples=400,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
-@given(keyword=st.sampled_from(KEYWORDS), value=ODD_VALUES)
-def test_any_value_for_any_keyword_is_a_clear_error_or_a_plan(
-    dirs: tuple[Path, Path], keyword: str, value: object
-) -> None:
-    """Session(**{keyword: value}).plan() raises an NsconfineError (which the CLI prints as one
-    line) or returns a Plan: never a TypeError, AttributeError or other traceback."""
-    try:
-        plan = session(dirs, **{keyword: value}).plan()
-    except NsconfineError:
-        return
-    assert isinstance(plan, Plan)
