@@ -14,7 +14,7 @@ docs/options.md) and two of its own, description and requires_credential:
     protect, unprotect, deny = ["…"]                     as the command-line options
     mask = ["{workspace}/.env"]                          paths shown empty and read-only, each
                                                          absolute after {workspace}, $NAME, ~
-    network = "none" | "host"; network_reason = "why host" (host needs one)
+    network = "none" | "proxy" | "host"; network_reason = "why host" (host needs one)
     home_mode = "persist" | "fresh"; workspace_mode = "rw" | "ro"
     [limits] processes = 512, tmp = "256M", …          the session's share (nsconfine._plan.limits)
     git_identity = "Name <email>"; allow_nested_userns = "reason"
