@@ -10,9 +10,10 @@ and says what to give instead, so a caller's mistake is never a traceback or a d
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from nsconfine._errors import UsageError
+from nsconfine._plan.options import OPTIONS
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -101,10 +102,11 @@ def flag(keyword: str, given: bool) -> bool:
     return given
 
 
-def choice(keyword: str, given: T | None, choices: Collection[str]) -> T | None:
-    """given, if it is None or one of choices."""
+def choice(keyword: str, given: T | None) -> T | None:
+    """given, if it is None or one of the choices keyword's row lists (nsconfine._plan.options)."""
+    choices = OPTIONS[keyword].choices
     if given is not None and (not isinstance(given, str) or given not in choices):
         raise UsageError(
-            f"Session({keyword}={given!r}): it is one of {', '.join(sorted(choices))} (or None)"
+            f"Session({keyword}={given!r}): it is one of {', '.join(choices)} (or None)"
         )
     return given

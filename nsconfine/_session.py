@@ -25,7 +25,8 @@ from nsconfine._plan.credential import read_credential
 from nsconfine._plan.harness import harness_entries
 from nsconfine._plan.limits import Limits, pairs, parse_value
 from nsconfine._plan.mask import mask_entries, mask_rules
-from nsconfine._plan.model import NETWORKS, DenyRule, EnvVar, Kind, Origin, Plan
+from nsconfine._plan.model import DenyRule, EnvVar, Kind, Origin, Plan
+from nsconfine._plan.options import OPTIONS
 from nsconfine._plan.profiles import Bind, chain
 from nsconfine._plan.protect import protected_names, protection, writable_trees
 from nsconfine._plan.system import RESOLVER, system_entries
@@ -35,13 +36,9 @@ from nsconfine._text import encodable, is_env_name, printable, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
-    from typing import Any, Literal, TypeAlias
+    from typing import Any
 
-    # The choices, as types: mypy refuses Session(network="nonee") before it runs.
-    Network: TypeAlias = Literal["none", "proxy", "host"]
-    HomeMode: TypeAlias = Literal["persist", "fresh"]
-    WorkspaceMode: TypeAlias = Literal["rw", "ro"]
-    PathArgument: TypeAlias = str | os.PathLike[str]
+    from nsconfine._plan.options import HomeMode, Network, PathArgument, WorkspaceMode
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -74,64 +71,37 @@ class Harness(Record):
 
 
 class Session(Record):
-    """What a role session needs; `plan()` turns it into the mount plan that confines it."""
+    """What a role session needs; `plan()` turns it into the mount plan that confines it. Its
+    keywords are the rows of nsconfine._plan.options, in their order (tests/test_options.py
+    holds the signature to the table)."""
 
-    FIELDS = (
-        "workspace",
-        "run_dir",
-        "ro",
-        "harness",
-        "tool_socket",
-        "env",
-        "credential",
-        "deny",
-        "user",
-        "protect",
-        "unprotect",
-        "network",
-        "network_reason",
-        "allow_hosts",
-        "inject",
-        "audit",
-        "allow_nested_userns",
-        "setenv",
-        "pass_terminal",
-        "home_mode",
-        "git_identity",
-        "profile",
-        "binds",
-        "workspace_mode",
-        "credential_needed_by",
-        "limits",
-        "mask",
-    )
+    FIELDS = tuple(OPTIONS)
     __slots__ = FIELDS
     workspace: str
     run_dir: str
     ro: tuple[str, ...]
     harness: tuple[Harness, ...]
     tool_socket: str | None
-    env: tuple[str, ...]
+    pass_env: tuple[str, ...]  # names whose values are passed from the launcher, when set
     credential: str | None
     deny: tuple[str, ...]
     user: str | int | None  # the account to run as (a root launcher must name one)
     protect: tuple[str, ...]  # more paths the host trusts, relative to the workspace
     unprotect: tuple[str, ...]  # default protected names to leave writable
-    network: str | None  # "none" (None: the profile's, else none) or "host" (the launcher's)
+    network: Network | None  # "none" (None: the profile's, else none) or "host" (the launcher's)
     network_reason: str | None  # why the session shares the launcher's network (host needs one)
     allow_hosts: tuple[Destination, ...]  # what a proxy session may reach, each with its reason
     inject: tuple[str, ...]  # routes (nsconfine._plan.network.ROUTES) whose key the proxy holds
     audit: str | None  # the file the proxy appends a JSON line to for each connection
     allow_nested_userns: str | None  # why it may make user namespaces (None: it may not)
     setenv: tuple[tuple[str, str], ...]  # literal, non-secret values
-    pass_terminal: bool  # TERM, COLORTERM, LANG, LC_* and TZ from the launcher
-    home_mode: str | None  # "persist" (RUN/home, kept; None: the profile's, else persist) or
-    # "fresh" (an empty tmpfs each launch)
+    terminal_env: bool  # TERM, COLORTERM, LANG, LC_* and TZ from the launcher
+    home_mode: HomeMode | None  # "persist" (RUN/home, kept; None: the profile's, else persist)
+    # or "fresh" (an empty tmpfs each launch)
     git_identity: str | None  # "Name <email>" for commits
     profile: tuple[str, ...]  # profiles (built-in names or files), applied by plan()
     binds: tuple[Bind, ...]  # more host paths, each with its reason (from profiles)
-    workspace_mode: str | None  # "rw" (None: the profile's, else rw) or "ro"
-    credential_needed_by: tuple[str, ...]  # profiles that refuse a launch without a credential
+    workspace_mode: WorkspaceMode | None  # "rw" (None: the profile's, else rw) or "ro"
     limits: tuple[
         tuple[str, int], ...
     ]  # the session's share, by name (nsconfine._plan.limits); the
@@ -146,7 +116,7 @@ class Session(Record):
         ro: Iterable[PathArgument] = (),
         harness: Iterable[PathArgument | Harness] = (),
         tool_socket: PathArgument | None = None,
-        env: Iterable[str] = (),
+        pass_env: Iterable[str] = (),
         credential: PathArgument | None = None,
         deny: Iterable[PathArgument] = (),
         user: str | int | None = None,
@@ -159,13 +129,12 @@ class Session(Record):
         audit: PathArgument | None = None,
         allow_nested_userns: bool | str | None = False,
         setenv: Mapping[str, str] | Iterable[str | tuple[str, str]] = (),
-        pass_terminal: bool = True,
+        terminal_env: bool = True,
         home_mode: HomeMode | None = None,
         git_identity: str | None = None,
         profile: str | Iterable[str] = (),
         binds: Iterable[Bind] = (),
         workspace_mode: WorkspaceMode | None = None,
-        credential_needed_by: Iterable[str] = (),
         limits: Mapping[str, int | str] | Iterable[str | tuple[str, int | str]] = (),
         mask: Iterable[PathArgument] = (),
     ) -> None:
@@ -180,15 +149,15 @@ class Session(Record):
         harnesses = tuple(Harness(_path(h.path), h.sha256) for h in harnesses)
         if git_identity is not None:
             git_identity_parts(a.text("git_identity", git_identity))  # refused now if malformed
-        if isinstance(env, Mapping):
+        if isinstance(pass_env, Mapping):
             raise UsageError(
-                "Session(env=...) names variables to pass from the launcher's environment; "
+                "Session(pass_env=...) names variables to pass from the launcher's environment; "
                 "for values, give setenv={...}"
             )
-        names = tuple(a.items("env", env, str))
+        names = tuple(a.items("pass_env", pass_env, str))
         for name in names:
             if not is_env_name(name):
-                raise UsageError(f"--env {name!r} is not a variable name")
+                raise UsageError(f"pass_env (--pass-env) {name!r} is not a variable name")
             if name == "HOME":
                 raise UsageError("HOME cannot be passed: the session gets its own empty HOME")
         if isinstance(user, bool) or not isinstance(user, str | int | None):
@@ -199,13 +168,13 @@ class Session(Record):
             ro=tuple(_path(r) for r in a.paths("ro", ro)),
             harness=harnesses,
             tool_socket=_optional_path("tool_socket", tool_socket),
-            env=names,
+            pass_env=names,
             credential=_optional_path("credential", credential),
             deny=tuple(_path(d) for d in a.paths("deny", deny)),
             user=_path_text(user) if isinstance(user, str) else user,
             protect=tuple(_path_text(name) for name in a.items("protect", protect, str)),
             unprotect=tuple(_path_text(name) for name in a.items("unprotect", unprotect, str)),
-            network=a.choice("network", network, NETWORKS),
+            network=a.choice("network", network),
             network_reason=a.optional_text("network_reason", network_reason),
             allow_hosts=tuple(
                 d if isinstance(d, Destination) else Destination.parse(d, ALLOWED_BY_LAUNCHER)
@@ -215,13 +184,12 @@ class Session(Record):
             audit=_optional_path("audit", audit),
             allow_nested_userns=_nested_userns_reason(allow_nested_userns),
             setenv=tuple(_literal_values(a.pairs("setenv", setenv))),
-            pass_terminal=a.flag("pass_terminal", pass_terminal),
-            home_mode=a.choice("home_mode", home_mode, HOME_MODES),
+            terminal_env=a.flag("terminal_env", terminal_env),
+            home_mode=a.choice("home_mode", home_mode),
             git_identity=git_identity,
             profile=(profile,) if isinstance(profile, str) else a.items("profile", profile, str),
             binds=a.items("binds", binds, Bind, "give nsconfine.Bind(source, dest, mode, reason)"),
-            workspace_mode=a.choice("workspace_mode", workspace_mode, ("rw", "ro")),
-            credential_needed_by=a.items("credential_needed_by", credential_needed_by, str),
+            workspace_mode=a.choice("workspace_mode", workspace_mode),
             limits=tuple(
                 (name, parse_value(name, value)) for name, value in pairs(a.pairs("limits", limits))
             ),
@@ -246,7 +214,7 @@ def build_plan(
     lint: bool = True,
 ) -> Plan:
     """The plan for session, checked against the deny set of the invoking user's home plus
-    `homes` (selftest's stand-in home), with `--env` values taken from environ. lint=False
+    `homes` (selftest's stand-in home), with pass_env's values taken from environ. lint=False
     leaves the lint to the launch that follows at once (spawn lints every plan afresh, while
     bwrap builds), so that a `run` does not lint twice in a row. An OSError on a path (one
     swapped while the plan was built, unreadable, too long) is a PlanError naming it."""
@@ -261,7 +229,7 @@ def build_plan(
 def _build_plan(
     session: Session, homes: Sequence[str], environ: Mapping[str, str], lint: bool
 ) -> Plan:
-    session, profile_deny = with_profiles(session, environ)
+    session, profile_deny, needs_credential = with_profiles(session, environ)
     user = run_as(session.user)
     writable = READ | WRITE | SEARCH
     _require_directory(
@@ -271,9 +239,9 @@ def _build_plan(
         writable if session.workspace_mode == "rw" else READ | SEARCH,
     )
     _require_directory(session.run_dir, "run directory", user, writable)
-    if session.credential is None and session.credential_needed_by:
+    if session.credential is None and needs_credential:
         raise PlanError(
-            f"the {', '.join(session.credential_needed_by)} profile needs a credential: give "
+            f"the {', '.join(needs_credential)} profile needs a credential: give "
             "--credential FILE (KEY=VALUE, mode 0600)"
         )
     deny = default_deny(homes, environ, user)
@@ -516,9 +484,8 @@ def _copy_roots(
     return roots, leftover
 
 
-# Passed from the launcher by default (pass_terminal): how to draw and speak, never a secret.
+# Passed from the launcher by default (terminal_env): how to draw and speak, never a secret.
 TERMINAL_VARIABLES = frozenset({"TERM", "COLORTERM", "LANG", "LANGUAGE", "TZ"})
-HOME_MODES = ("persist", "fresh")
 _IDENTITY = re.compile(r"\s*(?P<name>[^<>\n\0]*[^<>\s])\s*<(?P<email>[^<>\s\0]+)>\s*\Z")
 
 
@@ -608,7 +575,10 @@ def _nested_userns_reason(allowed: bool | str | None) -> str | None:
         return None
     if isinstance(allowed, str) and allowed.strip():
         return allowed.strip()
-    raise UsageError("allow_nested_userns is True, False or the reason it is allowed")
+    raise UsageError(
+        "allow_nested_userns (--allow-nested-userns) is True, False or the reason it is "
+        "allowed: say why the session makes user namespaces of its own"
+    )
 
 
 def credential_pending(session: Session) -> bool:
@@ -632,19 +602,21 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
     path = ":".join([*harness_dirs, DEFAULT_PATH])
     chosen = {"HOME": session.home, "PATH": path, "USER": user.name, "LOGNAME": user.name}
     variables = {name: EnvVar(name, value, Origin.NSCONFINE) for name, value in chosen.items()}
-    if session.pass_terminal:
+    if session.terminal_env:
         for name, value in environ.items():
             if name in TERMINAL_VARIABLES or (name.startswith("LC_") and is_env_name(name)):
                 variables[name] = EnvVar(name, value, Origin.TERMINAL)
     for name, value in session.setenv:
         variables[name] = EnvVar(name, value, Origin.SETENV)
-    for name in session.env:
+    for name in session.pass_env:
         if name in environ:
             variables[name] = EnvVar(name, environ[name], Origin.LAUNCHER)
     if session.credential is not None and not credential_pending(session):
         for name, value in read_credential(session.credential).items():
             if name in variables and variables[name].origin is not Origin.NSCONFINE:
-                raise PlanError(f"{name} comes both from --env and from the credential file")
+                raise PlanError(
+                    f"{name} comes both from pass_env (--pass-env) and from the credential file"
+                )
             if name == "HOME":
                 raise PlanError("the credential file cannot set HOME")
             variables[name] = EnvVar(name, value, Origin.CREDENTIAL)
@@ -654,13 +626,22 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
 # ------------------------------------------------------------------ profiles
 
 
-def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session, list[DenyRule]]:
+# The options a profile gives one value of (a string): the session's own value wins.
+_PROFILE_SCALARS = tuple(
+    option for option in OPTIONS.values() if option.key is not None and not option.repeatable
+)
+
+
+def with_profiles(
+    session: Session, environ: Mapping[str, str]
+) -> tuple[Session, list[DenyRule], tuple[str, ...]]:
     """session with its profiles applied (nsconfine._plan.profiles): each profile's values, in
     include order, then the session's own, which add to lists and win over scalars; every path
     a profile gives expanded here, once (_expand). Also the profiles' deny rules, each naming
-    its profile (one whose variable is unset keeps its text, and matches nothing)."""
-    scalars: dict[str, Any] = {}
-    lists: dict[str, list[str]] = {key: [] for key in ("env", "protect", "unprotect")}
+    its profile (one whose variable is unset keeps its text, and matches nothing), and the
+    names of the profiles that refuse a launch without a credential file."""
+    scalars: dict[str, Any] = {}  # by keyword
+    lists: dict[str, list[str]] = {key: [] for key in ("pass_env", "protect", "unprotect")}
     setenv: dict[str, str] = {}
     limits: dict[str, int] = {}
     masks: list[str] = []
@@ -685,10 +666,9 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
             for d in values.get("allow_hosts", [])
         ]
         inject += values.get("inject", [])
-        for key in ("network", "network_reason", "home", "workspace", "git_identity",
-                    "allow_nested_userns", "credential"):  # fmt: skip
-            if key in values:
-                scalars[key] = values[key]
+        for option in _PROFILE_SCALARS:
+            if option.key in values:
+                scalars[option.name] = values[option.key]
         if "credential" in values:
             credential_where = profile.where("credential")
         if values.get("requires_credential"):
@@ -720,7 +700,7 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         credential = _expand(scalars["credential"], session, environ, credential_where)
     applied = session.replace(
         profile=(),
-        env=tuple(dict.fromkeys([*lists["env"], *session.env])),
+        pass_env=tuple(dict.fromkeys([*lists["pass_env"], *session.pass_env])),
         protect=(*lists["protect"], *session.protect),
         unprotect=(*lists["unprotect"], *session.unprotect),
         setenv=(*setenv.items(), *session.setenv),
@@ -730,17 +710,14 @@ def with_profiles(session: Session, environ: Mapping[str, str]) -> tuple[Session
         inject=tuple(dict.fromkeys([*inject, *session.inject])),
         network=network,
         network_reason=session.network_reason or scalars.get("network_reason"),
-        home_mode=session.home_mode or scalars.get("home", "persist"),
-        workspace_mode=session.workspace_mode or scalars.get("workspace", "rw"),
+        home_mode=session.home_mode or scalars.get("home_mode", "persist"),
+        workspace_mode=session.workspace_mode or scalars.get("workspace_mode", "rw"),
         git_identity=session.git_identity or scalars.get("git_identity"),
         allow_nested_userns=session.allow_nested_userns or scalars.get("allow_nested_userns"),
         credential=credential,
         binds=tuple(binds),
-        credential_needed_by=tuple(
-            dict.fromkeys([*needs_credential, *session.credential_needed_by])
-        ),
     )
-    return applied, deny
+    return applied, deny, tuple(needs_credential)
 
 
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
@@ -817,7 +794,7 @@ def bind_sources(bind: Bind) -> list[str]:
 def profile_gives(name: str, session: Session, environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """(host path, reason) of each bind the profile `name` gives session itself (not through
     what it includes), expanded and globbed as a launch would."""
-    applied, _ = with_profiles(session.replace(profile=(name,), binds=()), environ)
+    applied, _, _ = with_profiles(session.replace(profile=(name,), binds=()), environ)
     own = f"[profile {name}]"
     return [
         (source, bind.reason)

@@ -41,9 +41,9 @@ def test_terminal_and_locale_variables_pass_by_default(
 def test_terminal_variables_can_be_left_out(
     ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """pass_terminal=False leaves them out."""
+    """terminal_env=False leaves them out."""
     monkeypatch.setenv("TERM", "xterm-256color")
-    plan = session(*ws_run, pass_terminal=False).plan()
+    plan = session(*ws_run, terminal_env=False).plan()
     assert sh(plan, "echo [$TERM]")[1].strip() == "[]"
 
 
@@ -70,14 +70,14 @@ def test_a_bad_setenv_is_refused(ws_run: tuple[Path, Path], bad: str) -> None:
 
 
 def test_home_persists_by_default(ws_run: tuple[Path, Path]) -> None:
-    """home="persist": what one launch leaves in HOME, the next one finds."""
+    """home_mode="persist": what one launch leaves in HOME, the next one finds."""
     plan = session(*ws_run).plan()
     sh(plan, "echo kept > $HOME/note")
     assert sh(plan, "cat $HOME/note")[1].strip() == "kept"
 
 
 def test_a_fresh_home_is_empty_every_launch(ws_run: tuple[Path, Path]) -> None:
-    """home="fresh": each launch gets an empty HOME, and nothing of it reaches the run dir."""
+    """home_mode="fresh": each launch gets an empty HOME, and nothing of it reaches the run dir."""
     plan = session(*ws_run, home_mode="fresh").plan()
     _status, output = sh(plan, "echo gone > $HOME/note; ls -A $HOME")
     assert output.strip() == "note", output

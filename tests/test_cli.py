@@ -278,7 +278,7 @@ def test_plan_output_never_shows_a_secret(dirs: Dirs) -> None:
     token, passed = f"cred-{secrets.token_hex(16)}", f"env-{secrets.token_hex(16)}"
     cred = write_credential(dirs.root / "session.env", f"API_TOKEN='{token}'\n")
     env = base_env(NSCONFINE_TEST_PASSED=passed)
-    session = [*dirs.session, "--credential", str(cred), "--env", "NSCONFINE_TEST_PASSED"]
+    session = [*dirs.session, "--credential", str(cred), "--pass-env", "NSCONFINE_TEST_PASSED"]
     result = nsconfine("plan", *session, "--bwrap-args", env=env)
     assert result.returncode == 0, result.stderr
     options = json.loads(result.stdout)

@@ -218,9 +218,9 @@ def test_credential_cannot_set_home(tmp_path: Path, ws_run: tuple[Path, Path]) -
         build_plan(Session(workspace=ws_run[0], run_dir=ws_run[1], credential=path), environ={})
 
 
-def test_credential_cannot_collide_with_env(tmp_path: Path, ws_run: tuple[Path, Path]) -> None:
-    """A name both passed by --env and set by the credential file is refused."""
+def test_credential_cannot_collide_with_pass_env(tmp_path: Path, ws_run: tuple[Path, Path]) -> None:
+    """A name both passed by pass_env and set by the credential file is refused."""
     path = credential(tmp_path, "TOKEN=from-file\n")
-    session = Session(workspace=ws_run[0], run_dir=ws_run[1], credential=path, env=["TOKEN"])
+    session = Session(workspace=ws_run[0], run_dir=ws_run[1], credential=path, pass_env=["TOKEN"])
     with pytest.raises(PlanError, match="TOKEN"):
         build_plan(session, environ={"TOKEN": "from-launcher"})

@@ -156,7 +156,7 @@ def test_a_profile_file_binds_sets_and_passes(
         tmp_path,
         f"""
 description = "a test profile"
-env = ["NSC_TEST_PASSED"]
+pass_env = ["NSC_TEST_PASSED"]
 network = "none"
 
 [setenv]
@@ -366,7 +366,7 @@ def test_a_made_directory_is_never_made_through_a_swapped_symlink(
         tmp_path,
         """
 description = "a test profile"
-workspace = "ro"
+workspace_mode = "ro"
 
 [[bind]]
 source = "{workspace}/a/b/notes"

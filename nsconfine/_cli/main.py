@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from nsconfine._errors import NsconfineError, UsageError
 from nsconfine._plan.bwrap_args import bwrap_options
 from nsconfine._plan.model import Plan
-from nsconfine._session import Harness, Session
+from nsconfine._plan.options import REQUIRED, SESSION_OPTIONS, SWITCH, help_text
+from nsconfine._session import Session
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -59,154 +60,36 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+class _Renamed(argparse.Action):
+    """A flag an option had before: refused, naming the flag it has now."""
+
+    def __init__(self, option_strings: list[str], dest: str, now: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", help=argparse.SUPPRESS)
+        self.now = now
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: str | None = None) -> None:
+        parser.error(f"{option} is now {self.now}")
+
+
 def _add_session_options(parser: argparse.ArgumentParser) -> None:
+    """The session's flags: one per row of nsconfine._plan.options that has one."""
     group = parser.add_argument_group("session")
-    group.add_argument(
-        "--workspace", required=True, metavar="DIR", help="read-write; the working directory"
-    )
-    group.add_argument(
-        "--run-dir", required=True, metavar="DIR", help="read-write; HOME is created inside it"
-    )
-    group.add_argument(
-        "--ro",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="read-only file or dir the runner loads (repeatable)",
-    )
-    group.add_argument(
-        "--harness",
-        action="append",
-        default=[],
-        metavar="PATH[@sha256:HEX]",
-        help="read-only harness executable, pinned when a digest is given",
-    )
-    group.add_argument("--tool-socket", metavar="PATH", help="a unix socket the session reaches")
-    group.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="pass NAME's value from this environment (repeatable)",
-    )
-    group.add_argument(
-        "--credential", metavar="FILE", help="KEY=VALUE file, owned by you, mode 0600"
-    )
-    group.add_argument(
-        "--deny",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="another host path no bind may expose (repeatable)",
-    )
-    group.add_argument(
-        "--mask",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="a host path a bind would show (a workspace's .env): shown empty and read-only "
-        "instead (repeatable)",
-    )
-    group.add_argument(
-        "--user",
-        metavar="NAME",
-        help="the unprivileged account the session runs as (required when running as root)",
-    )
-    group.add_argument(
-        "--protect",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="another path (relative to the workspace) the host trusts: kept read-only",
-    )
-    group.add_argument(
-        "--network",
-        choices=("none", "proxy", "host"),
-        default=None,
-        help="none: a network namespace of its own with only a loopback (default); proxy: that "
-        "and a relay to nsconfine's proxy, which allows only --allow-host destinations (the "
-        "default when any is given); host: the launcher's network, shared (needs "
-        "--network-reason)",
-    )
-    group.add_argument(
-        "--allow-host",
-        action="append",
-        default=[],
-        metavar="HOST[:PORT][=ADDRESS]",
-        help="repeatable; a destination the proxy allows (pypi.org, *.githubusercontent.com, "
-        "host:8443; =ADDRESS pins its address, as curl's --resolve does)",
-    )
-    group.add_argument(
-        "--inject-for",
-        action="append",
-        default=[],
-        metavar="ROUTE",
-        help="repeatable; an API (anthropic, openai) the session reaches through the proxy, "
-        "which adds the credential file's key: the session holds a placeholder",
-    )
-    group.add_argument(
-        "--audit",
-        metavar="FILE",
-        help="append a JSON line per proxy connection (allowed or refused) to FILE",
-    )
-    group.add_argument(
-        "--network-reason",
-        metavar="REASON",
-        help="why the session shares the launcher's network (--network host): the manifest "
-        "shows it",
-    )
-    group.add_argument(
-        "--allow-nested-userns",
-        metavar="REASON",
-        help="let the session make user namespaces of its own (a harness that runs bwrap "
-        "itself), saying why: the manifest shows it",
-    )
-    group.add_argument(
-        "--unprotect",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a protected name (.envrc, .vscode, …) to leave writable (repeatable)",
-    )
-    group.add_argument(
-        "--profile",
-        action="append",
-        default=[],
-        metavar="NAME|FILE",
-        help="a built-in profile (nsconfine profiles) or a TOML profile file (repeatable); "
-        "the other options add to it",
-    )
-    group.add_argument(
-        "--setenv",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set a literal, non-secret value (repeatable; shown in the manifest)",
-    )
-    group.add_argument(
-        "--no-terminal-env",
-        action="store_true",
-        help="do not pass TERM, COLORTERM, LANG, LANGUAGE, LC_* and TZ (passed by default)",
-    )
-    group.add_argument(
-        "--home",
-        choices=("persist", "fresh"),
-        default=None,
-        help="persist: RUN/home, kept from launch to launch (default); fresh: empty each launch",
-    )
-    group.add_argument(
-        "--limit",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="the session's share (repeatable): processes, open_files, tmp, shm (bytes, or "
-        "with K, M, G), ptys, inotify_instances, inotify_watches; shown in the manifest",
-    )
-    group.add_argument(
-        "--git-identity",
-        metavar='"NAME <EMAIL>"',
-        help="who the session's commits are by (a generated, read-only HOME .gitconfig)",
-    )
+    for option in SESSION_OPTIONS:
+        if option.flag is None:
+            continue
+        spec: dict[str, Any] = {"dest": option.name, "help": help_text(option, as_flags=True)}
+        if option.shape == SWITCH:
+            spec["action"] = "store_false" if option.default is True else "store_true"
+        else:
+            spec["metavar"] = option.metavar
+            if option.choices:
+                spec["choices"] = option.choices
+            if option.repeatable:
+                spec.update(action="append", default=[])
+            spec["required"] = option.default is REQUIRED
+        group.add_argument(option.flag, **spec)
+        for old in option.old_flags:
+            group.add_argument(old, action=_Renamed, now=option.flag)
 
 
 def _check_options(check: argparse.ArgumentParser) -> None:
@@ -221,7 +104,7 @@ def _plan_options(plan: argparse.ArgumentParser) -> None:
         "--bwrap-args",
         action="store_true",
         help="the options bwrap reads from --args 3, as a JSON array "
-        "(values from --env and the credential file shown as (hidden))",
+        "(values from --pass-env and the credential file shown as (hidden))",
     )
     shown.add_argument(
         "--format",
@@ -312,40 +195,8 @@ def _parser(wanted: str | None = None) -> _Parser:
 
 
 def _session(arguments: argparse.Namespace) -> Session:
-    return Session(
-        workspace=arguments.workspace,
-        run_dir=arguments.run_dir,
-        ro=arguments.ro,
-        harness=[Harness.parse(spec) for spec in arguments.harness],
-        tool_socket=arguments.tool_socket,
-        env=arguments.env,
-        credential=arguments.credential,
-        deny=arguments.deny,
-        user=arguments.user,
-        protect=arguments.protect,
-        unprotect=arguments.unprotect,
-        network=arguments.network,
-        network_reason=arguments.network_reason,
-        allow_hosts=arguments.allow_host,
-        inject=arguments.inject_for,
-        audit=arguments.audit,
-        allow_nested_userns=_nested_reason(arguments.allow_nested_userns),
-        setenv=arguments.setenv,
-        pass_terminal=not arguments.no_terminal_env,
-        home_mode=arguments.home,
-        git_identity=arguments.git_identity,
-        profile=arguments.profile,
-        limits=arguments.limit,
-        mask=arguments.mask,
-    )
-
-
-def _nested_reason(given: str | None) -> str | bool:
-    if given is None:
-        return False
-    if not given.strip():
-        raise UsageError("--allow-nested-userns needs a reason: why the session makes its own")
-    return given
+    given = {o.name: getattr(arguments, o.name) for o in SESSION_OPTIONS if o.flag is not None}
+    return Session(**given)
 
 
 def _shown_options(plan: Plan) -> list[str]:

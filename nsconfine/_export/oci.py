@@ -219,7 +219,7 @@ def export(
     reveal_secrets: bool = False,
 ) -> Export:
     """plan as an OCI bundle at bundle (an absolute path): config.json's content and what the
-    bundle holds. Values from --env and the credential file are shown as (hidden) unless
+    bundle holds. Values from --pass-env and the credential file are shown as (hidden) unless
     reveal_secrets (the bundle's own config.json, which only its owner reads)."""
     if not os.path.isabs(bundle):
         raise UsageError(f"the bundle directory {printable(bundle)} must be an absolute path")
@@ -629,7 +629,7 @@ def pod_spec(
     """A Kubernetes Pod running plan's session on the node that holds the bundle: every bind a
     hostPath volume (readOnly as planned), every tmpfs a memory emptyDir, the bundle's files
     and trees by their paths on the node, the seccomp profile as a localhost profile
-    (SECCOMP_PROFILE_DIR/NAME.json under the kubelet's seccomp directory), values from --env
+    (SECCOMP_PROFILE_DIR/NAME.json under the kubelet's seccomp directory), values from --pass-env
     and the credential file from a Secret NAME-env, never written here."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []

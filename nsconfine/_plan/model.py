@@ -256,7 +256,7 @@ class Origin(enum.StrEnum):
     NSCONFINE = "nsconfine"  # set by nsconfine itself (HOME, PATH, …): shown
     TERMINAL = "terminal"  # the launcher's terminal and locale (TERM, LANG, …): shown
     SETENV = "setenv"  # a literal, non-secret value (--setenv, a profile): shown
-    LAUNCHER = "launcher"  # passed from the launcher's environment by --env: hidden
+    LAUNCHER = "launcher"  # passed from the launcher's environment (--pass-env): hidden
     CREDENTIAL = "credential"  # read from the credential file: hidden
 
     @property
@@ -378,16 +378,16 @@ def _execution_order(entry: Entry) -> tuple[int, int]:
     return (1 if entry.kind is Kind.REMOUNT_RO else 0, depth)
 
 
-# A session's network: the launcher's own ("host"), a namespace of its own with only a
-# loopback ("none"), or that and a relay to nsconfine's proxy outside ("proxy").
+# A session's network: a namespace of its own with only a loopback ("none", the default), that
+# and a relay to nsconfine's proxy outside ("proxy"), or the launcher's own ("host").
 NETWORKS = {
-    "host": "the launcher's network, shared: the host's loopback and every service on it, every "
-    "address the launcher reaches, and the host's abstract unix sockets (a session can also "
-    "serve one that host programs connect to)",
     "none": "a network namespace of its own with only a loopback: no host service, no host "
     "abstract socket",
     "proxy": "a network namespace of its own with only a loopback, and a relay on "
     "127.0.0.1:3128 to nsconfine's proxy outside: only the destinations the plan lists",
+    "host": "the launcher's network, shared: the host's loopback and every service on it, every "
+    "address the launcher reaches, and the host's abstract unix sockets (a session can also "
+    "serve one that host programs connect to)",
 }
 
 

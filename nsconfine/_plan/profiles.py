@@ -1,11 +1,12 @@
 """Profiles: what a kind of session gets, in a TOML file, each entry with its reason.
 
 A profile is a built-in name (nsconfine/profiles/NAME.toml, listed by `nsconfine profiles`) or a
-file. Its keys:
+file. Its keys are the profile keys of the session's options (nsconfine._plan.options, listed in
+docs/options.md) and two of its own, description and requires_credential:
 
     description = "what it is for"                      (required)
     include = ["node", "tls", "/path/other.toml"]        profiles it builds on, applied first
-    env = ["NAME", …]                                    passed from the launcher, when set
+    pass_env = ["NAME", …]                               passed from the launcher, when set
     [setenv] NAME = "value"                              literal, non-secret values
     [[bind]] source, mode ("ro" | "rw"), reason          (required), and optionally:
              dest (default: source), optional (skip it when missing),
@@ -13,8 +14,8 @@ file. Its keys:
     protect, unprotect, deny = ["…"]                     as the command-line options
     mask = ["{workspace}/.env"]                          paths shown empty and read-only, each
                                                          absolute after {workspace}, $NAME, ~
-    network = "none" | "host"; network_reason = "why host" (host needs one)
-    home = "persist" | "fresh"; workspace = "rw" | "ro"
+    network = "none" | "proxy" | "host"; network_reason = "why host" (host needs one)
+    home_mode = "persist" | "fresh"; workspace_mode = "rw" | "ro"
     [limits] processes = 512, tmp = "256M", …          the session's share (nsconfine._plan.limits)
     git_identity = "Name <email>"; allow_nested_userns = "reason"
     credential = "~/.config/nsconfine/agent.env"         the file, if none is given
@@ -36,6 +37,7 @@ import re
 import stat
 
 from nsconfine._errors import UsageError
+from nsconfine._plan import options as o
 from nsconfine._plan.allowlist import Destination
 from nsconfine._plan.limits import parse_value
 from nsconfine._record import Record
@@ -45,26 +47,25 @@ TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from typing import Any
 
+_STRING_LISTS = (o.PATHS, o.NAMES, o.VARIABLES)  # a TOML list of strings
+_PATH_SHAPES = (o.PATH, o.PATHS)  # each string absolute or from one of PATH_FORMS
+
 BUILT_IN_DIRECTORY = os.path.join(os.path.dirname(os.path.dirname(__file__)), "profiles")
 
-_SCALARS = {
+# The keys a profile may hold: each session option's profile key, by the shape of its value
+# (nsconfine._plan.options), and the profile's own. An option given as a TOML table or array of
+# tables ([setenv], [limits], [[allow_hosts]], [[bind]]) has its own reader in _checked.
+_OPTION_KEYS = {option.key: option for option in o.SESSION_OPTIONS if option.key is not None}
+_SCALARS: dict[str, type] = {
     "description": str,
-    "network": str,
-    "network_reason": str,
-    "home": str,
-    "workspace": str,
-    "git_identity": str,
-    "allow_nested_userns": str,
-    "credential": str,
     "requires_credential": bool,
+    **{key: str for key, option in _OPTION_KEYS.items() if not option.repeatable},
 }
-_LISTS = ("include", "env", "protect", "unprotect", "deny", "mask", "inject")
-_CHOICES = {
-    "network": ("none", "proxy", "host"),
-    "home": ("persist", "fresh"),
-    "workspace": ("rw", "ro"),
-}
-_PATH_KEYS = ("deny", "credential")
+_LISTS = tuple(key for key, option in _OPTION_KEYS.items() if option.shape in _STRING_LISTS)
+_CHOICES = {key: option.choices for key, option in _OPTION_KEYS.items() if option.choices}
+_PATH_KEYS = tuple(key for key, option in _OPTION_KEYS.items() if option.shape in _PATH_SHAPES)
+# A key an option had before: refused, naming the key it has now.
+_RENAMED = {old: option.key for option in o.SESSION_OPTIONS for old in option.old_keys}
 # What a profile's path may start with: each is expanded (nsconfine._session), and a path that is
 # none of them would be relative to whatever directory the launcher happens to run in.
 PATH_FORMS = ("/", "~", "$", "{workspace}", "{run_dir}", "{home}", "{config}")
@@ -241,6 +242,8 @@ def _checked(label: str, path: str, text: str) -> Profile:
     lines: dict[str, int] = {}
     for key, value in data.items():
         line = where.line_of(key)
+        if key in _RENAMED:
+            raise where.error(line, key, f"is now {_RENAMED[key]}")
         if key in _PATH_KEYS:
             lines[key] = line
             for text in value if isinstance(value, list) else [value]:
@@ -254,12 +257,8 @@ def _checked(label: str, path: str, text: str) -> Profile:
         elif key in _LISTS:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise where.error(line, key, "must be a list of strings")
-            if key == "env" and not all(is_env_name(v) for v in value):
+            if _OPTION_KEYS[key].shape == o.VARIABLES and not all(is_env_name(v) for v in value):
                 raise where.error(line, key, "must hold variable names")
-            if key == "mask" and not all(v.startswith(("/", "{", "$", "~")) for v in value):
-                raise where.error(
-                    line, key, "must hold absolute paths (or start with {workspace}, $NAME or ~)"
-                )
             values[key] = value
         elif key == "limits":
             if not isinstance(value, dict):
@@ -288,7 +287,7 @@ def _checked(label: str, path: str, text: str) -> Profile:
                     lines[f"bind.{number}.{path_key}"] = key_line
                     _check_path_form(where, key_line, path_key, table.get(path_key, "/"))
         else:
-            raise where.error(line, key, "is not a profile key (see nsconfine/_plan/profiles.py)")
+            raise where.error(line, key, "is not a profile key (docs/options.md lists them)")
     if "description" not in values:
         raise where.error(1, "description", "is required: say what the profile is for")
     name = label if os.sep not in label else os.path.basename(path).removesuffix(".toml")
