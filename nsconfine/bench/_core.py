@@ -36,7 +36,7 @@ from nsconfine._plan.model import Plan
 from nsconfine._preflight.checks import proven_bwrap
 
 if TYPE_CHECKING:
-    from nsconfine._session import Network
+    from nsconfine._plan.options import Network
 
 SCHEMA: Final = 1
 SECTIONS: Final = (
