@@ -668,6 +668,42 @@ def test_the_session_cap_refuses_at_once(audited: Audited, echo: _TcpServer) -> 
         held[1][0].close()
 
 
+def test_sessions_that_fill_the_proxy_leave_a_quiet_session_its_share(
+    audited: Audited, echo: _TcpServer
+) -> None:
+    """Hostile sessions holding every place under the launcher-wide cap leave a quiet session
+    a few connections of its own; past those it is refused at once like them (the cap still
+    bounds the whole). Found by an attacker's pass: eight sessions at the per-session cap held
+    all 512 places and a ninth got only 503s."""
+    target = f"echo.test:{echo.port}"
+    rules = [dest(f"{target}=127.0.0.1")]
+    held: list[socket.socket] = []
+    with Proxy(sandboxes_only=False, audit=audited.append, max_connections_per_session=16,
+               max_connections=32) as proxy:  # fmt: skip
+        try:
+            for hostile in (proxy.add_session(f"hostile-{n}", rules, []) for n in range(2)):
+                for _ in range(16):
+                    client, head = tunnel(hostile, target)
+                    held.append(client)
+                    assert status(head) == 200
+            quiet = proxy.add_session("quiet", rules, [])
+            answers: list[int] = []
+            for _ in range(17):  # until refused, and never past its own cap
+                client, head = tunnel(quiet, target)
+                held.append(client)
+                answers.append(status(head))
+                if answers[-1] != 200:
+                    break
+            assert answers[0] == 200, "a session got no connection while others held the proxy"
+            assert answers[-1] == 503, "the quiet session went past the launcher-wide cap"
+            assert len(answers) - 1 == proxy.guaranteed_per_session
+            full = f"the proxy has {32 + proxy.guaranteed_per_session} connections open"
+            assert audited.wait_for("refused")[-1]["reason"] == full
+        finally:
+            for client in held:
+                client.close()
+
+
 def test_a_client_that_never_reads_blocks_nobody(proxy: Proxy, http_upstream: Upstream) -> None:
     flood = _TcpServer(flood=True)
     rules = [dest(f"flood.test:{flood.port}=127.0.0.1"),
