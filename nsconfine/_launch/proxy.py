@@ -8,8 +8,9 @@ refused with a one-line reason, and every connection is audited.
 
 The peer is hostile: it may send nothing, send forever, never read, or send what two HTTP
 parsers read differently. So: a thread per connection with blocking sockets and timeouts (a
-stuck peer holds only its own thread), caps per session and overall, a strict request parser,
-and the session's own rules and routes only (a listener knows no other session's).
+stuck peer holds only its own thread), caps per session and overall (with a few places each
+session keeps whatever the others hold), a strict request parser, and the session's own rules
+and routes only (a listener knows no other session's).
 """
 
 from __future__ import annotations
@@ -290,6 +291,7 @@ class Proxy:
         idle_timeout: float = 300.0,
         max_connections_per_session: int = 64,
         max_connections: int = 512,
+        guaranteed_per_session: int = 4,
         sandboxes_only: bool = True,
     ) -> None:
         self._audit = audit
@@ -299,6 +301,10 @@ class Proxy:
         self.idle_timeout = idle_timeout
         self.max_connections_per_session = max_connections_per_session
         self.max_connections = max_connections
+        # A session's first few connections are admitted whatever the others hold (sessions
+        # that fill max_connections cannot starve another): threads are then bounded by
+        # max_connections plus this many per session, and the sessions are the launcher's.
+        self.guaranteed_per_session = guaranteed_per_session
         # Only peers in a network namespace other than the launcher's (off for tests that
         # speak to the proxy from the host).
         self.sandboxes_only = sandboxes_only
@@ -424,9 +430,10 @@ class Proxy:
             connection = _Connection(session.name, client)
             with self._lock:
                 total = sum(len(s.connections) for s in self._sessions.values())
-                if len(session.connections) >= self.max_connections_per_session:
-                    refusal = f"this session has {len(session.connections)} connections open"
-                elif total >= self.max_connections:
+                held = len(session.connections)
+                if held >= self.max_connections_per_session:
+                    refusal = f"this session has {held} connections open"
+                elif total >= self.max_connections and held >= self.guaranteed_per_session:
                     refusal = f"the proxy has {total} connections open"
                 else:
                     refusal = ""
