@@ -11,6 +11,7 @@ import http.server
 import ipaddress
 import json
 import os
+import resource
 import socket
 import ssl
 import stat
@@ -717,6 +718,33 @@ def test_a_client_that_never_reads_blocks_nobody(proxy: Proxy, http_upstream: Up
         assert flood.blocked.wait(30)
         assert status(ask(path, get("web.test", http_upstream.port))) == 200
     flood.close()
+
+
+def test_a_tunnel_relays_when_the_launchers_fds_pass_1024(proxy: Proxy, echo: _TcpServer) -> None:
+    """A launcher holding more than 1024 descriptors (select's limit) still relays: the
+    connection's sockets are numbered past it. Found by an attacker's pass: select() raised
+    ValueError and every connection failed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1100
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"the hard limit on open files ({hard}) is under {wanted}")
+    path = proxy.add_session("s", [dest(f"echo.test:{echo.port}=127.0.0.1")], [])
+    fillers: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    try:
+        while not fillers or fillers[-1] < 1030:  # every lower number taken: new ones are above
+            fillers.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        client, head = tunnel(path, f"echo.test:{echo.port}")
+        with client:
+            assert client.fileno() > 1024
+            assert status(head) == 200
+            client.sendall(b"past select's limit")
+            client.shutdown(socket.SHUT_WR)
+            assert read_all(client) == b"past select's limit"
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 # -- routes ---------------------------------------------------------------------------------
