@@ -701,14 +701,21 @@ class Proxy:
             upstream.sendall(first)
             sent[upstream] += len(first)
             open_from = {client: upstream, upstream: client}
+            by_fd = {sock.fileno(): sock for sock in open_from}
+            # poll, not select: select cannot watch an fd numbered past 1024, and a launcher
+            # may hold that many.
+            poller = select.poll()
+            for sock in open_from:
+                poller.register(sock, select.POLLIN)
             while open_from:
                 readable: list[socket.socket] = [
                     s for s in open_from if isinstance(s, ssl.SSLSocket) and s.pending()
                 ]
                 if not readable:
-                    readable, _, _ = select.select(list(open_from), [], [], self.idle_timeout)
-                    if not readable:
+                    ready = poller.poll(self.idle_timeout * 1000)
+                    if not ready:
                         return  # idle: _serve closes both ends
+                    readable = [by_fd[fd] for fd, _events in ready]
                 for source in readable:
                     destination = open_from[source]
                     try:
@@ -724,6 +731,7 @@ class Proxy:
                     if not ended:
                         continue
                     del open_from[source]
+                    poller.unregister(source)
                     # An SSL socket cannot half-close without ending TLS: the upstream was told
                     # `Connection: close` and ends the exchange itself.
                     if not isinstance(destination, ssl.SSLSocket):
