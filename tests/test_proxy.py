@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from helpers import LocalCA, make_local_ca
@@ -111,32 +112,45 @@ def tls_upstream(test_ca: LocalCA) -> Iterator[Upstream]:
 
 
 class _TcpServer:
-    """A raw TCP server on 127.0.0.1: echo (until EOF, then close) or flood (send until the
-    peer's buffers are full, then set `blocked`)."""
+    """A raw TCP server on 127.0.0.1: echo (until EOF, then close), flood (send until the
+    peer's buffers are full, then set `blocked`) or record (read until EOF, then answer an
+    HTTP 200 whose body is every byte it read)."""
 
-    def __init__(self, flood: bool = False) -> None:
+    def __init__(self, answer: Literal["echo", "flood", "record"] = "echo") -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.flood = flood
+        self.answer = answer
         self.blocked = threading.Event()
         self.peers: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
+        serve = {"echo": self._echo, "flood": self._flood, "record": self._record}[self.answer]
         while True:
             try:
                 peer, _ = self.listener.accept()
             except OSError:
                 return
             self.peers.append(peer)
-            threading.Thread(target=self._flood if self.flood else self._echo, args=(peer,),
-                             daemon=True).start()  # fmt: skip
+            threading.Thread(target=serve, args=(peer,), daemon=True).start()
 
     @staticmethod
     def _echo(peer: socket.socket) -> None:
         try:
             while data := peer.recv(65536):
                 peer.sendall(data)
+            peer.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _record(peer: socket.socket) -> None:
+        received = b""
+        try:
+            while data := peer.recv(65536):
+                received += data
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(received)}\r\n\r\n".encode()
+            peer.sendall(head + received)
             peer.shutdown(socket.SHUT_WR)
         except OSError:
             pass
@@ -160,6 +174,13 @@ class _TcpServer:
 @pytest.fixture
 def echo() -> Iterator[_TcpServer]:
     server = _TcpServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def recorder() -> Iterator[_TcpServer]:
+    server = _TcpServer("record")
     yield server
     server.close()
 
@@ -489,6 +510,82 @@ def test_plain_http_is_forwarded_in_origin_form(proxy: Proxy, http_upstream: Ups
     assert ("connection", "keep-alive") not in headers_of(response)
 
 
+PIPELINED = b"GET /second HTTP/1.1\r\nHost: another-vhost.test\r\n\r\n"
+
+
+def _first_request(proxy: Proxy, via: str, port: int, framing: str) -> tuple[str, bytes]:
+    """A session whose one destination is the upstream at port, reached by a plain-HTTP
+    request or through a route (via): its socket, and a POST head there with framing."""
+    if via == "route":
+        route = Route("anthropic", f"http://127.0.0.1:{port}", "x-api-key", SECRET)
+        path = proxy.add_session("s", [], [route])
+        head = f"POST /anthropic/v1/messages HTTP/1.1\r\nHost: 127.0.0.1:3128\r\n{framing}\r\n"
+    else:
+        path = proxy.add_session("s", [dest(f"web.test:{port}=127.0.0.1")], [])
+        head = (
+            f"POST http://web.test:{port}/first HTTP/1.1\r\nHost: web.test:{port}\r\n{framing}\r\n"
+        )
+    return path, head.encode()
+
+
+def _through(path: str, request: bytes) -> bytes:
+    """The proxy's answer to request, sent whole and half-closed (the recorder answers at EOF)."""
+    with connect(path) as client:
+        client.sendall(request)
+        client.shutdown(socket.SHUT_WR)
+        return read_all(client)
+
+
+@pytest.mark.parametrize(
+    ("framing", "body", "forwarded"),
+    [
+        ("", b"", b""),
+        ("Content-Length: 5\r\n", b"hello", b"hello"),
+        ("Transfer-Encoding: chunked\r\n", b"5;x=y\r\nhello\r\n1\r\n!\r\n0\r\n\r\n",
+         b"5\r\nhello\r\n1\r\n!\r\n0\r\n\r\n"),
+    ],
+    ids=["no body", "content-length", "chunked"],
+)  # fmt: skip
+@pytest.mark.parametrize("via", ["plain http", "route"])
+def test_one_request_goes_upstream_and_nothing_after_it(
+    proxy: Proxy, recorder: _TcpServer, via: str, framing: str, body: bytes, forwarded: bytes
+) -> None:
+    """The upstream gets the connection's first request and its body, framed as its head says
+    (chunks re-sent plainly), and nothing after it: a request pipelined behind it would reach
+    the listed host's address under any Host header, or another path of a route's API host
+    unchecked. Found by an attacker's pass: the bytes after the first request went on raw."""
+    path, head = _first_request(proxy, via, recorder.port, framing)
+    response = _through(path, head + body + PIPELINED)
+    assert status(response) == 200, response
+    received = response.partition(b"\r\n\r\n")[2]
+    assert received.startswith(b"POST /")
+    assert received.partition(b"\r\n\r\n")[2] == forwarded
+
+
+@pytest.mark.parametrize(
+    ("framing", "body", "expected"),
+    [
+        ("Transfer-Encoding: gzip\r\n", b"", 501),
+        ("Transfer-Encoding: gzip, chunked\r\n", b"0\r\n\r\n", 501),
+        ("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n", 400),
+        ("Transfer-Encoding: chunked\r\n", b"zz\r\nhello\r\n0\r\n\r\n", 400),
+        ("Transfer-Encoding: chunked\r\n", b"5\nhello\r\n0\r\n\r\n", 400),
+        ("Transfer-Encoding: chunked\r\n", b"5\r\nhelloXX0\r\n\r\n", 400),
+        ("Transfer-Encoding: chunked\r\n", b"0\r\nX-Api-Key: forged\r\n\r\n", 400),
+        ("Transfer-Encoding: chunked\r\n", b"0\r\n\r\n", 200),
+    ],
+    ids=["unknown coding", "coding before chunked", "chunked twice", "size not hex",
+         "bare LF", "no CRLF after data", "trailer", "twin: empty chunked body"],
+)  # fmt: skip
+def test_a_body_whose_framing_the_proxy_cannot_read_is_refused(
+    proxy: Proxy, recorder: _TcpServer, framing: str, body: bytes, expected: int
+) -> None:
+    """A transfer coding other than chunked is 501, malformed chunked framing (or a trailer,
+    which an upstream may take for a header) is 400: the proxy forwards only what it can frame."""
+    path, head = _first_request(proxy, "plain http", recorder.port, framing)
+    assert status(_through(path, head + body)) == expected
+
+
 @pytest.mark.parametrize("listed", [False, True])
 def test_a_name_not_listed_is_refused(proxy: Proxy, echo: _TcpServer, listed: bool) -> None:
     rules = [dest(f"echo.test:{echo.port}=127.0.0.1")]
@@ -706,7 +803,7 @@ def test_sessions_that_fill_the_proxy_leave_a_quiet_session_its_share(
 
 
 def test_a_client_that_never_reads_blocks_nobody(proxy: Proxy, http_upstream: Upstream) -> None:
-    flood = _TcpServer(flood=True)
+    flood = _TcpServer("flood")
     rules = [dest(f"flood.test:{flood.port}=127.0.0.1"),
              dest(f"web.test:{http_upstream.port}=127.0.0.1")]  # fmt: skip
     path = proxy.add_session("s", rules, [])
