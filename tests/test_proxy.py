@@ -26,7 +26,7 @@ import pytest
 from helpers import LocalCA, make_local_ca
 
 from nsconfine._errors import UsageError
-from nsconfine._launch.proxy import Proxy, audit_to_file
+from nsconfine._launch.proxy import Proxy, _RequestBody, audit_to_file, parse_head
 from nsconfine._plan.allowlist import Destination, HostRefused, Route, canonical_host, judge
 
 SECRET = b"sk-real-secret-0123456789"
@@ -560,6 +560,17 @@ def test_one_request_goes_upstream_and_nothing_after_it(
     received = response.partition(b"\r\n\r\n")[2]
     assert received.startswith(b"POST /")
     assert received.partition(b"\r\n\r\n")[2] == forwarded
+
+
+def test_a_chunked_body_is_framed_the_same_whatever_its_pieces() -> None:
+    """Chunked framing read a byte at a time (each line split anywhere) gives the same bytes
+    upstream as read whole, and nothing of what follows it."""
+    request = parse_head(b"POST http://web.test/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    sent = b"3;a=b\r\nabc\r\n10\r\n" + b"x" * 16 + b"\r\n0\r\n\r\n" + PIPELINED
+    whole = _RequestBody(request).feed(sent)
+    assert whole == b"3\r\nabc\r\n10\r\n" + b"x" * 16 + b"\r\n0\r\n\r\n"
+    body = _RequestBody(request)
+    assert b"".join(body.feed(sent[n : n + 1]) for n in range(len(sent))) == whole
 
 
 @pytest.mark.parametrize(

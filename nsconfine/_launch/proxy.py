@@ -3,8 +3,10 @@
 A session's network namespace has only a loopback; a relay inside forwards each TCP
 connection to 127.0.0.1:3128 to this session's unix socket. Here each connection is one
 request: CONNECT to a listed host, a plain-HTTP request to a listed host, or a request to one of
-the session's routes (an API reached with a key the session never sees). Everything else is
-refused with a one-line reason, and every connection is audited.
+the session's routes (an API reached with a key the session never sees). Only that request goes
+upstream, its body framed as its head says: what a client pipelines after it is dropped, or it
+would reach the listed address unjudged. Everything else is refused with a one-line reason,
+and every connection is audited.
 
 The peer is hostile: it may send nothing, send forever, never read, or send what two HTTP
 parsers read differently. So: a thread per connection with blocking sockets and timeouts (a
@@ -34,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 from nsconfine._errors import UsageError
 from nsconfine._plan.allowlist import (
@@ -57,6 +60,7 @@ MAX_HEADER_LINES = 100
 MAX_RESPONSE_HEAD = 64 * 1024
 CHUNK = 64 * 1024
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
+MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
 # Headers that speak to this hop (or carry credentials to it), never forwarded as sent.
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization"})
 _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
@@ -67,6 +71,7 @@ _REASONS = {
     403: "Forbidden",
     408: "Request Timeout",
     431: "Request Header Fields Too Large",
+    501: "Not Implemented",
     502: "Bad Gateway",
     503: "Service Unavailable",
     504: "Gateway Timeout",
@@ -209,6 +214,72 @@ class _ResponseHeadRewriter:
     def flush(self) -> bytes:
         out, self.pending = self.pending, b""
         return out
+
+
+class _RequestBody:
+    """One request's body out of the bytes a client sends: Content-Length bytes, or chunked
+    framing read and re-sent plainly (sizes in bare hex, extensions dropped: no framing for an
+    upstream to read otherwise than this). What follows the body is never returned."""
+
+    def __init__(self, request: _Request) -> None:
+        codings = request.values("transfer-encoding")
+        if len(codings) > 1:
+            raise _Refusal(400, "Transfer-Encoding is stated twice")
+        if codings and codings[0].lower() != "chunked":
+            raise _Refusal(501, f"the transfer coding {codings[0]!r} is not forwarded")
+        lengths = request.values("content-length")  # (parse_head checked it is one number)
+        self.chunked = bool(codings)
+        self.left = int(lengths[0]) if lengths else 0  # of the body, or of the current chunk
+        self.state: Literal["size", "data", "data-end", "trailer", "done"] = (
+            "size" if self.chunked else "data" if self.left else "done"
+        )
+        self.partial_line = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """What of data goes upstream (raises _Refusal on framing it cannot read)."""
+        out: list[bytes] = []
+        while data and self.state != "done":
+            if self.state == "data":
+                out.append(data[: self.left])
+                data = data[self.left :]
+                self.left -= len(out[-1])
+                if not self.left:
+                    self.state = "data-end" if self.chunked else "done"
+                continue
+            line, data = self._line(data)
+            if line is None:
+                break
+            if self.state == "size":
+                out.append(self._chunk_size(line))
+            elif line:  # after a chunk's data, or after the last chunk (a trailer)
+                what = "a trailer" if self.state == "trailer" else "a chunk longer than its size"
+                raise _Refusal(400, f"the chunked body holds {what}")
+            else:  # the CRLF that ends a chunk's data, or the whole body
+                out.append(b"\r\n")
+                self.state = "size" if self.state == "data-end" else "done"
+        return b"".join(out)
+
+    def _line(self, data: bytes) -> tuple[bytes | None, bytes]:
+        """A CRLF-ended line of the framing (or None until it is whole) and the rest of data."""
+        buffered = self.partial_line + data
+        end = buffered.find(b"\r\n")
+        if end < 0 and len(buffered) <= MAX_CHUNK_LINE:
+            self.partial_line = buffered
+            return None, b""
+        line, self.partial_line = buffered[:end], b""
+        if end < 0 or end > MAX_CHUNK_LINE:
+            raise _Refusal(400, f"a line of the chunked framing is over {MAX_CHUNK_LINE} bytes")
+        if b"\r" in line or b"\n" in line:
+            raise _Refusal(400, "a bare CR or LF in the chunked framing")
+        return line, buffered[end + 2 :]
+
+    def _chunk_size(self, line: bytes) -> bytes:
+        size = line.partition(b";")[0].rstrip(b" \t")  # (the extensions are dropped)
+        if not 0 < len(size) <= 16 or not set(size) <= set(b"0123456789abcdefABCDEF"):
+            raise _Refusal(400, "a chunk's size is not a hexadecimal number")
+        self.left = int(size, 16)
+        self.state = "data" if self.left else "trailer"
+        return b"%x\r\n" % self.left
 
 
 @dataclass(eq=False)  # held in a set, by identity
@@ -637,8 +708,10 @@ class Proxy:
         if port != 80:
             host_line += f":{port}"
         head = request.head(path, _HOP_HEADERS | {"host"}, [f"Host: {host_line}".encode()])
+        body = _RequestBody(request)
+        first = head + body.feed(rest)
         connection.upstream = self._connect(decision)
-        self._relay(connection, head + rest, rewriter=_ResponseHeadRewriter())
+        self._relay(connection, first, rewriter=_ResponseHeadRewriter(), body=body)
         return decision.reason
 
     def _route(self, connection: _Connection, route: Route, request: _Request, rest: bytes) -> str:
@@ -658,6 +731,8 @@ class Proxy:
         drop = _HOP_HEADERS | _CREDENTIAL_HEADERS | {"host", route.header.lower()}
         extra = [f"Host: {upstream.netloc}".encode(), route.header_line]
         head = request.head(upstream.path.rstrip("/") + suffix, drop, extra)
+        body = _RequestBody(request)
+        first = head + body.feed(rest)
         try:
             raw = socket.create_connection((upstream.hostname, port), self.connect_timeout)
         except TimeoutError:
@@ -675,7 +750,7 @@ class Proxy:
             except (ssl.SSLError, OSError) as error:
                 reason = f"route {route.name}: TLS with {upstream.netloc} failed: {error}"
                 raise _Refusal(502, reason) from None
-        self._relay(connection, head + rest, rewriter=_ResponseHeadRewriter())
+        self._relay(connection, first, rewriter=_ResponseHeadRewriter(), body=body)
         return f"route {route.name}"
 
     def _relay(
@@ -684,10 +759,12 @@ class Proxy:
         first: bytes,
         rewriter: _ResponseHeadRewriter | None,
         reply: bytes = b"",
+        body: _RequestBody | None = None,
     ) -> None:
         """Bytes both ways until both sides have closed (a half-close is passed on) or neither
         has sent anything for idle_timeout. first: what goes upstream before the client's next
-        bytes; reply: what the client is told first. One thread: a peer that never reads
+        bytes; reply: what the client is told first; body: what of the client's bytes goes
+        upstream (all of them without it: a tunnel). One thread: a peer that never reads
         blocks its own sendall (until idle_timeout), nobody else's."""
         client, upstream = connection.client, connection.upstream
         assert upstream is not None
@@ -725,6 +802,8 @@ class Proxy:
                     ended = not data
                     if source is upstream and rewriter is not None:
                         data = rewriter.flush() if ended else rewriter.feed(data)
+                    elif source is client and body is not None:
+                        data = body.feed(data)
                     if data:
                         destination.sendall(data)
                         sent[destination] += len(data)
