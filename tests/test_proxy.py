@@ -15,6 +15,8 @@ import resource
 import socket
 import ssl
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -1054,6 +1056,46 @@ def test_sessions_are_named_once_and_close_is_idempotent(audited: Audited) -> No
     assert not Path(path).exists()
     with pytest.raises(UsageError, match="closed"):
         proxy.add_session("t", [], [])
+
+
+# A launcher with one proxy session: it prints the session's socket and runs until its
+# stdin closes (then closes its proxy).
+_LAUNCHER = """
+import sys
+from nsconfine._launch.proxy import Proxy
+with Proxy(sandboxes_only=False) as proxy:
+    print(proxy.add_session("s", [], []), flush=True)
+    sys.stdin.read()
+"""
+
+
+def _launcher() -> tuple[subprocess.Popen[str], Path]:
+    """Another launcher process with a session on its proxy, and that session's socket."""
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert launcher.stdout is not None
+    return launcher, Path(launcher.stdout.readline().strip())
+
+
+def test_a_killed_launchers_socket_directories_go_with_the_next_proxy() -> None:
+    """A launcher SIGKILLed with a session open leaves its socket directory behind; the next
+    proxy of the account removes it, and leaves a live launcher's alone (the twin). Found by an
+    attacker's pass: a killed launcher's directories stayed forever."""
+    killed, killed_socket = _launcher()
+    alive, alive_socket = _launcher()
+    try:
+        killed.kill()
+        killed.wait()
+        assert killed_socket.exists()
+        with Proxy(sandboxes_only=False) as proxy:
+            proxy.add_session("s", [], [])
+            assert not killed_socket.parent.exists(), "the killed launcher's directory stayed"
+            assert alive_socket.exists()
+            assert connect_status(str(alive_socket), "web.test:80") == 403  # it still serves
+    finally:
+        for launcher in (killed, alive):
+            launcher.communicate()  # (closes its stdin: a live one ends)
+    assert not alive_socket.parent.exists()  # its own close removed it
 
 
 def _refused_then_trickle(path: str, most: int) -> int:
