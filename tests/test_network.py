@@ -374,11 +374,11 @@ def test_a_host_process_of_the_session_account_gets_nothing_from_its_proxy(
     account (as root, `nobody`, which host daemons share) that finds the socket and asks the
     route gets nothing, and the upstream never sees the key (from inside, the same request
     reaches it: test_an_injected_key_reaches_the_upstream_and_never_the_session)."""
-    from nsconfine._launch.proxy import _sockets_parent
+    from nsconfine._launch.egress import _proxies
 
     port, seen = upstream
     secret, _credential, plan = _injected_session(ws_run, port, tmp_path, monkeypatch)
-    parent = _sockets_parent()
+    parent = _proxies.proxy().launcher_directory()  # (each session's directory is made there)
     before = set(os.listdir(parent))
     sandbox = nsconfine.spawn(plan, ["sleep", "60"])
     try:

@@ -1090,6 +1090,9 @@ def test_a_killed_launchers_socket_directories_go_with_the_next_proxy() -> None:
         with Proxy(sandboxes_only=False) as proxy:
             proxy.add_session("s", [], [])
             assert not killed_socket.parent.exists(), "the killed launcher's directory stayed"
+            launcher_directory = killed_socket.parent.parent  # and its own, and its lock
+            assert not launcher_directory.exists()
+            assert not Path(f"{launcher_directory}.lock").exists()
             assert alive_socket.exists()
             assert connect_status(str(alive_socket), "web.test:80") == 403  # it still serves
     finally:

@@ -8,6 +8,7 @@ relay joins 127.0.0.1:RELAY_PORT to it. The socket goes when the sandbox ends.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import os
@@ -53,6 +54,9 @@ class _Proxies:
         with self._lock:
             if self._proxy is None:
                 self._proxy = Proxy(audit=self._record)
+                # Its socket directories go when the launcher ends (a killed one's, with the
+                # account's next proxy).
+                atexit.register(self._proxy.close)
             return self._proxy
 
     def _record(self, record: dict[str, object]) -> None:

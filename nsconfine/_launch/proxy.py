@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import json
 import os
 import select
@@ -312,9 +313,10 @@ class _Session:
 
 
 def _sockets_parent() -> str:
-    """The directory the sessions' socket directories are made in: the launcher's own, 0711 (a
-    session's account passes through it to its socket, and lists nothing: the socket's name is
-    random). /run/nsconfine for root, else the launcher's runtime directory, else /tmp's."""
+    """The directory the launchers' directories of socket directories are made in: the
+    account's own, 0711 (a session's account passes through it to its socket, and lists
+    nothing: the names are random). /run/nsconfine for root, else the launcher's runtime
+    directory, else /tmp's."""
     if os.geteuid() == 0:
         parent = "/run/nsconfine"
     elif os.environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
@@ -330,6 +332,65 @@ def _sockets_parent() -> str:
             "read or write (it holds the sessions' proxy sockets): remove it"
         )
     return parent
+
+
+def _still_at(fd: int, path: str) -> bool:
+    """Is the file open at fd still the one at path (not unlinked, nor replaced)?"""
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+class _LauncherDirectory:
+    """This launcher's directory in the sockets' parent, holding its sessions' socket
+    directories, with a lock file beside it (NAME.lock) that the launcher holds flocked while it
+    lives (CLOEXEC: no session inherits it). A launcher killed before it could clean up leaves
+    both, and its lock free: the next launcher of the account takes it and removes them. The
+    lock is made before the directory and removed after it, so whatever point a launcher (or a
+    sweep) dies at leaves a free lock for the next sweep."""
+
+    def __init__(self, parent: str) -> None:
+        while True:
+            fd, lock = tempfile.mkstemp(prefix="launcher-", suffix=".lock", dir=parent)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if _still_at(fd, lock):
+                    break
+            except BlockingIOError:
+                pass  # a sweep took this new lock for a dead launcher's: it removes it
+            os.close(fd)
+        self.lock_fd = fd
+        self.path = lock.removesuffix(".lock")
+        os.mkdir(self.path, 0o700)
+        os.chmod(self.path, 0o711)  # a session's account passes through it to its socket
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path + ".lock")
+        os.close(self.lock_fd)
+
+    @staticmethod
+    def sweep(parent: str) -> None:
+        """Removes the directory of every launcher in parent whose lock is free (it is dead)."""
+        for name in os.listdir(parent):
+            if not (name.startswith("launcher-") and name.endswith(".lock")):
+                continue
+            lock = os.path.join(parent, name)
+            try:
+                fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: it lives
+                if _still_at(fd, lock):  # (not swept already by another launcher's sweep)
+                    shutil.rmtree(lock.removesuffix(".lock"), ignore_errors=True)
+                    os.unlink(lock)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
 
 _LAUNCHER_NETWORK = os.stat("/proc/self/ns/net").st_ino
@@ -382,6 +443,7 @@ class Proxy:
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
         self._closed = False
+        self._directory: _LauncherDirectory | None = None  # made at the first session
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -404,7 +466,7 @@ class Proxy:
                 raise UsageError("the proxy is closed")
             if name in self._sessions:
                 raise UsageError(f"session {name!r} already has a proxy socket")
-        directory = Path(tempfile.mkdtemp(prefix="proxy-", dir=_sockets_parent()))
+        directory = Path(tempfile.mkdtemp(prefix="proxy-", dir=self.launcher_directory()))
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             os.chmod(directory, 0o711)
@@ -432,6 +494,18 @@ class Proxy:
             self._sessions[name] = session
         session.thread.start()
         return str(path)
+
+    def launcher_directory(self) -> str:
+        """Where this proxy makes its sessions' socket directories: its own, made at the first
+        call, when every dead launcher's of the account is removed."""
+        with self._lock:
+            if self._closed:
+                raise UsageError("the proxy is closed")
+            if self._directory is None:
+                parent = _sockets_parent()
+                self._directory = _LauncherDirectory(parent)
+                _LauncherDirectory.sweep(parent)
+            return self._directory.path
 
     def remove_session(self, name_or_path: str | os.PathLike[str]) -> None:
         """Closes the session's listener, ends its connections, removes its socket."""
@@ -465,6 +539,10 @@ class Proxy:
             names = list(self._sessions)
         for name in names:
             self.remove_session(name)
+        with self._lock:
+            directory, self._directory = self._directory, None
+        if directory is not None:
+            directory.remove()
 
     def __enter__(self) -> Proxy:
         return self
