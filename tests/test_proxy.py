@@ -124,7 +124,8 @@ class _TcpServer:
         self.answer = answer
         self.blocked = threading.Event()
         self.peers: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.accepting = threading.Thread(target=self._accept, daemon=True)
+        self.accepting.start()
 
     def _accept(self) -> None:
         serve = {"echo": self._echo, "flood": self._flood, "record": self._record}[self.answer]
@@ -168,6 +169,11 @@ class _TcpServer:
             pass
 
     def close(self) -> None:
+        # Shut down, not just closed: a close leaves the socket listening inside the accept()
+        # that is waiting on it, which would take one more connection (one the proxy made just
+        # before, say) after the peers below were closed, and leave it to the collector.
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.accepting.join()
         self.listener.close()
         for peer in self.peers:
             peer.close()
