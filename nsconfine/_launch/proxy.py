@@ -818,8 +818,8 @@ class Proxy:
         except OSError as error:
             reason = f"route {route.name}: cannot reach {upstream.netloc}: {error.strerror}"
             raise _Refusal(502, reason) from None
+        connection.upstream = raw  # (closed by _serve, whatever fails from here on)
         record["address"] = raw.getpeername()[0]
-        connection.upstream = raw
         if upstream.scheme == "https":
             try:
                 # Made here, not once: the launcher's SSL_CERT_FILE applies as it is now.
