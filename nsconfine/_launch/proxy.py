@@ -60,6 +60,7 @@ MAX_HEAD = 16 * 1024
 MAX_HEADER_LINES = 100
 MAX_RESPONSE_HEAD = 64 * 1024
 CHUNK = 64 * 1024
+CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut connections
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
 MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
 # Headers that speak to this hop (or carry credentials to it), never forwarded as sent.
@@ -441,6 +442,8 @@ class Proxy:
         # speak to the proxy from the host).
         self.sandboxes_only = sandboxes_only
         self._lock = threading.Lock()
+        # Notified as each connection ends: a session's end waits for its connections' records.
+        self._connection_ended = threading.Condition(self._lock)
         self._sessions: dict[str, _Session] = {}
         self._closed = False
         self._directory: _LauncherDirectory | None = None  # made at the first session
@@ -530,6 +533,12 @@ class Proxy:
             connections = list(session.connections)
         for connection in connections:
             connection.shut()
+        # Each connection's thread, its sockets shut, ends at once: its audit record is written
+        # before the session's end is (a record written after would find no listener).
+        with self._connection_ended:
+            self._connection_ended.wait_for(
+                lambda: not session.connections, CONNECTIONS_END_SECONDS
+            )
         shutil.rmtree(session.directory, ignore_errors=True)
 
     def close(self) -> None:
@@ -652,10 +661,11 @@ class Proxy:
             for sock in (connection.client, connection.upstream):
                 if sock is not None:
                     sock.close()
-            with self._lock:
+            if allowed_reason is not None:
+                self._emit(record, True, allowed_reason)
+            with self._connection_ended:
                 session.connections.discard(connection)
-        if allowed_reason is not None:
-            self._emit(record, True, allowed_reason)
+                self._connection_ended.notify_all()
 
     @staticmethod
     def _send_quietly(sock: socket.socket, data: bytes) -> None:
