@@ -123,23 +123,26 @@ class Pool:
         (relative to the plan's chdir), else it is searched in the PATH of the payload's
         environment. That environment is the plan's (exactly what spawn gives), with env's
         variables added or replacing the plan's. Each stdio is None (the launcher's own fd at
-        this call), an fd or a file object. OSError if argv[0] cannot be executed."""
-        launch = prepare_launch(argv, env, (stdin, stdout, stderr), tty)  # before one is taken
-        refuse_if_statuses_discarded()  # SIGCHLD may have come to be ignored since staging
-        for _attempt in range(3):
-            staged = self._take()
-            try:
-                verify_pins(self.plan)  # pins hold at the moment of launch
-            except BaseException:
-                self._give_back(staged)
-                raise
-            staged = self._current(staged)
-            try:
-                sandbox = hand_off(staged, launch)
-            except StagedGone:
-                continue  # it expired or was killed as we took it: take another
-            self._refiller.launched()
-            return sandbox
+        this call), an fd, a file object, subprocess.PIPE or subprocess.DEVNULL, and stderr
+        may be subprocess.STDOUT, as spawn takes them. OSError if argv[0] cannot be
+        executed."""
+        # Checked before a sandbox is taken; a failed launch closes its pipes.
+        with prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch:
+            refuse_if_statuses_discarded()  # SIGCHLD may have come to be ignored since staging
+            for _attempt in range(3):
+                staged = self._take()
+                try:
+                    verify_pins(self.plan)  # pins hold at the moment of launch
+                except BaseException:
+                    self._give_back(staged)
+                    raise
+                staged = self._current(staged)
+                try:
+                    sandbox = hand_off(staged, launch)
+                except StagedGone:
+                    continue  # it expired or was killed as we took it: take another
+                self._refiller.launched()
+                return sandbox
         raise SandboxUnavailable(
             "staged sandboxes kept ending before their launch: something kills them"
         )

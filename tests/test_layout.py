@@ -13,6 +13,7 @@ PACKAGE = Path(nsconfine.__file__).parent
 LAYERS = (
     "_text",
     "_errors",
+    "_timeout",
     "_record",
     "_kernel",
     "_plan",
