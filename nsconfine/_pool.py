@@ -48,6 +48,17 @@ if TYPE_CHECKING:
     Refill = Literal["background", "inline"]
 
 
+def check_options(size: int, idle_timeout: float, refill: str) -> None:
+    """UsageError unless a Pool's options are what it takes (nsconfine.aio's Pool checks them
+    as it is made, before its Pool is)."""
+    if not isinstance(size, int) or size < 1:
+        raise UsageError("size must be a positive number of staged sandboxes")
+    if not isinstance(idle_timeout, int | float) or not 0 < idle_timeout < 1e7:
+        raise UsageError("idle_timeout must be a positive number of seconds")
+    if refill not in ("background", "inline"):
+        raise UsageError('refill must be "background" or "inline"')
+
+
 class Pool:
     """Sandboxes of one plan, staged ahead of need; `launch` hands one its command.
 
@@ -61,12 +72,7 @@ class Pool:
         *,
         refill: Refill = "background",
     ) -> None:
-        if not isinstance(size, int) or size < 1:
-            raise UsageError("size must be a positive number of staged sandboxes")
-        if not 0 < idle_timeout < 1e7:
-            raise UsageError("idle_timeout must be a positive number of seconds")
-        if refill not in ("background", "inline"):
-            raise UsageError('refill must be "background" or "inline"')
+        check_options(size, idle_timeout, refill)
         hold_closed_stdio()  # before its stager opens anything
         with refusing_os_errors():
             lint(plan)  # refused here exactly as spawn would refuse it

@@ -28,6 +28,7 @@ LAYERS = (
     "_selftest",
     "_cli",
     "__init__",
+    "aio",
     "bench",
     "__main__",
 )
