@@ -30,7 +30,7 @@ import asyncio
 import functools
 import select
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from nsconfine import _pool
@@ -38,33 +38,21 @@ from nsconfine._errors import UsageError
 from nsconfine._gate import spawn as _spawn
 
 if TYPE_CHECKING:
-    from typing import IO
+    from typing import IO, Unpack
 
+    from nsconfine._launch.handoff import LaunchOptions
     from nsconfine._launch.sandbox import Sandbox
-    from nsconfine._launch.stage import Stdio
     from nsconfine._plan.model import Plan
     from nsconfine._pool import Refill
 
 __all__ = ["Pool", "Process", "spawn"]
 
 
-async def spawn(
-    plan: Plan,
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    stdin: Stdio = None,
-    stdout: Stdio = None,
-    stderr: Stdio = None,
-    tty: bool = False,
-) -> Process:
+async def spawn(plan: Plan, argv: Sequence[str], **options: Unpack[LaunchOptions]) -> Process:
     """nsconfine.spawn for asyncio: run argv confined by plan, return once it has exec'd.
-    The arguments are spawn's; a stdio given as PIPE (subprocess's or asyncio.subprocess's)
-    is the handle's stream."""
-    call = functools.partial(
-        _spawn, plan, argv, env=env, stdin=stdin, stdout=stdout, stderr=stderr, tty=tty
-    )
-    return await _launched(call)
+    The keywords are spawn's (env, stdin, stdout, stderr, tty); a stdio given as PIPE
+    (subprocess's or asyncio.subprocess's) is the handle's stream."""
+    return await _launched(functools.partial(_spawn, plan, argv, **options))
 
 
 class Process:
@@ -273,23 +261,11 @@ class Pool:
         """How many sandboxes are staged right now."""
         return 0 if self._pool is None else self._pool.staged
 
-    async def launch(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        stdin: Stdio = None,
-        stdout: Stdio = None,
-        stderr: Stdio = None,
-        tty: bool = False,
-    ) -> Process:
+    async def launch(self, argv: Sequence[str], **options: Unpack[LaunchOptions]) -> Process:
         """nsconfine.Pool.launch for asyncio: run argv in a staged sandbox, return once it
-        has exec'd (the arguments are Pool.launch's)."""
+        has exec'd (the keywords are Pool.launch's: env, stdin, stdout, stderr, tty)."""
         pool = await self._opened()
-        call = functools.partial(
-            pool.launch, argv, env=env, stdin=stdin, stdout=stdout, stderr=stderr, tty=tty
-        )
-        return await _launched(call)
+        return await _launched(functools.partial(pool.launch, argv, **options))
 
     async def wait_staged(self, timeout: float | None = None) -> bool:
         """Wait until `size` sandboxes are staged; False on timeout, a staging failure or close."""
@@ -306,7 +282,11 @@ class Pool:
         async with self._opening:
             if self._pool is None:
                 make = functools.partial(
-                    _pool.Pool, self.plan, self.size, self.idle_timeout, refill=self.refill
+                    _pool.Pool,
+                    self.plan,
+                    size=self.size,
+                    idle_timeout=self.idle_timeout,
+                    refill=self.refill,
                 )
                 self._pool = await asyncio.get_running_loop().run_in_executor(None, make)
             return self._pool

@@ -139,12 +139,12 @@ def test_bad_arguments_are_a_usage_error_from_the_await(plan: nsconfine.Plan) ->
     asyncio.run(main())
 
 
-def test_communicate_does_not_wait_on_a_pipe_held_outside(
+def test_communicate_ends_a_pipe_held_outside_once_the_session_has_ended(
     ws_run: tuple[Path, Path], plan: nsconfine.Plan
 ) -> None:
-    """A session that hands its stdout to a process outside it (over a socket it was given)
-    ends; communicate() then returns what the session wrote, rather than wait for EOF from
-    that process (the test itself here, which holds the copy throughout)."""
+    """Process.communicate, as Sandbox.communicate: the stdout the session handed to the
+    test (which keeps it open) gives what the session wrote and then ends with the session,
+    with no EOF from the test's copy."""
     address = str(ws_run[0] / "holder.sock")
 
     async def main() -> tuple[bytes | None, bytes | None]:

@@ -37,7 +37,19 @@ from nsconfine._text import is_env_name
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
+    from typing import TypedDict
+
     from nsconfine._launch.stage import Stdio
+
+    class LaunchOptions(TypedDict, total=False):
+        """The keywords spawn and Pool.launch take after argv, for the fronts that pass
+        them on (nsconfine.aio): mypy checks each, and they are declared here once."""
+
+        env: Mapping[str, str] | None
+        stdin: Stdio
+        stdout: Stdio
+        stderr: Stdio
+        tty: bool
 
 
 class StagedGone(Exception):
