@@ -5,10 +5,13 @@ thread each, streams for the pipes, a Pool front, a cancelled launch that leaves
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import resource
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,21 @@ PIPE = asyncio.subprocess.PIPE
 ANSWER = 'read line; echo "$line $1"; exit $(($1 % 7))'
 
 
+@pytest.fixture
+def fds_for_64_sessions() -> Iterator[None]:
+    """A soft RLIMIT_NOFILE that 64 live sessions fit in (each holds about 30 fds in the
+    launcher, one per protected path it stubs: a broker raises its limit the same way, as
+    examples/systemd's unit does), up to the hard limit; restored afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.usefixtures("fds_for_64_sessions")
 def test_64_sessions_run_at_once_from_one_loop_with_no_thread_each(plan: nsconfine.Plan) -> None:
     """64 aio.spawn calls gathered on one loop all run at once (each waits for its input),
     hold no thread while they run (only the executor's few, made for the launches), and each
@@ -33,23 +51,30 @@ def test_64_sessions_run_at_once_from_one_loop_with_no_thread_each(plan: nsconfi
 
     async def main() -> tuple[list[int | None], int, list[tuple[bytes | None, bytes | None]]]:
         before = threading.active_count()
-        processes = await asyncio.gather(
+        launched = await asyncio.gather(
             *(
                 nsconfine.aio.spawn(
                     plan, ["/bin/sh", "-c", ANSWER, "sh", str(n)], stdin=PIPE, stdout=PIPE
                 )
                 for n in range(count)
-            )
+            ),
+            return_exceptions=True,
         )
-        running = [process.returncode for process in processes]
-        threads = threading.active_count() - before
-        outputs = await asyncio.gather(
-            *(
-                process.communicate(f"line{n}".encode() + b"\n")
-                for n, process in enumerate(processes)
+        processes = [one for one in launched if isinstance(one, nsconfine.aio.Process)]
+        async with contextlib.AsyncExitStack() as ending:  # a failed check leaves none running
+            for process in processes:
+                await ending.enter_async_context(process)
+            assert len(processes) == count, [str(one) for one in launched if one not in processes]
+            running = [process.returncode for process in processes]
+            threads = threading.active_count() - before
+            outputs = await asyncio.gather(
+                *(
+                    process.communicate(f"line{n}".encode() + b"\n")
+                    for n, process in enumerate(processes)
+                )
             )
-        )
-        assert [process.returncode for process in processes] == [n % 7 for n in range(count)]
+            statuses = [process.returncode for process in processes]
+        assert statuses == [n % 7 for n in range(count)]
         return running, threads, outputs
 
     running, threads, outputs = asyncio.run(main())
