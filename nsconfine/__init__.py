@@ -6,7 +6,6 @@ from nsconfine._errors import (
     NsconfineError,
     PlanError,
     SandboxUnavailable,
-    TimeoutExpired,
     UsageError,
 )
 from nsconfine._gate import spawn
@@ -22,14 +21,20 @@ __version__ = "0.1.0"
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nsconfine._pool import Pool
+    from nsconfine._timeout import TimeoutExpired
 
 
 def __getattr__(name: str) -> object:
-    # Pool brings sockets and a thread along: only launchers that use it import them.
+    # Pool brings sockets and a thread along, and TimeoutExpired subprocess: only launchers
+    # that use them import them.
     if name == "Pool":
         from nsconfine._pool import Pool
 
         return Pool
+    if name == "TimeoutExpired":
+        from nsconfine._timeout import TimeoutExpired
+
+        return TimeoutExpired
     raise AttributeError(f"module 'nsconfine' has no attribute {name!r}")
 
 

@@ -56,16 +56,6 @@ class CredentialInsecure(NsconfineError, PermissionError):
     exit_status = 78
 
 
-class TimeoutExpired(TimeoutError):
-    """Sandbox.wait(timeout) ran out while the session still runs (as subprocess's
-    TimeoutExpired, and a TimeoutError). Not a refusal: the session goes on; kill() ends it."""
-
-    def __init__(self, pid: int, timeout: float) -> None:
-        super().__init__(f"session {pid} still running after {timeout:g} s")
-        self.pid = pid
-        self.timeout = timeout
-
-
 def refuse_if_short_of_fds(error: OSError) -> None:
     """A launcher out of file descriptors is told so, whichever step ran out first (not that
     a path changed, or that a source could not be opened)."""

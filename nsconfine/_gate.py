@@ -9,7 +9,7 @@ could have written, refuses the launch.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from nsconfine._errors import (
@@ -24,7 +24,7 @@ from nsconfine._kernel.syscalls import child_statuses_discarded, realpath
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.programs import REAPER_PATH, SHIM_PATH
 from nsconfine._launch.sandbox import Sandbox
-from nsconfine._launch.stage import SPAWN_SHIM_TIMEOUT_MS, hold_closed_stdio, stage, stdio_fd
+from nsconfine._launch.stage import SPAWN_SHIM_TIMEOUT_MS, hold_closed_stdio, stage
 from nsconfine._plan.model import Kind, Mode, Plan
 from nsconfine._plan.protect import refreshed
 from nsconfine._policy.lint import check_plan
@@ -137,24 +137,28 @@ def spawn(
     plan: Plan,
     argv: Sequence[str],
     *,
+    env: Mapping[str, str] | None = None,
     stdin: Stdio = None,
     stdout: Stdio = None,
     stderr: Stdio = None,
     tty: bool = False,
 ) -> Sandbox:
-    """Run argv confined by plan; return once it has exec'd. Each stdio is None (inherit), an
-    fd, or a file object; tty=True gives the command a new terminal of the sandbox's own instead
-    (its controller is the handle's tty). OSError if argv[0] cannot be executed there."""
-    # A refused command never has a sandbox built for it.
-    launch = prepare_launch(argv, stdio=(stdin, stdout, stderr), tty=tty)
-    staged = checked_stage(plan, stderr=stdio_fd(stderr, "stderr"))
-    try:
-        return hand_off(staged, launch)  # OSError from here on: the command could not start
-    except StagedGone:
-        raise SandboxUnavailable(
-            "the sandbox ended before its command started (its bwrap was killed); nothing "
-            "was run, launch again"
-        ) from None
+    """Run argv confined by plan; return once it has exec'd. env: variables added to the
+    plan's environment (or replacing its own) for this command only. Each stdio is None
+    (inherit), an fd, a file object, subprocess.PIPE (the handle's stdin, stdout or stderr
+    is then the launcher's end) or subprocess.DEVNULL, and stderr may be subprocess.STDOUT;
+    tty=True gives the command a new terminal of the sandbox's own instead (its controller is
+    the handle's tty). OSError if argv[0] cannot be executed there."""
+    # A refused command never has a sandbox built for it; a failed launch closes its pipes.
+    with prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch:
+        staged = checked_stage(plan, stderr=launch.bwrap_stderr)
+        try:
+            return hand_off(staged, launch)  # OSError from here on: the command could not start
+        except StagedGone:
+            raise SandboxUnavailable(
+                "the sandbox ended before its command started (its bwrap was killed); nothing "
+                "was run, launch again"
+            ) from None
 
 
 def checked_stage(

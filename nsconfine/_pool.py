@@ -48,6 +48,17 @@ if TYPE_CHECKING:
     Refill = Literal["background", "inline"]
 
 
+def check_options(size: int, idle_timeout: float, refill: str) -> None:
+    """UsageError unless a Pool's options are what it takes (nsconfine.aio's Pool checks them
+    as it is made, before its Pool is)."""
+    if not isinstance(size, int) or size < 1:
+        raise UsageError("size must be a positive number of staged sandboxes")
+    if not isinstance(idle_timeout, int | float) or not 0 < idle_timeout < 1e7:
+        raise UsageError("idle_timeout must be a positive number of seconds")
+    if refill not in ("background", "inline"):
+        raise UsageError('refill must be "background" or "inline"')
+
+
 class Pool:
     """Sandboxes of one plan, staged ahead of need; `launch` hands one its command.
 
@@ -61,12 +72,7 @@ class Pool:
         *,
         refill: Refill = "background",
     ) -> None:
-        if not isinstance(size, int) or size < 1:
-            raise UsageError("size must be a positive number of staged sandboxes")
-        if not 0 < idle_timeout < 1e7:
-            raise UsageError("idle_timeout must be a positive number of seconds")
-        if refill not in ("background", "inline"):
-            raise UsageError('refill must be "background" or "inline"')
+        check_options(size, idle_timeout, refill)
         hold_closed_stdio()  # before its stager opens anything
         with refusing_os_errors():
             lint(plan)  # refused here exactly as spawn would refuse it
@@ -123,23 +129,26 @@ class Pool:
         (relative to the plan's chdir), else it is searched in the PATH of the payload's
         environment. That environment is the plan's (exactly what spawn gives), with env's
         variables added or replacing the plan's. Each stdio is None (the launcher's own fd at
-        this call), an fd or a file object. OSError if argv[0] cannot be executed."""
-        launch = prepare_launch(argv, env, (stdin, stdout, stderr), tty)  # before one is taken
-        refuse_if_statuses_discarded()  # SIGCHLD may have come to be ignored since staging
-        for _attempt in range(3):
-            staged = self._take()
-            try:
-                verify_pins(self.plan)  # pins hold at the moment of launch
-            except BaseException:
-                self._give_back(staged)
-                raise
-            staged = self._current(staged)
-            try:
-                sandbox = hand_off(staged, launch)
-            except StagedGone:
-                continue  # it expired or was killed as we took it: take another
-            self._refiller.launched()
-            return sandbox
+        this call), an fd, a file object, subprocess.PIPE or subprocess.DEVNULL, and stderr
+        may be subprocess.STDOUT, as spawn takes them. OSError if argv[0] cannot be
+        executed."""
+        # Checked before a sandbox is taken; a failed launch closes its pipes.
+        with prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch:
+            refuse_if_statuses_discarded()  # SIGCHLD may have come to be ignored since staging
+            for _attempt in range(3):
+                staged = self._take()
+                try:
+                    verify_pins(self.plan)  # pins hold at the moment of launch
+                except BaseException:
+                    self._give_back(staged)
+                    raise
+                staged = self._current(staged)
+                try:
+                    sandbox = hand_off(staged, launch)
+                except StagedGone:
+                    continue  # it expired or was killed as we took it: take another
+                self._refiller.launched()
+                return sandbox
         raise SandboxUnavailable(
             "staged sandboxes kept ending before their launch: something kills them"
         )

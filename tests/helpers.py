@@ -188,6 +188,41 @@ def read_until(fd: int, wanted: bytes, timeout: float = 20) -> bytes:
     return seen
 
 
+# Hands its stdout to the process listening on argv[1] (holder_socket), then ends: that
+# process then holds a copy of the session's pipe, and no EOF comes while it does.
+HAND_OUT = """
+import array, os, socket, sys
+print("handed out", flush=True)
+holder = socket.socket(socket.AF_UNIX)
+holder.connect(sys.argv[1])
+holder.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [1]))])
+"""
+
+
+def holder_socket(path: str) -> socket.socket:
+    """A unix socket listening at path (in a session's workspace), which the session's
+    account may connect to; a minute's timeout on each wait."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen()
+    server.settimeout(60)
+    return server
+
+
+def receive_fd(connection: socket.socket) -> int:
+    """The one fd sent on connection (by HAND_OUT)."""
+    import array
+
+    connection.setblocking(True)
+    fds = array.array("i")
+    _data, ancillary, _flags, _address = connection.recvmsg(1, socket.CMSG_SPACE(4))
+    for _level, _kind, payload in ancillary:
+        fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    [fd] = fds
+    return fd
+
+
 def open_fds() -> list[int]:
     """This process's open fd numbers."""
     return sorted(int(name) for name in os.listdir("/proc/self/fd"))

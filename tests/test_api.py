@@ -38,6 +38,13 @@ def test_public_names_are_pinned() -> None:
     }
 
 
+def test_the_asyncio_front_is_pinned() -> None:
+    """nsconfine.aio offers spawn, Pool and their handle, Process, and nothing else."""
+    import nsconfine.aio
+
+    assert nsconfine.aio.__all__ == ["Pool", "Process", "spawn"]
+
+
 def test_errors_carry_stable_codes_and_builtin_bases() -> None:
     """Each refusal has its code and exit status and is also the builtin it resembles."""
     assert (nsconfine.PlanError.code, nsconfine.PlanError.exit_status) == ("plan-refused", 65)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -77,11 +78,14 @@ def test_launch_out_of_fds_refuses_and_leaves_no_sandbox(plan: nsconfine.Plan, r
     assert alive == []
 
 
+@pytest.mark.parametrize("pipes", [False, True], ids=["inherited-stdio", "pipes"])
 def test_spawn_short_of_fds_refuses_and_leaves_no_fd_or_mount_point(
-    plan: nsconfine.Plan, ws_run: tuple[Path, Path]
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], pipes: bool
 ) -> None:
-    """With 0 to 80 fds free below RLIMIT_NOFILE, each spawn runs or is refused with
-    nsconfine's error, and leaves no fd open and no mount point in the workspace."""
+    """With 0 to 80 fds free below RLIMIT_NOFILE, each spawn (with its stdio the launcher's,
+    or three pipes) runs or is refused with nsconfine's error, and leaves no fd open and no
+    mount point in the workspace."""
+    stdio = subprocess.PIPE if pipes else None
     workspace = ws_run[0]
     nsconfine.spawn(plan, ["/bin/true"]).wait()  # warm: the proof, the lifeline
     before = len(os.listdir("/proc/self/fd"))
@@ -98,7 +102,11 @@ def test_spawn_short_of_fds_refuses_and_leaves_no_fd_or_mount_point(
             for _ in range(min(free, len(ballast))):
                 os.close(ballast.pop())
             try:
-                outcome = str(nsconfine.spawn(plan, ["/bin/true"]).wait())
+                argv = ["/bin/true"]
+                with nsconfine.spawn(
+                    plan, argv, stdin=stdio, stdout=stdio, stderr=stdio
+                ) as sandbox:
+                    outcome = str(sandbox.wait())
             except nsconfine.NsconfineError as error:
                 outcome = error.code
             except OSError as error:

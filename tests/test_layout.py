@@ -13,6 +13,7 @@ PACKAGE = Path(nsconfine.__file__).parent
 LAYERS = (
     "_text",
     "_errors",
+    "_timeout",
     "_record",
     "_kernel",
     "_plan",
@@ -27,6 +28,7 @@ LAYERS = (
     "_selftest",
     "_cli",
     "__init__",
+    "aio",
     "bench",
     "__main__",
 )

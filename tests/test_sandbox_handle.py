@@ -4,12 +4,23 @@ handle carries its launch's timings, in order."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import SESSION_USER, python_child, session, session_dirs
+from helpers import (
+    HAND_OUT,
+    SESSION_USER,
+    holder_socket,
+    python_child,
+    receive_fd,
+    session,
+    session_dirs,
+)
 
 import nsconfine
 
@@ -152,3 +163,182 @@ def test_concurrent_launches_of_one_workspace_all_run_and_leave_nothing_there(
             thread.join()
         assert not failures, failures[:3]
         assert os.listdir(ws_run[0]) == []
+
+
+# One script, run by subprocess.Popen on the host and by nsconfine.spawn in a session: what
+# it reads, writes to each stream and exits with does not depend on where it runs.
+ECHO_BOTH_WAYS = "cat; echo to-stderr >&2; exit 3"
+# Output before input, both larger than a pipe holds: a communicate() that wrote all of its
+# input before reading would wait forever on a command blocked writing its stdout.
+LARGE_BOTH_WAYS = (
+    "head -c 3000000 /dev/zero | tr '\\0' o; head -c 2000000 /dev/zero | tr '\\0' e >&2; "
+    "cat | sha256sum; exit 4"
+)
+# For a timeout: its output is written before it says so in a file, then it waits.
+STARTED_THEN_WAITS = "echo started; : > started; exec sleep 600"
+
+PIPE, DEVNULL, STDOUT = subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT
+
+
+@pytest.mark.parametrize(
+    ("script", "stdio", "given"),
+    [
+        (ECHO_BOTH_WAYS, (PIPE, PIPE, STDOUT), b"input\n"),
+        (ECHO_BOTH_WAYS, (PIPE, PIPE, PIPE), b"input\n"),
+        (ECHO_BOTH_WAYS, (DEVNULL, PIPE, PIPE), None),
+        (ECHO_BOTH_WAYS, (PIPE, DEVNULL, PIPE), b"unseen\n"),
+        (ECHO_BOTH_WAYS, (DEVNULL, PIPE, DEVNULL), None),
+        (LARGE_BOTH_WAYS, (PIPE, PIPE, PIPE), bytes(range(256)) * 16384),
+    ],
+    ids=["stderr-to-stdout", "three-pipes", "devnull-in", "devnull-out", "devnull-err", "large"],
+)
+def test_communicate_gives_what_popen_gives(
+    ws_run: tuple[Path, Path],
+    script: str,
+    stdio: tuple[int, int, int],
+    given: bytes | None,
+) -> None:
+    """spawn takes PIPE, DEVNULL and STDOUT as Popen does, and communicate(input) returns
+    the same (stdout, stderr) and status as Popen's for the same script, large output both
+    ways included; the handle's args are the argv."""
+    argv = ["/bin/sh", "-c", script]
+    stdin, stdout, stderr = stdio
+    with subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr) as host:
+        expected = (*host.communicate(given, timeout=120), host.returncode)
+    plan = session(*ws_run).plan()
+    with nsconfine.spawn(plan, argv, stdin=stdin, stdout=stdout, stderr=stderr) as sandbox:
+        assert sandbox.args == argv
+        got = (*sandbox.communicate(given, timeout=120), sandbox.returncode)
+    assert got == expected
+    assert (got[0] is None, got[1] is None) == (stdout != PIPE, stderr != PIPE)
+
+
+def test_communicate_after_a_timeout_and_a_kill_returns_all_as_popen_does(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """communicate(timeout) raises TimeoutExpired (caught as subprocess's) while the command
+    runs and loses nothing: after kill() a second communicate() returns the output written
+    before the timeout and the status, as Popen's does."""
+    argv = ["/bin/sh", "-c", STARTED_THEN_WAITS]
+    outcomes: list[tuple[bytes | None, bytes | None, int | None]] = []
+    host_dir = tmp_path / "host"
+    host_dir.mkdir()
+    with subprocess.Popen(argv, stdout=PIPE, stderr=DEVNULL, cwd=host_dir) as host:
+        wait_for_file(host_dir / "started")
+        with pytest.raises(subprocess.TimeoutExpired):
+            host.communicate(timeout=0.2)
+        host.kill()
+        outcomes.append((*host.communicate(), host.returncode))
+    plan = session(*ws_run).plan()
+    with nsconfine.spawn(plan, argv, stdout=PIPE, stderr=DEVNULL) as sandbox:
+        wait_for_file(ws_run[0] / "started")
+        with pytest.raises(subprocess.TimeoutExpired) as raised:
+            sandbox.communicate(timeout=0.2)
+        error = raised.value
+        assert isinstance(error, nsconfine.TimeoutExpired)
+        assert isinstance(error, TimeoutError)
+        assert (error.cmd, error.timeout, error.pid) == (argv, 0.2, sandbox.pid)
+        assert sandbox.returncode is None
+        sandbox.kill()
+        outcomes.append((*sandbox.communicate(), sandbox.returncode))
+    assert outcomes == [(b"started\n", None, -9)] * 2
+
+
+def wait_for_file(path: Path) -> None:
+    """Wait (a minute at most) until path exists."""
+    for _ in range(3000):
+        if path.exists():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_spawn_adds_env_for_its_command_only(plan: nsconfine.Plan) -> None:
+    """spawn(env=...) adds variables to the plan's environment (or replaces one), as
+    Pool.launch does; the plan itself is unchanged."""
+    show = ["/bin/sh", "-c", 'echo "$ADDED $HOME"']
+    with nsconfine.spawn(plan, show, env={"ADDED": "yes", "HOME": "/elsewhere"}, stdout=PIPE) as s:
+        assert s.communicate() == (b"yes /elsewhere\n", None)
+    with nsconfine.spawn(plan, show, stdout=PIPE) as sandbox:
+        out, _ = sandbox.communicate()
+    assert out is not None
+    assert not out.startswith(b"yes")
+
+
+def test_leaving_the_with_block_closes_the_pipes(plan: nsconfine.Plan) -> None:
+    """The handle's pipes are file objects, as Popen's, closed when the `with` block ends;
+    the session is killed first, so a stdin whose pipe is full (the command reads nothing)
+    and whose buffer holds more cannot block that."""
+    with nsconfine.spawn(plan, ["/bin/sleep", "600"], stdin=PIPE, stdout=PIPE) as sandbox:
+        assert sandbox.stdin is not None
+        assert sandbox.stdout is not None
+        assert sandbox.stderr is None
+        os.set_blocking(sandbox.stdin.fileno(), False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(sandbox.stdin.fileno(), b"x" * 4096)
+        os.set_blocking(sandbox.stdin.fileno(), True)
+        sandbox.stdin.write(b"still buffered")
+    assert sandbox.stdin.closed
+    assert sandbox.stdout.closed
+    assert sandbox.returncode == -9
+
+
+@pytest.mark.parametrize(
+    ("stdio", "words"),
+    [
+        ({"stdout": STDOUT}, "STDOUT is for stderr only"),
+        ({"stdin": -7}, "stdin must be None"),
+        ({"stdout": PIPE, "tty": True}, "tty=True"),
+        ({"stderr": DEVNULL, "tty": True}, "tty=True"),
+    ],
+)
+def test_stdio_that_cannot_be_is_a_usage_error(
+    plan: nsconfine.Plan, stdio: dict[str, Any], words: str
+) -> None:
+    """STDOUT but for stderr, an unknown negative value, or a pipe for a command that gets a
+    terminal is refused with one line, before anything is staged, and opens nothing."""
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(nsconfine.UsageError, match=words):
+        nsconfine.spawn(plan, ["/bin/true"], **stdio)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_communicate_does_not_wait_on_a_pipe_held_outside(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan
+) -> None:
+    """A session that hands its stdout to a process outside it (over a socket it was given)
+    ends; communicate() then returns what the session wrote, rather than wait for EOF from
+    that process (the test itself here, which holds the copy throughout)."""
+    address = str(ws_run[0] / "holder.sock")
+    with holder_socket(address) as server:
+        argv = ["python3", "-c", HAND_OUT, address]
+        with nsconfine.spawn(plan, argv, stdout=PIPE) as sandbox:
+            connection, _ = server.accept()
+            with connection:
+                held = receive_fd(connection)
+                try:
+                    assert sandbox.communicate(timeout=60) == (b"handed out\n", None)
+                finally:
+                    os.close(held)
+
+
+def test_communicate_input_needs_a_stdin_pipe(plan: nsconfine.Plan) -> None:
+    """Input for a command whose stdin is no pipe is refused, not dropped."""
+    with nsconfine.spawn(plan, ["/bin/true"], stdout=PIPE) as sandbox:
+        with pytest.raises(nsconfine.UsageError, match="stdin=PIPE"):
+            sandbox.communicate(b"lost")
+        assert sandbox.communicate() == (b"", None)
+
+
+def test_a_launch_that_fails_leaves_no_pipe_open(plan: nsconfine.Plan) -> None:
+    """A command that cannot be executed (OSError), and a plan refused at the gate, leave the
+    launcher no fd of the pipes they were given."""
+    nsconfine.spawn(plan, ["/bin/true"]).wait()  # warm: the proof, the lifeline
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="No such file"):
+        nsconfine.spawn(plan, ["/no/such/command"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+    refused = plan.replace(user=nsconfine.RunAs(name="root", uid=0, gid=0))
+    with pytest.raises(nsconfine.NsconfineError):
+        nsconfine.spawn(refused, ["/bin/true"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+    assert sorted(os.listdir("/proc/self/fd")) == before

@@ -5,9 +5,12 @@ misuse type-checks: a choice typed as a plain str again, a renamed keyword still
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from pathlib import Path
 
 import nsconfine
+import nsconfine.aio
 
 WORKSPACE, RUN_DIR = "/srv/sessions/coder/ws", Path("/srv/sessions/coder/run")
 
@@ -32,6 +35,26 @@ def accepted() -> nsconfine.Plan:
     return session.plan()
 
 
+def launched(plan: nsconfine.Plan) -> tuple[bytes | None, bytes | None]:
+    argv = ["make", "test"]
+    pipe, stdout = subprocess.PIPE, subprocess.STDOUT
+    with nsconfine.spawn(plan, argv, stdin=pipe, stdout=pipe, stderr=stdout, env={"CI": "1"}) as s:
+        try:
+            return s.communicate(b"input", timeout=60)
+        except subprocess.TimeoutExpired:
+            s.kill()
+            return s.communicate()
+
+
+async def launched_from_a_loop(plan: nsconfine.Plan) -> int:
+    process = await nsconfine.aio.spawn(plan, ["make"], stdout=asyncio.subprocess.PIPE)
+    assert process.stdout is not None
+    first: bytes = await process.stdout.readline()
+    async with nsconfine.aio.Pool(plan, size=2) as pool, await pool.launch(["true"]) as other:
+        await other.communicate()
+    return len(first) + await process.wait()
+
+
 def refused() -> None:
     nsconfine.Session(workspace=WORKSPACE, run_dir=RUN_DIR, network="nonee")  # type: ignore[arg-type]
     nsconfine.Session(workspace=WORKSPACE, run_dir=RUN_DIR, home_mode="tmp")  # type: ignore[arg-type]
@@ -42,3 +65,6 @@ def refused() -> None:
     nsconfine.Session(workspace=WORKSPACE, run_dir=RUN_DIR, pass_terminal=False)  # type: ignore[call-arg]
     nsconfine.Session(WORKSPACE, RUN_DIR)  # type: ignore[call-arg]
     nsconfine.Session(run_dir=RUN_DIR)  # type: ignore[call-arg]
+    plan = accepted()
+    nsconfine.spawn(plan, ["true"]).communicate("text")  # type: ignore[arg-type]
+    nsconfine.aio.Pool(plan, 2)  # type: ignore[call-arg]

@@ -13,6 +13,9 @@ under its digest (the sha256 of `plan.manifest_json()`; nsconfine has no digest 
 and every launch logs that digest with its timings. A `Pool` per role keeps one sandbox
 staged, so a request waits only for the hand-off.
 
+It is one asyncio loop (nsconfine.aio): each request is a task, each launch runs in the
+loop's executor, and a running session holds no thread of the broker's, however many run.
+
     python3 broker.py --socket /run/nsconfine-broker/broker.sock \
         --state /var/lib/nsconfine-broker --credential /etc/nsconfine-broker/credential.env
 
@@ -22,18 +25,21 @@ See README.md beside this file for the systemd unit that runs it.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import pwd
 import signal
-import socketserver
+import subprocess
 import sys
 import tempfile
 from typing import Any
 
 import nsconfine
+import nsconfine.aio
 
 # Each role and the built-in profiles its sessions get (see `nsconfine profiles`).
 ROLES = {"coder": ["coder"], "reviewer": ["reviewer"]}
@@ -52,54 +58,59 @@ class Role:
         os.makedirs(manifests, mode=0o700, exist_ok=True)
         with open(os.path.join(manifests, f"{self.digest}.json"), "w") as file:
             file.write(manifest)
-        # inline: staged now, so a host that cannot confine is refused at start, and again
-        # after each launch, while the launched command runs.
-        self.pool = nsconfine.Pool(plan, size=1, refill="inline")
-        log.info("role %s: manifest sha256 %s, one sandbox staged", name, self.digest)
+        # The pool's own thread stages a sandbox again after each launch, while the launched
+        # command runs.
+        self.pool = nsconfine.aio.Pool(plan, size=1)
 
-    def run(self, argv: list[str], logs: str) -> dict[str, Any]:
+    async def start(self) -> None:
+        """Stage the role's first sandbox: a host that cannot confine is refused here."""
+        if await self.pool.wait_staged(120):
+            log.info("role %s: manifest sha256 %s, one sandbox staged", self.name, self.digest)
+        else:  # the first request says why
+            log.warning("role %s: manifest sha256 %s, no sandbox staged", self.name, self.digest)
+
+    async def run(self, argv: list[str], logs: str) -> dict[str, Any]:
         """Run argv in a session of this role; its output goes to a new file in logs."""
         descriptor, output = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log", dir=logs)
-        with open(descriptor, "wb") as out, open(os.devnull, "rb") as nothing:
-            sandbox = self.pool.launch(argv, stdin=nothing, stdout=out, stderr=out)
-            # Milliseconds to each stage, counted from when this sandbox began to be staged.
-            timings = {
-                stage: round(seconds * 1000, 2) for stage, seconds in sandbox.timings.items()
-            }
-            log.info(
-                "role %s: session %d started, manifest sha256 %s, timings (ms) %s",
-                self.name,
-                sandbox.child_pid,
-                self.digest,
-                json.dumps(timings),
-            )
-            status = sandbox.wait()
+        with open(descriptor, "wb") as out:
+            process = await self.pool.launch(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        sandbox = process.sandbox
+        # Milliseconds to each stage, counted from when this sandbox began to be staged.
+        timings = {stage: round(seconds * 1000, 2) for stage, seconds in sandbox.timings.items()}
+        log.info(
+            "role %s: session %d started, manifest sha256 %s, timings (ms) %s",
+            self.name,
+            sandbox.child_pid,
+            self.digest,
+            json.dumps(timings),
+        )
+        status = await process.wait()
         log.info("role %s: session %d ended with status %d", self.name, sandbox.child_pid, status)
         return {"role": self.name, "status": status, "output": output, "manifest": self.digest}
 
 
-def start_roles(options: argparse.Namespace) -> dict[str, Role]:
-    """Plan every role's session and stage its pool; NsconfineError if any is refused."""
+async def start_roles(
+    options: argparse.Namespace, pools: contextlib.AsyncExitStack
+) -> dict[str, Role]:
+    """Plan every role's session and stage its pool (closed with pools); NsconfineError if
+    any is refused."""
     roles: dict[str, Role] = {}
-    try:
-        for name, profiles in ROLES.items():
-            home = os.path.join(options.state, "sessions", name)
-            workspace, run_dir = os.path.join(home, "ws"), os.path.join(home, "run")
-            os.makedirs(home, exist_ok=True)
-            for directory in (workspace, run_dir):
-                make_for_session(directory, options.user)
-            session = nsconfine.Session(
-                workspace=workspace,
-                run_dir=run_dir,
-                profile=profiles,
-                credential=options.credential,
-                user=options.user,  # only when the broker runs as root (not under its unit)
-            )
-            roles[name] = Role(name, session.plan(), options.state)
-    except BaseException:
-        for role in roles.values():
-            role.pool.close()
-        raise
+    for name, profiles in ROLES.items():
+        home = os.path.join(options.state, "sessions", name)
+        workspace, run_dir = os.path.join(home, "ws"), os.path.join(home, "run")
+        os.makedirs(home, exist_ok=True)
+        for directory in (workspace, run_dir):
+            make_for_session(directory, options.user)
+        session = nsconfine.Session(
+            workspace=workspace,
+            run_dir=run_dir,
+            profile=profiles,
+            credential=options.credential,
+            user=options.user,  # only when the broker runs as root (not under its unit)
+        )
+        role = roles[name] = Role(name, session.plan(), options.state)
+        pools.push_async_callback(role.pool.aclose)
+        await role.start()
     return roles
 
 
@@ -119,47 +130,59 @@ def make_for_session(directory: str, user: str | None) -> None:
         os.chown(directory, account.pw_uid, account.pw_gid, follow_symlinks=False)
 
 
-class Broker(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True  # a session still running at shutdown dies with the broker
-
-    def __init__(self, path: str, roles: dict[str, Role], logs: str) -> None:
-        super().__init__(path, Request)
-        self.roles = roles
-        self.logs = logs
-
-
-class Request(socketserver.StreamRequestHandler):
-    server: Broker
-
-    def handle(self) -> None:
-        reply = self.answer(self.rfile.readline(65536))
-        self.wfile.write(json.dumps(reply).encode() + b"\n")
-
-    def answer(self, line: bytes) -> dict[str, Any]:
-        try:
-            request = json.loads(line)
-            role, argv = self.server.roles[request["role"]], request["argv"]
-        except (ValueError, KeyError, TypeError):
-            return refusal(
-                "usage", f'send one line: {{"role": one of {list(ROLES)}, "argv": [...]}}'
-            )
-        if not isinstance(argv, list) or not all(isinstance(arg, str) for arg in argv):
-            return refusal("usage", "argv must be a list of strings")
-        try:
-            return role.run(argv, self.server.logs)
-        except nsconfine.SandboxUnavailable as error:
-            log.error("role %s: refused, nothing was run: %s", role.name, error)
-            return refusal(error.code, error.message)
-        except nsconfine.NsconfineError as error:
-            log.warning("role %s: refused: %s", role.name, error)
-            return refusal(error.code, error.message)
-        except OSError as error:  # the command could not be executed in the sandbox
-            log.warning("role %s: exec-failed: %s", role.name, error)
-            return refusal("exec-failed", str(error))
+async def answer(roles: dict[str, Role], logs: str, line: bytes) -> dict[str, Any]:
+    """The reply to one request line."""
+    try:
+        request = json.loads(line)
+        role, argv = roles[request["role"]], request["argv"]
+    except (ValueError, KeyError, TypeError):
+        return refusal("usage", f'send one line: {{"role": one of {list(ROLES)}, "argv": [...]}}')
+    if not isinstance(argv, list) or not all(isinstance(arg, str) for arg in argv):
+        return refusal("usage", "argv must be a list of strings")
+    try:
+        return await role.run(argv, logs)
+    except nsconfine.SandboxUnavailable as error:
+        log.error("role %s: refused, nothing was run: %s", role.name, error)
+        return refusal(error.code, error.message)
+    except nsconfine.NsconfineError as error:
+        log.warning("role %s: refused: %s", role.name, error)
+        return refusal(error.code, error.message)
+    except OSError as error:  # the command could not be executed in the sandbox
+        log.warning("role %s: exec-failed: %s", role.name, error)
+        return refusal("exec-failed", str(error))
 
 
 def refusal(code: str, message: str) -> dict[str, Any]:
     return {"refused": code, "message": message}
+
+
+async def serve(options: argparse.Namespace, logs: str) -> int:
+    """Stage the roles' pools, then answer requests until SIGTERM."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)  # systemctl stop: close the pools
+    async with contextlib.AsyncExitStack() as pools:
+        try:
+            roles = await start_roles(options, pools)
+        except nsconfine.NsconfineError as error:
+            log.error("refusing to start, nothing was run: %s", error)
+            return error.exit_status
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.closing(writer):
+                try:
+                    line = await reader.readline()
+                except ValueError:  # longer than the limit: no request is
+                    line = b""
+                reply = await answer(roles, logs, line)
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+
+        server = await asyncio.start_unix_server(handle, options.socket, limit=65536)
+        log.info("listening on %s for roles %s", options.socket, ", ".join(roles))
+        await stopping.wait()
+        server.close()  # not waiting for requests still running: their sessions end with us
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,22 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user", help="the account sessions run as (only when run as root)")
     options = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # systemctl stop: close the pools
     logs = os.path.join(options.state, "logs")
     os.makedirs(logs, mode=0o700, exist_ok=True)
-    try:
-        roles = start_roles(options)
-    except nsconfine.NsconfineError as error:
-        log.error("refusing to start, nothing was run: %s", error)
-        return error.exit_status
-    try:
-        with Broker(options.socket, roles, logs) as broker:
-            log.info("listening on %s for roles %s", options.socket, ", ".join(roles))
-            broker.serve_forever()
-    finally:
-        for role in roles.values():
-            role.pool.close()
-    return 0
+    return asyncio.run(serve(options, logs))
 
 
 if __name__ == "__main__":

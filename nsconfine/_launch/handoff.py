@@ -1,10 +1,13 @@
 """The hand-off: a staged sandbox (nsconfine._launch.stage) gets its command.
 
 The command is checked and encoded for the exec shim before any sandbox is taken for it
-(prepare_launch); hand_off sends it, its stdio (unless it gets a terminal of its own) and (for
-a pool) its environment over the shim's socket, with a fresh error pipe: EOF on that pipe means
-the exec succeeded; else the shim reports the errno, the sandbox is torn down, and the launch
-raises OSError. The launched sandbox is a Sandbox handle.
+(prepare_launch), with the pipes and /dev/null its stdio asks for (subprocess.PIPE, DEVNULL,
+STDOUT), made here close-on-exec; hand_off sends it, its stdio (unless it gets a terminal of
+its own) and its environment over the shim's socket, with a fresh error pipe: EOF on that
+pipe means the exec succeeded; else the shim reports the errno, the sandbox is torn down, and
+the launch raises OSError. The launched sandbox is a Sandbox handle, which keeps the
+launcher's ends of the pipes; the launch closes the session's ends once the shim has them, so
+that nothing but the session holds them.
 """
 
 from __future__ import annotations
@@ -34,7 +37,19 @@ from nsconfine._text import is_env_name
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
+    from typing import TypedDict
+
     from nsconfine._launch.stage import Stdio
+
+    class LaunchOptions(TypedDict, total=False):
+        """The keywords spawn and Pool.launch take after argv, for the fronts that pass
+        them on (nsconfine.aio): mypy checks each, and they are declared here once."""
+
+        env: Mapping[str, str] | None
+        stdin: Stdio
+        stdout: Stdio
+        stderr: Stdio
+        tty: bool
 
 
 class StagedGone(Exception):
@@ -94,18 +109,87 @@ def _unread_by_peer(sock: socket.socket) -> int:
     return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0])
 
 
+# subprocess's stdio values, by number: subprocess.PIPE (and asyncio's) work here without
+# every launcher importing subprocess.
+PIPE = -1
+STDOUT = -2  # stderr only: where stdout goes
+DEVNULL = -3
+
+
 class Launch:
-    """A command checked and encoded for the shim, before any sandbox is taken for it."""
+    """A command checked and encoded for the shim, before any sandbox is taken for it, and the
+    pipes and /dev/null its stdio asked for. Used as a context manager around the hand-off:
+    leaving it closes the session's ends (the shim has its own copies by then), and after a
+    failed launch the launcher's ends too (a launched Sandbox has taken them)."""
 
-    __slots__ = ("argv", "fds", "message", "tty")
+    __slots__ = ("_opened", "argv", "bwrap_stderr", "fds", "message", "streams", "tty")
 
-    def __init__(
-        self, argv: Sequence[str], message: bytes, fds: list[int] | None, tty: bool = False
-    ) -> None:
+    def __init__(self, argv: Sequence[str], tty: bool) -> None:
         self.argv = argv
-        self.message = message  # the header and the NUL-separated argv and env
-        self.fds = fds  # the stdio fds it carries; None: it gets a terminal of its own
+        self.message = b""  # the header and the NUL-separated argv and env
+        self.fds: list[int] | None = None  # the stdio fds it carries; None: a terminal instead
         self.tty = tty  # the command gets a new terminal (and the launcher its controller)
+        self.bwrap_stderr = -1  # for a spawn's bwrap: where the command's stderr goes, or -1
+        self.streams = (-1, -1, -1)  # the launcher's end of each PIPE (stdin, stdout, stderr)
+        self._opened: list[int] = []  # every fd the launch opened and still holds
+
+    def place_stdio(self, stdio: Sequence[Stdio], special: Sequence[int]) -> int:
+        """Open what stdio asks for and list the fds the command gets; the shim's fd mask."""
+        mask = 0
+        devnull = -1
+        streams = [-1, -1, -1]
+        placed = [-1, -1, -1]  # the fd each of the command's stdio gets, -1: closed
+        self.fds = []
+        try:
+            for number, given in enumerate(stdio):
+                if special[number] == STDOUT:
+                    fd = placed[1]
+                elif special[number] == PIPE:
+                    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                    self._opened += (read_end, write_end)
+                    fd, streams[number] = (
+                        (read_end, write_end) if number == 0 else (write_end, read_end)
+                    )
+                elif special[number] == DEVNULL:
+                    if devnull < 0:  # one for all three, as Popen opens it
+                        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                        self._opened.append(devnull)
+                    fd = devnull
+                else:
+                    fd = stdio_fd(given, ("stdin", "stdout", "stderr")[number])
+                    # None: the launcher's own fd, as spawn's bwrap would inherit it; one the
+                    # launcher lacked is closed there too.
+                    if fd < 0 and not launcher_lacks(number):
+                        fd = number
+                placed[number] = fd
+                if fd < 0:
+                    mask |= SHIM_CLOSE_MASK & (0x10 << number)
+                else:
+                    mask |= 1 << number
+                    self.fds.append(fd)
+        except BaseException as error:
+            self.__exit__()
+            if isinstance(error, OSError):
+                refuse_if_short_of_fds(error)
+            raise
+        self.streams = (streams[0], streams[1], streams[2])
+        self.bwrap_stderr = placed[2] if stdio[2] is not None else -1
+        return mask
+
+    def take_streams(self) -> tuple[int, int, int]:
+        """The launcher's ends of the pipes, now the caller's to close."""
+        streams, self.streams = self.streams, (-1, -1, -1)
+        self._opened = [fd for fd in self._opened if fd not in streams]
+        return streams
+
+    def __enter__(self) -> Launch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        opened, self._opened = self._opened, []
+        self.streams = (-1, -1, -1)
+        for fd in opened:
+            os.close(fd)
 
 
 def prepare_launch(
@@ -115,8 +199,10 @@ def prepare_launch(
     tty: bool = False,
 ) -> Launch:
     """Check argv and env and encode them for the shim (UsageError: nothing was staged yet).
-    Each of stdio is None (the launcher's own fd now), an fd or a file. tty: the command's
-    stdio is a new terminal instead."""
+    Each of stdio is None (the launcher's own fd now), an fd, a file, PIPE or DEVNULL (or for
+    stderr STDOUT), as subprocess takes them; the pipes and /dev/null are opened here,
+    close-on-exec, and the Launch holds them. tty: the command's stdio is a new terminal
+    instead (stderr may still name where a spawn's bwrap writes its messages)."""
     hold_closed_stdio()
     if (
         isinstance(argv, str | bytes)
@@ -134,22 +220,38 @@ def prepare_launch(
         raise UsageError("an argument or environment value holds a NUL byte")
     if len(body) > SHIM_MAX_BODY:
         raise UsageError(f"argv and env take {len(body)} bytes; at most {SHIM_MAX_BODY}")
-    mask = SHIM_TTY if tty else 0
-    fds: list[int] = []
-    if not tty:
-        for number, (given, name) in enumerate(
-            zip(stdio, ("stdin", "stdout", "stderr"), strict=True)
-        ):
-            fd = stdio_fd(given, name)
-            if fd < 0:  # None: the launcher's own fd, as spawn's bwrap would inherit it
-                if launcher_lacks(number):
-                    mask |= SHIM_CLOSE_MASK & (0x10 << number)  # closed here: closed there too
-                    continue
-                fd = number
-            mask |= 1 << number
-            fds.append(fd)
+    special = _special_stdio(stdio, tty)
+    launch = Launch(argv, tty)
+    if tty:
+        mask = SHIM_TTY
+        launch.bwrap_stderr = stdio_fd(stdio[2], "stderr")
+    else:
+        mask = launch.place_stdio(stdio, special)
     header = SHIM_HEADER.pack(SHIM_MAGIC, mask, len(argv), len(items) - len(argv), len(body))
-    return Launch(argv, header + body, None if tty else fds, tty)
+    launch.message = header + body
+    return launch
+
+
+def _special_stdio(stdio: Sequence[Stdio], tty: bool) -> list[int]:
+    """Which of stdio are PIPE, DEVNULL or STDOUT (0 for the others); UsageError for one
+    that cannot be (STDOUT but for stderr, any of them with tty, an unknown negative)."""
+    special = []
+    for number, (given, name) in enumerate(zip(stdio, ("stdin", "stdout", "stderr"), strict=True)):
+        value = given if isinstance(given, int) and given < 0 else 0
+        if value == STDOUT and number != 2:
+            raise UsageError(f"{name}: subprocess.STDOUT is for stderr only")
+        if value not in (0, PIPE, DEVNULL, STDOUT):
+            raise UsageError(
+                f"{name} must be None, an fd, a file object, subprocess.PIPE or "
+                f"subprocess.DEVNULL{' (or subprocess.STDOUT)' if number == 2 else ''}"
+            )
+        if value and tty:
+            raise UsageError(
+                f"{name}: tty=True gives the command a terminal for its stdio; "
+                "PIPE, DEVNULL and STDOUT apply only without it"
+            )
+        special.append(value)
+    return special
 
 
 def hand_off(staged: Staged, launch: Launch) -> Sandbox:
@@ -209,7 +311,7 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
         staged.bwrap_pidfd = -1
         staged.sock.close()
         staged.mark("exec")
-        return Sandbox._launched(staged, terminals, controller)
+        return Sandbox._launched(staged, terminals, controller, launch.argv, launch.take_streams())
     abandon()
     if not failure:
         raise StagedGone

@@ -1,6 +1,14 @@
 """The handle of a running session, shaped like subprocess.Popen.
 
     pid          the launcher's child: nsconfine's reaper, which runs bwrap (what wait() reaps)
+    args         the argv it was launched with
+    stdin, stdout, stderr
+                 for each stdio launched with subprocess.PIPE, the launcher's end as a binary
+                 file object (stdin written to, stdout and stderr read from), as Popen's; None
+                 for any other. The launch closed its copies of the session's ends: EOF comes
+                 once the session has ended, as nothing of it outlives its reaper (unless the
+                 session handed its end to a process outside, over a socket it was given: as
+                 with Popen and a daemon, reading to EOF then waits for that process).
     child_pid    the sandbox's init, bwrap's child, in the launcher's pid namespace
     command_pid  the command, in the launcher's pid namespace
     returncode   None while it runs; then the command's exit status, 128+N if the command was
@@ -23,9 +31,12 @@
                  session runs
 
 Signals go to the command (send_signal, terminate); kill() ends the whole sandbox at once, and
-leaving a `with` block kills it and waits. Every wait polls pidfds, never select(): a launcher
-with thousands of fds is fine. Only nsconfine makes these handles, and only the process that
-launched a session can wait for it.
+leaving a `with` block kills it, waits and closes its pipes. communicate(input, timeout) is
+Popen's: it feeds stdin, reads stdout and stderr and waits, all in one poll loop (so large
+output both ways never deadlocks); once the session has ended it takes what its pipes hold and
+stops, so it never waits on a copy of a pipe held outside the session. Every wait polls
+pidfds, never select(): a launcher with thousands of fds is fine. Only nsconfine makes these
+handles, and only the process that launched a session can wait for it.
 """
 
 from __future__ import annotations
@@ -35,15 +46,17 @@ import signal
 import time
 from _thread import allocate_lock
 
-from nsconfine._errors import TimeoutExpired
+from nsconfine._errors import UsageError
 from nsconfine._kernel import terminal as _terminal
-from nsconfine._kernel.syscalls import wait_fd
+from nsconfine._kernel.syscalls import poll_ms, wait_fd
 from nsconfine._launch import sources as _sources
 from nsconfine._plan.protect import written_config
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from _thread import LockType
+    from collections.abc import Sequence
+    from typing import IO, NoReturn
 
     from nsconfine._kernel.terminal import Saved
     from nsconfine._launch.egress import Egress
@@ -59,6 +72,7 @@ class Sandbox:
         "_bound",
         "_command_pidfd",
         "_egress",
+        "_exchange",
         "_init_pidfd",
         "_lock",
         "_owner",
@@ -67,15 +81,23 @@ class Sandbox:
         "_stubs",
         "_terminals",
         "_untrusted",
+        "args",
         "child_pid",
         "command_pid",
         "pid",
         "plan",
         "returncode",
+        "stderr",
+        "stdin",
+        "stdout",
         "timings",
         "tty",
     )
     pid: int
+    args: Sequence[str]
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
     plan: Plan
     child_pid: int
     command_pid: int
@@ -93,13 +115,28 @@ class Sandbox:
     _untrusted: list[str] | None
     _bound: dict[str, tuple[int, int, int]]
     _since: float
+    _exchange: _Exchange | None
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
         raise TypeError("Sandbox handles come from nsconfine.spawn or Pool.launch")
 
     @classmethod
-    def _launched(cls, staged: Staged, terminals: list[Saved], tty: int = -1) -> Sandbox:
+    def _launched(
+        cls,
+        staged: Staged,
+        terminals: list[Saved],
+        tty: int,
+        args: Sequence[str],
+        streams: tuple[int, int, int],
+    ) -> Sandbox:
         self = object.__new__(cls)
+        self.args = args
+        # Buffered, as Popen's default: the launcher's ends of the pipes (see prepare_launch).
+        stdin, stdout, stderr = streams
+        self.stdin = open(stdin, "wb") if stdin >= 0 else None  # noqa: SIM115 (the handle's)
+        self.stdout = open(stdout, "rb") if stdout >= 0 else None  # noqa: SIM115
+        self.stderr = open(stderr, "rb") if stderr >= 0 else None  # noqa: SIM115
+        self._exchange = None
         self.plan = staged.plan
         self._untrusted = None
         self._bound = staged.bound
@@ -162,14 +199,43 @@ class Sandbox:
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the session to end and return its status (see the module's docstring).
-        Raises TimeoutExpired (a TimeoutError) if it still runs after timeout seconds."""
+        Raises TimeoutExpired (subprocess's, and a TimeoutError) if it still runs after
+        timeout seconds."""
         ended = self.returncode is not None or wait_fd(self._reaper_pidfd, timeout)
         if not ended and self.poll() is None:
             assert timeout is not None  # an unbounded wait returns only once it has ended
-            raise TimeoutExpired(self.pid, timeout)
+            self._timed_out(timeout)
         status = self.poll()  # the reaper has exited: this reaps it (or another thread did)
         assert status is not None
         return status
+
+    def communicate(
+        self, input: bytes | None = None, timeout: float | None = None
+    ) -> tuple[bytes | None, bytes | None]:
+        """Send input to stdin (then close it), read stdout and stderr to their end, wait for
+        the session; (stdout, stderr), each None unless launched with PIPE. TimeoutExpired
+        if it still runs after timeout seconds: nothing is lost, and a later communicate()
+        (after kill(), say) goes on where this one stopped and returns all of it."""
+        if self._exchange is None:
+            if input is not None and self.stdin is None:
+                raise UsageError("communicate(input=...) needs a launch with stdin=PIPE")
+            if input is not None and not isinstance(input, bytes | bytearray | memoryview):
+                raise UsageError("communicate's input must be bytes")
+            self._exchange = _Exchange(self, input)
+        elif input is not None:
+            raise UsageError("communicate() took its input in an earlier call: give none now")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ended = self.returncode is not None
+        if not self._exchange.run(-1 if ended else self._reaper_pidfd, deadline):
+            assert timeout is not None
+            self._timed_out(timeout)
+        self.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
+        return self._exchange.outputs()
+
+    def _timed_out(self, timeout: float) -> NoReturn:
+        from nsconfine._timeout import TimeoutExpired
+
+        raise TimeoutExpired(self.args, timeout, self.pid)
 
     def send_signal(self, number: int) -> None:
         """Send signal number to the command (nothing once the session has ended)."""
@@ -193,9 +259,12 @@ class Sandbox:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        """Kill the session and wait for it."""
+        """Kill the session, wait for it, and close its pipes."""
         self.kill()
         self.wait()
+        for stream in (self.stdout, self.stderr, self.stdin):
+            if stream is not None:
+                _close(stream)
 
     def _ended(self, status: int) -> None:
         # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
@@ -218,4 +287,98 @@ def _send(pidfd: int, number: int) -> None:
     try:
         signal.pidfd_send_signal(pidfd, number)
     except ProcessLookupError:
+        pass
+
+
+class _Exchange:
+    """What communicate() has sent and read so far, kept between calls (a timeout, then a
+    kill and another call, returns everything)."""
+
+    def __init__(self, sandbox: Sandbox, input: bytes | bytearray | memoryview | None) -> None:
+        self.input = memoryview(input or b"").cast("B")
+        self.sent = 0
+        self.stdin = sandbox.stdin
+        # What is read from stdout and stderr (None: not a pipe), and each pipe still open.
+        self.read: list[list[bytes] | None] = [None, None]
+        self.open: dict[int, tuple[int, IO[bytes]]] = {}  # fd -> (0 stdin, 1 stdout, 2 stderr)
+        if self.stdin is not None:
+            try:
+                self.stdin.flush()  # what the caller wrote itself goes first
+            except BrokenPipeError:
+                pass
+            if self.input:
+                self.open[self.stdin.fileno()] = (0, self.stdin)
+            else:
+                _close(self.stdin)
+        for number, stream in ((1, sandbox.stdout), (2, sandbox.stderr)):
+            if stream is not None:
+                self.read[number - 1] = []
+                self.open[stream.fileno()] = (number, stream)
+
+    def outputs(self) -> tuple[bytes | None, bytes | None]:
+        stdout, stderr = (None if chunks is None else b"".join(chunks) for chunks in self.read)
+        return stdout, stderr
+
+    def run(self, sentinel: int, deadline: float | None) -> bool:
+        """Feed and read the pipes until each is done; False if the deadline comes first.
+        sentinel: the reaper's pidfd, or -1 once the session has been reaped. Once it has
+        ended, what its pipes hold is read and the rest closed: nothing of the session is
+        left to write, and only a process outside it could hold their other ends."""
+        import select
+
+        poller = select.poll()
+        for fd, (number, _stream) in self.open.items():
+            poller.register(fd, select.POLLOUT if number == 0 else select.POLLIN)
+        ended = sentinel < 0
+        if not ended:
+            poller.register(sentinel, select.POLLIN)
+        stdin = self.stdin if self.stdin is not None and not self.stdin.closed else None
+        if stdin is not None:
+            os.set_blocking(stdin.fileno(), False)  # a full pipe takes what fits
+        try:
+            while self.open:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not ended and left is not None and left <= 0:
+                    return False
+                events = poller.poll(0 if ended else poll_ms(left))
+                if not events and ended:
+                    break
+                for fd, _event in events:
+                    if fd == sentinel:
+                        ended = True
+                        poller.unregister(fd)
+                    elif self._move(fd):
+                        poller.unregister(fd)
+                        _close(self.open.pop(fd)[1])
+        finally:
+            if stdin is not None and not stdin.closed:
+                os.set_blocking(stdin.fileno(), True)
+        for _number, stream in self.open.values():
+            _close(stream)
+        self.open.clear()
+        return True
+
+    def _move(self, fd: int) -> bool:
+        """Write the next part of the input to fd, or read what fd holds; whether that pipe is
+        done (all written, its reader gone, or EOF)."""
+        number = self.open[fd][0]
+        if number == 0:
+            try:
+                self.sent += os.write(fd, self.input[self.sent : self.sent + 65536])
+            except BlockingIOError:
+                return False
+            except BrokenPipeError:  # the command stopped reading: the rest has no reader
+                return True
+            return self.sent >= len(self.input)
+        chunk = os.read(fd, 65536)
+        chunks = self.read[number - 1]
+        assert chunks is not None
+        chunks.append(chunk)
+        return not chunk
+
+
+def _close(stream: IO[bytes]) -> None:
+    try:
+        stream.close()
+    except BrokenPipeError:  # stdin's buffer had no reader left (it is closed all the same)
         pass

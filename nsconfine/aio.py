@@ -1,0 +1,356 @@
+"""nsconfine for asyncio: spawn and Pool for a launcher that is an event loop (a broker).
+
+    process = await nsconfine.aio.spawn(plan, ["make", "test"], stdout=asyncio.subprocess.PIPE)
+    output, _ = await process.communicate()
+
+    async with nsconfine.aio.Pool(plan, size=4) as pool:
+        process = await pool.launch(["make", "test"])
+        status = await process.wait()
+
+A thin front, no second way in: aio.spawn calls nsconfine.spawn and aio.Pool's launch a
+nsconfine.Pool's, through the same gate. How the loop is never stalled:
+- The blocking part of a launch (staging: the gate's checks while bwrap builds the sandbox and
+  the launcher checks it, tens of ms; or a pool's hand-off, a few ms, and its inline refill)
+  runs in the loop's default executor (loop.run_in_executor), as do a Pool's start and close.
+- A running session holds no thread: its end is awaited with loop.add_reader on the handle's
+  sentinel (the reaper's pidfd, readable once the session has ended), after which reaping it
+  does not block; its pipes are the loop's own pipe transports, as asyncio.StreamWriter
+  (stdin) and asyncio.StreamReader (stdout, stderr).
+What stall is left is the executor threads' turns at the GIL (the Python half of staging):
+benchmarks/bench_aio.py measures the loop's worst stall with launches made either way.
+
+A launch whose caller is cancelled leaves nothing running: the session it started, if it got
+that far, is killed and reaped in the executor. Only callers that import nsconfine.aio import
+asyncio (`import nsconfine` does not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import select
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from nsconfine import _pool
+from nsconfine._errors import UsageError
+from nsconfine._gate import spawn as _spawn
+
+if TYPE_CHECKING:
+    from typing import IO, Unpack
+
+    from nsconfine._launch.handoff import LaunchOptions
+    from nsconfine._launch.sandbox import Sandbox
+    from nsconfine._plan.model import Plan
+    from nsconfine._pool import Refill
+
+__all__ = ["Pool", "Process", "spawn"]
+
+
+async def spawn(plan: Plan, argv: Sequence[str], **options: Unpack[LaunchOptions]) -> Process:
+    """nsconfine.spawn for asyncio: run argv confined by plan, return once it has exec'd.
+    The keywords are spawn's (env, stdin, stdout, stderr, tty); a stdio given as PIPE
+    (subprocess's or asyncio.subprocess's) is the handle's stream."""
+    return await _launched(functools.partial(_spawn, plan, argv, **options))
+
+
+class Process:
+    """A running session for asyncio, shaped like asyncio.subprocess.Process (made by
+    aio.spawn and aio.Pool.launch, never by hand).
+
+    pid, args, returncode   as the Sandbox's (returncode: None until wait() has seen the end)
+    stdin                   an asyncio.StreamWriter for a stdin launched with PIPE, else None
+    stdout, stderr          asyncio.StreamReaders for those launched with PIPE, else None
+    sandbox                 the Sandbox beneath, for its timings, plan, child_pid,
+                            command_pid, tty and (once ended) untrusted_config; its wait and
+                            communicate block, so a loop awaits these instead
+
+    `async with` kills the session on the way out, waits for it and closes its streams.
+    """
+
+    __slots__ = (
+        "_ended",
+        "_loop",
+        "_read_fds",
+        "_transports",
+        "sandbox",
+        "stderr",
+        "stdin",
+        "stdout",
+    )
+    sandbox: Sandbox
+    stdin: asyncio.StreamWriter | None
+    stdout: asyncio.StreamReader | None
+    stderr: asyncio.StreamReader | None
+    _loop: asyncio.AbstractEventLoop
+    _ended: asyncio.Future[None] | None
+    _read_fds: list[tuple[asyncio.StreamReader, int]]
+    _transports: list[asyncio.BaseTransport]
+
+    def __init__(self, *_args: object, **_kwargs: object) -> None:
+        raise TypeError("Process handles come from nsconfine.aio.spawn or Pool.launch")
+
+    @classmethod
+    async def _connected(cls, sandbox: Sandbox) -> Process:
+        """The handle of a launched sandbox, its pipes connected to the running loop."""
+        self = object.__new__(cls)
+        self.sandbox = sandbox
+        self._loop = asyncio.get_running_loop()
+        self._ended = None
+        self._read_fds = []
+        self._transports = []  # the loop's, which own the pipes from here on
+        self.stdin = self.stdout = self.stderr = None
+        try:
+            if sandbox.stdin is not None:
+                # The stream protocol gives drain() its flow control and wait_closed() its
+                # end; its reader is never fed (a write pipe has nothing to read).
+                protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
+                transport, _ = await self._loop.connect_write_pipe(lambda: protocol, sandbox.stdin)
+                self._transports.append(transport)
+                self.stdin = asyncio.StreamWriter(transport, protocol, None, self._loop)
+            if sandbox.stdout is not None:
+                self.stdout = await self._reader(sandbox.stdout)
+            if sandbox.stderr is not None:
+                self.stderr = await self._reader(sandbox.stderr)
+        except BaseException:
+            self._close_streams()
+            raise
+        return self
+
+    async def _reader(self, pipe: IO[bytes]) -> asyncio.StreamReader:
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        self._read_fds.append((reader, pipe.fileno()))
+        transport, _ = await self._loop.connect_read_pipe(lambda: protocol, pipe)
+        self._transports.append(transport)
+        return reader
+
+    def _close_streams(self) -> None:
+        for transport in self._transports:
+            transport.close()
+
+    def __repr__(self) -> str:
+        return f"<nsconfine.aio.Process pid={self.pid} returncode={self.returncode}>"
+
+    @property
+    def pid(self) -> int:
+        return self.sandbox.pid
+
+    @property
+    def args(self) -> Sequence[str]:
+        return self.sandbox.args
+
+    @property
+    def returncode(self) -> int | None:
+        return self.sandbox.returncode
+
+    async def wait(self) -> int:
+        """Wait for the session to end; its status (as Sandbox.wait's)."""
+        if self.sandbox.returncode is None:
+            if self._ended is None:
+                self._ended = self._loop.create_future()
+                self._loop.add_reader(self.sandbox.sentinel, self._end_seen)
+            await asyncio.shield(self._ended)  # a cancelled wait leaves the watch to others
+        return self.sandbox.wait()  # the reaper has exited: this reaps it, at once
+
+    def _end_seen(self) -> None:
+        # Before the sentinel is closed (by the reap that follows), so that the loop never
+        # watches a closed fd, nor later one that took its number.
+        self._loop.remove_reader(self.sandbox.sentinel)
+        assert self._ended is not None
+        if not self._ended.done():
+            self._ended.set_result(None)
+
+    async def communicate(self, input: bytes | None = None) -> tuple[bytes | None, bytes | None]:
+        """Send input to stdin (then close it), read stdout and stderr to their end, wait for
+        the session; (stdout, stderr), each None unless launched with PIPE. Once the session
+        has ended, a pipe whose other end a process outside it still holds (handed over a
+        socket) is read as far as it holds, not waited for. For a timeout, wrap it in
+        asyncio.wait_for(), as asyncio's own communicate (what it had read is then lost)."""
+        if input is not None and self.stdin is None:
+            raise UsageError("communicate(input=...) needs a launch with stdin=PIPE")
+        stdout, stderr, _fed, _ended = await asyncio.gather(
+            _read_all(self.stdout), _read_all(self.stderr), self._feed(input), self._end_reads()
+        )
+        return stdout, stderr
+
+    async def _feed(self, input: bytes | None) -> None:
+        if self.stdin is None:
+            return
+        try:
+            if input:
+                self.stdin.write(input)
+                await self.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the command stopped reading: the rest has no reader, as with Popen
+        self.stdin.close()
+
+    async def _end_reads(self) -> None:
+        """Once the session has ended, end each reader whose pipe has given all it holds but
+        has no EOF coming: nothing of the session is left to write, so only a process
+        outside it holds the other end."""
+        await self.wait()
+        for reader, fd in self._read_fds:
+            while not reader.at_eof():
+                events = _poll_now(fd)
+                if events & (select.POLLHUP | select.POLLNVAL):
+                    break  # EOF is there for the transport to read (or was read)
+                if not events & select.POLLIN:
+                    reader.feed_eof()  # empty, and held outside: what is buffered is all
+                    break
+                await asyncio.sleep(0)  # the transport reads what the pipe holds
+
+    def send_signal(self, number: int) -> None:
+        """Send signal number to the command (nothing once the session has ended)."""
+        self.sandbox.send_signal(number)
+
+    def terminate(self) -> None:
+        """SIGTERM to the command."""
+        self.sandbox.terminate()
+
+    def kill(self) -> None:
+        """End the whole sandbox now (as Sandbox.kill)."""
+        self.sandbox.kill()
+
+    async def __aenter__(self) -> Process:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Kill the session, wait for it, and close its streams."""
+        self.kill()
+        await self.wait()
+        self._close_streams()
+
+
+class Pool:
+    """nsconfine.Pool for asyncio: sandboxes of one plan staged ahead of need (by the pool's
+    own thread, refill="background"), each launch a hand-off run in the executor.
+
+    Its nsconfine.Pool is made when it is entered (`async with`) or first launched from, so
+    a plan or host that cannot confine is refused there."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        size: int = 1,
+        idle_timeout: float = 300.0,
+        refill: Refill = "background",
+    ) -> None:
+        _pool.check_options(size, idle_timeout, refill)
+        self.plan = plan
+        self.size = size
+        self.idle_timeout = idle_timeout
+        self.refill: Refill = refill
+        self._pool: _pool.Pool | None = None
+        self._opening = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<nsconfine.aio.Pool {self._pool!r}>"
+
+    async def __aenter__(self) -> Pool:
+        await self._opened()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @property
+    def staged(self) -> int:
+        """How many sandboxes are staged right now."""
+        return 0 if self._pool is None else self._pool.staged
+
+    async def launch(self, argv: Sequence[str], **options: Unpack[LaunchOptions]) -> Process:
+        """nsconfine.Pool.launch for asyncio: run argv in a staged sandbox, return once it
+        has exec'd (the keywords are Pool.launch's: env, stdin, stdout, stderr, tty)."""
+        pool = await self._opened()
+        return await _launched(functools.partial(pool.launch, argv, **options))
+
+    async def wait_staged(self, timeout: float | None = None) -> bool:
+        """Wait until `size` sandboxes are staged; False on timeout, a staging failure or close."""
+        pool = await self._opened()
+        return await asyncio.get_running_loop().run_in_executor(None, pool.wait_staged, timeout)
+
+    async def aclose(self) -> None:
+        """Tear down every staged sandbox (launched ones keep running). Idempotent."""
+        async with self._opening:
+            if self._pool is not None:
+                await asyncio.get_running_loop().run_in_executor(None, self._pool.close)
+
+    async def _opened(self) -> _pool.Pool:
+        async with self._opening:
+            if self._pool is None:
+                make = functools.partial(
+                    _pool.Pool,
+                    self.plan,
+                    size=self.size,
+                    idle_timeout=self.idle_timeout,
+                    refill=self.refill,
+                )
+                self._pool = await asyncio.get_running_loop().run_in_executor(None, make)
+            return self._pool
+
+
+async def _read_all(reader: asyncio.StreamReader | None) -> bytes | None:
+    if reader is None:
+        return None
+    chunks = []
+    while chunk := await reader.read(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _poll_now(fd: int) -> int:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return next((events for _fd, events in poller.poll(0)), 0)
+
+
+async def _launched(call: Callable[[], Sandbox]) -> Process:
+    """Run a blocking launch in the loop's executor; its handle for the loop."""
+    loop = asyncio.get_running_loop()
+    handover = _Handover(call)
+    try:
+        sandbox = await loop.run_in_executor(None, handover.run)
+    except asyncio.CancelledError:
+        handover.abandon(loop)
+        raise
+    try:
+        return await Process._connected(sandbox)
+    except BaseException:
+        loop.run_in_executor(None, _discard, sandbox)
+        raise
+
+
+class _Handover:
+    """A launch running in the executor, and whether its caller still wants it: one whose
+    caller was cancelled is discarded by whichever side finishes second."""
+
+    def __init__(self, call: Callable[[], Sandbox]) -> None:
+        self.call = call
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.sandbox: Sandbox | None = None
+
+    def run(self) -> Sandbox:
+        sandbox = self.call()
+        with self.lock:
+            self.sandbox = sandbox
+            if not self.abandoned:
+                return sandbox
+        _discard(sandbox)  # its caller is gone
+        return sandbox
+
+    def abandon(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self.lock:
+            self.abandoned = True
+            launched = self.sandbox  # the launch ended just before its caller was cancelled
+        if launched is not None:
+            loop.run_in_executor(None, _discard, launched)
+
+
+def _discard(sandbox: Sandbox) -> None:
+    """Kill and reap a session nobody will wait for, and close its pipes."""
+    with sandbox:
+        pass

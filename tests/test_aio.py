@@ -1,0 +1,206 @@
+"""nsconfine.aio, the asyncio front, on real sessions: many sessions from one loop with no
+thread each, streams for the pipes, a Pool front, a cancelled launch that leaves nothing, and
+`import nsconfine` that brings no asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import HAND_OUT, holder_socket, pids_with, receive_fd, wait_until_gone
+
+import nsconfine
+import nsconfine.aio
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+PIPE = asyncio.subprocess.PIPE
+# Reads a line, answers it with its own number, exits with a status of its own: every session
+# differs, and each waits for its line, so all are running at once until they get it.
+ANSWER = 'read line; echo "$line $1"; exit $(($1 % 7))'
+
+
+@pytest.fixture
+def fds_for_64_sessions() -> Iterator[None]:
+    """A soft RLIMIT_NOFILE that 64 live sessions fit in (each holds about 30 fds in the
+    launcher, one per protected path it stubs: a broker raises its limit the same way, as
+    examples/systemd's unit does), up to the hard limit; restored afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.usefixtures("fds_for_64_sessions")
+def test_64_sessions_run_at_once_from_one_loop_with_no_thread_each(plan: nsconfine.Plan) -> None:
+    """64 aio.spawn calls gathered on one loop all run at once (each waits for its input),
+    hold no thread while they run (only the executor's few, made for the launches), and each
+    gives its own output and status to communicate()."""
+    count = 64
+
+    async def main() -> tuple[list[int | None], int, list[tuple[bytes | None, bytes | None]]]:
+        before = threading.active_count()
+        launched = await asyncio.gather(
+            *(
+                nsconfine.aio.spawn(
+                    plan, ["/bin/sh", "-c", ANSWER, "sh", str(n)], stdin=PIPE, stdout=PIPE
+                )
+                for n in range(count)
+            ),
+            return_exceptions=True,
+        )
+        processes = [one for one in launched if isinstance(one, nsconfine.aio.Process)]
+        async with contextlib.AsyncExitStack() as ending:  # a failed check leaves none running
+            for process in processes:
+                await ending.enter_async_context(process)
+            assert len(processes) == count, [str(one) for one in launched if one not in processes]
+            running = [process.returncode for process in processes]
+            threads = threading.active_count() - before
+            outputs = await asyncio.gather(
+                *(
+                    process.communicate(f"line{n}".encode() + b"\n")
+                    for n, process in enumerate(processes)
+                )
+            )
+            statuses = [process.returncode for process in processes]
+        assert statuses == [n % 7 for n in range(count)]
+        return running, threads, outputs
+
+    running, threads, outputs = asyncio.run(main())
+    assert running == [None] * count  # every one still waiting for its line
+    assert threads <= min(32, (os.cpu_count() or 1) + 4)  # the default executor's most
+    assert outputs == [(f"line{n} {n}\n".encode(), None) for n in range(count)]
+
+
+def test_the_streams_are_asyncio_streams(plan: nsconfine.Plan) -> None:
+    """PIPE gives a StreamWriter for stdin and StreamReaders for stdout and stderr; the
+    handle has pid, args, and wait(), kill() and the other signals as asyncio's Process."""
+    argv = ["/bin/sh", "-c", "read line; echo out $line; echo err >&2; read again; exit 5"]
+
+    async def main() -> list[object]:
+        seen: list[object] = []
+        process = await nsconfine.aio.spawn(plan, argv, stdin=PIPE, stdout=PIPE, stderr=PIPE)
+        async with process:
+            assert process.stdin is not None
+            assert process.stdout is not None
+            assert process.stderr is not None
+            seen += [process.args, process.pid == process.sandbox.pid, process.returncode]
+            process.stdin.write(b"one\n")
+            await process.stdin.drain()
+            seen += [await process.stdout.readline(), await process.stderr.readline()]
+            process.stdin.write(b"two\n")
+            process.stdin.close()
+            seen.append(await process.wait())
+        killed = await nsconfine.aio.spawn(plan, ["/bin/sleep", "600"])
+        killed.kill()
+        seen.append(await killed.wait())
+        return seen
+
+    assert asyncio.run(main()) == [argv, True, None, b"out one\n", b"err\n", 5, -9]
+
+
+def test_a_pool_launches_from_the_loop(plan: nsconfine.Plan) -> None:
+    """aio.Pool stages through nsconfine.Pool and launches from the loop, each launch with
+    its own env; a bad option is refused as the pool is made, before anything is staged."""
+    with pytest.raises(nsconfine.UsageError, match="size"):
+        nsconfine.aio.Pool(plan, size=0)
+
+    async def main() -> list[tuple[bytes | None, bytes | None]]:
+        async with nsconfine.aio.Pool(plan, size=2) as pool:
+            assert await pool.wait_staged(60)
+            processes = await asyncio.gather(
+                *(
+                    pool.launch(["/bin/sh", "-c", "echo $N"], env={"N": str(n)}, stdout=PIPE)
+                    for n in range(8)
+                )
+            )
+            return [await process.communicate() for process in processes]
+
+    assert asyncio.run(main()) == [(f"{n}\n".encode(), None) for n in range(8)]
+
+
+def test_a_cancelled_launch_leaves_nothing_running(plan: nsconfine.Plan, tmp_path: Path) -> None:
+    """A launch whose caller is cancelled while the executor runs it: the session it started
+    is killed and reaped (asyncio.run waits for the executor before it returns)."""
+    marker = f"nsconfine-cancelled-{os.getpid()}"
+
+    async def main() -> None:
+        launch = asyncio.ensure_future(
+            nsconfine.aio.spawn(plan, ["/bin/sh", "-c", "exec sleep 600", marker])
+        )
+        await asyncio.sleep(0)  # the launch is in the executor now
+        launch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await launch
+
+    asyncio.run(main())
+    assert wait_until_gone(marker) == []
+    assert pids_with(marker) == []
+
+
+def test_bad_arguments_are_a_usage_error_from_the_await(plan: nsconfine.Plan) -> None:
+    """What spawn refuses, aio.spawn refuses the same way, and input without a stdin pipe."""
+
+    async def main() -> None:
+        with pytest.raises(nsconfine.UsageError, match="argv"):
+            await nsconfine.aio.spawn(plan, "/bin/true")
+        with pytest.raises(nsconfine.UsageError, match="tty=True"):
+            await nsconfine.aio.spawn(plan, ["/bin/true"], stdout=PIPE, tty=True)
+        async with await nsconfine.aio.spawn(plan, ["/bin/true"]) as process:
+            with pytest.raises(nsconfine.UsageError, match="stdin=PIPE"):
+                await process.communicate(b"lost")
+
+    asyncio.run(main())
+
+
+def test_communicate_ends_a_pipe_held_outside_once_the_session_has_ended(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan
+) -> None:
+    """Process.communicate, as Sandbox.communicate: the stdout the session handed to the
+    test (which keeps it open) gives what the session wrote and then ends with the session,
+    with no EOF from the test's copy."""
+    address = str(ws_run[0] / "holder.sock")
+
+    async def main() -> tuple[bytes | None, bytes | None]:
+        with holder_socket(address) as server:
+            server.setblocking(False)
+            argv = ["python3", "-c", HAND_OUT, address]
+            process = await nsconfine.aio.spawn(plan, argv, stdout=PIPE)
+            loop = asyncio.get_running_loop()
+            connection, _ = await loop.sock_accept(server)
+            with connection:
+                held = await loop.run_in_executor(None, receive_fd, connection)
+                try:
+                    return await asyncio.wait_for(process.communicate(), 60)
+                finally:
+                    os.close(held)
+
+    assert asyncio.run(main()) == (b"handed out\n", None)
+
+
+def test_import_nsconfine_brings_no_asyncio_or_subprocess() -> None:
+    """`import nsconfine` (and a spawn's modules) loads neither asyncio nor subprocess (a
+    launcher's start-up pays for what it uses); nsconfine.aio brings asyncio, and naming
+    nsconfine.TimeoutExpired brings subprocess, whose TimeoutExpired it subclasses."""
+    probe = (
+        "import sys, nsconfine, nsconfine._gate\n"
+        "print(sorted(m for m in ('asyncio', 'subprocess') if m in sys.modules))\n"
+        "assert issubclass(nsconfine.TimeoutExpired, __import__('subprocess').TimeoutExpired)\n"
+        "import nsconfine.aio\n"
+        "print(sorted(m for m in ('asyncio', 'subprocess') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", check=True
+    )
+    assert result.stdout.split("\n")[:2] == ["[]", "['asyncio', 'subprocess']"]
