@@ -11,7 +11,26 @@ from nsconfine._errors import (
 from nsconfine._gate import spawn
 from nsconfine._kernel.accounts import RunAs
 from nsconfine._launch.sandbox import Sandbox
-from nsconfine._plan.model import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
+from nsconfine._plan.model import (
+    DenyRule,
+    Entry,
+    EnvVar,
+    Kind,
+    Mode,
+    Origin,
+    Plan,
+    copy,
+    data,
+    dev,
+    devpts,
+    directory,
+    proc,
+    remount_ro,
+    ro_bind,
+    rw_bind,
+    symlink,
+    tmpfs,
+)
 from nsconfine._plan.profiles import Bind
 from nsconfine._preflight.checks import PreflightReport, preflight
 from nsconfine._session import Harness, Session
@@ -20,6 +39,7 @@ __version__ = "0.1.0"
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from nsconfine._launch.stage import Stdio
     from nsconfine._pool import Pool
     from nsconfine._timeout import TimeoutExpired
 
@@ -35,6 +55,10 @@ def __getattr__(name: str) -> object:
         from nsconfine._timeout import TimeoutExpired
 
         return TimeoutExpired
+    if name == "Stdio":  # what spawn's stdin, stdout and stderr take (typing: on demand)
+        from typing import IO, Any
+
+        return int | IO[Any] | None
     raise AttributeError(f"module 'nsconfine' has no attribute {name!r}")
 
 
@@ -58,9 +82,21 @@ __all__ = [
     "Sandbox",
     "SandboxUnavailable",
     "Session",
+    "Stdio",
     "TimeoutExpired",
     "UsageError",
     "__version__",
+    "copy",
+    "data",
+    "dev",
+    "devpts",
+    "directory",
     "preflight",
+    "proc",
+    "remount_ro",
+    "ro_bind",
+    "rw_bind",
     "spawn",
+    "symlink",
+    "tmpfs",
 ]

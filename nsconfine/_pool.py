@@ -67,9 +67,9 @@ class Pool:
     def __init__(
         self,
         plan: Plan,
+        *,
         size: int = 1,
         idle_timeout: float = 300.0,
-        *,
         refill: Refill = "background",
     ) -> None:
         check_options(size, idle_timeout, refill)

@@ -35,7 +35,21 @@ def test_public_names_are_pinned() -> None:
         "__version__",
         "preflight",
         "spawn",
+        # the entry constructors, for a plan built by hand
+        "copy",
+        "data",
+        "dev",
+        "devpts",
+        "directory",
+        "proc",
+        "remount_ro",
+        "ro_bind",
+        "rw_bind",
+        "symlink",
+        "tmpfs",
+        "Stdio",  # what spawn's stdin, stdout and stderr take
     }
+    assert all(getattr(nsconfine, name) is not None for name in nsconfine.__all__)
 
 
 def test_the_asyncio_front_is_pinned() -> None:
