@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
 
 class Cleared:
-    """What the gate hands the executor: the proven bwrap, whether it binds by fd, and each
-    source's identity as the lint judged it."""
+    """What the gate hands the launch: the proven bwrap, and whether it binds sources by fd
+    (the identities the lint judged come from lint(), checked against the sources opened)."""
 
     __slots__ = ("bind_fds", "bwrap")
 
@@ -200,4 +200,4 @@ def refusing_os_errors() -> Iterator[None]:
         raise SandboxUnavailable(
             f"the launch was refused: {error.strerror or error}{where} changed while it was "
             "checked or built; nothing was run, launch again"
-        ) from None
+        ) from error

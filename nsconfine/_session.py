@@ -223,7 +223,7 @@ def build_plan(
     except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
         raise
     except OSError as error:
-        raise path_refusal(error, "the plan") from None
+        raise path_refusal(error, "the plan") from error
 
 
 def _build_plan(
@@ -314,7 +314,7 @@ def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
     try:
         mode = os.stat(path).st_mode
     except OSError as error:
-        raise PlanError(f"the {what} {path} cannot be used: {error.strerror}") from None
+        raise PlanError(f"the {what} {path} cannot be used: {error.strerror}") from error
     if not stat.S_ISDIR(mode):
         raise PlanError(f"the {what} {path} is not a directory")
     problem = access_problem(path, user, bits)
@@ -423,7 +423,7 @@ def runner_entries(paths: Sequence[str], others: Sequence[p.Entry]) -> list[p.En
         except OSError as error:
             raise PlanError(
                 f"the read-only path {path} does not exist or cannot be used: {error.strerror}"
-            ) from None
+            ) from error
     files = [path for path, mode in modes.items() if stat.S_ISREG(mode)]
     if len(files) <= COPY_FILES_ABOVE:
         return [p.ro_bind(path, path, "a file the runner loads (read-only)") for path in paths]
@@ -864,7 +864,7 @@ def _make_bind_directory(path: str, session: Session) -> None:
     try:  # a directory on the way swapped for a symlink since the check: refused
         parent_fd = open_no_symlinks(parent)
     except OSError as error:
-        raise PlanError(f"{printable(path)} cannot be made: {error.strerror}") from None
+        raise PlanError(f"{printable(path)} cannot be made: {error.strerror}") from error
     try:
         os.mkdir(name, 0o755, dir_fd=parent_fd)
         user = run_as(session.user)
@@ -873,7 +873,7 @@ def _make_bind_directory(path: str, session: Session) -> None:
     except FileExistsError:
         pass
     except OSError as error:
-        raise PlanError(f"{printable(path)} cannot be made: {error.strerror}") from None
+        raise PlanError(f"{printable(path)} cannot be made: {error.strerror}") from error
     finally:
         os.close(parent_fd)
 

@@ -1,4 +1,5 @@
-"""The command line: `nsconfine check | plan | run | selftest`.
+"""The command line: `nsconfine SUBCOMMAND`, one per entry of _SUBCOMMANDS (check, plan, run,
+explain, oci-bundle, podman-args, profiles, selftest).
 
 Refusals print one line, `nsconfine: CODE: what was refused and what to do`, and exit with the
 code's sysexits status; nothing runs and no traceback is shown.

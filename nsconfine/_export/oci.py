@@ -493,7 +493,7 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
     except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
         raise
     except OSError as error:
-        raise path_refusal(error, "the bundle") from None
+        raise path_refusal(error, "the bundle") from error
 
 
 def _ancestors(path: str) -> list[str]:
@@ -552,7 +552,7 @@ def _make_bundle_directory(bundle: str) -> None:
     except OSError as error:
         raise UsageError(
             f"the bundle {printable(bundle)} cannot be made: {error.strerror}"
-        ) from None
+        ) from error
     os.mkdir(os.path.join(bundle, "rootfs"), 0o755)
     os.chmod(os.path.join(bundle, "rootfs"), 0o755)  # whatever the umask
 
@@ -598,7 +598,7 @@ def _read(artifact: Artifact) -> bytes:
     except OSError as error:
         raise PlanError(
             f"{printable(artifact.source)} cannot be copied into the bundle: {error.strerror}"
-        ) from None
+        ) from error
     if artifact.sha256 is not None:
         import hashlib
 

@@ -58,7 +58,7 @@ def _find() -> str:
                 f"cannot keep the records of the mount points it makes in "
                 f"{printable(directory)} ({error.strerror}): set XDG_CACHE_HOME to a directory "
                 "this account can write"
-            ) from None
+            ) from error
     try:
         require_private(directory)
     except PermissionError:

@@ -283,7 +283,7 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
         refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
             f"cannot make the launch's pipe ({error.strerror}); nothing was run"
-        ) from None
+        ) from error
     try:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report_write, *fds]))]
         try:

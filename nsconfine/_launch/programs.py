@@ -68,7 +68,7 @@ def program_fd(path: str) -> int:
         except OSError as error:
             raise SandboxUnavailable(
                 f"nsconfine's program {path} cannot be read ({error.strerror}): {_INSTALL_HINT}"
-            ) from None
+            ) from error
         if not image.startswith(b"\x7fELF"):
             raise SandboxUnavailable(f"nsconfine's program {path} is not one: {_INSTALL_HINT}")
         fd = _loaded[path] = sys_.memfd_sealed(os.path.basename(path), image)

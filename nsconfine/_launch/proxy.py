@@ -827,7 +827,7 @@ class Proxy:
             raise _Refusal(504, f"route {route.name}: {upstream.netloc} did not answer") from None
         except OSError as error:
             reason = f"route {route.name}: cannot reach {upstream.netloc}: {error.strerror}"
-            raise _Refusal(502, reason) from None
+            raise _Refusal(502, reason) from error
         connection.upstream = raw  # (closed by _serve, whatever fails from here on)
         record["address"] = raw.getpeername()[0]
         if upstream.scheme == "https":

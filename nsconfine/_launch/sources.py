@@ -155,7 +155,7 @@ def _resolved(path: str) -> str:
         raise SandboxUnavailable(
             f"{printable(path)} cannot be reached ({error.strerror}): it changed since its plan "
             "was checked; nothing was run"
-        ) from None
+        ) from error
 
 
 def _open_source(source: str) -> int:
@@ -169,7 +169,7 @@ def _open_source(source: str) -> int:
         raise SandboxUnavailable(
             f"{printable(source)} changed since its plan was checked ({error.strerror}): a "
             "symlink appeared on its way, or it is gone; nothing was run"
-        ) from None
+        ) from error
     return fd
 
 
@@ -198,7 +198,7 @@ def _walk_to_parent(top: str, parts: list[str]) -> int:
             except OSError as error:
                 refuse_if_short_of_fds(error)
                 shown = os.path.join(top, *parts[: depth + 1])
-                raise PlanError(_refusal(shown, error)) from None
+                raise PlanError(_refusal(shown, error)) from error
             os.close(fd)
             fd = next_fd
     except BaseException:
@@ -219,7 +219,7 @@ def _open_inside(top: str, relative: str, entry: Entry) -> int:
         raise SandboxUnavailable(
             f"{printable(entry.source)} cannot be opened ({error.strerror}): it changed during "
             "the launch; nothing was run"
-        ) from None
+        ) from error
     finally:
         os.close(parent)
     if stat.S_ISLNK(os.fstat(fd).st_mode):
@@ -352,7 +352,7 @@ def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> tuple[str, Id
                 os.close(fd)
     except OSError as error:
         refuse_if_short_of_fds(error)
-        raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from None
+        raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from error
     if os.geteuid() == 0 and user.uid != 0:
         os.chown(name, user.uid, user.gid, dir_fd=parent_fd, follow_symlinks=False)
     if kept:
@@ -396,7 +396,7 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
         raise PlanError(
             f"{printable(where)} cannot be checked ({error.strerror}): nothing in "
             f"{printable(entry.source)} may be left unchecked; make it readable, or remove it"
-        ) from None
+        ) from error
 
 
 def _refuse_written_through(shown: str, info: os.stat_result) -> None:

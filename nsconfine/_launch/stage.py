@@ -255,7 +255,7 @@ def _open_copy_source(path: str) -> int:
     try:
         fd = os.open(path, flags)
     except OSError as error:
-        raise PlanError(f"{path} cannot be copied: {error.strerror}") from None
+        raise PlanError(f"{path} cannot be copied: {error.strerror}") from error
     import stat
 
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -441,7 +441,7 @@ def _start(
         raise SandboxUnavailable(
             f"cannot watch the sandbox: pidfd_open: {error.strerror}; nothing was run "
             "(nsconfine needs pidfds: Linux 5.3 or later, with no seccomp filter refusing them)"
-        ) from None
+        ) from error
     staged = Staged(plan, reaper, reaper_pidfd, launcher_end)
     staged.started = started
     staged.stderr = stderr

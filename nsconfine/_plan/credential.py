@@ -36,7 +36,7 @@ def read_credential(path: str) -> dict[str, str]:
         reason = "it is a symlink" if error.errno == errno.ELOOP else error.strerror
         raise CredentialInsecure(
             f"credential file {path} cannot be used: {reason}; use a regular file, mode 0600"
-        ) from None
+        ) from error
     try:
         info = os.fstat(fd)
         _check_ownership(path, info)

@@ -159,7 +159,7 @@ def _read_profile(path: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
-        raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from None
+        raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from error
     except ValueError:  # a NUL byte or a lone surrogate: no file has such a name
         raise UsageError(f"profile {path}: no file can have this name") from None
     try:
@@ -167,7 +167,7 @@ def _read_profile(path: str) -> bytes:
             raise UsageError(f"profile {path}: not a regular file")
         raw = os.read(fd, MAX_PROFILE_BYTES + 1)
     except OSError as error:
-        raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from None
+        raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from error
     finally:
         os.close(fd)
     if len(raw) > MAX_PROFILE_BYTES:

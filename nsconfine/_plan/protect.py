@@ -419,7 +419,7 @@ class _Scan:
             self.observed[path] = None
             return None
         except OSError as error:
-            raise PlanError(f"{printable(path)} cannot be looked at: {error.strerror}") from None
+            raise PlanError(f"{printable(path)} cannot be looked at: {error.strerror}") from error
         self.observed[path] = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
         return info
 
@@ -446,7 +446,7 @@ class _Scan:
                 "through the workspace for the repositories whose trusted files it keeps "
                 "read-only, and git on the host finds one there by name all the same; let the "
                 "launcher's account read it (chmod u+r), then launch again"
-            ) from None
+            ) from error
 
     def count(self, what: str) -> None:
         self.seen += 1
@@ -790,7 +790,7 @@ def _resolved(path: str) -> str:
     try:
         return _syscalls.realpath(path)
     except OSError as error:
-        raise PlanError(f"{printable(path)} cannot be resolved: {error.strerror}") from None
+        raise PlanError(f"{printable(path)} cannot be resolved: {error.strerror}") from error
 
 
 def _file_type(mode: int) -> str:

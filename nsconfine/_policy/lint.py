@@ -587,7 +587,7 @@ def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
             raise PlanError(
                 f"{printable(entry.source)} (for {printable(entry.dest)}) cannot be bound: "
                 f"{os.strerror(error.errno or 0)}; create it or drop it from the session"
-            ) from None
+            ) from error
         if resolved == "/":
             raise PlanError(
                 f"{printable(entry.source)} resolves to / and would expose the whole host"

@@ -39,7 +39,7 @@ def verify_pins(plan: Plan) -> None:
                 continue
             actual = file_sha256(entry.source)
         except OSError as error:
-            raise PlanError(f"pinned {entry.source} cannot be read: {error.strerror}") from None
+            raise PlanError(f"pinned {entry.source} cannot be read: {error.strerror}") from error
         if actual != entry.sha256:
             raise PlanError(
                 f"{entry.source} has sha256 {actual}, not the pinned {entry.sha256}: the harness "

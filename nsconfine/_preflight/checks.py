@@ -154,7 +154,7 @@ def binary_identity(path: str) -> str:
     try:
         info = os.stat(path)
     except OSError as error:
-        raise SandboxUnavailable(f"bwrap {path} cannot be used: {error.strerror}") from None
+        raise SandboxUnavailable(f"bwrap {path} cannot be used: {error.strerror}") from error
     if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:
         raise SandboxUnavailable(f"bwrap {path} is not an executable file: {INSTALL_HINT}")
     if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
@@ -393,7 +393,7 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
         except OSError as error:
             raise SandboxUnavailable(
                 f"bwrap {bwrap}'s canary session could not run /bin/sh: {error}"
-            ) from None
+            ) from error
         finally:
             os.close(out_read)
             os.close(err_read)
