@@ -748,7 +748,7 @@ class Proxy:
         self, session: _Session, record: dict[str, object], host: str, port: int
     ) -> Decision:
         record["host"], record["port"] = printable(host[:300]), port
-        decision = judge(host, port, session.destinations, self._resolver, host_addresses())
+        decision = judge(host, port, session.destinations, self._resolver, host_addresses)
         record["host"] = printable(decision.host[:300])
         if not decision.allowed:
             raise _Refusal(403, decision.reason)
