@@ -38,7 +38,8 @@
 #define MSG_NOSIGNAL_ 0x4000
 #define MSG_DONTWAIT_FLAG 0x40
 #define LISTEN_BACKLOG 128
-#define RELAY_BUFFER_BYTES 65536 /* per direction: what one connection holds in flight */
+#define RELAY_BUFFER_BYTES 262144 /* per direction: what one connection holds in flight */
+#define RELAY_ROUNDS 8            /* reads and writes one direction makes before the other's */
 
 struct inet_address { /* struct sockaddr_in, in bytes: network order whatever the CPU's */
     uint16_t family;
@@ -86,34 +87,59 @@ static short wanted_on(const struct direction *d, int fd)
     return d->to == fd ? POLLOUT : 0;
 }
 
-/* Move what revents allow; 0, or -1 when the connection cannot go on. */
+/*
+ * Move what revents allow, and then what the other side turns out to allow too: after a read
+ * the destination usually has room, and after a write the source usually has more, so each is
+ * tried at once (without a ppoll between) until one would block, a few rounds at the most so
+ * that the other direction gets its turn. 0, or -1 when the connection cannot go on.
+ */
 static int advance(struct direction *d, const struct pollfd *polled)
 {
     if (d->done)
         return 0;
     const struct pollfd *from = polled[0].fd == d->from ? &polled[0] : &polled[1];
     const struct pollfd *to = polled[0].fd == d->to ? &polled[0] : &polled[1];
-    if (d->start == d->end && !d->at_eof && (from->revents & (POLLIN | POLLHUP | POLLERR))) {
-        long n = RETRY(SYS6(__NR_recvfrom, d->from, d->buffer, RELAY_BUFFER_BYTES,
-                            MSG_DONTWAIT_FLAG, 0, 0));
-        if (n == -EAGAIN)
-            return 0;
-        if (n < 0)
-            return -1;
-        if (n == 0)
-            d->at_eof = 1;
-        d->start = 0;
-        d->end = (size_t)n;
-    } else if (d->start < d->end && (to->revents & (POLLOUT | POLLHUP | POLLERR))) {
+    int may_read = (from->revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+    int may_write = (to->revents & (POLLOUT | POLLHUP | POLLERR)) != 0;
+    for (int round = 0; round < RELAY_ROUNDS && !d->at_eof; round++) {
+        if (d->start == d->end) {
+            if (!may_read)
+                break;
+            long n = RETRY(SYS6(__NR_recvfrom, d->from, d->buffer, RELAY_BUFFER_BYTES,
+                                MSG_DONTWAIT_FLAG, 0, 0));
+            if (n == -EAGAIN)
+                break;
+            if (n < 0)
+                return -1;
+            if (n == 0)
+                d->at_eof = 1;
+            d->start = 0;
+            d->end = (size_t)n;
+            may_write = 1;
+        }
+        if (d->start < d->end) {
+            if (!may_write)
+                break;
+            long n = RETRY(SYS6(__NR_sendto, d->to, d->buffer + d->start, d->end - d->start,
+                                MSG_NOSIGNAL_ | MSG_DONTWAIT_FLAG, 0, 0));
+            if (n == -EAGAIN)
+                break;
+            if (n < 0)
+                return -1;
+            d->start += (size_t)n;
+            if (d->start < d->end)
+                break; /* the destination is full: ppoll says when it has room */
+            d->start = d->end = 0;
+            may_read = 1;
+        }
+    }
+    if (d->at_eof && d->start < d->end && may_write) { /* what came with the EOF */
         long n = RETRY(SYS6(__NR_sendto, d->to, d->buffer + d->start, d->end - d->start,
                             MSG_NOSIGNAL_ | MSG_DONTWAIT_FLAG, 0, 0));
-        if (n == -EAGAIN)
-            return 0;
-        if (n < 0)
+        if (n < 0 && n != -EAGAIN)
             return -1;
-        d->start += (size_t)n;
-        if (d->start == d->end)
-            d->start = d->end = 0;
+        if (n > 0)
+            d->start += (size_t)n;
     }
     if (d->at_eof && d->start == d->end) {
         (void)SYS2(__NR_shutdown, d->to, SHUT_WR_); /* the half-close, passed on */

@@ -60,6 +60,7 @@ MAX_HEAD = 16 * 1024
 MAX_HEADER_LINES = 100
 MAX_RESPONSE_HEAD = 64 * 1024
 CHUNK = 64 * 1024
+SPLICE_BYTES = 1024 * 1024  # a spliced direction's pipe: what it holds in flight
 CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut connections
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
 MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
@@ -859,6 +860,7 @@ class Proxy:
         record = connection.record
         record["address"] = record.get("address") or upstream.getpeername()[0]
         sent = {client: 0, upstream: 0}  # bytes sent to each
+        splicers: dict[socket.socket, _Splicer] = {}
         try:
             for sock in (client, upstream):
                 sock.settimeout(self.idle_timeout)
@@ -883,18 +885,31 @@ class Proxy:
                     readable = [by_fd[fd] for fd, _events in ready]
                 for source in readable:
                     destination = open_from[source]
-                    try:
-                        data = source.recv(CHUNK)
-                    except (ConnectionError, ssl.SSLError):
-                        data = b""
-                    ended = not data
-                    if source is upstream and rewriter is not None:
-                        data = rewriter.flush() if ended else rewriter.feed(data)
-                    elif source is client and body is not None:
-                        data = body.feed(data)
-                    if data:
-                        destination.sendall(data)
-                        sent[destination] += len(data)
+                    passed_as_is = (
+                        body is None if source is client else rewriter is None or rewriter.done
+                    )
+                    if passed_as_is and _Splicer.can_splice(source, destination):
+                        splicer = splicers.get(source) or splicers.setdefault(
+                            source, _Splicer(self.idle_timeout)
+                        )
+                        moved = splicer.move(source, destination)
+                        if moved is None:
+                            continue  # woken for nothing
+                        sent[destination] += moved
+                        ended = moved == 0
+                    else:
+                        try:
+                            data = source.recv(CHUNK)
+                        except (ConnectionError, ssl.SSLError):
+                            data = b""
+                        ended = not data
+                        if source is upstream and rewriter is not None:
+                            data = rewriter.flush() if ended else rewriter.feed(data)
+                        elif source is client and body is not None:
+                            data = body.feed(data)
+                        if data:
+                            destination.sendall(data)
+                            sent[destination] += len(data)
                     if not ended:
                         continue
                     del open_from[source]
@@ -906,7 +921,57 @@ class Proxy:
         except OSError:
             return  # a reset, a peer that stopped reading for idle_timeout: the connection ends
         finally:
+            for splicer in splicers.values():
+                splicer.close()
             record["bytes_up"], record["bytes_down"] = sent[upstream], sent[client]
+
+
+class _Splicer:
+    """One direction of a connection whose bytes pass as they are (a tunnel; a response's body
+    once its head is rewritten), moved with splice(2) through a pipe of its own: the bytes stay
+    in the kernel, which makes a large download through the proxy several times cheaper than
+    recv and sendall. The pipe holds at most SPLICE_BYTES, what the connection has in flight."""
+
+    def __init__(self, idle_timeout: float) -> None:
+        self.idle_timeout = idle_timeout
+        self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        with contextlib.suppress(OSError):  # past the system's pipe-max-size: the default
+            fcntl.fcntl(self.write_end, fcntl.F_SETPIPE_SZ, SPLICE_BYTES)
+
+    @staticmethod
+    def can_splice(source: socket.socket, destination: socket.socket) -> bool:
+        """TLS sockets hold their bytes in user space: only plain sockets splice."""
+        return not isinstance(source, ssl.SSLSocket) and not isinstance(destination, ssl.SSLSocket)
+
+    def move(self, source: socket.socket, destination: socket.socket) -> int | None:
+        """Move what source has to destination, waiting for it to take all of it (for
+        idle_timeout at the most: TimeoutError); the bytes moved, 0 at source's EOF, or None
+        when it had nothing after all."""
+        flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+        try:
+            moved = os.splice(source.fileno(), self.write_end, SPLICE_BYTES, flags=flags)
+        except BlockingIOError:
+            return None
+        except ConnectionError:
+            return 0
+        left = moved
+        while left:
+            try:
+                left -= os.splice(self.read_end, destination.fileno(), left, flags=flags)
+            except BlockingIOError:
+                if not _writable(destination, self.idle_timeout):
+                    raise TimeoutError("the peer took nothing for idle_timeout") from None
+        return moved
+
+    def close(self) -> None:
+        os.close(self.read_end)
+        os.close(self.write_end)
+
+
+def _writable(sock: socket.socket, timeout: float) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    return bool(poller.poll(timeout * 1000))
 
 
 def audit_to_file(target: str | os.PathLike[str] | int) -> Callable[[dict[str, object]], None]:
