@@ -2,7 +2,7 @@
  * nsconfine's reaper: the launcher's child, which runs bwrap and makes sure
  * nothing of the session outlives either of them.
  *
- *     _reaper LIFELINE_FD INFO_FD LIMITS BWRAP [ARG...]
+ *     _reaper LIFELINE_FD INFO_FD LIMITS HOLDS_FD BWRAP [ARG...]
  *
  * Why it exists: bwrap's sandbox child has no parent-death signal from its
  * clone until its pid 1 starts (bubblewrap sets it only then). Kill bwrap in
@@ -31,6 +31,13 @@
  * session's share (nsconfine/_limits.py), which the reaper takes before it
  * starts bwrap (take_limits below); if a step fails it writes
  * {"reaper-errno": N, "reaper-stage": S} (S: an NSC_STAGE_*) and exits 127.
+ *
+ * HOLDS_FD is "-", or the first of the fds (up to the last the reaper was
+ * given) that hold the session's mount points in its workspace: each a
+ * shared lock on a stub the sandbox binds over, which no launcher removes
+ * while it is held. The reaper keeps them for as long as it lives (the
+ * session's life) and never lets bwrap have them; the launcher then holds
+ * none of them (a live session costs it a few fds, whatever its plan).
  *
  * The launcher started it with everything bwrap needs at the right fd
  * numbers; bwrap inherits them all, and the reaper closes its own copies
@@ -274,15 +281,36 @@ __attribute__((noreturn)) static void exit_like(int status)
     sys_exit(128 + sig);
 }
 
+/* Close every fd but a, b and those from `from` on (~0U: none kept past b). */
+static void close_all_but(unsigned int a, unsigned int b, unsigned int from)
+{
+    unsigned int kept[2] = { a < b ? a : b, a < b ? b : a };
+    unsigned int start = 0;
+    for (int i = 0; i < 2 && kept[i] < from; i++) {
+        if (kept[i] > start)
+            (void)sys_close_range(start, kept[i] - 1, 0);
+        start = kept[i] + 1;
+    }
+    if (from > start)
+        (void)sys_close_range(start, from - 1, 0);
+}
+
 int helper_main(int argc, char **argv, char **envp)
 {
-    if (argc < 5)
+    if (argc < 6)
         return 2;
     long lifeline = parse_unsigned(argv[1]);
     long info_fd = parse_unsigned(argv[2]);
     long limits[4];
     int limited = !(argv[3][0] == '-' && argv[3][1] == '\0');
-    if (lifeline < 0 || info_fd < 0 || (limited && parse_limits(argv[3], limits) < 0))
+    int held = !(argv[4][0] == '-' && argv[4][1] == '\0');
+    long holds_fd = held ? parse_unsigned(argv[4]) : 0;
+    if (lifeline < 0 || info_fd < 0 || (limited && parse_limits(argv[3], limits) < 0) ||
+        holds_fd < 0)
+        return 2;
+    /* bwrap must not inherit the holds: its sandbox would keep them, and a session would be
+     * given fds of its workspace it never asked for. */
+    if (held && sys_close_range((unsigned int)holds_fd, ~0U, CLOSE_RANGE_CLOEXEC_) < 0)
         return 2;
     if (SYS5(__NR_prctl, PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
         return 2;
@@ -307,7 +335,7 @@ int helper_main(int argc, char **argv, char **envp)
     int status_pipe[2];
     if (SYS2(__NR_pipe2, status_pipe, O_CLOEXEC) < 0)
         return 2;
-    long bwrap = start_bwrap(argv + 4, envp, &old, status_pipe[1]);
+    long bwrap = start_bwrap(argv + 5, envp, &old, status_pipe[1]);
     (void)SYS1(__NR_close, status_pipe[1]);
     int exec_errno = 0;
     long got = bwrap < 0 ? 0 : sys_read(status_pipe[0], &exec_errno, sizeof exec_errno);
@@ -318,14 +346,8 @@ int helper_main(int argc, char **argv, char **envp)
     }
     (void)SYS1(__NR_close, status_pipe[0]);
 
-    /* Keep only the lifeline and the signalfd: a session's pipes must reach EOF. */
-    int low = (int)(sigfd < lifeline ? sigfd : lifeline);
-    int high = (int)(sigfd < lifeline ? lifeline : sigfd);
-    if (low > 0)
-        (void)sys_close_range(0, (unsigned int)low - 1, 0);
-    if (high > low + 1)
-        (void)sys_close_range((unsigned int)low + 1, (unsigned int)high - 1, 0);
-    (void)sys_close_range((unsigned int)high + 1, ~0U, 0);
+    /* Keep only the lifeline, the signalfd and the holds: a session's pipes must reach EOF. */
+    close_all_but((unsigned int)lifeline, (unsigned int)sigfd, held ? (unsigned int)holds_fd : ~0U);
 
     int torn_down = 0;
     for (;;) {

@@ -124,15 +124,16 @@ def test_without_seccomp_the_option_is_left_out() -> None:
 
 
 def test_the_reaper_runs_bwrap_with_its_lifeline_and_info_fd() -> None:
-    """The launcher's child is the reaper, told its lifeline and info fds and the session's
-    limits (processes, ptys, inotify instances and watches; "-": none), then bwrap's argv,
-    whose command is the shim, told the command's open files."""
+    """The launcher's child is the reaper, told its lifeline and info fds, the session's
+    limits (processes, ptys, inotify instances and watches; "-": none) and where the holds on
+    its mount points begin ("-": none), then bwrap's argv, whose command is the shim, told
+    the command's open files."""
     bwrap = bwrap_command_line("/usr/bin/bwrap", shim_command(5000, True, 1024))
-    assert reaper_command_line("/x/_reaper", bwrap, (1024, 16, 16, 8192)) == [
-        "/x/_reaper", "8", "4", "1024,16,16,8192",
+    assert reaper_command_line("/x/_reaper", bwrap, (1024, 16, 16, 8192), 12) == [
+        "/x/_reaper", "8", "4", "1024,16,16,8192", "12",
         "/usr/bin/bwrap", "--args", "3", "--", "/proc/self/fd/7", "5", "5000", "1", "1024",
     ]  # fmt: skip
-    assert reaper_command_line("/x/_reaper", bwrap)[3] == "-"
+    assert reaper_command_line("/x/_reaper", bwrap)[3:5] == ["-", "-"]
 
 
 def test_a_proxy_network_unshares_it_and_has_the_shim_start_the_relay(

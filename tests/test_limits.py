@@ -462,12 +462,12 @@ def test_the_reaper_reports_a_limit_it_cannot_take(ws_run: tuple[Path, Path]) ->
 
     plan = session(*ws_run, ro=[REAPER_PATH]).plan()
     # Its lifeline is the session's stderr (a pipe's write end: never readable, so never EOF).
-    status, output = sh(plan, f"{REAPER_PATH} 2 1 64,4,4,64 /bin/echo started")
+    status, output = sh(plan, f"{REAPER_PATH} 2 1 64,4,4,64 - /bin/echo started")
     assert status == 127, output
     report = json.loads(output)
     assert report["reaper-errno"] == errno.EPERM
     assert _syscalls.stage_syscall(report["reaper-stage"]).startswith("unshare")
-    assert sh(plan, f"{REAPER_PATH} 2 1 - /bin/echo started") == (0, "started\n")
+    assert sh(plan, f"{REAPER_PATH} 2 1 - - /bin/echo started") == (0, "started\n")
 
 
 def test_a_limit_step_that_failed_is_a_clear_refusal() -> None:

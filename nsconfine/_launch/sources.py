@@ -64,7 +64,7 @@ class Stub:
     account's records, or a file found there (the session's own, or a stub of another records
     directory), held all the same."""
 
-    __slots__ = ("hold", "identity", "kind", "parts", "recorded", "top")
+    __slots__ = ("counted", "hold", "identity", "kind", "parts", "recorded", "top")
 
     def __init__(
         self,
@@ -82,8 +82,11 @@ class Stub:
         self.recorded = recorded  # a stub, by this account's records: removed when let go
         # An fd of the file itself, with a shared lock on it. A launcher removes a stub only
         # under an exclusive lock on it, so none (whatever records it keeps: another
-        # XDG_CACHE_HOME, a read-only cache) removes one another live sandbox binds over.
+        # XDG_CACHE_HOME, a read-only cache) removes one another live sandbox binds over. Once
+        # the sandbox's reaper has a copy (hand_over), the launcher closes its own: the lock
+        # lives as long as that copy, the session's life.
         self.hold = hold
+        self.counted = hold >= 0  # in _held_here until let go
         if hold >= 0:
             with _held_here_lock:
                 _held_here[identity] += 1
@@ -455,16 +458,32 @@ def remove(stubs: list[Stub]) -> None:
     stubs.clear()
 
 
+def holds(stubs: list[Stub]) -> list[int]:
+    """The fds holding stubs, for the sandbox's reaper to keep."""
+    return [stub.hold for stub in stubs if stub.hold >= 0]
+
+
+def hand_over(stubs: list[Stub]) -> None:
+    """The sandbox's reaper has its copy of each hold: close the launcher's. The stubs stay
+    counted as held by this launcher until release()."""
+    for stub in stubs:
+        if stub.hold >= 0:
+            os.close(stub.hold)
+            stub.hold = -1
+
+
 def release(stubs: list[Stub]) -> None:
     """Let go of stubs (their holds) without removing them."""
     for stub in stubs:
         if stub.hold >= 0:
             os.close(stub.hold)
+        stub.hold = -1
+        if stub.counted:
+            stub.counted = False
             with _held_here_lock:
                 _held_here[stub.identity] -= 1
                 if not _held_here[stub.identity]:
                     del _held_here[stub.identity]
-        stub.hold = -1
 
 
 def keep_for_bundle(stubs: list[Stub], config: str) -> None:

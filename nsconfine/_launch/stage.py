@@ -18,7 +18,10 @@ A launch, in order:
        6    a sealed memfd with the seccomp filter (`--seccomp 6`)
        7    the sealed memfd holding the exec shim, which bwrap runs as /proc/self/fd/7
        8    the reaper's end of the launcher's lifeline (the reaper keeps it from bwrap)
-       9…   one fd per data or copy entry, in plan order
+       9…   one fd per data, copy or bind entry, in plan order
+       then the holds on the session's mount points in its workspace (nsconfine._launch.sources:
+            a shared lock each), which the reaper keeps from bwrap and holds until it exits:
+            the launcher keeps no fd per mount point
    The reaper ends the session once bwrap ends, once it gets SIGTERM, or once the lifeline
    reaches EOF (every copy of its write end, held by the launcher process, is closed): the
    launcher's death ends its sessions however it died, from whichever thread it launched.
@@ -308,7 +311,14 @@ def stage(
     try:
         identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
         bound = {dest: _bound_identity(fd) for dest, fd in sources.items()}
-        staged = _start(bwrap, plan, sources if bind_fds else None, stderr, idle_timeout_ms)
+        staged = _start(
+            bwrap,
+            plan,
+            sources if bind_fds else None,
+            _sources.holds(stubs),
+            stderr,
+            idle_timeout_ms,
+        )
     except BaseException:
         _sources.remove(stubs)
         if egress is not None:
@@ -318,6 +328,7 @@ def stage(
     finally:
         for fd in sources.values():
             os.close(fd)
+    _sources.hand_over(stubs)  # the reaper holds them now
     staged.stubs = stubs
     staged.egress = egress
     staged.bound = bound
@@ -362,10 +373,13 @@ def _start(
     bwrap: str,
     plan: Plan,
     bind_sources: dict[str, int] | None,
+    holds: list[int],
     stderr: int,
     idle_timeout_ms: int,
 ) -> Staged:
-    """Spawn the reaper with bwrap's fds in place (see the module's docstring)."""
+    """Spawn the reaper with bwrap's fds in place (see the module's docstring), and after
+    them the holds on the session's mount points, which the reaper keeps for the session's
+    life (the caller still owns the launcher's copies)."""
     seccomp = _layers.seccomp_program(plan.nested_userns is not None)
     options = compiled_options(plan, seccomp is not None, bind_sources is not None)
     flags, uid, gid = _layers.spawn_flags(plan.user)
@@ -377,9 +391,6 @@ def _start(
     )
     reaper_fd, shim_fd = program_fd(REAPER_PATH), program_fd(SHIM_PATH)
     bwrap_argv = bwrap_command_line(bwrap, shim)
-    argv = [
-        os.fsencode(a) for a in reaper_command_line(REAPER_PATH, bwrap_argv, _session_limits(plan))
-    ]
     launcher_end, shim_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # The kernel then attaches the sender's pid to what the shim sends: its own, translated.
     launcher_end.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -395,15 +406,17 @@ def _start(
         child_side.append(shim_fd)
         child_side.append(_lifeline_read_end())
         open_entry_fds(plan, child_side, bind_sources)
+        holds_fd = 3 + len(child_side) if holds else None  # pass_fds land at 3, 4, …
+        command = reaper_command_line(REAPER_PATH, bwrap_argv, _session_limits(plan), holds_fd)
         started = time.perf_counter()
         reaper = _syscalls.spawn(
             os.fsencode(REAPER_PATH),
-            argv,
+            [os.fsencode(a) for a in command],
             (),  # bwrap gets an empty environment; the session's is in the options
             stdin=devnull,
             stdout=devnull,
             stderr=stderr,
-            pass_fds=child_side,
+            pass_fds=[*child_side, *holds],
             flags=flags,
             uid=uid,
             gid=gid,

@@ -164,14 +164,19 @@ def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:
 
 
 def reaper_command_line(
-    reaper: str, bwrap_argv: Sequence[str], limits: Sequence[int] | None = None
+    reaper: str,
+    bwrap_argv: Sequence[str],
+    limits: Sequence[int] | None = None,
+    holds_fd: int | None = None,
 ) -> list[str]:
     """The reaper's argv: its lifeline and the info fd it reports on, the session's limits it
     takes in a user namespace of the session's own before it starts bwrap (processes, ptys
-    (0: no devpts of its own), inotify instances and watches; "-": none), then bwrap's
-    argv."""
+    (0: no devpts of its own), inotify instances and watches; "-": none), the first of the
+    fds that hold the session's mount points, which it keeps for the session's life and bwrap
+    never gets ("-": none), then bwrap's argv."""
     share = "-" if limits is None else ",".join(str(value) for value in limits)
-    return [reaper, str(LIFELINE_FD), str(INFO_FD), share, *bwrap_argv]
+    holds = "-" if holds_fd is None else str(holds_fd)
+    return [reaper, str(LIFELINE_FD), str(INFO_FD), share, holds, *bwrap_argv]
 
 
 def encode_options(options: Sequence[str]) -> bytes:

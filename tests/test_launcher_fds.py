@@ -1,0 +1,48 @@
+"""What a live session costs its launcher in fds: a few, whatever its plan (the holds on its
+mount points live in its reaper), so that a broker under the usual limit of 1,024 runs many."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import give_to_session_user, open_fds, session
+
+import nsconfine
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+SESSIONS = 6
+
+
+def _fds_per_live_session(plan: nsconfine.Plan) -> float:
+    nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=60)  # the lifeline and the like, once
+    before = len(open_fds())
+    sandboxes = [nsconfine.spawn(plan, ["sleep", "60"]) for _ in range(SESSIONS)]
+    try:
+        return (len(open_fds()) - before) / SESSIONS
+    finally:
+        for sandbox in sandboxes:
+            sandbox.kill()
+            sandbox.wait(timeout=60)
+
+
+def test_a_live_session_holds_three_fds_in_its_launcher(ws_run: tuple[Path, Path]) -> None:
+    """A session whose workspace holds two repositories (a score of protected mount points,
+    each held while it runs) costs its launcher its three pidfds: the reaper's, its init's
+    and its command's."""
+    workspace = ws_run[0]
+    for repository in (workspace, workspace / "vendor" / "lib"):
+        repository.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "init", "-q", str(repository)], check=True)
+    give_to_session_user(workspace)
+    plan = session(*ws_run).plan()
+    assert len(plan.protection.entries if plan.protection else ()) > 10
+    assert _fds_per_live_session(plan) == 3
+
+
+def test_a_proxy_session_holds_one_more_its_proxy_socket(ws_run: tuple[Path, Path]) -> None:
+    """A "proxy" session costs one fd more: the listening socket of its way out."""
+    plan = session(*ws_run, allow_hosts=["mirror.test:1=127.0.0.1"]).plan()
+    assert _fds_per_live_session(plan) == 4
