@@ -126,15 +126,20 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
     ]
     stubs: list[Stub] = []
     fds: dict[str, int] = {}
+    directories = _Directories()
     try:
         if inner:
             with _stub_records.records_locked() as records:
-                for entry, top, resolved, relative in inner:
-                    stub = _mount_point(records, top, resolved, relative, entry, plan.user)
+                for entry, _top, resolved, relative in inner:
+                    parts = relative.split("/")
+                    parent = directories.holding(resolved, parts)
+                    stub = _mount_point(records, parent, resolved, parts, entry, plan.user)
                     if stub is not None:
                         stubs.append(stub)
-                    if entry.kind is Kind.BIND:  # opened while no launch can remove a stub
-                        fds[entry.dest] = _open_inside(resolved, relative, entry)
+                    if entry.kind is Kind.BIND and stub is not None and stub.hold >= 0:
+                        fds[entry.dest] = os.dup(stub.hold)  # the very file held: no lookup
+                    elif entry.kind is Kind.BIND:  # opened while no launch can remove a stub
+                        fds[entry.dest] = _open_inside(parent, parts[-1], entry)
         for entry in plan.entries:
             if entry.kind is Kind.BIND and entry.dest not in fds:
                 fds[entry.dest] = _open_source(entry.source)
@@ -145,8 +150,10 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
     except BaseException:
         for fd in fds.values():
             os.close(fd)
+        directories.close()
         remove(stubs)
         raise
+    directories.close()
     return stubs, fds
 
 
@@ -190,41 +197,55 @@ def check_judged(
             )
 
 
-def _walk_to_parent(top: str, parts: list[str]) -> int:
-    """An O_PATH fd of the directory holding parts[-1] below top, reached one component at a
-    time without following a symlink (refused by name: a session may have planted it)."""
-    fd = _syscalls.open_no_symlinks(top)
-    try:
-        for depth, part in enumerate(parts[:-1]):
+class _Directories:
+    """The directories that hold a batch's mount points, each reached once from its writable
+    bind's resolved path, one component at a time without following a symlink (refused by
+    name: a session may have planted it), and kept open for the batch: a workspace's top
+    holds a score of them. close() closes them all."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    def holding(self, top: str, parts: list[str]) -> int:
+        """An O_PATH fd of the directory holding parts[-1] below top (this batch's: not to be
+        closed by the caller)."""
+        return self._directory(top, tuple(parts[:-1]))
+
+    def _directory(self, top: str, path: tuple[str, ...]) -> int:
+        fd = self._open.get((top, path))
+        if fd is not None:
+            return fd
+        if not path:
+            fd = _syscalls.open_no_symlinks(top)
+        else:
+            above = self._directory(top, path[:-1])
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
             try:
-                next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
+                fd = os.open(path[-1], flags, dir_fd=above)
             except OSError as error:
                 refuse_if_short_of_fds(error)
-                shown = os.path.join(top, *parts[: depth + 1])
-                raise PlanError(_refusal(shown, error)) from error
+                raise PlanError(_refusal(os.path.join(top, *path), error)) from error
+        self._open[(top, path)] = fd
+        return fd
+
+    def close(self) -> None:
+        for fd in self._open.values():
             os.close(fd)
-            fd = next_fd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        self._open.clear()
 
 
-def _open_inside(top: str, relative: str, entry: Entry) -> int:
-    """An O_PATH fd of a bind's source that lies inside a writable bind, reached from that
-    bind's resolved path (a symlink above the workspace, the host's own, is fine)."""
-    parts = relative.split("/")
-    parent = _walk_to_parent(top, parts)
+def _open_inside(parent: int, name: str, entry: Entry) -> int:
+    """An O_PATH fd of a bind's source that lies inside a writable bind, name in the directory
+    parent (reached from that bind's resolved path: a symlink above the workspace, the host's
+    own, is fine)."""
     try:
-        fd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     except OSError as error:
         refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
             f"{printable(entry.source)} cannot be opened ({error.strerror}): it changed during "
             "the launch; nothing was run"
         ) from error
-    finally:
-        os.close(parent)
     if stat.S_ISLNK(os.fstat(fd).st_mode):
         os.close(fd)
         raise PlanError(_refusal(entry.dest, None))
@@ -232,47 +253,43 @@ def _open_inside(top: str, relative: str, entry: Entry) -> int:
 
 
 def _mount_point(
-    records: str, top: Entry, resolved: str, relative: str, entry: Entry, user: RunAs
+    records: str, parent: int, resolved: str, parts: list[str], entry: Entry, user: RunAs
 ) -> Stub | None:
-    """Walk from the writable bind to entry's mount point without following symlinks; make
-    it if it is missing and the entry says so (a stub, or a DIR the session keeps). The stub
-    this launch now holds, if it is one (made now, or by an earlier launch)."""
-    parts = relative.split("/")
-    parent = _walk_to_parent(resolved, parts)
-    name, where = parts[-1], os.path.join(resolved, relative)
+    """Entry's mount point, parts[-1] in the directory parent (parts: its path below the
+    writable bind at resolved), made if it is missing and the entry says so (a stub, or a DIR
+    the session keeps). The stub this launch now holds, if it is one (made now, or by an
+    earlier launch)."""
+    name, where = parts[-1], os.path.join(resolved, *parts)
     try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        made = _make(parent, name, entry, user)
+        if made is None:
+            return None
+        kind, identity = made
+        hold = -1
         try:
-            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            made = _make(parent, name, entry, user)
-            if made is None:
-                return None
-            kind, identity = made
-            hold = -1
-            try:
-                hold = _hold(parent, name, identity, where)
-                _stub_records.record(records, identity, where)
-            except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
-                if hold >= 0:
-                    os.close(hold)
-                _remove_at(parent, name, kind, identity, made_now=True)
-                raise
-            return Stub(resolved, parts, kind, identity, True, hold)
-        if stat.S_ISLNK(info.st_mode):
-            raise PlanError(_refusal(entry.dest, None))
-        stub_kind = _stub_kind(entry)
-        if stub_kind is None or not _could_be_removed(parent, name, info, stub_kind):
-            return None  # no launcher removes it: nothing to hold (nor to let a session lock)
-        identity = (info.st_dev, info.st_ino)
-        hold = _hold(parent, name, identity, where)
-        try:
-            recorded = _stub_records.recorded(records, identity, where)
-        except BaseException:
-            os.close(hold)
+            hold = _hold(parent, name, identity, where)
+            _stub_records.record(records, identity, where)
+        except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
+            if hold >= 0:
+                os.close(hold)
+            _remove_at(parent, name, kind, identity, made_now=True)
             raise
-        return Stub(resolved, parts, stub_kind, identity, recorded, hold)
-    finally:
-        os.close(parent)
+        return Stub(resolved, parts, kind, identity, True, hold)
+    if stat.S_ISLNK(info.st_mode):
+        raise PlanError(_refusal(entry.dest, None))
+    stub_kind = _stub_kind(entry)
+    if stub_kind is None or not _could_be_removed(parent, name, info, stub_kind):
+        return None  # no launcher removes it: nothing to hold (nor to let a session lock)
+    identity = (info.st_dev, info.st_ino)
+    hold = _hold(parent, name, identity, where)
+    try:
+        recorded = _stub_records.recorded(records, identity, where)
+    except BaseException:
+        os.close(hold)
+        raise
+    return Stub(resolved, parts, stub_kind, identity, recorded, hold)
 
 
 def _could_be_removed(parent_fd: int, name: str, info: os.stat_result, kind: str) -> bool:
@@ -378,7 +395,7 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
 
     seen = 0
     base = f"/proc/self/fd/{fd}"
-    own = _syscalls.realpath(base)
+    own = ""  # where the directory is, resolved when a symlink in it needs it (seldom)
     try:
         for root, dirs, files in walk(base):  # iterative: no depth runs out of stack
             for name in [*files, *dirs]:
@@ -387,6 +404,7 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
                 member = os.lstat(path)
                 _refuse_written_through(shown, member)
                 if stat.S_ISLNK(member.st_mode):
+                    own = own or _syscalls.realpath(base)
                     _refuse_leading_out(shown, path, own, writable)
             seen += len(files) + len(dirs)
             if seen > PROTECTED_DIRECTORY_SCAN:
@@ -449,12 +467,16 @@ def remove(stubs: list[Stub]) -> None:
     # Let go of the holds first: that frees as many fds as the lock below needs, for a launch
     # refused for want of fds. Whether a stub is still held is decided by its own lock.
     release(stubs)
+    directories = _Directories()
     try:
         with _stub_records.records_locked() as records:
-            for stub in reversed(stubs):
-                _remove_if_unused(records, stub)
+            companions = _bundle_companions(records)
+            for stub in reversed(stubs):  # what lies inside another stub first
+                _remove_if_unused(records, stub, directories, companions)
     except (OSError, SandboxUnavailable):
         pass  # the records are gone or out of reach: the next launch adopts the stubs
+    finally:
+        directories.close()
     stubs.clear()
 
 
@@ -489,15 +511,17 @@ def release(stubs: list[Stub]) -> None:
 def keep_for_bundle(stubs: list[Stub], config: str) -> None:
     """Keep stubs while the OCI bundle whose config.json is at config exists: a runtime runs it
     when it will, and the container would lose its protected paths with them. Each stub's
-    token gets a companion naming that file (by path and identity); a stub whose bundle is
-    still there is never removed, and goes with the first session to end after the bundle
-    has been."""
+    token gets a companion naming that file (by path and identity), in the records' bundles/
+    directory; a stub whose bundle is still there is never removed, and goes with the first
+    session to end after the bundle has been."""
     recorded = [stub for stub in stubs if stub.recorded]
     if not recorded:
         return
     info = os.stat(config)
     holder = os.fsencode(f"{info.st_dev}-{info.st_ino}\0{config}")
     with _stub_records.records_locked() as records:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.join(records, _BUNDLES), 0o700)
         for stub in recorded:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(_bundle_path(records, stub.identity), flags, 0o600)
@@ -507,13 +531,26 @@ def keep_for_bundle(stubs: list[Stub], config: str) -> None:
                 os.close(fd)
 
 
+_BUNDLES = "bundles"  # the records' directory of bundle companions
+
+
 def _bundle_path(records: str, identity: Identity) -> str:
-    return _stub_records.token_path(records, identity) + ".bundle"
+    return os.path.join(records, _BUNDLES, f"{identity[0]}-{identity[1]}")
 
 
-def _kept_for_bundle(records: str, identity: Identity) -> bool:
+def _bundle_companions(records: str) -> frozenset[str]:
+    """The names of the bundle companions there are (read once a batch: usually none)."""
+    try:
+        return frozenset(os.listdir(os.path.join(records, _BUNDLES)))
+    except FileNotFoundError:
+        return frozenset()
+
+
+def _kept_for_bundle(records: str, identity: Identity, companions: frozenset[str]) -> bool:
     """Is the stub of identity kept for an OCI bundle that still exists (its config.json the
     very file named)? A companion whose bundle is gone is removed."""
+    if f"{identity[0]}-{identity[1]}" not in companions:
+        return False
     path = _bundle_path(records, identity)
     try:
         with open(path, "rb") as companion:
@@ -531,34 +568,33 @@ def _kept_for_bundle(records: str, identity: Identity) -> bool:
     return False
 
 
-def _remove_if_unused(records: str, stub: Stub) -> None:
+def _remove_if_unused(
+    records: str, stub: Stub, directories: _Directories, companions: frozenset[str]
+) -> None:
     """Remove a stub of these records (called with their lock held) unless a sandbox or an
     OCI bundle holds it; its token goes with it, or stays for a later launch to remove it
     then."""
     token_path = _stub_records.token_path(records, stub.identity)
     if not stub.recorded or not os.path.exists(token_path):
         return  # not a stub, another records directory's, or removed by another launch
-    if _kept_for_bundle(records, stub.identity):
+    if _kept_for_bundle(records, stub.identity, companions):
         return
     with _held_here_lock:
         if _held_here[stub.identity]:
             return  # another sandbox of this launcher binds over it, and removes it at its end
-    if _remove_stub(stub):
+    if _remove_stub(stub, directories):
         with contextlib.suppress(OSError):
             os.unlink(token_path)
 
 
-def _remove_stub(stub: Stub) -> bool:
+def _remove_stub(stub: Stub, directories: _Directories) -> bool:
     """Remove the stub if it is still the one made (see _remove_at); False if it is kept
     because another sandbox binds over it."""
     try:
-        parent = _walk_to_parent(stub.top, stub.parts)
+        parent = directories.holding(stub.top, stub.parts)
     except (OSError, PlanError):
         return True  # gone or changed: nothing of ours is left there
-    try:
-        return _remove_at(parent, stub.parts[-1], stub.kind, stub.identity)
-    finally:
-        os.close(parent)
+    return _remove_at(parent, stub.parts[-1], stub.kind, stub.identity)
 
 
 def _remove_at(
