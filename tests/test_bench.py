@@ -146,7 +146,7 @@ def test_smoke_rows_cover_every_section_with_full_statistics(
 
 @pytest.mark.confinement
 def test_smoke_judges_every_target(smoke_report: dict[str, Any]) -> None:
-    """Each target of issue 3 is judged, met or not, with the numbers it was judged on."""
+    """Each target is judged, met or not, with the numbers it was judged on."""
     targets = {target["name"]: target for target in smoke_report["targets"]}
     assert set(targets) >= TARGETS
     for target in targets.values():

@@ -22,7 +22,7 @@ from nsconfine.bench._core import (
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A goal of issue 3, judged on this run's numbers."""
+    """A goal, judged on this run's numbers."""
 
     name: str
     goal: str
