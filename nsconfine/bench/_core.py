@@ -13,11 +13,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import nsconfine
 from nsconfine._kernel import layers as _layers
@@ -249,6 +250,11 @@ class Launchers:
     def floor(self, argv: Sequence[str], stdout: int) -> Waiter:
         """The same bwrap vector and seccomp filter, bwrap spawned directly (a vfork-style
         clone, as root after taking the session's ids): no reaper, no shim, no check."""
+        pid = self.floor_pid(argv, stdout)
+        return lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    def floor_pid(self, argv: Sequence[str], stdout: int) -> int:
+        """floor's bwrap, started: its pid."""
         made = [_memfd("bench-args", self.encoded)]
         try:
             # fds 3..8 as a launch has them (4, 5, 7 and 8 unused here), then the data fds.
@@ -273,7 +279,7 @@ class Launchers:
         finally:
             for fd in set(made):
                 os.close(fd)
-        return lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return pid
 
     def naive(self, argv: Sequence[str], stdout: int) -> Waiter:
         """subprocess.Popen with pass_fds and a preexec_fn setting PDEATHSIG via ctypes."""
@@ -321,6 +327,115 @@ class Launchers:
         finally:
             os.close(source)
         return lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@dataclass(slots=True)
+class Burst:
+    """Launches in flight: a call is one round, `level` threads started together on a barrier,
+    thread i taking `each` samples of sample(i) in turn; it returns the round's wall time (the
+    barrier to the last thread's end, ns). Every round's samples are kept, in order, so that
+    a round-robin's warm-up rounds can be left out (kept)."""
+
+    level: int
+    each: int
+    sample: Callable[[int], int]
+    rounds: list[list[int]] = field(default_factory=list)
+
+    def __call__(self) -> int:
+        barrier = threading.Barrier(self.level + 1)
+        measured: list[int] = []
+        failures: list[BaseException] = []
+
+        def worker(index: int) -> None:
+            try:
+                barrier.wait()
+                for _ in range(self.each):
+                    measured.append(self.sample(index))
+            except BaseException as failure:  # raised by the calling thread below
+                failures.append(failure)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(self.level)]
+        for thread in threads:
+            thread.start()
+        barrier.wait()
+        began = _now()
+        for thread in threads:
+            thread.join()
+        wall = _now() - began
+        if failures:
+            raise failures[0]
+        self.rounds.append(measured)
+        return wall
+
+    def kept(self, warmup: int) -> list[int]:
+        """The samples of every round after the first warmup."""
+        return [value for measured in self.rounds[warmup:] for value in measured]
+
+
+class Live(Protocol):
+    """A running session the bench holds: a Sandbox, or a floor's bwrap (FloorSession)."""
+
+    def kill(self) -> None: ...
+
+    def wait(self) -> int: ...
+
+
+LiveT = TypeVar("LiveT", bound=Live)
+
+
+def children(pid: int) -> list[int]:
+    """pid's children, from /proc (every thread's): cheaper than psutil, for tight loops."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as file:
+                found += [int(word) for word in file.read().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class FloorSession:
+    """A floor's bwrap (Launchers.floor_pid), killed and reaped as a Sandbox is."""
+
+    pid: int
+
+    def kill(self) -> None:
+        # Its sandbox's pid 1 first (the whole sandbox with it): the floor's bwrap, killed,
+        # leaves its sandbox running, as nsconfine's reaper would not.
+        for init in children(self.pid):
+            os.kill(init, signal.SIGKILL)
+        os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+
+
+def sleeper(plan: Plan, devnull: int) -> Callable[[], nsconfine.Sandbox]:
+    """A function starting one idle session of plan (/bin/sleep, its stdio on devnull)."""
+
+    def start() -> nsconfine.Sandbox:
+        argv = list(SLEEP_ARGV)
+        return nsconfine.spawn(plan, argv, stdin=devnull, stdout=devnull, stderr=devnull)
+
+    return start
+
+
+@contextmanager
+def live(count: int, start: Callable[[], LiveT]) -> Iterator[list[LiveT]]:
+    """count sessions started one after another and held; on leaving, all are killed, then
+    all reaped (each wait() returns once its session has ended)."""
+    started: list[LiveT] = []
+    try:
+        for _ in range(count):
+            started.append(start())
+        yield started
+    finally:
+        for session in started:
+            session.kill()
+        for session in started:
+            session.wait()
 
 
 def until_exec(start: Starter) -> Callable[[], int]:
@@ -373,21 +488,49 @@ class World:
     files: list[str]
     devnull: int
     bwrap: str
+    owner: tuple[int, int] | None  # the sessions' account (uid, gid) when the bench runs as root
 
     def session(
         self,
         binds: int = 0,
         network: Network | None = None,
         allow_hosts: Sequence[str] = (),
+        *,
+        ro: Sequence[str] | None = None,
+        own: int | None = None,
     ) -> nsconfine.Session:
+        """The bench's session with the first binds of its files read-only (or the files
+        ro), on the bench's workspace or, given own, on a workspace and run directory of its
+        own (the own-th, made on first use)."""
+        workspace, run_dir = self.workspace, self.run_dir
+        if own is not None:
+            workspace = self.make(os.path.join("own", f"ws{own}"))
+            run_dir = self.make(os.path.join("own", f"run{own}"))
         return nsconfine.Session(
-            workspace=self.workspace,
-            run_dir=self.run_dir,
-            ro=self.files[:binds],
-            user=SESSION_USER if os.geteuid() == 0 else None,
+            workspace=workspace,
+            run_dir=run_dir,
+            ro=self.files[:binds] if ro is None else ro,
+            user=SESSION_USER if self.owner is not None else None,
             network=network,
             allow_hosts=allow_hosts,
         )
+
+    def make(self, relative: str, content: str | None = None) -> str:
+        """A directory (or, given content, a file) at relative under the root, with its
+        missing parents, owned by the sessions' account; its path."""
+        path = os.path.join(self.root, relative)
+        if content is None and os.path.isdir(path):
+            return path
+        if os.path.dirname(relative):
+            self.make(os.path.dirname(relative))
+        if content is None:
+            os.mkdir(path)
+        else:
+            with open(path, "w") as file:
+                file.write(content)
+        if self.owner is not None:
+            os.chown(path, *self.owner)
+        return path
 
 
 @contextmanager
@@ -396,23 +539,16 @@ def world(files: int) -> Iterator[World]:
     root = tempfile.mkdtemp(prefix="nsconfine-bench-")
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
-        workspace = os.path.join(root, "ws")
-        run_dir = os.path.join(root, "run")
-        binds = os.path.join(root, "binds")
-        for path in (workspace, run_dir, binds):
-            os.mkdir(path)
-        paths = []
-        for index in range(files):
-            path = os.path.join(binds, f"f{index:04d}")
-            with open(path, "w") as file:
-                file.write(f"{index}\n")
-            paths.append(path)
+        owner = None
         if os.geteuid() == 0:  # the sessions' account owns the bench's world
             os.chmod(root, 0o755)
             account = run_as(SESSION_USER)
-            for path in (root, workspace, run_dir, binds, *paths):
-                os.chown(path, account.uid, account.gid)
-        yield World(root, workspace, run_dir, paths, devnull, proven_bwrap())
+            owner = (account.uid, account.gid)
+            os.chown(root, *owner)
+        w = World(root, "", "", [], devnull, proven_bwrap(), owner)
+        w.workspace, w.run_dir = w.make("ws"), w.make("run")
+        w.files = [w.make(os.path.join("binds", f"f{i:04d}"), f"{i}\n") for i in range(files)]
+        yield w
     finally:
         os.close(devnull)
         shutil.rmtree(root, ignore_errors=True)
@@ -452,12 +588,40 @@ class Config:
         return 32 if self.smoke else 96
 
     @property
+    def concurrency_levels(self) -> tuple[int, ...]:
+        return (1, 8, 32, 128)
+
+    def concurrency_each(self, level: int) -> int:
+        """Launches each thread makes in a round at level in flight: at least 96 a round
+        (smoke 32), and two a thread at the most in flight (smoke one)."""
+        return max(1 if self.smoke else 2, math.ceil((32 if self.smoke else 96) / level))
+
+    @property
     def concurrency_rounds(self) -> int:
         return 1 if self.smoke else 3
 
     @property
     def live_sessions(self) -> int:
         return 5 if self.smoke else 50
+
+    @property
+    def held_sessions(self) -> int:
+        """Live sessions of the scale section's launcher (smoke: a few, for the rows)."""
+        return 10 if self.smoke else 150
+
+    @property
+    def runner_file_rounds(self) -> int:
+        return 2 if self.smoke else 10
+
+    @property
+    def pool_runs(self) -> int:
+        """Repetitions of the pool section's warm launch against a bare spawn, each with a
+        fresh Pool: its goal is judged on all of them."""
+        return 5
+
+    @property
+    def pool_in_flight_rounds(self) -> int:
+        return 1 if self.smoke else 10
 
     @property
     def sizes_mib(self) -> tuple[int, ...]:

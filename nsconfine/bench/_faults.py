@@ -32,13 +32,12 @@ from typing import Any, Final
 import psutil
 
 import nsconfine
-from nsconfine.bench._core import SESSION_USER, World, _progress
+from nsconfine.bench._core import SESSION_USER, World, _progress, children
 from nsconfine.bench._held import (
     SETTLE_SECONDS,
     Pipe,
     Snapshot,
     Watched,
-    children,
     leaks,
     lost_bytes,
     one_session,

@@ -34,7 +34,6 @@ import psutil
 import nsconfine
 from nsconfine._plan.model import RELAY_PORT
 from nsconfine.bench._core import (
-    SLEEP_ARGV,
     BenchError,
     Config,
     Launchers,
@@ -46,6 +45,8 @@ from nsconfine.bench._core import (
     _ms,
     _progress,
     interleave,
+    live,
+    sleeper,
     until_exit,
 )
 
@@ -344,25 +345,10 @@ def _idle_memory(
         for name in order:
             gc.collect()
             rss_before, threads_before = me.memory_info().rss, me.num_threads()
-            idle = [
-                nsconfine.spawn(
-                    plans[name],
-                    list(SLEEP_ARGV),
-                    stdin=w.devnull,
-                    stdout=w.devnull,
-                    stderr=w.devnull,
-                )
-                for _ in range(count)
-            ]
-            try:
+            with live(count, sleeper(plans[name], w.devnull)):
                 gc.collect()
                 rss[name].append((me.memory_info().rss - rss_before) / 1024 / count)
                 threads[name].append((me.num_threads() - threads_before) / count)
-            finally:
-                for sandbox in idle:
-                    sandbox.kill()
-                for sandbox in idle:
-                    sandbox.wait()
     for what, unit, samples in (("rss", "KiB", rss), ("threads", "threads", threads)):
         notes = {
             name: f"the launcher's {what} with {count} idle {name} sessions less before, each"
