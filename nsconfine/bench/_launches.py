@@ -22,6 +22,7 @@ from nsconfine.bench._core import (
     OTHER_SANDBOXES,
     TRUE_ARGV,
     BenchError,
+    Burst,
     Config,
     Launchers,
     Results,
@@ -82,81 +83,139 @@ def bench_launch(results: Results, w: World, config: Config) -> None:
         results.skipped.append({"name": f"launch.exit.{other}", "reason": reason})
 
 
+POOL_IN_FLIGHT = 32
+
+
 def bench_pool(results: Results, w: World, config: Config) -> None:
-    """Warm launches from a Pool (staged ahead of need) against cold nsconfine.spawn."""
+    """Warm launches from a Pool against a bare posix_spawn of the payload, in runs of their
+    own (a fresh Pool each), then 32 at once; warm against cold nsconfine.spawn in the first
+    run. Every sample starts with the pool staged: its refill runs between launches, as a
+    broker's gaps allow, never during one (the bare spawn's samples wait for it too)."""
     plan = w.session().plan()
     launchers = Launchers(w.bwrap, plan)
-    with nsconfine.Pool(plan) as pool:
+    bare = until_exit(launchers.process, w.devnull)
+    runs = config.pool_runs
+    _progress(f"pool: {runs} runs of warm launches and bare spawns x {config.launches} rounds")
+    for run in range(1, runs + 1):
+        with nsconfine.Pool(plan) as pool:
 
-        def warm(argv: Sequence[str], stdout: int) -> Waiter:
-            return pool.launch(list(argv), stdout=stdout).wait
+            def warm(argv: Sequence[str], stdout: int, pool: nsconfine.Pool = pool) -> Waiter:
+                return pool.launch(list(argv), stdout=stdout).wait
 
-        def staged_then(sample: Callable[[], int]) -> Callable[[], int]:
-            def run() -> int:  # only the launch itself is timed: restaging is ahead of need
-                if not pool.wait_staged(30):
-                    raise BenchError("the pool could not stage a sandbox")
-                return sample()
-
-            return run
-
-        def launch_call() -> int:  # Pool.launch() itself: it returns once the command exec'd
-            began = _now()
-            sandbox = pool.launch(list(TRUE_ARGV), stdout=w.devnull)
-            ended = _now()
-            if sandbox.wait() != 0:
-                raise BenchError("/bin/true from the pool failed")
-            return ended - began
-
-        tasks = [
-            Task("pool.launch.warm", staged_then(launch_call), config.launches),
-            Task("pool.exec.warm", staged_then(until_exec(warm)), config.launches),
-            Task("pool.exec.cold", until_exec(launchers.nsconfine), config.launches),
-            Task("pool.exit.warm", staged_then(until_exit(warm, w.devnull)), config.launches),
-            Task("pool.exit.cold", until_exit(launchers.nsconfine, w.devnull), config.launches),
-            # The bar a warm launch is held to: starting the payload with no sandbox at all.
-            Task("pool.process", until_exit(launchers.process, w.devnull), config.launches),
-        ]
-        _progress(f"pool: warm and cold launches x {config.launches} rounds")
-        samples = interleave(tasks)
-    for mode in ("exec", "exit"):
+            staged = _staged(pool)
+            tasks = [
+                Task(f"pool.launch.warm.run{run}", staged(_launch_call(pool, w)), config.launches),
+                Task(f"pool.process.run{run}", staged(bare), config.launches),
+            ]
+            if run == 1:
+                cold = launchers.nsconfine
+                tasks += [
+                    Task("pool.exec.warm", staged(until_exec(warm)), config.launches),
+                    Task("pool.exec.cold", staged(until_exec(cold)), config.launches),
+                    Task("pool.exit.warm", staged(until_exit(warm, w.devnull)), config.launches),
+                    Task("pool.exit.cold", staged(until_exit(cold, w.devnull)), config.launches),
+                ]
+            samples = interleave(tasks)
+        for mode in ("exec", "exit") if run == 1 else ():
+            results.add(
+                Row(
+                    "pool",
+                    f"pool.{mode}.warm",
+                    "ms",
+                    _ms(samples[f"pool.{mode}.warm"]),
+                    baseline=f"pool.{mode}.cold",
+                    note="Pool.launch of a staged sandbox: one sendmsg, then exec",
+                )
+            )
+            results.add(
+                Row(
+                    "pool",
+                    f"pool.{mode}.cold",
+                    "ms",
+                    _ms(samples[f"pool.{mode}.cold"]),
+                    note="nsconfine.spawn, the same plan",
+                )
+            )
         results.add(
             Row(
                 "pool",
-                f"pool.{mode}.warm",
+                f"pool.launch.warm.run{run}",
                 "ms",
-                _ms(samples[f"pool.{mode}.warm"]),
-                baseline=f"pool.{mode}.cold",
-                note="Pool.launch of a staged sandbox: one sendmsg, then exec",
+                _ms(samples[f"pool.launch.warm.run{run}"]),
+                baseline=f"pool.process.run{run}",
+                note=f"run {run} of {runs}: Pool.launch() of /bin/true, until it returns (the "
+                "command has exec'd)",
             )
         )
         results.add(
             Row(
                 "pool",
-                f"pool.{mode}.cold",
+                f"pool.process.run{run}",
                 "ms",
-                _ms(samples[f"pool.{mode}.cold"]),
-                note="nsconfine.spawn, the same plan",
+                _ms(samples[f"pool.process.run{run}"]),
+                note=f"run {run} of {runs}: no sandbox, os.posix_spawn of the payload, to exit",
             )
         )
-    results.add(
-        Row(
-            "pool",
-            "pool.launch.warm",
-            "ms",
-            _ms(samples["pool.launch.warm"]),
-            baseline="pool.process",
-            note="Pool.launch() of /bin/true, until it returns (the command has exec'd)",
+    _pool_in_flight(results, w, config, plan, bare)
+
+
+def _staged(pool: nsconfine.Pool) -> Callable[[Callable[[], int]], Callable[[], int]]:
+    """sample, taken once pool has staged its sandboxes (their refill is not timed)."""
+
+    def staged_then(sample: Callable[[], int]) -> Callable[[], int]:
+        def run() -> int:
+            if not pool.wait_staged(60):
+                raise BenchError("the pool could not stage its sandboxes")
+            return sample()
+
+        return run
+
+    return staged_then
+
+
+def _launch_call(pool: nsconfine.Pool, w: World) -> Callable[[], int]:
+    """Pool.launch() of /bin/true until it returns (the command has exec'd); then its end."""
+
+    def sample() -> int:
+        began = _now()
+        sandbox = pool.launch(list(TRUE_ARGV), stdout=w.devnull)
+        ended = _now()
+        _check_status(sandbox.wait(), "/bin/true from the pool")
+        return ended - began
+
+    return sample
+
+
+def _pool_in_flight(
+    results: Results, w: World, config: Config, plan: nsconfine.Plan, bare: Callable[[], int]
+) -> None:
+    """POOL_IN_FLIGHT Pool.launch() calls at once from a Pool of that size, staged before each
+    round, against as many bare spawns at once."""
+    level, rounds = POOL_IN_FLIGHT, config.pool_in_flight_rounds
+    _progress(f"pool: {level} launches in flight x {rounds} rounds")
+    with nsconfine.Pool(plan, size=level) as pool:
+        launch = _launch_call(pool, w)
+        bursts = {
+            "launch.warm": Burst(level, 1, lambda _thread: launch()),
+            "process": Burst(level, 1, lambda _thread: bare()),
+        }
+        staged = _staged(pool)
+        interleave([Task(name, staged(burst), rounds, 1) for name, burst in bursts.items()])
+    notes = {
+        "launch.warm": f"{level} Pool.launch() at once from a Pool of {level}, until each returns",
+        "process": f"{level} bare os.posix_spawn of the payload at once, each to its exit",
+    }
+    for name, burst in bursts.items():
+        results.add(
+            Row(
+                "pool",
+                f"pool.{name}.in-flight-{level}",
+                "ms",
+                _ms(burst.kept(1)),
+                baseline=None if name == "process" else f"pool.process.in-flight-{level}",
+                note=notes[name],
+            )
         )
-    )
-    results.add(
-        Row(
-            "pool",
-            "pool.process",
-            "ms",
-            _ms(samples["pool.process"]),
-            note="no sandbox: os.posix_spawn of the payload, to exit",
-        )
-    )
 
 
 @contextmanager

@@ -74,11 +74,25 @@ def targets(results: Results) -> list[Target]:
         1.2,
         "x",
     )
+    runs = [
+        value
+        for name in results.rows
+        if name.startswith("pool.launch.warm.run")
+        and (value := ratio(name, name.replace(".launch.warm.", ".process."))) is not None
+    ]
     goal(
         "pool-warm-vs-process",
-        "Pool.launch() p50 (to exec) <= 1.0x a bare posix_spawn of the payload to exit",
-        ratio("pool.launch.warm", "pool.process"),
+        f"Pool.launch() p50 (to exec) <= 1.0x a bare posix_spawn of the payload to exit, in "
+        f"each of {len(runs)} runs (the value: the worst run's)",
+        max(runs, default=None),
         1.0,
+        "x",
+    )
+    goal(
+        "pool-in-flight-32",
+        "32 Pool.launch() at once p50 <= 1.2x 32 bare posix_spawns at once",
+        ratio("pool.launch.warm.in-flight-32", "pool.process.in-flight-32"),
+        1.2,
         "x",
     )
     sizes = sorted(
