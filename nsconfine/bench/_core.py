@@ -584,10 +584,6 @@ class Config:
         return 30 if self.smoke else 2000
 
     @property
-    def concurrency_per_round(self) -> int:
-        return 32 if self.smoke else 96
-
-    @property
     def concurrency_levels(self) -> tuple[int, ...]:
         return (1, 8, 32, 128)
 

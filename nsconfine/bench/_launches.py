@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
-import math
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -310,78 +307,46 @@ def bench_binds(results: Results, w: World, config: Config) -> None:
 
 
 def bench_concurrency(results: Results, w: World, config: Config) -> None:
-    """Launches per second with 1, 8 and 32 threads each doing spawn + wait."""
-    launchers = Launchers(w.bwrap, w.session().plan())
-    levels = (1, 8, 32)
-    latencies: dict[str, list[int]] = {}
-    walls: dict[str, list[int]] = {}
-    counts: dict[str, int] = {}
-
-    def one_round(name: str, start: Starter, level: int) -> None:
-        per_thread = math.ceil(config.concurrency_per_round / level)
-        barrier = threading.Barrier(level + 1)
-        measured: list[int] = []
-        failures: list[BaseException] = []
-
-        def worker() -> None:
-            try:
-                barrier.wait()
-                for _ in range(per_thread):
-                    began = _now()
-                    status = start(TRUE_ARGV, w.devnull)()
-                    measured.append(_now() - began)
-                    _check_status(status, "/bin/true")
-            except BaseException as failure:  # reported by the main thread below
-                failures.append(failure)
-
-        threads = [threading.Thread(target=worker) for _ in range(level)]
-        for thread in threads:
-            thread.start()
-        barrier.wait()
-        began = _now()
-        for thread in threads:
-            thread.join()
-        wall = _now() - began
-        if failures:
-            raise failures[0]
-        key = f"concurrency.{name}.{level}"
-        latencies.setdefault(key, []).extend(measured)
-        walls.setdefault(key, []).append(wall)
-        counts[key] = counts.get(key, 0) + len(measured)
-
-    configs = [
-        (name, start, level)
-        for level in levels
-        for name, start in (("nsconfine", launchers.nsconfine), ("floor", launchers.floor))
-    ]
-    _progress(f"concurrency: {levels} in flight, {config.concurrency_rounds} rounds")
-    gc.collect()
-    for name, start, _ in configs[:2]:  # warm-up
-        one_round(name, start, 1)
-    latencies.clear()
-    walls.clear()
-    counts.clear()
-    for round_number in range(config.concurrency_rounds):
-        shift = round_number % len(configs)
-        for name, start, level in [*configs[shift:], *configs[:shift]]:
-            one_round(name, start, level)
+    """Launches per second with 1, 8, 32 and 128 threads each doing spawn + wait of /bin/true
+    in a loop, each thread on a workspace of its own, against the floor the same way."""
+    levels = config.concurrency_levels
+    own = [Launchers(w.bwrap, w.session(own=i).plan()) for i in range(max(levels))]
+    _progress(f"concurrency: a first launch on each of {len(own)} workspaces, not timed")
+    for launchers in own:  # as the floor's stubs are made before it is timed
+        until_exit(launchers.nsconfine, w.devnull)()
+    tasks: list[Task] = []
+    bursts: dict[str, Burst] = {}
     for level in levels:
         for name in ("nsconfine", "floor"):
+            starts = [getattr(launchers, name) for launchers in own]
+
+            def sample(thread: int, starts: list[Starter] = starts) -> int:
+                return until_exit(starts[thread], w.devnull)()
+
             key = f"concurrency.{name}.{level}"
-            rate = counts[key] / (sum(walls[key]) / 1e9)
-            results.add(
-                Row(
-                    "concurrency",
-                    key,
-                    "ms",
-                    _ms(latencies[key]),
-                    baseline=f"concurrency.floor.{level}"
-                    if name == "nsconfine"
-                    else ("concurrency.floor.1" if level > 1 else None),
-                    note=f"{rate:.0f} launches/s; latency of each spawn+wait",
-                    extra={"launches_per_s": rate},
-                )
+            bursts[key] = Burst(level, config.concurrency_each(level), sample)
+            # One warm-up round, of the cheapest configurations only.
+            tasks.append(Task(key, bursts[key], config.concurrency_rounds, int(level == 1)))
+    _progress(f"concurrency: {levels} in flight, {config.concurrency_rounds} rounds")
+    walls = interleave(tasks)
+    for task in tasks:
+        level = bursts[task.name].level
+        latencies = bursts[task.name].kept(task.warmup)
+        rate = len(latencies) / (sum(walls[task.name]) / 1e9)
+        results.add(
+            Row(
+                "concurrency",
+                task.name,
+                "ms",
+                _ms(latencies),
+                baseline=f"concurrency.floor.{level}"
+                if ".nsconfine." in task.name
+                else ("concurrency.floor.1" if level > 1 else None),
+                note=f"{rate:.0f} launches/s; latency of each spawn+wait, each thread on "
+                "a workspace of its own",
+                extra={"launches_per_s": rate},
             )
+        )
     for level in levels:
         ours = results.rows[f"concurrency.nsconfine.{level}"].extra["launches_per_s"]
         floor = results.rows[f"concurrency.floor.{level}"].extra["launches_per_s"]

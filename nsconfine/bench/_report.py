@@ -131,6 +131,18 @@ def targets(results: Results) -> list[Target]:
         10.0,
         "x",
     )
+    for name in results.derived:
+        if name.startswith("concurrency_rate_ratio_"):
+            level = name.rsplit("_", 1)[1]
+            goal(
+                f"concurrency-rate-{level}",
+                f"launches/s with {level} in flight, each on its own workspace, >= 0.8x the "
+                "bwrap floor's at the same concurrency",
+                results.derived[name],
+                0.8,
+                "x",
+                higher=True,
+            )
     for key, label in (("", ""), ("_pyc", " (bytecode cache)")):
         goal(
             "import" + key.replace("_", "-"),
