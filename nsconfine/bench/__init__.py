@@ -11,7 +11,7 @@ The naive launcher is what the obvious subprocess code costs: Popen with a preex
 makes CPython fork instead of vfork, so it slows down as the launcher grows.
 
 The package: _core (rows, the round-robin, the launchers compared, the world), one module per
-kind of section (_launches, _checks, _memory, _cli, _network, and _soak with its _held and
+kind of section (_launches, _checks, _memory, _scale, _cli, _network, and _soak with its _held and
 _faults), _report (targets, the machine, the table and the JSON) and _main (the command line).
 """
 

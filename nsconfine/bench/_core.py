@@ -49,6 +49,7 @@ SECTIONS: Final = (
     "binds",
     "concurrency",
     "memory",
+    "scale",
     "size",
     "cli",
     "network",

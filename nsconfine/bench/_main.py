@@ -46,6 +46,9 @@ from nsconfine.bench._report import (
     report,
     table,
 )
+from nsconfine.bench._scale import (
+    bench_scale,
+)
 from nsconfine.bench._soak import (
     bench_soak,
 )
@@ -59,6 +62,7 @@ SECTION_FUNCTIONS: Final[dict[str, Callable[[Results, World, Config], None]]] = 
     "binds": bench_binds,
     "concurrency": bench_concurrency,
     "memory": bench_memory,
+    "scale": bench_scale,
     "size": bench_size,
     "cli": bench_cli,
     "network": bench_network,

@@ -5,19 +5,18 @@ from __future__ import annotations
 import gc
 import time
 import tracemalloc
-from collections.abc import Sequence
 
 import psutil
 
-import nsconfine
 from nsconfine.bench._core import (
-    SLEEP_ARGV,
     BenchError,
     Config,
     Results,
     Row,
     World,
     _progress,
+    live,
+    sleeper,
 )
 
 
@@ -35,44 +34,18 @@ def _wait_for_payload(init_pid: int, name: str, timeout: float = 10.0) -> psutil
 
 
 def bench_memory(results: Results, w: World, config: Config) -> None:
-    """bwrap's memory per live session, and what the launcher keeps per live session."""
+    """bwrap's memory per live session, and the Python bytes the launcher keeps for one."""
     plan = w.session().plan()
     count = config.live_sessions
-    me = psutil.Process()
+    start = sleeper(plan, w.devnull)
     _progress(f"memory: {count} live sessions")
 
-    def start_all() -> list[nsconfine.Sandbox]:
-        return [
-            nsconfine.spawn(
-                plan, list(SLEEP_ARGV), stdin=w.devnull, stdout=w.devnull, stderr=w.devnull
-            )
-            for _ in range(count)
-        ]
-
-    def stop_all(sandboxes: Sequence[nsconfine.Sandbox]) -> None:
-        for sandbox in sandboxes:
-            sandbox.kill()
-        for sandbox in sandboxes:
-            sandbox.wait()
-
-    # Pass 1, without tracemalloc: the processes' memory and the launcher's RSS and fds.
-    gc.collect()
-    rss_before, fds_before = me.memory_info().rss, me.num_fds()
-    sandboxes = start_all()
-    try:
-        gc.collect()
-        rss_after, fds_after = me.memory_info().rss, me.num_fds()
-        per: dict[str, list[float]] = {
-            key: []
-            for key in (
-                "monitor.rss",
-                "init.rss",
-                "bwrap.rss",
-                "bwrap.uss",
-                "bwrap.pss",
-                "payload.rss",
-            )
-        }
+    # Pass 1, without tracemalloc: the processes' memory.
+    per: dict[str, list[float]] = {
+        key: []
+        for key in ("monitor.rss", "init.rss", "bwrap.rss", "bwrap.uss", "bwrap.pss", "payload.rss")
+    }
+    with live(count, start) as sandboxes:
         for sandbox in sandboxes:
             payload = _wait_for_payload(sandbox.child_pid, "sleep")
             monitor_process = psutil.Process(sandbox.child_pid).parent()
@@ -86,8 +59,6 @@ def bench_memory(results: Results, w: World, config: Config) -> None:
             per["bwrap.uss"].append((monitor.uss + init.uss) / mib)
             per["bwrap.pss"].append((monitor.pss + init.pss) / mib)
             per["payload.rss"].append(payload.memory_info().rss / mib)
-    finally:
-        stop_all(sandboxes)
     notes = {
         "monitor.rss": "bwrap's monitor, outside the sandbox",
         "init.rss": "bwrap's pid 1 inside the sandbox",
@@ -99,17 +70,15 @@ def bench_memory(results: Results, w: World, config: Config) -> None:
     for key, values in per.items():
         results.add(Row("memory", f"memory.{key}", "MiB", values, note=notes[key]))
 
-    # Pass 2, traced: the Python bytes the launcher keeps per live session.
+    # Pass 2, traced: the Python bytes the launcher keeps per live session. (Its RSS and fds
+    # per session, next to the floor's: the scale section.)
     gc.collect()
     tracemalloc.start()
     try:
         traced_before = tracemalloc.get_traced_memory()[0]
-        sandboxes = start_all()
-        try:
+        with live(count, start):
             gc.collect()
             traced_after = tracemalloc.get_traced_memory()[0]
-        finally:
-            stop_all(sandboxes)
     finally:
         tracemalloc.stop()
     results.add(
@@ -119,23 +88,5 @@ def bench_memory(results: Results, w: World, config: Config) -> None:
             "B",
             [(traced_after - traced_before) / count],
             note=f"tracemalloc delta / {count} live sessions",
-        )
-    )
-    results.add(
-        Row(
-            "memory",
-            "memory.launcher.rss",
-            "KiB",
-            [(rss_after - rss_before) / 1024 / count],
-            note=f"launcher RSS delta / {count} live sessions",
-        )
-    )
-    results.add(
-        Row(
-            "memory",
-            "memory.launcher.fds",
-            "fds",
-            [(fds_after - fds_before) / count],
-            note="fds the launcher holds per live session",
         )
     )

@@ -18,6 +18,7 @@ from nsconfine.bench._core import (
     Config,
     Results,
 )
+from nsconfine.bench._scale import RUNNER_FILES
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +31,12 @@ class Target:
     limit: float
     unit: str
     higher_is_better: bool = False
+    verdict: bool | None = None  # met or not by the goal's own rule, whatever the value
 
     def to_json(self) -> dict[str, Any]:
         met = self.value >= self.limit if self.higher_is_better else self.value <= self.limit
+        if self.verdict is not None:
+            met = self.verdict
         return {
             "name": self.name,
             "goal": self.goal,
@@ -53,10 +57,16 @@ def targets(results: Results) -> list[Target]:
         return None if ours is None or theirs is None else ours / theirs
 
     def goal(
-        name: str, what: str, value: float | None, limit: float, unit: str, higher: bool = False
+        name: str,
+        what: str,
+        value: float | None,
+        limit: float,
+        unit: str,
+        higher: bool = False,
+        verdict: bool | None = None,
     ) -> None:
         if value is not None:  # a section this run skipped has no numbers for it
-            found.append(Target(name, what, value, limit, unit, higher_is_better=higher))
+            found.append(Target(name, what, value, limit, unit, higher, verdict))
 
     for mode in ("exec", "exit"):
         for key in ("p50", "p99"):
@@ -143,6 +153,26 @@ def targets(results: Results) -> list[Target]:
                 "x",
                 higher=True,
             )
+    for kind in ("none", "proxy"):
+        goal(
+            f"held-fds-{kind}",
+            f'fds the launcher holds per live session (network "{kind}") <= 4',
+            results.p(f"scale.held.{kind}.fds"),
+            4.0,
+            "fds",
+        )
+    listed = f"runner_files_{RUNNER_FILES}_refused"
+    refused = results.derived.get(listed)
+    goal(
+        f"runner-files-{RUNNER_FILES}",
+        f"a session listing {RUNNER_FILES:,} runner files: plan+launch p50 <= 10x a bare one, or "
+        "refused at plan time by a message that says what to do (names --ro DIR)"
+        + ("" if refused is None else f"; refused (the value: the time to the refusal): {refused}"),
+        ratio(f"scale.runner-files.{RUNNER_FILES}", "scale.runner-files.0"),
+        10.0,
+        "x",
+        verdict=None if refused is None else "--ro" in refused,
+    )
     for key, label in (("", ""), ("_pyc", " (bytecode cache)")):
         goal(
             "import" + key.replace("_", "-"),
