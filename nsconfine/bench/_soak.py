@@ -6,8 +6,9 @@ whose exit status and output are known (nsconfine.bench._held), must all end as 
 leave the launcher as it was: its fds, RSS, threads, child processes and zombies, the host's
 mount table, and the files nsconfine keeps (mount points in the workspace, their records in
 $XDG_CACHE_HOME/nsconfine, its entries in /tmp), each counted before and after. Then 50
-sessions in parallel, each with a workspace of its own, must each see only their own. Then the
-faults (nsconfine.bench._faults).
+sessions in parallel, each with a workspace of its own, must each see only their own. Then 150
+sessions must be alive at once with the launcher's soft limit of open files at the usual 1,024,
+and all end when killed, leaving nothing behind. Then the faults (nsconfine.bench._faults).
 
 The bench process makes itself a child subreaper for the section: whatever a session leaves
 behind is reparented to it, so its descendants are every process the sessions made. The
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import tempfile
@@ -28,7 +30,16 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import nsconfine
-from nsconfine.bench._core import SESSION_USER, Config, Results, Row, World, _progress
+from nsconfine.bench._core import (
+    SESSION_USER,
+    Config,
+    Results,
+    Row,
+    World,
+    _progress,
+    live,
+    sleeper,
+)
 from nsconfine.bench._faults import Fault, Faults
 from nsconfine.bench._held import (
     LEAK_UNITS,
@@ -44,6 +55,8 @@ from nsconfine.bench._held import (
 
 IN_FLIGHT: Final = 32
 ISOLATED: Final = 50
+AT_ONCE: Final = 150  # sessions alive at once ...
+SOFT_FILES: Final = 1024  # ... under the usual soft RLIMIT_NOFILE
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +189,70 @@ def isolation(root: str, count: int, control: bool = False) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------- many alive at once
+
+
+@dataclass(slots=True)
+class AtOnce:
+    """Sessions held alive at once under a soft limit of open files."""
+
+    count: int
+    started: int = 0
+    alive: int = 0
+    fds_before: int = 0
+    fds_peak: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)  # exit status -> sessions
+    problems: list[str] = field(default_factory=list)
+
+
+def at_once(plan: nsconfine.Plan, count: int, w: World) -> AtOnce:
+    """count sleeping sessions started one after another with the soft RLIMIT_NOFILE at
+    SOFT_FILES; each must be alive (its command, sleep, running) once all have started, and
+    each must end when killed."""
+    held = AtOnce(count)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(SOFT_FILES, hard), hard))
+    start = sleeper(plan, w.devnull)
+
+    def counted() -> nsconfine.Sandbox:
+        sandbox = start()
+        held.started += 1
+        return sandbox
+
+    held.fds_before = len(os.listdir("/proc/self/fd"))
+    try:
+        with live(count, counted) as sandboxes:
+            held.fds_peak = len(os.listdir("/proc/self/fd"))
+            for index, sandbox in enumerate(sandboxes):
+                if sandbox.poll() is None and _running(sandbox.command_pid, "sleep"):
+                    held.alive += 1
+                elif len(held.problems) < 5:
+                    held.problems.append(f"session {index} is not running sleep")
+        for sandbox in sandboxes:  # each reaped by now: wait() returns its status
+            status = sandbox.wait()
+            held.statuses[status] = held.statuses.get(status, 0) + 1
+        if set(held.statuses) != {-signal.SIGKILL}:
+            held.problems.append(f"killed, the sessions ended with {held.statuses}")
+    except Exception as error:  # EMFILE, or any refusal: the failure this part looks for
+        held.problems.append(
+            f"launch {held.started + 1} of {count}: {type(error).__name__}: {error}"
+        )
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return held
+
+
+def _running(pid: int, name: str) -> bool:
+    """Whether process pid runs the program name (neither ended nor a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            stat = file.read()
+    except FileNotFoundError:
+        return False
+    comm, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+    return comm == name and state not in "ZXx"
+
+
 # ---------------------------------------------------------------- the section
 
 
@@ -270,6 +347,32 @@ def bench_soak(results: Results, w: World, config: Config) -> None:
                 [float(ISOLATED - len(isolated))],
                 note=f"of {ISOLATED} in parallel saw only their own workspace; the control "
                 f"(a neighbour's bound) {'was caught' if caught else 'PASSED'}",
+            )
+        )
+
+        _progress(f"soak: {AT_ONCE} sessions alive at once, RLIMIT_NOFILE {SOFT_FILES}")
+        before = Snapshot.take(watched)
+        held = at_once(plan, AT_ONCE, w)
+        _, at_once_leaked = leaks(before, Snapshot.take(watched).settled(before, watched))
+        failures += [f"{AT_ONCE} at once: {problem}" for problem in held.problems + at_once_leaked]
+        opened = held.fds_peak - held.fds_before
+        results.add(
+            Row(
+                "soak",
+                f"soak.at-once.{AT_ONCE}",
+                "sessions",
+                [float(held.alive)],
+                note=f"of {AT_ONCE} alive at once with RLIMIT_NOFILE {SOFT_FILES} (soft); the "
+                f"launcher's fds {held.fds_before} -> {held.fds_peak}, "
+                f"{opened / max(held.started, 1):.2f} a session; killed, ended with "
+                f"{held.statuses}; {len(held.problems)} problems",
+                extra={
+                    "started": held.started,
+                    "fds_before": held.fds_before,
+                    "fds_peak": held.fds_peak,
+                    "fds_per_session": opened / max(held.started, 1),
+                    "soft_limit": SOFT_FILES,
+                },
             )
         )
 
