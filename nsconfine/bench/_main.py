@@ -110,8 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The child interpreters it times must import the installed nsconfine: run from a clone,
     # `python -m`/`-c` would put the source tree (without its compiled module) first.
     os.environ["PYTHONSAFEPATH"] = "1"
-    # 32 sessions in flight hold about 26 fds each in the launcher: more than the usual soft
-    # limit of 1,024 allows. As a broker would (README, Limits), take the hard limit.
+    # A launch holds an fd for each of its bind sources until bwrap has them (about 60), so
+    # 128 launches in flight pass the usual soft limit of 1,024 (a live session holds 3). As a
+    # broker starting that many at once would, take the hard limit (the soak lowers it again
+    # to show 150 live sessions under 1,024).
     import resource
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
