@@ -42,9 +42,12 @@ ROW_KEYS = {
 }
 TARGET_KEYS = {"name", "goal", "value", "limit", "unit", "met", "value_over_limit"}
 SECTIONS = {
-    "launch", "pool", "layers", "checks", "plan", "binds", "concurrency", "memory", "size", "cli",
-    "network",
+    "launch", "pool", "layers", "checks", "plan", "binds", "concurrency", "memory", "scale",
+    "size", "cli", "network",
 }  # fmt: skip
+POOL_RUNS = 5
+LEVELS = (1, 8, 32, 128)
+HELD = ("none", "proxy", "floor")
 ROWS = {
     "launch.exec.nsconfine",
     "launch.exec.floor",
@@ -65,6 +68,17 @@ ROWS = {
     "binds.nsconfine.0",
     "binds.nsconfine.100",
     "concurrency.nsconfine.32",
+    *(f"concurrency.{name}.{n}" for name in ("nsconfine", "floor") for n in LEVELS),
+    *(
+        f"pool.{name}.run{run}"
+        for name in ("launch.warm", "process")
+        for run in range(1, POOL_RUNS + 1)
+    ),
+    "pool.launch.warm.in-flight-32",
+    "pool.process.in-flight-32",
+    *(f"scale.held.{kind}.{what}" for kind in HELD for what in ("rss", "fds")),
+    "scale.runner-files.0",
+    "scale.runner-files.10000",
     "memory.bwrap.rss",
     "memory.launcher.python",
     "size.20MiB.nsconfine",
@@ -101,6 +115,11 @@ TARGETS = {
     "network-request-p50",
     "network-download-plain",
     "network-download-tunnel",
+    "pool-in-flight-32",
+    *(f"concurrency-rate-{n}" for n in LEVELS),
+    "held-fds-none",
+    "held-fds-proxy",
+    "runner-files-10000",
 }
 
 
@@ -168,3 +187,41 @@ def test_smoke_network_rows_have_their_baselines_from_the_run(smoke_report: dict
     for how in ("plain", "tunnel"):
         assert rows[f"network.download.{how}"]["baseline"] == "network.download.direct"
         assert rows[f"network.download.{how}"]["unit"] == "MiB/s"
+
+
+@pytest.mark.confinement
+def test_smoke_scale_rows_have_their_floors_from_the_run(smoke_report: dict[str, Any]) -> None:
+    """Each launch rate in flight is paired with the bwrap floor's at the same concurrency, the
+    launcher's live sessions with the floor's, and the runner files with a bare launch."""
+    rows = {row["name"]: row for row in smoke_report["rows"]}
+    for level in LEVELS:
+        ours, floor = rows[f"concurrency.nsconfine.{level}"], rows[f"concurrency.floor.{level}"]
+        assert ours["baseline"] == f"concurrency.floor.{level}"
+        assert {"launches_per_s"} <= set(ours["extra"]) & set(floor["extra"])
+        assert f"concurrency_rate_ratio_{level}" in smoke_report["derived"]
+    for what, unit in (("rss", "KiB"), ("fds", "fds")):
+        held = [rows[f"scale.held.{kind}.{what}"] for kind in HELD]
+        assert {row["unit"] for row in held} == {unit}
+        assert len({row["n"] for row in held}) == 1  # the kinds measured in the same rounds
+    assert rows["scale.runner-files.10000"]["baseline"] == "scale.runner-files.0"
+    refused = smoke_report["derived"]["runner_files_10000_refused"]
+    assert refused is None or "plan-refused" in refused
+
+
+@pytest.mark.confinement
+def test_smoke_pool_shows_each_run_against_its_own_bare_spawn(
+    smoke_report: dict[str, Any],
+) -> None:
+    """The pool section reports each of its runs as a warm launch against the bare spawns of
+    the same run, 32 launches at once against 32 bare spawns at once, and judges its goal on
+    all the runs."""
+    rows = {row["name"]: row for row in smoke_report["rows"]}
+    for run in range(1, POOL_RUNS + 1):
+        assert rows[f"pool.launch.warm.run{run}"]["baseline"] == f"pool.process.run{run}"
+        assert rows[f"pool.launch.warm.run{run}"]["ratio_p50"] is not None
+    assert not any(name.startswith("pool.launch.warm.run6") for name in rows)
+    in_flight = rows["pool.launch.warm.in-flight-32"]
+    assert in_flight["baseline"] == "pool.process.in-flight-32"
+    assert in_flight["n"] == rows["pool.process.in-flight-32"]["n"] >= 32
+    targets = {target["name"]: target for target in smoke_report["targets"]}
+    assert f"each of {POOL_RUNS} runs" in targets["pool-warm-vs-process"]["goal"]
