@@ -136,9 +136,7 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
                     stub = _mount_point(records, parent, resolved, parts, entry, plan.user)
                     if stub is not None:
                         stubs.append(stub)
-                    if entry.kind is Kind.BIND and stub is not None and stub.hold >= 0:
-                        fds[entry.dest] = os.dup(stub.hold)  # the very file held: no lookup
-                    elif entry.kind is Kind.BIND:  # opened while no launch can remove a stub
+                    if entry.kind is Kind.BIND:  # opened while no launch can remove a stub
                         fds[entry.dest] = _open_inside(parent, parts[-1], entry)
         for entry in plan.entries:
             if entry.kind is Kind.BIND and entry.dest not in fds:
