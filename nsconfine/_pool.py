@@ -187,14 +187,19 @@ class Pool:
         return self._stage_one()
 
     def _take(self) -> Staged:
-        """A live staged sandbox, or one staged now."""
+        """A live staged sandbox, or one staged now. Only the one taken is asked whether it
+        still lives (each ask polls three pidfds; the refill asks the others between launches),
+        and the next is taken while the one taken has ended."""
         with self._cond:
             if self._closed:
                 raise UsageError("the pool is closed")
-            expired = self._expired_locked()
+            expired = self._expired_locked(ended_too=False)
             self._fill = True  # a launch refills an idle pool, and retries a failed refill
             self._error = None
             staged = self._staged.popleft() if self._staged else None
+            while staged is not None and staged.ended():
+                expired.append(staged)
+                staged = self._staged.popleft() if self._staged else None
         for one in expired:
             teardown(one)
         return staged if staged is not None else self._stage_one()
@@ -206,11 +211,11 @@ class Pool:
                 return
         teardown(staged)
 
-    def _expired_locked(self) -> list[Staged]:
+    def _expired_locked(self, ended_too: bool = True) -> list[Staged]:
         # Near its idle timeout a shim may be exiting: never race it; a reaper that has
-        # exited means the sandbox is gone (expired, or killed).
+        # exited means the sandbox is gone (expired, or killed). ended_too=False: by time only.
         now = time.monotonic()
-        expired = [s for s in self._staged if now >= s.usable_until or s.ended()]
+        expired = [s for s in self._staged if now >= s.usable_until or (ended_too and s.ended())]
         for one in expired:
             self._staged.remove(one)
             self._fill = False  # an idle pool empties; the next launch refills it
