@@ -417,3 +417,69 @@ def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs)
         capture_output=True, text=True, cwd="/", timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
+
+
+def _quick_parser_cases() -> list[list[str]]:
+    """Command lines of check, plan and run: one per flag of each, in every shape argparse
+    takes or refuses it (plain, abbreviated, --flag=VALUE, a value like a flag, twice)."""
+    from nsconfine._plan import options as o
+
+    session = ["--workspace", "/w", "--run-dir", "/r"]
+    flag_words: list[list[str]] = []
+    for option in o.SESSION_OPTIONS:
+        if option.flag is None:
+            continue
+        value = [] if option.shape == o.SWITCH else [option.choices[0] if option.choices else "v"]
+        flag_words += [
+            [option.flag, *value],
+            [option.flag, *value, option.flag, *value],
+            [option.flag[:-1], *value],
+            [option.flag, "-v"],
+            [f"{option.flag}=v"],
+            [option.flag, "bogus-choice"],
+            *([old, "v"] for old in option.old_flags),
+        ]
+    plan_words = [
+        ["--json"],
+        ["--bwrap-args"],
+        ["--format", "oci"],
+        ["--format", "xml"],
+        ["--json", "--bwrap-args"],
+        ["--json", "--json"],
+        ["--bundle", "b"],
+        ["--format", "k8s", "--bundle", "b"],
+        ["--bundle"],
+        ["extra"],
+        ["--", "x"],
+    ]
+    run_words = [["--grace", "3"], ["--grace", "x"], ["--grace", "-1"], ["--tty"],
+                 ["--tty", "--grace", "0.5"], ["--"], []]  # fmt: skip
+    commands = [["--", "/bin/true"], ["/bin/true", "--tty"], ["--", "--", "x"], [""], ["-"]]
+    cases = [["check"], ["check", "--json"], ["check", "--jso"], ["check", "x"], ["check", "-h"]]
+    cases += [["plan"], ["run"], ["plan", "--run-dir", "/r"], ["run", "-h", "--", "x"]]
+    for words in flag_words:
+        cases += [["plan", *session, *words], ["run", *session, *words, "--", "/bin/true"]]
+    cases += [["plan", *session, *words] for words in plan_words]
+    cases += [["run", *session, *words, *command] for words in run_words for command in commands]
+    return cases
+
+
+def test_the_quick_parser_reads_what_argparse_reads() -> None:
+    """The parser of the launch path (check, plan, run written plainly) gives each command line
+    the arguments argparse gives it, or leaves it to argparse (which refuses it in its own
+    words); and it does read the plain ones."""
+    from nsconfine._cli.main import Arguments, _parser, _quick_parse
+    from nsconfine._errors import UsageError
+
+    read = 0
+    for argv in _quick_parser_cases():
+        quick = _quick_parse(argv)
+        if quick is None:
+            continue
+        read += 1
+        try:
+            parsed = _parser(argv[0]).parse_args(argv, Arguments())
+        except (UsageError, SystemExit) as refused:
+            raise AssertionError(f"{argv}: read quickly, refused by argparse") from refused
+        assert vars(quick) == vars(parsed), argv
+    assert read >= 60, read

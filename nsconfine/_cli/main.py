@@ -7,25 +7,40 @@ code's sysexits status; nothing runs and no traceback is shown.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 
 from nsconfine._errors import NsconfineError, UsageError
-from nsconfine._plan.bwrap_args import bwrap_options
-from nsconfine._plan.model import Plan
-from nsconfine._plan.options import REQUIRED, SESSION_OPTIONS, SWITCH, help_text
-from nsconfine._session import Session
+from nsconfine._plan.options import REQUIRED, SESSION_OPTIONS, SWITCH, Option, help_text
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
+    from argparse import ArgumentParser, _ActionsContainer
     from typing import Any, NoReturn
+
+    from nsconfine._cli.argparser import Parser
+    from nsconfine._plan.model import Plan
+    from nsconfine._session import Session
+
+    Flags = list[tuple[str, dict[str, Any]]]  # each flag, and what add_argument is given for it
 
 
 EXEC_FAILED_STATUS = 127  # as a shell: the command was not found or could not be executed
 DEFAULT_GRACE_SECONDS = 10.0
+
+
+class Arguments:
+    """The parsed command line: argparse's Namespace, without importing argparse (both parsers
+    fill one)."""
+
+    subcommand: str
+    command: list[str]  # run's, oci-bundle's and podman-args'
+
+    if TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any: ...
 
 
 def _seconds(text: str) -> float:
@@ -36,124 +51,137 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+        from argparse import ArgumentTypeError  # argparse says it (see _quick_parse)
+
+        raise ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
     return value
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    # argparse asks shutil for the terminal's width each time it makes a formatter (every
-    # add_argument does); importing shutil costs a run ~4 ms, os answers the same question.
-    def __init__(self, prog: str) -> None:
-        columns = os.environ.get("COLUMNS", "")
-        try:
-            width = int(columns) if columns.isdigit() else os.get_terminal_size(1).columns
-        except OSError:  # not a terminal
-            width = 80
-        super().__init__(prog, width=max(width - 2, 20))
+def _session_flag(option: Option) -> dict[str, Any]:
+    """How option's flag is parsed (its help aside), as add_argument takes it."""
+    spec: dict[str, Any] = {"dest": option.name}
+    if option.shape == SWITCH:
+        spec["action"] = "store_false" if option.default is True else "store_true"
+    else:
+        spec["metavar"] = option.metavar
+        if option.choices:
+            spec["choices"] = option.choices
+        if option.repeatable:
+            spec.update(action="append", default=[])
+        spec["required"] = option.default is REQUIRED
+    return spec
 
 
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-class _Renamed(argparse.Action):
-    """A flag an option had before: refused, naming the flag it has now."""
-
-    def __init__(self, option_strings: list[str], dest: str, now: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", help=argparse.SUPPRESS)
-        self.now = now
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option: str | None = None) -> None:
-        parser.error(f"{option} is now {self.now}")
-
-
-def _add_session_options(parser: argparse.ArgumentParser) -> None:
+def _add_session_options(parser: ArgumentParser) -> None:
     """The session's flags: one per row of nsconfine._plan.options that has one."""
+    from nsconfine._cli.argparser import Renamed
+
     group = parser.add_argument_group("session")
     for option in SESSION_OPTIONS:
         if option.flag is None:
             continue
-        spec: dict[str, Any] = {"dest": option.name, "help": help_text(option, as_flags=True)}
-        if option.shape == SWITCH:
-            spec["action"] = "store_false" if option.default is True else "store_true"
-        else:
-            spec["metavar"] = option.metavar
-            if option.choices:
-                spec["choices"] = option.choices
-            if option.repeatable:
-                spec.update(action="append", default=[])
-            spec["required"] = option.default is REQUIRED
-        group.add_argument(option.flag, **spec)
+        group.add_argument(
+            option.flag, **_session_flag(option), help=help_text(option, as_flags=True)
+        )
         for old in option.old_flags:
-            group.add_argument(old, action=_Renamed, now=option.flag)
+            group.add_argument(old, action=Renamed, now=option.flag)
 
 
-def _check_options(check: argparse.ArgumentParser) -> None:
-    check.add_argument("--json", action="store_true")
-
-
-def _plan_options(plan: argparse.ArgumentParser) -> None:
-    _add_session_options(plan)
-    shown = plan.add_mutually_exclusive_group()
-    shown.add_argument("--json", action="store_true", help="the manifest as JSON")
-    shown.add_argument(
+# Each subcommand's own flags, for both parsers (see _quick_parse).
+_CHECK_FLAGS: Flags = [("--json", {"action": "store_true"})]
+_PLAN_SHOWN_FLAGS: Flags = [  # what plan prints: one of them at most
+    ("--json", {"action": "store_true", "help": "the manifest as JSON"}),
+    (
         "--bwrap-args",
-        action="store_true",
-        help="the options bwrap reads from --args 3, as a JSON array "
-        "(values from --pass-env and the credential file shown as (hidden))",
-    )
-    shown.add_argument(
+        {
+            "action": "store_true",
+            "help": "the options bwrap reads from --args 3, as a JSON array "
+            "(values from --pass-env and the credential file shown as (hidden))",
+        },
+    ),
+    (
         "--format",
-        choices=("oci", "k8s"),
-        help="oci: the OCI runtime spec (config.json) of the bundle at --bundle; k8s: a "
-        "Kubernetes Pod (hidden values shown as (hidden), or from a Secret)",
-    )
-    plan.add_argument(
+        {
+            "choices": ("oci", "k8s"),
+            "help": "oci: the OCI runtime spec (config.json) of the bundle at --bundle; k8s: a "
+            "Kubernetes Pod (hidden values shown as (hidden), or from a Secret)",
+        },
+    ),
+]
+_PLAN_FLAGS: Flags = [
+    (
         "--bundle",
-        metavar="DIR",
-        default="nsconfine-bundle",
-        help="with --format: where `nsconfine oci-bundle` writes (or wrote) the bundle "
-        "(default ./nsconfine-bundle)",
-    )
-
-
-def _run_options(run: argparse.ArgumentParser) -> None:
-    _add_session_options(run)
-    run.add_argument(
+        {
+            "metavar": "DIR",
+            "default": "nsconfine-bundle",
+            "help": "with --format: where `nsconfine oci-bundle` writes (or wrote) the bundle "
+            "(default ./nsconfine-bundle)",
+        },
+    ),
+]
+_RUN_FLAGS: Flags = [
+    (
         "--grace",
-        type=_seconds,
-        default=DEFAULT_GRACE_SECONDS,
-        metavar="SECONDS",
-        help="after a signal is passed on to the command, how long it may take to end before "
-        f"the whole session is killed; a second signal kills at once (default "
-        f"{DEFAULT_GRACE_SECONDS:g})",
-    )
-    run.add_argument(
+        {
+            "type": _seconds,
+            "default": DEFAULT_GRACE_SECONDS,
+            "metavar": "SECONDS",
+            "help": "after a signal is passed on to the command, how long it may take to end "
+            "before the whole session is killed; a second signal kills at once (default "
+            f"{DEFAULT_GRACE_SECONDS:g})",
+        },
+    ),
+    (
         "--tty",
-        action="store_true",
-        help="give the command a terminal of its own (job control, Ctrl-C and Ctrl-Z for its "
-        "foreground job, window-size changes), copied to and from this one",
-    )
-    run.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
+        {
+            "action": "store_true",
+            "help": "give the command a terminal of its own (job control, Ctrl-C and Ctrl-Z for "
+            "its foreground job, window-size changes), copied to and from this one",
+        },
+    ),
+]
 
 
-def _explain_options(explain: argparse.ArgumentParser) -> None:
+def _add(container: _ActionsContainer, flags: Flags) -> None:
+    for flag, spec in flags:
+        container.add_argument(flag, **spec)
+
+
+_COMMAND = "[--] CMD [ARG...]"  # a command after the flags: argparse.REMAINDER
+
+
+def _check_options(check: ArgumentParser) -> None:
+    _add(check, _CHECK_FLAGS)
+
+
+def _plan_options(plan: ArgumentParser) -> None:
+    _add_session_options(plan)
+    _add(plan.add_mutually_exclusive_group(), _PLAN_SHOWN_FLAGS)
+    _add(plan, _PLAN_FLAGS)
+
+
+def _run_options(run: ArgumentParser) -> None:
+    from argparse import REMAINDER
+
+    _add_session_options(run)
+    _add(run, _RUN_FLAGS)
+    run.add_argument("command", nargs=REMAINDER, metavar=_COMMAND)
+
+
+def _explain_options(explain: ArgumentParser) -> None:
     explain.add_argument("path", metavar="PATH")
     _add_session_options(explain)
 
 
-def _bundle_options(bundle: argparse.ArgumentParser) -> None:
+def _bundle_options(bundle: ArgumentParser) -> None:
+    from argparse import REMAINDER
+
     _add_session_options(bundle)
     bundle.add_argument("directory", metavar="DIR", help="the bundle: a new or empty dir")
-    bundle.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] CMD [ARG...]")
+    bundle.add_argument("command", nargs=REMAINDER, metavar=_COMMAND)
 
 
-def _selftest_options(selftest: argparse.ArgumentParser) -> None:
+def _selftest_options(selftest: ArgumentParser) -> None:
     selftest.add_argument("--json", action="store_true")
     selftest.add_argument(
         "--user",
@@ -163,7 +191,7 @@ def _selftest_options(selftest: argparse.ArgumentParser) -> None:
 
 
 # Each subcommand: its help line and what adds its options.
-_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | None]] = {
+_SUBCOMMANDS: dict[str, tuple[str, Callable[[ArgumentParser], None] | None]] = {
     "check": ("preflight: is this host ready to confine?", _check_options),
     "plan": ("print a session's manifest", _plan_options),
     "run": ("run a command confined", _run_options),
@@ -178,15 +206,17 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | N
 }
 
 
-def _parser(wanted: str | None = None) -> _Parser:
+def _parser(wanted: str | None = None) -> Parser:
     """The command line's parser. With wanted, the subcommand the arguments name, only its
     options are built: a launcher's `nsconfine run` does not pay ~2 ms for the others'."""
-    parser = _Parser(
+    from nsconfine._cli.argparser import Parser
+
+    parser = Parser(
         prog="nsconfine",
         description="Confine a session with bubblewrap.",
         epilog="NSCONFINE_BWRAP=PATH selects the bwrap (default: bwrap on PATH).",
     )
-    commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=Parser)
     for name, (help_line, add_options) in _SUBCOMMANDS.items():
         if wanted is None or name == wanted:
             subcommand = commands.add_parser(name, help=help_line)
@@ -195,12 +225,90 @@ def _parser(wanted: str | None = None) -> _Parser:
     return parser
 
 
-def _session(arguments: argparse.Namespace) -> Session:
+def _quick_flags(subcommand: str) -> tuple[Flags, Flags, bool] | None:
+    """The flags of a subcommand the quick parser reads, those of them that exclude each other,
+    and whether a command follows them; None for the others (argparse parses them)."""
+    if subcommand == "check":
+        return _CHECK_FLAGS, [], False
+    if subcommand not in ("plan", "run"):
+        return None
+    session = [(o.flag, _session_flag(o)) for o in SESSION_OPTIONS if o.flag is not None]
+    if subcommand == "plan":
+        return [*session, *_PLAN_SHOWN_FLAGS, *_PLAN_FLAGS], _PLAN_SHOWN_FLAGS, False
+    return [*session, *_RUN_FLAGS], [], True
+
+
+def _quick_parse(argv: Sequence[str]) -> Arguments | None:
+    """argv parsed as argparse parses it, for `check`, `plan` and `run` written plainly (each
+    flag in full, each value a word of its own not starting with -, the command after the
+    flags), without importing argparse (with gettext) or building its parser: ~2.5 ms of every
+    `nsconfine run`. None for anything else (a help request, an abbreviation, --flag=VALUE, a
+    former flag, a value argparse would refuse): argparse then parses it, and refuses it in its
+    own words. Both read the same flag tables; tests/test_cli.py compares their results."""
+    known = _quick_flags(argv[0]) if argv else None
+    if known is None:
+        return None
+    flags, exclusive, takes_command = known
+    arguments = Arguments()
+    arguments.subcommand = argv[0]
+    specs = {}
+    for flag, spec in flags:
+        dest = spec.get("dest") or flag[2:].replace("-", "_")
+        specs[flag] = (dest, spec)
+        default = spec.get("default")  # argparse's defaults: a switch's is its opposite
+        if "default" not in spec and spec.get("action") in ("store_true", "store_false"):
+            default = spec["action"] == "store_false"
+        setattr(arguments, dest, list(default) if isinstance(default, list) else default)
+    given = set()
+    at = 1
+    while at < len(argv) and argv[at].startswith("-") and argv[at] != "--":
+        found = specs.get(argv[at])
+        if found is None:
+            return None
+        dest, spec = found
+        given.add(argv[at])
+        action = spec.get("action")
+        if action in ("store_true", "store_false"):
+            setattr(arguments, dest, action == "store_true")
+            at += 1
+            continue
+        if at + 1 == len(argv) or argv[at + 1].startswith("-"):
+            return None  # no value, or one argparse may take for a flag
+        value: object = argv[at + 1]
+        if "type" in spec:
+            try:
+                value = spec["type"](value)
+            except Exception:  # argparse says what is wrong with it
+                return None
+        if value not in spec.get("choices", (value,)):
+            return None
+        if action == "append":
+            getattr(arguments, dest).append(value)
+        else:
+            setattr(arguments, dest, value)
+        at += 2
+    command = list(argv[at:])
+    if command and not takes_command:
+        return None
+    if takes_command:
+        arguments.command = command  # "--" and all: argparse.REMAINDER keeps it
+    if any(spec.get("required") and flag not in given for flag, spec in flags):
+        return None
+    if len(given & {flag for flag, _ in exclusive}) > 1:
+        return None
+    return arguments
+
+
+def _session(arguments: Arguments) -> Session:
+    from nsconfine._session import Session
+
     given = {o.name: getattr(arguments, o.name) for o in SESSION_OPTIONS if o.flag is not None}
     return Session(**given)
 
 
 def _shown_options(plan: Plan) -> list[str]:
+    from nsconfine._plan.bwrap_args import bwrap_options
+
     hidden = {v.value for v in plan.env if not v.origin.shown}
     options = bwrap_options(plan)
     # A secret is only ever a --setenv value, which directly follows its name.
@@ -210,7 +318,7 @@ def _shown_options(plan: Plan) -> list[str]:
     ]
 
 
-def _check(arguments: argparse.Namespace) -> int:
+def _check(arguments: Arguments) -> int:
     from nsconfine._preflight.checks import preflight
 
     report = preflight()
@@ -228,7 +336,7 @@ def _check(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(arguments: argparse.Namespace) -> int:
+def _plan(arguments: Arguments) -> int:
     plan = _session(arguments).plan()
     if arguments.format is not None:
         from nsconfine._export.oci import print_export
@@ -245,7 +353,7 @@ def _plan(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def _run(arguments: argparse.Namespace) -> int:
+def _run(arguments: Arguments) -> int:
     from nsconfine._cli.relay import StdioRelay, held_signals, kept_stdio_flags, run_session
     from nsconfine._gate import spawn
     from nsconfine._session import build_plan
@@ -304,13 +412,13 @@ def _warn_of_untrusted_config(paths: Sequence[str]) -> None:
         )
 
 
-def _selftest(arguments: argparse.Namespace) -> int:
+def _selftest(arguments: Arguments) -> int:
     from nsconfine._selftest.report import run_selftest
 
     return run_selftest(as_json=arguments.json, user=arguments.user)
 
 
-def _profiles(_arguments: argparse.Namespace) -> int:
+def _profiles(_arguments: Arguments) -> int:
     from nsconfine._plan.profiles import built_in
 
     profiles = built_in()
@@ -320,7 +428,7 @@ def _profiles(_arguments: argparse.Namespace) -> int:
     return 0
 
 
-def _bundle(arguments: argparse.Namespace) -> int:
+def _bundle(arguments: Arguments) -> int:
     from nsconfine._export.oci import bundle_command
 
     command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
@@ -328,7 +436,7 @@ def _bundle(arguments: argparse.Namespace) -> int:
     return bundle_command(plan, arguments.subcommand, arguments.directory, command)
 
 
-def _explain(arguments: argparse.Namespace) -> int:
+def _explain(arguments: Arguments) -> int:
     from nsconfine._policy.explain import explain
     from nsconfine._session import profiles_showing
 
@@ -372,8 +480,10 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _fill_closed_stdio()
     try:
-        wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
-        arguments = _parser(wanted).parse_args(list(argv))
+        arguments = _quick_parse(argv)
+        if arguments is None:
+            wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
+            arguments = _parser(wanted).parse_args(list(argv), Arguments())
         status = _COMMANDS[arguments.subcommand](arguments)
         if sys.stdout is not None:  # None when started without an fd 1
             sys.stdout.flush()  # here, so that a reader gone away is met below, not at exit

@@ -1,0 +1,46 @@
+"""argparse as the CLI uses it: its help's width, a malformed command line as a usage refusal,
+and a former flag refused naming the one it is now. Imported only when argparse parses (a help
+request, an error, a subcommand the quick parser does not read: nsconfine._cli.main)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from nsconfine._errors import UsageError
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    # argparse asks shutil for the terminal's width each time it makes a formatter (every
+    # add_argument does); importing shutil costs a run ~4 ms, os answers the same question.
+    def __init__(self, prog: str) -> None:
+        columns = os.environ.get("COLUMNS", "")
+        try:
+            width = int(columns) if columns.isdigit() else os.get_terminal_size(1).columns
+        except OSError:  # not a terminal
+            width = 80
+        super().__init__(prog, width=max(width - 2, 20))
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+class Renamed(argparse.Action):
+    """A flag an option had before: refused, naming the flag it has now."""
+
+    def __init__(self, option_strings: list[str], dest: str, now: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", help=argparse.SUPPRESS)
+        self.now = now
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: str | None = None) -> None:
+        parser.error(f"{option} is now {self.now}")
