@@ -8,7 +8,6 @@ inside the run directory. Paths are the same inside as outside.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import stat
@@ -662,7 +661,7 @@ def with_profiles(
             if expanded is not None:  # it names a variable the launcher does not set
                 masks.append(expanded)
         allow_hosts += [
-            dataclasses.replace(d, reason=f"{d.reason} [profile {profile.name}]")
+            d.replace(reason=f"{d.reason} [profile {profile.name}]")
             for d in values.get("allow_hosts", [])
         ]
         inject += values.get("inject", [])

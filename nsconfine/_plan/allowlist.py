@@ -11,24 +11,23 @@ a backslash or a non-ASCII letter is a name one of them sees differently from us
 
 from __future__ import annotations
 
-import ipaddress
-import itertools
-import re
-import socket
-import urllib.parse
+import functools
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from nsconfine._errors import UsageError
+from nsconfine._record import Record
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    import ipaddress
+    from typing import TypeAlias
+
+    IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 Resolver = Callable[[str, int], list[str]]
 
 DEFAULT_PORTS = (443, 80)
-_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
-# Carrier-grade NAT space: Python's is_private does not count it, yet it is nobody's public host.
-_SHARED_SPACE = ipaddress.ip_network("100.64.0.0/10")
+_LABEL_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 
 class HostRefused(ValueError):
@@ -47,6 +46,8 @@ def canonical_host(text: str) -> str:
             raise HostRefused(f"the host name holds {what}")
     if "/" in text or "\\" in text:
         raise HostRefused("the host name holds a slash")
+    import ipaddress  # here, as below: only a session with a network allowlist needs it
+
     if text.startswith("[") or ":" in text:
         inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
         try:
@@ -73,7 +74,7 @@ def canonical_host(text: str) -> str:
             raise HostRefused("the host name has an empty label (two dots in a row)")
         if len(label) > 63:
             raise HostRefused("a label of the host name is longer than 63 characters")
-        if not _LABEL.fullmatch(label):
+        if not set(label) <= _LABEL_CHARACTERS or label[0] == "-" or label[-1] == "-":
             raise HostRefused(
                 "the host name holds a character other than letters, digits, '-' and '.' "
                 "(or a label starts or ends with '-')"
@@ -83,6 +84,8 @@ def canonical_host(text: str) -> str:
 
 def ip_literal(host: str) -> IPAddress | None:
     """The address a canonical host spells, if it is an IP literal."""
+    import ipaddress
+
     try:
         return ipaddress.ip_address(host)
     except ValueError:
@@ -109,19 +112,21 @@ def _split_host_port(text: str, whole: str) -> tuple[str, int | None]:
     return host, _port(port, whole) if colon else None
 
 
-@dataclass(frozen=True)
-class Destination:
+class Destination(Record):
     """One allowlist entry. pattern: a canonical host name, `*.suffix` (any subdomain of the
     suffix, not the suffix itself) or an IP literal. port: None allows 443 and 80 only.
     address: a pinned address (as curl --resolve): the proxy connects there and asks no resolver;
     a destination listed by address may be private or loopback."""
 
+    FIELDS = ("pattern", "port", "address", "reason")
+    __slots__ = FIELDS
     pattern: str
     port: int | None
     address: str | None
     reason: str
 
-    def __post_init__(self) -> None:
+    def __init__(self, pattern: str, port: int | None, address: str | None, reason: str) -> None:
+        self._set(pattern=pattern, port=port, address=address, reason=reason)
         if not self.reason.strip():
             raise UsageError(f"destination {self.pattern!r} has no reason: say why it is needed")
         name = self.pattern[2:] if self.pattern.startswith("*.") else self.pattern
@@ -186,16 +191,22 @@ def canonical_or_none(text: str) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(Record):
     """The judge's answer. allowed: connect to `addresses` (in order) on port; reason: the
     rule's reason, or why the destination was refused."""
 
+    FIELDS = ("allowed", "reason", "host", "port", "addresses")
+    __slots__ = FIELDS
     allowed: bool
     reason: str
     host: str
     port: int
-    addresses: tuple[str, ...] = ()
+    addresses: tuple[str, ...]
+
+    def __init__(
+        self, allowed: bool, reason: str, host: str, port: int, addresses: tuple[str, ...] = ()
+    ) -> None:
+        self._set(allowed=allowed, reason=reason, host=host, port=port, addresses=addresses)
 
     @property
     def address(self) -> str | None:
@@ -205,6 +216,8 @@ class Decision:
 def is_public(address: IPAddress) -> bool:
     """Whether an address is some public host's, not this host's, its LAN's or a metadata
     service's (loopback, link-local, private, CGNAT, unspecified, multicast, reserved)."""
+    import ipaddress
+
     if isinstance(address, ipaddress.IPv6Address):
         if address.is_site_local:  # fec0::/10, deprecated, still routed on some LANs
             return False
@@ -219,23 +232,38 @@ def is_public(address: IPAddress) -> bool:
         or address.is_unspecified
         or address.is_multicast
         or address.is_reserved
-        or address in _SHARED_SPACE
+        or address in _shared_space()
         or not address.is_global
     )
 
 
+@functools.cache
+def _shared_space() -> ipaddress.IPv4Network:
+    """Carrier-grade NAT space: Python's is_private does not count it, yet it is nobody's public
+    host."""
+    import ipaddress
+
+    return ipaddress.IPv4Network("100.64.0.0/10")
+
+
 def host_addresses() -> frozenset[IPAddress]:
     """This host's own interface addresses (a public one reaches the host's own services)."""
+    import ipaddress
+    import itertools
+
     found: set[IPAddress] = set()
     try:
-        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+        with open("/proc/net/fib_trie") as file:
+            lines = file.read().splitlines()
     except OSError:
         lines = []
     for previous, line in itertools.pairwise(lines):
         if line.strip() == "/32 host LOCAL":
             found.add(ipaddress.ip_address(previous.split()[-1]))
     try:
-        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+        with open("/proc/net/if_inet6") as file:
+            inet6 = file.read().splitlines()
+        for line in inet6:
             found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
     except (OSError, ValueError, IndexError):
         pass
@@ -244,6 +272,8 @@ def host_addresses() -> frozenset[IPAddress]:
 
 def system_resolver(host: str, port: int) -> list[str]:
     """The host's resolver, TCP addresses in its order."""
+    import socket
+
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
 
@@ -258,6 +288,8 @@ def judge(
     """Whether a session may reach host_text:port, and at which addresses. own_addresses gives
     this host's addresses, asked only for a name a resolver answers (a pinned name or a literal
     never needs them: reading them costs a request 0.1 ms)."""
+    import ipaddress
+
     try:
         host = canonical_host(host_text)
     except HostRefused as problem:
@@ -302,17 +334,22 @@ def judge(
     return Decision(True, rule.reason, host, port, tuple(resolved))
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(Record):
     """A credential-injecting route: a session's `/<name>/rest` goes to upstream + `/rest` with
     the real key in `header` (for "authorization", as "Bearer <secret>")."""
 
+    FIELDS = ("name", "upstream", "header", "secret")
+    HIDDEN = frozenset({"secret"})
+    __slots__ = FIELDS
     name: str
     upstream: str
     header: str
-    secret: bytes = field(repr=False)
+    secret: bytes
 
-    def __post_init__(self) -> None:
+    def __init__(self, name: str, upstream: str, header: str, secret: bytes) -> None:
+        import urllib.parse  # only a session with a route needs it
+
+        self._set(name=name, upstream=upstream, header=header, secret=secret)
         if not self.name or not set(self.name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-_"):
             raise UsageError(f"route name {self.name!r}: use lowercase letters, digits, - and _")
         parts = urllib.parse.urlsplit(self.upstream)

@@ -9,12 +9,15 @@ key stays in the launcher's proxy (nsconfine._launch.egress attaches a launch to
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Final
 
 from nsconfine._errors import CredentialMissing, UsageError
 from nsconfine._plan.allowlist import Route
 from nsconfine._plan.model import RELAY_PORT
+from nsconfine._record import Record
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from typing import Final
 
 PROXY_URL: Final = f"http://127.0.0.1:{RELAY_PORT}"
 # What a proxy session's tools read to find the proxy, and the loopback they reach directly
@@ -35,15 +38,19 @@ LAUNCHER_PROXY_VARIABLES: Final = frozenset(
 PLACEHOLDER: Final = "nsconfine-placeholder-the-proxy-holds-the-key"
 
 
-@dataclass(frozen=True)
-class HomeFile:
+class HomeFile(Record):
     """A file a harness reads to find its route where it reads no base-URL variable, generated
     read-only in the session's HOME: path (relative to HOME), its reason, and its text, with
     {base_url} (the route on the relay) and {key_variable} (where the placeholder is)."""
 
+    FIELDS = ("path", "reason", "template")
+    __slots__ = FIELDS
     path: str
     reason: str
     template: str
+
+    def __init__(self, path: str, reason: str, template: str) -> None:
+        self._set(path=path, reason=reason, template=template)
 
 
 # Codex (0.171) reads no OPENAI_BASE_URL: its model provider, named in its config, is the route.
@@ -63,18 +70,37 @@ wire_api = "responses"
 )
 
 
-@dataclass(frozen=True)
-class RouteKind:
+class RouteKind(Record):
     """A built-in credential route: the API a harness reaches through base_variable (or the
     HOME files it reads), its upstream unless the launcher's own base_variable names one, and
     each variable a credential file may hold its key in, with the header that carries it."""
 
+    FIELDS = ("name", "base_variable", "default_upstream", "keys", "reason", "home_files")
+    __slots__ = FIELDS
     name: str
     base_variable: str
     default_upstream: str
     keys: tuple[tuple[str, str], ...]
     reason: str
-    home_files: tuple[HomeFile, ...] = ()
+    home_files: tuple[HomeFile, ...]
+
+    def __init__(
+        self,
+        name: str,
+        base_variable: str,
+        default_upstream: str,
+        keys: tuple[tuple[str, str], ...],
+        reason: str,
+        home_files: tuple[HomeFile, ...] = (),
+    ) -> None:
+        self._set(
+            name=name,
+            base_variable=base_variable,
+            default_upstream=default_upstream,
+            keys=keys,
+            reason=reason,
+            home_files=home_files,
+        )
 
 
 ROUTES: Final = {
@@ -105,16 +131,25 @@ def route_base_url(name: str) -> str:
     return f"{PROXY_URL}/{name}"
 
 
-@dataclass(frozen=True)
-class Injected:
+class Injected(Record):
     """What a session gets for its injected routes: the routes (each with its key, for the
     launcher's proxy), what its environment gets instead of the key (the base URL on the relay,
     a placeholder for every key variable the credential file holds), and the files generated
     in its HOME (path relative to HOME -> text and reason)."""
 
+    FIELDS = ("routes", "environment", "home_files")
+    __slots__ = FIELDS
     routes: tuple[Route, ...]
     environment: dict[str, str]
     home_files: dict[str, tuple[str, str]]
+
+    def __init__(
+        self,
+        routes: tuple[Route, ...],
+        environment: dict[str, str],
+        home_files: dict[str, tuple[str, str]],
+    ) -> None:
+        self._set(routes=routes, environment=environment, home_files=home_files)
 
 
 def injected(

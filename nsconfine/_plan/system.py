@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Final
 
 from nsconfine._kernel.accounts import RunAs
 from nsconfine._kernel.syscalls import realpath
 from nsconfine._plan import model as p
+
+TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
+if TYPE_CHECKING:
+    from typing import Final
 
 # The top-level links of a merged /usr (Debian ≥ 12): mirrored as the same symlinks.
 USR_MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
