@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import json
 import os
-import threading
+from _thread import allocate_lock
 from collections.abc import Mapping
 
 from nsconfine._plan.model import RELAY_DIRECTORY, Plan, relay_entry
@@ -30,6 +29,8 @@ class AuditLog:
         self.fd = os.open(path, flags, 0o600)
 
     def write(self, record: Mapping[str, object]) -> None:
+        import json  # here: a launch without an audit log never needs it
+
         os.write(self.fd, (json.dumps(record, sort_keys=True) + "\n").encode())
 
     def close(self) -> None:
@@ -43,7 +44,7 @@ class _Proxies:
     listeners of the session it is about."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         self._proxy: Proxy | None = None
         self._listeners: dict[str, list[AuditLog | _Reporter]] = {}
         self._numbers = itertools.count(1)

@@ -41,7 +41,7 @@ import errno
 import fcntl
 import os
 import stat
-import threading
+from _thread import allocate_lock
 from collections.abc import Mapping
 
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
@@ -96,7 +96,7 @@ class Stub:
 # (A lock it cannot take does not say a sandbox holds the stub: a child another thread is
 # starting has a copy of every fd, the holds included, until it execs.)
 _held_here: collections.Counter[Identity] = collections.Counter()
-_held_here_lock = threading.Lock()
+_held_here_lock = allocate_lock()
 
 
 # ------------------------------------------------------------------ preparing a launch
