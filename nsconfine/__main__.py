@@ -1,5 +1,3 @@
-import sys
+from nsconfine._cli.main import console_main
 
-from nsconfine._cli.main import main
-
-sys.exit(main(sys.argv[1:]))
+console_main()

@@ -504,5 +504,12 @@ def main(argv: Sequence[str]) -> int:
 
 
 def console_main() -> NoReturn:
-    """The `nsconfine` console script."""
-    sys.exit(main(sys.argv[1:]))
+    """The `nsconfine` console script, and `python -m nsconfine`: main, then the process ends."""
+    status = main(sys.argv[1:])
+    # What the imports made lives until the process ends: the collector's passes at shutdown
+    # need not look through it (~2 ms of every run). atexit handlers, the flush of stdout and
+    # the finalizers of what is freed still run.
+    import gc
+
+    gc.freeze()
+    sys.exit(status)
