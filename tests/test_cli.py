@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import session_dirs, user_options, with_sigchld_ignored, without_fd
+from helpers import open_up, session_dirs, user_options, with_sigchld_ignored, without_fd
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -259,6 +259,39 @@ def test_check_json_reports_ready() -> None:
     assert report["ready"] is True
     assert report["checks"]
     assert all(check["ok"] for check in report["checks"])
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_check_takes_the_proof_remembered_for_this_very_bwrap(tmp_path: Path) -> None:
+    """`check` proves a bwrap once, then takes the proof remembered for that very binary (as a
+    launch does) unless --fresh; a binary changed at the same path is proved again, and
+    refused when it does not confine."""
+    from nsconfine._preflight.checks import find_bwrap
+
+    bwrap = tmp_path / "bin" / "bwrap"
+    bwrap.parent.mkdir()
+    shutil.copy2(find_bwrap(), bwrap)
+    open_up(bwrap.parent)  # a root launcher runs bwrap as the canary's account
+    env = base_env(NSCONFINE_BWRAP=str(bwrap), XDG_CACHE_HOME=str(tmp_path / "cache"))
+
+    def canary(*flags: str) -> str:
+        result = nsconfine("check", "--json", *flags, env=env)
+        assert result.returncode == 0, result.stderr
+        rows = json.loads(result.stdout)["checks"]
+        return str(next(row["detail"] for row in rows if row["name"] == "canary"))
+
+    assert "remembered" not in canary()
+    assert "remembered" in canary()
+    assert "remembered" not in canary("--fresh")
+    os.utime(bwrap, ns=(0, 0))  # the same file, another identity
+    assert "remembered" not in canary()
+    assert "remembered" in canary()
+    # At the proven path, a script that answers --help as bwrap does and confines nothing.
+    real = find_bwrap()
+    bwrap.write_text(f'#!/bin/sh\ncase "$1" in --help|--version) exec {real} "$1";; esac\nexit 1\n')
+    refused = assert_refused(nsconfine("check", env=env), 69, "sandbox-unavailable")
+    assert "failed its canary session" in refused
 
 
 def test_plan_json_is_the_manifest(dirs: Dirs) -> None:

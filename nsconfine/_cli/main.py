@@ -88,7 +88,17 @@ def _add_session_options(parser: ArgumentParser) -> None:
 
 
 # Each subcommand's own flags, for both parsers (see _quick_parse).
-_CHECK_FLAGS: Flags = [("--json", {"action": "store_true"})]
+_CHECK_FLAGS: Flags = [
+    ("--json", {"action": "store_true"}),
+    (
+        "--fresh",
+        {
+            "action": "store_true",
+            "help": "prove bwrap again (its options, a canary session) rather than take the "
+            "proof remembered for this very binary, as every launch does",
+        },
+    ),
+]
 _PLAN_SHOWN_FLAGS: Flags = [  # what plan prints: one of them at most
     ("--json", {"action": "store_true", "help": "the manifest as JSON"}),
     (
@@ -319,9 +329,9 @@ def _shown_options(plan: Plan) -> list[str]:
 
 
 def _check(arguments: Arguments) -> int:
-    from nsconfine._preflight.checks import preflight
+    from nsconfine._preflight.checks import host_report
 
-    report = preflight()
+    report = host_report(fresh=arguments.fresh)
     if arguments.json:
         import json  # only for --json: the CLI's start-up is on every session's launch path
 

@@ -507,27 +507,41 @@ def proven_bwrap(bwrap: str | None = None) -> str:
     if identity not in _proven:
         features = _recalled(identity)
         if features is None:
-            features = run_checks(bwrap)
-            _remember(identity, features)
+            features, version = run_checks(bwrap)
+            _remember(identity, features, version)
         _proven[identity] = features
     return bwrap
 
 
-def run_checks(bwrap: str, report: PreflightReport | None = None) -> frozenset[str]:
+def run_checks(
+    bwrap: str,
+    report: PreflightReport | None = None,
+    remembered: tuple[frozenset[str], str] | None = None,
+) -> tuple[frozenset[str], str]:
     """Options, user namespaces and the canary, in that order; each refusal says what to fix.
-    The optional options this bwrap has."""
+    The optional options this bwrap has, and its version. remembered: those, as a proof of
+    this very binary (its identity) remembered them: its options and canary stand, as they do
+    for every launch, and the host's own checks (user namespaces, layers, limits) run."""
     report = report if report is not None else PreflightReport(bwrap)
-    version, features = check_options(bwrap)
+    if remembered is None:
+        version, features = check_options(bwrap)
+    else:
+        features, version = remembered
     report.checks.append(Check("options", True, f"{version}: every option nsconfine uses"))
     bind_fd = "binds sources by fd" if len(features) == 2 else "no --bind-fd: binds by path"
     report.checks.append(Check("bind-fd", True, f"{bind_fd}; {mount_point_note(version)}"))
     check_user_namespaces()
     report.checks.append(Check("user-namespaces", True, "a child can create and map one"))
-    prove_bwrap(bwrap)
+    if remembered is None:
+        prove_bwrap(bwrap)
     account = canary_account()
-    report.checks.append(
-        Check("canary", True, f"a canary session, as {account.name}, was confined")
-    )
+    canary = f"a canary session, as {account.name}, was confined"
+    if remembered is not None:
+        canary += (
+            " on this very bwrap (the proof remembered for its identity; --fresh runs the "
+            "canary again)"
+        )
+    report.checks.append(Check("canary", True, canary))
     report.checks += layer_checks()
     report.checks.append(limits_check())
     if os.geteuid() == 0:
@@ -539,7 +553,7 @@ def run_checks(bwrap: str, report: PreflightReport | None = None) -> frozenset[s
                 "run as (--user NAME, Session(user=...)); none ever holds host uid 0",
             )
         )
-    return features
+    return features, version
 
 
 def layer_checks() -> list[Check]:
@@ -597,17 +611,20 @@ def limits_check() -> Check:
     )
 
 
-def _remember(identity: str, features: frozenset[str]) -> None:
+def _remember(identity: str, features: frozenset[str], version: str | None = None) -> None:
     # Best effort: a launcher whose home is read-only just proves each binary once per process.
     _proven[identity] = features
     directory = _proofs_directory()
     if directory is None:
         return
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    text = " ".join(["proven", *sorted(features)]) + "\n"
+    if version is not None:
+        text += f"version {version}\n"
     try:
         fd = os.open(os.path.join(directory, identity), flags, 0o600)
         try:
-            os.write(fd, (" ".join(["proven", *sorted(features)]) + "\n").encode())
+            os.write(fd, text.encode())
         finally:
             os.close(fd)
     except OSError:
@@ -615,10 +632,22 @@ def _remember(identity: str, features: frozenset[str]) -> None:
 
 
 def _recalled(identity: str) -> frozenset[str] | None:
+    proof = _recalled_proof(identity)
+    return None if proof is None else proof[0]
+
+
+def _recalled_proof(identity: str) -> tuple[frozenset[str], str | None] | None:
+    """The optional options a proof remembered for identity found, and the version it showed
+    (None in a proof written before proofs kept it); None if there is no proof."""
     directory = _proofs_directory()
     raw = None if directory is None else _syscalls.read_untrusted(f"{directory}/{identity}", 4096)
-    words = os.fsdecode(raw or b"").split()
-    return frozenset(words[1:]) if words[:1] == ["proven"] else None
+    proven, _, rest = os.fsdecode(raw or b"").partition("\n")
+    words = proven.split()
+    if words[:1] != ["proven"]:
+        return None
+    shown = rest.partition("\n")[0]
+    version = shown.removeprefix("version ") if shown.startswith("version ") else None
+    return frozenset(words[1:]), version
 
 
 def _proofs_directory() -> str | None:
@@ -647,13 +676,24 @@ def takes_bind_fds(bwrap: str) -> bool:
 
 def preflight() -> PreflightReport:
     """Check this host from scratch (no cached proof): ready, or the refusal and why."""
+    return host_report(fresh=True)
+
+
+def host_report(fresh: bool) -> PreflightReport:
+    """preflight(); unless fresh, with the proof remembered for this very bwrap (its identity:
+    device, inode, size, times, the canary's version and this uid) standing for its options
+    and canary, as it does for every launch: `nsconfine check` (--fresh: preflight())."""
     report = PreflightReport()
     try:
         report.bwrap = located_bwrap()
         identity = binary_identity(report.bwrap)
         refuse_untrusted(report.bwrap, "bwrap")
         report.checks.append(Check("bwrap", True, report.bwrap))
-        _remember(identity, run_checks(report.bwrap, report))
+        proof = None if fresh else _recalled_proof(identity)
+        if proof is not None and proof[1] is not None:
+            run_checks(report.bwrap, report, (proof[0], proof[1]))
+        else:
+            _remember(identity, *run_checks(report.bwrap, report))
     except SandboxUnavailable as refused:
         report.error = refused
         passed = {check.name for check in report.checks}
