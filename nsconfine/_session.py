@@ -9,7 +9,6 @@ inside the run directory. Paths are the same inside as outside.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -44,7 +43,7 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Up to this many runner files are bound one by one (their content stays live); more are copied.
 COPY_FILES_ABOVE = 16
 
-_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
+_DIGEST = r"[0-9a-f]{64}\Z"  # each pattern here is compiled when first used
 
 
 class Harness(Record):
@@ -64,7 +63,9 @@ class Harness(Record):
         path, at, pin = spec.rpartition("@sha256:")
         if not at:
             return cls(spec)
-        if not _DIGEST.match(pin.lower()):
+        import re
+
+        if not re.match(_DIGEST, pin.lower()):
             raise UsageError(f"harness {spec!r}: the digest must be 64 hex digits after @sha256:")
         return cls(path, pin.lower())
 
@@ -485,7 +486,7 @@ def _copy_roots(
 
 # Passed from the launcher by default (terminal_env): how to draw and speak, never a secret.
 TERMINAL_VARIABLES = frozenset({"TERM", "COLORTERM", "LANG", "LANGUAGE", "TZ"})
-_IDENTITY = re.compile(r"\s*(?P<name>[^<>\n\0]*[^<>\s])\s*<(?P<email>[^<>\s\0]+)>\s*\Z")
+_IDENTITY = r"\s*(?P<name>[^<>\n\0]*[^<>\s])\s*<(?P<email>[^<>\s\0]+)>\s*\Z"
 
 
 def _literal_values(
@@ -506,7 +507,9 @@ def _literal_values(
 
 def git_identity_parts(identity: str) -> tuple[str, str]:
     """("Name", "email") of a "Name <email>" identity, or UsageError."""
-    found = _IDENTITY.match(identity)
+    import re
+
+    found = re.match(_IDENTITY, identity)
     if found is None:
         raise UsageError(
             f"git identity {printable(identity)!r}: give it as 'Name <email@example.org>'"
@@ -719,7 +722,7 @@ def with_profiles(
     return applied, deny, tuple(needs_credential)
 
 
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+_VARIABLE = r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))"
 
 
 def _expand(
@@ -729,6 +732,8 @@ def _expand(
     None if it names a variable the launcher's environment does not set. A profile's path
     (where: which file, line and key gave it) that is still relative once expanded is refused:
     it would be taken from the launcher's working directory."""
+    import re
+
     launcher_home = environ.get("HOME") or os.path.expanduser("~")
     config = environ.get("XDG_CONFIG_HOME") or os.path.join(launcher_home, ".config")
     places = {"workspace": session.workspace, "run_dir": session.run_dir,
@@ -745,7 +750,7 @@ def _expand(
             missing.append(name)
         return value
 
-    expanded = _VARIABLE.sub(variable, expanded)
+    expanded = re.sub(_VARIABLE, variable, expanded)
     if missing:
         return None
     if expanded == "~" or expanded.startswith("~/"):
@@ -806,8 +811,6 @@ def profile_gives(name: str, session: Session, environ: Mapping[str, str]) -> li
 def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry]:
     """The binds profiles give (and any Session(binds=...)), each with its reason; a bind
     already given by another entry at the same place is left out."""
-    import glob
-
     entries: list[p.Entry] = []
     taken = {entry.dest for entry in others}
     shown = {e.dest: (e.source, str(e.mode)) for e in others if e.kind is Kind.BIND}
@@ -825,6 +828,8 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
     for bind in session.binds:  # expanded by with_profiles
         source, dest = _path_text(bind.source), _path_text(bind.dest)
         pairs = [(source, dest)]
+        import glob  # here: a session without binds (the default) never needs it
+
         if glob.has_magic(source):
             pairs = [(match, match) for match in bind_sources(bind)]
         for one_source, one_dest in pairs:

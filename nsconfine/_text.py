@@ -4,17 +4,27 @@ errors, the plan and the kernel layer all use it, and it uses none of them."""
 
 from __future__ import annotations
 
-import re
-
-_SUSPECT = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII is looked at
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# No regular expressions: importing re and compiling patterns would cost every `nsconfine run`
+# about a millisecond before its sandbox starts (nothing on a launch's import path compiles one).
 
 
 def is_env_name(name: object) -> bool:
     """A portable environment variable name (letters, digits and _, not a digit first): the one
     rule for every name a session's environment gets, from any source. bwrap reads its options
     NUL-separated, so this also keeps a name from smuggling options in."""
-    return isinstance(name, str) and _ENV_NAME.match(name) is not None
+    return (
+        isinstance(name, str)
+        and name.isascii()
+        and (name[:1].isalpha() or name[:1] == "_")
+        and name.replace("_", "a").isalnum()
+    )
+
+
+def has_control(text: str) -> bool:
+    """Does text hold a C0 control character or DEL (a newline, a tab, an escape)?"""
+    if text.isprintable():  # the usual answer, without a loop over the text
+        return False
+    return any(character < " " or character == "\x7f" for character in text)
 
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -58,7 +68,7 @@ def printable(text: str) -> str:
     """text with control and format characters written as escapes: what a person reads (a
     manifest row, a refusal) cannot be forged by a newline, a C1 control, a bidi override or a
     terminal sequence inside a path."""
-    if not _SUSPECT.search(text):
+    if text.isascii() and text.isprintable():  # only printable ASCII: nothing to look at
         return text
     return "".join(_escaped(c) if is_hidden(c) else c for c in text)
 

@@ -6,9 +6,6 @@ nsconfine._launch.confirm compares it with a plan at every launch.
 from __future__ import annotations
 
 import os
-import re
-
-_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 class Mount:
@@ -24,7 +21,11 @@ class Mount:
 
 def _unescape(field: str) -> str:
     # mountinfo writes space, tab, newline and backslash as \ooo.
-    return _ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
+    if "\\" not in field:  # nearly every field: no need of re
+        return field
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str) -> dict[str, Mount]:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 
 from nsconfine._errors import CredentialInsecure, CredentialMissing
+from nsconfine._text import is_env_name
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MAX_BYTES = 64 * 1024
 # As systemd: inside double quotes only these lose their backslash; others keep it.
 _DOUBLE_QUOTED_ESCAPES = frozenset('\\"$`')
@@ -85,7 +84,7 @@ def parse_environment_file(text: str, path: str) -> dict[str, str]:
             continue
         name, equals, value = line.partition("=")
         name = name.strip()
-        if not equals or not _NAME.match(name):
+        if not equals or not is_env_name(name):
             raise CredentialInsecure(
                 f"credential file {path} line {number} is not KEY=VALUE: fix or remove it"
             )

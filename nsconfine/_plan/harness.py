@@ -12,7 +12,6 @@ pinned by its digest. A harness that is a plain file is bound as it is.
 from __future__ import annotations
 
 import os
-import re
 
 from nsconfine._errors import PlanError
 from nsconfine._kernel.syscalls import read_untrusted, realpath
@@ -98,11 +97,12 @@ def _with_dependencies(package: str) -> list[str]:
 
 # A package name as npm allows it: "name" or "@scope/name", neither part starting with a dot
 # (so no "..") and no other slash; os.path.join would take an absolute name for the path.
-_NPM_NAME = re.compile(r"(@[^/.\s][^/\s]*/)?[^/.@\s][^/\s]*\Z")
+_NPM_NAME = r"(@[^/.\s][^/\s]*/)?[^/.@\s][^/\s]*\Z"
 
 
 def _dependency_names(package: str) -> list[str]:
-    import json  # only npm harnesses need it: not on every launcher's start
+    import json  # only npm harnesses need these: not on every launcher's start
+    import re
 
     raw = read_untrusted(os.path.join(package, "package.json"), (1 << 20) + 1)
     if raw is None or len(raw) > 1 << 20:  # a manifest of sane size only
@@ -115,7 +115,7 @@ def _dependency_names(package: str) -> list[str]:
     for key in ("dependencies", "optionalDependencies"):
         table = manifest.get(key) if isinstance(manifest, dict) else None
         if isinstance(table, dict):
-            names += [name for name in table if isinstance(name, str) and _NPM_NAME.match(name)]
+            names += [name for name in table if isinstance(name, str) and re.match(_NPM_NAME, name)]
     return names
 
 

@@ -22,7 +22,6 @@ memory_note() says why it is not limited on this host.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 from nsconfine._errors import UsageError
@@ -74,7 +73,7 @@ LIMITS: Final[dict[str, tuple[int, int, int, bool, str]]] = {
     ),
 }  # fmt: skip
 
-_SIZE = re.compile(r"(?P<number>[0-9]+)(?P<unit>[KMGT]?)(?:i?B)?\Z", re.IGNORECASE)
+_SIZE = r"(?P<number>[0-9]+)(?P<unit>[KMGT]?)(?:i?B)?\Z"  # compiled when a value is a text
 _UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": 1 << 40}
 
 
@@ -158,7 +157,9 @@ def parse_value(name: str, value: object) -> int:
         raise UsageError(f"limit {name}: {value!r} is not a number")
     if isinstance(value, int):
         return _checked(name, value)
-    found = _SIZE.match(value.strip())
+    import re  # here: a launch with no limit given as a text does without it
+
+    found = re.match(_SIZE, value.strip(), re.IGNORECASE)
     if found is None or (found["unit"] and not LIMITS[name][3]):
         unit = "bytes, or a number with K, M, G or T" if LIMITS[name][3] else "a whole number"
         raise UsageError(f"limit {name}: {value!r} is not {unit}")

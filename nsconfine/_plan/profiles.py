@@ -33,7 +33,6 @@ the key.
 from __future__ import annotations
 
 import os
-import re
 import stat
 
 from nsconfine._errors import UsageError
@@ -217,6 +216,8 @@ class _Where:
         self.lines = text.splitlines()
 
     def line_of(self, key: str, after: int = 0) -> int:
+        import re  # here: profiles are read as a launch's plan is made, not at import
+
         pattern = re.compile(rf"\s*(\[\[?)?\s*{re.escape(key)}\s*(=|\]\]?)")
         for number, line in enumerate(self.lines[after:], start=after + 1):
             if pattern.match(line):
@@ -228,6 +229,7 @@ class _Where:
 
 
 def _checked(label: str, path: str, text: str) -> Profile:
+    import re
     import tomllib
 
     where = _Where(path, text)
