@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import open_up, session_dirs, user_options, with_sigchld_ignored, without_fd
+from helpers import session_dirs, user_options, with_sigchld_ignored, without_fd
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -118,6 +118,113 @@ def test_top_level_usage_hint_names_a_real_command() -> None:
     """The hint after a top-level usage error is a command that exists: `nsconfine --help`."""
     line = assert_refused(nsconfine("frob"), 64, "usage")
     assert "nsconfine nsconfine" not in line
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_check_takes_the_proof_remembered_for_this_very_bwrap(tmp_path: Path) -> None:
+    """`check` proves a bwrap once, then takes the proof remembered for that very binary (as a
+    launch does) unless --fresh; a binary changed at the same path is proved again, and
+    refused when it does not confine."""
+    from helpers import open_up
+
+    from nsconfine._preflight.checks import find_bwrap
+
+    bwrap = tmp_path / "bin" / "bwrap"
+    bwrap.parent.mkdir()
+    shutil.copy2(find_bwrap(), bwrap)
+    open_up(bwrap.parent)  # a root launcher runs bwrap as the canary's account
+    env = base_env(NSCONFINE_BWRAP=str(bwrap), XDG_CACHE_HOME=str(tmp_path / "cache"))
+
+    def check(*flags: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "nsconfine", "check", *flags]
+        return subprocess.run(
+            command, capture_output=True, text=True, env=env, cwd="/", check=False
+        )
+
+    def canary(*flags: str) -> str:
+        result = check("--json", *flags)
+        assert result.returncode == 0, result.stderr
+        rows = json.loads(result.stdout)["checks"]
+        return str(next(row["detail"] for row in rows if row["name"] == "canary"))
+
+    assert "remembered" not in canary()
+    assert "remembered" in canary()
+    assert "remembered" not in canary("--fresh")
+    os.utime(bwrap, ns=(0, 0))  # the same file, another identity
+    assert "remembered" not in canary()
+    assert "remembered" in canary()
+    # At the proven path, a script that answers --help as bwrap does and confines nothing.
+    real = find_bwrap()
+    bwrap.write_text(f'#!/bin/sh\ncase "$1" in --help|--version) exec {real} "$1";; esac\nexit 1\n')
+    refused = assert_refused(check(), 69, "sandbox-unavailable")
+    assert "failed its canary session" in refused
+
+
+def _quick_parser_cases() -> list[list[str]]:
+    """Command lines of check, plan and run: one per flag of each, in every shape argparse
+    takes or refuses it (plain, abbreviated, --flag=VALUE, a value like a flag, twice)."""
+    from nsconfine._plan import options as o
+
+    session = ["--workspace", "/w", "--run-dir", "/r"]
+    flag_words: list[list[str]] = []
+    for option in o.SESSION_OPTIONS:
+        if option.flag is None:
+            continue
+        value = [] if option.shape == o.SWITCH else [option.choices[0] if option.choices else "v"]
+        flag_words += [
+            [option.flag, *value],
+            [option.flag, *value, option.flag, *value],
+            [option.flag[:-1], *value],
+            [option.flag, "-v"],
+            [f"{option.flag}=v"],
+            [option.flag, "bogus-choice"],
+            *([old, "v"] for old in option.old_flags),
+        ]
+    plan_words = [
+        ["--json"],
+        ["--bwrap-args"],
+        ["--format", "oci"],
+        ["--format", "xml"],
+        ["--json", "--bwrap-args"],
+        ["--json", "--json"],
+        ["--bundle", "b"],
+        ["--format", "k8s", "--bundle", "b"],
+        ["--bundle"],
+        ["extra"],
+        ["--", "x"],
+    ]
+    run_words = [["--grace", "3"], ["--grace", "x"], ["--grace", "-1"], ["--tty"],
+                 ["--tty", "--grace", "0.5"], ["--"], []]  # fmt: skip
+    commands = [["--", "/bin/true"], ["/bin/true", "--tty"], ["--", "--", "x"], [""], ["-"]]
+    cases = [["check"], ["check", "--json"], ["check", "--jso"], ["check", "x"], ["check", "-h"]]
+    cases += [["plan"], ["run"], ["plan", "--run-dir", "/r"], ["run", "-h", "--", "x"]]
+    for words in flag_words:
+        cases += [["plan", *session, *words], ["run", *session, *words, "--", "/bin/true"]]
+    cases += [["plan", *session, *words] for words in plan_words]
+    cases += [["run", *session, *words, *command] for words in run_words for command in commands]
+    return cases
+
+
+def test_the_quick_parser_reads_what_argparse_reads() -> None:
+    """The parser of the launch path (check, plan, run written plainly) gives each command line
+    the arguments argparse gives it, or leaves it to argparse (which refuses it in its own
+    words); and it does read the plain ones."""
+    from nsconfine._cli.main import Arguments, _parser, _quick_parse
+    from nsconfine._errors import UsageError
+
+    read = 0
+    for argv in _quick_parser_cases():
+        quick = _quick_parse(argv)
+        if quick is None:
+            continue
+        read += 1
+        try:
+            parsed = _parser(argv[0]).parse_args(argv, Arguments())
+        except (UsageError, SystemExit) as refused:
+            raise AssertionError(f"{argv}: read quickly, refused by argparse") from refused
+        assert vars(quick) == vars(parsed), argv
+    assert read >= 60, read
 
 
 @pytest.mark.parametrize("separator", [["--"], []], ids=["with-dashes", "bare"])
@@ -259,39 +366,6 @@ def test_check_json_reports_ready() -> None:
     assert report["ready"] is True
     assert report["checks"]
     assert all(check["ok"] for check in report["checks"])
-
-
-@pytest.mark.confinement
-@pytest.mark.usefixtures("sandbox_ready")
-def test_check_takes_the_proof_remembered_for_this_very_bwrap(tmp_path: Path) -> None:
-    """`check` proves a bwrap once, then takes the proof remembered for that very binary (as a
-    launch does) unless --fresh; a binary changed at the same path is proved again, and
-    refused when it does not confine."""
-    from nsconfine._preflight.checks import find_bwrap
-
-    bwrap = tmp_path / "bin" / "bwrap"
-    bwrap.parent.mkdir()
-    shutil.copy2(find_bwrap(), bwrap)
-    open_up(bwrap.parent)  # a root launcher runs bwrap as the canary's account
-    env = base_env(NSCONFINE_BWRAP=str(bwrap), XDG_CACHE_HOME=str(tmp_path / "cache"))
-
-    def canary(*flags: str) -> str:
-        result = nsconfine("check", "--json", *flags, env=env)
-        assert result.returncode == 0, result.stderr
-        rows = json.loads(result.stdout)["checks"]
-        return str(next(row["detail"] for row in rows if row["name"] == "canary"))
-
-    assert "remembered" not in canary()
-    assert "remembered" in canary()
-    assert "remembered" not in canary("--fresh")
-    os.utime(bwrap, ns=(0, 0))  # the same file, another identity
-    assert "remembered" not in canary()
-    assert "remembered" in canary()
-    # At the proven path, a script that answers --help as bwrap does and confines nothing.
-    real = find_bwrap()
-    bwrap.write_text(f'#!/bin/sh\ncase "$1" in --help|--version) exec {real} "$1";; esac\nexit 1\n')
-    refused = assert_refused(nsconfine("check", env=env), 69, "sandbox-unavailable")
-    assert "failed its canary session" in refused
 
 
 def test_plan_json_is_the_manifest(dirs: Dirs) -> None:
@@ -450,69 +524,3 @@ def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs)
         capture_output=True, text=True, cwd="/", timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
-
-
-def _quick_parser_cases() -> list[list[str]]:
-    """Command lines of check, plan and run: one per flag of each, in every shape argparse
-    takes or refuses it (plain, abbreviated, --flag=VALUE, a value like a flag, twice)."""
-    from nsconfine._plan import options as o
-
-    session = ["--workspace", "/w", "--run-dir", "/r"]
-    flag_words: list[list[str]] = []
-    for option in o.SESSION_OPTIONS:
-        if option.flag is None:
-            continue
-        value = [] if option.shape == o.SWITCH else [option.choices[0] if option.choices else "v"]
-        flag_words += [
-            [option.flag, *value],
-            [option.flag, *value, option.flag, *value],
-            [option.flag[:-1], *value],
-            [option.flag, "-v"],
-            [f"{option.flag}=v"],
-            [option.flag, "bogus-choice"],
-            *([old, "v"] for old in option.old_flags),
-        ]
-    plan_words = [
-        ["--json"],
-        ["--bwrap-args"],
-        ["--format", "oci"],
-        ["--format", "xml"],
-        ["--json", "--bwrap-args"],
-        ["--json", "--json"],
-        ["--bundle", "b"],
-        ["--format", "k8s", "--bundle", "b"],
-        ["--bundle"],
-        ["extra"],
-        ["--", "x"],
-    ]
-    run_words = [["--grace", "3"], ["--grace", "x"], ["--grace", "-1"], ["--tty"],
-                 ["--tty", "--grace", "0.5"], ["--"], []]  # fmt: skip
-    commands = [["--", "/bin/true"], ["/bin/true", "--tty"], ["--", "--", "x"], [""], ["-"]]
-    cases = [["check"], ["check", "--json"], ["check", "--jso"], ["check", "x"], ["check", "-h"]]
-    cases += [["plan"], ["run"], ["plan", "--run-dir", "/r"], ["run", "-h", "--", "x"]]
-    for words in flag_words:
-        cases += [["plan", *session, *words], ["run", *session, *words, "--", "/bin/true"]]
-    cases += [["plan", *session, *words] for words in plan_words]
-    cases += [["run", *session, *words, *command] for words in run_words for command in commands]
-    return cases
-
-
-def test_the_quick_parser_reads_what_argparse_reads() -> None:
-    """The parser of the launch path (check, plan, run written plainly) gives each command line
-    the arguments argparse gives it, or leaves it to argparse (which refuses it in its own
-    words); and it does read the plain ones."""
-    from nsconfine._cli.main import Arguments, _parser, _quick_parse
-    from nsconfine._errors import UsageError
-
-    read = 0
-    for argv in _quick_parser_cases():
-        quick = _quick_parse(argv)
-        if quick is None:
-            continue
-        read += 1
-        try:
-            parsed = _parser(argv[0]).parse_args(argv, Arguments())
-        except (UsageError, SystemExit) as refused:
-            raise AssertionError(f"{argv}: read quickly, refused by argparse") from refused
-        assert vars(quick) == vars(parsed), argv
-    assert read >= 60, read
