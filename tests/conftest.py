@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, open_up, session, session_dirs
+from helpers import SESSION_USER, give_to_session_user, open_up, session, session_dirs
 
 import nsconfine
 from nsconfine._kernel import layers as _layers
@@ -99,3 +100,26 @@ def world(tmp_path: Path) -> Iterator[World]:
     open_up(tmp_path)
     with World(str(tmp_path), run_as(SESSION_USER)).running() as running:
         yield running
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A workspace that is a git repository with a commit, and a bare remote beside it, and a
+    nested repository inside it; owned by the session's account."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    environ = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path)}
+
+    def git(where: Path, *args: str) -> None:
+        subprocess.run(["git", "-c", "safe.directory=*", "-C", str(where), *args], check=True,
+                       capture_output=True, env=environ)  # fmt: skip
+
+    git(workspace, "init", "-q", "-b", "main")
+    (workspace / "README").write_text("hello\n")
+    (workspace / ".envrc").write_text("export SAFE=1\n")
+    git(workspace, "add", "README", ".envrc")
+    git(workspace, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    (nested := workspace / "vendor" / "lib").mkdir(parents=True)
+    git(nested, "init", "-q")
+    git(workspace, "init", "-q", "--bare", str(workspace / "remote.git"))
+    give_to_session_user(workspace)
+    return workspace, run_dir

@@ -7,6 +7,7 @@ directories above them must be traversable by it; `session_dirs` makes them so.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import ipaddress
 import os
@@ -258,6 +259,14 @@ def sh(plan: nsconfine.Plan, script: str, timeout: float = 120) -> tuple[int, st
     return run(plan, ["/bin/sh", "-c", script], timeout)
 
 
+def attempt(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
+    """A shell snippet's status and output, in a session; -1 and the refusal if refused."""
+    try:
+        return sh(plan, script)
+    except (nsconfine.NsconfineError, OSError) as refused:
+        return -1, str(refused)
+
+
 def cli(
     *arguments: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
@@ -417,3 +426,39 @@ def serving(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def swap_with_symlink(directory: Path, target: Path, stop: threading.Event) -> None:
+    """Swap directory with a symlink to target, and back, staying in each state from a
+    fraction of a millisecond to longer than a launch: every moment of a launch is hit."""
+    import random
+
+    rng = random.Random(7)
+    real = directory.with_name(directory.name + ".real")
+    link = directory.with_name(directory.name + ".link")
+    while not stop.is_set():
+        try:
+            os.symlink(target, link)
+            os.rename(directory, real)
+            os.rename(link, directory)
+            time.sleep(rng.choice((0.0002, 0.002, 0.02)))
+            os.rename(directory, link)
+            os.rename(real, directory)
+            os.unlink(link)
+            time.sleep(rng.choice((0.0002, 0.002, 0.05)))
+        except OSError:  # EBUSY: a live sandbox pins the directory; start again from the real one
+            _put_back(directory, real, link)
+    _put_back(directory, real, link)
+
+
+def _put_back(directory: Path, real: Path, link: Path) -> None:
+    """The real directory at its name again, and no symlink left, whatever step failed."""
+    with contextlib.suppress(OSError):
+        if directory.is_symlink():
+            directory.unlink()
+    with contextlib.suppress(OSError):
+        if not directory.exists() and real.exists():
+            real.rename(directory)
+    with contextlib.suppress(OSError):
+        if link.is_symlink():
+            link.unlink()
