@@ -7,19 +7,27 @@ symlink; a session cannot lock another's stubs away."""
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import (
     SESSION_USER,
     attempt,
+    give_to_session_user,
     session,
     session_dirs,
 )
 
 import nsconfine
+from nsconfine._kernel import stub_records as _stub_records
+from nsconfine._launch import sources as _sources
+from nsconfine._preflight import checks as _checks
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -142,3 +150,177 @@ def test_an_oci_bundle_keeps_its_stubs_while_it_exists(
     shutil.rmtree(bundle)
     assert attempt(session(*repo).plan(), "true")[0] == 0
     assert not (workspace / ".mcp.json").exists()
+
+
+def test_concurrent_launches_of_one_workspace_all_run_and_leave_nothing_there(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """16 spawns at once (an account's 1,024 fds allow them) of one workspace's plan, 6 times:
+    each runs, and once they have ended no mount point they made is left (a launch that saw
+    another's stub before its record was written took it for the session's own directory and
+    made stubs inside it)."""
+    import threading
+
+    plan = session(*ws_run).plan()
+    failures: list[str] = []
+
+    def launch() -> None:
+        try:
+            status = nsconfine.spawn(plan, ["/bin/true"]).wait()
+        except nsconfine.NsconfineError as error:
+            failures.append(str(error))
+        else:
+            if status != 0:
+                failures.append(f"status {status}")
+
+    for _ in range(6):
+        threads = [threading.Thread(target=launch) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures[:3]
+        assert os.listdir(ws_run[0]) == []
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh XDG_CACHE_HOME, the records directory looked for afresh in it (and after)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _stub_records.forget_records()
+    yield cache
+    _stub_records.forget_records()
+
+
+def test_records_made_under_a_group_writable_umask_are_accepted(own_cache: Path) -> None:
+    """With umask 002 (user private groups: Debian's default for logins with
+    USERGROUPS_ENAB), the directories nsconfine makes for its records, first the bwrap proof's
+    as a launch does, then the mount points', are its own to use: not refused as writable by
+    others (which made every launch of a workspace fail, for good)."""
+    old = os.umask(0o002)
+    try:
+        _checks._remember("attack10-identity", frozenset())  # the gate does this first
+        records = _stub_records.records()
+    finally:
+        os.umask(old)
+    for path in (records, os.path.dirname(records)):
+        assert os.stat(path).st_mode & 0o022 == 0, path
+
+
+def test_a_token_that_cannot_be_written_leaks_no_fd(
+    own_cache: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """A stub's token that cannot be written (EFBIG here; ENOSPC or EDQUOT on a full cache)
+    fails the launch without leaving the token's fd open, and leaves no stub behind."""
+    workspace, run_dir = ws_run
+    plan = session(workspace, run_dir).plan()
+    _stub_records.records()  # found (and its directory made) before the count
+    before = len(os.listdir("/proc/self/fd"))
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, limits[1]))
+    try:
+        for _ in range(3):
+            with pytest.raises(OSError, match="too large"):
+                _sources.open_for_launch(plan)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert sorted(os.listdir(workspace)) == []
+
+
+def test_a_stub_another_records_directory_holds_is_not_removed(
+    ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two launchers of one account whose records directories differ (one's cache is
+    read-only, so it keeps them in /tmp; or another XDG_CACHE_HOME) launch into one workspace.
+    When the first session ends, its launcher must not remove the stubs it made while the
+    second session's protected binds sit on them (the kernel would detach those binds, and
+    the second session could write .envrc, which the host trusts): each sandbox holds a
+    shared lock on every mount point it binds over."""
+    workspace, run_dir = ws_run
+
+    def records_in(name: str) -> None:
+        cache = tmp_path / name
+        cache.mkdir(exist_ok=True)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        _stub_records.forget_records()
+
+    records_in("cache-a")
+    first = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/sleep", "1000"])
+    records_in("cache-b")
+    second = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/sleep", "1000"])
+    try:
+        records_in("cache-a")
+        first.kill()
+        first.wait()
+        with open(f"/proc/{second.command_pid}/mountinfo") as mountinfo:
+            bound = [line for line in mountinfo if line.split()[4].endswith("/.envrc")]
+        assert (workspace / ".envrc").exists()
+        assert bound
+    finally:
+        second.kill()
+        second.wait()
+        _stub_records.forget_records()
+
+
+def test_a_session_locking_a_protected_path_makes_the_next_launch_refuse(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A session that takes an exclusive lock on a protected path it can read (to have its
+    launcher, or another, remove the stub under the next session's bind) gets the next launch
+    of its workspace refused, not unprotected; once it ends, launches go on."""
+    workspace, run_dir = ws_run
+    # A session where .envrc is left writable makes one and locks it (where it is protected,
+    # the sandbox's own shared lock keeps the session from locking it).
+    plan = session(workspace, run_dir, unprotect=[".envrc"]).plan()
+    read_end, write_end = os.pipe()
+    holder = nsconfine.spawn(
+        plan,
+        ["/usr/bin/flock", "-x", ".envrc", "/bin/sh", "-c", "echo locked; sleep 60"],
+        stdout=write_end,
+    )
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 7) == b"locked\n"
+        with pytest.raises(nsconfine.SandboxUnavailable, match="locked"):
+            nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"])
+    finally:
+        os.close(read_end)
+        holder.kill()
+        holder.wait()
+    assert nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"]).wait() == 0
+
+
+def test_a_session_that_only_reads_a_workspace_cannot_lock_out_its_writers(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A reviewer of the workspace (read-only but for notes) holds no lock on the coder's
+    mount points, so nothing stops it taking an exclusive one on a protected file it can read
+    (.envrc): every launch of the coder on that workspace was then refused ("is locked"),
+    for as long as the reviewer ran. A session that cannot write a path must not be able to
+    keep another session of the workspace from starting."""
+    workspace, run_dir = ws_run
+    (workspace / ".envrc").write_text("export SAFE=1\n")
+    reviewer_run = tmp_path / "reviewer-run"
+    reviewer_run.mkdir()
+    give_to_session_user(workspace, reviewer_run)
+    reviewer = session(workspace, reviewer_run, profile=["reviewer"]).plan()
+    read_end, write_end = os.pipe()
+    holder = nsconfine.spawn(
+        reviewer,
+        ["/usr/bin/flock", "-x", f"{workspace}/.envrc", "/bin/sh", "-c", "echo locked; sleep 60"],
+        stdout=write_end,
+    )
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 7) == b"locked\n"
+        coder = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"])
+        assert coder.wait() == 0
+    finally:
+        os.close(read_end)
+        holder.kill()
+        holder.wait()

@@ -4,8 +4,10 @@ when unused, when the pool closes and when the launcher dies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -14,7 +16,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import SESSION_USER, open_up, python_child, session
+from helpers import (
+    SESSION_USER,
+    open_up,
+    python_child,
+    session,
+)
 
 import nsconfine
 from nsconfine._launch.programs import SHIM_PATH
@@ -386,3 +393,62 @@ def test_no_fd_of_nsconfine_reaches_a_command_as_a_stdio_fd_the_launcher_lacks(
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, out + err
     assert output.read_text().splitlines() == ["closed"] * 3, output.read_text()
+
+
+def staged_bwrap(pool: nsconfine.Pool) -> psutil.Process:
+    """bwrap's outer process (its monitor) of the pool's one staged sandbox."""
+    [monitor] = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.name() == "bwrap" and (parent := p.parent()) is not None and parent.name() != "bwrap"
+    ]
+    return monitor
+
+
+@pytest.mark.parametrize("refill", ["background", "inline"])
+def test_launch_after_the_staged_bwrap_was_killed_runs_the_command(
+    plan: nsconfine.Plan, refill: str
+) -> None:
+    """A staged sandbox whose bwrap was killed is not handed a command: launch takes another
+    (or refuses), and never returns a handle whose command never ran."""
+    outcomes = []
+    for _ in range(5):  # its reaper's teardown is a race the launch must not lose
+        with nsconfine.Pool(plan, refill=refill) as pool:  # type: ignore[arg-type]
+            assert pool.wait_staged(30)
+            monitor = staged_bwrap(pool)
+            monitor.kill()
+            monitor.wait(5)
+            read_end, write_end = os.pipe()
+            try:
+                sandbox = pool.launch(["/bin/sh", "-c", "echo ran; exit 3"], stdout=write_end)
+            finally:
+                os.close(write_end)
+            with os.fdopen(read_end, "rb") as output:
+                printed = output.read()
+            outcomes.append((sandbox.wait(timeout=30), printed))
+    assert outcomes == [(3, b"ran\n")] * 5
+
+
+@pytest.mark.parametrize("refill", ["background", "inline"])
+def test_launch_out_of_fds_refuses_and_leaves_no_sandbox(plan: nsconfine.Plan, refill: str) -> None:
+    """A Pool launch in a launcher with no fd free is refused with nsconfine's error, and the
+    staged sandbox it took is torn down, not left running."""
+    with nsconfine.Pool(plan, refill=refill) as pool:  # type: ignore[arg-type]
+        assert pool.wait_staged(30)
+        staged = psutil.Process().children(recursive=True)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        ballast: list[int] = []
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    ballast.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            with pytest.raises(nsconfine.NsconfineError):
+                pool.launch(["/bin/true"])
+        finally:
+            for fd in ballast:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        pool.close()
+    alive = psutil.wait_procs(staged, timeout=10)[1]
+    assert alive == []

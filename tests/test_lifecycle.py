@@ -1,6 +1,7 @@
-"""Faults the soak benchmark found (nsconfine.bench._faults), kept as tests: a launch that
-meets a fault ends in a clear refusal or runs its command, never a handle for a command that
-never ran."""
+"""A launch's life from spawn to its end, on real sessions: a launch refused, killed at once,
+or meeting a fault (fds short, a launcher that ignores SIGCHLD, a command that cannot run)
+ends in a clear refusal or runs its command, never a handle for a command that never ran;
+whatever ends it, no process, fd, pipe or mount point of it is left."""
 
 from __future__ import annotations
 
@@ -9,73 +10,18 @@ import os
 import resource
 import subprocess
 from pathlib import Path
+from subprocess import PIPE
 
-import psutil
 import pytest
-from helpers import read_to_eof
+from helpers import (
+    SESSION_USER,
+    python_child,
+    read_to_eof,
+)
 
 import nsconfine
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
-
-
-def staged_bwrap(pool: nsconfine.Pool) -> psutil.Process:
-    """bwrap's outer process (its monitor) of the pool's one staged sandbox."""
-    [monitor] = [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if p.name() == "bwrap" and (parent := p.parent()) is not None and parent.name() != "bwrap"
-    ]
-    return monitor
-
-
-@pytest.mark.parametrize("refill", ["background", "inline"])
-def test_launch_after_the_staged_bwrap_was_killed_runs_the_command(
-    plan: nsconfine.Plan, refill: str
-) -> None:
-    """A staged sandbox whose bwrap was killed is not handed a command: launch takes another
-    (or refuses), and never returns a handle whose command never ran."""
-    outcomes = []
-    for _ in range(5):  # its reaper's teardown is a race the launch must not lose
-        with nsconfine.Pool(plan, refill=refill) as pool:  # type: ignore[arg-type]
-            assert pool.wait_staged(30)
-            monitor = staged_bwrap(pool)
-            monitor.kill()
-            monitor.wait(5)
-            read_end, write_end = os.pipe()
-            try:
-                sandbox = pool.launch(["/bin/sh", "-c", "echo ran; exit 3"], stdout=write_end)
-            finally:
-                os.close(write_end)
-            with os.fdopen(read_end, "rb") as output:
-                printed = output.read()
-            outcomes.append((sandbox.wait(timeout=30), printed))
-    assert outcomes == [(3, b"ran\n")] * 5
-
-
-@pytest.mark.parametrize("refill", ["background", "inline"])
-def test_launch_out_of_fds_refuses_and_leaves_no_sandbox(plan: nsconfine.Plan, refill: str) -> None:
-    """A Pool launch in a launcher with no fd free is refused with nsconfine's error, and the
-    staged sandbox it took is torn down, not left running."""
-    with nsconfine.Pool(plan, refill=refill) as pool:  # type: ignore[arg-type]
-        assert pool.wait_staged(30)
-        staged = psutil.Process().children(recursive=True)
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-        ballast: list[int] = []
-        try:
-            with contextlib.suppress(OSError):
-                while True:
-                    ballast.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-            with pytest.raises(nsconfine.NsconfineError):
-                pool.launch(["/bin/true"])
-        finally:
-            for fd in ballast:
-                os.close(fd)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        pool.close()
-    alive = psutil.wait_procs(staged, timeout=10)[1]
-    assert alive == []
 
 
 @pytest.mark.parametrize("pipes", [False, True], ids=["inherited-stdio", "pipes"])
@@ -155,3 +101,48 @@ def test_a_pipe_left_in_flight_by_the_session_reaches_eof(plan: nsconfine.Plan) 
             assert read_to_eof(read_end, 5) == b""
         finally:
             os.close(read_end)
+
+
+# Ways a launcher comes to ignore SIGCHLD: through Python, or behind its back (C code, which
+# signal.getsignal cannot see).
+IGNORE_SIGCHLD = {
+    "python": "signal.signal(signal.SIGCHLD, signal.SIG_IGN)",
+    "c": "ctypes.CDLL(None).signal(int(signal.SIGCHLD), ctypes.c_void_p(1))  # SIG_IGN",
+}
+
+
+@pytest.mark.parametrize("how", sorted(IGNORE_SIGCHLD))
+def test_a_launcher_that_ignores_sigchld_is_refused(ws_run: tuple[Path, Path], how: str) -> None:
+    """With SIGCHLD set to SIG_IGN the kernel reaps the launcher's children itself, and every
+    status is lost (`exit 7` came back as 0, a failed exec as a raw ChildProcessError with
+    fds and mount points left behind): refused before anything runs, saying what to fix."""
+    child = python_child(
+        f"""
+        import ctypes, signal
+        {IGNORE_SIGCHLD[how]}
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        try:
+            print("status", nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 7"]).wait())
+        except nsconfine.NsconfineError as refused:
+            print(refused.code, refused.message)
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert out.startswith("sandbox-unavailable"), out + err
+    assert "SIGCHLD" in out
+    assert sorted(ws_run[0].iterdir()) == []
+
+
+def test_a_launch_that_fails_leaves_no_pipe_open(plan: nsconfine.Plan) -> None:
+    """A command that cannot be executed (OSError), and a plan refused at the gate, leave the
+    launcher no fd of the pipes they were given."""
+    nsconfine.spawn(plan, ["/bin/true"]).wait()  # warm: the proof, the lifeline
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="No such file"):
+        nsconfine.spawn(plan, ["/no/such/command"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+    refused = plan.replace(user=nsconfine.RunAs(name="root", uid=0, gid=0))
+    with pytest.raises(nsconfine.NsconfineError):
+        nsconfine.spawn(refused, ["/bin/true"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+    assert sorted(os.listdir("/proc/self/fd")) == before
