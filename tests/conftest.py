@@ -123,3 +123,9 @@ def repo(tmp_path: Path) -> tuple[Path, Path]:
     git(workspace, "init", "-q", "--bare", str(workspace / "remote.git"))
     give_to_session_user(workspace)
     return workspace, run_dir
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    """Where the refused command would leave its trace."""
+    return tmp_path / "ws" / "command-ran"

@@ -6,6 +6,7 @@ whatever ends it, no process, fd, pipe or mount point of it is left."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import resource
 import subprocess
@@ -20,6 +21,7 @@ from helpers import (
 )
 
 import nsconfine
+import nsconfine._launch.programs
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -146,3 +148,23 @@ def test_a_launch_that_fails_leaves_no_pipe_open(plan: nsconfine.Plan) -> None:
     with pytest.raises(nsconfine.NsconfineError):
         nsconfine.spawn(refused, ["/bin/true"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -> None:
+    """The launcher's own inheritable fds, at any number, are closed in the session."""
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    high = fcntl.fcntl(fds[0], fcntl.F_DUPFD, 200)  # the first free at 200 or above
+    try:
+        read_end, write_end = os.pipe()
+        sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", "ls /proc/self/fd"], stdout=write_end)
+        os.close(write_end)
+        assert sandbox.wait() == 0
+        listed = sorted(int(n) for n in os.read(read_end, 4096).split())
+        os.close(read_end)
+    finally:
+        for fd in [*fds, high]:
+            os.close(fd)
+    assert listed[:3] == [0, 1, 2]
+    assert len(listed) == 4  # ls's own directory fd is the 4th

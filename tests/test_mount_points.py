@@ -11,17 +11,20 @@ import os
 import resource
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import (
+    IS_ROOT,
     SESSION_USER,
     attempt,
     give_to_session_user,
     session,
     session_dirs,
+    user_options,
 )
 
 import nsconfine
@@ -324,3 +327,45 @@ def test_a_session_that_only_reads_a_workspace_cannot_lock_out_its_writers(
         os.close(read_end)
         holder.kill()
         holder.wait()
+
+
+def test_a_read_only_cache_directory_does_not_stop_a_launch(tmp_path: Path) -> None:
+    """An existing cache directory the launcher cannot write (a unit's ProtectSystem=strict, a
+    read-only home) is passed over for a directory of the account's own, as a missing one is."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    cache = tmp_path / "cache"
+    (cache / "nsconfine" / "mountpoints").mkdir(parents=True)
+    run = [
+        sys.executable, "-m", "nsconfine", "run", *user_options(),
+        "--workspace", str(workspace), "--run-dir", str(run_dir), "--", "/bin/echo", "ran",
+    ]  # fmt: skip
+    if IS_ROOT:  # root writes through mode bits: a read-only mount, in a namespace of its own
+        script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+        run = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(cache), *run]
+    else:
+        for directory in (cache, cache / "nsconfine", cache / "nsconfine" / "mountpoints"):
+            directory.chmod(0o500)
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    try:
+        done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    finally:
+        for directory in (cache, cache / "nsconfine", cache / "nsconfine" / "mountpoints"):
+            directory.chmod(0o700)
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+
+
+def test_a_relative_cache_or_home_never_puts_records_under_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """XDG_CACHE_HOME=cache (or HOME=.) from a launcher started in a workspace: the XDG spec
+    ignores a relative value, and so does nsconfine; its records never land where a session
+    could have planted a symlink for root to write through."""
+    from nsconfine._kernel.accounts import records_directory
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", "cache")
+    assert os.path.isabs(records_directory("x"))
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", ".")
+    assert os.path.isabs(records_directory("x"))
+    assert not records_directory("x").startswith(str(tmp_path))

@@ -1,26 +1,25 @@
-"""A missing, broken or non-confining bwrap, and a refused plan, never run the command.
-
-Each fake bwrap is a small script; every refusal is checked two ways: the exception's code and
-message, and a marker file the command would have created, which must not exist.
+"""Where bwrap comes from, and what it must prove before a command runs: a missing, broken,
+setuid or non-confining bwrap (each fake a small script), or one that changed since its
+proof, is refused, and the command never runs (its marker file must not exist); preflight
+and `nsconfine check` say so, and prove bwrap whatever the launcher's own environment
+(TMPDIR, HOME, XDG_CACHE_HOME) looks like.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, open_up, session_dirs
+from helpers import open_up
 
 import nsconfine
 import nsconfine._launch.programs
-from nsconfine._kernel.accounts import run_as
-from nsconfine._plan import model as p
 from nsconfine._preflight.checks import find_bwrap
-from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -69,12 +68,6 @@ EXPECTED_REASONS = {
     "old": "lacks --unshare-user",
     "broken": "does not run",
 }
-
-
-@pytest.fixture
-def marker(tmp_path: Path) -> Path:
-    """Where the refused command would leave its trace."""
-    return tmp_path / "ws" / "command-ran"
 
 
 def _fake(tmp_path: Path, name: str) -> Path:
@@ -173,48 +166,54 @@ def test_a_changed_bwrap_is_proved_again(
     assert not marker.exists()
 
 
-def test_a_refused_bind_runs_nothing(tmp_path: Path, marker: Path) -> None:
-    """A plan that binds a secret, built by hand past Session, is refused by spawn itself."""
-    open_up(tmp_path)
-    (tmp_path / "world").mkdir()
-    with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
-        plan = world.plan()
-        secret = world.secrets["~/.ssh/id_ed25519"]
-        weakened = plan.replace(entries=(*plan.entries, p.ro_bind(secret, secret, "wants it")))
-        session_dirs(tmp_path, "ws")
-        with pytest.raises(nsconfine.PlanError, match=r"\.ssh"):
-            nsconfine.spawn(weakened, ["/bin/sh", "-c", f"touch {marker}"])
-    assert not marker.exists()
+def check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nsconfine", "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
 
 
-def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, marker: Path) -> None:
-    """A harness whose content no longer matches its pin is refused before launch."""
-    open_up(tmp_path)
-    (tmp_path / "world").mkdir()
-    with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
-        plan = world.plan()
-        with open(world.harness, "a") as harness:
-            harness.write(f"touch {marker}\n")
-        with pytest.raises(nsconfine.PlanError, match="sha256"):
-            nsconfine.spawn(plan, [world.harness])
-    assert not marker.exists()
+@pytest.mark.parametrize(
+    "layout",
+    ["tmpdir-under-config", "tmpdir-missing", "cache-unwritable", "home-missing"],
+)
+def test_check_proves_bwrap_whatever_the_callers_layout(tmp_path: Path, layout: str) -> None:
+    home = tmp_path / "home"
+    (home / ".config" / "tmp").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "XDG_CACHE_HOME")}
+    env["HOME"] = str(home)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # a fresh proof, not a remembered one
+    if layout == "tmpdir-under-config":
+        env["TMPDIR"] = str(home / ".config" / "tmp")
+    elif layout == "tmpdir-missing":
+        env["TMPDIR"] = str(tmp_path / "no-such-dir")
+    elif layout == "cache-unwritable":
+        env["XDG_CACHE_HOME"] = "/proc/nsconfine-no-such-cache"
+    else:
+        env["HOME"] = str(tmp_path / "no-such-home")
+    done = check(env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "canary: a canary session" in done.stdout
+    assert "Traceback" not in done.stderr
 
 
-def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -> None:
-    """The launcher's own inheritable fds, at any number, are closed in the session."""
-    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
-    for fd in fds:
-        os.set_inheritable(fd, True)
-    high = fcntl.fcntl(fds[0], fcntl.F_DUPFD, 200)  # the first free at 200 or above
-    try:
-        read_end, write_end = os.pipe()
-        sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", "ls /proc/self/fd"], stdout=write_end)
-        os.close(write_end)
-        assert sandbox.wait() == 0
-        listed = sorted(int(n) for n in os.read(read_end, 4096).split())
-        os.close(read_end)
-    finally:
-        for fd in [*fds, high]:
-            os.close(fd)
-    assert listed[:3] == [0, 1, 2]
-    assert len(listed) == 4  # ls's own directory fd is the 4th
+def test_a_planted_symlink_among_the_bwrap_proofs_is_never_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proof's file replaced by a symlink to another file: the launcher that remembers the
+    proof does not write through it (a root launcher would overwrite any file)."""
+    from nsconfine._preflight import checks as _checks
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    proofs = Path(_checks._cache_dir())
+    proofs.mkdir(parents=True, mode=0o700)
+    (proofs / "some-identity").symlink_to(victim)
+    _checks._remember("some-identity", frozenset({"--bind-fd"}))
+    assert victim.read_text() == "precious\n"
+    assert _checks._recalled("some-identity") is None

@@ -1,0 +1,45 @@
+"""The one gate every launch passes (spawn, a Pool's launch, the CLI): a plan the lint refuses,
+a pinned harness that changed, a launcher whose children's statuses would be lost are refused
+before anything runs; the refused command leaves no trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import SESSION_USER, open_up, session_dirs
+
+import nsconfine
+import nsconfine._launch.programs
+from nsconfine._kernel.accounts import run_as
+from nsconfine._plan import model as p
+from nsconfine._selftest.world import World
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+def test_a_refused_bind_runs_nothing(tmp_path: Path, marker: Path) -> None:
+    """A plan that binds a secret, built by hand past Session, is refused by spawn itself."""
+    open_up(tmp_path)
+    (tmp_path / "world").mkdir()
+    with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
+        plan = world.plan()
+        secret = world.secrets["~/.ssh/id_ed25519"]
+        weakened = plan.replace(entries=(*plan.entries, p.ro_bind(secret, secret, "wants it")))
+        session_dirs(tmp_path, "ws")
+        with pytest.raises(nsconfine.PlanError, match=r"\.ssh"):
+            nsconfine.spawn(weakened, ["/bin/sh", "-c", f"touch {marker}"])
+    assert not marker.exists()
+
+
+def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, marker: Path) -> None:
+    """A harness whose content no longer matches its pin is refused before launch."""
+    open_up(tmp_path)
+    (tmp_path / "world").mkdir()
+    with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
+        plan = world.plan()
+        with open(world.harness, "a") as harness:
+            harness.write(f"touch {marker}\n")
+        with pytest.raises(nsconfine.PlanError, match="sha256"):
+            nsconfine.spawn(plan, [world.harness])
+    assert not marker.exists()
