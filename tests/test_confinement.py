@@ -8,6 +8,7 @@ flip. A probe that cannot flip proves nothing, so its twin is part of the proof.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import unchecked_launcher, unlinted_next_plan
+from helpers import cli, unchecked_launcher, unlinted_next_plan, user_options
 
 from nsconfine._kernel import layers as _layers
 from nsconfine._launch.confirm import mount_table_problems
@@ -238,3 +239,22 @@ def test_the_planted_symlink_twin_leaks(world: World) -> None:
     leads into the checkout and its internal file is read."""
     assert planted_symlink_leaks(world) is None
     assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan) is not None
+
+
+def test_selftest_runs_every_probe_and_passes() -> None:
+    """`nsconfine selftest --json` runs every probe of the catalogue this host has (host power,
+    trusted files, one per kernel layer) and the checks beyond it, and passes (as root,
+    through an unprivileged account)."""
+    result = cli("selftest", "--json", *user_options(), timeout=600)
+    report = json.loads(result.stdout)
+    names = {row["check"] for row in report["checks"]}
+    beyond = {
+        "every mount is a plan entry",
+        "outlive a launch killed at once",
+        "fork past the session's process limit, starving its account",
+        "read what the user types at the terminal its output goes to",
+        "redirect the next workspace by a planted symlink",
+    }
+    assert names >= {*_probe_names(), *beyond}, sorted({*_probe_names(), *beyond} - names)
+    assert report["ok"], [row for row in report["checks"] if not row["ok"]]
+    assert result.returncode == 0
