@@ -142,6 +142,11 @@ def wait_until_gone(marker: str, timeout: float = 10.0) -> list[int]:
     return alive
 
 
+def sleeper(marker: str) -> list[str]:
+    """A command that sleeps 10 minutes with marker in its command line (for pids_with)."""
+    return ["/bin/sh", "-c", f"exec sleep 600 # {marker}"]
+
+
 def kill_all(pids: Iterable[int]) -> None:
     """SIGKILL each pid, ignoring those already gone (cleanup after a failed check)."""
     for pid in pids:

@@ -7,7 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, open_up, session_dirs
+from helpers import (
+    SESSION_USER,
+    open_up,
+    session,
+    session_dirs,
+)
 
 import nsconfine
 import nsconfine._launch.programs
@@ -42,4 +47,23 @@ def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, marker: Path) -> 
             harness.write(f"touch {marker}\n")
         with pytest.raises(nsconfine.PlanError, match="sha256"):
             nsconfine.spawn(plan, [world.harness])
+    assert not marker.exists()
+
+
+def test_a_pool_checks_pins_at_launch(tmp_path: Path) -> None:
+    """A pinned harness rewritten after its sandbox was staged is refused at launch."""
+    import hashlib
+
+    workspace, run_dir, tools = session_dirs(tmp_path, "ws", "run", "tools")
+    harness = tools / "agent"
+    harness.write_text("#!/bin/sh\necho agent\n")
+    harness.chmod(0o755)
+    digest = hashlib.sha256(harness.read_bytes()).hexdigest()
+    plan = session(workspace, run_dir, harness=[f"{harness}@sha256:{digest}"]).plan()
+    marker = workspace / "ran"
+    with nsconfine.Pool(plan) as pool:
+        assert pool.wait_staged(30)
+        harness.write_text(f"#!/bin/sh\ntouch {marker}\n")
+        with pytest.raises(nsconfine.PlanError, match="sha256"):
+            pool.launch([str(harness)]).wait(timeout=30)
     assert not marker.exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -222,6 +223,54 @@ def test_tiocsti_and_tioclinux_fail_on_a_pty(ws_run: tuple[Path, Path]) -> None:
     assert status == 0, output
     assert "TIOCSTI EPERM" in output
     assert "TIOCLINUX EPERM" in output
+
+
+_PLANT_SETUID = r"""
+cp /bin/sh by-chmod && chmod 4755 by-chmod
+chmod g+s by-chmod
+python3 -c 'import os; os.umask(0); os.close(os.open("by-open", os.O_CREAT|os.O_WRONLY, 0o4755))'
+python3 -c 'import os; os.umask(0); os.mknod("by-mknod", 0o102755)'
+true
+"""
+
+
+def _setid_files(workspace: Path) -> list[str]:
+    return [
+        path.name
+        for path in workspace.iterdir()
+        if path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    ]
+
+
+def test_no_setuid_file_can_be_planted(plan: nsconfine.Plan, ws_run: tuple[Path, Path]) -> None:
+    """chmod u+s / g+s, open(O_CREAT) and mknod with set-id bits all fail: nothing in the
+    workspace keeps a setuid or setgid bit on the host."""
+    _status, output = sh(plan, _PLANT_SETUID)
+    assert _setid_files(ws_run[0]) == [], output
+
+
+def test_without_seccomp_a_setuid_file_is_planted(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: with the seccomp layer off the same script leaves setuid files."""
+    without("seccomp")
+    sh(plan, _PLANT_SETUID)
+    assert set(_setid_files(ws_run[0])) >= {"by-chmod", "by-open", "by-mknod"}
+
+
+_MQ_SETGID = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.umask(0)
+fd = libc.mq_open(b"/nsconfine-probe", os.O_CREAT | os.O_RDWR, 0o2644, None)
+print("created" if fd >= 0 else "refused %d" % ctypes.get_errno())
+"""
+
+
+def test_mq_open_cannot_ask_for_a_set_id_mode(plan: nsconfine.Plan) -> None:
+    """mq_open with a set-group-ID mode is refused (EPERM) by the seccomp filter."""
+    _status, output = sh(plan, f"python3 -c '{_MQ_SETGID}'")
+    assert output.startswith("refused 1"), output
 
 
 # ------------------------------------------------------------------ ordinary work still works

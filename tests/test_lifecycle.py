@@ -6,18 +6,27 @@ whatever ends it, no process, fd, pipe or mount point of it is left."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import random
 import resource
 import subprocess
+import time
 from pathlib import Path
 from subprocess import PIPE
 
 import pytest
 from helpers import (
     SESSION_USER,
+    give_to_session_user,
+    kill_all,
+    open_fds,
     python_child,
     read_to_eof,
+    session,
+    sleeper,
+    wait_until_gone,
 )
 
 import nsconfine
@@ -168,3 +177,127 @@ def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -
             os.close(fd)
     assert listed[:3] == [0, 1, 2]
     assert len(listed) == 4  # ls's own directory fd is the 4th
+
+
+def test_kill_right_after_spawn_leaves_nothing(plan: nsconfine.Plan) -> None:
+    """kill() at once, or leaving the with block, ends every process of the session and its
+    stdout reaches EOF, every time."""
+    for attempt in range(30):
+        marker = f"nsconfine-kill-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        try:
+            sandbox = nsconfine.spawn(plan, sleeper(marker), stdout=write_end)
+        finally:
+            os.close(write_end)
+        if attempt % 2:
+            sandbox.kill()
+            sandbox.wait(timeout=10)
+        else:
+            with sandbox:
+                pass
+        eof = read_to_eof(read_end, 5)
+        os.close(read_end)
+        alive = wait_until_gone(marker, 5)
+        kill_all(alive)
+        assert alive == [], f"attempt {attempt}"
+        assert eof is not None, f"attempt {attempt}: no EOF"
+
+
+_DYING_LAUNCHER = r"""
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[4])
+print("ready", flush=True)
+sandbox = nsconfine.spawn(
+    plan, ["/bin/sh", "-c", "exec sleep 600 # " + sys.argv[3]], stdout=int(sys.argv[5])
+)
+print("spawned", flush=True)
+sandbox.wait()
+"""
+
+
+def test_the_launchers_death_at_any_moment_leaves_nothing(ws_run: tuple[Path, Path]) -> None:
+    """SIGKILL of the launcher at any moment of a launch (before, during or right after
+    spawn) ends the whole session and its stdout reaches EOF."""
+    rng = random.Random(6)
+    for attempt in range(24):
+        marker = f"nsconfine-dying-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        child = python_child(
+            _DYING_LAUNCHER, str(ws_run[0]), str(ws_run[1]), marker, SESSION_USER or "",
+            str(write_end), stdout=subprocess.PIPE, pass_fds=(write_end,),
+        )  # fmt: skip
+        os.close(write_end)
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        if attempt % 3 == 0:
+            child.stdout.readline()  # right after spawn returned
+        else:
+            time.sleep(rng.uniform(0, 0.03))  # somewhere inside spawn
+        child.kill()
+        child.wait()
+        child.stdout.close()
+        eof = read_to_eof(read_end, 10)
+        os.close(read_end)
+        alive = wait_until_gone(marker, 5)
+        kill_all(alive)
+        assert alive == [], f"attempt {attempt}"
+        assert eof is not None, f"attempt {attempt}: no EOF"
+
+
+_MANY_FDS = r"""
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 3"])
+assert sandbox.wait(timeout=30) == 3
+with nsconfine.Pool(plan) as pool:
+    assert pool.launch(["/bin/sh", "-c", "exit 4"]).wait(timeout=30) == 4
+print("ok")
+"""
+
+
+def test_a_launcher_with_many_fds_launches_and_waits(ws_run: tuple[Path, Path]) -> None:
+    """A launcher holding more than 1,023 fds can spawn, wait with a timeout, and use a pool."""
+    child = python_child(
+        _MANY_FDS, str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=120)
+    assert out == "ok\n", err
+
+
+def test_a_missing_command_raises_oserror(plan: nsconfine.Plan) -> None:
+    """A command that does not exist raises OSError with ENOENT and its name."""
+    with pytest.raises(OSError, match="no-such-command") as failed:
+        nsconfine.spawn(plan, ["no-such-command"])
+    assert failed.value.errno == errno.ENOENT
+    assert failed.value.filename == "no-such-command"
+
+
+def test_a_non_executable_command_raises_oserror(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path]
+) -> None:
+    """A command that is not executable raises OSError with EACCES."""
+    script = ws_run[0] / "script"
+    script.write_text("#!/bin/sh\n")
+    give_to_session_user(script)
+    with pytest.raises(OSError, match="script") as failed:
+        nsconfine.spawn(plan, [str(script)])
+    assert failed.value.errno == errno.EACCES
+
+
+def test_a_refused_argv_leaves_nothing_staged(ws_run: tuple[Path, Path]) -> None:
+    """A launch refused for its argv or environment (a NUL byte, a bad name) leaves no pidfd
+    and no process behind, from spawn as from a pool."""
+    plan = session(*ws_run).plan()
+    with nsconfine.Pool(plan, refill="inline") as pool:
+        pool.launch(["/bin/true"]).wait(timeout=30)
+        before = open_fds()
+        for _ in range(5):
+            with pytest.raises(nsconfine.UsageError):
+                pool.launch(["/bin/true", "a\0b"])
+            with pytest.raises(nsconfine.UsageError):
+                pool.launch(["/bin/true"], env={"BAD=NAME": "x"})
+            with pytest.raises(nsconfine.UsageError):
+                nsconfine.spawn(plan, ["/bin/true", "a\0b"])
+        assert len(open_fds()) <= len(before) + 1

@@ -18,6 +18,7 @@ import psutil
 import pytest
 from helpers import (
     SESSION_USER,
+    fd_targets,
     open_up,
     python_child,
     session,
@@ -452,3 +453,19 @@ def test_launch_out_of_fds_refuses_and_leaves_no_sandbox(plan: nsconfine.Plan, r
         pool.close()
     alive = psutil.wait_procs(staged, timeout=10)[1]
     assert alive == []
+
+
+def test_a_busy_pool_leaks_no_fd(plan: nsconfine.Plan) -> None:
+    """Many warm launches leave the launcher with the fds it had."""
+    with nsconfine.Pool(plan) as pool:
+        pool.launch(["/bin/true"]).wait(timeout=30)
+        # Counted with the pool at rest (one staged, its refill done) both times: a refill in
+        # flight holds a launch's fds for a moment.
+        assert pool.wait_staged(30)
+        before = fd_targets()
+        for _ in range(60):
+            pool.launch(["/bin/true"]).wait(timeout=30)
+        assert pool.wait_staged(30)
+        after = fd_targets()
+    new = {fd: what for fd, what in after.items() if before.get(fd) != what}
+    assert len(after) <= len(before) + 1, new

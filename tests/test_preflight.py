@@ -15,7 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import open_up
+from helpers import (
+    SESSION_USER,
+    give_to_session_user,
+    open_up,
+    python_child,
+)
 
 import nsconfine
 import nsconfine._launch.programs
@@ -217,3 +222,120 @@ def test_a_planted_symlink_among_the_bwrap_proofs_is_never_written_through(
     _checks._remember("some-identity", frozenset({"--bind-fd"}))
     assert victim.read_text() == "precious\n"
     assert _checks._recalled("some-identity") is None
+
+
+def _planted_bwrap(directory: Path, marker: Path) -> Path:
+    real = nsconfine.preflight().bwrap
+    fake = directory / "bwrap"
+    fake.write_text(f'#!/bin/sh\ntouch {marker}\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("path", ["", ".", "::", ":/usr/bin", "bin"])
+def test_bwrap_is_never_found_through_a_relative_path_entry(
+    ws_run: tuple[Path, Path], path: str
+) -> None:
+    """Empty and relative PATH entries are skipped: a bwrap planted in the working directory
+    (a previous session's workspace) is never run."""
+    workspace = ws_run[0]
+    (workspace / "bin").mkdir()
+    marker = workspace / "planted-bwrap-ran"
+    _planted_bwrap(workspace, marker)
+    _planted_bwrap(workspace / "bin", marker)
+    code = r"""
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+try:
+    print(nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30))
+except nsconfine.SandboxUnavailable as refused:
+    print(refused.code)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "NSCONFINE_BWRAP"}
+    env["PATH"] = f"{path}:/usr/bin" if path else ""
+    child = python_child(
+        code, str(workspace), str(ws_run[1]), SESSION_USER or "",
+        cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert not marker.exists(), out + err
+    assert out.strip() in ("0", "sandbox-unavailable"), err
+
+
+def test_a_relative_nsconfine_bwrap_is_refused(
+    plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NSCONFINE_BWRAP must be an absolute path."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", "bwrap")
+    with pytest.raises(nsconfine.SandboxUnavailable, match="absolute"):
+        nsconfine.spawn(plan, ["/bin/true"])
+
+
+def test_a_bwrap_inside_a_writable_bind_is_refused(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bwrap a session could have written (inside its workspace) is refused by name."""
+    marker = ws_run[0] / "planted-bwrap-ran"
+    fake = _planted_bwrap(ws_run[0], marker)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(fake))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="writable"):
+        nsconfine.spawn(plan, ["/bin/true"])
+    assert not marker.exists()
+
+
+def test_bwrap_is_used_by_its_resolved_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PATH entry that is a symlink is resolved once: every later use (proof, exec) names the
+    real file, so a symlink flipped between them cannot swap the binary."""
+    from nsconfine._preflight.checks import located_bwrap
+
+    (link := tmp_path / "pbin").symlink_to("/usr/bin")
+    monkeypatch.setenv("PATH", f"{link}:/usr/bin")
+    monkeypatch.delenv("NSCONFINE_BWRAP", raising=False)
+    found = located_bwrap()
+    assert found == os.path.realpath(found)
+    assert not found.startswith(str(tmp_path))
+
+
+@pytest.mark.root  # only a root launcher must refuse a bwrap others can write
+@pytest.mark.parametrize("how", ["owned-by-the-session-account", "world-writable-directory"])
+def test_a_bwrap_others_can_change_is_refused_as_root(
+    plan: nsconfine.Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """As root, a bwrap that anyone but root could replace (its file or a directory above it)
+    is refused before it ever runs."""
+    import shutil
+
+    place = tmp_path / "bins"
+    place.mkdir()
+    open_up(place)
+    copy = place / "bwrap"
+    shutil.copy("/usr/bin/bwrap", copy)
+    if how == "owned-by-the-session-account":
+        give_to_session_user(place)
+    else:
+        place.chmod(0o777)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(copy))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="could be replaced"):
+        nsconfine.spawn(plan, ["/bin/true"])
+
+
+@pytest.mark.root  # only a root launcher could run bwrap as root
+def test_bwrap_never_runs_as_root(
+    plan: nsconfine.Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root, bwrap is never run as root, not even to ask it for --help."""
+    place = tmp_path / "bins"
+    place.mkdir()
+    open_up(place)
+    log = tmp_path / "uids"
+    log.touch()
+    log.chmod(0o666)
+    wrapper = place / "bwrap"
+    wrapper.write_text(f'#!/bin/sh\nid -u >> {log}\nexec /usr/bin/bwrap "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(wrapper))
+    nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30)
+    uids = log.read_text().split()
+    assert uids
+    assert "0" not in uids

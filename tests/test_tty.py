@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pty
 import select
 import shlex
 import shutil
@@ -289,6 +290,51 @@ def test_a_tty_run_without_stdin_still_passes_signals_on(ws_run: tuple[Path, Pat
 
 
 # ------------------------------------------------------------------ the caller's terminal
+
+
+_TERMINAL_MESS = r"""
+import fcntl, os, struct, termios
+fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK)
+fcntl.ioctl(0, termios.TIOCEXCL)
+termios.tcflow(0, termios.TCOOFF)
+try:
+    fcntl.ioctl(0, termios.TIOCSETD, struct.pack("i", 27))  # N_NULL: every read and write fails
+except OSError:
+    pass
+"""
+
+
+def test_the_callers_terminal_is_restored(plan: nsconfine.Plan) -> None:
+    """A session that turns echo off, makes the terminal non-blocking and exclusive and
+    suspends its output leaves the caller's terminal as it found it. (Not its window size: a
+    window resized meanwhile must keep its new size, see test_tty.py.)"""
+    controller, terminal = pty.openpty()
+    try:
+        before = termios.tcgetattr(terminal)
+        flags = fcntl.fcntl(terminal, fcntl.F_GETFL)
+        sandbox = nsconfine.spawn(
+            plan,
+            [
+                "/bin/sh",
+                "-c",
+                f"stty -echo -icanon; python3 -c '{_TERMINAL_MESS}'",
+            ],
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+        )
+        assert sandbox.wait(timeout=30) == 0
+        after = termios.tcgetattr(terminal)
+        assert fcntl.fcntl(terminal, fcntl.F_GETFL) == flags
+        discipline = struct.unpack("i", fcntl.ioctl(terminal, termios.TIOCGETD, b"\0" * 4))[0]
+        assert discipline == 0  # N_TTY
+        os.close(os.open(os.ttyname(terminal), os.O_RDWR | os.O_NOCTTY))  # not exclusive
+        os.write(terminal, b"flows\n")  # output not suspended: this returns
+        assert os.read(controller, 100).endswith(b"flows\r\n")
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert after == before
 
 
 def window_size(fd: int) -> tuple[int, int]:
