@@ -18,9 +18,15 @@ from helpers import (
     session,
     session_dirs,
     swap_with_symlink,
+    unchecked_launcher,
+    unlinted_next_plan,
 )
 
 import nsconfine
+from nsconfine._selftest.report import (
+    planted_symlink_leaks,
+)
+from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -123,3 +129,10 @@ def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None
     (alias := tmp_path / "alias").symlink_to(tmp_path / "real")
     plan = session(alias / "ws", alias / "run").plan()
     assert attempt(plan, "true") == (0, "")
+
+
+def test_the_planted_symlink_twin_leaks(world: World) -> None:
+    """selftest's planted-symlink check can fail: past the lint, the next session's workspace
+    leads into the checkout and its internal file is read."""
+    assert planted_symlink_leaks(world) is None
+    assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan) is not None

@@ -483,6 +483,62 @@ def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs)
 # ------------------------------------------------------------------ signals
 
 
+def _started_run(ws_run: tuple[Path, Path], script: str) -> tuple[subprocess.Popen[bytes], int]:
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+         "/bin/sh", "-c", script],
+        stdout=write_end, cwd="/",
+    )  # fmt: skip
+    os.close(write_end)
+    return process, read_end
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGWINCH,
+    ],
+)
+def test_signals_reach_the_command(ws_run: tuple[Path, Path], number: int) -> None:
+    """Each signal sent to `nsconfine run` reaches the command: its trap runs, and the CLI
+    exits with the command's status."""
+    name = signal.Signals(number).name[3:]
+    script = f"trap 'echo got-{name}; exit 42' {name}; echo ready; while :; do sleep 0.1; done"
+    process, read_end = _started_run(ws_run, script)
+    try:
+        ready = os.read(read_end, 100)
+        assert ready.startswith(b"ready"), ready
+        process.send_signal(number)
+        status = process.wait(timeout=30)
+        output = (read_to_eof(read_end, 10) or b"").decode()
+    finally:  # a failure leaves neither the CLI nor its session running
+        os.close(read_end)
+        process.kill()
+        process.wait()
+    assert f"got-{name}" in output, output
+    assert status == 42
+
+
+def test_sigwinch_does_not_start_the_grace_period(ws_run: tuple[Path, Path]) -> None:
+    """A window-size change is passed on and nothing more: the session keeps running."""
+    script = "trap 'echo winch' WINCH; echo ready; sleep 3; echo done"
+    process, read_end = _started_run(ws_run, script)
+    assert os.read(read_end, 100).startswith(b"ready")
+    for _ in range(3):
+        process.send_signal(signal.SIGWINCH)
+        time.sleep(0.2)
+    assert process.wait(timeout=30) == 0
+    output = (read_to_eof(read_end, 10) or b"").decode()
+    os.close(read_end)
+    assert "done" in output, output
+
+
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
 def test_a_forwarded_sigterm_leaves_nothing(ws_run: tuple[Path, Path]) -> None:

@@ -140,6 +140,14 @@ def test_every_rule_says_where_it_came_from(ws_run: tuple[Path, Path], standin: 
     assert "$HOME" in made.manifest()
 
 
+def test_a_store_variable_with_a_tilde_is_denied(ws_run: tuple[Path, Path], standin: Path) -> None:
+    """AWS_SHARED_CREDENTIALS_FILE=~/creds (as a systemd unit writes it, unexpanded) denies
+    the file in every home."""
+    (creds := standin / "creds").write_text("aws_secret_access_key=x\n")
+    environ = {"HOME": str(standin), "AWS_SHARED_CREDENTIALS_FILE": "~/creds"}
+    assert "creds" in refusal(ws_run, environ, ro=[creds])
+
+
 # ------------------------------------------------------------------ no stale cache
 
 
@@ -233,6 +241,65 @@ def test_deny_root_refuses_every_bind(ws_run: tuple[Path, Path], tmp_path: Path)
     assert refusal(ws_run, {}, ro=[runner], deny=["/"])
 
 
+def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
+    ws_run: tuple[Path, Path], standin: Path, tmp_path: Path
+) -> None:
+    """A directory whose file system holds a second name of a denied key may hold that name:
+    binding it is refused, naming the key."""
+    lib = tmp_path / "checkout" / "lib"
+    lib.mkdir(parents=True)
+    os.link(standin / ".ssh" / "id_ed25519", lib / "key")
+    assert "id_ed25519" in refusal(ws_run, {"HOME": str(standin)}, ro=[lib])
+
+
+_VIEW_BELOW = r"""
+import os, subprocess, sys
+from nsconfine._plan import model as p
+from nsconfine._policy import lint as _lint
+from nsconfine._errors import PlanError
+home, lib = sys.argv[1], sys.argv[2]
+subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), os.path.join(lib, "view")],
+               check=True)
+rules = _lint.default_deny(homes=[home], environ={})
+plan = p.Plan([p.ro_bind(lib, "/lib", "a runner directory")], deny=rules)
+try:
+    _lint.check_plan(plan)
+    print("allowed")
+except PlanError as refused:
+    print("refused", refused.message)
+"""
+
+
+def test_a_bind_mount_view_below_a_bound_directory_is_refused(
+    standin: Path, tmp_path: Path
+) -> None:
+    """A host mount of ~/.ssh below a bound directory would be carried into the sandbox (bwrap
+    binds recursively): refused."""
+    lib = tmp_path / "lib"
+    (lib / "view").mkdir(parents=True)
+    unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
+    result = subprocess.run(
+        [*unshare, sys.executable, "-c", _VIEW_BELOW, str(standin), str(lib)],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.stdout.startswith("refused"), result.stdout + result.stderr
+    assert ".ssh" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/run/podman/podman.sock", "/run/containerd/containerd.sock", "/run/crio/crio.sock",
+     "/run/libvirt/libvirt-sock", "/run/dbus/system_bus_socket"],
+)  # fmt: skip
+def test_every_plan_denies_the_hosts_root_daemons(ws_run: tuple[Path, Path], path: str) -> None:
+    """Rootful Podman, containerd, CRI-O and libvirt are root on the host, as Docker is, and the
+    system bus reaches the host's services: every plan's deny set holds their sockets (a
+    session bind of one is refused where it exists; this host runs none of them)."""
+    deny = session(*ws_run).plan().deny
+    judge = _lint.Judge(deny)
+    assert judge.violated(path) is not None
+
+
 # ------------------------------------------------------------------ output and limits
 
 
@@ -285,54 +352,6 @@ def test_rules_of_kind_bind_only_judge_sources() -> None:
     assert all(e.kind is not Kind.BIND for e in Plan([p.tmpfs("/tmp", "x")]).entries)
 
 
-# ------------------------------------------------------------------ found by an attacker's pass
-
-
-def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
-    ws_run: tuple[Path, Path], standin: Path, tmp_path: Path
-) -> None:
-    """A directory whose file system holds a second name of a denied key may hold that name:
-    binding it is refused, naming the key."""
-    lib = tmp_path / "checkout" / "lib"
-    lib.mkdir(parents=True)
-    os.link(standin / ".ssh" / "id_ed25519", lib / "key")
-    assert "id_ed25519" in refusal(ws_run, {"HOME": str(standin)}, ro=[lib])
-
-
-_VIEW_BELOW = r"""
-import os, subprocess, sys
-from nsconfine._plan import model as p
-from nsconfine._policy import lint as _lint
-from nsconfine._errors import PlanError
-home, lib = sys.argv[1], sys.argv[2]
-subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), os.path.join(lib, "view")],
-               check=True)
-rules = _lint.default_deny(homes=[home], environ={})
-plan = p.Plan([p.ro_bind(lib, "/lib", "a runner directory")], deny=rules)
-try:
-    _lint.check_plan(plan)
-    print("allowed")
-except PlanError as refused:
-    print("refused", refused.message)
-"""
-
-
-def test_a_bind_mount_view_below_a_bound_directory_is_refused(
-    standin: Path, tmp_path: Path
-) -> None:
-    """A host mount of ~/.ssh below a bound directory would be carried into the sandbox (bwrap
-    binds recursively): refused."""
-    lib = tmp_path / "lib"
-    (lib / "view").mkdir(parents=True)
-    unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
-    result = subprocess.run(
-        [*unshare, sys.executable, "-c", _VIEW_BELOW, str(standin), str(lib)],
-        capture_output=True, text=True, cwd="/", timeout=60, check=False,
-    )  # fmt: skip
-    assert result.stdout.startswith("refused"), result.stdout + result.stderr
-    assert ".ssh" in result.stdout
-
-
 @pytest.mark.parametrize("character", ["\u0085", "\u009b", "\u202e", "\u2066", "\u2028"])
 def test_unicode_controls_are_escaped(character: str) -> None:
     """C1 controls, bidi overrides and line separators are escaped in readable output."""
@@ -347,25 +366,3 @@ def test_a_dangling_tool_socket_is_a_clean_refusal(
     """A tool socket that is a dangling symlink is refused by name, not a traceback."""
     (link := tmp_path / "tool.sock").symlink_to(tmp_path / "gone.sock")
     assert "tool.sock" in refusal(ws_run, {}, tool_socket=link)
-
-
-def test_a_store_variable_with_a_tilde_is_denied(ws_run: tuple[Path, Path], standin: Path) -> None:
-    """AWS_SHARED_CREDENTIALS_FILE=~/creds (as a systemd unit writes it, unexpanded) denies
-    the file in every home."""
-    (creds := standin / "creds").write_text("aws_secret_access_key=x\n")
-    environ = {"HOME": str(standin), "AWS_SHARED_CREDENTIALS_FILE": "~/creds"}
-    assert "creds" in refusal(ws_run, environ, ro=[creds])
-
-
-@pytest.mark.parametrize(
-    "path",
-    ["/run/podman/podman.sock", "/run/containerd/containerd.sock", "/run/crio/crio.sock",
-     "/run/libvirt/libvirt-sock", "/run/dbus/system_bus_socket"],
-)  # fmt: skip
-def test_every_plan_denies_the_hosts_root_daemons(ws_run: tuple[Path, Path], path: str) -> None:
-    """Rootful Podman, containerd, CRI-O and libvirt are root on the host, as Docker is, and the
-    system bus reaches the host's services: every plan's deny set holds their sockets (a
-    session bind of one is refused where it exists; this host runs none of them)."""
-    deny = session(*ws_run).plan().deny
-    judge = _lint.Judge(deny)
-    assert judge.violated(path) is not None

@@ -273,6 +273,26 @@ def test_mq_open_cannot_ask_for_a_set_id_mode(plan: nsconfine.Plan) -> None:
     assert output.startswith("refused 1"), output
 
 
+_SOCKETPAIR = r"""
+import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+pair = (ctypes.c_int * 2)()
+for name in ("AF_VSOCK", "AF_PACKET", "AF_UNIX"):
+    ctypes.set_errno(0)
+    r = libc.socketpair(int(getattr(socket, name)), socket.SOCK_DGRAM, 0, pair)
+    print(name, "ok" if r == 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_socketpair_is_held_to_the_same_families(ws_run: tuple[Path, Path]) -> None:
+    """socketpair() of a family socket() may not open gets EAFNOSUPPORT from the filter (never
+    reaching that family's code); AF_UNIX pairs work."""
+    _status, output = run(session(*ws_run).plan(), ["python3", "-c", _SOCKETPAIR])
+    assert "AF_VSOCK EAFNOSUPPORT" in output, output
+    assert "AF_PACKET EAFNOSUPPORT" in output, output
+    assert "AF_UNIX ok" in output, output
+
+
 # ------------------------------------------------------------------ ordinary work still works
 
 
@@ -382,6 +402,62 @@ def test_without_the_layers_pid_1_is_reached(
     assert "mem ok" in output, (status, output)
 
 
+_INIT_LIMITS = r"""
+import ctypes, errno, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, result):
+    print(name, "ok" if result == 0 else errno.errorcode[ctypes.get_errno()])
+limit = (ctypes.c_ulong * 2)(1, 1)
+attempt("prlimit", libc.prlimit(1, resource.RLIMIT_CPU, limit, None))
+attempt("setpriority", libc.setpriority(0, 1, 19))
+mask = (ctypes.c_ulong * 16)(1)
+attempt("sched_setaffinity", libc.sched_setaffinity(1, ctypes.sizeof(mask), mask))
+"""
+
+
+def test_the_sandbox_s_pid_1_cannot_be_limited_to_death(ws_run: tuple[Path, Path]) -> None:
+    """The command cannot give pid 1 a CPU limit (which kills it, and with it the status), nor
+    renice or pin it."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_LIMITS])
+    assert status == 0, output
+    for call in ("prlimit", "setpriority", "sched_setaffinity"):
+        assert f"{call} EPERM" in output, output
+
+
+def test_without_the_filter_pid_1_can_be_limited(
+    ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: without the filter, prlimit of pid 1 succeeds."""
+    without("seccomp")
+    _status, output = run(
+        session(*ws_run).plan(),
+        ["python3", "-c", _INIT_LIMITS.replace("(1, 1)", "(3600, 3600)")],
+    )
+    assert "prlimit ok" in output, output
+
+
+_INIT_RENICED = r"""
+import os
+print("before", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
+for which, who in ((os.PRIO_USER, 0), (os.PRIO_PGRP, 0)):
+    try:
+        os.setpriority(which, who, 19)
+    except OSError:
+        pass
+print("after", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
+"""
+
+
+def test_the_sandbox_s_pid_1_cannot_be_reniced_by_user_or_group(ws_run: tuple[Path, Path]) -> None:
+    """setpriority(PRIO_USER, 0, 19) renices every process of the caller's uid in its pid
+    namespace, pid 1 among them (PRIO_PGRP likewise, for pid 1's process group): the filter
+    guarded only who == 1, so pid 1's priority, "the sandbox's own to keep", changed."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_RENICED])
+    assert status == 0, output
+    before, after = (line.split()[1] for line in output.split("\n")[:2])
+    assert after == before, output
+
+
 # ------------------------------------------------------------------ Landlock scopes
 
 
@@ -453,6 +529,18 @@ def test_the_cli_takes_allow_nested_userns(ws_run: tuple[Path, Path]) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "codex's own" in result.stdout
+
+
+def test_an_empty_nested_userns_reason_is_refused(ws_run: tuple[Path, Path]) -> None:
+    """--allow-nested-userns '' is a usage error, not silently ignored."""
+    result = cli(
+        "plan",
+        *session_options(*ws_run),
+        "--allow-nested-userns",
+        "",
+    )
+    assert result.returncode == 64, result.stdout
+    assert "reason" in result.stderr
 
 
 # ------------------------------------------------------------------ the network
@@ -556,93 +644,3 @@ def test_the_manifest_shows_the_layers(ws_run: tuple[Path, Path]) -> None:
     text = session(*ws_run).plan().manifest()
     for layer in ("seccomp", "no-nested-userns", "landlock"):
         assert f"  {layer}:" in text
-
-
-# ------------------------------------------------------------------ found by an attacker's pass
-
-_INIT_LIMITS = r"""
-import ctypes, errno, os, resource
-libc = ctypes.CDLL(None, use_errno=True)
-def attempt(name, result):
-    print(name, "ok" if result == 0 else errno.errorcode[ctypes.get_errno()])
-limit = (ctypes.c_ulong * 2)(1, 1)
-attempt("prlimit", libc.prlimit(1, resource.RLIMIT_CPU, limit, None))
-attempt("setpriority", libc.setpriority(0, 1, 19))
-mask = (ctypes.c_ulong * 16)(1)
-attempt("sched_setaffinity", libc.sched_setaffinity(1, ctypes.sizeof(mask), mask))
-"""
-
-
-def test_the_sandbox_s_pid_1_cannot_be_limited_to_death(ws_run: tuple[Path, Path]) -> None:
-    """The command cannot give pid 1 a CPU limit (which kills it, and with it the status), nor
-    renice or pin it."""
-    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_LIMITS])
-    assert status == 0, output
-    for call in ("prlimit", "setpriority", "sched_setaffinity"):
-        assert f"{call} EPERM" in output, output
-
-
-def test_without_the_filter_pid_1_can_be_limited(
-    ws_run: tuple[Path, Path], without: Callable[..., None]
-) -> None:
-    """The twin: without the filter, prlimit of pid 1 succeeds."""
-    without("seccomp")
-    _status, output = run(
-        session(*ws_run).plan(),
-        ["python3", "-c", _INIT_LIMITS.replace("(1, 1)", "(3600, 3600)")],
-    )
-    assert "prlimit ok" in output, output
-
-
-_INIT_RENICED = r"""
-import os
-print("before", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
-for which, who in ((os.PRIO_USER, 0), (os.PRIO_PGRP, 0)):
-    try:
-        os.setpriority(which, who, 19)
-    except OSError:
-        pass
-print("after", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
-"""
-
-
-def test_the_sandbox_s_pid_1_cannot_be_reniced_by_user_or_group(ws_run: tuple[Path, Path]) -> None:
-    """setpriority(PRIO_USER, 0, 19) renices every process of the caller's uid in its pid
-    namespace, pid 1 among them (PRIO_PGRP likewise, for pid 1's process group): the filter
-    guarded only who == 1, so pid 1's priority, "the sandbox's own to keep", changed."""
-    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_RENICED])
-    assert status == 0, output
-    before, after = (line.split()[1] for line in output.split("\n")[:2])
-    assert after == before, output
-
-
-_SOCKETPAIR = r"""
-import ctypes, errno, socket
-libc = ctypes.CDLL(None, use_errno=True)
-pair = (ctypes.c_int * 2)()
-for name in ("AF_VSOCK", "AF_PACKET", "AF_UNIX"):
-    ctypes.set_errno(0)
-    r = libc.socketpair(int(getattr(socket, name)), socket.SOCK_DGRAM, 0, pair)
-    print(name, "ok" if r == 0 else errno.errorcode[ctypes.get_errno()])
-"""
-
-
-def test_socketpair_is_held_to_the_same_families(ws_run: tuple[Path, Path]) -> None:
-    """socketpair() of a family socket() may not open gets EAFNOSUPPORT from the filter (never
-    reaching that family's code); AF_UNIX pairs work."""
-    _status, output = run(session(*ws_run).plan(), ["python3", "-c", _SOCKETPAIR])
-    assert "AF_VSOCK EAFNOSUPPORT" in output, output
-    assert "AF_PACKET EAFNOSUPPORT" in output, output
-    assert "AF_UNIX ok" in output, output
-
-
-def test_an_empty_nested_userns_reason_is_refused(ws_run: tuple[Path, Path]) -> None:
-    """--allow-nested-userns '' is a usage error, not silently ignored."""
-    result = cli(
-        "plan",
-        *session_options(*ws_run),
-        "--allow-nested-userns",
-        "",
-    )
-    assert result.returncode == 64, result.stdout
-    assert "reason" in result.stderr

@@ -6,10 +6,12 @@ read-only /sys."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from helpers import (
     read_to_eof,
+    session,
     sh,
 )
 
@@ -79,3 +81,35 @@ def test_without_the_entries_some_sysctl_opens_for_write(plan: nsconfine.Plan) -
     namespaces for write, so the check above can fail."""
     weakened = plan.replace(entries=tuple(e for e in plan.entries if e.dest != "/proc/sys"))
     assert _sysctls_opened_for_write(weakened) > 0
+
+
+def test_system_files_tools_read_are_there(ws_run: tuple[Path, Path]) -> None:
+    """/etc/os-release, /etc/locale.alias and /etc/manpath.config are readable, and
+    /etc/machine-id is the session's own, not the host's."""
+    plan = session(*ws_run).plan()
+    _status, output = sh(
+        plan,
+        "cat /etc/os-release | head -1; test -r /etc/locale.alias && echo alias; "
+        "test -r /etc/manpath.config && echo manpath; cat /etc/machine-id",
+    )
+    lines = output.split()
+    assert "alias" in lines, output
+    assert "manpath" in lines, output
+    machine_id = lines[-1]
+    assert len(machine_id) == 32, output
+    with open("/etc/machine-id") as file:
+        assert machine_id != file.read().strip()
+    entries = {e.dest: e for e in plan.entries}
+    assert "host's" in entries["/etc/machine-id"].reason
+
+
+def test_cpu_topology_is_visible(ws_run: tuple[Path, Path]) -> None:
+    """A read-only /sys subset: lscpu works and reports this host's CPUs; /sys is not
+    writable."""
+    _status, output = sh(
+        session(*ws_run).plan(),
+        "lscpu | grep -i '^CPU(s):'; nproc; (echo x > /sys/devices/system/cpu/x) 2>&1 || true",
+    )
+    assert "CPU(s):" in output, output
+    assert str(os.cpu_count()) in output
+    assert "Read-only" in output or "Permission denied" in output
