@@ -147,6 +147,20 @@ def sleeper(marker: str) -> list[str]:
     return ["/bin/sh", "-c", f"exec sleep 600 # {marker}"]
 
 
+def ended_session_output(read_end: int, marker: str, attempt: object = "") -> bytes:
+    """What the session whose command line holds marker wrote to read_end (closed here), once
+    it has ended: asserts that its stdout reaches EOF and that no process of it is left,
+    waiting up to a minute for each (a loaded host tears a session down slowly), and kills
+    what is left, so that a failure leaves nothing running."""
+    output = read_to_eof(read_end, 60)
+    os.close(read_end)
+    alive = wait_until_gone(marker, 60)
+    kill_all(alive)
+    assert alive == [], f"attempt {attempt}: {alive} still running"
+    assert output is not None, f"attempt {attempt}: no EOF"
+    return output
+
+
 def kill_all(pids: Iterable[int]) -> None:
     """SIGKILL each pid, ignoring those already gone (cleanup after a failed check)."""
     for pid in pids:

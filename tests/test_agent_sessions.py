@@ -82,20 +82,6 @@ def test_a_fresh_home_is_empty_every_launch(ws_run: tuple[Path, Path]) -> None:
     assert not (ws_run[1] / "home" / "note").exists()
 
 
-# ------------------------------------------------------------------ system files
-
-
-def test_the_jvm_profile_runs_javac_and_mvn(ws_run: tuple[Path, Path]) -> None:
-    """javac -version and mvn -v work with the jvm profile (their /etc through /usr links)."""
-    import shutil
-
-    if shutil.which("javac") is None or shutil.which("mvn") is None:
-        pytest.skip("no JDK or Maven here (apt-get install default-jdk-headless maven)")
-    plan = session(*ws_run, profile=["jvm"]).plan()
-    _status, output = sh(plan, "javac -version && mvn -v -q 2>&1 | head -1 && echo JVM-OK")
-    assert "JVM-OK" in output, output
-
-
 # ------------------------------------------------------------------ git identity
 
 

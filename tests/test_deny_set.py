@@ -183,15 +183,17 @@ def test_a_hardlink_to_a_key_is_refused(ws_run: tuple[Path, Path], standin: Path
     assert ".ssh" in refusal(ws_run, {"HOME": str(standin)}, ro=[link])
 
 
-_BIND_VIEW = r"""
+# Lints, in a private mount namespace, a plan that binds argv[3] after ~/.ssh (argv[1]) is
+# bind-mounted at argv[2].
+_LINT_AN_SSH_VIEW = r"""
 import os, subprocess, sys
 from nsconfine._plan import model as p
 from nsconfine._policy import lint as _lint
 from nsconfine._errors import PlanError
-home, view, deny_home = sys.argv[1], sys.argv[2], sys.argv[3]
+home, view, bound = sys.argv[1], sys.argv[2], sys.argv[3]
 subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), view], check=True)
-rules = _lint.default_deny(homes=[deny_home], environ={})
-plan = p.Plan([p.ro_bind(view, "/keys", "a view")], deny=rules)
+rules = _lint.default_deny(homes=[home], environ={})
+plan = p.Plan([p.ro_bind(bound, "/bound", "a view or a runner directory")], deny=rules)
 try:
     _lint.check_plan(plan)
     print("allowed")
@@ -200,14 +202,17 @@ except PlanError as refused:
 """
 
 
-def test_a_bind_mount_view_of_ssh_is_refused(standin: Path, tmp_path: Path) -> None:
-    """A host bind-mount view of ~/.ssh at another path is ~/.ssh: refused (checked in a
-    private mount namespace, as root or in a user namespace)."""
-    view = tmp_path / "view"
-    view.mkdir()
+@pytest.mark.parametrize("below", [False, True], ids=["at-another-path", "below-a-bound-dir"])
+def test_a_bind_mount_view_of_ssh_is_refused(standin: Path, tmp_path: Path, below: bool) -> None:
+    """A host bind-mount view of ~/.ssh is ~/.ssh: binding it (at another path), or a directory
+    it is mounted below (bwrap binds recursively, carrying it into the sandbox), is refused
+    (checked in a private mount namespace, as root or in a user namespace)."""
+    bound = tmp_path / "lib"
+    view = bound / "view" if below else bound
+    view.mkdir(parents=True)
     unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
     result = subprocess.run(
-        [*unshare, sys.executable, "-c", _BIND_VIEW, str(standin), str(view), str(standin)],
+        [*unshare, sys.executable, "-c", _LINT_AN_SSH_VIEW, str(standin), str(view), str(bound)],
         capture_output=True, text=True, cwd="/", timeout=60, check=False,
     )  # fmt: skip
     assert result.stdout.startswith("refused"), result.stdout + result.stderr
@@ -250,40 +255,6 @@ def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
     lib.mkdir(parents=True)
     os.link(standin / ".ssh" / "id_ed25519", lib / "key")
     assert "id_ed25519" in refusal(ws_run, {"HOME": str(standin)}, ro=[lib])
-
-
-_VIEW_BELOW = r"""
-import os, subprocess, sys
-from nsconfine._plan import model as p
-from nsconfine._policy import lint as _lint
-from nsconfine._errors import PlanError
-home, lib = sys.argv[1], sys.argv[2]
-subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), os.path.join(lib, "view")],
-               check=True)
-rules = _lint.default_deny(homes=[home], environ={})
-plan = p.Plan([p.ro_bind(lib, "/lib", "a runner directory")], deny=rules)
-try:
-    _lint.check_plan(plan)
-    print("allowed")
-except PlanError as refused:
-    print("refused", refused.message)
-"""
-
-
-def test_a_bind_mount_view_below_a_bound_directory_is_refused(
-    standin: Path, tmp_path: Path
-) -> None:
-    """A host mount of ~/.ssh below a bound directory would be carried into the sandbox (bwrap
-    binds recursively): refused."""
-    lib = tmp_path / "lib"
-    (lib / "view").mkdir(parents=True)
-    unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
-    result = subprocess.run(
-        [*unshare, sys.executable, "-c", _VIEW_BELOW, str(standin), str(lib)],
-        capture_output=True, text=True, cwd="/", timeout=60, check=False,
-    )  # fmt: skip
-    assert result.stdout.startswith("refused"), result.stdout + result.stderr
-    assert ".ssh" in result.stdout
 
 
 @pytest.mark.parametrize(

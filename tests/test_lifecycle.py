@@ -19,14 +19,13 @@ from subprocess import PIPE
 import pytest
 from helpers import (
     SESSION_USER,
+    ended_session_output,
     give_to_session_user,
-    kill_all,
     open_fds,
     python_child,
     read_to_eof,
     session,
     sleeper,
-    wait_until_gone,
 )
 
 import nsconfine
@@ -195,12 +194,7 @@ def test_kill_right_after_spawn_leaves_nothing(plan: nsconfine.Plan) -> None:
         else:
             with sandbox:
                 pass
-        eof = read_to_eof(read_end, 5)
-        os.close(read_end)
-        alive = wait_until_gone(marker, 5)
-        kill_all(alive)
-        assert alive == [], f"attempt {attempt}"
-        assert eof is not None, f"attempt {attempt}: no EOF"
+        ended_session_output(read_end, marker, attempt)
 
 
 _DYING_LAUNCHER = r"""
@@ -235,12 +229,7 @@ def test_the_launchers_death_at_any_moment_leaves_nothing(ws_run: tuple[Path, Pa
         child.kill()
         child.wait()
         child.stdout.close()
-        eof = read_to_eof(read_end, 10)
-        os.close(read_end)
-        alive = wait_until_gone(marker, 5)
-        kill_all(alive)
-        assert alive == [], f"attempt {attempt}"
-        assert eof is not None, f"attempt {attempt}: no EOF"
+        ended_session_output(read_end, marker, attempt)
 
 
 _MANY_FDS = r"""
