@@ -126,6 +126,22 @@ def repo(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def marker(tmp_path: Path) -> Path:
+def trace_file(tmp_path: Path) -> Path:
     """Where the refused command would leave its trace."""
     return tmp_path / "ws" / "command-ran"
+
+
+@pytest.fixture
+def standin_home(tmp_path: Path) -> Path:
+    """A stand-in home (as a test harness or a systemd unit's $HOME would be) with a few real
+    secrets in it (an SSH key, Claude's credentials, an app's secrets) and a file that is
+    none, resolved."""
+    home = tmp_path / "home" / "alice"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (home / ".claude").mkdir()
+    (home / ".claude" / ".credentials.json").write_text('{"token": "x"}\n')
+    (home / ".config" / "app").mkdir(parents=True)
+    (home / ".config" / "app" / "secrets").write_text("token=1\n")
+    (home / "notes.txt").write_text("nothing secret\n")
+    return home.resolve()

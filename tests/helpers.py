@@ -35,6 +35,7 @@ from nsconfine._plan.model import Plan
 from nsconfine._plan.protect import PROTECTED
 from nsconfine._plan.system import system_entries
 from nsconfine._preflight.checks import proven_bwrap, takes_bind_fds
+from nsconfine._selftest.probes import Probe, probes
 from nsconfine._selftest.report import pids_with as pids_with  # re-exported for the tests
 from nsconfine._selftest.world import World
 from nsconfine._session import session_entries
@@ -481,3 +482,14 @@ def _put_back(directory: Path, real: Path, link: Path) -> None:
     with contextlib.suppress(OSError):
         if link.is_symlink():
             link.unlink()
+
+
+def catalogue_probe(world: World, name: str) -> Probe:
+    """The probe of selftest's catalogue called name, on world."""
+    return next(probe for probe in probes(world) if probe.name == name)
+
+
+def writable_by(path: Path, uid: int) -> bool:
+    """Whether uid may write path by its owner and mode bits (no ACLs here)."""
+    info = path.stat()
+    return (info.st_uid == uid and bool(info.st_mode & 0o200)) or bool(info.st_mode & 0o002)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import cli, unchecked_launcher, user_options
+from helpers import catalogue_probe, cli, unchecked_launcher, user_options, writable_by
 
 from nsconfine._kernel import layers as _layers
 from nsconfine._launch.confirm import mount_table_problems
@@ -32,7 +32,7 @@ from nsconfine._plan.bwrap_args import (
 from nsconfine._plan.model import Plan
 from nsconfine._preflight.checks import proven_bwrap
 from nsconfine._selftest import report as _report
-from nsconfine._selftest.probes import Probe, plan_for, probes
+from nsconfine._selftest.probes import plan_for, probes
 from nsconfine._selftest.report import (
     killed_launches_leave_nothing,
     run_probe,
@@ -52,10 +52,6 @@ def _probe_names() -> list[str]:
 
     with tempfile.TemporaryDirectory() as root:
         return [probe.name for probe in probes(World(root))]
-
-
-def _probe(world: World, name: str) -> Probe:
-    return next(probe for probe in probes(world) if probe.name == name)
 
 
 class NaiveSandbox:
@@ -128,7 +124,7 @@ def naive_launch(
 @pytest.mark.parametrize("name", _probe_names())
 def test_probe_holds_on_the_real_plan(world: World, name: str) -> None:
     """Each refusal is refused and each need is met, judged by the host's own files."""
-    probe = _probe(world, name)
+    probe = catalogue_probe(world, name)
     allowed, outcome = run_probe(plan_for(world, probe), probe)
     assert allowed == probe.expect_allowed, outcome
 
@@ -139,7 +135,7 @@ def test_probe_flips_on_a_weakened_plan(
 ) -> None:
     """The same probe comes out the other way once the plan exposes the secret or loses the
     entry the need depends on: the check can fail."""
-    probe = _probe(world, name)
+    probe = catalogue_probe(world, name)
     plan = plan_for(world, probe)
     launcher: _report.Launcher = unchecked_launcher
     if name == "use an fd the launcher leaked":
@@ -148,7 +144,7 @@ def test_probe_flips_on_a_weakened_plan(
     if name == "write /usr":
         # Sessions never hold host uid 0, so the host's own permissions refuse this write on a
         # read-write /usr too: what flips is who refuses it, the read-only bind or the host.
-        assert not _writable_by(Path("/usr"), plan.user.uid)
+        assert not writable_by(Path("/usr"), plan.user.uid)
         assert "Read-only file system" in run_probe(plan, probe)[1].stderr
         refused = run_probe(weakened, probe, launcher)[1]
         assert "Permission denied" in refused.stderr, refused
@@ -157,11 +153,6 @@ def test_probe_flips_on_a_weakened_plan(
     monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(probe.layers_off))
     allowed, outcome = run_probe(weakened, probe, launcher)
     assert allowed != probe.expect_allowed, outcome
-
-
-def _writable_by(path: Path, uid: int) -> bool:
-    info = path.stat()
-    return (info.st_uid == uid and bool(info.st_mode & 0o200)) or bool(info.st_mode & 0o002)
 
 
 def test_host_secrets_are_really_there(world: World) -> None:

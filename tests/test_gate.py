@@ -23,7 +23,7 @@ from nsconfine._selftest.world import World
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 
-def test_a_refused_bind_runs_nothing(tmp_path: Path, marker: Path) -> None:
+def test_a_refused_bind_runs_nothing(tmp_path: Path, trace_file: Path) -> None:
     """A plan that binds a secret, built by hand past Session, is refused by spawn itself."""
     open_up(tmp_path)
     (tmp_path / "world").mkdir()
@@ -33,21 +33,21 @@ def test_a_refused_bind_runs_nothing(tmp_path: Path, marker: Path) -> None:
         weakened = plan.replace(entries=(*plan.entries, p.ro_bind(secret, secret, "wants it")))
         session_dirs(tmp_path, "ws")
         with pytest.raises(nsconfine.PlanError, match=r"\.ssh"):
-            nsconfine.spawn(weakened, ["/bin/sh", "-c", f"touch {marker}"])
-    assert not marker.exists()
+            nsconfine.spawn(weakened, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
 
 
-def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, marker: Path) -> None:
+def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, trace_file: Path) -> None:
     """A harness whose content no longer matches its pin is refused before launch."""
     open_up(tmp_path)
     (tmp_path / "world").mkdir()
     with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
         plan = world.plan()
         with open(world.harness, "a") as harness:
-            harness.write(f"touch {marker}\n")
+            harness.write(f"touch {trace_file}\n")
         with pytest.raises(nsconfine.PlanError, match="sha256"):
             nsconfine.spawn(plan, [world.harness])
-    assert not marker.exists()
+    assert not trace_file.exists()
 
 
 def test_a_pool_checks_pins_at_launch(tmp_path: Path) -> None:

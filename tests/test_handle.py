@@ -19,7 +19,6 @@ from helpers import (
     python_child,
     receive_fd,
     session,
-    session_dirs,
 )
 
 import nsconfine
@@ -27,15 +26,10 @@ import nsconfine
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 
-@pytest.fixture
-def sleeper_plan(tmp_path: Path) -> nsconfine.Plan:
-    return session(*session_dirs(tmp_path, "ws", "run")).plan()
-
-
 def test_wait_timeout_raises_timeout_expired_and_the_session_goes_on(
-    sleeper_plan: nsconfine.Plan,
+    plan: nsconfine.Plan,
 ) -> None:
-    sandbox = nsconfine.spawn(sleeper_plan, ["/bin/sleep", "60"])
+    sandbox = nsconfine.spawn(plan, ["/bin/sleep", "60"])
     try:
         with pytest.raises(nsconfine.TimeoutExpired) as raised:
             sandbox.wait(timeout=0.2)
@@ -47,18 +41,18 @@ def test_wait_timeout_raises_timeout_expired_and_the_session_goes_on(
     assert sandbox.wait(timeout=30) == -9
 
 
-def test_leaving_the_with_block_kills_and_reaps(sleeper_plan: nsconfine.Plan) -> None:
-    with nsconfine.spawn(sleeper_plan, ["/bin/sleep", "60"]) as sandbox:
+def test_leaving_the_with_block_kills_and_reaps(plan: nsconfine.Plan) -> None:
+    with nsconfine.spawn(plan, ["/bin/sleep", "60"]) as sandbox:
         assert sandbox.returncode is None
     assert sandbox.returncode == -9
     with pytest.raises(ProcessLookupError):
         os.kill(sandbox.command_pid, 0)
 
 
-def test_each_handle_carries_its_launch_timings_in_order(sleeper_plan: nsconfine.Plan) -> None:
-    with nsconfine.spawn(sleeper_plan, ["/bin/true"]) as spawned:
+def test_each_handle_carries_its_launch_timings_in_order(plan: nsconfine.Plan) -> None:
+    with nsconfine.spawn(plan, ["/bin/true"]) as spawned:
         spawned.wait(timeout=30)
-    with nsconfine.Pool(sleeper_plan, refill="inline") as pool:
+    with nsconfine.Pool(plan, refill="inline") as pool:
         launched = pool.launch(["/bin/true"])
         launched.wait(timeout=30)
     stages = ["started", "linted", "namespaces", "built", "confirmed", "exec"]

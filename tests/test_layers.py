@@ -129,7 +129,7 @@ ALLOWED = ("personality_query", "socket_AF_UNIX", "socket_AF_INET", "socket_AF_I
            "socket_AF_NETLINK")  # fmt: skip
 
 
-def probe(plan: nsconfine.Plan) -> dict[str, str]:
+def filter_answers(plan: nsconfine.Plan) -> dict[str, str]:
     status, output = run(plan, ["python3", "-c", PROBE])
     assert status == 0, output
     result: dict[str, str] = json.loads(output.strip().splitlines()[-1])
@@ -140,7 +140,7 @@ def probe(plan: nsconfine.Plan) -> dict[str, str]:
 def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The probe's results in one default session (shared by the tests below)."""
     workspace, run_dir = session_dirs(tmp_path_factory.mktemp("probe"), "ws", "run")
-    return probe(session(workspace, run_dir).plan())
+    return filter_answers(session(workspace, run_dir).plan())
 
 
 @pytest.mark.parametrize("call", sorted(REFUSED))
@@ -161,7 +161,7 @@ def test_without_the_filter_the_kernel_answers(
     """The twin: with the seccomp layer off, every probe gets another answer (the kernel's),
     except those only the pid-1 guard or nested user namespaces decide."""
     without("seccomp")
-    result = probe(session(*ws_run).plan())
+    result = filter_answers(session(*ws_run).plan())
     landlock_decides = {"ptrace_pid_1", "process_vm_readv_pid_1"}
     unprovable = landlock_decides | KERNEL_AGREES
     same = [c for c in REFUSED if c not in unprovable and result[c] == REFUSED[c]]

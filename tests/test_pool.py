@@ -39,8 +39,9 @@ def pool(request: pytest.FixtureRequest, plan: nsconfine.Plan) -> Iterator[nscon
         yield staged
 
 
-def run(launch: Launcher, argv: list[str], **kwargs: object) -> tuple[int, str]:
-    """Launch argv with stdout on a pipe; its exit status and everything it printed."""
+def status_and_output(launch: Launcher, argv: list[str], **kwargs: object) -> tuple[int, str]:
+    """argv launched by launch (a Pool's or spawn) with stdout on a pipe: its exit status and
+    everything it printed."""
     read_end, write_end = os.pipe()
     try:
         sandbox = launch(argv, stdout=write_end, **kwargs)
@@ -81,15 +82,19 @@ def wait_gone(pids: list[int], *, zombies_count_as_gone: bool) -> list[int]:
 def test_warm_launch_runs_the_callers_argv_and_env(pool: nsconfine.Pool) -> None:
     """The payload gets the argv and extra variables of the launch over the plan's env."""
     script = 'printf "%s|%s|%s|%s" "$0" "$1" "$FOO" "$HOME"'
-    status, printed = run(pool.launch, ["sh", "-c", script, "zero", "one"], env={"FOO": "b r"})
+    status, printed = status_and_output(
+        pool.launch, ["sh", "-c", script, "zero", "one"], env={"FOO": "b r"}
+    )
     home = next(v.value for v in pool.plan.env if v.name == "HOME")
     assert (status, printed) == (0, f"zero|one|b r|{home}")
 
 
 def test_env_none_is_exactly_what_spawn_gives(pool: nsconfine.Pool) -> None:
     """Without env the payload's environment is the one spawn's payload gets."""
-    _, warm = run(pool.launch, ["/usr/bin/env"])
-    _, cold = run(lambda argv, **kw: nsconfine.spawn(pool.plan, argv, **kw), ["/usr/bin/env"])
+    _, warm = status_and_output(pool.launch, ["/usr/bin/env"])
+    _, cold = status_and_output(
+        lambda argv, **kw: nsconfine.spawn(pool.plan, argv, **kw), ["/usr/bin/env"]
+    )
     assert sorted(warm.splitlines()) == sorted(cold.splitlines())
     assert "HOME=" in warm
 
@@ -124,7 +129,7 @@ def test_exec_failure_raises_oserror(pool: nsconfine.Pool) -> None:
     with pytest.raises(OSError, match="execvp") as raised:
         pool.launch(["no-such-command-anywhere"])
     assert raised.value.errno == 2
-    assert run(pool.launch, ["sh", "-c", "echo still"]) == (0, "still\n")
+    assert status_and_output(pool.launch, ["sh", "-c", "echo still"]) == (0, "still\n")
 
 
 def test_staged_sandbox_is_confined(plan: nsconfine.Plan, tmp_path: Path) -> None:
@@ -134,11 +139,11 @@ def test_staged_sandbox_is_confined(plan: nsconfine.Plan, tmp_path: Path) -> Non
     secret.write_text("the secret")
     probe = ["sh", "-c", f"cat {secret}"]
     with nsconfine.Pool(plan) as pool:
-        status, printed = run(pool.launch, probe)
+        status, printed = status_and_output(pool.launch, probe)
     assert status != 0
     assert "the secret" not in printed
     with nsconfine.Pool(session(tmp_path / "ws", tmp_path / "run", ro=[secret]).plan()) as pool:
-        assert run(pool.launch, probe) == (0, "the secret")
+        assert status_and_output(pool.launch, probe) == (0, "the secret")
 
 
 def test_staged_sandbox_has_its_own_namespaces(pool: nsconfine.Pool) -> None:
@@ -157,7 +162,7 @@ def test_unused_staged_sandbox_expires_and_is_reaped(plan: nsconfine.Plan) -> No
         pids = [process.pid for process in staged_processes(pool)]
         assert wait_gone(pids, zombies_count_as_gone=False) == []
         assert pool.staged == 0
-        assert run(pool.launch, ["sh", "-c", "echo again"]) == (0, "again\n")
+        assert status_and_output(pool.launch, ["sh", "-c", "echo again"]) == (0, "again\n")
 
 
 def test_close_leaves_no_staged_process(plan: nsconfine.Plan) -> None:
@@ -227,7 +232,9 @@ def test_nsconfine_installed_in_a_denied_path_still_launches(plan: nsconfine.Pla
     installed = os.path.dirname(os.path.realpath(SHIM_PATH))
     denied = plan.replace(deny=(*plan.deny, nsconfine.DenyRule(installed, "stand-in store")))
     with nsconfine.Pool(denied) as pool:
-        status, printed = run(pool.launch, ["sh", "-c", f"ls {installed} || echo unseen"])
+        status, printed = status_and_output(
+            pool.launch, ["sh", "-c", f"ls {installed} || echo unseen"]
+        )
     assert (status, printed.split()[-1]) == (0, "unseen")
 
 

@@ -1,6 +1,6 @@
 """Where bwrap comes from, and what it must prove before a command runs: a missing, broken,
 setuid or non-confining bwrap (each fake a small script), or one that changed since its
-proof, is refused, and the command never runs (its marker file must not exist); preflight
+proof, is refused, and the command never runs (its trace file must not exist); preflight
 and `nsconfine check` say so, and prove bwrap whatever the launcher's own environment
 (TMPDIR, HOME, XDG_CACHE_HOME) looks like.
 """
@@ -97,7 +97,7 @@ def _fake(tmp_path: Path, name: str) -> Path:
 def test_a_bad_bwrap_is_refused_and_runs_nothing(
     tmp_path: Path,
     plan: nsconfine.Plan,
-    marker: Path,
+    trace_file: Path,
     name: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -105,34 +105,34 @@ def test_a_bad_bwrap_is_refused_and_runs_nothing(
     with sandbox-unavailable and a reason, and the command never runs."""
     monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, name)))
     with pytest.raises(nsconfine.SandboxUnavailable) as refused:
-        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"]).wait()
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()
     assert refused.value.code == "sandbox-unavailable"
     assert EXPECTED_REASONS[name] in refused.value.message
-    assert not marker.exists()
+    assert not trace_file.exists()
 
 
-def test_the_real_bwrap_runs_the_command(plan: nsconfine.Plan, marker: Path) -> None:
-    """The marker check can fail: with the real bwrap the same command leaves its marker."""
-    assert nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"]).wait() == 0
-    assert marker.exists()
+def test_the_real_bwrap_runs_the_command(plan: nsconfine.Plan, trace_file: Path) -> None:
+    """The trace check can fail: with the real bwrap the same command leaves its trace file."""
+    assert nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait() == 0
+    assert trace_file.exists()
 
 
 def test_a_missing_bwrap_is_refused(
-    tmp_path: Path, plan: nsconfine.Plan, marker: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, plan: nsconfine.Plan, trace_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No bwrap at NSCONFINE_BWRAP, or none on PATH, refuses and says how to install one."""
     monkeypatch.setenv("NSCONFINE_BWRAP", str(tmp_path / "no-such-bwrap"))
     with pytest.raises(nsconfine.SandboxUnavailable, match="cannot be used"):
-        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
     monkeypatch.delenv("NSCONFINE_BWRAP")
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(nsconfine.SandboxUnavailable, match="apt-get install bubblewrap"):
-        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
-    assert not marker.exists()
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
 
 
 def test_a_setuid_bwrap_is_refused(
-    tmp_path: Path, plan: nsconfine.Plan, marker: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, plan: nsconfine.Plan, trace_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A setuid bwrap is refused before it is ever run."""
     copy = tmp_path / "bwrap-setuid"
@@ -140,8 +140,8 @@ def test_a_setuid_bwrap_is_refused(
     copy.chmod(0o755 | stat.S_ISUID)
     monkeypatch.setenv("NSCONFINE_BWRAP", str(copy))
     with pytest.raises(nsconfine.SandboxUnavailable, match="setuid"):
-        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
-    assert not marker.exists()
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
 
 
 def test_preflight_reports_the_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +155,7 @@ def test_preflight_reports_the_refusal(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_a_changed_bwrap_is_proved_again(
-    tmp_path: Path, plan: nsconfine.Plan, marker: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, plan: nsconfine.Plan, trace_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A proved binary that is replaced in place is proved again, and refused if it is bad."""
     path = tmp_path / "bwrap"
@@ -167,8 +167,8 @@ def test_a_changed_bwrap_is_proved_again(
     path.unlink()
     _fake(tmp_path, "exposing").rename(path)
     with pytest.raises(nsconfine.SandboxUnavailable):
-        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {marker}"])
-    assert not marker.exists()
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
 
 
 def check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -33,6 +33,7 @@ BUILT_IN = ("claude-code", "codex", "git", "node", "python", "jvm", "tls",
 
 
 def write_profile(directory: Path, text: str, name: str = "mine.toml") -> Path:
+    """A profile file of text in directory, readable by the session's account."""
     path = directory / name
     path.write_text(text)
     open_up(directory)
@@ -40,9 +41,10 @@ def write_profile(directory: Path, text: str, name: str = "mine.toml") -> Path:
     return path
 
 
-def credential(
+def agent_credential(
     directory: Path, text: str = "ANTHROPIC_API_KEY=sk-test\nOPENAI_API_KEY=sk-test\n"
 ) -> Path:
+    """An agent's credential file (both API keys, or text) in directory, mode 0600."""
     path = directory / "agent.env"
     path.write_text(text)
     path.chmod(0o600)
@@ -75,7 +77,7 @@ def test_each_built_in_profile_builds_a_plan(
     monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
     needs = name in ("claude-code", "codex")
     plan = session(
-        *ws_run, profile=[name], credential=credential(tmp_path) if needs else None
+        *ws_run, profile=[name], credential=agent_credential(tmp_path) if needs else None
     ).plan()
     added = [e for e in plan.entries if f"[profile {name}]" in e.reason]
     variables = [v for v in plan.env if v.origin == "setenv"]
@@ -107,7 +109,7 @@ def test_an_agent_gets_nothing_of_the_host_s_claude(
 ) -> None:
     """The claude-code profile binds nothing of the host's ~/.claude; the agent's own state
     lives in its HOME inside the run directory."""
-    plan = session(*ws_run, profile=["claude-code"], credential=credential(tmp_path)).plan()
+    plan = session(*ws_run, profile=["claude-code"], credential=agent_credential(tmp_path)).plan()
     home = os.path.expanduser("~")
     assert not any(e.source.startswith(f"{home}/.claude") for e in plan.entries)
     assert dict((v.name, v.value) for v in plan.env)["HOME"].startswith(str(ws_run[1]))
@@ -121,7 +123,7 @@ def test_codex_is_pointed_at_its_route_by_a_generated_config(
     read-only in the session's HOME, whose model provider is the openai route on the relay and
     whose key variable is the one holding the placeholder; a session without the route (no
     proxy) gets no such file."""
-    key_file = credential(tmp_path, f"{variable}=sk-test-codex\n")
+    key_file = agent_credential(tmp_path, f"{variable}=sk-test-codex\n")
     plan = session(*ws_run, profile=["codex"], credential=key_file).plan()
     home = dict((v.name, v.value) for v in plan.env)["HOME"]
     config = next(e for e in plan.entries if e.dest == f"{home}/.codex/config.toml")
