@@ -301,7 +301,8 @@ def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
             except (OSError, ssl.SSLError):
                 pass
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
     monkeypatch.setenv("SSL_CERT_FILE", str(local_ca.ca))
     client = (
         "import socket, ssl\n"
@@ -318,8 +319,10 @@ def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
             *ws_run, profile=profiles, network="host", network_reason="the test's TLS server"
         )
         _status, output = run(shared.plan(), ["python3", "-c", client])
-    finally:
+    finally:  # shutdown, not close alone, ends the accept() the server thread waits in
+        listener.shutdown(socket.SHUT_RDWR)
         listener.close()
+        server.join(60)
     if profiles == ["coder"]:
         assert "verified hello over tls" in output, output
     else:
