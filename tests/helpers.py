@@ -134,7 +134,7 @@ def python_child(code: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", program, *args], text=True, **popen)
 
 
-def wait_until_gone(marker: str, timeout: float = 10.0) -> list[int]:
+def wait_until_gone(marker: str, timeout: float = 60.0) -> list[int]:
     """Wait up to timeout for every process whose command line holds marker to end; return
     the ones still there."""
     deadline = time.monotonic() + timeout
@@ -189,7 +189,7 @@ def read_to_eof(fd: int, timeout: float) -> bytes | None:
         chunks.append(chunk)
 
 
-def read_until(fd: int, wanted: bytes, timeout: float = 20) -> bytes:
+def read_until(fd: int, wanted: bytes, timeout: float = 60) -> bytes:
     """What fd gives until wanted shows up (or the timeout, or the end)."""
     import select
 

@@ -22,6 +22,7 @@ from helpers import (
     ended_session_output,
     give_to_session_user,
     read_to_eof,
+    read_until,
     session,
     session_dirs,
     session_options,
@@ -566,8 +567,13 @@ def test_sigterm_to_run_ends_even_a_session_that_ignores_it(ws_run: tuple[Path, 
         stdout=write_end, cwd="/",
     )  # fmt: skip
     os.close(write_end)
-    time.sleep(1.5)
-    cli.send_signal(signal.SIGTERM)
-    assert cli.wait(timeout=30) != 0
-    output = ended_session_output(read_end, marker)
-    assert output == b"started\n"  # it ran, ignored SIGTERM, and was killed after the grace
+    try:
+        started = read_until(read_end, b"started\n", timeout=120)  # its trap is set
+    finally:
+        cli.send_signal(signal.SIGTERM)
+    assert cli.wait(timeout=60) != 0
+    rest = ended_session_output(read_end, marker)
+    assert (started, rest) == (
+        b"started\n",
+        b"",
+    )  # it ignored SIGTERM, and was killed after the grace

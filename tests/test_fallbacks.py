@@ -130,8 +130,8 @@ def _descendants() -> set[int]:
 
 
 def _left_running(before: set[int]) -> set[int]:
-    """This process's descendants not in before that still run after up to 10 s."""
-    deadline = time.monotonic() + 10
+    """This process's descendants not in before that still run after up to a minute."""
+    deadline = time.monotonic() + 60
     while True:
         left = set()
         for pid in _descendants() - before:

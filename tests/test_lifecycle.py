@@ -190,7 +190,7 @@ def test_kill_right_after_spawn_leaves_nothing(plan: nsconfine.Plan) -> None:
             os.close(write_end)
         if attempt % 2:
             sandbox.kill()
-            sandbox.wait(timeout=10)
+            sandbox.wait(timeout=60)
         else:
             with sandbox:
                 pass

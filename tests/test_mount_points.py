@@ -12,7 +12,6 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from helpers import (
     SESSION_USER,
     attempt,
     give_to_session_user,
+    read_to_eof,
     session,
     session_dirs,
     user_options,
@@ -72,18 +72,39 @@ def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_
     first = python_child(
         """
         plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
-        nsconfine.spawn(plan, ["sleep", "1.5"]).wait()
+        sandbox = nsconfine.spawn(plan, ["sleep", "600"])
+        print("launched", flush=True)
+        sys.stdin.read()  # until the test ends A
+        sandbox.kill()
+        sandbox.wait()
         """,
         str(workspace), str(repo[1]), SESSION_USER or "",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )  # fmt: skip
-    time.sleep(0.7)  # A is running: B's launch finds A's stubs
-    plan_b = session(workspace, run_b).plan()
-    _status, output = attempt(
-        plan_b,
-        f"cd {workspace}; sleep 2.5; (echo evil > .mcp.json) 2>/dev/null; "
-        "(mkdir -p .vscode && echo {{}} > .vscode/tasks.json) 2>/dev/null; ls -a",
-    )
-    assert first.wait(timeout=60) == 0
+    assert first.stdin is not None
+    assert first.stdout is not None
+    go = run_b / "go"  # B writes once A has ended
+    try:
+        assert first.stdout.readline() == "launched\n"  # A runs: B's launch finds A's stubs
+        plan_b = session(workspace, run_b).plan()
+        read_end, write_end = os.pipe()
+        second = nsconfine.spawn(
+            plan_b,
+            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; cd {workspace}; "
+             "(echo evil > .mcp.json) 2>/dev/null; "
+             "(mkdir -p .vscode && echo {{}} > .vscode/tasks.json) 2>/dev/null; ls -a"],
+            stdout=write_end, stderr=write_end,
+        )  # fmt: skip
+        os.close(write_end)
+    finally:  # A ends while B runs (and B goes on whatever failed)
+        first.stdin.close()
+        ended = first.wait(timeout=120)
+        first.stdout.close()
+        go.touch()
+    assert ended == 0
+    output = (read_to_eof(read_end, 120) or b"").decode()
+    os.close(read_end)
+    assert second.wait(timeout=120) == 0, output
     assert (
         not (workspace / ".mcp.json").exists()
         or "evil" not in (workspace / ".mcp.json").read_text()
