@@ -1,6 +1,8 @@
 """The Sandbox handle's Popen-shaped contract, on real sessions: wait(timeout) raises
-TimeoutExpired and the session goes on; leaving a `with` block kills and reaps it; each
-handle carries its launch's timings, in order."""
+TimeoutExpired and the session goes on (however long the timeout); leaving a `with` block kills
+and reaps it and closes its pipes; PIPE, DEVNULL, STDOUT and communicate() are Popen's; env=
+is for one launch; each handle carries its launch's timings; none is made by hand, and none
+answers outside the process that launched it."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 def test_wait_timeout_raises_timeout_expired_and_the_session_goes_on(
     plan: nsconfine.Plan,
 ) -> None:
+    """wait(timeout) raises TimeoutExpired (a TimeoutError, carrying the pid and the timeout)
+    while the session runs on, and a later wait() gives its status."""
     sandbox = nsconfine.spawn(plan, ["/bin/sleep", "60"])
     try:
         with pytest.raises(nsconfine.TimeoutExpired) as raised:
@@ -42,6 +46,8 @@ def test_wait_timeout_raises_timeout_expired_and_the_session_goes_on(
 
 
 def test_leaving_the_with_block_kills_and_reaps(plan: nsconfine.Plan) -> None:
+    """Leaving the `with` block kills the session and reaps it: its status is -9 and its
+    command's pid is gone."""
     with nsconfine.spawn(plan, ["/bin/sleep", "60"]) as sandbox:
         assert sandbox.returncode is None
     assert sandbox.returncode == -9
@@ -50,6 +56,8 @@ def test_leaving_the_with_block_kills_and_reaps(plan: nsconfine.Plan) -> None:
 
 
 def test_each_handle_carries_its_launch_timings_in_order(plan: nsconfine.Plan) -> None:
+    """A spawned and a pooled handle each carry the time of every stage of its launch, in
+    order."""
     with nsconfine.spawn(plan, ["/bin/true"]) as spawned:
         spawned.wait(timeout=30)
     with nsconfine.Pool(plan, refill="inline") as pool:
@@ -64,6 +72,7 @@ def test_each_handle_carries_its_launch_timings_in_order(plan: nsconfine.Plan) -
 
 
 def test_handles_cannot_be_made_by_hand() -> None:
+    """Sandbox has no public constructor: only a launch makes one."""
     with pytest.raises(TypeError):
         nsconfine.Sandbox()
 

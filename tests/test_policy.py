@@ -339,10 +339,12 @@ def test_the_hosts_proc_and_dev_cannot_be_bound(
 
 
 def test_the_cli_cannot_bind_the_launchers_own_proc(ws_run: tuple[Path, Path]) -> None:
+    """--ro /proc/self (the launcher's own /proc entry) is refused as the host's /proc."""
     with pytest.raises(PlanError, match="host's /proc"):
         session(*ws_run, ro=["/proc/self"]).plan()
 
 
 def test_the_systems_read_only_proc_covers_still_pass(ws_run: tuple[Path, Path]) -> None:
+    """The control: the plan's own read-only binds over /proc (/proc/sys) pass the lint."""
     plan = session(*ws_run).plan()
     assert any(e.kind is Kind.BIND and e.dest == "/proc/sys" for e in plan.entries)

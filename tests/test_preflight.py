@@ -187,6 +187,9 @@ def check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     ["tmpdir-under-config", "tmpdir-missing", "cache-unwritable", "home-missing"],
 )
 def test_check_proves_bwrap_whatever_the_callers_layout(tmp_path: Path, layout: str) -> None:
+    """`nsconfine check` proves bwrap on its canary with TMPDIR under ~/.config or missing, an
+    unwritable cache directory, or no HOME (a TMPDIR under ~/.config made the canary's plan
+    refused)."""
     home = tmp_path / "home"
     (home / ".config" / "tmp").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "XDG_CACHE_HOME")}
