@@ -4,12 +4,15 @@ before anything runs; the refused command leaves no trace."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 from helpers import (
     SESSION_USER,
     open_up,
+    python_child,
     session,
     session_dirs,
 )
@@ -67,3 +70,47 @@ def test_a_pool_checks_pins_at_launch(tmp_path: Path) -> None:
         with pytest.raises(nsconfine.PlanError, match="sha256"):
             pool.launch([str(harness)]).wait(timeout=30)
     assert not marker.exists()
+
+
+# Ways a launcher comes to ignore SIGCHLD: through Python, or behind its back (C code, which
+# signal.getsignal cannot see).
+IGNORE_SIGCHLD = {
+    "python": "signal.signal(signal.SIGCHLD, signal.SIG_IGN)",
+    "c": "ctypes.CDLL(None).signal(int(signal.SIGCHLD), ctypes.c_void_p(1))  # SIG_IGN",
+}
+
+
+@pytest.mark.parametrize("how", sorted(IGNORE_SIGCHLD))
+def test_a_launcher_that_ignores_sigchld_is_refused(ws_run: tuple[Path, Path], how: str) -> None:
+    """With SIGCHLD set to SIG_IGN the kernel reaps the launcher's children itself, and every
+    status is lost (`exit 7` came back as 0, a failed exec as a raw ChildProcessError with
+    fds and mount points left behind): refused before anything runs, saying what to fix."""
+    child = python_child(
+        f"""
+        import ctypes, signal
+        {IGNORE_SIGCHLD[how]}
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        try:
+            print("status", nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 7"]).wait())
+        except nsconfine.NsconfineError as refused:
+            print(refused.code, refused.message)
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert out.startswith("sandbox-unavailable"), out + err
+    assert "SIGCHLD" in out
+    assert sorted(ws_run[0].iterdir()) == []
+
+
+def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) -> None:
+    """SIGCHLD ignored after the pool was made: its launch is refused as spawn's is (it
+    returned 0 for `exit 3`)."""
+    with nsconfine.Pool(plan, size=1, refill="inline") as pool:
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        try:
+            with pytest.raises(nsconfine.SandboxUnavailable, match="SIGCHLD"):
+                pool.launch(["/bin/sh", "-c", "exit 3"])
+        finally:
+            signal.signal(signal.SIGCHLD, previous)

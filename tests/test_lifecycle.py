@@ -113,38 +113,6 @@ def test_a_pipe_left_in_flight_by_the_session_reaches_eof(plan: nsconfine.Plan) 
             os.close(read_end)
 
 
-# Ways a launcher comes to ignore SIGCHLD: through Python, or behind its back (C code, which
-# signal.getsignal cannot see).
-IGNORE_SIGCHLD = {
-    "python": "signal.signal(signal.SIGCHLD, signal.SIG_IGN)",
-    "c": "ctypes.CDLL(None).signal(int(signal.SIGCHLD), ctypes.c_void_p(1))  # SIG_IGN",
-}
-
-
-@pytest.mark.parametrize("how", sorted(IGNORE_SIGCHLD))
-def test_a_launcher_that_ignores_sigchld_is_refused(ws_run: tuple[Path, Path], how: str) -> None:
-    """With SIGCHLD set to SIG_IGN the kernel reaps the launcher's children itself, and every
-    status is lost (`exit 7` came back as 0, a failed exec as a raw ChildProcessError with
-    fds and mount points left behind): refused before anything runs, saying what to fix."""
-    child = python_child(
-        f"""
-        import ctypes, signal
-        {IGNORE_SIGCHLD[how]}
-        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
-        try:
-            print("status", nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 7"]).wait())
-        except nsconfine.NsconfineError as refused:
-            print(refused.code, refused.message)
-        """,
-        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    out, err = child.communicate(timeout=60)
-    assert out.startswith("sandbox-unavailable"), out + err
-    assert "SIGCHLD" in out
-    assert sorted(ws_run[0].iterdir()) == []
-
-
 def test_a_launch_that_fails_leaves_no_pipe_open(plan: nsconfine.Plan) -> None:
     """A command that cannot be executed (OSError), and a plan refused at the gate, leave the
     launcher no fd of the pipes they were given."""

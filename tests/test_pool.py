@@ -362,18 +362,6 @@ def test_a_launcher_without_fd_0_never_hands_a_pool_command_a_host_directory(
     assert "secret" not in output.read_text()
 
 
-def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) -> None:
-    """SIGCHLD ignored after the pool was made: its launch is refused as spawn's is (it
-    returned 0 for `exit 3`)."""
-    with nsconfine.Pool(plan, size=1, refill="inline") as pool:
-        previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-        try:
-            with pytest.raises(nsconfine.SandboxUnavailable, match="SIGCHLD"):
-                pool.launch(["/bin/sh", "-c", "exit 3"])
-        finally:
-            signal.signal(signal.SIGCHLD, previous)
-
-
 @pytest.mark.parametrize("refill", ["inline", "background"])
 def test_no_fd_of_nsconfine_reaches_a_command_as_a_stdio_fd_the_launcher_lacks(
     ws_run: tuple[Path, Path], tmp_path: Path, refill: str
