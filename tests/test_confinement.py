@@ -1,4 +1,5 @@
-"""Real sessions on real namespaces try what they must not, and what they need.
+"""Real sessions on real namespaces try what they must not, and what they need: selftest's
+probe catalogue, and `nsconfine selftest` itself.
 
 Every probe runs twice: on the coder session's real plan, where it must come out as expected,
 and on a weakened plan (a bind exposing the secret, or the needed entry removed), where it must

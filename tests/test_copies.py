@@ -2,7 +2,8 @@
 
 bwrap re-reads mountinfo after every bind, so a thousand file binds cost it seconds; past
 COPY_FILES_ABOVE files nsconfine copies them into a read-only tmpfs instead. These tests compare
-what a session sees both ways, and check that the lint and read-only-ness still hold.
+what a session sees both ways, and check that the lint and read-only-ness still hold, and
+that a runner file swapped for a FIFO after the plan was built is refused, not waited on.
 """
 
 from __future__ import annotations

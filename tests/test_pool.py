@@ -1,6 +1,7 @@
 """Pre-staged sandboxes (nsconfine.Pool) on real namespaces: a warm launch runs the caller's
 command, with the caller's stdio and environment, as confined as a spawn; staged sandboxes end
-when unused, when the pool closes and when the launcher dies."""
+when unused, when the pool closes and when the launcher dies; a staged sandbox killed under
+the pool, a launch short of fds and many launches in a row leave no sandbox and no fd behind."""
 
 from __future__ import annotations
 
