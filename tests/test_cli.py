@@ -414,6 +414,8 @@ def test_a_reader_that_goes_away_is_no_traceback(dirs: Dirs, output: str) -> Non
     assert done.returncode == 141  # as a shell reports a writer killed by SIGPIPE
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
     """`nsconfine run … 1>&-`: no stdout at all (Python's sys.stdout is None); the command's
     status, and no traceback."""
@@ -428,6 +430,8 @@ def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
     assert done.returncode == 5
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_a_git_identity_that_is_not_utf8_is_no_traceback(dirs: Dirs) -> None:
     """--git-identity with a byte that is not UTF-8 in the name: the session starts (git takes
     bytes), where the generated .gitconfig used to raise UnicodeEncodeError."""
@@ -440,6 +444,8 @@ def test_a_git_identity_that_is_not_utf8_is_no_traceback(dirs: Dirs) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_a_session_leaves_the_callers_pipes_as_it_found_them(dirs: Dirs) -> None:
     """A session that sets O_NONBLOCK on its stdout (a pipe it shares with the caller's next
     writer, as in `{ nsconfine run …; head -c 1M /dev/zero; } | reader`): `run` puts the
@@ -461,6 +467,8 @@ def test_a_session_leaves_the_callers_pipes_as_it_found_them(dirs: Dirs) -> None
         os.close(writer)
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs) -> None:
     """A parent that ignores SIGCHLD passes that on through exec; `nsconfine run` owns its
     process and takes the default back, so the command's status is right (it was refused)."""
@@ -488,6 +496,8 @@ def _started_run(ws_run: tuple[Path, Path], script: str) -> tuple[subprocess.Pop
     return process, read_end
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 @pytest.mark.parametrize(
     "number",
     [
@@ -519,6 +529,8 @@ def test_signals_reach_the_command(ws_run: tuple[Path, Path], number: int) -> No
     assert status == 42
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_sigwinch_does_not_start_the_grace_period(ws_run: tuple[Path, Path]) -> None:
     """A window-size change is passed on and nothing more: the session keeps running."""
     script = "trap 'echo winch' WINCH; echo ready; sleep 3; echo done"

@@ -144,6 +144,8 @@ def test_codex_is_pointed_at_its_route_by_a_generated_config(
 # ------------------------------------------------------------------ a profile of one's own
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_a_profile_file_binds_sets_and_passes(
     ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,6 +251,8 @@ def test_include_cycles_are_refused(ws_run: tuple[Path, Path], tmp_path: Path) -
 CODER_BEFORE = ["git", "node", "python"]
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 @pytest.mark.parametrize("profiles", [["coder"], CODER_BEFORE], ids=["coder", "without-jvm"])
 def test_javac_and_maven_run_in_a_coder_session(
     ws_run: tuple[Path, Path], profiles: list[str]
@@ -272,6 +276,8 @@ def test_javac_and_maven_run_in_a_coder_session(
         assert status != 0, output
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 @pytest.mark.parametrize("profiles", [["coder"], CODER_BEFORE], ids=["coder", "without-tls"])
 def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
     ws_run: tuple[Path, Path],
@@ -329,6 +335,8 @@ def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
         assert "refused CERTIFICATE_VERIFY_FAILED" in output, output
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_the_reviewer_reads_the_workspace_and_writes_only_its_notes(
     ws_run: tuple[Path, Path],
 ) -> None:
@@ -424,6 +432,8 @@ def test_a_profile_that_is_no_regular_file_is_refused(
 # ------------------------------------------------------------------ paths a profile gives
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 @pytest.mark.parametrize("form", ["{workspace}", "$NSC_T15_DATA", "~"])
 def test_a_profile_s_deny_rule_is_expanded_like_its_binds(
     ws_run: tuple[Path, Path], tmp_path: Path, form: str
