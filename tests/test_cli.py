@@ -520,7 +520,7 @@ def test_signals_reach_the_command(ws_run: tuple[Path, Path], number: int) -> No
         assert ready.startswith(b"ready"), ready
         process.send_signal(number)
         status = process.wait(timeout=30)
-        output = (read_to_eof(read_end, 10) or b"").decode()
+        output = (read_to_eof(read_end, 60) or b"").decode()
     finally:  # a failure leaves neither the CLI nor its session running
         os.close(read_end)
         process.kill()
@@ -540,7 +540,7 @@ def test_sigwinch_does_not_start_the_grace_period(ws_run: tuple[Path, Path]) -> 
         process.send_signal(signal.SIGWINCH)
         time.sleep(0.2)
     assert process.wait(timeout=30) == 0
-    output = (read_to_eof(read_end, 10) or b"").decode()
+    output = (read_to_eof(read_end, 60) or b"").decode()
     os.close(read_end)
     assert "done" in output, output
 

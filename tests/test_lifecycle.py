@@ -108,7 +108,7 @@ def test_a_pipe_left_in_flight_by_the_session_reaches_eof(plan: nsconfine.Plan) 
             finally:
                 os.close(write_end)
             assert sandbox.wait(timeout=30) == 0
-            assert read_to_eof(read_end, 5) == b""
+            assert read_to_eof(read_end, 30) == b""
         finally:
             os.close(read_end)
 

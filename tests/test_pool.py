@@ -414,7 +414,7 @@ def test_launch_after_the_staged_bwrap_was_killed_runs_the_command(
             assert pool.wait_staged(30)
             monitor = staged_bwrap(pool)
             monitor.kill()
-            monitor.wait(5)
+            monitor.wait(60)
             read_end, write_end = os.pipe()
             try:
                 sandbox = pool.launch(["/bin/sh", "-c", "echo ran; exit 3"], stdout=write_end)
