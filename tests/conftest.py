@@ -15,7 +15,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, give_to_session_user, open_up, session, session_dirs
+from helpers import (
+    SESSION_USER,
+    give_to_session_user,
+    open_up,
+    running_world,
+    session,
+    session_dirs,
+)
 
 import nsconfine
 from nsconfine._kernel import layers as _layers
@@ -98,7 +105,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     session) with its tool socket served and its secret fd leaked; owned by the session's
     account when the launcher is root."""
     open_up(tmp_path)
-    with World(str(tmp_path), run_as(SESSION_USER)).running() as running:
+    with running_world(str(tmp_path), run_as(SESSION_USER)) as running:
         yield running
 
 

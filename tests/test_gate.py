@@ -13,6 +13,7 @@ from helpers import (
     SESSION_USER,
     open_up,
     python_child,
+    running_world,
     session,
     session_dirs,
 )
@@ -21,7 +22,6 @@ import nsconfine
 import nsconfine._launch.programs
 from nsconfine._kernel.accounts import run_as
 from nsconfine._plan import model as p
-from nsconfine._selftest.world import World
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -30,7 +30,7 @@ def test_a_refused_bind_runs_nothing(tmp_path: Path, trace_file: Path) -> None:
     """A plan that binds a secret, built by hand past Session, is refused by spawn itself."""
     open_up(tmp_path)
     (tmp_path / "world").mkdir()
-    with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
+    with running_world(str(tmp_path / "world"), run_as(SESSION_USER)) as world:
         plan = world.plan()
         secret = world.secrets["~/.ssh/id_ed25519"]
         weakened = plan.replace(entries=(*plan.entries, p.ro_bind(secret, secret, "wants it")))
@@ -44,7 +44,7 @@ def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, trace_file: Path)
     """A harness whose content no longer matches its pin is refused before launch."""
     open_up(tmp_path)
     (tmp_path / "world").mkdir()
-    with World(str(tmp_path / "world"), run_as(SESSION_USER)).running() as world:
+    with running_world(str(tmp_path / "world"), run_as(SESSION_USER)) as world:
         plan = world.plan()
         with open(world.harness, "a") as harness:
             harness.write(f"touch {trace_file}\n")

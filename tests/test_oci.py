@@ -25,6 +25,7 @@ from helpers import (
     SESSION_USER,
     catalogue_probe,
     open_up,
+    running_world,
     session,
     session_dirs,
     user_options,
@@ -458,7 +459,7 @@ def runc_world(tmp_path: Path) -> Iterator[World]:
     root = tmp_path / "world"
     root.mkdir()
     open_up(root)
-    with World(str(root), run_as(SESSION_USER)).running() as running:
+    with running_world(str(root), run_as(SESSION_USER)) as running:
         yield running
 
 
