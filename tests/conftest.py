@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, open_up, session, session_dirs
+from helpers import (
+    SESSION_USER,
+    give_to_session_user,
+    open_up,
+    running_world,
+    session,
+    session_dirs,
+)
 
 import nsconfine
 from nsconfine._kernel import layers as _layers
@@ -97,5 +105,50 @@ def world(tmp_path: Path) -> Iterator[World]:
     session) with its tool socket served and its secret fd leaked; owned by the session's
     account when the launcher is root."""
     open_up(tmp_path)
-    with World(str(tmp_path), run_as(SESSION_USER)).running() as running:
+    with running_world(str(tmp_path), run_as(SESSION_USER)) as running:
         yield running
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A workspace that is a git repository with a commit, and a bare remote beside it, and a
+    nested repository inside it; owned by the session's account."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    environ = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path)}
+
+    def git(where: Path, *args: str) -> None:
+        subprocess.run(["git", "-c", "safe.directory=*", "-C", str(where), *args], check=True,
+                       capture_output=True, env=environ)  # fmt: skip
+
+    git(workspace, "init", "-q", "-b", "main")
+    (workspace / "README").write_text("hello\n")
+    (workspace / ".envrc").write_text("export SAFE=1\n")
+    git(workspace, "add", "README", ".envrc")
+    git(workspace, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    (nested := workspace / "vendor" / "lib").mkdir(parents=True)
+    git(nested, "init", "-q")
+    git(workspace, "init", "-q", "--bare", str(workspace / "remote.git"))
+    give_to_session_user(workspace)
+    return workspace, run_dir
+
+
+@pytest.fixture
+def trace_file(tmp_path: Path) -> Path:
+    """Where the refused command would leave its trace."""
+    return tmp_path / "ws" / "command-ran"
+
+
+@pytest.fixture
+def standin_home(tmp_path: Path) -> Path:
+    """A stand-in home (as a test harness or a systemd unit's $HOME would be) with a few real
+    secrets in it (an SSH key, Claude's credentials, an app's secrets) and a file that is
+    none, resolved."""
+    home = tmp_path / "home" / "alice"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (home / ".claude").mkdir()
+    (home / ".claude" / ".credentials.json").write_text('{"token": "x"}\n')
+    (home / ".config" / "app").mkdir(parents=True)
+    (home / ".config" / "app" / "secrets").write_text("token=1\n")
+    (home / "notes.txt").write_text("nothing secret\n")
+    return home.resolve()

@@ -7,6 +7,7 @@ directories above them must be traversable by it; `session_dirs` makes them so.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import ipaddress
 import os
@@ -28,12 +29,14 @@ from typing import Any
 import pytest
 
 import nsconfine
+from nsconfine._kernel.accounts import RunAs
 from nsconfine._launch.handoff import hand_off, prepare_launch
 from nsconfine._launch.stage import stage, stdio_fd
 from nsconfine._plan.model import Plan
 from nsconfine._plan.protect import PROTECTED
 from nsconfine._plan.system import system_entries
 from nsconfine._preflight.checks import proven_bwrap, takes_bind_fds
+from nsconfine._selftest.probes import Probe, probes
 from nsconfine._selftest.report import pids_with as pids_with  # re-exported for the tests
 from nsconfine._selftest.world import World
 from nsconfine._session import session_entries
@@ -132,13 +135,32 @@ def python_child(code: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", program, *args], text=True, **popen)
 
 
-def wait_until_gone(marker: str, timeout: float = 10.0) -> list[int]:
+def wait_until_gone(marker: str, timeout: float = 60.0) -> list[int]:
     """Wait up to timeout for every process whose command line holds marker to end; return
     the ones still there."""
     deadline = time.monotonic() + timeout
     while (alive := pids_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return alive
+
+
+def sleeper(marker: str) -> list[str]:
+    """A command that sleeps 10 minutes with marker in its command line (for pids_with)."""
+    return ["/bin/sh", "-c", f"exec sleep 600 # {marker}"]
+
+
+def ended_session_output(read_end: int, marker: str, attempt: object = "") -> bytes:
+    """What the session whose command line holds marker wrote to read_end (closed here), once
+    it has ended: asserts that its stdout reaches EOF and that no process of it is left,
+    waiting up to a minute for each (a loaded host tears a session down slowly), and kills
+    what is left, so that a failure leaves nothing running."""
+    output = read_to_eof(read_end, 60)
+    os.close(read_end)
+    alive = wait_until_gone(marker, 60)
+    kill_all(alive)
+    assert alive == [], f"attempt {attempt}: {alive} still running"
+    assert output is not None, f"attempt {attempt}: no EOF"
+    return output
 
 
 def kill_all(pids: Iterable[int]) -> None:
@@ -168,7 +190,7 @@ def read_to_eof(fd: int, timeout: float) -> bytes | None:
         chunks.append(chunk)
 
 
-def read_until(fd: int, wanted: bytes, timeout: float = 20) -> bytes:
+def read_until(fd: int, wanted: bytes, timeout: float = 60) -> bytes:
     """What fd gives until wanted shows up (or the timeout, or the end)."""
     import select
 
@@ -256,6 +278,14 @@ def run(plan: nsconfine.Plan, argv: Sequence[str], timeout: float = 120) -> tupl
 def sh(plan: nsconfine.Plan, script: str, timeout: float = 120) -> tuple[int, str]:
     """A shell snippet's exit status and output, in a session of plan."""
     return run(plan, ["/bin/sh", "-c", script], timeout)
+
+
+def attempt(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
+    """A shell snippet's status and output, in a session; -1 and the refusal if refused."""
+    try:
+        return sh(plan, script)
+    except (nsconfine.NsconfineError, OSError) as refused:
+        return -1, str(refused)
 
 
 def cli(
@@ -417,3 +447,88 @@ def serving(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def swap_with_symlink(directory: Path, target: Path, stop: threading.Event) -> None:
+    """Swap directory with a symlink to target, and back, staying in each state from a
+    fraction of a millisecond to longer than a launch: every moment of a launch is hit."""
+    import random
+
+    rng = random.Random(7)
+    real = directory.with_name(directory.name + ".real")
+    link = directory.with_name(directory.name + ".link")
+    while not stop.is_set():
+        try:
+            os.symlink(target, link)
+            os.rename(directory, real)
+            os.rename(link, directory)
+            time.sleep(rng.choice((0.0002, 0.002, 0.02)))
+            os.rename(directory, link)
+            os.rename(real, directory)
+            os.unlink(link)
+            time.sleep(rng.choice((0.0002, 0.002, 0.05)))
+        except OSError:  # EBUSY: a live sandbox pins the directory; start again from the real one
+            _put_back(directory, real, link)
+    _put_back(directory, real, link)
+
+
+def _put_back(directory: Path, real: Path, link: Path) -> None:
+    """The real directory at its name again, and no symlink left, whatever step failed."""
+    with contextlib.suppress(OSError):
+        if directory.is_symlink():
+            directory.unlink()
+    with contextlib.suppress(OSError):
+        if not directory.exists() and real.exists():
+            real.rename(directory)
+    with contextlib.suppress(OSError):
+        if link.is_symlink():
+            link.unlink()
+
+
+def catalogue_probe(world: World, name: str) -> Probe:
+    """The probe of selftest's catalogue called name, on world."""
+    return next(probe for probe in probes(world) if probe.name == name)
+
+
+def writable_by(path: Path, uid: int) -> bool:
+    """Whether uid may write path by its owner and mode bits (no ACLs here)."""
+    info = path.stat()
+    return (info.st_uid == uid and bool(info.st_mode & 0o200)) or bool(info.st_mode & 0o002)
+
+
+@contextmanager
+def running_world(root: str, user: RunAs | None) -> Iterator[World]:
+    """selftest's World at root, running (World.running), whose server threads are woken and
+    joined once it has stopped: World.running closes its listening sockets, which does not
+    wake a thread blocked in accept(), so each world left three threads behind, and with them
+    the session keyring they hold and its key, for the rest of the run (an unprivileged
+    account's 200 keys ran out, and its launches failed with EDQUOT)."""
+    world = World(root, user)
+    try:
+        with world.running() as running:
+            yield running
+    finally:
+        _wake_servers(world)
+
+
+def _wake_servers(world: World) -> None:
+    """Connect once to each of the stopped world's servers (its tool socket, its loopback
+    service, its API stand-in) and read the answer: each server then finds its socket closed
+    and ends; join them."""
+    addresses: list[tuple[socket.AddressFamily, str | tuple[str, int], bytes]] = [
+        (socket.AF_UNIX, world.tool_socket, b"")
+    ]
+    for attribute, request in (("loopback_port", b""), ("api_port", b"GET / HTTP/1.0\r\n\r\n")):
+        port = getattr(world, attribute, 0)
+        if port:
+            addresses.append((socket.AF_INET, ("127.0.0.1", port), request))
+    for family, address, request in addresses:
+        with contextlib.suppress(OSError), socket.socket(family) as client:
+            client.settimeout(60)
+            client.connect(address)
+            client.sendall(request)
+            while client.recv(4096):
+                pass
+    for thread in threading.enumerate():
+        if thread.name.endswith(("(_serve)", "(_serve_api)")):
+            thread.join(60)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,15 @@ def _onboarded(world: World) -> None:
             os.chown(path, user.uid, user.gid)
 
 
+def _pane_once(socket: str, drawn: Callable[[str], bool], timeout: float = 60) -> str:
+    """The tmux pane's screen once drawn(screen) holds, or the last one after timeout seconds
+    (a TUI draws on its own time: the check after it says what is missing)."""
+    deadline = time.monotonic() + timeout
+    while not drawn(screen := tmux(socket, "capture-pane", "-p")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return screen
+
+
 def _longest_rule(screen: str) -> int:
     """The longest run of box-drawing rule characters on screen (the TUI's input box)."""
     longest = 0
@@ -203,13 +213,11 @@ def test_claude_code_renders_in_tty_mode_under_tmux(world: World, tmp_path: Path
                 time.sleep(0.5)
                 screen = tmux(socket, "capture-pane", "-p")
             assert api.done.is_set(), screen
-            time.sleep(2)
-            before = tmux(socket, "capture-pane", "-p")
+            before = _pane_once(socket, lambda screen: FINAL_WORD in screen)
             assert FINAL_WORD in before, before
             wide = _longest_rule(before)
             tmux(socket, "resize-window", "-x", "70", "-y", "30")
-            time.sleep(3)
-            after = tmux(socket, "capture-pane", "-p")
+            after = _pane_once(socket, lambda screen: 0 < _longest_rule(screen) <= 70)
             narrow = _longest_rule(after)
         finally:
             tmux(socket, "kill-server")

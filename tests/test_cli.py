@@ -1,20 +1,38 @@
-"""The command line, run as a program: exit statuses, one-line refusals, and nothing runs when
-a launch is refused."""
+"""The command line, run as a program: exit statuses, one-line refusals, nothing runs when a
+launch is refused, and the signals `nsconfine run` passes on to its session."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import session_dirs, user_options, with_sigchld_ignored, without_fd
+from helpers import (
+    cli,
+    ended_session_output,
+    give_to_session_user,
+    read_to_eof,
+    read_until,
+    session,
+    session_dirs,
+    session_options,
+    sleeper,
+    user_options,
+    with_sigchld_ignored,
+    without_fd,
+)
+
+import nsconfine
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -24,7 +42,7 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def nsconfine(
+def run_cli(
     *args: str | Path, env: dict[str, str] | None = None, program: Sequence[str] = ()
 ) -> subprocess.CompletedProcess[str]:
     """Run the CLI in a fresh interpreter, from a neutral directory, and capture its output."""
@@ -111,12 +129,12 @@ def write_credential(path: Path, content: str, mode: int = 0o600) -> Path:
 )
 def test_usage_error_is_one_line_exit_64(args: list[str]) -> None:
     """A malformed command line exits 64 with one `nsconfine: usage:` line and no traceback."""
-    assert_refused(nsconfine(*args), 64, "usage")
+    assert_refused(run_cli(*args), 64, "usage")
 
 
 def test_top_level_usage_hint_names_a_real_command() -> None:
     """The hint after a top-level usage error is a command that exists: `nsconfine --help`."""
-    line = assert_refused(nsconfine("frob"), 64, "usage")
+    line = assert_refused(run_cli("frob"), 64, "usage")
     assert "nsconfine nsconfine" not in line
 
 
@@ -230,7 +248,7 @@ def test_the_quick_parser_reads_what_argparse_reads() -> None:
 @pytest.mark.parametrize("separator", [["--"], []], ids=["with-dashes", "bare"])
 def test_run_without_command_is_usage_error(dirs: Dirs, separator: list[str]) -> None:
     """`run` with no command (with or without `--`) exits 64 and runs nothing."""
-    line = assert_refused(nsconfine("run", *dirs.session, *separator), 64, "usage")
+    line = assert_refused(run_cli("run", *dirs.session, *separator), 64, "usage")
     assert "no command" in line
 
 
@@ -284,7 +302,7 @@ def test_refused_run_runs_nothing(dirs: Dirs, name: str) -> None:
     """Every refusal of `run` exits with its code's status, on one line, and the command never
     runs (its marker file does not appear)."""
     args, env, status, code, named = refusal_case(name, dirs)
-    line = assert_refused(nsconfine("run", *args, *dirs.marker_command, env=env), status, code)
+    line = assert_refused(run_cli("run", *args, *dirs.marker_command, env=env), status, code)
     assert named in line
     assert not dirs.marker.exists()
 
@@ -298,7 +316,7 @@ LAUNCH_ONLY_REFUSALS = ("no-bwrap", "credential-missing")
 def test_refused_plan_is_one_line(dirs: Dirs, name: str) -> None:
     """`plan` refuses the same sessions as `run`, with the same status and one-line message."""
     args, env, status, code, named = refusal_case(name, dirs)
-    result = nsconfine("plan", *args, env=env)
+    result = run_cli("plan", *args, env=env)
     assert named in assert_refused(result, status, code)
     assert result.stdout == ""
 
@@ -310,27 +328,27 @@ def test_plan_before_the_credential_exists(dirs: Dirs) -> None:
     missing = dirs.root / "later.env"
     args = [*dirs.session, "--credential", str(missing), "--network", "proxy"]
     args += ["--inject-for", "anthropic"]
-    shown = nsconfine("plan", *args)
+    shown = run_cli("plan", *args)
     assert shown.returncode == 0, shown.stderr
     assert f"credential: {missing} does not exist yet" in shown.stdout
     assert "route /anthropic/ -> https://api.anthropic.com" in shown.stdout
-    as_json = json.loads(nsconfine("plan", "--json", *args).stdout)
+    as_json = json.loads(run_cli("plan", "--json", *args).stdout)
     assert as_json["credential_needed"] == str(missing)
-    explained = nsconfine("explain", "https://api.anthropic.com", *args)
+    explained = run_cli("explain", "https://api.anthropic.com", *args)
     assert explained.returncode == 0, explained.stderr
     assert "reachable only through the route" in explained.stdout
-    line = assert_refused(nsconfine("run", *args, *dirs.marker_command), 78, "credential-missing")
+    line = assert_refused(run_cli("run", *args, *dirs.marker_command), 78, "credential-missing")
     assert str(missing) in line
     assert not dirs.marker.exists()
     bundle = dirs.root / "bundle"
     line = assert_refused(
-        nsconfine("oci-bundle", *args, str(bundle), "--", "/bin/true"),
+        run_cli("oci-bundle", *args, str(bundle), "--", "/bin/true"),
         78,
         "credential-missing",
     )
     assert not (bundle / "config.json").exists()
     write_credential(missing, "ANTHROPIC_API_KEY=sk-later\n")
-    shown = nsconfine("plan", *args)
+    shown = run_cli("plan", *args)
     assert shown.returncode == 0, shown.stderr
     assert "does not exist yet" not in shown.stdout
 
@@ -340,7 +358,7 @@ def test_plan_before_the_credential_exists(dirs: Dirs) -> None:
 def test_marker_command_runs_when_not_refused(dirs: Dirs) -> None:
     """The marker command of the refusal tests does create its marker when the session is fine,
     so their `not exists` checks can fail."""
-    result = nsconfine("run", *dirs.session, *dirs.marker_command)
+    result = run_cli("run", *dirs.session, *dirs.marker_command)
     assert result.returncode == 0, result.stderr
     assert dirs.marker.exists()
 
@@ -348,8 +366,8 @@ def test_marker_command_runs_when_not_refused(dirs: Dirs) -> None:
 def test_check_without_bwrap_is_sandbox_unavailable(tmp_path: Path) -> None:
     """With NSCONFINE_BWRAP naming a missing file, `check` exits 69 with one refusal line."""
     env = base_env(NSCONFINE_BWRAP=str(tmp_path / "no-such-bwrap"))
-    assert "no-such-bwrap" in assert_refused(nsconfine("check", env=env), 69, "sandbox-unavailable")
-    result = nsconfine("check", "--json", env=env)
+    assert "no-such-bwrap" in assert_refused(run_cli("check", env=env), 69, "sandbox-unavailable")
+    result = run_cli("check", "--json", env=env)
     assert result.returncode == 69
     report = json.loads(result.stdout)
     assert report["ready"] is False
@@ -360,7 +378,7 @@ def test_check_without_bwrap_is_sandbox_unavailable(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("sandbox_ready")
 def test_check_json_reports_ready() -> None:
     """On a host that can confine, `check --json` exits 0 and reports ready with every check ok."""
-    result = nsconfine("check", "--json")
+    result = run_cli("check", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["ready"] is True
@@ -370,7 +388,7 @@ def test_check_json_reports_ready() -> None:
 
 def test_plan_json_is_the_manifest(dirs: Dirs) -> None:
     """`plan --json` prints the manifest as JSON, with the workspace bound read-write."""
-    result = nsconfine("plan", *dirs.session, "--json")
+    result = run_cli("plan", *dirs.session, "--json")
     assert result.returncode == 0, result.stderr
     manifest = json.loads(result.stdout)
     assert manifest["chdir"] == str(dirs.workspace)
@@ -386,7 +404,7 @@ def test_plan_output_never_shows_a_secret(dirs: Dirs) -> None:
     cred = write_credential(dirs.root / "session.env", f"API_TOKEN='{token}'\n")
     env = base_env(NSCONFINE_TEST_PASSED=passed)
     session = [*dirs.session, "--credential", str(cred), "--pass-env", "NSCONFINE_TEST_PASSED"]
-    result = nsconfine("plan", *session, "--bwrap-args", env=env)
+    result = run_cli("plan", *session, "--bwrap-args", env=env)
     assert result.returncode == 0, result.stderr
     options = json.loads(result.stdout)
     assert isinstance(options, list)
@@ -397,7 +415,7 @@ def test_plan_output_never_shows_a_secret(dirs: Dirs) -> None:
         index = options.index(name)
         assert options[index - 1 : index + 2] == ["--setenv", name, "(hidden)"]
     for shown in ("--bwrap-args", "--json", None):
-        output = nsconfine("plan", *session, *([shown] if shown else []), env=env)
+        output = run_cli("plan", *session, *([shown] if shown else []), env=env)
         assert output.returncode == 0, output.stderr
         assert token not in output.stdout + output.stderr
         assert passed not in output.stdout + output.stderr
@@ -407,12 +425,49 @@ def test_plan_output_never_shows_a_secret(dirs: Dirs) -> None:
 @pytest.mark.usefixtures("sandbox_ready")
 @pytest.mark.parametrize(
     ("script", "status"),
-    [("exit 0", 0), ("exit 7", 7), ("kill -TERM $$", 143), ("kill -KILL $$", 137)],
+    [("exit 0", 0), ("exit 1", 1), ("exit 7", 7), ("kill -TERM $$", 143), ("kill -KILL $$", 137)],
 )
 def test_run_returns_the_command_status(dirs: Dirs, script: str, status: int) -> None:
-    """`run` exits with the command's status, or 128+N when a signal N killed it."""
-    result = nsconfine("run", *dirs.session, "--", "/bin/sh", "-c", script)
+    """`run` exits with the command's status (its own 1 too), or 128+N when a signal N killed
+    it."""
+    result = run_cli("run", *dirs.session, "--", "/bin/sh", "-c", script)
     assert result.returncode == status, result.stderr
+
+
+def _cli_run(ws_run: tuple[Path, Path], *command: str) -> subprocess.CompletedProcess[str]:
+    return cli(
+        "run",
+        *session_options(*ws_run),
+        "--",
+        *command,
+    )
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_cli_exits_127_for_a_missing_command(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run -- no-such-command` exits 127, as a shell does, in one line."""
+    result = _cli_run(ws_run, "no-such-command")
+    assert result.returncode == 127, result.stderr
+    assert "no-such-command" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_sandbox_that_fails_to_set_up_is_69(ws_run: tuple[Path, Path]) -> None:
+    """A previous session that replaced run/home with a file makes the next launch's set-up
+    fail: the CLI exits 69 with nsconfine's refusal, the API raises SandboxUnavailable."""
+    home = ws_run[1] / "home"
+    if home.is_dir():
+        home.rmdir()
+    home.write_text("not a directory")
+    give_to_session_user(home)
+    result = _cli_run(ws_run, "/bin/true")
+    assert result.returncode == 69, result.stderr
+    assert "nsconfine: sandbox-unavailable: " in result.stderr
+    with pytest.raises(nsconfine.SandboxUnavailable):
+        nsconfine.spawn(session(*ws_run).plan(), ["/bin/true"])
 
 
 @pytest.mark.confinement
@@ -421,7 +476,7 @@ def test_run_passes_the_credential_to_the_command(dirs: Dirs) -> None:
     """A credential variable is in the confined command's environment, though never printed."""
     token = f"cred-{secrets.token_hex(16)}"
     cred = write_credential(dirs.root / "session.env", f"API_TOKEN={token}\n")
-    result = nsconfine(
+    result = run_cli(
         "run", *dirs.session, "--credential", cred, "--", "/bin/sh", "-c", 'echo "$API_TOKEN"'
     )
     assert result.returncode == 0, result.stderr
@@ -442,10 +497,10 @@ def test_console_script_is_installed_and_works(dirs: Dirs) -> None:
     """The `nsconfine` console script exists and behaves like `python -m nsconfine`."""
     script = [console_script()]
     assert os.access(script[0], os.X_OK)
-    result = nsconfine("plan", *dirs.session, "--json", program=script)
+    result = run_cli("plan", *dirs.session, "--json", program=script)
     assert result.returncode == 0, result.stderr
     assert "entries" in json.loads(result.stdout)
-    assert_refused(nsconfine("frob", program=script), 64, "usage")
+    assert_refused(run_cli("frob", program=script), 64, "usage")
 
 
 @pytest.mark.parametrize("output", ["--json", "--bwrap-args"])
@@ -466,6 +521,8 @@ def test_a_reader_that_goes_away_is_no_traceback(dirs: Dirs, output: str) -> Non
     assert done.returncode == 141  # as a shell reports a writer killed by SIGPIPE
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
     """`nsconfine run … 1>&-`: no stdout at all (Python's sys.stdout is None); the command's
     status, and no traceback."""
@@ -480,6 +537,8 @@ def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
     assert done.returncode == 5
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_a_git_identity_that_is_not_utf8_is_no_traceback(dirs: Dirs) -> None:
     """--git-identity with a byte that is not UTF-8 in the name: the session starts (git takes
     bytes), where the generated .gitconfig used to raise UnicodeEncodeError."""
@@ -492,6 +551,8 @@ def test_a_git_identity_that_is_not_utf8_is_no_traceback(dirs: Dirs) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_a_session_leaves_the_callers_pipes_as_it_found_them(dirs: Dirs) -> None:
     """A session that sets O_NONBLOCK on its stdout (a pipe it shares with the caller's next
     writer, as in `{ nsconfine run …; head -c 1M /dev/zero; } | reader`): `run` puts the
@@ -513,6 +574,8 @@ def test_a_session_leaves_the_callers_pipes_as_it_found_them(dirs: Dirs) -> None
         os.close(writer)
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs) -> None:
     """A parent that ignores SIGCHLD passes that on through exec; `nsconfine run` owns its
     process and takes the default back, so the command's status is right (it was refused)."""
@@ -524,3 +587,112 @@ def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs)
         capture_output=True, text=True, cwd="/", timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
+
+
+# ------------------------------------------------------------------ signals
+
+
+def _started_run(ws_run: tuple[Path, Path], script: str) -> tuple[subprocess.Popen[bytes], int]:
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+         "/bin/sh", "-c", script],
+        stdout=write_end, cwd="/",
+    )  # fmt: skip
+    os.close(write_end)
+    return process, read_end
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.parametrize(
+    "number",
+    [
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGWINCH,
+    ],
+)
+def test_signals_reach_the_command(ws_run: tuple[Path, Path], number: int) -> None:
+    """Each signal sent to `nsconfine run` reaches the command: its trap runs, and the CLI
+    exits with the command's status."""
+    name = signal.Signals(number).name[3:]
+    script = f"trap 'echo got-{name}; exit 42' {name}; echo ready; while :; do sleep 0.1; done"
+    process, read_end = _started_run(ws_run, script)
+    try:
+        ready = os.read(read_end, 100)
+        assert ready.startswith(b"ready"), ready
+        process.send_signal(number)
+        status = process.wait(timeout=30)
+        output = (read_to_eof(read_end, 60) or b"").decode()
+    finally:  # a failure leaves neither the CLI nor its session running
+        os.close(read_end)
+        process.kill()
+        process.wait()
+    assert f"got-{name}" in output, output
+    assert status == 42
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_sigwinch_does_not_start_the_grace_period(ws_run: tuple[Path, Path]) -> None:
+    """A window-size change is passed on and nothing more: the session keeps running."""
+    script = "trap 'echo winch' WINCH; echo ready; sleep 3; echo done"
+    process, read_end = _started_run(ws_run, script)
+    assert os.read(read_end, 100).startswith(b"ready")
+    for _ in range(3):
+        process.send_signal(signal.SIGWINCH)
+        time.sleep(0.2)
+    assert process.wait(timeout=30) == 0
+    output = (read_to_eof(read_end, 60) or b"").decode()
+    os.close(read_end)
+    assert "done" in output, output
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_forwarded_sigterm_leaves_nothing(ws_run: tuple[Path, Path]) -> None:
+    """SIGTERM to `nsconfine run` at any moment ends the session, and its stdout reaches EOF."""
+    rng = random.Random(7)
+    for attempt in range(12):
+        marker = f"nsconfine-term-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+             *sleeper(marker)],
+            stdout=write_end, cwd="/",
+        )  # fmt: skip
+        os.close(write_end)
+        time.sleep(rng.uniform(0.05, 0.4))
+        cli.send_signal(signal.SIGTERM)
+        cli.wait(timeout=30)
+        ended_session_output(read_end, marker, attempt)
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_sigterm_to_run_ends_even_a_session_that_ignores_it(ws_run: tuple[Path, Path]) -> None:
+    """SIGTERM to `nsconfine run` reaches the command; a session that ignores it is killed
+    when the grace period ends: nothing is left, and its stdout reaches EOF."""
+    marker = f"nsconfine-grace-{os.urandom(6).hex()}"
+    read_end, write_end = os.pipe()
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", *user_options(), "--grace", "1",
+         "--workspace", str(ws_run[0]), "--run-dir", str(ws_run[1]), "--",
+         "/bin/sh", "-c", f"trap '' TERM; echo started; sleep 600 & wait; sleep 600 # {marker}"],
+        stdout=write_end, cwd="/",
+    )  # fmt: skip
+    os.close(write_end)
+    try:
+        started = read_until(read_end, b"started\n", timeout=120)  # its trap is set
+    finally:
+        cli.send_signal(signal.SIGTERM)
+    assert cli.wait(timeout=60) != 0
+    rest = ended_session_output(read_end, marker)
+    assert (started, rest) == (
+        b"started\n",
+        b"",
+    )  # it ignored SIGTERM, and was killed after the grace

@@ -1,4 +1,5 @@
-"""Real sessions on real namespaces try what they must not, and what they need.
+"""Real sessions on real namespaces try what they must not, and what they need: selftest's
+probe catalogue, and `nsconfine selftest` itself.
 
 Every probe runs twice: on the coder session's real plan, where it must come out as expected,
 and on a weakened plan (a bind exposing the secret, or the needed entry removed), where it must
@@ -8,6 +9,7 @@ flip. A probe that cannot flip proves nothing, so its twin is part of the proof.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 from collections.abc import Sequence
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import unchecked_launcher, unlinted_next_plan
+from helpers import catalogue_probe, cli, unchecked_launcher, user_options, writable_by
 
 from nsconfine._kernel import layers as _layers
 from nsconfine._launch.confirm import mount_table_problems
@@ -31,10 +33,9 @@ from nsconfine._plan.bwrap_args import (
 from nsconfine._plan.model import Plan
 from nsconfine._preflight.checks import proven_bwrap
 from nsconfine._selftest import report as _report
-from nsconfine._selftest.probes import Probe, plan_for, probes
+from nsconfine._selftest.probes import plan_for, probes
 from nsconfine._selftest.report import (
     killed_launches_leave_nothing,
-    planted_symlink_leaks,
     run_probe,
     run_script,
 )
@@ -52,10 +53,6 @@ def _probe_names() -> list[str]:
 
     with tempfile.TemporaryDirectory() as root:
         return [probe.name for probe in probes(World(root))]
-
-
-def _probe(world: World, name: str) -> Probe:
-    return next(probe for probe in probes(world) if probe.name == name)
 
 
 class NaiveSandbox:
@@ -128,7 +125,7 @@ def naive_launch(
 @pytest.mark.parametrize("name", _probe_names())
 def test_probe_holds_on_the_real_plan(world: World, name: str) -> None:
     """Each refusal is refused and each need is met, judged by the host's own files."""
-    probe = _probe(world, name)
+    probe = catalogue_probe(world, name)
     allowed, outcome = run_probe(plan_for(world, probe), probe)
     assert allowed == probe.expect_allowed, outcome
 
@@ -139,7 +136,7 @@ def test_probe_flips_on_a_weakened_plan(
 ) -> None:
     """The same probe comes out the other way once the plan exposes the secret or loses the
     entry the need depends on: the check can fail."""
-    probe = _probe(world, name)
+    probe = catalogue_probe(world, name)
     plan = plan_for(world, probe)
     launcher: _report.Launcher = unchecked_launcher
     if name == "use an fd the launcher leaked":
@@ -148,7 +145,7 @@ def test_probe_flips_on_a_weakened_plan(
     if name == "write /usr":
         # Sessions never hold host uid 0, so the host's own permissions refuse this write on a
         # read-write /usr too: what flips is who refuses it, the read-only bind or the host.
-        assert not _writable_by(Path("/usr"), plan.user.uid)
+        assert not writable_by(Path("/usr"), plan.user.uid)
         assert "Read-only file system" in run_probe(plan, probe)[1].stderr
         refused = run_probe(weakened, probe, launcher)[1]
         assert "Permission denied" in refused.stderr, refused
@@ -157,11 +154,6 @@ def test_probe_flips_on_a_weakened_plan(
     monkeypatch.setattr(_layers, "DISABLED_FOR_TESTS", frozenset(probe.layers_off))
     allowed, outcome = run_probe(weakened, probe, launcher)
     assert allowed != probe.expect_allowed, outcome
-
-
-def _writable_by(path: Path, uid: int) -> bool:
-    info = path.stat()
-    return (info.st_uid == uid and bool(info.st_mode & 0o200)) or bool(info.st_mode & 0o002)
 
 
 def test_host_secrets_are_really_there(world: World) -> None:
@@ -215,14 +207,10 @@ def test_environment_is_only_the_plan(world: World) -> None:
     assert names == {v.name for v in plan.env} | {"PWD"}
 
 
-def test_a_launch_killed_at_once_leaves_nothing(world: World) -> None:
-    """kill() right after spawn, ten times over, leaves no process and every stdout at EOF."""
-    assert killed_launches_leave_nothing(world.plan()) is None
-
-
 def test_a_naive_launch_killed_at_once_leaves_its_command_running(world: World) -> None:
-    """The same check fails for bwrap started directly and killed as soon as its sandbox
-    exists (before the sandbox's own death signal is set): the check can fail."""
+    """selftest's killed-launch check fails for bwrap started directly and killed as soon as
+    its sandbox exists (before the sandbox's own death signal is set): the check can fail.
+    (That nsconfine's own launches killed at once leave nothing: test_lifecycle.py.)"""
 
     def kill_bwrap_in_its_window(
         plan: Plan, argv: Sequence[str], *, stdout: Stdio = None
@@ -233,8 +221,20 @@ def test_a_naive_launch_killed_at_once_leaves_its_command_running(world: World) 
     assert left is not None
 
 
-def test_the_planted_symlink_twin_leaks(world: World) -> None:
-    """selftest's planted-symlink check can fail: past the lint, the next session's workspace
-    leads into the checkout and its internal file is read."""
-    assert planted_symlink_leaks(world) is None
-    assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan) is not None
+def test_selftest_runs_every_probe_and_passes() -> None:
+    """`nsconfine selftest --json` runs every probe of the catalogue this host has (host power,
+    trusted files, one per kernel layer) and the checks beyond it, and passes (as root,
+    through an unprivileged account)."""
+    result = cli("selftest", "--json", *user_options(), timeout=600)
+    report = json.loads(result.stdout)
+    names = {row["check"] for row in report["checks"]}
+    beyond = {
+        "every mount is a plan entry",
+        "outlive a launch killed at once",
+        "fork past the session's process limit, starving its account",
+        "read what the user types at the terminal its output goes to",
+        "redirect the next workspace by a planted symlink",
+    }
+    assert names >= {*_probe_names(), *beyond}, sorted({*_probe_names(), *beyond} - names)
+    assert report["ok"], [row for row in report["checks"] if not row["ok"]]
+    assert result.returncode == 0

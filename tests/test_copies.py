@@ -2,15 +2,25 @@
 
 bwrap re-reads mountinfo after every bind, so a thousand file binds cost it seconds; past
 COPY_FILES_ABOVE files nsconfine copies them into a read-only tmpfs instead. These tests compare
-what a session sees both ways, and check that the lint and read-only-ness still hold.
+what a session sees both ways, and check that the lint and read-only-ness still hold, and
+that a runner file swapped for a FIFO after the plan was built is refused, not waited on.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import open_up, session, session_dirs, unchecked_launcher
+from helpers import (
+    SESSION_USER,
+    give_to_session_user,
+    open_up,
+    python_child,
+    session,
+    session_dirs,
+    unchecked_launcher,
+)
 
 import nsconfine
 from nsconfine import _session
@@ -124,3 +134,37 @@ def test_the_manifest_says_where_copies_are_made_and_why(tree: tuple[Path, list[
     assert roots
     assert roots <= remounted
     assert all(any(c.dest.startswith(r + "/") for r in roots) for c in copies)
+
+
+_SPAWN_WITH_FIFO = r"""
+tree = sys.argv[1]
+files = [os.path.join(tree, f"f{i}.py") for i in range(20)]
+plan = session_plan(sys.argv[2], sys.argv[3], sys.argv[4], ro=files)
+os.unlink(files[7])
+os.mkfifo(files[7])
+try:
+    nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30)
+    print("ran")
+except nsconfine.PlanError as refused:
+    print(refused.code, refused.message)
+"""
+
+
+def test_a_fifo_among_copied_runner_files_is_refused(tmp_path: Path) -> None:
+    """A runner file swapped for a FIFO after the plan was built is refused, not waited on."""
+    workspace, run_dir, tree = session_dirs(tmp_path, "ws", "run", "tree")
+    for i in range(20):
+        (tree / f"f{i}.py").write_text(f"print({i})\n")
+    give_to_session_user(tree)
+    child = python_child(
+        _SPAWN_WITH_FIFO, str(tree), str(workspace), str(run_dir), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail("spawn hung on the FIFO")
+    assert out.startswith("plan-refused"), out + err
+    assert "f7.py" in out

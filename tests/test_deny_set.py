@@ -26,21 +26,7 @@ from nsconfine._session import Session, build_plan
 from nsconfine._text import printable
 
 
-@pytest.fixture
-def standin(tmp_path: Path) -> Path:
-    """A stand-in home (as a test harness or a systemd unit's $HOME would be), with secrets."""
-    home = tmp_path / "standin-home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
-    (home / ".claude").mkdir()
-    (home / ".claude" / ".credentials.json").write_text('{"token": "x"}\n')
-    (home / ".config" / "app").mkdir(parents=True)
-    (home / ".config" / "app" / "secrets").write_text("token=1\n")
-    (home / "notes.txt").write_text("nothing secret\n")
-    return home.resolve()
-
-
-def plan(ws_run: tuple[Path, Path], environ: dict[str, str], **options: object) -> Plan:
+def checked_plan(ws_run: tuple[Path, Path], environ: dict[str, str], **options: object) -> Plan:
     """The checked plan of a session, built with environ as the launcher's environment."""
     if SESSION_USER:
         options.setdefault("user", SESSION_USER)
@@ -51,7 +37,7 @@ def plan(ws_run: tuple[Path, Path], environ: dict[str, str], **options: object) 
 def refusal(ws_run: tuple[Path, Path], environ: dict[str, str], **options: object) -> str:
     """The message the plan is refused with."""
     with pytest.raises(PlanError) as refused:
-        plan(ws_run, environ, **options)
+        checked_plan(ws_run, environ, **options)
     return refused.value.message
 
 
@@ -62,25 +48,27 @@ def refusal(ws_run: tuple[Path, Path], environ: dict[str, str], **options: objec
     "secret", [".ssh/id_ed25519", ".ssh", ".claude/.credentials.json", ".config/app/secrets"]
 )
 def test_a_stand_in_home_s_stores_are_denied(
-    ws_run: tuple[Path, Path], standin: Path, secret: str
+    ws_run: tuple[Path, Path], standin_home: Path, secret: str
 ) -> None:
     """$HOME's stores are denied even when $HOME is not the password database's home."""
-    message = refusal(ws_run, {"HOME": str(standin)}, ro=[standin / secret])
-    assert str(standin) in message
+    message = refusal(ws_run, {"HOME": str(standin_home)}, ro=[standin_home / secret])
+    assert str(standin_home) in message
 
 
-def test_a_stand_in_home_itself_is_denied(ws_run: tuple[Path, Path], standin: Path) -> None:
+def test_a_stand_in_home_itself_is_denied(ws_run: tuple[Path, Path], standin_home: Path) -> None:
     """$HOME itself cannot be bound, and a file in it outside every store can."""
-    assert "home" in refusal(ws_run, {"HOME": str(standin)}, ro=[standin])
-    bound = plan(ws_run, {"HOME": str(standin)}, ro=[standin / "notes.txt"])
-    assert str(standin / "notes.txt") in {e.source for e in bound.entries}
+    assert "home" in refusal(ws_run, {"HOME": str(standin_home)}, ro=[standin_home])
+    bound = checked_plan(ws_run, {"HOME": str(standin_home)}, ro=[standin_home / "notes.txt"])
+    assert str(standin_home / "notes.txt") in {e.source for e in bound.entries}
 
 
-def test_a_workspace_equal_to_home_is_refused(standin: Path, tmp_path: Path) -> None:
+def test_a_workspace_equal_to_home_is_refused(standin_home: Path, tmp_path: Path) -> None:
     """$HOME (or above it) as the workspace is refused."""
     (run := tmp_path / "run2").mkdir()
     with pytest.raises(PlanError, match="home"):
-        build_plan(Session(workspace=standin, run_dir=run), environ={"HOME": str(standin)})
+        build_plan(
+            Session(workspace=standin_home, run_dir=run), environ={"HOME": str(standin_home)}
+        )
 
 
 @pytest.mark.parametrize(
@@ -113,7 +101,7 @@ def test_directories_tools_are_pointed_at_are_denied(
         (store / "secret").write_text("secret\n")
     message = refusal(ws_run, {variable: str(store)}, ro=[store])
     assert relative in message
-    made = plan(ws_run, {variable: str(store)})
+    made = checked_plan(ws_run, {variable: str(store)})
     origins = {rule.path: rule.origin for rule in made.deny}
     assert variable in origins[str(store.resolve())]
 
@@ -128,23 +116,33 @@ def test_sudo_user_s_home_is_denied(ws_run: tuple[Path, Path]) -> None:
     others = [e for e in pwd.getpwall() if e.pw_uid != os.getuid() and owns_home(e)]
     if not others:
         pytest.skip("no other account on this host has a home of its own")
-    made = plan(ws_run, {"SUDO_USER": others[0].pw_name})
+    made = checked_plan(ws_run, {"SUDO_USER": others[0].pw_name})
     assert any("SUDO_USER" in rule.origin for rule in made.deny), made.deny
 
 
-def test_every_rule_says_where_it_came_from(ws_run: tuple[Path, Path], standin: Path) -> None:
+def test_every_rule_says_where_it_came_from(ws_run: tuple[Path, Path], standin_home: Path) -> None:
     """Each deny rule in the manifest names its origin."""
-    made = plan(ws_run, {"HOME": str(standin)})
+    made = checked_plan(ws_run, {"HOME": str(standin_home)})
     assert all(rule.origin for rule in made.deny)
     assert any(rule.origin == "$HOME" for rule in made.deny)
     assert "$HOME" in made.manifest()
+
+
+def test_a_store_variable_with_a_tilde_is_denied(
+    ws_run: tuple[Path, Path], standin_home: Path
+) -> None:
+    """AWS_SHARED_CREDENTIALS_FILE=~/creds (as a systemd unit writes it, unexpanded) denies
+    the file in every home."""
+    (creds := standin_home / "creds").write_text("aws_secret_access_key=x\n")
+    environ = {"HOME": str(standin_home), "AWS_SHARED_CREDENTIALS_FILE": "~/creds"}
+    assert "creds" in refusal(ws_run, environ, ro=[creds])
 
 
 # ------------------------------------------------------------------ no stale cache
 
 
 def test_a_re_pointed_symlink_is_judged_afresh(
-    ws_run: tuple[Path, Path], standin: Path, tmp_path: Path
+    ws_run: tuple[Path, Path], standin_home: Path, tmp_path: Path
 ) -> None:
     """In a long-lived launcher, re-pointing ~/.ssh (a symlink) at another directory makes
     that directory denied at once: the decision equals a fresh one."""
@@ -152,14 +150,14 @@ def test_a_re_pointed_symlink_is_judged_afresh(
     for keys in (first, second):
         keys.mkdir()
         (keys / "id_ed25519").write_text("key\n")
-    ssh = standin / ".ssh"
+    ssh = standin_home / ".ssh"
     for child in ssh.iterdir():
         child.unlink()
     ssh.rmdir()
     ssh.symlink_to(first)
-    environ = {"HOME": str(standin)}
+    environ = {"HOME": str(standin_home)}
     assert str(first) in refusal(ws_run, environ, ro=[first / "id_ed25519"])
-    plan(ws_run, environ, ro=[second / "id_ed25519"])  # allowed: not a store (yet)
+    checked_plan(ws_run, environ, ro=[second / "id_ed25519"])  # allowed: not a store (yet)
     ssh.unlink()
     ssh.symlink_to(second)
     assert str(second) in refusal(ws_run, environ, ro=[second / "id_ed25519"])
@@ -168,22 +166,24 @@ def test_a_re_pointed_symlink_is_judged_afresh(
 # ------------------------------------------------------------------ what a path is
 
 
-def test_a_hardlink_to_a_key_is_refused(ws_run: tuple[Path, Path], standin: Path) -> None:
+def test_a_hardlink_to_a_key_is_refused(ws_run: tuple[Path, Path], standin_home: Path) -> None:
     """A hardlink to ~/.ssh/id_ed25519 elsewhere is the key: refused."""
     link = ws_run[0].parent / "innocent.txt"
-    os.link(standin / ".ssh" / "id_ed25519", link)
-    assert ".ssh" in refusal(ws_run, {"HOME": str(standin)}, ro=[link])
+    os.link(standin_home / ".ssh" / "id_ed25519", link)
+    assert ".ssh" in refusal(ws_run, {"HOME": str(standin_home)}, ro=[link])
 
 
-_BIND_VIEW = r"""
+# Lints, in a private mount namespace, a plan that binds argv[3] after ~/.ssh (argv[1]) is
+# bind-mounted at argv[2].
+_LINT_AN_SSH_VIEW = r"""
 import os, subprocess, sys
 from nsconfine._plan import model as p
 from nsconfine._policy import lint as _lint
 from nsconfine._errors import PlanError
-home, view, deny_home = sys.argv[1], sys.argv[2], sys.argv[3]
+home, view, bound = sys.argv[1], sys.argv[2], sys.argv[3]
 subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), view], check=True)
-rules = _lint.default_deny(homes=[deny_home], environ={})
-plan = p.Plan([p.ro_bind(view, "/keys", "a view")], deny=rules)
+rules = _lint.default_deny(homes=[home], environ={})
+plan = p.Plan([p.ro_bind(bound, "/bound", "a view or a runner directory")], deny=rules)
 try:
     _lint.check_plan(plan)
     print("allowed")
@@ -192,14 +192,20 @@ except PlanError as refused:
 """
 
 
-def test_a_bind_mount_view_of_ssh_is_refused(standin: Path, tmp_path: Path) -> None:
-    """A host bind-mount view of ~/.ssh at another path is ~/.ssh: refused (checked in a
-    private mount namespace, as root or in a user namespace)."""
-    view = tmp_path / "view"
-    view.mkdir()
+@pytest.mark.parametrize("below", [False, True], ids=["at-another-path", "below-a-bound-dir"])
+def test_a_bind_mount_view_of_ssh_is_refused(
+    standin_home: Path, tmp_path: Path, below: bool
+) -> None:
+    """A host bind-mount view of ~/.ssh is ~/.ssh: binding it (at another path), or a directory
+    it is mounted below (bwrap binds recursively, carrying it into the sandbox), is refused
+    (checked in a private mount namespace, as root or in a user namespace)."""
+    bound = tmp_path / "lib"
+    view = bound / "view" if below else bound
+    view.mkdir(parents=True)
     unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
     result = subprocess.run(
-        [*unshare, sys.executable, "-c", _BIND_VIEW, str(standin), str(view), str(standin)],
+        [*unshare, sys.executable, "-c", _LINT_AN_SSH_VIEW, str(standin_home), str(view),
+         str(bound)],
         capture_output=True, text=True, cwd="/", timeout=60, check=False,
     )  # fmt: skip
     assert result.stdout.startswith("refused"), result.stdout + result.stderr
@@ -231,6 +237,31 @@ def test_deny_root_refuses_every_bind(ws_run: tuple[Path, Path], tmp_path: Path)
     """`--deny /` refuses every bind instead of doing nothing."""
     (runner := tmp_path / "runner.py").write_text("print(1)\n")
     assert refusal(ws_run, {}, ro=[runner], deny=["/"])
+
+
+def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
+    ws_run: tuple[Path, Path], standin_home: Path, tmp_path: Path
+) -> None:
+    """A directory whose file system holds a second name of a denied key may hold that name:
+    binding it is refused, naming the key."""
+    lib = tmp_path / "checkout" / "lib"
+    lib.mkdir(parents=True)
+    os.link(standin_home / ".ssh" / "id_ed25519", lib / "key")
+    assert "id_ed25519" in refusal(ws_run, {"HOME": str(standin_home)}, ro=[lib])
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/run/podman/podman.sock", "/run/containerd/containerd.sock", "/run/crio/crio.sock",
+     "/run/libvirt/libvirt-sock", "/run/dbus/system_bus_socket"],
+)  # fmt: skip
+def test_every_plan_denies_the_hosts_root_daemons(ws_run: tuple[Path, Path], path: str) -> None:
+    """Rootful Podman, containerd, CRI-O and libvirt are root on the host, as Docker is, and the
+    system bus reaches the host's services: every plan's deny set holds their sockets (a
+    session bind of one is refused where it exists; this host runs none of them)."""
+    deny = session(*ws_run).plan().deny
+    judge = _lint.Judge(deny)
+    assert judge.violated(path) is not None
 
 
 # ------------------------------------------------------------------ output and limits
@@ -285,54 +316,6 @@ def test_rules_of_kind_bind_only_judge_sources() -> None:
     assert all(e.kind is not Kind.BIND for e in Plan([p.tmpfs("/tmp", "x")]).entries)
 
 
-# ------------------------------------------------------------------ found by an attacker's pass
-
-
-def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
-    ws_run: tuple[Path, Path], standin: Path, tmp_path: Path
-) -> None:
-    """A directory whose file system holds a second name of a denied key may hold that name:
-    binding it is refused, naming the key."""
-    lib = tmp_path / "checkout" / "lib"
-    lib.mkdir(parents=True)
-    os.link(standin / ".ssh" / "id_ed25519", lib / "key")
-    assert "id_ed25519" in refusal(ws_run, {"HOME": str(standin)}, ro=[lib])
-
-
-_VIEW_BELOW = r"""
-import os, subprocess, sys
-from nsconfine._plan import model as p
-from nsconfine._policy import lint as _lint
-from nsconfine._errors import PlanError
-home, lib = sys.argv[1], sys.argv[2]
-subprocess.run(["mount", "--bind", os.path.join(home, ".ssh"), os.path.join(lib, "view")],
-               check=True)
-rules = _lint.default_deny(homes=[home], environ={})
-plan = p.Plan([p.ro_bind(lib, "/lib", "a runner directory")], deny=rules)
-try:
-    _lint.check_plan(plan)
-    print("allowed")
-except PlanError as refused:
-    print("refused", refused.message)
-"""
-
-
-def test_a_bind_mount_view_below_a_bound_directory_is_refused(
-    standin: Path, tmp_path: Path
-) -> None:
-    """A host mount of ~/.ssh below a bound directory would be carried into the sandbox (bwrap
-    binds recursively): refused."""
-    lib = tmp_path / "lib"
-    (lib / "view").mkdir(parents=True)
-    unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
-    result = subprocess.run(
-        [*unshare, sys.executable, "-c", _VIEW_BELOW, str(standin), str(lib)],
-        capture_output=True, text=True, cwd="/", timeout=60, check=False,
-    )  # fmt: skip
-    assert result.stdout.startswith("refused"), result.stdout + result.stderr
-    assert ".ssh" in result.stdout
-
-
 @pytest.mark.parametrize("character", ["\u0085", "\u009b", "\u202e", "\u2066", "\u2028"])
 def test_unicode_controls_are_escaped(character: str) -> None:
     """C1 controls, bidi overrides and line separators are escaped in readable output."""
@@ -347,25 +330,3 @@ def test_a_dangling_tool_socket_is_a_clean_refusal(
     """A tool socket that is a dangling symlink is refused by name, not a traceback."""
     (link := tmp_path / "tool.sock").symlink_to(tmp_path / "gone.sock")
     assert "tool.sock" in refusal(ws_run, {}, tool_socket=link)
-
-
-def test_a_store_variable_with_a_tilde_is_denied(ws_run: tuple[Path, Path], standin: Path) -> None:
-    """AWS_SHARED_CREDENTIALS_FILE=~/creds (as a systemd unit writes it, unexpanded) denies
-    the file in every home."""
-    (creds := standin / "creds").write_text("aws_secret_access_key=x\n")
-    environ = {"HOME": str(standin), "AWS_SHARED_CREDENTIALS_FILE": "~/creds"}
-    assert "creds" in refusal(ws_run, environ, ro=[creds])
-
-
-@pytest.mark.parametrize(
-    "path",
-    ["/run/podman/podman.sock", "/run/containerd/containerd.sock", "/run/crio/crio.sock",
-     "/run/libvirt/libvirt-sock", "/run/dbus/system_bus_socket"],
-)  # fmt: skip
-def test_every_plan_denies_the_hosts_root_daemons(ws_run: tuple[Path, Path], path: str) -> None:
-    """Rootful Podman, containerd, CRI-O and libvirt are root on the host, as Docker is, and the
-    system bus reaches the host's services: every plan's deny set holds their sockets (a
-    session bind of one is refused where it exists; this host runs none of them)."""
-    deny = session(*ws_run).plan().deny
-    judge = _lint.Judge(deny)
-    assert judge.violated(path) is not None

@@ -22,8 +22,8 @@ from helpers import (
     session_options,
     session_uid,
     sh,
+    swap_with_symlink,
 )
-from test_hostile_workspace import _swapper
 
 import nsconfine
 
@@ -40,7 +40,7 @@ def test_a_runner_directory_swapped_while_plans_are_built_is_refused(tmp_path: P
     (elsewhere / "config.py").write_text("elsewhere\n")
     give_to_session_user(lib.parent, lib, elsewhere)
     stop = threading.Event()
-    swapper = threading.Thread(target=_swapper, args=(lib, elsewhere, stop), daemon=True)
+    swapper = threading.Thread(target=swap_with_symlink, args=(lib, elsewhere, stop), daemon=True)
     swapper.start()
     outcomes: list[str] = []
     try:

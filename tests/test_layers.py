@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +30,6 @@ from helpers import (
     session_dirs,
     session_options,
     sh,
-    user_options,
 )
 
 import nsconfine
@@ -129,7 +129,7 @@ ALLOWED = ("personality_query", "socket_AF_UNIX", "socket_AF_INET", "socket_AF_I
            "socket_AF_NETLINK")  # fmt: skip
 
 
-def probe(plan: nsconfine.Plan) -> dict[str, str]:
+def filter_answers(plan: nsconfine.Plan) -> dict[str, str]:
     status, output = run(plan, ["python3", "-c", PROBE])
     assert status == 0, output
     result: dict[str, str] = json.loads(output.strip().splitlines()[-1])
@@ -140,7 +140,7 @@ def probe(plan: nsconfine.Plan) -> dict[str, str]:
 def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The probe's results in one default session (shared by the tests below)."""
     workspace, run_dir = session_dirs(tmp_path_factory.mktemp("probe"), "ws", "run")
-    return probe(session(workspace, run_dir).plan())
+    return filter_answers(session(workspace, run_dir).plan())
 
 
 @pytest.mark.parametrize("call", sorted(REFUSED))
@@ -161,7 +161,7 @@ def test_without_the_filter_the_kernel_answers(
     """The twin: with the seccomp layer off, every probe gets another answer (the kernel's),
     except those only the pid-1 guard or nested user namespaces decide."""
     without("seccomp")
-    result = probe(session(*ws_run).plan())
+    result = filter_answers(session(*ws_run).plan())
     landlock_decides = {"ptrace_pid_1", "process_vm_readv_pid_1"}
     unprovable = landlock_decides | KERNEL_AGREES
     same = [c for c in REFUSED if c not in unprovable and result[c] == REFUSED[c]]
@@ -225,14 +225,72 @@ def test_tiocsti_and_tioclinux_fail_on_a_pty(ws_run: tuple[Path, Path]) -> None:
     assert "TIOCLINUX EPERM" in output
 
 
-def test_setuid_chmod_fails(ws_run: tuple[Path, Path]) -> None:
-    """chmod u+s on the session's own file fails, and the bit is not set."""
-    target = ws_run[0] / "tool"
-    _status, output = sh(
-        session(*ws_run).plan(), f"cp /bin/true {target}; chmod u+s {target}; echo $?"
-    )
-    assert output.strip().endswith("1"), output
-    assert not target.stat().st_mode & 0o4000
+_PLANT_SETUID = r"""
+cp /bin/sh by-chmod && chmod 4755 by-chmod
+chmod g+s by-chmod
+python3 -c 'import os; os.umask(0); os.close(os.open("by-open", os.O_CREAT|os.O_WRONLY, 0o4755))'
+python3 -c 'import os; os.umask(0); os.mknod("by-mknod", 0o102755)'
+true
+"""
+
+
+def _setid_files(workspace: Path) -> list[str]:
+    return [
+        path.name
+        for path in workspace.iterdir()
+        if path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    ]
+
+
+def test_no_setuid_file_can_be_planted(plan: nsconfine.Plan, ws_run: tuple[Path, Path]) -> None:
+    """chmod u+s / g+s, open(O_CREAT) and mknod with set-id bits all fail: nothing in the
+    workspace keeps a setuid or setgid bit on the host."""
+    _status, output = sh(plan, _PLANT_SETUID)
+    assert _setid_files(ws_run[0]) == [], output
+
+
+def test_without_seccomp_a_setuid_file_is_planted(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: with the seccomp layer off the same script leaves setuid files."""
+    without("seccomp")
+    sh(plan, _PLANT_SETUID)
+    assert set(_setid_files(ws_run[0])) >= {"by-chmod", "by-open", "by-mknod"}
+
+
+_MQ_SETGID = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.umask(0)
+fd = libc.mq_open(b"/nsconfine-probe", os.O_CREAT | os.O_RDWR, 0o2644, None)
+print("created" if fd >= 0 else "refused %d" % ctypes.get_errno())
+"""
+
+
+def test_mq_open_cannot_ask_for_a_set_id_mode(plan: nsconfine.Plan) -> None:
+    """mq_open with a set-group-ID mode is refused (EPERM) by the seccomp filter."""
+    _status, output = sh(plan, f"python3 -c '{_MQ_SETGID}'")
+    assert output.startswith("refused 1"), output
+
+
+_SOCKETPAIR = r"""
+import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+pair = (ctypes.c_int * 2)()
+for name in ("AF_VSOCK", "AF_PACKET", "AF_UNIX"):
+    ctypes.set_errno(0)
+    r = libc.socketpair(int(getattr(socket, name)), socket.SOCK_DGRAM, 0, pair)
+    print(name, "ok" if r == 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_socketpair_is_held_to_the_same_families(ws_run: tuple[Path, Path]) -> None:
+    """socketpair() of a family socket() may not open gets EAFNOSUPPORT from the filter (never
+    reaching that family's code); AF_UNIX pairs work."""
+    _status, output = run(session(*ws_run).plan(), ["python3", "-c", _SOCKETPAIR])
+    assert "AF_VSOCK EAFNOSUPPORT" in output, output
+    assert "AF_PACKET EAFNOSUPPORT" in output, output
+    assert "AF_UNIX ok" in output, output
 
 
 # ------------------------------------------------------------------ ordinary work still works
@@ -344,6 +402,62 @@ def test_without_the_layers_pid_1_is_reached(
     assert "mem ok" in output, (status, output)
 
 
+_INIT_LIMITS = r"""
+import ctypes, errno, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, result):
+    print(name, "ok" if result == 0 else errno.errorcode[ctypes.get_errno()])
+limit = (ctypes.c_ulong * 2)(1, 1)
+attempt("prlimit", libc.prlimit(1, resource.RLIMIT_CPU, limit, None))
+attempt("setpriority", libc.setpriority(0, 1, 19))
+mask = (ctypes.c_ulong * 16)(1)
+attempt("sched_setaffinity", libc.sched_setaffinity(1, ctypes.sizeof(mask), mask))
+"""
+
+
+def test_the_sandbox_s_pid_1_cannot_be_limited_to_death(ws_run: tuple[Path, Path]) -> None:
+    """The command cannot give pid 1 a CPU limit (which kills it, and with it the status), nor
+    renice or pin it."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_LIMITS])
+    assert status == 0, output
+    for call in ("prlimit", "setpriority", "sched_setaffinity"):
+        assert f"{call} EPERM" in output, output
+
+
+def test_without_the_filter_pid_1_can_be_limited(
+    ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: without the filter, prlimit of pid 1 succeeds."""
+    without("seccomp")
+    _status, output = run(
+        session(*ws_run).plan(),
+        ["python3", "-c", _INIT_LIMITS.replace("(1, 1)", "(3600, 3600)")],
+    )
+    assert "prlimit ok" in output, output
+
+
+_INIT_RENICED = r"""
+import os
+print("before", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
+for which, who in ((os.PRIO_USER, 0), (os.PRIO_PGRP, 0)):
+    try:
+        os.setpriority(which, who, 19)
+    except OSError:
+        pass
+print("after", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
+"""
+
+
+def test_the_sandbox_s_pid_1_cannot_be_reniced_by_user_or_group(ws_run: tuple[Path, Path]) -> None:
+    """setpriority(PRIO_USER, 0, 19) renices every process of the caller's uid in its pid
+    namespace, pid 1 among them (PRIO_PGRP likewise, for pid 1's process group): the filter
+    guarded only who == 1, so pid 1's priority, "the sandbox's own to keep", changed."""
+    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_RENICED])
+    assert status == 0, output
+    before, after = (line.split()[1] for line in output.split("\n")[:2])
+    assert after == before, output
+
+
 # ------------------------------------------------------------------ Landlock scopes
 
 
@@ -405,16 +519,18 @@ def test_nested_namespaces_work_when_opted_in(ws_run: tuple[Path, Path]) -> None
     assert "NESTED-BWRAP" in output, output
 
 
-def test_the_cli_takes_allow_nested_userns(ws_run: tuple[Path, Path]) -> None:
-    """`--allow-nested-userns REASON` on the CLI puts the reason in the manifest."""
-    result = cli(
-        "plan",
-        *session_options(*ws_run),
-        "--allow-nested-userns",
-        "codex's own",
-    )
-    assert result.returncode == 0, result.stderr
-    assert "codex's own" in result.stdout
+@pytest.mark.parametrize(("reason", "status"), [("codex's own", 0), ("", 64)])
+def test_the_cli_takes_allow_nested_userns_with_its_reason(
+    ws_run: tuple[Path, Path], reason: str, status: int
+) -> None:
+    """`--allow-nested-userns REASON` on the CLI puts the reason in the manifest; an empty
+    reason is a usage error, not silently ignored."""
+    result = cli("plan", *session_options(*ws_run), "--allow-nested-userns", reason)
+    assert result.returncode == status, result.stdout + result.stderr
+    if reason:
+        assert reason in result.stdout
+    else:
+        assert "reason" in result.stderr
 
 
 # ------------------------------------------------------------------ the network
@@ -518,104 +634,3 @@ def test_the_manifest_shows_the_layers(ws_run: tuple[Path, Path]) -> None:
     text = session(*ws_run).plan().manifest()
     for layer in ("seccomp", "no-nested-userns", "landlock"):
         assert f"  {layer}:" in text
-
-
-def test_selftest_has_a_probe_per_layer() -> None:
-    """selftest proves each layer this host has."""
-    result = cli("selftest", "--json", *user_options(), timeout=600)
-    report = json.loads(result.stdout)
-    names = " ".join(row["check"] for row in report["checks"])
-    for needed in ("keyring syscalls", "abstract socket", "pid 1", "nested user namespace",
-                   "socket family"):  # fmt: skip
-        assert needed in names, names
-    assert report["ok"], [row for row in report["checks"] if not row["ok"]]
-
-
-# ------------------------------------------------------------------ found by an attacker's pass
-
-_INIT_LIMITS = r"""
-import ctypes, errno, os, resource
-libc = ctypes.CDLL(None, use_errno=True)
-def attempt(name, result):
-    print(name, "ok" if result == 0 else errno.errorcode[ctypes.get_errno()])
-limit = (ctypes.c_ulong * 2)(1, 1)
-attempt("prlimit", libc.prlimit(1, resource.RLIMIT_CPU, limit, None))
-attempt("setpriority", libc.setpriority(0, 1, 19))
-mask = (ctypes.c_ulong * 16)(1)
-attempt("sched_setaffinity", libc.sched_setaffinity(1, ctypes.sizeof(mask), mask))
-"""
-
-
-def test_the_sandbox_s_pid_1_cannot_be_limited_to_death(ws_run: tuple[Path, Path]) -> None:
-    """The command cannot give pid 1 a CPU limit (which kills it, and with it the status), nor
-    renice or pin it."""
-    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_LIMITS])
-    assert status == 0, output
-    for call in ("prlimit", "setpriority", "sched_setaffinity"):
-        assert f"{call} EPERM" in output, output
-
-
-def test_without_the_filter_pid_1_can_be_limited(
-    ws_run: tuple[Path, Path], without: Callable[..., None]
-) -> None:
-    """The twin: without the filter, prlimit of pid 1 succeeds."""
-    without("seccomp")
-    _status, output = run(
-        session(*ws_run).plan(),
-        ["python3", "-c", _INIT_LIMITS.replace("(1, 1)", "(3600, 3600)")],
-    )
-    assert "prlimit ok" in output, output
-
-
-_INIT_RENICED = r"""
-import os
-print("before", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
-for which, who in ((os.PRIO_USER, 0), (os.PRIO_PGRP, 0)):
-    try:
-        os.setpriority(which, who, 19)
-    except OSError:
-        pass
-print("after", open("/proc/1/stat").read().rsplit(")", 1)[1].split()[16])
-"""
-
-
-def test_the_sandbox_s_pid_1_cannot_be_reniced_by_user_or_group(ws_run: tuple[Path, Path]) -> None:
-    """setpriority(PRIO_USER, 0, 19) renices every process of the caller's uid in its pid
-    namespace, pid 1 among them (PRIO_PGRP likewise, for pid 1's process group): the filter
-    guarded only who == 1, so pid 1's priority, "the sandbox's own to keep", changed."""
-    status, output = run(session(*ws_run).plan(), ["python3", "-c", _INIT_RENICED])
-    assert status == 0, output
-    before, after = (line.split()[1] for line in output.split("\n")[:2])
-    assert after == before, output
-
-
-_SOCKETPAIR = r"""
-import ctypes, errno, socket
-libc = ctypes.CDLL(None, use_errno=True)
-pair = (ctypes.c_int * 2)()
-for name in ("AF_VSOCK", "AF_PACKET", "AF_UNIX"):
-    ctypes.set_errno(0)
-    r = libc.socketpair(int(getattr(socket, name)), socket.SOCK_DGRAM, 0, pair)
-    print(name, "ok" if r == 0 else errno.errorcode[ctypes.get_errno()])
-"""
-
-
-def test_socketpair_is_held_to_the_same_families(ws_run: tuple[Path, Path]) -> None:
-    """socketpair() of a family socket() may not open gets EAFNOSUPPORT from the filter (never
-    reaching that family's code); AF_UNIX pairs work."""
-    _status, output = run(session(*ws_run).plan(), ["python3", "-c", _SOCKETPAIR])
-    assert "AF_VSOCK EAFNOSUPPORT" in output, output
-    assert "AF_PACKET EAFNOSUPPORT" in output, output
-    assert "AF_UNIX ok" in output, output
-
-
-def test_an_empty_nested_userns_reason_is_refused(ws_run: tuple[Path, Path]) -> None:
-    """--allow-nested-userns '' is a usage error, not silently ignored."""
-    result = cli(
-        "plan",
-        *session_options(*ws_run),
-        "--allow-nested-userns",
-        "",
-    )
-    assert result.returncode == 64, result.stdout
-    assert "reason" in result.stderr

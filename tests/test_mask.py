@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -113,16 +112,21 @@ def test_a_masked_path_missing_on_the_host_is_an_empty_file_it_cannot_make(
     host's file is as the host left it."""
     secret = ws_run[0] / ".env"
     plan = _masked(ws_run, secret)
-    script = "(echo forged > .env) 2>/dev/null || echo refused; sleep 1; cat .env; echo read"
+    go = ws_run[1] / "go"  # the session reads once the host has written
+    script = (
+        "(echo forged > .env) 2>/dev/null || echo refused; "
+        f"while [ ! -e {go} ]; do sleep 0.05; done; cat .env; echo read"
+    )
     read_end, write_end = os.pipe()
     sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", script], stdout=write_end)
     os.close(write_end)
     try:
-        assert os.read(read_end, 100) == b"refused\n"
-        deadline = time.monotonic() + 10
-        while not secret.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        secret.write_text(SECRET)  # the host's, written while the session runs
+        try:
+            assert os.read(read_end, 100) == b"refused\n"
+            assert secret.exists()  # the empty file the launch made to mount over
+            secret.write_text(SECRET)  # the host's, written while the session runs
+        finally:
+            go.touch()
         assert sandbox.wait(60) == 0
         assert os.read(read_end, 100) == b"read\n"
     finally:

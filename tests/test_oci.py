@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SESSION_USER, open_up, session, session_dirs, user_options
+from helpers import (
+    SESSION_USER,
+    catalogue_probe,
+    open_up,
+    running_world,
+    session,
+    session_dirs,
+    user_options,
+    writable_by,
+)
 from test_limits import FILL, OPEN_FILES, PTYS
 from test_seccomp_program import CASES, SECCOMP_RET_ALLOW, errno_of, run_filter
 
@@ -33,7 +42,7 @@ from nsconfine._kernel.accounts import run_as
 from nsconfine._plan import model as p
 from nsconfine._plan.limits import LIMITS
 from nsconfine._plan.model import Kind, Mode, Plan
-from nsconfine._selftest.probes import Outcome, Probe, probes
+from nsconfine._selftest.probes import Outcome, probes
 from nsconfine._selftest.report import FORK_UNTIL_REFUSED
 from nsconfine._selftest.world import World
 
@@ -155,8 +164,9 @@ def test_every_rule_name_is_one_libseccomp_knows() -> None:
 
 
 @pytest.fixture
-def plan(tmp_path: Path) -> Plan:
-    """A session with runner files enough to be copied, a credential and a setenv."""
+def oci_plan(tmp_path: Path) -> Plan:
+    """The plan the export tests state: a session with runner files enough to be copied, a
+    credential and a setenv."""
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     runner = tmp_path / "runner"
     runner.mkdir()
@@ -175,12 +185,12 @@ def plan(tmp_path: Path) -> Plan:
     ).plan()
 
 
-def test_the_config_states_every_entry(plan: Plan, tmp_path: Path) -> None:
+def test_the_config_states_every_entry(oci_plan: Plan, tmp_path: Path) -> None:
     """Binds with their modes, /proc's read-only parts, the read-only root, the copies in a
     read-only tree, no capabilities, no_new_privs, the user, and each entry's reason."""
-    config = _oci.export(plan, str(tmp_path / "bundle")).config
+    config = _oci.export(oci_plan, str(tmp_path / "bundle")).config
     mounts = {m["destination"]: m for m in config["mounts"]}
-    for entry in plan.entries:
+    for entry in oci_plan.entries:
         if entry.kind is Kind.BIND and entry.dest.startswith("/proc/"):
             assert entry.dest in config["linux"]["readonlyPaths"]
         elif entry.kind is Kind.BIND and entry.sha256 is None:
@@ -191,31 +201,35 @@ def test_the_config_states_every_entry(plan: Plan, tmp_path: Path) -> None:
         elif entry.kind is Kind.COPY:
             assert entry.dest not in mounts  # inside the tree
         assert any(entry.reason in value for value in config["annotations"].values()), entry
-    copies = {e.dest.rsplit("/", 1)[0] for e in plan.entries if e.kind is Kind.COPY}
+    copies = {e.dest.rsplit("/", 1)[0] for e in oci_plan.entries if e.kind is Kind.COPY}
     assert copies
     assert all("ro" in mounts[tree]["options"] for tree in copies)
     assert mounts["/tmp"]["type"] == "tmpfs"
-    assert f"uid={plan.user.uid}" in mounts["/tmp"]["options"]
+    assert f"uid={oci_plan.user.uid}" in mounts["/tmp"]["options"]
     assert config["root"]["readonly"] is True
     process = config["process"]
     assert process["noNewPrivileges"] is True
     assert all(caps == [] for caps in process["capabilities"].values())
-    assert process["user"] == {"uid": plan.user.uid, "gid": plan.user.gid, "additionalGids": []}
+    assert process["user"] == {
+        "uid": oci_plan.user.uid,
+        "gid": oci_plan.user.gid,
+        "additionalGids": [],
+    }
     assert "API_KEY=(hidden)" in process["env"]
     assert "MODE=ci" in process["env"]
-    assert process["cwd"] == plan.chdir
+    assert process["cwd"] == oci_plan.chdir
     assert {"type": "network"} in config["linux"]["namespaces"]  # the default: none
     assert config["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ALLOW"
     for layer in _oci.NOT_EXPRESSED:
         assert f"org.nsconfine.not-expressed.{layer}" in config["annotations"]
 
 
-def test_the_config_states_the_limits(plan: Plan, tmp_path: Path) -> None:
+def test_the_config_states_the_limits(oci_plan: Plan, tmp_path: Path) -> None:
     """Each tmpfs's size and the devpts's ptys as mount options, /dev read-only, open files
     as RLIMIT_NOFILE, processes as the pids limit; every limit with its reason, and what the
     spec cannot state (inotify), among the annotations."""
-    config = _oci.export(plan, str(tmp_path / "bundle")).config
-    limits = plan.limits
+    config = _oci.export(oci_plan, str(tmp_path / "bundle")).config
+    limits = oci_plan.limits
     mounts = {m["destination"]: m for m in config["mounts"]}
     assert f"size={limits.tmp}" in mounts["/tmp"]["options"]
     assert f"size={limits.shm}" in mounts["/dev/shm"]["options"]
@@ -230,21 +244,23 @@ def test_the_config_states_the_limits(plan: Plan, tmp_path: Path) -> None:
     assert "org.nsconfine.not-expressed.inotify" in annotations
 
 
-def test_network_host_is_no_network_namespace(plan: Plan, tmp_path: Path) -> None:
+def test_network_host_is_no_network_namespace(oci_plan: Plan, tmp_path: Path) -> None:
     """--network host: the container shares the host's network, and says why."""
-    shared = plan.replace(network="host", network_reason="the test's")
+    shared = oci_plan.replace(network="host", network_reason="the test's")
     config = _oci.export(shared, str(tmp_path / "b")).config
     assert {"type": "network"} not in config["linux"]["namespaces"]
     assert config["annotations"]["org.nsconfine.network-reason"] == "the test's"
 
 
-def test_network_proxy_is_a_network_namespace_without_the_relay(plan: Plan, tmp_path: Path) -> None:
+def test_network_proxy_is_a_network_namespace_without_the_relay(
+    oci_plan: Plan, tmp_path: Path
+) -> None:
     """--network proxy: a network namespace of the container's own, with the proxy's socket
     directory bound; the relay itself is named among what OCI does not state."""
     relay_directory = tmp_path / "proxy"
     relay_directory.mkdir()
-    proxy = plan.replace(
-        network="proxy", entries=(*plan.entries, p.relay_entry(str(relay_directory)))
+    proxy = oci_plan.replace(
+        network="proxy", entries=(*oci_plan.entries, p.relay_entry(str(relay_directory)))
     )
     exported = _oci.export(proxy, str(tmp_path / "b"))
     assert {"type": "network"} in exported.config["linux"]["namespaces"]
@@ -253,21 +269,21 @@ def test_network_proxy_is_a_network_namespace_without_the_relay(plan: Plan, tmp_
     assert args[args.index("--network") + 1] == "none"
 
 
-def test_what_oci_cannot_state_is_refused(plan: Plan, tmp_path: Path) -> None:
+def test_what_oci_cannot_state_is_refused(oci_plan: Plan, tmp_path: Path) -> None:
     """A directory made inside a writable tmpfs has no OCI operation: refused, never
     dropped."""
-    weird = plan.replace(entries=(*plan.entries, p.directory("/tmp/made", "a dir in /tmp")))
+    weird = oci_plan.replace(entries=(*oci_plan.entries, p.directory("/tmp/made", "a dir in /tmp")))
     with pytest.raises(PlanError, match="cannot state the dir entry at /tmp/made"):
         _oci.export(weird, str(tmp_path / "b"))
 
 
-def test_the_pod_is_valid_and_as_narrow(plan: Plan, tmp_path: Path) -> None:
+def test_the_pod_is_valid_and_as_narrow(oci_plan: Plan, tmp_path: Path) -> None:
     """The Pod validates against Kubernetes' OpenAPI schema (strict), runs as the session's
     account with nothing more, mounts the same paths with the same modes, takes the seccomp
     profile from the node, and its secrets from a Secret, never inline."""
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    exported = _oci.export(plan, str(tmp_path / "bundle"))
-    pod = _oci.pod_spec(plan, exported)
+    exported = _oci.export(oci_plan, str(tmp_path / "bundle"))
+    pod = _oci.pod_spec(oci_plan, exported)
     kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
     spec = pod["spec"]
     assert spec["automountServiceAccountToken"] is False
@@ -275,7 +291,7 @@ def test_the_pod_is_valid_and_as_narrow(plan: Plan, tmp_path: Path) -> None:
     assert "NetworkPolicy" in pod["metadata"]["annotations"]["nsconfine.io/network"]
     container = spec["containers"][0]
     context = container["securityContext"]
-    assert context["runAsUser"] == plan.user.uid
+    assert context["runAsUser"] == oci_plan.user.uid
     assert context["runAsNonRoot"] is True
     assert context["allowPrivilegeEscalation"] is False
     assert context["readOnlyRootFilesystem"]
@@ -283,7 +299,7 @@ def test_the_pod_is_valid_and_as_narrow(plan: Plan, tmp_path: Path) -> None:
     assert context["seccompProfile"]["type"] == "Localhost"
     paths = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
     mounted = {m["mountPath"]: (paths[m["name"]], m["readOnly"]) for m in container["volumeMounts"]}
-    for entry in plan.entries:
+    for entry in oci_plan.entries:
         if entry.kind is Kind.BIND and not entry.dest.startswith("/proc/"):
             assert mounted[entry.dest] == (entry.source, entry.mode is Mode.RO)
     secret = [v for v in container["env"] if v["name"] == "API_KEY"]
@@ -292,10 +308,10 @@ def test_the_pod_is_valid_and_as_narrow(plan: Plan, tmp_path: Path) -> None:
     assert "sk-secret-value" not in json.dumps(pod)
 
 
-def test_a_pod_with_a_wrong_field_is_refused_by_the_schema(plan: Plan, tmp_path: Path) -> None:
+def test_a_pod_with_a_wrong_field_is_refused_by_the_schema(oci_plan: Plan, tmp_path: Path) -> None:
     """The control: the schema check can fail."""
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    pod = _oci.pod_spec(plan, _oci.export(plan, str(tmp_path / "b")))
+    pod = _oci.pod_spec(oci_plan, _oci.export(oci_plan, str(tmp_path / "b")))
     pod["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = "yes"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
@@ -363,17 +379,19 @@ def test_a_bundle_inside_a_writable_bind_through_a_bind_mount_is_refused(tmp_pat
     assert not (workspace / "bundle").exists()
 
 
-def test_podman_args_refuse_a_path_its_mount_syntax_would_split(plan: Plan, tmp_path: Path) -> None:
+def test_podman_args_refuse_a_path_its_mount_syntax_would_split(
+    oci_plan: Plan, tmp_path: Path
+) -> None:
     """podman's --mount splits on commas: a directory the session names `d,dev,suid,exec`
     (a repository in its workspace, whose protected paths the plan binds) would turn into
     mount options; refused, never printed."""
     odd = tmp_path / "ws" / "d,dev,suid,exec"
-    widened = plan.replace(entries=(*plan.entries, p.ro_bind(str(odd), str(odd), "a repo")))
+    widened = oci_plan.replace(entries=(*oci_plan.entries, p.ro_bind(str(odd), str(odd), "a repo")))
     bundle = str(tmp_path / "bundle")
     exported = _oci.export(widened, bundle)
     with pytest.raises(PlanError, match="podman"):
         _oci.podman_args(widened, exported, bundle)
-    assert _oci.podman_args(plan, _oci.export(plan, bundle), bundle)  # the control
+    assert _oci.podman_args(oci_plan, _oci.export(oci_plan, bundle), bundle)  # the control
 
 
 def test_a_bundle_whose_parent_is_missing_is_a_clear_refusal(
@@ -441,7 +459,7 @@ def runc_world(tmp_path: Path) -> Iterator[World]:
     root = tmp_path / "world"
     root.mkdir()
     open_up(root)
-    with World(str(root), run_as(SESSION_USER)).running() as running:
+    with running_world(str(root), run_as(SESSION_USER)) as running:
         yield running
 
 
@@ -497,17 +515,13 @@ def _runc_probe_names() -> list[str]:
         return [p.name for p in found if p.name not in NOT_UNDER_RUNC and not p.proxied]
 
 
-def _probe(world: World, name: str) -> Probe:
-    return next(probe for probe in probes(world) if probe.name == name)
-
-
 @pytest.mark.parametrize("name", _runc_probe_names())
 @pytest.mark.confinement
 @pytest.mark.root
 def test_probe_holds_under_runc(runc_world: World, name: str, tmp_path: Path) -> None:
     """The plan bwrap runs, exported and run by runc: each refusal refused, each need met,
     judged by the host's own files as the selftest judges them."""
-    probe = _probe(runc_world, name)
+    probe = catalogue_probe(runc_world, name)
     if probe.before:
         run_bundle(tmp_path / "before", runc_world.plan(), probe.before)
     outcome = run_bundle(tmp_path, runc_world.plan(), probe.script)
@@ -537,9 +551,9 @@ def test_probe_flips_under_runc_on_a_weakened_export(
     """The same probe comes out the other way on a weakened export: the check can fail."""
     uid = runc_world.user.uid
     if name in HOST_REFUSES_TOO:
-        assert not _writable_by(Path(HOST_REFUSES_TOO[name]), uid)
+        assert not writable_by(Path(HOST_REFUSES_TOO[name]), uid)
         return
-    probe = _probe(runc_world, name)
+    probe = catalogue_probe(runc_world, name)
     if probe.before:
         run_bundle(tmp_path / "before", probe.weaken(runc_world.plan()), probe.before)
     plan = probe.weaken(runc_world.plan())
@@ -555,11 +569,6 @@ def test_probe_flips_under_runc_on_a_weakened_export(
         edit = _rootfs_owned_by(uid)
     outcome = run_bundle(tmp_path, plan, probe.script, edit=edit, runc_options=options)
     assert probe.judge(outcome) != probe.expect_allowed, outcome
-
-
-def _writable_by(path: Path, uid: int) -> bool:
-    info = path.stat()
-    return bool(info.st_mode & 0o002 or (info.st_uid == uid and info.st_mode & 0o200))
 
 
 def _missing_shell(config: dict[str, Any], bundle: Path) -> None:

@@ -21,20 +21,8 @@ from nsconfine._session import Session, build_plan
 STORE_NAMES = [name for name, _ in _lint.HOME_CREDENTIAL_STORES]
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """A stand-in home with a few real secrets in it, resolved."""
-    home = tmp_path / "home" / "alice"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
-    (home / ".config" / "app").mkdir(parents=True)
-    (home / ".config" / "app" / "secrets").write_text("token=1\n")
-    (home / "notes.txt").write_text("nothing secret\n")
-    return home.resolve()
-
-
 def plan_for(
-    home: Path,
+    standin_home: Path,
     ws_run: tuple[Path, Path],
     *,
     ro: Sequence[str | Path] = (),
@@ -44,11 +32,11 @@ def plan_for(
     """The checked plan of a session on ws_run, with home as the stand-in home."""
     workspace, run_dir = ws_run
     session = Session(workspace=workspace, run_dir=run_dir, ro=ro, deny=deny, credential=credential)
-    return build_plan(session, homes=[str(home)], environ={})
+    return build_plan(session, homes=[str(standin_home)], environ={})
 
 
 def refused(
-    home: Path,
+    standin_home: Path,
     ws_run: tuple[Path, Path],
     *,
     ro: Sequence[str | Path] = (),
@@ -57,7 +45,7 @@ def refused(
 ) -> str:
     """The message of the PlanError the session's plan is refused with."""
     with pytest.raises(PlanError) as refusal:
-        plan_for(home, ws_run, ro=ro, deny=deny, credential=credential)
+        plan_for(standin_home, ws_run, ro=ro, deny=deny, credential=credential)
     assert refusal.value.code == "plan-refused"
     return refusal.value.message
 
@@ -67,103 +55,107 @@ def bound_sources(plan: Plan) -> set[str]:
     return {entry.source for entry in plan.entries if entry.kind is Kind.BIND}
 
 
-def make_store(home: Path, name: str) -> Path:
+def make_store(standin_home: Path, name: str) -> Path:
     """Create the credential store `name` in home as a directory holding one secret file."""
-    store = home / name
+    store = standin_home / name
     store.mkdir(parents=True, exist_ok=True)
     (store / "secret").write_text("s3cret\n")
     return store
 
 
-def test_allowed_ro_bind_is_in_the_plan(home: Path, ws_run: tuple[Path, Path]) -> None:
+def test_allowed_ro_bind_is_in_the_plan(standin_home: Path, ws_run: tuple[Path, Path]) -> None:
     """A file in the home outside every store may be bound (the control for every refusal)."""
-    plan = plan_for(home, ws_run, ro=[home / "notes.txt"])
-    assert str(home / "notes.txt") in bound_sources(plan)
+    plan = plan_for(standin_home, ws_run, ro=[standin_home / "notes.txt"])
+    assert str(standin_home / "notes.txt") in bound_sources(plan)
 
 
 @pytest.mark.parametrize("name", STORE_NAMES)
 def test_credential_store_itself_is_refused(
-    home: Path, ws_run: tuple[Path, Path], name: str
+    standin_home: Path, ws_run: tuple[Path, Path], name: str
 ) -> None:
     """Binding a credential store of the home is refused, naming the store."""
-    store = make_store(home, name)
-    message = refused(home, ws_run, ro=[store])
+    store = make_store(standin_home, name)
+    message = refused(standin_home, ws_run, ro=[store])
     assert f"is or contains {store} " in message
 
 
 @pytest.mark.parametrize("name", STORE_NAMES)
 def test_path_inside_credential_store_is_refused(
-    home: Path, ws_run: tuple[Path, Path], name: str
+    standin_home: Path, ws_run: tuple[Path, Path], name: str
 ) -> None:
     """Binding anything inside a credential store is refused, naming the store."""
-    store = make_store(home, name)
-    message = refused(home, ws_run, ro=[store / "secret"])
+    store = make_store(standin_home, name)
+    message = refused(standin_home, ws_run, ro=[store / "secret"])
     assert f"lies inside {store} " in message
 
 
 @pytest.mark.parametrize("name", STORE_NAMES)
 def test_sibling_named_like_a_store_is_allowed(
-    home: Path, ws_run: tuple[Path, Path], name: str
+    standin_home: Path, ws_run: tuple[Path, Path], name: str
 ) -> None:
     """A path whose name only starts with a store's name (`.ssh-notes`) is not inside it."""
-    make_store(home, name)
-    sibling = home / (name + "-notes")
+    make_store(standin_home, name)
+    sibling = standin_home / (name + "-notes")
     sibling.write_text("not a secret\n")
-    assert str(sibling) in bound_sources(plan_for(home, ws_run, ro=[sibling]))
+    assert str(sibling) in bound_sources(plan_for(standin_home, ws_run, ro=[sibling]))
 
 
 @pytest.mark.parametrize(
     "relative", [".ssh/id_ed25519", ".config/app/secrets", ".config/app", ".ssh"]
 )
-def test_named_secrets_are_refused(home: Path, ws_run: tuple[Path, Path], relative: str) -> None:
+def test_named_secrets_are_refused(
+    standin_home: Path, ws_run: tuple[Path, Path], relative: str
+) -> None:
     """Binding ~/.ssh, a key in it, or an application's secrets under ~/.config is refused."""
-    store = home / relative.split("/")[0]
-    message = refused(home, ws_run, ro=[home / relative])
+    store = standin_home / relative.split("/")[0]
+    message = refused(standin_home, ws_run, ro=[standin_home / relative])
     assert str(store) in message
 
 
 @pytest.mark.parametrize("above", [0, 1, 2], ids=["home", "parent", "grandparent"])
-def test_home_and_above_are_refused(home: Path, ws_run: tuple[Path, Path], above: int) -> None:
+def test_home_and_above_are_refused(
+    standin_home: Path, ws_run: tuple[Path, Path], above: int
+) -> None:
     """Binding the home itself or a directory containing it is refused, naming the home."""
-    target = home
+    target = standin_home
     for _ in range(above):
         target = target.parent
-    message = refused(home, ws_run, ro=[target])
-    assert f"is or contains {home} " in message
+    message = refused(standin_home, ws_run, ro=[target])
+    assert f"is or contains {standin_home} " in message
 
 
 def test_symlink_into_ssh_is_refused_by_its_target(
-    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
+    standin_home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A symlink outside the home that points into ~/.ssh is judged by what it resolves to."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     to_key = elsewhere / "innocent-looking"
-    to_key.symlink_to(home / ".ssh" / "id_ed25519")
+    to_key.symlink_to(standin_home / ".ssh" / "id_ed25519")
     to_store = elsewhere / "also-innocent"
-    to_store.symlink_to(home / ".ssh")
-    message = refused(home, ws_run, ro=[to_key])
+    to_store.symlink_to(standin_home / ".ssh")
+    message = refused(standin_home, ws_run, ro=[to_key])
     assert str(to_key) in message
-    assert f"-> {home / '.ssh' / 'id_ed25519'}" in message
-    assert str(home / ".ssh") in message
-    assert str(home / ".ssh") in refused(home, ws_run, ro=[to_store])
+    assert f"-> {standin_home / '.ssh' / 'id_ed25519'}" in message
+    assert str(standin_home / ".ssh") in message
+    assert str(standin_home / ".ssh") in refused(standin_home, ws_run, ro=[to_store])
 
 
 def test_symlink_to_harmless_file_is_allowed(
-    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
+    standin_home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A symlink to a file outside every store is allowed (the control for the symlink test)."""
     link = tmp_path / "link"
-    link.symlink_to(home / "notes.txt")
-    assert str(link) in bound_sources(plan_for(home, ws_run, ro=[link]))
+    link.symlink_to(standin_home / "notes.txt")
+    assert str(link) in bound_sources(plan_for(standin_home, ws_run, ro=[link]))
 
 
-def test_root_is_refused(home: Path, ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+def test_root_is_refused(standin_home: Path, ws_run: tuple[Path, Path], tmp_path: Path) -> None:
     """Binding `/`, directly or through a symlink, is refused."""
-    refused(home, ws_run, ro=["/"])
+    refused(standin_home, ws_run, ro=["/"])
     to_root = tmp_path / "to-root"
     to_root.symlink_to("/")
-    assert "resolves to /" in refused(home, ws_run, ro=[to_root])
+    assert "resolves to /" in refused(standin_home, ws_run, ro=[to_root])
 
 
 def test_check_plan_refuses_a_bind_of_root() -> None:
@@ -173,7 +165,7 @@ def test_check_plan_refuses_a_bind_of_root() -> None:
 
 
 def test_deny_path_and_inside_it_are_refused(
-    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
+    standin_home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A --deny path, anything inside it, and anything containing it cannot be bound."""
     secret = tmp_path / "data-root"
@@ -182,23 +174,25 @@ def test_deny_path_and_inside_it_are_refused(
     outside = tmp_path / "outside"
     (outside / "secret").mkdir(parents=True)
     for bound in (secret, secret / "sub", secret / "sub" / "file"):
-        assert str(secret) in refused(home, ws_run, ro=[bound], deny=[secret])
-    assert str(outside / "secret") in refused(home, ws_run, ro=[outside], deny=[outside / "secret"])
+        assert str(secret) in refused(standin_home, ws_run, ro=[bound], deny=[secret])
+    assert str(outside / "secret") in refused(
+        standin_home, ws_run, ro=[outside], deny=[outside / "secret"]
+    )
     # The same binds pass without the rule: the refusals above are the rule's doing.
-    assert str(secret) in bound_sources(plan_for(home, ws_run, ro=[secret]))
+    assert str(secret) in bound_sources(plan_for(standin_home, ws_run, ro=[secret]))
 
 
 def test_missing_source_is_a_clear_refusal(
-    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
+    standin_home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A read-only path that does not exist, or a dangling symlink, is refused by name."""
     missing = tmp_path / "no-such-file"
-    message = refused(home, ws_run, ro=[missing])
+    message = refused(standin_home, ws_run, ro=[missing])
     assert str(missing) in message
     assert "does not exist" in message
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "gone")
-    message = refused(home, ws_run, ro=[dangling])
+    message = refused(standin_home, ws_run, ro=[dangling])
     assert str(dangling) in message
     assert "No such file" in message
 
@@ -228,10 +222,10 @@ def test_real_home_as_workspace_or_run_dir_is_refused(tmp_path: Path, what: str)
 @pytest.mark.parametrize("what", ["workspace", "run_dir"])
 @pytest.mark.parametrize("above", [0, 1, 2], ids=["home", "parent", "grandparent"])
 def test_stand_in_home_as_workspace_or_run_dir_is_refused(
-    home: Path, tmp_path: Path, what: str, above: int
+    standin_home: Path, tmp_path: Path, what: str, above: int
 ) -> None:
     """The stand-in home, or a directory above it, cannot be the workspace or run dir."""
-    where = home
+    where = standin_home
     for _ in range(above):
         where = where.parent
     other = tmp_path / "other"
@@ -239,34 +233,38 @@ def test_stand_in_home_as_workspace_or_run_dir_is_refused(
     workspace, run_dir = (where, other) if what == "workspace" else (other, where)
     session = Session(workspace=workspace, run_dir=run_dir)
     with pytest.raises(PlanError, match="is the home directory") as refusal:
-        build_plan(session, homes=[str(home)], environ={})
-    assert str(home) in refusal.value.message
+        build_plan(session, homes=[str(standin_home)], environ={})
+    assert str(standin_home) in refusal.value.message
 
 
-def test_workspace_inside_home_outside_stores_is_allowed(home: Path) -> None:
+def test_workspace_inside_home_outside_stores_is_allowed(standin_home: Path) -> None:
     """A workspace and run dir inside the home but outside every store are bound read-write."""
-    workspace, run_dir = home / "work" / "s1", home / "work" / "s1-run"
+    workspace, run_dir = standin_home / "work" / "s1", standin_home / "work" / "s1-run"
     workspace.mkdir(parents=True)
     run_dir.mkdir()
-    plan = build_plan(Session(workspace=workspace, run_dir=run_dir), homes=[str(home)], environ={})
+    plan = build_plan(
+        Session(workspace=workspace, run_dir=run_dir), homes=[str(standin_home)], environ={}
+    )
     writable = {e.source for e in plan.entries if e.kind is Kind.BIND and e.mode == "rw"}
     assert writable == {str(workspace), str(run_dir)}
     assert plan.chdir == str(workspace)
 
 
-def test_workspace_inside_a_store_is_refused(home: Path, tmp_path: Path) -> None:
+def test_workspace_inside_a_store_is_refused(standin_home: Path, tmp_path: Path) -> None:
     """A workspace under ~/.config is refused: it would expose the store read-write."""
-    workspace = home / ".config" / "ws"
+    workspace = standin_home / ".config" / "ws"
     workspace.mkdir()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with pytest.raises(PlanError, match="lies inside") as refusal:
-        build_plan(Session(workspace=workspace, run_dir=run_dir), homes=[str(home)], environ={})
-    assert str(home / ".config") in refusal.value.message
+        build_plan(
+            Session(workspace=workspace, run_dir=run_dir), homes=[str(standin_home)], environ={}
+        )
+    assert str(standin_home / ".config") in refusal.value.message
 
 
 def test_credential_file_cannot_be_bound(
-    home: Path, ws_run: tuple[Path, Path], tmp_path: Path
+    standin_home: Path, ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """The session's credential file, or a directory holding it, cannot also be bound."""
     keep = tmp_path / "keep"
@@ -275,14 +273,14 @@ def test_credential_file_cannot_be_bound(
     credential.write_text("TOKEN=abc\n")
     credential.chmod(0o600)
     for bound in (credential, keep):
-        message = refused(home, ws_run, credential=credential, ro=[bound])
+        message = refused(standin_home, ws_run, credential=credential, ro=[bound])
         assert str(credential) in message
         assert "credential" in message
     # Without the bind the same session is fine: the refusal is the bind's.
-    plan_for(home, ws_run, credential=credential)
+    plan_for(standin_home, ws_run, credential=credential)
 
 
-def test_workspace_holding_the_credential_is_refused(home: Path, tmp_path: Path) -> None:
+def test_workspace_holding_the_credential_is_refused(standin_home: Path, tmp_path: Path) -> None:
     """A workspace that contains the credential file would expose it, so it is refused."""
     workspace, run_dir = tmp_path / "ws", tmp_path / "run"
     workspace.mkdir()
@@ -292,7 +290,7 @@ def test_workspace_holding_the_credential_is_refused(home: Path, tmp_path: Path)
     credential.chmod(0o600)
     session = Session(workspace=workspace, run_dir=run_dir, credential=credential)
     with pytest.raises(PlanError, match="credential"):
-        build_plan(session, homes=[str(home)], environ={})
+        build_plan(session, homes=[str(standin_home)], environ={})
 
 
 def _violated_rule(source: str, rules: list[p.DenyRule]) -> p.DenyRule | None:
@@ -341,10 +339,12 @@ def test_the_hosts_proc_and_dev_cannot_be_bound(
 
 
 def test_the_cli_cannot_bind_the_launchers_own_proc(ws_run: tuple[Path, Path]) -> None:
+    """--ro /proc/self (the launcher's own /proc entry) is refused as the host's /proc."""
     with pytest.raises(PlanError, match="host's /proc"):
         session(*ws_run, ro=["/proc/self"]).plan()
 
 
 def test_the_systems_read_only_proc_covers_still_pass(ws_run: tuple[Path, Path]) -> None:
+    """The control: the plan's own read-only binds over /proc (/proc/sys) pass the lint."""
     plan = session(*ws_run).plan()
     assert any(e.kind is Kind.BIND and e.dest == "/proc/sys" for e in plan.entries)

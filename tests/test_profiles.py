@@ -33,6 +33,7 @@ BUILT_IN = ("claude-code", "codex", "git", "node", "python", "jvm", "tls",
 
 
 def write_profile(directory: Path, text: str, name: str = "mine.toml") -> Path:
+    """A profile file of text in directory, readable by the session's account."""
     path = directory / name
     path.write_text(text)
     open_up(directory)
@@ -40,9 +41,10 @@ def write_profile(directory: Path, text: str, name: str = "mine.toml") -> Path:
     return path
 
 
-def credential(
+def agent_credential(
     directory: Path, text: str = "ANTHROPIC_API_KEY=sk-test\nOPENAI_API_KEY=sk-test\n"
 ) -> Path:
+    """An agent's credential file (both API keys, or text) in directory, mode 0600."""
     path = directory / "agent.env"
     path.write_text(text)
     path.chmod(0o600)
@@ -75,7 +77,7 @@ def test_each_built_in_profile_builds_a_plan(
     monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
     needs = name in ("claude-code", "codex")
     plan = session(
-        *ws_run, profile=[name], credential=credential(tmp_path) if needs else None
+        *ws_run, profile=[name], credential=agent_credential(tmp_path) if needs else None
     ).plan()
     added = [e for e in plan.entries if f"[profile {name}]" in e.reason]
     variables = [v for v in plan.env if v.origin == "setenv"]
@@ -107,7 +109,7 @@ def test_an_agent_gets_nothing_of_the_host_s_claude(
 ) -> None:
     """The claude-code profile binds nothing of the host's ~/.claude; the agent's own state
     lives in its HOME inside the run directory."""
-    plan = session(*ws_run, profile=["claude-code"], credential=credential(tmp_path)).plan()
+    plan = session(*ws_run, profile=["claude-code"], credential=agent_credential(tmp_path)).plan()
     home = os.path.expanduser("~")
     assert not any(e.source.startswith(f"{home}/.claude") for e in plan.entries)
     assert dict((v.name, v.value) for v in plan.env)["HOME"].startswith(str(ws_run[1]))
@@ -121,7 +123,7 @@ def test_codex_is_pointed_at_its_route_by_a_generated_config(
     read-only in the session's HOME, whose model provider is the openai route on the relay and
     whose key variable is the one holding the placeholder; a session without the route (no
     proxy) gets no such file."""
-    key_file = credential(tmp_path, f"{variable}=sk-test-codex\n")
+    key_file = agent_credential(tmp_path, f"{variable}=sk-test-codex\n")
     plan = session(*ws_run, profile=["codex"], credential=key_file).plan()
     home = dict((v.name, v.value) for v in plan.env)["HOME"]
     config = next(e for e in plan.entries if e.dest == f"{home}/.codex/config.toml")
@@ -142,6 +144,8 @@ def test_codex_is_pointed_at_its_route_by_a_generated_config(
 # ------------------------------------------------------------------ a profile of one's own
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_a_profile_file_binds_sets_and_passes(
     ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,6 +251,8 @@ def test_include_cycles_are_refused(ws_run: tuple[Path, Path], tmp_path: Path) -
 CODER_BEFORE = ["git", "node", "python"]
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 @pytest.mark.parametrize("profiles", [["coder"], CODER_BEFORE], ids=["coder", "without-jvm"])
 def test_javac_and_maven_run_in_a_coder_session(
     ws_run: tuple[Path, Path], profiles: list[str]
@@ -270,6 +276,8 @@ def test_javac_and_maven_run_in_a_coder_session(
         assert status != 0, output
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 @pytest.mark.parametrize("profiles", [["coder"], CODER_BEFORE], ids=["coder", "without-tls"])
 def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
     ws_run: tuple[Path, Path],
@@ -299,7 +307,8 @@ def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
             except (OSError, ssl.SSLError):
                 pass
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
     monkeypatch.setenv("SSL_CERT_FILE", str(local_ca.ca))
     client = (
         "import socket, ssl\n"
@@ -316,14 +325,18 @@ def test_tls_verifies_against_ssl_cert_file_in_a_coder_session(
             *ws_run, profile=profiles, network="host", network_reason="the test's TLS server"
         )
         _status, output = run(shared.plan(), ["python3", "-c", client])
-    finally:
+    finally:  # shutdown, not close alone, ends the accept() the server thread waits in
+        listener.shutdown(socket.SHUT_RDWR)
         listener.close()
+        server.join(60)
     if profiles == ["coder"]:
         assert "verified hello over tls" in output, output
     else:
         assert "refused CERTIFICATE_VERIFY_FAILED" in output, output
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_the_reviewer_reads_the_workspace_and_writes_only_its_notes(
     ws_run: tuple[Path, Path],
 ) -> None:
@@ -419,6 +432,8 @@ def test_a_profile_that_is_no_regular_file_is_refused(
 # ------------------------------------------------------------------ paths a profile gives
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 @pytest.mark.parametrize("form", ["{workspace}", "$NSC_T15_DATA", "~"])
 def test_a_profile_s_deny_rule_is_expanded_like_its_binds(
     ws_run: tuple[Path, Path], tmp_path: Path, form: str

@@ -85,8 +85,9 @@ STARTS = ("", "/", "//", "///", "/usr", "/usr/bin", "/proc", "/proc/sys", "/dev"
 
 
 @dataclass(frozen=True)
-class World:
-    """A workspace and a run directory the session's account owns, and a file inside each."""
+class Places:
+    """Where hostile paths are placed: a workspace and a run directory the session's account
+    owns, and a file inside each; WS and RUN in a drawn path stand for them."""
 
     workspace: str
     run_dir: str
@@ -100,7 +101,7 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+def places(tmp_path_factory: pytest.TempPathFactory) -> Places:
     """The session's directories, shared by every example of the module."""
     root = tmp_path_factory.mktemp("properties")
     workspace, run_dir = session_dirs(root, "ws", "run")
@@ -108,7 +109,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     (workspace / "sub" / "file").write_text("a runner file\n")
     (workspace / "notes").mkdir()
     session_dirs(root, "ws", "run")  # give what was made inside to the session's account
-    return World(str(workspace), str(run_dir))
+    return Places(str(workspace), str(run_dir))
 
 
 def hostile_paths() -> st.SearchStrategy[str]:
@@ -259,7 +260,7 @@ def refused_or_correct(build: object) -> Plan | None:
     ),
 )
 def test_session_paths(
-    world: World,
+    places: Places,
     workspace: str,
     run_dir: str,
     ro: list[str],
@@ -274,13 +275,13 @@ def test_session_paths(
     """Hostile paths in every path a Session takes give a refusal of ours or a correct plan."""
     refused_or_correct(
         lambda: nsconfine.Session(
-            workspace=world.place(workspace),
-            run_dir=world.place(run_dir),
-            ro=[world.place(path) for path in ro],
-            harness=[world.place(path) for path in harness],
-            deny=[world.place(path) for path in deny],
-            tool_socket=None if tool_socket is None else world.place(tool_socket),
-            credential=None if credential is None else world.place(credential),
+            workspace=places.place(workspace),
+            run_dir=places.place(run_dir),
+            ro=[places.place(path) for path in ro],
+            harness=[places.place(path) for path in harness],
+            deny=[places.place(path) for path in deny],
+            tool_socket=None if tool_socket is None else places.place(tool_socket),
+            credential=None if credential is None else places.place(credential),
             protect=protect,
             unprotect=unprotect,
             setenv=setenv,
@@ -311,7 +312,7 @@ def binds() -> st.SearchStrategy[dict[str, object]]:
     user_option=mostly(None, texts()),
 )
 def test_session_binds(
-    world: World, given_binds: list[dict[str, object]], ro: list[str], user_option: str | None
+    places: Places, given_binds: list[dict[str, object]], ro: list[str], user_option: str | None
 ) -> None:
     """Binds with hostile, duplicate and nested destinations, over /proc and /dev or under a
     read-only bind, give a refusal of ours or a correct plan."""
@@ -322,12 +323,12 @@ def test_session_binds(
         for fields in given_binds:
             bind = Bind(**fields)  # type: ignore[arg-type]
             placed.append(
-                bind.replace(source=world.place(bind.source), dest=world.place(bind.dest))
+                bind.replace(source=places.place(bind.source), dest=places.place(bind.dest))
             )
         return nsconfine.Session(
-            workspace=world.workspace,
-            run_dir=world.run_dir,
-            ro=[world.place(path) for path in ro],
+            workspace=places.workspace,
+            run_dir=places.run_dir,
+            ro=[places.place(path) for path in ro],
             binds=placed,
             user=user,
         ).plan()
@@ -406,27 +407,27 @@ def keyword_values(option: o.Option) -> st.SearchStrategy[object]:
     return st.sampled_from((shaped, shaped, shaped, ODD_VALUES)).flatmap(lambda chosen: chosen)
 
 
-def placed(world: World, value: object) -> object:
+def placed(places: Places, value: object) -> object:
     """value with the WS and RUN stand-ins made real, in every path it holds."""
     if isinstance(value, str):
-        return world.place(value)
+        return places.place(value)
     if isinstance(value, Bind):
-        return value.replace(source=world.place(value.source), dest=world.place(value.dest))
+        return value.replace(source=places.place(value.source), dest=places.place(value.dest))
     if isinstance(value, list | tuple):
-        return type(value)(placed(world, item) for item in value)
+        return type(value)(placed(places, item) for item in value)
     if isinstance(value, dict):
-        return {key: placed(world, item) for key, item in value.items()}
+        return {key: placed(places, item) for key, item in value.items()}
     return value
 
 
 @settings(PROPERTY, max_examples=400)
 @given(option=st.sampled_from(o.SESSION_OPTIONS), data=st.data())
-def test_every_session_keyword(world: World, option: o.Option, data: st.DataObject) -> None:
+def test_every_session_keyword(places: Places, option: o.Option, data: st.DataObject) -> None:
     """Each keyword of the table of session options, given a value of its shape or anything at
     all, gives a refusal of ours or a correct plan, never a traceback; a Session keeps a
     list-shaped keyword's value as a tuple. (It iterates the table: a new option is covered.)"""
-    value = placed(world, data.draw(keyword_values(option), label=option.name))
-    keywords = {"workspace": world.workspace, "run_dir": world.run_dir, "user": SESSION_USER}
+    value = placed(places, data.draw(keyword_values(option), label=option.name))
+    keywords = {"workspace": places.workspace, "run_dir": places.run_dir, "user": SESSION_USER}
 
     def build() -> Plan:
         session = nsconfine.Session(**{**keywords, option.name: value})  # type: ignore[arg-type]
@@ -452,7 +453,7 @@ def test_every_session_keyword(world: World, option: o.Option, data: st.DataObje
     without=paths(),
 )
 def test_plan_entries(
-    world: World,
+    places: Places,
     kind: Kind,
     dest: str,
     source: str,
@@ -467,15 +468,15 @@ def test_plan_entries(
     with PlanError or UsageError, or gives a plan whose bwrap options carry every value as the
     value of its own option; the lint judges it without a traceback."""
     base = nsconfine.Session(
-        workspace=world.workspace, run_dir=world.run_dir, user=SESSION_USER
+        workspace=places.workspace, run_dir=places.run_dir, user=SESSION_USER
     ).plan()
-    source = world.place(source)
+    source = places.place(source)
     content = b"x" if kind is Kind.DATA else None
     perms = 0o644 if kind is Kind.COPY else None
     with no_hang():
         try:
             entry = Entry(
-                kind, world.place(dest), mode, reason, source=source, content=content, perms=perms
+                kind, places.place(dest), mode, reason, source=source, content=content, perms=perms
             )
             variable = EnvVar(name, value, Origin.SETENV)
             plan = base.replace(
@@ -484,7 +485,7 @@ def test_plan_entries(
             plan = Plan(
                 plan.entries, env=plan.env, chdir=plan.chdir, deny=plan.deny, user=plan.user
             )
-            shorter = plan.without(world.place(without))
+            shorter = plan.without(places.place(without))
         except NsconfineError:
             return
         for one in (plan, shorter):
@@ -532,7 +533,7 @@ def encodable(text: str) -> str:
     raw=mostly(None, st.binary(max_size=64)),
 )
 def test_profile_file(
-    world: World,
+    places: Places,
     tmp_path_factory: pytest.TempPathFactory,
     source: str,
     dest: str | None,
@@ -552,24 +553,24 @@ def test_profile_file(
         lines.append(f"include = [{', '.join(toml_string(encodable(i)) for i in include)}]")
     lines.append(f"{key} = [{', '.join(toml_string(encodable(v)) for v in listed)}]")
     if credential is not None:
-        lines.append(f"credential = {toml_string(encodable(world.place(credential)))}")
+        lines.append(f"credential = {toml_string(encodable(places.place(credential)))}")
     lines += [
         "[[bind]]",
-        f"source = {toml_string(encodable(world.place(source)))}",
+        f"source = {toml_string(encodable(places.place(source)))}",
         f"mode = {toml_string(encodable(mode))}",
         'reason = "hostile"',
         f"optional = {'true' if optional else 'false'}",
         f"mkdir = {'true' if mkdir else 'false'}",
     ]
     if dest is not None:
-        lines.append(f"dest = {toml_string(encodable(world.place(dest)))}")
+        lines.append(f"dest = {toml_string(encodable(places.place(dest)))}")
     content = raw if raw is not None else "\n".join(lines).encode()
     profile = tmp_path_factory.mktemp("profile") / "hostile.toml"
     profile.write_bytes(content)
     refused_or_correct(
         lambda: nsconfine.Session(
-            workspace=world.workspace,
-            run_dir=world.run_dir,
+            workspace=places.workspace,
+            run_dir=places.run_dir,
             profile=[str(profile)],
             user=SESSION_USER,
         ).plan()
@@ -609,14 +610,14 @@ def test_credential_text(text: str, lines: list[str]) -> None:
 @PROPERTY
 @given(content=st.binary(max_size=200), path=paths())
 def test_credential_file(
-    world: World, tmp_path_factory: pytest.TempPathFactory, content: bytes, path: str
+    places: Places, tmp_path_factory: pytest.TempPathFactory, content: bytes, path: str
 ) -> None:
     """A credential file of arbitrary bytes, or a hostile path to one, gives variables that
     reach bwrap each as the value of its own --setenv, or a refusal of ours."""
     credential = tmp_path_factory.mktemp("credential") / "agent.env"
     credential.write_bytes(b"K=v\n" + content)
     credential.chmod(0o600)
-    for given_path in (str(credential), world.place(path)):
+    for given_path in (str(credential), places.place(path)):
         with no_hang():
             try:
                 variables = read_credential(given_path)
@@ -666,19 +667,19 @@ OPTIONS = tuple(
     loose=st.lists(paths(), max_size=1),
 )
 def test_cli(
-    world: World, command: str, given_options: list[tuple[str, str]], loose: list[str]
+    places: Places, command: str, given_options: list[tuple[str, str]], loose: list[str]
 ) -> None:
     """`nsconfine plan` and `explain` with hostile option values exit 0 with their output, or
     non-zero with one line `nsconfine: CODE: …` on stderr; never a traceback."""
     argv = command.split()
     if command == "explain":
-        argv.append(world.place(loose[0]) if loose else "/usr")
+        argv.append(places.place(loose[0]) if loose else "/usr")
         loose = []
-    argv += ["--workspace", world.workspace, "--run-dir", world.run_dir]
+    argv += ["--workspace", places.workspace, "--run-dir", places.run_dir]
     argv += ["--user", SESSION_USER] if SESSION_USER else []
     for option, value in given_options:
-        argv += [option, world.place(value)]
-    argv += [world.place(value) for value in loose]
+        argv += [option, places.place(value)]
+    argv += [places.place(value) for value in loose]
     with no_hang(), terminal_streams() as (out, err):
         status = main(argv)
     stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
@@ -694,7 +695,7 @@ def test_cli(
     assert not stdout
 
 
-def test_examples_reach_the_hostile_cases(world: World) -> None:
+def test_examples_reach_the_hostile_cases(places: Places) -> None:
     """The strategies do produce the inputs this file is about (a guard against a strategy
     that quietly stopped producing them)."""
     seen: set[str] = set()
@@ -716,6 +717,6 @@ def test_examples_reach_the_hostile_cases(world: World) -> None:
                 seen.add(label)
 
     collect()
-    assert Path(world.workspace).is_dir()
+    assert Path(places.workspace).is_dir()
     assert seen == {"NUL", "newline", "leading dash", "dotdot", "relative", "non-UTF-8",
                     "PATH_MAX", "proc"}  # fmt: skip

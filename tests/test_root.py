@@ -1,9 +1,10 @@
-"""What holds only for a root launcher (sessions never hold host uid 0), and what only root can
-set up (a file of another account, a chroot): every root-only test of the suite is here.
+"""Whom a session runs as: never host uid 0, holding no capability, and the manifest says so;
+for a root launcher, only an account named for it; and what only root can set up (a file of
+another account, a chroot).
 
-Every test here is marked `root`: skipped when the suite does not run as root (CI runs it as
-root and again as an unprivileged user), and such a skip is not a failure with
-NSCONFINE_MUST_WORK=1. Elsewhere no test depends on being root.
+Tests that hold only for a root launcher are marked `root`: skipped when the suite does not run
+as root (CI runs it as root and again as an unprivileged user), and such a skip is not a
+failure with NSCONFINE_MUST_WORK=1. The rest hold for any launcher.
 """
 
 from __future__ import annotations
@@ -13,18 +14,66 @@ import os
 import pwd
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers import SESSION_USER, cli, give_to_session_user, session
+from helpers import (
+    IS_ROOT,
+    SESSION_USER,
+    cli,
+    give_to_session_user,
+    pids_with,
+    session,
+    session_uid,
+)
 
 import nsconfine
 from nsconfine._plan.credential import read_credential
 from nsconfine._session import build_plan
 
-pytestmark = pytest.mark.root
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_the_session_never_holds_host_uid_0(plan: nsconfine.Plan) -> None:
+    """Every process of the session runs, on the host, as the session user (never uid 0),
+    and holds no capability."""
+    marker = f"nsconfine-uid-{os.urandom(6).hex()}"
+    script = f'/bin/sh -c "sleep 600 # {marker}" & wait # {marker}'
+    with nsconfine.spawn(plan, ["/bin/sh", "-c", script]) as sandbox:
+        deadline = time.monotonic() + 60
+        while len(pids := pids_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        statuses: list[dict[str, str]] = []
+        for pid in [sandbox.pid, sandbox.child_pid, *pids]:
+            with open(f"/proc/{pid}/status") as lines:
+                statuses.append(dict(line.split(":", 1) for line in lines))
+    assert len(statuses) >= 4
+    for status in statuses:
+        assert status["Uid"].split() == [str(session_uid())] * 4
+        assert status["CapEff"].strip() == "0000000000000000"
+    if IS_ROOT:
+        assert session_uid() != 0
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_the_manifest_names_the_user(plan: nsconfine.Plan) -> None:
+    """The manifest shows whom the session runs as."""
+    assert f"uid {session_uid()}" in plan.manifest()
+    assert plan.to_json()["user"]["uid"] == session_uid()
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_user_zero_is_refused_as_uid_0() -> None:
+    """`--user 0` is refused as uid 0, not as an unknown account."""
+    result = cli("plan", "--user", "0", "--workspace", "/tmp", "--run-dir", "/tmp")
+    assert result.returncode == 64
+    assert "uid 0" in result.stderr
+
+
+@pytest.mark.root
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
 def test_a_root_launch_without_user_is_refused(ws_run: tuple[Path, Path]) -> None:
@@ -36,6 +85,7 @@ def test_a_root_launch_without_user_is_refused(ws_run: tuple[Path, Path]) -> Non
     assert not marker.exists()
 
 
+@pytest.mark.root
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
 def test_cli_root_launch_without_user_exits_69(ws_run: tuple[Path, Path]) -> None:
@@ -49,6 +99,7 @@ def test_cli_root_launch_without_user_exits_69(ws_run: tuple[Path, Path]) -> Non
     assert not marker.exists()
 
 
+@pytest.mark.root
 def test_the_run_dirs_must_be_writable_by_the_user(tmp_path: Path) -> None:
     """As root, a workspace the session user cannot write is refused by name."""
     workspace, run_dir = tmp_path / "ws", tmp_path / "run"
@@ -59,6 +110,7 @@ def test_the_run_dirs_must_be_writable_by_the_user(tmp_path: Path) -> None:
         session(workspace, run_dir).plan()
 
 
+@pytest.mark.root
 def test_the_session_account_s_home_is_denied(ws_run: tuple[Path, Path]) -> None:
     """As root, the home of the account the session runs as is denied with its stores."""
     assert SESSION_USER is not None
@@ -67,6 +119,7 @@ def test_the_session_account_s_home_is_denied(ws_run: tuple[Path, Path]) -> None
     assert any(rule.path.startswith(home) and "--user" in rule.origin for rule in made.deny)
 
 
+@pytest.mark.root
 def test_a_credential_owned_by_another_uid_is_insecure(tmp_path: Path) -> None:
     """A 0600 credential file owned by someone else is refused, naming the owner's uid."""
     path = tmp_path / "agent.env"
@@ -89,6 +142,7 @@ _PROBE_IN_A_CHROOT = """if 1:
 """
 
 
+@pytest.mark.root
 def test_probe_user_namespace_names_unshare_when_refused(tmp_path: Path) -> None:
     """A chrooted process may not create a user namespace: the probe blames unshare, EPERM."""
     helper = subprocess.run(
@@ -99,6 +153,7 @@ def test_probe_user_namespace_names_unshare_when_refused(tmp_path: Path) -> None
     assert helper.stdout.strip() == f"{errno.EPERM}|{syscall}|{syscall}: Operation not permitted"
 
 
+@pytest.mark.root
 def test_the_canary_world_goes_to_its_account_last(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

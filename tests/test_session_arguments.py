@@ -8,22 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import helpers
 import pytest
-from helpers import session_dirs
+from helpers import session
 
-import nsconfine
 from nsconfine import Bind, UsageError
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    workspace, run_dir = session_dirs(tmp_path_factory.mktemp("arguments"), "ws", "run")
-    return workspace, run_dir
-
-
-def session(dirs: tuple[Path, Path], **options: Any) -> nsconfine.Session:
-    return helpers.session(dirs[0], dirs[1], **options)
 
 
 @pytest.mark.parametrize(
@@ -57,20 +45,21 @@ def session(dirs: tuple[Path, Path], **options: Any) -> nsconfine.Session:
     ],
 )
 def test_a_value_of_the_wrong_shape_is_refused_by_its_keyword(
-    dirs: tuple[Path, Path], keyword: str, value: object, said: str
+    ws_run: tuple[Path, Path], keyword: str, value: object, said: str
 ) -> None:
     """The refusal is a UsageError naming the keyword and what to give instead."""
+    options: dict[str, Any] = {keyword: value}
     with pytest.raises(UsageError) as refused:
-        session(dirs, **{keyword: value})
+        session(*ws_run, **options)
     assert said in str(refused.value)
 
 
-def test_the_right_shapes_make_the_plan_they_say(dirs: tuple[Path, Path]) -> None:
+def test_the_right_shapes_make_the_plan_they_say(ws_run: tuple[Path, Path]) -> None:
     """The twin of the refusals: the same intents in the right shape are taken as meant (a
     single deny path denies that path, not "/"; setenv's value reaches the environment)."""
     bind = Bind("/usr/share/doc", "/opt/doc", "ro", "the docs the test reads")
     plan = session(
-        dirs,
+        *ws_run,
         deny=["/srv/data"],
         setenv={"FOO": "bar"},
         binds=[bind],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pty
 import select
 import shlex
 import shutil
@@ -71,7 +72,7 @@ def test_without_tty_there_is_no_controlling_terminal(ws_run: tuple[Path, Path])
     assert b"no-tty" in output
 
 
-def wait_for_foreground(tty: int, program: str, timeout: float = 20) -> None:
+def wait_for_foreground(tty: int, program: str, timeout: float = 60) -> None:
     """Wait until program runs as the terminal's foreground job, so a Ctrl-C or Ctrl-Z
     typed next reaches it and not the shell still starting it."""
     deadline = time.monotonic() + timeout
@@ -130,7 +131,11 @@ def test_window_size_changes_reach_the_session(ws_run: tuple[Path, Path]) -> Non
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     before = termios.tcgetattr(terminal)
 
-    script = "stty size; read line; stty size; echo bye"
+    # The session shows its size, then waits (up to a minute) for the resize to reach it.
+    script = (
+        'stty size; i=0; while [ "$(stty size)" != "30 100" ] && [ $i -lt 1200 ]; do '
+        "sleep 0.05; i=$((i+1)); done; stty size; echo bye"
+    )
     # setsid -c: a session of its own whose controlling terminal is ours (no preexec_fn, which
     # forks the test runner with its threads: that can deadlock under ASan).
     cli = subprocess.Popen(
@@ -141,9 +146,7 @@ def test_window_size_changes_reach_the_session(ws_run: tuple[Path, Path]) -> Non
     try:
         assert b"24 80" in read_until(controller, b"24 80")
         fcntl.ioctl(controller, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-        time.sleep(0.5)  # the kernel's SIGWINCH reaches the CLI, which relays the size
-        os.write(controller, b"go\r")
-        output = read_until(controller, b"bye")
+        output = read_until(controller, b"bye", timeout=120)
         assert b"30 100" in output, output
         assert cli.wait(timeout=30) == 0
         assert termios.tcgetattr(terminal) == before  # raw mode undone
@@ -291,6 +294,51 @@ def test_a_tty_run_without_stdin_still_passes_signals_on(ws_run: tuple[Path, Pat
 # ------------------------------------------------------------------ the caller's terminal
 
 
+_TERMINAL_MESS = r"""
+import fcntl, os, struct, termios
+fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK)
+fcntl.ioctl(0, termios.TIOCEXCL)
+termios.tcflow(0, termios.TCOOFF)
+try:
+    fcntl.ioctl(0, termios.TIOCSETD, struct.pack("i", 27))  # N_NULL: every read and write fails
+except OSError:
+    pass
+"""
+
+
+def test_the_callers_terminal_is_restored(plan: nsconfine.Plan) -> None:
+    """A session that turns echo off, makes the terminal non-blocking and exclusive and
+    suspends its output leaves the caller's terminal as it found it. (Not its window size: a
+    window resized meanwhile must keep its new size, see test_tty.py.)"""
+    controller, terminal = pty.openpty()
+    try:
+        before = termios.tcgetattr(terminal)
+        flags = fcntl.fcntl(terminal, fcntl.F_GETFL)
+        sandbox = nsconfine.spawn(
+            plan,
+            [
+                "/bin/sh",
+                "-c",
+                f"stty -echo -icanon; python3 -c '{_TERMINAL_MESS}'",
+            ],
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+        )
+        assert sandbox.wait(timeout=30) == 0
+        after = termios.tcgetattr(terminal)
+        assert fcntl.fcntl(terminal, fcntl.F_GETFL) == flags
+        discipline = struct.unpack("i", fcntl.ioctl(terminal, termios.TIOCGETD, b"\0" * 4))[0]
+        assert discipline == 0  # N_TTY
+        os.close(os.open(os.ttyname(terminal), os.O_RDWR | os.O_NOCTTY))  # not exclusive
+        os.write(terminal, b"flows\n")  # output not suspended: this returns
+        assert os.read(controller, 100).endswith(b"flows\r\n")
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert after == before
+
+
 def window_size(fd: int) -> tuple[int, int]:
     """The terminal's rows and columns."""
     rows, columns, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
@@ -317,7 +365,7 @@ class HostShell:
         """Keys typed at the terminal."""
         os.write(self.controller, keys.encode() if isinstance(keys, str) else keys)
 
-    def expect(self, wanted: bytes, timeout: float = 20) -> bool:
+    def expect(self, wanted: bytes, timeout: float = 60) -> bool:
         """Wait until wanted shows up on the terminal after what was already seen."""
         start = len(self.screen)
         deadline = time.monotonic() + timeout
@@ -333,6 +381,14 @@ class HostShell:
                 return False
             self.screen += chunk
         return True
+
+    def wait_for_a_job(self, timeout: float = 60) -> None:
+        """Wait until a job, not bash, is the terminal's foreground (bash has read its
+        command line and is out of line editing)."""
+        deadline = time.monotonic() + timeout
+        while os.tcgetpgrp(self.controller) == self.process.pid:
+            assert time.monotonic() < deadline, "no job took the terminal"
+            time.sleep(0.02)
 
     def close(self, marker: str) -> None:
         """End the shell, and every process whose command line holds marker."""
@@ -369,7 +425,7 @@ def test_ctrl_z_leaves_the_session_nothing_to_read(ws_run: tuple[Path, Path]) ->
         assert shell.expect(b"typed-42"), (shell.screen, got.read_bytes())
         assert got.read_bytes() == b""
         shell.type("fg\n")
-        time.sleep(0.5)  # bash gives the CLI the terminal back
+        shell.wait_for_a_job()  # bash has given the CLI the terminal back
         shell.type("after-fg\n")
         shell.type(b"\x04")  # Ctrl-D: the end of the session's input
         shell.type("echo status-$?-$((2+2))\n")
@@ -481,7 +537,7 @@ def test_a_tty_command_that_stops_itself_stops_the_cli_as_a_job(
         shell.type("echo back-$((4*4))\n")
         assert shell.expect(b"back-16"), shell.screen
         shell.type("fg\n")
-        time.sleep(1)  # the CLI continues, its terminal raw again, then the command
+        shell.wait_for_a_job()  # bash reads no more: what is typed now is the command's
         shell.type("hello\r")
         assert shell.expect(b"got-hello-7"), shell.screen
         assert shell.expect(b"$ "), shell.screen  # the CLI is done with the terminal
@@ -580,7 +636,7 @@ def test_the_cli_returns_when_the_sessions_stdio_is_left_in_flight(
             )
             try:
                 assert b"cycle-made" in read_until(controller, b"cycle-made")
-                assert cli.wait(timeout=5) == 0
+                assert cli.wait(timeout=30) == 0
             finally:
                 if cli.poll() is None:
                     cli.kill()

@@ -1,166 +1,34 @@
-"""A workspace the session controls cannot redirect a bind, nor change what the host trusts.
+"""Protected paths: what the host trusts in a workspace (.git/config and hooks, .envrc, editor
+and agent settings, shell rc files, Mercurial's config, dev-container files) stays read-only,
+in every repository git or Mercurial would use, however a session prepared it between
+launches; and what a session could still write is named after it.
 
-Between launches (and while another session of the same workspace runs) a session can plant
-symlinks where the broker will put the next workspace or mount point, rename directories that
-hold read-only files, and write the files the host later trusts (.git/config, .envrc, editor
-and agent settings, shell rc files). Each test plants the attack for real and launches real
-sessions; each protection has a twin showing the check fail without it.
+Each test plants the attack for real and launches real sessions; each protection has a twin
+showing the check fail without it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from helpers import (
     SESSION_USER,
+    attempt,
     give_to_session_user,
     open_up,
     outcome_without_hanging,
     session,
     session_dirs,
-    sh,
 )
 
 import nsconfine
 from nsconfine._plan.model import Kind
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
-
-
-def attempt(plan: nsconfine.Plan, script: str) -> tuple[int, str]:
-    """A shell snippet's status and output, in a session; -1 and the refusal if refused."""
-    try:
-        return sh(plan, script)
-    except (nsconfine.NsconfineError, OSError) as refused:
-        return -1, str(refused)
-
-
-# ------------------------------------------------------------------ redirected binds
-
-
-def test_a_planted_symlink_where_the_next_workspace_goes_is_refused(tmp_path: Path) -> None:
-    """Session A plants `42 -> ../checkout/lib` in its workspace, where the broker later puts
-    session B's workspace; B's plan also binds checkout/lib read-only: refused, and the
-    canonical file is unchanged."""
-    tasks, run_a, run_b = session_dirs(tmp_path, "tasks", "run-a", "run-b")
-    lib = tmp_path / "checkout" / "lib"
-    lib.mkdir(parents=True)
-    (lib / "runner.py").write_text("canonical\n")
-    open_up(lib)
-    give_to_session_user(lib)  # as a broker's own checkout would be: only the alias refuses
-    plan_a = session(tasks, run_a).plan()
-    assert attempt(plan_a, f"ln -s ../checkout/lib {tasks}/42")[0] == 0
-    with pytest.raises(nsconfine.PlanError, match="read-only"):
-        session(tasks / "42", run_b, ro=[lib]).plan()
-    assert (lib / "runner.py").read_text() == "canonical\n"
-
-
-def _swapper(directory: Path, target: Path, stop: threading.Event) -> None:
-    """Swap directory with a symlink to target, and back, staying in each state from a
-    fraction of a millisecond to longer than a launch: every moment of a launch is hit."""
-    import random
-
-    rng = random.Random(7)
-    real = directory.with_name(directory.name + ".real")
-    link = directory.with_name(directory.name + ".link")
-    while not stop.is_set():
-        try:
-            os.symlink(target, link)
-            os.rename(directory, real)
-            os.rename(link, directory)
-            time.sleep(rng.choice((0.0002, 0.002, 0.02)))
-            os.rename(directory, link)
-            os.rename(real, directory)
-            os.unlink(link)
-            time.sleep(rng.choice((0.0002, 0.002, 0.05)))
-        except OSError:  # EBUSY: a live sandbox pins the directory; start again from the real one
-            _put_back(directory, real, link)
-    _put_back(directory, real, link)
-
-
-def _put_back(directory: Path, real: Path, link: Path) -> None:
-    """The real directory at its name again, and no symlink left, whatever step failed."""
-    with contextlib.suppress(OSError):
-        if directory.is_symlink():
-            directory.unlink()
-    with contextlib.suppress(OSError):
-        if not directory.exists() and real.exists():
-            real.rename(directory)
-    with contextlib.suppress(OSError):
-        if link.is_symlink():
-            link.unlink()
-
-
-def test_a_concurrent_swapper_cannot_redirect_a_read_only_bind(tmp_path: Path) -> None:
-    """While a host process swaps the workspace's lib/ for a symlink to elsewhere, every
-    launch either is refused or shows lib/config.py read-only with its real content: nothing
-    is bound read-write that the manifest says is ro, and no secret is read."""
-    workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
-    lib = workspace / "lib"
-    lib.mkdir()
-    (lib / "config.py").write_text("real config\n")
-    (elsewhere / "config.py").write_text("secret elsewhere\n")
-    give_to_session_user(lib, elsewhere)
-    plan = session(workspace, run_dir, ro=[lib / "config.py"]).plan()
-    probe = f"cat {lib}/config.py; echo tampered >> {lib}/config.py && echo WROTE"
-    stop = threading.Event()
-    swapper = threading.Thread(target=_swapper, args=(lib, elsewhere, stop), daemon=True)
-    swapper.start()
-    outcomes: list[tuple[int, str]] = []
-    try:  # 60 launches, and more until 20 have run (how many a swap refuses, the machine says)
-        while len(outcomes) < 60 or (
-            sum(status != -1 for status, _ in outcomes) < 20 and len(outcomes) < 400
-        ):
-            outcomes.append(attempt(plan, probe))
-    finally:
-        stop.set()
-        swapper.join()
-    ran = [output for status, output in outcomes if status != -1]
-    for output in ran:
-        assert "WROTE" not in output, outcomes
-        assert "secret elsewhere" not in output, outcomes
-    assert (elsewhere / "config.py").read_text() == "secret elsewhere\n"
-    assert "tampered" not in (lib / "config.py").read_text()
-    assert ran, outcomes
-
-
-def test_a_symlinked_home_in_the_run_dir_is_refused(tmp_path: Path) -> None:
-    """A session that replaced run/home with a symlink to elsewhere: the next launch is
-    refused by name, and nothing is created there."""
-    workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
-    plan = session(workspace, run_dir).plan()
-    home = run_dir / "home"
-    if home.exists():
-        home.rmdir()
-    home.symlink_to(elsewhere / "planted-home")
-    status, output = attempt(plan, "true")
-    assert status == -1
-    assert "home" in output
-    assert not (elsewhere / "planted-home").exists()
-
-
-def test_a_read_only_file_in_the_workspace_stays_read_only_after_a_rename(
-    tmp_path: Path,
-) -> None:
-    """`mv lib lib.old` cannot carry a read-only runner file in the workspace away to leave a
-    writable one in its place (its directory is a mount point: EBUSY)."""
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    (lib := workspace / "lib").mkdir()
-    (lib / "config.py").write_text("real\n")
-    give_to_session_user(lib)
-    plan = session(workspace, run_dir, ro=[lib / "config.py"]).plan()
-    _, output = attempt(
-        plan, f"mv {lib} {lib}.old; mkdir -p {lib}; echo forged > {lib}/config.py; cat {lib}/*"
-    )
-    assert "forged" not in output, output
-    assert (lib / "config.py").read_text() == "real\n"
 
 
 # ------------------------------------------------------------------ files the host trusts
@@ -185,29 +53,6 @@ PROTECTED_FILES = [
     ".hg/hgrc",
 ]
 PROTECTED_DIRS = [".git/hooks", ".vscode", ".idea", ".claude/commands", ".claude/agents", ".codex"]
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> tuple[Path, Path]:
-    """A workspace that is a git repository with a commit, and a bare remote beside it, and a
-    nested repository inside it; owned by the session's account."""
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    environ = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path)}
-
-    def git(where: Path, *args: str) -> None:
-        subprocess.run(["git", "-c", "safe.directory=*", "-C", str(where), *args], check=True,
-                       capture_output=True, env=environ)  # fmt: skip
-
-    git(workspace, "init", "-q", "-b", "main")
-    (workspace / "README").write_text("hello\n")
-    (workspace / ".envrc").write_text("export SAFE=1\n")
-    git(workspace, "add", "README", ".envrc")
-    git(workspace, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
-    (nested := workspace / "vendor" / "lib").mkdir(parents=True)
-    git(nested, "init", "-q")
-    git(workspace, "init", "-q", "--bare", str(workspace / "remote.git"))
-    give_to_session_user(workspace)
-    return workspace, run_dir
 
 
 def _git_script(workspace: Path) -> str:
@@ -280,18 +125,6 @@ def test_renaming_a_directory_cannot_carry_git_config_away(repo: tuple[Path, Pat
     assert "fsmonitor" not in (workspace / ".git" / "config").read_text()
 
 
-def test_no_stub_is_left_behind(repo: tuple[Path, Path]) -> None:
-    """After the session, the workspace holds nothing nsconfine created only as a mount
-    point: the files and directories are exactly those before it."""
-    workspace = repo[0]
-    before = sorted(str(p) for p in workspace.rglob("*"))
-    plan = session(*repo).plan()
-    assert attempt(plan, "true")[0] == 0
-    after = sorted(str(p) for p in workspace.rglob("*"))
-    assert set(after) ^ set(before) == set(), set(after) ^ set(before)
-    assert after == before
-
-
 def test_the_manifest_lists_each_protected_path_with_its_reason(repo: tuple[Path, Path]) -> None:
     """Each protected path is a read-only entry with its reason; --unprotect drops one and
     --protect adds one, with the reason the caller gives."""
@@ -319,20 +152,6 @@ def test_without_protection_git_config_is_writable(repo: tuple[Path, Path]) -> N
     assert "# rewritten" in (workspace / ".git" / "config").read_text()
 
 
-def test_the_session_account_owns_nothing_new_outside(tmp_path: Path) -> None:
-    """Stub creation never follows a planted symlink out of the workspace."""
-    workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
-    (workspace / ".vscode").symlink_to(elsewhere)
-    plan_or_refusal: object
-    try:
-        plan_or_refusal = session(workspace, run_dir).plan()
-    except nsconfine.PlanError as refused:
-        plan_or_refusal = refused
-    if isinstance(plan_or_refusal, nsconfine.Plan):
-        attempt(plan_or_refusal, "true")
-    assert list(elsewhere.iterdir()) == []
-
-
 def test_protection_holds_for_the_session_user(tmp_path: Path) -> None:
     """The control: the session's account can write its workspace's ordinary files."""
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
@@ -343,7 +162,7 @@ def test_protection_holds_for_the_session_user(tmp_path: Path) -> None:
         assert (workspace / "ordinary.txt").owner() == SESSION_USER
 
 
-# ------------------------------------------------------------------ found by an attacker's pass
+# ------------------------------------------------------------------ pointers, links and renames
 
 
 def _host_git(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -396,49 +215,6 @@ def test_a_hardlink_cannot_keep_a_protected_file_writable(
     plan = session(*repo).plan()
     attempt(plan, f"echo evil >> {workspace}/notes.txt")
     assert target.read_text() == before
-
-
-def test_a_hardlinked_read_only_runner_file_is_refused(tmp_path: Path) -> None:
-    """A --ro file inside the workspace with a second, writable name there is refused."""
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    (runner := workspace / "runner.py").write_text("print(1)\n")
-    os.link(runner, workspace / "alias.py")
-    give_to_session_user(workspace)
-    with pytest.raises(nsconfine.NsconfineError, match=r"runner\.py"):
-        nsconfine.spawn(session(workspace, run_dir, ro=[runner]).plan(), ["/bin/true"]).wait()
-
-
-def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_path: Path) -> None:
-    """Session A (another launcher process) ends while session B of the same workspace runs:
-    B's protected paths stay protected, and no stub is left once both have ended."""
-    from helpers import python_child
-
-    workspace = repo[0]
-    (run_b,) = session_dirs(tmp_path, "run-b")
-    before = sorted(str(p) for p in workspace.rglob("*"))
-    first = python_child(
-        """
-        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
-        nsconfine.spawn(plan, ["sleep", "1.5"]).wait()
-        """,
-        str(workspace), str(repo[1]), SESSION_USER or "",
-    )  # fmt: skip
-    time.sleep(0.7)  # A is running: B's launch finds A's stubs
-    plan_b = session(workspace, run_b).plan()
-    _status, output = attempt(
-        plan_b,
-        f"cd {workspace}; sleep 2.5; (echo evil > .mcp.json) 2>/dev/null; "
-        "(mkdir -p .vscode && echo {{}} > .vscode/tasks.json) 2>/dev/null; ls -a",
-    )
-    assert first.wait(timeout=60) == 0
-    assert (
-        not (workspace / ".mcp.json").exists()
-        or "evil" not in (workspace / ".mcp.json").read_text()
-    )
-    assert not (workspace / ".vscode" / "tasks.json").exists(), output
-    after = sorted(str(p) for p in workspace.rglob("*"))
-    assert set(after) ^ set(before) == set(), set(after) ^ set(before)
-    assert after == before
 
 
 @pytest.fixture
@@ -526,14 +302,6 @@ def test_a_file_where_a_protected_directory_goes_stays(repo: tuple[Path, Path], 
     assert blocker.read_text() == "a file\n"
 
 
-def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None:
-    """A workspace named through a legitimate symlink (made by the host) launches."""
-    session_dirs(tmp_path / "real", "ws", "run")
-    (alias := tmp_path / "alias").symlink_to(tmp_path / "real")
-    plan = session(alias / "ws", alias / "run").plan()
-    assert attempt(plan, "true") == (0, "")
-
-
 def test_many_repositories_are_refused_by_what_they_are(repo: tuple[Path, Path]) -> None:
     """A workspace with more repositories than one plan can protect is refused, saying so (not
     blaming runner files)."""
@@ -543,44 +311,6 @@ def test_many_repositories_are_refused_by_what_they_are(repo: tuple[Path, Path])
     with pytest.raises(nsconfine.PlanError, match="repositories") as refused:
         session(*repo).plan()
     assert "runner files" not in refused.value.message
-
-
-def test_a_stub_turned_into_a_dangling_symlink_is_a_clean_refusal(repo: tuple[Path, Path]) -> None:
-    """A plan built, then its stub's place made a dangling symlink before the launch: a clean
-    refusal (never an OSError that reads as the command failing)."""
-    workspace = repo[0]
-    plan = session(*repo).plan()
-    (workspace / ".mcp.json").symlink_to("/nonexistent")
-    with pytest.raises(nsconfine.NsconfineError):
-        nsconfine.spawn(plan, ["/bin/true"]).wait()
-
-
-def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, Path]) -> None:
-    """A launcher killed with SIGKILL leaves its stubs; the next session of the workspace
-    adopts them and removes them when it ends."""
-    from helpers import python_child
-
-    workspace = repo[0]
-    before = sorted(str(p) for p in workspace.rglob("*"))
-    launcher = python_child(
-        """
-        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
-        nsconfine.spawn(plan, ["sleep", "600"])
-        print("launched", flush=True)
-        sys.stdin.read()
-        """,
-        str(workspace), str(repo[1]), SESSION_USER or "",
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )  # fmt: skip
-    assert launcher.stdout is not None
-    assert launcher.stdin is not None
-    with launcher.stdin, launcher.stdout:
-        assert launcher.stdout.readline() == "launched\n"
-        launcher.kill()
-        launcher.wait()
-    assert (workspace / ".mcp.json").exists()  # left behind (its sandbox dies with it)
-    assert attempt(session(*repo).plan(), "true")[0] == 0
-    assert sorted(str(p) for p in workspace.rglob("*")) == before
 
 
 @pytest.mark.parametrize("target", ["/etc/shadow", "fifo"])
@@ -601,7 +331,7 @@ def test_a_git_symlink_at_the_workspace_top_is_never_followed(tmp_path: Path, ta
     assert ".git" in str(outcome)
 
 
-# ------------------------------------------ redirects of trusted files (a later attacker's pass)
+# ------------------------------------------------------------------ redirects of trusted files
 # Each plants, between launches, what would let the next session write a file the host's git
 # trusts: a FIFO (a read-only mount does not stop writes through one), a symlink that leads
 # into what the session writes, a commondir or gitdir pointer naming a git directory the
@@ -742,7 +472,7 @@ def test_a_gitdir_pointer_through_a_symlink_is_refused(repo: tuple[Path, Path]) 
     assert output.rstrip().endswith("launch again")
 
 
-# ------------------------------------------- git directories as git finds them (a third pass)
+# ----------------------------------------------------------- git directories as git finds them
 
 
 def _host_git_config(where: Path) -> str:
@@ -890,7 +620,7 @@ def test_a_bare_repository_in_the_workspace_is_protected(repo: tuple[Path, Path]
     assert _host_git_config(bare) == ""
 
 
-# ------------------------------------------- repositories git would use, found at every launch
+# ----------------------------------------------------------- repositories found at every launch
 # What makes a directory a repository must be what git itself uses, and no change a session
 # makes to it between launches may make the next launch protect less: a missing HEAD, a
 # bare-looking directory beside a .git, a plan kept from before the repository existed.
@@ -1066,29 +796,6 @@ def test_run_reports_config_the_session_made(tmp_path: Path) -> None:
     assert quiet.stderr == ""
 
 
-def test_an_oci_bundle_keeps_its_stubs_while_it_exists(
-    repo: tuple[Path, Path], tmp_path: Path
-) -> None:
-    """The mount points `oci-bundle` makes for missing protected paths stay while the bundle
-    exists, whatever sessions of the workspace start and end meanwhile (a running container
-    would otherwise lose them, and write .envrc on the host); they go with the first session
-    to end after the bundle is removed."""
-    from helpers import cli, session_options
-
-    workspace = repo[0]
-    bundle = tmp_path / "bundle"
-    made = cli("oci-bundle", *session_options(*repo), str(bundle))
-    assert made.returncode == 0, made.stderr
-    assert (workspace / ".mcp.json").exists()
-    assert attempt(session(*repo).plan(), "true")[0] == 0
-    assert (workspace / ".mcp.json").exists()
-    import shutil
-
-    shutil.rmtree(bundle)
-    assert attempt(session(*repo).plan(), "true")[0] == 0
-    assert not (workspace / ".mcp.json").exists()
-
-
 def test_what_a_workspace_costs_a_launch_is_bounded(tmp_path: Path) -> None:
     """Each repository adds a score of read-only mount points (bwrap's cost grows with their
     square, and each holds a launcher fd): past the bound the plan is refused, saying how
@@ -1102,9 +809,9 @@ def test_what_a_workspace_costs_a_launch_is_bounded(tmp_path: Path) -> None:
     assert "--unprotect" in refused.value.message
 
 
-# ------------------------------------------- what git and Mercurial use that the scan missed
-# (a fourth pass). Each is a place the host's git or hg takes config from, that a session can
-# write, and that the launch neither kept read-only nor named in untrusted_config after it.
+# ------------------------------------------------------------------ config git and Mercurial take
+# Each is a place the host's git or hg takes config from, that a session can write, and that
+# the launch neither kept read-only nor named in untrusted_config after it.
 
 _BARE_TOP = (
     "mkdir -p objects refs && echo 'ref: refs/heads/main' > HEAD && printf '[core]\\n"

@@ -1,0 +1,120 @@
+"""A bind's source is the file the plan names, whatever a session did to the path before the
+launch: a symlink planted where the next workspace goes, a directory swapped for a symlink
+while sessions launch, a directory renamed from under a read-only file, a second hard link,
+or a symlink in place of the run directory's home. Each is planted for real between or
+during real launches."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import (
+    attempt,
+    give_to_session_user,
+    session,
+    session_dirs,
+    swap_with_symlink,
+    unchecked_launcher,
+    unlinted_next_plan,
+)
+
+import nsconfine
+from nsconfine._selftest.report import (
+    planted_symlink_leaks,
+)
+from nsconfine._selftest.world import World
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+def test_a_concurrent_swapper_cannot_redirect_a_read_only_bind(tmp_path: Path) -> None:
+    """While a host process swaps the workspace's lib/ for a symlink to elsewhere, every
+    launch either is refused or shows lib/config.py read-only with its real content: nothing
+    is bound read-write that the manifest says is ro, and no secret is read."""
+    workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
+    lib = workspace / "lib"
+    lib.mkdir()
+    (lib / "config.py").write_text("real config\n")
+    (elsewhere / "config.py").write_text("secret elsewhere\n")
+    give_to_session_user(lib, elsewhere)
+    plan = session(workspace, run_dir, ro=[lib / "config.py"]).plan()
+    probe = f"cat {lib}/config.py; echo tampered >> {lib}/config.py && echo WROTE"
+    stop = threading.Event()
+    swapper = threading.Thread(target=swap_with_symlink, args=(lib, elsewhere, stop), daemon=True)
+    swapper.start()
+    outcomes: list[tuple[int, str]] = []
+    try:  # 60 launches, and more until 20 have run (how many a swap refuses, the machine says)
+        while len(outcomes) < 60 or (
+            sum(status != -1 for status, _ in outcomes) < 20 and len(outcomes) < 400
+        ):
+            outcomes.append(attempt(plan, probe))
+    finally:
+        stop.set()
+        swapper.join()
+    ran = [output for status, output in outcomes if status != -1]
+    for output in ran:
+        assert "WROTE" not in output, outcomes
+        assert "secret elsewhere" not in output, outcomes
+    assert (elsewhere / "config.py").read_text() == "secret elsewhere\n"
+    assert "tampered" not in (lib / "config.py").read_text()
+    assert ran, outcomes
+
+
+def test_a_symlinked_home_in_the_run_dir_is_refused(tmp_path: Path) -> None:
+    """A session that replaced run/home with a symlink to elsewhere: the next launch is
+    refused by name, and nothing is created there."""
+    workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
+    plan = session(workspace, run_dir).plan()
+    home = run_dir / "home"
+    if home.exists():
+        home.rmdir()
+    home.symlink_to(elsewhere / "planted-home")
+    status, output = attempt(plan, "true")
+    assert status == -1
+    assert "home" in output
+    assert not (elsewhere / "planted-home").exists()
+
+
+def test_a_read_only_file_in_the_workspace_stays_read_only_after_a_rename(
+    tmp_path: Path,
+) -> None:
+    """`mv lib lib.old` cannot carry a read-only runner file in the workspace away to leave a
+    writable one in its place (its directory is a mount point: EBUSY)."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    (lib := workspace / "lib").mkdir()
+    (lib / "config.py").write_text("real\n")
+    give_to_session_user(lib)
+    plan = session(workspace, run_dir, ro=[lib / "config.py"]).plan()
+    _, output = attempt(
+        plan, f"mv {lib} {lib}.old; mkdir -p {lib}; echo forged > {lib}/config.py; cat {lib}/*"
+    )
+    assert "forged" not in output, output
+    assert (lib / "config.py").read_text() == "real\n"
+
+
+def test_a_hardlinked_read_only_runner_file_is_refused(tmp_path: Path) -> None:
+    """A --ro file inside the workspace with a second, writable name there is refused."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    (runner := workspace / "runner.py").write_text("print(1)\n")
+    os.link(runner, workspace / "alias.py")
+    give_to_session_user(workspace)
+    with pytest.raises(nsconfine.NsconfineError, match=r"runner\.py"):
+        nsconfine.spawn(session(workspace, run_dir, ro=[runner]).plan(), ["/bin/true"]).wait()
+
+
+def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None:
+    """A workspace named through a legitimate symlink (made by the host) launches."""
+    session_dirs(tmp_path / "real", "ws", "run")
+    (alias := tmp_path / "alias").symlink_to(tmp_path / "real")
+    plan = session(alias / "ws", alias / "run").plan()
+    assert attempt(plan, "true") == (0, "")
+
+
+def test_the_planted_symlink_twin_leaks(world: World) -> None:
+    """selftest's planted-symlink check can fail: past the lint, the next session's workspace
+    leads into the checkout and its internal file is read."""
+    assert planted_symlink_leaks(world) is None
+    assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan) is not None

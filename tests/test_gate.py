@@ -1,0 +1,116 @@
+"""The one gate every launch passes (spawn, a Pool's launch, the CLI): a plan the lint refuses,
+a pinned harness that changed, a launcher whose children's statuses would be lost are refused
+before anything runs; the refused command leaves no trace."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import (
+    SESSION_USER,
+    open_up,
+    python_child,
+    running_world,
+    session,
+    session_dirs,
+)
+
+import nsconfine
+import nsconfine._launch.programs
+from nsconfine._kernel.accounts import run_as
+from nsconfine._plan import model as p
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+def test_a_refused_bind_runs_nothing(tmp_path: Path, trace_file: Path) -> None:
+    """A plan that binds a secret, built by hand past Session, is refused by spawn itself."""
+    open_up(tmp_path)
+    (tmp_path / "world").mkdir()
+    with running_world(str(tmp_path / "world"), run_as(SESSION_USER)) as world:
+        plan = world.plan()
+        secret = world.secrets["~/.ssh/id_ed25519"]
+        weakened = plan.replace(entries=(*plan.entries, p.ro_bind(secret, secret, "wants it")))
+        session_dirs(tmp_path, "ws")
+        with pytest.raises(nsconfine.PlanError, match=r"\.ssh"):
+            nsconfine.spawn(weakened, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
+
+
+def test_a_changed_pinned_harness_runs_nothing(tmp_path: Path, trace_file: Path) -> None:
+    """A harness whose content no longer matches its pin is refused before launch."""
+    open_up(tmp_path)
+    (tmp_path / "world").mkdir()
+    with running_world(str(tmp_path / "world"), run_as(SESSION_USER)) as world:
+        plan = world.plan()
+        with open(world.harness, "a") as harness:
+            harness.write(f"touch {trace_file}\n")
+        with pytest.raises(nsconfine.PlanError, match="sha256"):
+            nsconfine.spawn(plan, [world.harness])
+    assert not trace_file.exists()
+
+
+def test_a_pool_checks_pins_at_launch(tmp_path: Path) -> None:
+    """A pinned harness rewritten after its sandbox was staged is refused at launch."""
+    import hashlib
+
+    workspace, run_dir, tools = session_dirs(tmp_path, "ws", "run", "tools")
+    harness = tools / "agent"
+    harness.write_text("#!/bin/sh\necho agent\n")
+    harness.chmod(0o755)
+    digest = hashlib.sha256(harness.read_bytes()).hexdigest()
+    plan = session(workspace, run_dir, harness=[f"{harness}@sha256:{digest}"]).plan()
+    marker = workspace / "ran"
+    with nsconfine.Pool(plan) as pool:
+        assert pool.wait_staged(30)
+        harness.write_text(f"#!/bin/sh\ntouch {marker}\n")
+        with pytest.raises(nsconfine.PlanError, match="sha256"):
+            pool.launch([str(harness)]).wait(timeout=30)
+    assert not marker.exists()
+
+
+# Ways a launcher comes to ignore SIGCHLD: through Python, or behind its back (C code, which
+# signal.getsignal cannot see).
+IGNORE_SIGCHLD = {
+    "python": "signal.signal(signal.SIGCHLD, signal.SIG_IGN)",
+    "c": "ctypes.CDLL(None).signal(int(signal.SIGCHLD), ctypes.c_void_p(1))  # SIG_IGN",
+}
+
+
+@pytest.mark.parametrize("how", sorted(IGNORE_SIGCHLD))
+def test_a_launcher_that_ignores_sigchld_is_refused(ws_run: tuple[Path, Path], how: str) -> None:
+    """With SIGCHLD set to SIG_IGN the kernel reaps the launcher's children itself, and every
+    status is lost (`exit 7` came back as 0, a failed exec as a raw ChildProcessError with
+    fds and mount points left behind): refused before anything runs, saying what to fix."""
+    child = python_child(
+        f"""
+        import ctypes, signal
+        {IGNORE_SIGCHLD[how]}
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+        try:
+            print("status", nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 7"]).wait())
+        except nsconfine.NsconfineError as refused:
+            print(refused.code, refused.message)
+        """,
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert out.startswith("sandbox-unavailable"), out + err
+    assert "SIGCHLD" in out
+    assert sorted(ws_run[0].iterdir()) == []
+
+
+def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) -> None:
+    """SIGCHLD ignored after the pool was made: its launch is refused as spawn's is (it
+    returned 0 for `exit 3`)."""
+    with nsconfine.Pool(plan, size=1, refill="inline") as pool:
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        try:
+            with pytest.raises(nsconfine.SandboxUnavailable, match="SIGCHLD"):
+                pool.launch(["/bin/sh", "-c", "exit 3"])
+        finally:
+            signal.signal(signal.SIGCHLD, previous)

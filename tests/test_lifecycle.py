@@ -1,0 +1,260 @@
+"""A launch's life from spawn to its end, on real sessions: a launch refused, killed at once,
+or meeting a fault (fds short, a launcher that ignores SIGCHLD, a command that cannot run)
+ends in a clear refusal or runs its command, never a handle for a command that never ran;
+whatever ends it, no process, fd, pipe or mount point of it is left."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import random
+import resource
+import subprocess
+import time
+from pathlib import Path
+from subprocess import PIPE
+
+import pytest
+from helpers import (
+    SESSION_USER,
+    ended_session_output,
+    give_to_session_user,
+    open_fds,
+    python_child,
+    read_to_eof,
+    session,
+    sleeper,
+)
+
+import nsconfine
+import nsconfine._launch.programs
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+@pytest.mark.parametrize("pipes", [False, True], ids=["inherited-stdio", "pipes"])
+def test_spawn_short_of_fds_refuses_and_leaves_no_fd_or_mount_point(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], pipes: bool
+) -> None:
+    """With 0 to 80 fds free below RLIMIT_NOFILE, each spawn (with its stdio the launcher's,
+    or three pipes) runs or is refused with nsconfine's error, and leaves no fd open and no
+    mount point in the workspace."""
+    stdio = subprocess.PIPE if pipes else None
+    workspace = ws_run[0]
+    nsconfine.spawn(plan, ["/bin/true"]).wait()  # warm: the proof, the lifeline
+    before = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    found = []
+    try:
+        for free in range(81):
+            ballast: list[int] = []
+            with contextlib.suppress(OSError):
+                while True:
+                    ballast.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            # (A thread left by an earlier test may hold fds for a moment: fewer are free.)
+            for _ in range(min(free, len(ballast))):
+                os.close(ballast.pop())
+            try:
+                argv = ["/bin/true"]
+                with nsconfine.spawn(
+                    plan, argv, stdin=stdio, stdout=stdio, stderr=stdio
+                ) as sandbox:
+                    outcome = str(sandbox.wait())
+            except nsconfine.NsconfineError as error:
+                outcome = error.code
+            except OSError as error:
+                outcome = f"bare {error!r}"
+            finally:
+                for fd in ballast:
+                    os.close(fd)
+            held = len(os.listdir("/proc/self/fd")) - before
+            left = sorted(os.listdir(workspace))
+            if outcome.startswith("bare") or held or left:
+                found.append((free, outcome, held, left))
+                break
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert found == []
+
+
+IN_FLIGHT_CYCLE = """
+import array, os, socket, time
+a, b = socket.socketpair()
+fds = array.array("i", [b.fileno(), 1, 2])
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+os.close(1)
+os.close(2)
+a.close()
+time.sleep(0.5)
+"""
+
+
+def test_a_pipe_left_in_flight_by_the_session_reaches_eof(plan: nsconfine.Plan) -> None:
+    """A session whose last process sends its stdout and stderr (a caller's pipe) and one end
+    of a socketpair over that pair, then closes them: a unix-socket cycle the kernel's garbage
+    collector frees only when some unix socket is closed, anywhere (b's last close, at exit,
+    starts none). Once the session has ended the pipe reaches EOF (it stayed open until another
+    process's close: 0.1 s to 97 s)."""
+    for _ in range(3):  # another process's close starts a collection now and then
+        read_end, write_end = os.pipe()
+        try:
+            try:
+                sandbox = nsconfine.spawn(
+                    plan, ["python3", "-c", IN_FLIGHT_CYCLE], stdout=write_end, stderr=write_end
+                )
+            finally:
+                os.close(write_end)
+            assert sandbox.wait(timeout=30) == 0
+            assert read_to_eof(read_end, 30) == b""
+        finally:
+            os.close(read_end)
+
+
+def test_a_launch_that_fails_leaves_no_pipe_open(plan: nsconfine.Plan) -> None:
+    """A command that cannot be executed (OSError), and a plan refused at the gate, leave the
+    launcher no fd of the pipes they were given."""
+    nsconfine.spawn(plan, ["/bin/true"]).wait()  # warm: the proof, the lifeline
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="No such file"):
+        nsconfine.spawn(plan, ["/no/such/command"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+    refused = plan.replace(user=nsconfine.RunAs(name="root", uid=0, gid=0))
+    with pytest.raises(nsconfine.NsconfineError):
+        nsconfine.spawn(refused, ["/bin/true"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -> None:
+    """The launcher's own inheritable fds, at any number, are closed in the session."""
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    high = fcntl.fcntl(fds[0], fcntl.F_DUPFD, 200)  # the first free at 200 or above
+    try:
+        read_end, write_end = os.pipe()
+        sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", "ls /proc/self/fd"], stdout=write_end)
+        os.close(write_end)
+        assert sandbox.wait() == 0
+        listed = sorted(int(n) for n in os.read(read_end, 4096).split())
+        os.close(read_end)
+    finally:
+        for fd in [*fds, high]:
+            os.close(fd)
+    assert listed[:3] == [0, 1, 2]
+    assert len(listed) == 4  # ls's own directory fd is the 4th
+
+
+def test_kill_right_after_spawn_leaves_nothing(plan: nsconfine.Plan) -> None:
+    """kill() at once, or leaving the with block, ends every process of the session and its
+    stdout reaches EOF, every time."""
+    for attempt in range(30):
+        marker = f"nsconfine-kill-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        try:
+            sandbox = nsconfine.spawn(plan, sleeper(marker), stdout=write_end)
+        finally:
+            os.close(write_end)
+        if attempt % 2:
+            sandbox.kill()
+            sandbox.wait(timeout=60)
+        else:
+            with sandbox:
+                pass
+        ended_session_output(read_end, marker, attempt)
+
+
+_DYING_LAUNCHER = r"""
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[4])
+print("ready", flush=True)
+sandbox = nsconfine.spawn(
+    plan, ["/bin/sh", "-c", "exec sleep 600 # " + sys.argv[3]], stdout=int(sys.argv[5])
+)
+print("spawned", flush=True)
+sandbox.wait()
+"""
+
+
+def test_the_launchers_death_at_any_moment_leaves_nothing(ws_run: tuple[Path, Path]) -> None:
+    """SIGKILL of the launcher at any moment of a launch (before, during or right after
+    spawn) ends the whole session and its stdout reaches EOF."""
+    rng = random.Random(6)
+    for attempt in range(24):
+        marker = f"nsconfine-dying-{os.urandom(6).hex()}"
+        read_end, write_end = os.pipe()
+        child = python_child(
+            _DYING_LAUNCHER, str(ws_run[0]), str(ws_run[1]), marker, SESSION_USER or "",
+            str(write_end), stdout=subprocess.PIPE, pass_fds=(write_end,),
+        )  # fmt: skip
+        os.close(write_end)
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        if attempt % 3 == 0:
+            child.stdout.readline()  # right after spawn returned
+        else:
+            time.sleep(rng.uniform(0, 0.03))  # somewhere inside spawn
+        child.kill()
+        child.wait()
+        child.stdout.close()
+        ended_session_output(read_end, marker, attempt)
+
+
+_MANY_FDS = r"""
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+sandbox = nsconfine.spawn(plan, ["/bin/sh", "-c", "exit 3"])
+assert sandbox.wait(timeout=30) == 3
+with nsconfine.Pool(plan) as pool:
+    assert pool.launch(["/bin/sh", "-c", "exit 4"]).wait(timeout=30) == 4
+print("ok")
+"""
+
+
+def test_a_launcher_with_many_fds_launches_and_waits(ws_run: tuple[Path, Path]) -> None:
+    """A launcher holding more than 1,023 fds can spawn, wait with a timeout, and use a pool."""
+    child = python_child(
+        _MANY_FDS, str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=120)
+    assert out == "ok\n", err
+
+
+def test_a_missing_command_raises_oserror(plan: nsconfine.Plan) -> None:
+    """A command that does not exist raises OSError with ENOENT and its name."""
+    with pytest.raises(OSError, match="no-such-command") as failed:
+        nsconfine.spawn(plan, ["no-such-command"])
+    assert failed.value.errno == errno.ENOENT
+    assert failed.value.filename == "no-such-command"
+
+
+def test_a_non_executable_command_raises_oserror(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path]
+) -> None:
+    """A command that is not executable raises OSError with EACCES."""
+    script = ws_run[0] / "script"
+    script.write_text("#!/bin/sh\n")
+    give_to_session_user(script)
+    with pytest.raises(OSError, match="script") as failed:
+        nsconfine.spawn(plan, [str(script)])
+    assert failed.value.errno == errno.EACCES
+
+
+def test_a_refused_argv_leaves_nothing_staged(ws_run: tuple[Path, Path]) -> None:
+    """A launch refused for its argv or environment (a NUL byte, a bad name) leaves no pidfd
+    and no process behind, from spawn as from a pool."""
+    plan = session(*ws_run).plan()
+    with nsconfine.Pool(plan, refill="inline") as pool:
+        pool.launch(["/bin/true"]).wait(timeout=30)
+        before = open_fds()
+        for _ in range(5):
+            with pytest.raises(nsconfine.UsageError):
+                pool.launch(["/bin/true", "a\0b"])
+            with pytest.raises(nsconfine.UsageError):
+                pool.launch(["/bin/true"], env={"BAD=NAME": "x"})
+            with pytest.raises(nsconfine.UsageError):
+                nsconfine.spawn(plan, ["/bin/true", "a\0b"])
+        assert len(open_fds()) <= len(before) + 1

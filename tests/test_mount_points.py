@@ -1,0 +1,392 @@
+"""The mount points a launch makes (the stubs of missing protected paths) and their records:
+each launch removes what it made, and none while another session, another launcher's
+records or an OCI bundle still sits on it; a killed launcher's stubs go with the next
+session; stubs are never made through a planted symlink; the records directory is the
+account's own, wherever the launcher's environment points, and is never written through a
+symlink; a session cannot lock another's stubs away."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import (
+    IS_ROOT,
+    SESSION_USER,
+    attempt,
+    give_to_session_user,
+    read_to_eof,
+    session,
+    session_dirs,
+    user_options,
+)
+
+import nsconfine
+from nsconfine._kernel import stub_records as _stub_records
+from nsconfine._launch import sources as _sources
+from nsconfine._preflight import checks as _checks
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+def test_no_stub_is_left_behind(repo: tuple[Path, Path]) -> None:
+    """After the session, the workspace holds nothing nsconfine created only as a mount
+    point: the files and directories are exactly those before it."""
+    workspace = repo[0]
+    before = sorted(str(p) for p in workspace.rglob("*"))
+    plan = session(*repo).plan()
+    assert attempt(plan, "true")[0] == 0
+    after = sorted(str(p) for p in workspace.rglob("*"))
+    assert set(after) ^ set(before) == set(), set(after) ^ set(before)
+    assert after == before
+
+
+def test_the_session_account_owns_nothing_new_outside(tmp_path: Path) -> None:
+    """Stub creation never follows a planted symlink out of the workspace."""
+    workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
+    (workspace / ".vscode").symlink_to(elsewhere)
+    plan_or_refusal: object
+    try:
+        plan_or_refusal = session(workspace, run_dir).plan()
+    except nsconfine.PlanError as refused:
+        plan_or_refusal = refused
+    if isinstance(plan_or_refusal, nsconfine.Plan):
+        attempt(plan_or_refusal, "true")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_path: Path) -> None:
+    """Session A (another launcher process) ends while session B of the same workspace runs:
+    B's protected paths stay protected, and no stub is left once both have ended."""
+    from helpers import python_child
+
+    workspace = repo[0]
+    (run_b,) = session_dirs(tmp_path, "run-b")
+    before = sorted(str(p) for p in workspace.rglob("*"))
+    first = python_child(
+        """
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
+        sandbox = nsconfine.spawn(plan, ["sleep", "600"])
+        print("launched", flush=True)
+        sys.stdin.read()  # until the test ends A
+        sandbox.kill()
+        sandbox.wait()
+        """,
+        str(workspace), str(repo[1]), SESSION_USER or "",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert first.stdin is not None
+    assert first.stdout is not None
+    go = run_b / "go"  # B writes once A has ended
+    try:
+        assert first.stdout.readline() == "launched\n"  # A runs: B's launch finds A's stubs
+        plan_b = session(workspace, run_b).plan()
+        read_end, write_end = os.pipe()
+        second = nsconfine.spawn(
+            plan_b,
+            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; cd {workspace}; "
+             "(echo evil > .mcp.json) 2>/dev/null; "
+             "(mkdir -p .vscode && echo {{}} > .vscode/tasks.json) 2>/dev/null; ls -a"],
+            stdout=write_end, stderr=write_end,
+        )  # fmt: skip
+        os.close(write_end)
+    finally:  # A ends while B runs (and B goes on whatever failed)
+        first.stdin.close()
+        ended = first.wait(timeout=120)
+        first.stdout.close()
+        go.touch()
+    assert ended == 0
+    output = (read_to_eof(read_end, 120) or b"").decode()
+    os.close(read_end)
+    assert second.wait(timeout=120) == 0, output
+    assert (
+        not (workspace / ".mcp.json").exists()
+        or "evil" not in (workspace / ".mcp.json").read_text()
+    )
+    assert not (workspace / ".vscode" / "tasks.json").exists(), output
+    after = sorted(str(p) for p in workspace.rglob("*"))
+    assert set(after) ^ set(before) == set(), set(after) ^ set(before)
+    assert after == before
+
+
+def test_a_stub_turned_into_a_dangling_symlink_is_a_clean_refusal(repo: tuple[Path, Path]) -> None:
+    """A plan built, then its stub's place made a dangling symlink before the launch: a clean
+    refusal (never an OSError that reads as the command failing)."""
+    workspace = repo[0]
+    plan = session(*repo).plan()
+    (workspace / ".mcp.json").symlink_to("/nonexistent")
+    with pytest.raises(nsconfine.NsconfineError):
+        nsconfine.spawn(plan, ["/bin/true"]).wait()
+
+
+def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, Path]) -> None:
+    """A launcher killed with SIGKILL leaves its stubs; the next session of the workspace
+    adopts them and removes them when it ends."""
+    from helpers import python_child
+
+    workspace = repo[0]
+    before = sorted(str(p) for p in workspace.rglob("*"))
+    launcher = python_child(
+        """
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
+        nsconfine.spawn(plan, ["sleep", "600"])
+        print("launched", flush=True)
+        sys.stdin.read()
+        """,
+        str(workspace), str(repo[1]), SESSION_USER or "",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert launcher.stdout is not None
+    assert launcher.stdin is not None
+    with launcher.stdin, launcher.stdout:
+        assert launcher.stdout.readline() == "launched\n"
+        launcher.kill()
+        launcher.wait()
+    assert (workspace / ".mcp.json").exists()  # left behind (its sandbox dies with it)
+    assert attempt(session(*repo).plan(), "true")[0] == 0
+    assert sorted(str(p) for p in workspace.rglob("*")) == before
+
+
+def test_an_oci_bundle_keeps_its_stubs_while_it_exists(
+    repo: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The mount points `oci-bundle` makes for missing protected paths stay while the bundle
+    exists, whatever sessions of the workspace start and end meanwhile (a running container
+    would otherwise lose them, and write .envrc on the host); they go with the first session
+    to end after the bundle is removed."""
+    from helpers import cli, session_options
+
+    workspace = repo[0]
+    bundle = tmp_path / "bundle"
+    made = cli("oci-bundle", *session_options(*repo), str(bundle))
+    assert made.returncode == 0, made.stderr
+    assert (workspace / ".mcp.json").exists()
+    assert attempt(session(*repo).plan(), "true")[0] == 0
+    assert (workspace / ".mcp.json").exists()
+    import shutil
+
+    shutil.rmtree(bundle)
+    assert attempt(session(*repo).plan(), "true")[0] == 0
+    assert not (workspace / ".mcp.json").exists()
+
+
+def test_concurrent_launches_of_one_workspace_all_run_and_leave_nothing_there(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """16 spawns at once (an account's 1,024 fds allow them) of one workspace's plan, 6 times:
+    each runs, and once they have ended no mount point they made is left (a launch that saw
+    another's stub before its record was written took it for the session's own directory and
+    made stubs inside it)."""
+    import threading
+
+    plan = session(*ws_run).plan()
+    failures: list[str] = []
+
+    def launch() -> None:
+        try:
+            status = nsconfine.spawn(plan, ["/bin/true"]).wait()
+        except nsconfine.NsconfineError as error:
+            failures.append(str(error))
+        else:
+            if status != 0:
+                failures.append(f"status {status}")
+
+    for _ in range(6):
+        threads = [threading.Thread(target=launch) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures[:3]
+        assert os.listdir(ws_run[0]) == []
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh XDG_CACHE_HOME, the records directory looked for afresh in it (and after)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _stub_records.forget_records()
+    yield cache
+    _stub_records.forget_records()
+
+
+def test_records_made_under_a_group_writable_umask_are_accepted(own_cache: Path) -> None:
+    """With umask 002 (user private groups: Debian's default for logins with
+    USERGROUPS_ENAB), the directories nsconfine makes for its records, first the bwrap proof's
+    as a launch does, then the mount points', are its own to use: not refused as writable by
+    others (which made every launch of a workspace fail, for good)."""
+    old = os.umask(0o002)
+    try:
+        _checks._remember("attack10-identity", frozenset())  # the gate does this first
+        records = _stub_records.records()
+    finally:
+        os.umask(old)
+    for path in (records, os.path.dirname(records)):
+        assert os.stat(path).st_mode & 0o022 == 0, path
+
+
+def test_a_token_that_cannot_be_written_leaks_no_fd(
+    own_cache: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """A stub's token that cannot be written (EFBIG here; ENOSPC or EDQUOT on a full cache)
+    fails the launch without leaving the token's fd open, and leaves no stub behind."""
+    workspace, run_dir = ws_run
+    plan = session(workspace, run_dir).plan()
+    _stub_records.records()  # found (and its directory made) before the count
+    before = len(os.listdir("/proc/self/fd"))
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, limits[1]))
+    try:
+        for _ in range(3):
+            with pytest.raises(OSError, match="too large"):
+                _sources.open_for_launch(plan)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert sorted(os.listdir(workspace)) == []
+
+
+def test_a_stub_another_records_directory_holds_is_not_removed(
+    ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two launchers of one account whose records directories differ (one's cache is
+    read-only, so it keeps them in /tmp; or another XDG_CACHE_HOME) launch into one workspace.
+    When the first session ends, its launcher must not remove the stubs it made while the
+    second session's protected binds sit on them (the kernel would detach those binds, and
+    the second session could write .envrc, which the host trusts): each sandbox holds a
+    shared lock on every mount point it binds over."""
+    workspace, run_dir = ws_run
+
+    def records_in(name: str) -> None:
+        cache = tmp_path / name
+        cache.mkdir(exist_ok=True)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        _stub_records.forget_records()
+
+    records_in("cache-a")
+    first = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/sleep", "1000"])
+    records_in("cache-b")
+    second = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/sleep", "1000"])
+    try:
+        records_in("cache-a")
+        first.kill()
+        first.wait()
+        with open(f"/proc/{second.command_pid}/mountinfo") as mountinfo:
+            bound = [line for line in mountinfo if line.split()[4].endswith("/.envrc")]
+        assert (workspace / ".envrc").exists()
+        assert bound
+    finally:
+        second.kill()
+        second.wait()
+        _stub_records.forget_records()
+
+
+def test_a_session_locking_a_protected_path_makes_the_next_launch_refuse(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A session that takes an exclusive lock on a protected path it can read (to have its
+    launcher, or another, remove the stub under the next session's bind) gets the next launch
+    of its workspace refused, not unprotected; once it ends, launches go on."""
+    workspace, run_dir = ws_run
+    # A session where .envrc is left writable makes one and locks it (where it is protected,
+    # the sandbox's own shared lock keeps the session from locking it).
+    plan = session(workspace, run_dir, unprotect=[".envrc"]).plan()
+    read_end, write_end = os.pipe()
+    holder = nsconfine.spawn(
+        plan,
+        ["/usr/bin/flock", "-x", ".envrc", "/bin/sh", "-c", "echo locked; sleep 60"],
+        stdout=write_end,
+    )
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 7) == b"locked\n"
+        with pytest.raises(nsconfine.SandboxUnavailable, match="locked"):
+            nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"])
+    finally:
+        os.close(read_end)
+        holder.kill()
+        holder.wait()
+    assert nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"]).wait() == 0
+
+
+def test_a_session_that_only_reads_a_workspace_cannot_lock_out_its_writers(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A reviewer of the workspace (read-only but for notes) holds no lock on the coder's
+    mount points, so nothing stops it taking an exclusive one on a protected file it can read
+    (.envrc): every launch of the coder on that workspace was then refused ("is locked"),
+    for as long as the reviewer ran. A session that cannot write a path must not be able to
+    keep another session of the workspace from starting."""
+    workspace, run_dir = ws_run
+    (workspace / ".envrc").write_text("export SAFE=1\n")
+    reviewer_run = tmp_path / "reviewer-run"
+    reviewer_run.mkdir()
+    give_to_session_user(workspace, reviewer_run)
+    reviewer = session(workspace, reviewer_run, profile=["reviewer"]).plan()
+    read_end, write_end = os.pipe()
+    holder = nsconfine.spawn(
+        reviewer,
+        ["/usr/bin/flock", "-x", f"{workspace}/.envrc", "/bin/sh", "-c", "echo locked; sleep 60"],
+        stdout=write_end,
+    )
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 7) == b"locked\n"
+        coder = nsconfine.spawn(session(workspace, run_dir).plan(), ["/bin/true"])
+        assert coder.wait() == 0
+    finally:
+        os.close(read_end)
+        holder.kill()
+        holder.wait()
+
+
+def test_a_read_only_cache_directory_does_not_stop_a_launch(tmp_path: Path) -> None:
+    """An existing cache directory the launcher cannot write (a unit's ProtectSystem=strict, a
+    read-only home) is passed over for a directory of the account's own, as a missing one is."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    cache = tmp_path / "cache"
+    (cache / "nsconfine" / "mountpoints").mkdir(parents=True)
+    run = [
+        sys.executable, "-m", "nsconfine", "run", *user_options(),
+        "--workspace", str(workspace), "--run-dir", str(run_dir), "--", "/bin/echo", "ran",
+    ]  # fmt: skip
+    if IS_ROOT:  # root writes through mode bits: a read-only mount, in a namespace of its own
+        script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+        run = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(cache), *run]
+    else:
+        for directory in (cache, cache / "nsconfine", cache / "nsconfine" / "mountpoints"):
+            directory.chmod(0o500)
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    try:
+        done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    finally:
+        for directory in (cache, cache / "nsconfine", cache / "nsconfine" / "mountpoints"):
+            directory.chmod(0o700)
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+
+
+def test_a_relative_cache_or_home_never_puts_records_under_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """XDG_CACHE_HOME=cache (or HOME=.) from a launcher started in a workspace: the XDG spec
+    ignores a relative value, and so does nsconfine; its records never land where a session
+    could have planted a symlink for root to write through."""
+    from nsconfine._kernel.accounts import records_directory
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", "cache")
+    assert os.path.isabs(records_directory("x"))
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", ".")
+    assert os.path.isabs(records_directory("x"))
+    assert not records_directory("x").startswith(str(tmp_path))

