@@ -498,37 +498,6 @@ def writable_by(path: Path, uid: int) -> bool:
 
 @contextmanager
 def running_world(root: str, user: RunAs | None) -> Iterator[World]:
-    """selftest's World at root, running (World.running), whose server threads are woken and
-    joined once it has stopped: World.running closes its listening sockets, which does not
-    wake a thread blocked in accept(), so each world left three threads behind, and with them
-    the session keyring they hold and its key, for the rest of the run (an unprivileged
-    account's 200 keys ran out, and its launches failed with EDQUOT)."""
-    world = World(root, user)
-    try:
-        with world.running() as running:
-            yield running
-    finally:
-        _wake_servers(world)
-
-
-def _wake_servers(world: World) -> None:
-    """Connect once to each of the stopped world's servers (its tool socket, its loopback
-    service, its API stand-in) and read the answer: each server then finds its socket closed
-    and ends; join them."""
-    addresses: list[tuple[socket.AddressFamily, str | tuple[str, int], bytes]] = [
-        (socket.AF_UNIX, world.tool_socket, b"")
-    ]
-    for attribute, request in (("loopback_port", b""), ("api_port", b"GET / HTTP/1.0\r\n\r\n")):
-        port = getattr(world, attribute, 0)
-        if port:
-            addresses.append((socket.AF_INET, ("127.0.0.1", port), request))
-    for family, address, request in addresses:
-        with contextlib.suppress(OSError), socket.socket(family) as client:
-            client.settimeout(60)
-            client.connect(address)
-            client.sendall(request)
-            while client.recv(4096):
-                pass
-    for thread in threading.enumerate():
-        if thread.name.endswith(("(_serve)", "(_serve_api)")):
-            thread.join(60)
+    """selftest's World at root, running (World.running)."""
+    with World(root, user).running() as running:
+        yield running

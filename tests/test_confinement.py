@@ -238,3 +238,26 @@ def test_selftest_runs_every_probe_and_passes() -> None:
     assert names >= {*_probe_names(), *beyond}, sorted({*_probe_names(), *beyond} - names)
     assert report["ok"], [row for row in report["checks"] if not row["ok"]]
     assert result.returncode == 0
+
+
+def test_a_stopped_world_leaves_no_server_behind(tmp_path: Path) -> None:
+    """selftest's stand-in world, once stopped, has ended the threads serving its tool socket,
+    loopback service and stand-in API, and those ports accept no more (each thread held the
+    port and the session keyring it ran under: a run of many worlds used up an unprivileged
+    account's keys)."""
+    import socket
+    import threading
+
+    from helpers import SESSION_USER, open_up, running_world
+
+    from nsconfine._kernel.accounts import run_as
+
+    open_up(tmp_path)
+    before = threading.active_count()
+    with running_world(str(tmp_path), run_as(SESSION_USER)) as world:
+        ports = (world.loopback_port, world.api_port)
+        assert threading.active_count() >= before + 3
+    assert threading.active_count() == before
+    for port in ports:
+        with socket.socket() as client, pytest.raises(ConnectionRefusedError):
+            client.connect(("127.0.0.1", port))

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from nsconfine._kernel.accounts import RunAs, run_as
@@ -189,18 +189,16 @@ class World:
         server.listen(8)
         if os.geteuid() == 0:  # connecting takes write permission on the socket
             os.chown(self.tool_socket, self.user.uid, self.user.gid)
-        threading.Thread(target=_serve, args=(server, f"pong {self.token}"), daemon=True).start()
         # A service on the host's loopback (a broker's API, a database): no session reaches it.
         loopback = socket.create_server(("127.0.0.1", 0))
         self.loopback_port = loopback.getsockname()[1]
-        threading.Thread(
-            target=_serve, args=(loopback, f"loopback {self.token}"), daemon=True
-        ).start()
         api = socket.create_server(("127.0.0.1", 0))
         self.api_port = api.getsockname()[1]
-        threading.Thread(
-            target=_serve_api, args=(api, self.api_key, f"api {self.token}"), daemon=True
-        ).start()
+        servers = [
+            _served(server, _serve, f"pong {self.token}"),
+            _served(loopback, _serve, f"loopback {self.token}"),
+            _served(api, _serve_api, self.api_key, f"api {self.token}"),
+        ]
         self.host_process = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(600)", f"host-{self.token}"]
         )
@@ -214,8 +212,6 @@ class World:
             yield self
         finally:
             abstract.close()
-            api.close()
-            loopback.close()
             _revoke_key(self.key_serial)
             os.close(self.leaked_fd)
             for mark in self.outside_marks:
@@ -223,7 +219,22 @@ class World:
                     os.unlink(mark)
             self.host_process.kill()
             self.host_process.wait()
-            server.close()
+            for listener, thread in servers:
+                # Shut down first: closing alone wakes no accept() already waiting on it, and
+                # the thread would live on, holding the port (and the keyring it runs under).
+                with contextlib.suppress(OSError):
+                    listener.shutdown(socket.SHUT_RDWR)
+                listener.close()
+                thread.join()
+
+
+def _served(
+    listener: socket.socket, serve: Callable[..., None], *args: str
+) -> tuple[socket.socket, threading.Thread]:
+    """listener, served by serve(listener, *args) on a thread of its own, started."""
+    thread = threading.Thread(target=serve, args=(listener, *args), daemon=True)
+    thread.start()
+    return listener, thread
 
 
 def _libc() -> Any:
