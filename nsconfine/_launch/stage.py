@@ -341,7 +341,7 @@ def stage(
         status = teardown(staged)
         raise SandboxUnavailable(
             f"the sandbox {ended} (bwrap's status {status}); bwrap's message is on the "
-            "session's stderr, and `nsconfine check` explains what to fix"
+            "session's stderr, and `nsconfine check --fresh` explains what to fix"
         ) from None
     except BaseException:
         teardown(staged)

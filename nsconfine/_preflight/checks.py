@@ -163,10 +163,20 @@ def binary_identity(path: str) -> str:
             f"namespaces only and will not run a privileged bwrap; chmod u-s,g-s {path} or "
             "install Debian's bubblewrap package"
         )
+    # What the proof proved goes in its key too: the options required of bwrap (a release of
+    # nsconfine that requires one more never takes an older proof for one of its own).
+    required = _options_digest()
     return (
-        f"v{CANARY_VERSION}-uid{os.geteuid()}-{info.st_dev}-{info.st_ino}-{info.st_size}"
-        f"-{info.st_mtime_ns}-{info.st_ctime_ns}"
+        f"v{CANARY_VERSION}-{required}-uid{os.geteuid()}-{info.st_dev}-{info.st_ino}"
+        f"-{info.st_size}-{info.st_mtime_ns}-{info.st_ctime_ns}"
     )
+
+
+def _options_digest() -> str:
+    """A short digest of the options a proven bwrap must list (REQUIRED_OPTIONS)."""
+    import zlib  # a checksum, not a secret: a proof's key only has to differ when they do
+
+    return f"{zlib.crc32(' '.join(sorted(REQUIRED_OPTIONS)).encode()):08x}"
 
 
 # Options nsconfine uses where bwrap has them, and does without otherwise.
