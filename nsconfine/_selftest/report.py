@@ -251,9 +251,9 @@ def killed_launches_leave_nothing(
         sandbox.wait()
         poller = select.poll()
         poller.register(read_end, select.POLLIN)
-        eof = bool(poller.poll(5000)) and os.read(read_end, 1) == b""
+        eof = bool(poller.poll(PROBE_TIMEOUT_SECONDS * 1000)) and os.read(read_end, 1) == b""
         os.close(read_end)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + PROBE_TIMEOUT_SECONDS  # (returns as soon as they are gone)
         while (left := pids_with(marker)) and time.monotonic() < deadline:
             time.sleep(0.02)
         for pid in left:
