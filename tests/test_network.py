@@ -33,6 +33,9 @@ from helpers import (
 
 import nsconfine
 from nsconfine._selftest.probes import SECRET_SEARCH
+from nsconfine._selftest.report import abstract_socket_served
+from nsconfine._selftest.world import World
+from nsconfine._session import build_plan
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -401,3 +404,13 @@ def test_a_host_process_of_the_session_account_gets_nothing_from_its_proxy(
         sandbox.kill()
         sandbox.wait(timeout=30)
     assert not [request for request in seen if secret in request["x-api-key"]], seen
+
+
+def test_selftest_shows_who_can_serve_a_host_abstract_socket(world: World) -> None:
+    """selftest's check: a session on the default network serves an abstract socket no host
+    client reaches; on the host network (its reason given) a host client reaches it, as the
+    docs say, and the selftest shows it."""
+    assert abstract_socket_served(world, world.plan()) is None
+    host = world.session().replace(network="host", network_reason="the twin")
+    served = abstract_socket_served(world, build_plan(host, homes=[world.home], environ={}))
+    assert served == f"served nsconfine-selftest-served-{world.token}"

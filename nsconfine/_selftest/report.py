@@ -280,12 +280,79 @@ def pids_with(marker: str) -> list[int]:
     return found
 
 
-# The checks that take more than one session: each says what leaked, or None.
-SESSION_CHECKS: tuple[tuple[str, Callable[[World], str | None]], ...] = (
-    ("outlive a launch killed at once", lambda world: killed_launches_leave_nothing(world.plan())),
-    ("fork past the session's process limit, starving its account", process_limit_leaks),
-    ("read what the user types at the terminal its output goes to", terminal_read_leaks),
-    ("redirect the next workspace by a planted symlink", planted_symlink_leaks),
+# Serves an abstract unix socket (@argv[1]) until one client has been answered or 30 s pass.
+_SERVE_ABSTRACT = r"""
+import socket, sys
+server = socket.socket(socket.AF_UNIX)
+server.bind("\0" + sys.argv[1])
+server.listen(1)
+server.settimeout(30)
+print("serving", flush=True)
+try:
+    client, _ = server.accept()
+    client.sendall(b"served " + sys.argv[1].encode())
+except OSError:
+    pass
+"""
+
+
+def abstract_socket_served(world: World, plan: Plan) -> str | None:
+    """A session of plan serves an abstract unix socket (squatting a name a host tool uses):
+    what a host client that connects to that name gets from it, or None if it reaches
+    nothing (the session's own network namespace holds the name)."""
+    import socket
+
+    name = f"nsconfine-selftest-served-{world.token}"
+    read_end, write_end = os.pipe()
+    try:
+        sandbox = spawn(plan, ["python3", "-c", _SERVE_ABSTRACT, name], stdout=write_end)
+    finally:
+        os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb", closefd=False) as lines:
+            if lines.readline().strip() != b"serving":
+                return None
+        with socket.socket(socket.AF_UNIX) as client:
+            client.settimeout(PROBE_TIMEOUT_SECONDS)
+            try:
+                client.connect("\0" + name)
+                return client.recv(200).decode(errors="replace") or None
+            except OSError:
+                return None
+    finally:
+        sandbox.kill()
+        sandbox.wait()
+        os.close(read_end)
+
+
+def _host_network_plan(world: World) -> Plan:
+    session = world.session().replace(
+        network="host", network_reason="selftest: what the host network opens, shown"
+    )
+    return build_plan(session, homes=[world.home], environ={})
+
+
+# The checks that take more than one session: whether each must be allowed, and what it got
+# (None: nothing).
+SESSION_CHECKS: tuple[tuple[str, bool, Callable[[World], str | None]], ...] = (
+    (
+        "outlive a launch killed at once",
+        False,
+        lambda world: killed_launches_leave_nothing(world.plan()),
+    ),
+    ("fork past the session's process limit, starving its account", False, process_limit_leaks),
+    ("read what the user types at the terminal its output goes to", False, terminal_read_leaks),
+    ("redirect the next workspace by a planted symlink", False, planted_symlink_leaks),
+    (
+        "serve an abstract socket host programs reach (the default network is none)",
+        False,
+        lambda world: abstract_socket_served(world, world.plan()),
+    ),
+    (
+        "serve an abstract socket host programs reach, on the host network (as documented)",
+        True,
+        lambda world: abstract_socket_served(world, _host_network_plan(world)),
+    ),
 )
 
 
@@ -322,16 +389,17 @@ def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
                     "ok": not problems,
                 }
             )
-            for name, leaks in SESSION_CHECKS:
-                found = leaks(world)
-                rows.append(
-                    {
-                        "check": name,
-                        "expected": "refused",
-                        "observed": "refused" if found is None else f"allowed: {found[:200]}",
-                        "ok": found is None,
-                    }
-                )
+            for name, expect_allowed, check in SESSION_CHECKS:
+                found = check(world)
+                row = {
+                    "check": name,
+                    "expected": _word(expect_allowed),
+                    "observed": _word(found is not None),
+                    "ok": (found is not None) == expect_allowed,
+                }
+                if found is not None and not row["ok"]:
+                    row["detail"] = found[:200]
+                rows.append(row)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     failed = [row for row in rows if not row["ok"]]
