@@ -18,6 +18,7 @@ import pytest
 from helpers import (
     SESSION_USER,
     cli,
+    open_up,
     python_child,
     session,
     session_dirs,
@@ -453,21 +454,31 @@ def test_the_largest_limits_still_launch(ws_run: tuple[Path, Path]) -> None:
 # ------------------------------------------------------------------ failing to take them
 
 
-def test_the_reaper_reports_a_limit_it_cannot_take(ws_run: tuple[Path, Path]) -> None:
+def test_the_reaper_reports_a_limit_it_cannot_take(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
     """Where the session's own user namespace cannot be made (here: inside a session, whose
     filter refuses one), the reaper reports the failed step on its info fd and starts nothing;
     told to take no limits, the same reaper starts its command (the twin)."""
+    import shutil
+
     from nsconfine._kernel import syscalls as _syscalls
     from nsconfine._launch.programs import REAPER_PATH
 
-    plan = session(*ws_run, ro=[REAPER_PATH]).plan()
+    # A copy the session's account can reach wherever the package is installed (CI's clone may
+    # sit where no other account can look).
+    reaper = tmp_path / "tools" / "reaper"
+    reaper.parent.mkdir()
+    shutil.copy(REAPER_PATH, reaper)
+    open_up(reaper.parent)
+    plan = session(*ws_run, ro=[reaper]).plan()
     # Its lifeline is the session's stderr (a pipe's write end: never readable, so never EOF).
-    status, output = sh(plan, f"{REAPER_PATH} 2 1 64,4,4,64 - /bin/echo started")
+    status, output = sh(plan, f"{reaper} 2 1 64,4,4,64 - /bin/echo started")
     assert status == 127, output
     report = json.loads(output)
     assert report["reaper-errno"] == errno.EPERM
     assert _syscalls.stage_syscall(report["reaper-stage"]).startswith("unshare")
-    assert sh(plan, f"{REAPER_PATH} 2 1 - - /bin/echo started") == (0, "started\n")
+    assert sh(plan, f"{reaper} 2 1 - - /bin/echo started") == (0, "started\n")
 
 
 def test_a_limit_step_that_failed_is_a_clear_refusal() -> None:
