@@ -19,8 +19,9 @@
  *     it holds neither the launcher's channel nor the caller's stdio or terminal (no pipe
  *     waits on it for EOF; no ^C of the terminal's foreground group reaches it).
  *   - A process per connection (auto-reaped: SIGCHLD ignored): a connection that fails, or
- *     never reads, stops only itself. Each shuttles both ways through a bounded buffer per
- *     direction with ppoll, and passes a half-close on with shutdown(SHUT_WR).
+ *     never reads, stops only itself. Each shuttles both ways through a bounded pipe per
+ *     direction (splice(2): the bytes stay in the kernel) with ppoll, and passes a half-close
+ *     on with shutdown(SHUT_WR).
  *   - The unix socket missing or refusing: that TCP connection is reset, the next is tried
  *     afresh.
  * It runs as the session's account and holds nothing the command cannot open itself: the
@@ -35,10 +36,13 @@
 #define SOL_SOCKET_LEVEL 1
 #define SO_LINGER_ 13
 #define SHUT_WR_ 1
-#define MSG_NOSIGNAL_ 0x4000
-#define MSG_DONTWAIT_FLAG 0x40
 #define LISTEN_BACKLOG 128
 #define RELAY_BUFFER_BYTES 262144 /* per direction: what one connection holds in flight */
+#define SPLICE_F_MOVE_ 1
+#define SPLICE_F_NONBLOCK_ 2
+#ifndef F_SETPIPE_SZ
+#define F_SETPIPE_SZ 1031
+#endif
 #define RELAY_ROUNDS 8            /* reads and writes one direction makes before the other's */
 
 struct inet_address { /* struct sockaddr_in, in bytes: network order whatever the CPU's */
@@ -66,25 +70,30 @@ static void reset_and_close(int fd)
     (void)SYS1(__NR_close, fd);
 }
 
-/* One direction of a connection: bytes read from `from`, not yet written to `to`. */
+/* One direction of a connection: bytes read from `from` into a pipe of its own, not yet
+ * written to `to`. splice(2) moves them from socket to pipe to socket inside the kernel: no
+ * copy through the relay's memory, which a large download through the proxy would pay twice. */
 struct direction {
     int from, to;
-    char *buffer;
-    size_t start, end;
-    int at_eof; /* `from` has nothing more to give */
-    int done;   /* and all of it went out, and `to` was told (shutdown) */
+    int pipe_r, pipe_w;
+    long pending; /* bytes in the pipe */
+    int at_eof;   /* `from` has nothing more to give */
+    int done;     /* and all of it went out, and `to` was told (shutdown) */
 };
-
-static char buffers[2][RELAY_BUFFER_BYTES]; /* each connection's process has its own copy */
 
 /* What this direction waits for on fd: POLLIN on its source, POLLOUT on its destination. */
 static short wanted_on(const struct direction *d, int fd)
 {
     if (d->done)
         return 0;
-    if (d->start == d->end)
+    if (!d->pending)
         return d->from == fd && !d->at_eof ? POLLIN : 0;
     return d->to == fd ? POLLOUT : 0;
+}
+
+static long splice_(int from, int to, long bytes)
+{
+    return RETRY(SYS6(__NR_splice, from, 0, to, 0, bytes, SPLICE_F_MOVE_ | SPLICE_F_NONBLOCK_));
 }
 
 /*
@@ -101,50 +110,58 @@ static int advance(struct direction *d, const struct pollfd *polled)
     const struct pollfd *to = polled[0].fd == d->to ? &polled[0] : &polled[1];
     int may_read = (from->revents & (POLLIN | POLLHUP | POLLERR)) != 0;
     int may_write = (to->revents & (POLLOUT | POLLHUP | POLLERR)) != 0;
-    for (int round = 0; round < RELAY_ROUNDS && !d->at_eof; round++) {
-        if (d->start == d->end) {
+    for (int round = 0; round < RELAY_ROUNDS; round++) {
+        if (!d->pending && !d->at_eof) {
             if (!may_read)
                 break;
-            long n = RETRY(SYS6(__NR_recvfrom, d->from, d->buffer, RELAY_BUFFER_BYTES,
-                                MSG_DONTWAIT_FLAG, 0, 0));
+            long n = splice_(d->from, d->pipe_w, RELAY_BUFFER_BYTES);
             if (n == -EAGAIN)
                 break;
             if (n < 0)
                 return -1;
             if (n == 0)
                 d->at_eof = 1;
-            d->start = 0;
-            d->end = (size_t)n;
+            d->pending = n;
             may_write = 1;
         }
-        if (d->start < d->end) {
-            if (!may_write)
-                break;
-            long n = RETRY(SYS6(__NR_sendto, d->to, d->buffer + d->start, d->end - d->start,
-                                MSG_NOSIGNAL_ | MSG_DONTWAIT_FLAG, 0, 0));
-            if (n == -EAGAIN)
-                break;
-            if (n < 0)
-                return -1;
-            d->start += (size_t)n;
-            if (d->start < d->end)
-                break; /* the destination is full: ppoll says when it has room */
-            d->start = d->end = 0;
-            may_read = 1;
-        }
-    }
-    if (d->at_eof && d->start < d->end && may_write) { /* what came with the EOF */
-        long n = RETRY(SYS6(__NR_sendto, d->to, d->buffer + d->start, d->end - d->start,
-                            MSG_NOSIGNAL_ | MSG_DONTWAIT_FLAG, 0, 0));
-        if (n < 0 && n != -EAGAIN)
+        if (!d->pending)
+            break;
+        if (!may_write)
+            break;
+        long n = splice_(d->pipe_r, d->to, d->pending);
+        if (n == -EAGAIN)
+            break;
+        if (n < 0)
             return -1;
-        if (n > 0)
-            d->start += (size_t)n;
+        d->pending -= n;
+        if (d->pending)
+            break; /* the destination is full: ppoll says when it has room */
+        may_read = 1;
     }
-    if (d->at_eof && d->start == d->end) {
+    if (d->at_eof && !d->pending) {
         (void)SYS2(__NR_shutdown, d->to, SHUT_WR_); /* the half-close, passed on */
         d->done = 1;
     }
+    return 0;
+}
+
+/* Make fd non-blocking: splice(2) from a socket waits, or not, by the socket's own flag. */
+static long nonblocking(int fd)
+{
+    long flags = SYS2(__NR_fcntl, fd, F_GETFL);
+    return flags < 0 ? flags : SYS3(__NR_fcntl, fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+/* A direction's pipe, sized to hold what one connection has in flight each way. */
+static long open_pipe(struct direction *d)
+{
+    int ends[2];
+    long r = SYS2(__NR_pipe2, ends, O_CLOEXEC | O_NONBLOCK);
+    if (r < 0)
+        return r;
+    d->pipe_r = ends[0];
+    d->pipe_w = ends[1];
+    (void)SYS3(__NR_fcntl, ends[1], F_SETPIPE_SZ, RELAY_BUFFER_BYTES); /* else the default */
     return 0;
 }
 
@@ -158,8 +175,11 @@ static int advance(struct direction *d, const struct pollfd *polled)
  */
 static int shuttle(int tcp, int proxy)
 {
-    struct direction up = { tcp, proxy, buffers[0], 0, 0, 0, 0 };
-    struct direction down = { proxy, tcp, buffers[1], 0, 0, 0, 0 };
+    struct direction up = { tcp, proxy, -1, -1, 0, 0, 0 };
+    struct direction down = { proxy, tcp, -1, -1, 0, 0, 0 };
+    if (nonblocking(tcp) < 0 || nonblocking(proxy) < 0 || open_pipe(&up) < 0 ||
+        open_pipe(&down) < 0)
+        return -1; /* (the process exits: its pipes go with it) */
     while (!(up.done && down.done)) {
         struct pollfd polled[2];
         int fds[2] = { tcp, proxy };
