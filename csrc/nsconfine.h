@@ -125,7 +125,7 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
 
 /*
  * The filter's rules, as data: the one table nsc_seccomp_filter compiles to BPF, for whoever
- * must state the same filter in another form (the OCI export, nsconfine/_oci.py). Each rule:
+ * must state the same filter in another form (the OCI export, nsconfine/_export/oci.py). Each rule:
  * the syscall (its name as libseccomp spells it, and its number here) fails with err when:
  * ALWAYS; ARG_IN: the low 32 bits of argument arg equal one of values; ARG_NOT_IN: they equal
  * none of them; ANY_BIT: argument arg has any bit of values[0]; BOTH_ANY_BIT: argument arg has

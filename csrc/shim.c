@@ -8,7 +8,7 @@
  * directory) when this runs; what is missing is the caller's command. The
  * shim writes one byte 'R' on its socket (the launcher's sign that the
  * sandbox is built; the kernel attaches the shim's pid to it), then waits for
- * ONE launch message (nsconfine/_executor.py writes it; the numbers are
+ * ONE launch message (nsconfine/_launch/handoff.py writes it; the numbers are
  * NSC_SHIM_* in nsconfine.h):
  *
  *     a header of five uint32 (magic, fd mask, argc, envc, body size), then

@@ -579,7 +579,7 @@ def layer_checks() -> list[Check]:
     else:
         landlock = (
             f"ABI {abi}: no scopes (they need ABI {_layers.LANDLOCK_SCOPES_ABI}, Linux 6.12): "
-            "abstract unix sockets on the host stay reachable unless --network none, and pid 1 "
+            "a session on the host network reaches the host's abstract unix sockets, and pid 1 "
             "is kept from ptrace and process_vm_* by the filter only (its /proc/1/mem is not)"
         )
     program = _syscalls.seccomp_filter(_syscalls.SECCOMP_DEFAULT)

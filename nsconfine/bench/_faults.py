@@ -464,7 +464,7 @@ class Faults:
             else:
                 received += read_all(out.read)
         fault.lost = lost_bytes(expected, b"".join(sorted(received.splitlines(keepends=True))))
-        # The mount points its sessions made stay (the README's limits) until the next
+        # The mount points its sessions made stay (docs/limits.md) until the next
         # session of the workspace ends: run one.
         left = set(os.listdir(self.w.workspace)) - stubs_before
         self.spawn_quiet(["/bin/true"]).wait()
