@@ -233,6 +233,26 @@ def test_records_made_under_a_group_writable_umask_are_accepted(own_cache: Path)
         assert os.stat(path).st_mode & 0o022 == 0, path
 
 
+def test_records_below_a_directory_others_can_write_are_refused(own_cache: Path) -> None:
+    """The records (stub tokens, their lock, the bwrap proofs) are never kept below a directory
+    someone else could write (XDG_CACHE_HOME or HOME in another account's home, as a root
+    launcher may be given): that account could swap the records' directory for its own after
+    it was checked, with the lock or a token a symlink the launcher (root) creates or truncates
+    through, or a forged proof. Before the fix the check stopped two levels up: a root
+    launcher's next launch created the file a planted `.lock` symlink named. Twin: the same
+    cache, writable by its owner alone, is used."""
+    os.chmod(own_cache, 0o777)  # (not sticky: anyone may rename what lies in it)
+    with pytest.raises(nsconfine.SandboxUnavailable, match="could be replaced by another account"):
+        _stub_records.records()
+    _checks._remember("attack2-identity", frozenset())
+    assert not (own_cache / "nsconfine" / "proven-bwrap" / "attack2-identity").exists()
+    os.chmod(own_cache, 0o755)
+    _stub_records.forget_records()
+    assert _stub_records.records().startswith(str(own_cache))
+    _checks._remember("attack2-identity", frozenset())
+    assert (own_cache / "nsconfine" / "proven-bwrap" / "attack2-identity").exists()
+
+
 def test_a_token_that_cannot_be_written_leaks_no_fd(
     own_cache: Path, ws_run: tuple[Path, Path]
 ) -> None:

@@ -25,6 +25,7 @@ from helpers import (
     abstract_listener,
     cli,
     make_local_ca,
+    outcome_without_hanging,
     run,
     serving,
     session,
@@ -171,6 +172,54 @@ def test_a_listed_name_is_fetched_over_https_and_an_unlisted_one_refused(
         ("secure.test", "CONNECT", "allowed", "named by the launcher (--allow-host)"),
         ("other.test", "CONNECT", "refused", "other.test is not on this session's allowlist"),
     ]
+
+
+@pytest.mark.parametrize("where", ["workspace", "run_dir", "home"])
+def test_an_audit_file_where_the_session_writes_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, where: str
+) -> None:
+    """The audit file is the launcher's, opened by it (as root, by root) at every launch: one
+    inside the workspace or run directory is refused when the plan is made, since the session
+    can put a symlink above it (the launcher would write through it: into /etc, as root) or a
+    FIFO in its place (the next launch would wait on it for good). Twin: the audit file beside
+    them (the tests above) is taken."""
+    workspace, run_dir = ws_run
+    audit = {
+        "workspace": workspace / "logs" / "audit.jsonl",
+        "run_dir": run_dir / "logs" / "audit.jsonl",
+        "home": run_dir / "home" / "logs" / "audit.jsonl",
+    }[where]
+    with pytest.raises(nsconfine.PlanError, match=r"audit file .* the session can write"):
+        _proxy_session(ws_run, "mirror.test:8080=127.0.0.1", audit=str(audit))
+    # The session has already put a symlink above it, leading out: refused all the same.
+    audit.parent.mkdir(parents=True, exist_ok=True)
+    audit.parent.rename(audit.parent.with_name("moved"))
+    audit.parent.symlink_to(tmp_path)
+    with pytest.raises(nsconfine.PlanError, match=r"audit file .* the session can write"):
+        _proxy_session(ws_run, "mirror.test:8080=127.0.0.1", audit=str(audit))
+    twin = _proxy_session(ws_run, "mirror.test:8080=127.0.0.1", audit=str(tmp_path / "a.jsonl"))
+    assert twin.audit == str(tmp_path / "a.jsonl")
+
+
+def test_an_audit_file_that_is_a_fifo_refuses_the_launch_at_once(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A FIFO where the audit file should be (no reader) refuses the launch with a reason and
+    runs nothing; the launcher does not wait on it. Twin: a regular file there is appended to."""
+    audit = tmp_path / "audit.jsonl"
+    os.mkfifo(audit)
+    plan = _proxy_session(ws_run, "mirror.test:8080=127.0.0.1", audit=str(audit))
+    marker = ws_run[0] / "ran"
+    outcome = outcome_without_hanging(
+        lambda: run(plan, ["touch", str(marker)]), "a FIFO at the audit file"
+    )
+    assert isinstance(outcome, nsconfine.NsconfineError), outcome
+    assert "not a regular file" in str(outcome), outcome
+    assert not marker.exists()
+    audit.unlink()
+    status, _output = run(plan, ["touch", str(marker)])
+    assert status == 0
+    assert marker.exists()
 
 
 @pytest.mark.parametrize(

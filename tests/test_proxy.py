@@ -519,6 +519,40 @@ def test_connect_passes_a_half_close(proxy: Proxy, echo: _TcpServer) -> None:
         assert read_all(client) == b"early and late"
 
 
+def test_urgent_data_from_the_upstream_neither_stalls_nor_spins_a_tunnel(proxy: Proxy) -> None:
+    """A tunnel's upstream that sends TCP urgent data (MSG_OOB) and more after it: the bytes
+    after the mark reach the client, and the proxy's thread does not spin. splice(2) never
+    reads past the urgent mark while poll() says the socket is readable: before the fix the
+    connection's thread spun at a full core until the connection ended (idle_timeout never
+    came) and the client got nothing more."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    path = proxy.add_session("s", [dest(f"urgent.test:{port}=127.0.0.1")], [])
+    client, head = tunnel(path, f"urgent.test:{port}")
+    upstream, _ = listener.accept()
+    with client, upstream, listener:
+        assert status(head) == 200
+        upstream.sendall(b"before ")
+        upstream.send(b"!", socket.MSG_OOB)
+        time.sleep(0.2)  # the mark reaches the proxy before what follows it
+        upstream.sendall(b"after")
+        received = b""
+        deadline = time.monotonic() + 10
+        while not received.endswith(b"after") and time.monotonic() < deadline:
+            client.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                received += client.recv(100)
+            except TimeoutError:
+                break
+        assert received.startswith(b"before "), received
+        assert received.endswith(b"after"), received
+        start = resource.getrusage(resource.RUSAGE_SELF)
+        time.sleep(1.0)  # the tunnel is idle: the proxy's threads wait
+        end = resource.getrusage(resource.RUSAGE_SELF)
+        spent = end.ru_utime + end.ru_stime - start.ru_utime - start.ru_stime
+        assert spent < 0.3, f"the proxy spent {spent:.2f} s of CPU in an idle second"
+
+
 def test_plain_http_is_forwarded_in_origin_form(proxy: Proxy, http_upstream: Upstream) -> None:
     port = http_upstream.port
     path = proxy.add_session("s", [dest(f"web.test:{port}=127.0.0.1")], [])

@@ -154,13 +154,29 @@ def records_directory(name: str) -> str:
 def require_private(directory: str) -> None:
     """PermissionError unless directory, and the one above it, are directories of this
     account that no one else can write: a directory another account (a session) could write
-    may hold symlinks it planted for the launcher to write through."""
+    may hold symlinks it planted for the launcher to write through. Nor may anyone else be
+    able to replace either of them: every directory further up must be root's or this
+    account's, writable by no one else (but a sticky one, /tmp, where what lies in it is
+    ours), or its owner could swap the records for its own once they were checked."""
     for path in (directory, os.path.dirname(directory)):
         info = os.lstat(path)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
             raise PermissionError(
                 errno.EPERM, "not a directory of this account that only it can write", path
             )
+    below_owner = os.geteuid()
+    current = os.path.dirname(os.path.abspath(directory))
+    while current != "/":
+        current = os.path.dirname(current)
+        info = os.lstat(current)
+        sticky = info.st_mode & stat.S_ISVTX and below_owner in (0, os.geteuid())
+        if info.st_uid not in (0, os.geteuid()) or (info.st_mode & 0o022 and not sticky):
+            raise PermissionError(
+                errno.EPERM,
+                "could be replaced by another account (who owns or can write the directory above)",
+                current,
+            )
+        below_owner = info.st_uid
 
 
 def make_private_directory(path: str) -> None:

@@ -61,7 +61,14 @@ def _find() -> str:
             ) from error
     try:
         require_private(directory)
-    except PermissionError:
+    except PermissionError as error:
+        if error.filename not in (directory, os.path.dirname(directory)):
+            raise SandboxUnavailable(
+                f"{printable(directory)}, where nsconfine records the mount points it makes "
+                f"in workspaces, could be replaced by another account: it lies in "
+                f"{printable(error.filename)}, which someone else owns or can write; set "
+                "XDG_CACHE_HOME to a directory of this account's"
+            ) from None
         raise SandboxUnavailable(
             f"{printable(directory)} must belong to this account and be writable by no one "
             "else: it records the mount points nsconfine makes in workspaces"

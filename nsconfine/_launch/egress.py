@@ -9,12 +9,16 @@ relay joins 127.0.0.1:RELAY_PORT to it. The socket goes when the sandbox ends.
 from __future__ import annotations
 
 import atexit
+import errno
 import itertools
 import os
+import stat
 from _thread import allocate_lock
 from collections.abc import Mapping
 
+from nsconfine._errors import SandboxUnavailable
 from nsconfine._plan.model import RELAY_DIRECTORY, Plan, relay_entry
+from nsconfine._text import printable
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -25,8 +29,25 @@ class AuditLog:
     """Where a session's proxy records go: one JSON line each, appended to a file."""
 
     def __init__(self, path: str) -> None:
+        # Non-blocking: a FIFO there (no reader) is refused at once, never waited on.
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-        self.fd = os.open(path, flags, 0o600)
+        not_a_file = (
+            f"the audit file {printable(path)} is not a regular file (a FIFO, a device or a "
+            "socket): nothing was run; remove it"
+        )
+        try:
+            self.fd = os.open(path, flags | os.O_NONBLOCK, 0o600)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # a FIFO without a reader
+                raise SandboxUnavailable(not_a_file) from error
+            raise SandboxUnavailable(
+                f"the audit file {printable(path)} cannot be opened ({error.strerror}): "
+                "nothing was run"
+            ) from error
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            raise SandboxUnavailable(not_a_file)
+        os.set_blocking(self.fd, True)
 
     def write(self, record: Mapping[str, object]) -> None:
         import json  # here: a launch without an audit log never needs it

@@ -951,7 +951,7 @@ class _Splicer:
         try:
             moved = os.splice(source.fileno(), self.write_end, SPLICE_BYTES, flags=flags)
         except BlockingIOError:
-            return None
+            return self._read_instead(source, destination)
         except ConnectionError:
             return 0
         left = moved
@@ -962,6 +962,22 @@ class _Splicer:
                 if not _writable(destination, self.idle_timeout):
                     raise TimeoutError("the peer took nothing for idle_timeout") from None
         return moved
+
+    @staticmethod
+    def _read_instead(source: socket.socket, destination: socket.socket) -> int | None:
+        """What a read finds when splice found nothing (the pipe is empty: nothing is
+        reordered). splice(2) never reads past TCP urgent data (a peer's MSG_OOB) while poll()
+        says the socket is readable: polled again, the thread would spin at a full core for as
+        long as the connection lasts. A read passes the mark (it drops the urgent byte, as any
+        reader without SO_OOBINLINE does); after it, splice goes on."""
+        try:
+            data = os.read(source.fileno(), CHUNK)
+        except BlockingIOError:
+            return None
+        except ConnectionError:
+            return 0
+        destination.sendall(data)
+        return len(data)
 
     def close(self) -> None:
         os.close(self.read_end)

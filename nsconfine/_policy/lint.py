@@ -614,6 +614,7 @@ def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
         else:
             read_only.append((entry, place))
     _refuse_writable_aliases(writable, read_only)
+    _refuse_audit_in_writable(plan, judge.places, writable)
     _refuse_symlinks_in_writable(plan)
     _refuse_shown_masks(plan, judge.places, binds)
     return judged
@@ -659,6 +660,34 @@ def _refuse_shown_masks(plan: Plan, places: _Places, shown: Sequence[tuple[Entry
                     f"{printable(rule.path)} at {printable(there)}, where the plan does not "
                     "cover it: mask it there too (or bind a narrower path)"
                 )
+
+
+def _refuse_audit_in_writable(
+    plan: Plan, places: _Places, writable: Sequence[tuple[Entry, tuple[str, str]]]
+) -> None:
+    """The audit file is opened and appended to by the launcher (as root, by root): it must
+    not lie where the session writes, which could put a symlink above it (the launcher would
+    create and write the file wherever that leads) or a FIFO in its place (the launch would
+    wait on it)."""
+    if plan.audit is None:
+        return
+    written = os.path.abspath(plan.audit)
+    resolved = resolve(written)  # (a symlink the session put inside leads out: as written too)
+    device, place = places.of(resolved)
+    for entry, (rw_device, rw_place) in writable:
+        source = os.path.abspath(entry.source)
+        if (
+            within(written, source)
+            or within(written, resolve(source))
+            or within(resolved, resolve(source))
+            or (rw_device == device and within(place, rw_place))
+        ):
+            raise PlanError(
+                f"the audit file {printable(plan.audit)} lies inside the writable bind "
+                f"{printable(entry.source)}, which the session can write: it could put a "
+                "symlink or a FIFO there for the launcher to follow or wait on; keep the "
+                "audit file outside the workspace and run directory"
+            )
 
 
 def _refuse_symlinks_in_writable(plan: Plan) -> None:
