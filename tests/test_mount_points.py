@@ -253,6 +253,30 @@ def test_records_below_a_directory_others_can_write_are_refused(own_cache: Path)
     assert (own_cache / "nsconfine" / "proven-bwrap" / "attack2-identity").exists()
 
 
+def test_records_reached_through_a_symlink_are_checked_where_it_leads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache reached through a symlink (/home -> /var/home on some systems) is used when
+    the symlink and every directory where it leads are safe: a symlink's own mode is always
+    0777 and says nothing (only who can write its directory can swap it). Twin: the same
+    symlink leading below a directory anyone can write is refused."""
+    real = tmp_path / "real"
+    (real / "cache").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(link / "cache"))
+    _stub_records.forget_records()
+    try:
+        assert _stub_records.records().startswith(str(link / "cache"))
+        _stub_records.forget_records()
+        os.chmod(real, 0o777)
+        with pytest.raises(nsconfine.SandboxUnavailable, match="could be replaced by another"):
+            _stub_records.records()
+    finally:
+        os.chmod(real, 0o755)
+        _stub_records.forget_records()
+
+
 def test_a_token_that_cannot_be_written_leaks_no_fd(
     own_cache: Path, ws_run: tuple[Path, Path]
 ) -> None:

@@ -991,13 +991,15 @@ def test_a_route_streams_events_as_they_come(proxy: Proxy, http_upstream: Upstre
     ("rest", "expected"),
     [("/../other", 400), ("/v1/%2e%2e/x", 400), ("/./v1", 400), ("/v1%2fx", 400),
      ("/v1%2Fx", 400), ("/v1%5cx", 400), ("/v1%5Cx", 400), ("/v1\\x", 400), ("//admin", 400),
-     ("/v1//x", 400), ("/v1/messages?to=a%2fb//c", 502)],  # (nothing listens on port 9)
+     ("/v1//x", 400), ("/v1/..;/x", 400), ("/v1;x", 400), ("/v1%3Bx", 400),
+     ("/v1/messages?to=a%2fb//c;d", 502)],  # (nothing listens on port 9)
 )  # fmt: skip
 def test_a_route_path_cannot_climb(proxy: Proxy, rest: str, expected: int) -> None:
-    """A route's path with a '.' or '..' segment, an encoded slash or backslash, a backslash or
-    an empty segment is refused: an upstream may read any of them as another path of the API
-    (found by an attacker's pass: all but the dots were forwarded). The twin: a plain path,
-    whatever its query holds, passes the check and is sent on."""
+    """A route's path with a '.' or '..' segment, an encoded slash or backslash, a backslash,
+    an empty segment or a ';' (`..;/`: Java servlet gateways drop path parameters, then
+    climb) is refused: an upstream may read any of them as another path of the API (found by
+    attackers' passes: all but the dots were forwarded). The twin: a plain path, whatever its
+    query holds, passes the check and is sent on."""
     route = Route("anthropic", "http://127.0.0.1:9/prefix", "x-api-key", SECRET)
     path = proxy.add_session("s", [], [route])
     assert status(ask(path, route_request("anthropic", rest))) == expected

@@ -164,19 +164,32 @@ def require_private(directory: str) -> None:
             raise PermissionError(
                 errno.EPERM, "not a directory of this account that only it can write", path
             )
-    below_owner = os.geteuid()
-    current = os.path.dirname(os.path.abspath(directory))
-    while current != "/":
-        current = os.path.dirname(current)
-        info = os.lstat(current)
-        sticky = info.st_mode & stat.S_ISVTX and below_owner in (0, os.geteuid())
-        if info.st_uid not in (0, os.geteuid()) or (info.st_mode & 0o022 and not sticky):
-            raise PermissionError(
-                errno.EPERM,
-                "could be replaced by another account (who owns or can write the directory above)",
-                current,
-            )
-        below_owner = info.st_uid
+    # Both ways the kernel walks: the path as written, and where its symlinks lead. A
+    # symlink's own mode is always 0777 and says nothing: only who may write the directory
+    # holding it can swap it, and that directory is checked in its turn.
+    above = os.path.dirname(os.path.dirname(os.path.abspath(directory)))
+    for start in (above, os.path.realpath(above)):
+        for current in _this_and_above(start):
+            info = os.lstat(current)
+            writable = info.st_mode & 0o022 and not stat.S_ISLNK(info.st_mode)
+            if info.st_uid not in (0, os.geteuid()) or (
+                writable and not info.st_mode & stat.S_ISVTX
+            ):
+                raise PermissionError(
+                    errno.EPERM,
+                    "could be replaced by another account (who owns or can write the "
+                    "directory above)",
+                    current,
+                )
+
+
+def _this_and_above(path: str) -> list[str]:
+    """path and every directory above it, / last."""
+    found = [path]
+    while path != "/":
+        path = os.path.dirname(path)
+        found.append(path)
+    return found
 
 
 def make_private_directory(path: str) -> None:

@@ -808,10 +808,11 @@ class Proxy:
         path = suffix.split("?")[0]
         if "%2e" in path.lower() or any(seg in (".", "..") for seg in path.split("/")):
             raise _Refusal(400, "the route's path holds a '.' or '..' segment")
-        # An upstream (or a gateway before it) may read these as a separator, or collapse
-        # them: another path of the API than the one the route's prefix names.
-        if any(bad in path.lower() for bad in ("%2f", "%5c", "\\", "//")):
-            raise _Refusal(400, "the route's path holds an encoded slash, a backslash or '//'")
+        # An upstream (or a gateway before it) may read these as a separator, collapse them,
+        # or (a ';', Java servlets' path parameter) drop what follows in a segment, `..;`
+        # becoming `..`: another path of the API than the one the route's prefix names.
+        if any(bad in path.lower() for bad in ("%2f", "%5c", "\\", "//", ";", "%3b")):
+            raise _Refusal(400, "the route's path holds an encoded slash, a backslash, '//' or ';'")
         upstream = urllib.parse.urlsplit(route.upstream)
         assert upstream.hostname is not None  # Route checked it
         port = upstream.port or (443 if upstream.scheme == "https" else 80)
