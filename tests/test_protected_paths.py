@@ -1059,3 +1059,30 @@ def test_a_linked_worktree_named_like_a_git_directory_part_is_protected(
     _, output = _launch(repo, script)
     assert "wrote" not in output, output
     assert _host_git_config(outside) == ""
+
+
+def test_only_trees_with_git_directories_are_remembered(tmp_path: Path) -> None:
+    """The launcher remembers a tree's git directories (by the tree's device and inode) so a
+    session cannot hide one between launches; a tree without any leaves no record. Each
+    workspace ever planned left one, empty: a broker's records grew without end, and every
+    launch's lint looked through them (1,050 files here made it 3 ms). Twin: a repository's
+    tree is remembered, and forgotten once it holds none."""
+    from nsconfine._kernel.accounts import records_directory
+
+    records = Path(records_directory("git-directories"))
+    plain = session_dirs(tmp_path, "plain-ws", "plain-run")
+    session(*plain).plan()
+    assert not [path for path in records.iterdir() if _is_record_of(path, plain)]
+    workspace, run_dir = session_dirs(tmp_path, "repo-ws", "repo-run")
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    session(workspace, run_dir).plan()
+    assert [path for path in records.iterdir() if _is_record_of(path, (workspace, run_dir))]
+    subprocess.run(["rm", "-rf", str(workspace / ".git")], check=True)
+    session(workspace, run_dir).plan()
+    assert not [path for path in records.iterdir() if _is_record_of(path, (workspace, run_dir))]
+
+
+def _is_record_of(record: Path, trees: tuple[Path, Path]) -> bool:
+    return any(
+        record.name == f"{info.st_dev}-{info.st_ino}" for info in (tree.stat() for tree in trees)
+    )

@@ -711,7 +711,12 @@ class _Scan:
         relative = sorted({os.path.relpath(g, top) for g in git_directories})
         data = os.fsencode("\0".join(relative))
         try:
-            if _syscalls.read_untrusted(record, _WHOLE_FILE_BYTES) != data:
+            if not relative:
+                # Nothing to remember, no record: a record of every tree ever planned would
+                # grow without end, and every launch's lint looks through the records.
+                if os.path.lexists(record):
+                    os.unlink(record)
+            elif _syscalls.read_untrusted(record, _WHOLE_FILE_BYTES) != data:
                 temporary = f"{record}.{os.getpid()}"
                 flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
                 fd = os.open(temporary, flags, 0o600)
