@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -1082,7 +1083,7 @@ def test_only_trees_with_git_directories_are_remembered(tmp_path: Path) -> None:
     assert not [path for path in records.iterdir() if _is_record_of(path, (workspace, run_dir))]
 
 
-def _is_record_of(record: Path, trees: tuple[Path, Path]) -> bool:
+def _is_record_of(record: Path, trees: Sequence[Path]) -> bool:
     return any(
         record.name == f"{info.st_dev}-{info.st_ino}" for info in (tree.stat() for tree in trees)
     )
