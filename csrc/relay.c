@@ -97,6 +97,24 @@ static long splice_(int from, int to, long bytes)
 }
 
 /*
+ * What splice(2) cannot give: it stops at TCP urgent data (a peer's MSG_OOB), returning 0 or
+ * -EAGAIN as if at the end or with nothing to read, while ppoll says the socket is readable:
+ * the connection would end early, or spin at a full core. A read passes the mark (the urgent
+ * byte dropped, as any reader without SO_OOBINLINE drops it); what it read goes into the
+ * direction's pipe, empty here, which takes it whole. What recv says is the truth: 0 is the
+ * end, -EAGAIN nothing yet.
+ */
+static long read_instead(struct direction *d)
+{
+    char buffer[4096];
+    long n = RETRY(SYS6(__NR_recvfrom, d->from, buffer, sizeof buffer, 0, 0, 0));
+    if (n <= 0)
+        return n;
+    long written = RETRY(SYS3(__NR_write, d->pipe_w, buffer, n));
+    return written == n ? n : -EIO;
+}
+
+/*
  * Move what revents allow, and then what the other side turns out to allow too: after a read
  * the destination usually has room, and after a write the source usually has more, so each is
  * tried at once (without a ppoll between) until one would block, a few rounds at the most so
@@ -115,6 +133,8 @@ static int advance(struct direction *d, const struct pollfd *polled)
             if (!may_read)
                 break;
             long n = splice_(d->from, d->pipe_w, RELAY_BUFFER_BYTES);
+            if (n == -EAGAIN || n == 0)
+                n = read_instead(d);
             if (n == -EAGAIN)
                 break;
             if (n < 0)

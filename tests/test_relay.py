@@ -211,6 +211,30 @@ def test_a_connection_that_never_reads_does_not_stop_another(
     assert (status, output) == (0, repr(b"after-flood[flood stuck][eof]") + "\n")
 
 
+def test_urgent_data_neither_stalls_the_relay_nor_spins_it(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """A client sends TCP urgent data (MSG_OOB) in the middle of its bytes: splice(2) never
+    reads past the urgent mark while poll says the socket is readable, so the relay's
+    connection spun at a full core and what followed the mark never arrived (found by an
+    attacker's pass). It arrives, the urgent byte dropped as any reader without SO_OOBINLINE
+    drops it."""
+    code = """
+    import socket
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=60)
+    s.sendall(b"before")
+    s.send(b"!", socket.MSG_OOB)
+    s.sendall(b"after")
+    s.shutdown(socket.SHUT_WR)
+    reply = b""
+    while chunk := s.recv(65536):
+        reply += chunk
+    print(reply)
+    """
+    status, output = run(proxy_plan(ws_run, proxy_directory), python(code))
+    assert (status, output) == (0, repr(b"beforeafter[eof]") + "\n")
+
+
 def test_the_command_cannot_take_the_port_and_finds_it_listening_at_once(
     ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
 ) -> None:
