@@ -350,7 +350,8 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
     """The session's own paths: harness, runner files, tool socket, workspace, run dir, HOME."""
     entries: list[p.Entry] = []
     for harness in session.harness:
-        for entry in harness_entries(harness.path, harness.sha256):
+        writable = (realpath(session.workspace), realpath(session.run_dir))
+        for entry in harness_entries(harness.path, harness.sha256, writable):
             if all(entry.dest != other.dest for other in entries):  # packages two share
                 entries.append(entry)
     if session.tool_socket is not None:

@@ -188,6 +188,37 @@ def test_a_pin_covers_the_resolved_entry_file(ws_run: tuple[Path, Path], npm_pac
         nsconfine.spawn(plan, ["tool"]).wait()
 
 
+def test_a_harness_package_the_session_writes_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A --harness link (outside, as `npm link` leaves it) that leads into the workspace: what
+    that package's package.json names, and where its node_modules links lead, are the
+    session's to choose between launches; a dependency linked to another project (any
+    directory with a package.json) got that project bound into the next session."""
+    workspace, _run_dir = ws_run
+    package = workspace / "agent"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text(
+        json.dumps({"name": "agent", "dependencies": {"helper": "1"}})
+    )
+    entry = package / "bin" / "agent"
+    entry.write_text("#!/bin/sh\necho agent\n")
+    entry.chmod(0o755)
+    other = tmp_path / "other-project"  # no home, no denied place: only never given
+    other.mkdir()
+    (other / "package.json").write_text(json.dumps({"name": "other"}))
+    (other / "notes.txt").write_text("another project's\n")
+    (package / "node_modules").mkdir()
+    (package / "node_modules" / "helper").symlink_to(other)  # as the session leaves it
+    link = tmp_path / "agents" / "node_modules" / ".bin" / "agent"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(entry)
+    open_up(tmp_path)
+    with pytest.raises(nsconfine.PlanError, match="the session can write") as refused:
+        session(*ws_run, harness=[link]).plan()  # it bound other-project read-only
+    assert "agent" in str(refused.value)
+
+
 def test_an_empty_harness_is_refused(ws_run: tuple[Path, Path]) -> None:
     """--harness "" is refused by name, not taken for the working directory."""
     result = cli("plan", *session_options(*ws_run), "--harness", "")  # fmt: skip

@@ -565,18 +565,22 @@ TUI_MODES = "\033[?1049h\033[?1000h\033[?1006h\033[?1004h\033[?2004h\033[?25l\03
 TERMINAL_QUERIES = "\033[c\033[6n\033[>c"  # device attributes, cursor position, version
 
 
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
 def test_a_tty_session_leaves_no_replies_and_no_modes_behind(
-    ws_run: tuple[Path, Path], tmp_path: Path
+    ws_run: tuple[Path, Path], tmp_path: Path, tty: bool
 ) -> None:
     """Under tmux, `nsconfine run --tty` whose command turns on a TUI's modes (the alternate
     screen, mouse reporting, focus events, bracketed paste, a hidden cursor, application keys)
     and asks the terminal questions, then exits: the caller's shell reads no reply and the
-    terminal is out of those modes (replies were typed into the shell, modes stayed on)."""
+    terminal is out of those modes (replies were typed into the shell, modes stayed on).
+    Likewise without --tty, where the session's output reaches the caller's terminal through
+    the pipe `run` relays: the same bytes there left the same modes and replies behind."""
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (apt-get install tmux)")
     socket = str(tmp_path / "tmux.sock")
     typed = tmp_path / "typed"
-    cli = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
+    cli = [sys.executable, "-m", "nsconfine", "run", *(["--tty"] if tty else []),
+           *session_options(*ws_run), "--",
            "/bin/sh", "-c", f"printf '{TUI_MODES}{TERMINAL_QUERIES}'"]  # fmt: skip
     reader = [sys.executable, "-c", NEXT_READER, str(typed)]
     tmux(socket, "new-session", "-d", "-x", "80", "-y", "24", "-c", "/",

@@ -16,7 +16,9 @@ read it while its output went there, and went on reading it when a Ctrl-Z stoppe
 (a session of its own, outside job control, it is not stopped with it): what the user typed at
 the shell next was the session's. Input is read only while the launcher is in the foreground:
 stopped or in the background, it leaves what is typed to the shell. Pipes and files are handed
-over as they are. With --tty, only bwrap's stderr is relayed (the command has its own terminal).
+over as they are; what the session wrote there is the caller's terminal's to act on, so when it
+wrote an escape, its modes go off and its queries' answers are dropped at its end, as for --tty.
+With --tty, only bwrap's stderr is relayed (the command has its own terminal).
 
 With --tty the command has a terminal of its own (a pty of the sandbox's, its controlling
 terminal: job control, /dev/tty, Ctrl-C and Ctrl-Z for its foreground job). The launcher's own
@@ -41,6 +43,7 @@ is held until the kernel's collector frees it (the reaper starts one), never for
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import time
@@ -75,6 +78,48 @@ TUI_RESET = (
 # Device status: the terminal answers ESC [ 0 n, after its answers to every earlier query.
 STATUS_QUERY = b"\033[5n"
 STATUS_ANSWER = b"\033[0n"
+
+
+# What may turn a mode on or ask the terminal a question in what a session wrote: ESC, the
+# 8-bit introducers (DCS, CSI, ST, OSC, PM, APC) and ENQ (answered with an answerback message).
+_ESCAPES = re.compile(rb"[\x05\x1b\x90\x9b-\x9f]")
+
+
+def leave_tui_modes(out: int) -> None:
+    """Turn off the modes a TUI may have left on in the terminal at fd out (the caller's), and
+    read the answers still coming to the queries it sent, up to the answer to a query of our
+    own (answers come in order), so that none is typed into the caller's shell. The answers
+    are read only where fd 0 is that terminal, echo and line editing off meanwhile (a cooked
+    terminal holds a partial line back; its echo would print them)."""
+    import termios
+
+    if not os.isatty(out) or not _in_foreground():
+        return
+    _write_all(out, TUI_RESET)
+    if not os.isatty(0) or os.fstat(0).st_rdev != os.fstat(out).st_rdev:
+        return  # the answers go to a terminal the launcher does not read
+    saved = termios.tcgetattr(0)
+    quiet = termios.tcgetattr(0)
+    quiet[3] &= ~(termios.ICANON | termios.ECHO)
+    quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 1, 0
+    termios.tcsetattr(0, termios.TCSANOW, quiet)
+    try:
+        _write_all(out, STATUS_QUERY)
+        seen = b""
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while STATUS_ANSWER not in seen:
+            if not wait_fd(0, deadline - time.monotonic()):
+                termios.tcflush(0, termios.TCIFLUSH)  # no answer: what is on its way goes
+                return
+            try:
+                chunk = os.read(0, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen = seen[-len(STATUS_ANSWER) :] + chunk  # an answer may come split
+    finally:
+        termios.tcsetattr(0, termios.TCSANOW, saved)
 
 
 def _in_foreground() -> bool:
@@ -276,30 +321,9 @@ class _Terminal:
             self.copy_out()
 
     def leave_tui_modes(self) -> None:
-        """Turn off the modes a TUI may have left on in the caller's terminal, and read the
-        answers still coming to the queries it sent, up to the answer to a query of our own
-        (answers come in order), so that none is typed into the caller's shell."""
-        import termios
-
-        if not os.isatty(1) or not _in_foreground():
-            return
-        _write_all(1, TUI_RESET)
-        if self.saved is None or os.fstat(0).st_rdev != os.fstat(1).st_rdev:
-            return  # the answers go to a terminal the launcher does not read
-        _write_all(1, STATUS_QUERY)
-        seen = b""
-        deadline = time.monotonic() + ANSWER_SECONDS
-        while STATUS_ANSWER not in seen:
-            if not wait_fd(0, deadline - time.monotonic()):
-                termios.tcflush(0, termios.TCIFLUSH)  # no answer: what is on its way goes
-                return
-            try:
-                chunk = os.read(0, 4096)
-            except OSError:
-                return
-            if not chunk:
-                return
-            seen = seen[-len(STATUS_ANSWER) :] + chunk  # an answer may come split
+        """Turn off the modes a TUI may have left on in the caller's terminal, and drop the
+        answers still coming to the queries it sent (see leave_tui_modes)."""
+        leave_tui_modes(1)
 
     def restore(self) -> None:
         import termios
@@ -324,6 +348,7 @@ class StdioRelay:
         self.pending = b""  # input read from the terminal, not yet taken by the pipe
         self.outputs: dict[int, int] = {}  # the launcher's read end -> the fd it copies to
         self.in_background = False  # not reading stdin for it: looked at again every second
+        self.escaped: set[int] = set()  # the terminals among 1 and 2 a session wrote an escape to
         terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
         try:
             for fd in terminals:
@@ -398,6 +423,8 @@ class StdioRelay:
         except BlockingIOError:
             return
         if data:
+            if _ESCAPES.search(data):
+                self.escaped.add(self.outputs[read_end])
             try:
                 _write_all(self.outputs[read_end], data)
                 return
@@ -418,6 +445,15 @@ class StdioRelay:
                 return
             for read_end, _ in ready:
                 self.copy_out(read_end)
+
+    def leave_tui_modes(self) -> None:
+        """A session's output reaches the caller's terminal through these pipes as it would
+        from a terminal of its own: the modes it turned on there go off, and the answers to its
+        queries are dropped, as for --tty (only where it wrote an escape: a plain session's
+        output costs no query)."""
+        for fd in sorted(self.escaped):
+            leave_tui_modes(fd)
+        self.escaped.clear()
 
     def close(self) -> None:
         if self.stdin_pipe >= 0:
@@ -504,6 +540,7 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRela
         _relay(sandbox, terminal, relay, grace, wake_read)
         # before the handle reaps the session, which closes its terminal
         relay.drain()
+        relay.leave_tui_modes()
         if terminal is not None:
             terminal.drain()
             terminal.leave_tui_modes()

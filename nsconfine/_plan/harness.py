@@ -12,19 +12,23 @@ pinned by its digest. A harness that is a plain file is bound as it is.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from nsconfine._errors import PlanError
-from nsconfine._kernel.syscalls import read_untrusted, realpath
+from nsconfine._kernel.syscalls import lookups, read_untrusted, realpath
 from nsconfine._plan import model as p
-from nsconfine._text import printable
+from nsconfine._text import printable, within
 
 # A harness with more packages than this is refused rather than bound package by package
 # (give the node_modules directory with --ro instead).
 MAX_PACKAGES = 200
 
 
-def harness_entries(path: str, sha256: str | None) -> list[p.Entry]:
-    """The entries that give the session the harness at path (pinned by sha256 if given)."""
+def harness_entries(path: str, sha256: str | None, writable: Sequence[str] = ()) -> list[p.Entry]:
+    """The entries that give the session the harness at path (pinned by sha256 if given).
+    writable: where the session writes (its workspace and run directory). A link whose way to
+    its file, or to a package it needs, leads through there is refused: the session would
+    choose, between launches, which host directories the next launch binds."""
     if not path or path == "/":
         raise PlanError("a harness path is empty: name the harness executable (--harness PATH)")
     if not os.path.lexists(path):
@@ -38,12 +42,14 @@ def harness_entries(path: str, sha256: str | None) -> list[p.Entry]:
     pinned = " (pinned by sha256)" if sha256 else ""
     if not os.path.islink(path):
         return [p.ro_bind(path, path, f"harness executable{pinned}", sha256=sha256)]
+    _refuse_if_writable(path, lookups("/", os.path.abspath(path))[0], writable)
     entries = [p.symlink(os.readlink(path), path, "the harness's link, as on the host")]
     package = _package_of(target)
     if package is None:
         entries.append(p.ro_bind(target, target, f"the file the harness link leads to{pinned}"))
         return _with_pin(entries, target, sha256, bound=True)
-    for directory in _with_dependencies(package):
+    _refuse_if_writable(path, [package], writable)
+    for directory in _with_dependencies(package, path, writable):
         reason = (
             "the harness's package (read-only)"
             if directory == package
@@ -74,16 +80,29 @@ def _package_of(path: str) -> str | None:
     return None
 
 
-def _with_dependencies(package: str) -> list[str]:
+def _refuse_if_writable(harness: str, looked: Sequence[str], writable: Sequence[str]) -> None:
+    for path in looked:
+        if any(within(path, place) for place in writable):
+            raise PlanError(
+                f"the harness {printable(harness)} leads through {printable(path)}, which the "
+                "session can write: it could change which packages, and so which host "
+                "directories, the next launch binds; install the harness outside the "
+                "workspace and run directory"
+            )
+
+
+def _with_dependencies(package: str, harness: str = "", writable: Sequence[str] = ()) -> list[str]:
     """package and every installed package it needs (dependencies and optionalDependencies,
     transitively), found as node's require finds them: in node_modules next to and above the
-    requiring package."""
+    requiring package (each way there checked against writable, see harness_entries)."""
     found = [package]
     pending = [package]
     while pending:
         current = pending.pop()
         for name in _dependency_names(current):
             located = _locate(name, current)
+            if located is not None:
+                _refuse_if_writable(harness, [located], writable)
             if located is not None and located not in found:
                 found.append(located)
                 pending.append(located)
