@@ -434,3 +434,21 @@ def test_a_relative_cache_or_home_never_puts_records_under_the_working_directory
     monkeypatch.setenv("HOME", ".")
     assert os.path.isabs(records_directory("x"))
     assert not records_directory("x").startswith(str(tmp_path))
+
+
+def test_a_home_that_does_not_exist_is_never_made(tmp_path: Path) -> None:
+    """A launcher whose HOME is not there (a system account's /nonexistent) keeps its records
+    elsewhere and makes no home: root made /nonexistent (and its .cache) for `nobody`, whose
+    home then existed, root's, and was no longer denied to nobody's sessions as the home of
+    the account they run as. Twin: a HOME that exists gets its .cache made."""
+    missing = tmp_path / "nonexistent"
+    env = {**os.environ, "HOME": str(missing)}
+    env.pop("XDG_CACHE_HOME", None)
+    check = [sys.executable, "-m", "nsconfine", "check"]
+    done = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert not missing.exists()
+    missing.mkdir()
+    done = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert (missing / ".cache" / "nsconfine").is_dir()

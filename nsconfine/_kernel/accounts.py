@@ -195,6 +195,13 @@ def _this_and_above(path: str) -> list[str]:
 def make_private_directory(path: str) -> None:
     """Make path and the directory holding it, where missing, 0700 whatever the umask (makedirs
     gives its mode to the last one only): records directories are refused if another account,
-    or the group, could write them or the directory above (a umask of 002 would)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    or the group, could write them or the directory above (a umask of 002 would). Above them
+    only the cache directory itself is made ($XDG_CACHE_HOME, $HOME/.cache): never a home that
+    is not there (a system account's /nonexistent, which root would make its own, and which
+    then stops being denied as that account's home). FileNotFoundError then."""
+    holder = os.path.dirname(path)
+    above_cache = os.path.dirname(os.path.dirname(holder))
+    if not os.path.isdir(above_cache):
+        raise FileNotFoundError(errno.ENOENT, "no such directory (not made)", above_cache)
+    os.makedirs(holder, mode=0o700, exist_ok=True)
     os.makedirs(path, mode=0o700, exist_ok=True)
