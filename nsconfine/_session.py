@@ -349,8 +349,8 @@ def _require_reachable(session: Session, user: RunAs) -> None:
 def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[p.Entry]:
     """The session's own paths: harness, runner files, tool socket, workspace, run dir, HOME."""
     entries: list[p.Entry] = []
+    writable = (realpath(session.workspace), realpath(session.run_dir)) if session.harness else ()
     for harness in session.harness:
-        writable = (realpath(session.workspace), realpath(session.run_dir))
         for entry in harness_entries(harness.path, harness.sha256, writable):
             if all(entry.dest != other.dest for other in entries):  # packages two share
                 entries.append(entry)

@@ -4,6 +4,8 @@ errors, the plan and the kernel layer all use it, and it uses none of them."""
 
 from __future__ import annotations
 
+import posixpath
+
 # No regular expressions: importing re and compiling patterns would cost every `nsconfine run`
 # about a millisecond before its sandbox starts (nothing on a launch's import path compiles one).
 
@@ -43,6 +45,14 @@ def inside(dest: str, top: str) -> str | None:
 def within(path: str, top: str) -> bool:
     """Is path top itself or inside it (both absolute and normalized)?"""
     return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def ancestors(path: str) -> list[str]:
+    """path (absolute) and every directory above it, / last."""
+    found = [path]
+    while found[-1] != "/":
+        found.append(posixpath.dirname(found[-1]))
+    return found
 
 
 def encodable(text: str) -> bool:

@@ -34,7 +34,7 @@ import posixpath
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._plan.model import Entry, Kind, Mode, Plan, has_own_network
-from nsconfine._text import inside, printable
+from nsconfine._text import ancestors, inside, printable
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -479,7 +479,7 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
     writable.pop(None, None)  # a missing source (the lint refuses it) is nothing to be inside
     # By what each directory above the bundle is, not by how its path reads: a symlink or a
     # bind mount of the workspace elsewhere names the very same directory.
-    for above in {*_ancestors(bundle), *_ancestors(os.path.realpath(bundle))}:
+    for above in {*ancestors(bundle), *ancestors(os.path.realpath(bundle))}:
         entry = writable.get(_syscalls.identity(above))
         if entry is not None:
             raise UsageError(
@@ -494,14 +494,6 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
         raise
     except OSError as error:
         raise path_refusal(error, "the bundle") from error
-
-
-def _ancestors(path: str) -> list[str]:
-    """path and every directory above it."""
-    found = [path]
-    while found[-1] != "/":
-        found.append(os.path.dirname(found[-1]))
-    return found
 
 
 def materialize(plan: Plan, bundle: str, argv: Sequence[str] = DEFAULT_COMMAND) -> Export:

@@ -15,6 +15,7 @@ import stat
 
 from nsconfine._errors import UsageError
 from nsconfine._record import Record
+from nsconfine._text import ancestors
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ def require_private(directory: str) -> None:
     # holding it can swap it, and that directory is checked in its turn.
     above = os.path.dirname(os.path.dirname(os.path.abspath(directory)))
     for start in (above, os.path.realpath(above)):
-        for current in _this_and_above(start):
+        for current in ancestors(start):
             info = os.lstat(current)
             writable = info.st_mode & 0o022 and not stat.S_ISLNK(info.st_mode)
             if info.st_uid not in (0, os.geteuid()) or (
@@ -181,15 +182,6 @@ def require_private(directory: str) -> None:
                     "directory above)",
                     current,
                 )
-
-
-def _this_and_above(path: str) -> list[str]:
-    """path and every directory above it, / last."""
-    found = [path]
-    while path != "/":
-        path = os.path.dirname(path)
-        found.append(path)
-    return found
 
 
 def make_private_directory(path: str) -> None:

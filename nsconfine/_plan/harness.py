@@ -91,7 +91,7 @@ def _refuse_if_writable(harness: str, looked: Sequence[str], writable: Sequence[
             )
 
 
-def _with_dependencies(package: str, harness: str = "", writable: Sequence[str] = ()) -> list[str]:
+def _with_dependencies(package: str, harness: str, writable: Sequence[str]) -> list[str]:
     """package and every installed package it needs (dependencies and optionalDependencies,
     transitively), found as node's require finds them: in node_modules next to and above the
     requiring package (each way there checked against writable, see harness_entries)."""
