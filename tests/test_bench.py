@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import statistics
 import subprocess
 import sys
+import time
+import uuid
 from typing import Any
 
 import pytest
+
+import nsconfine
+from nsconfine._preflight.checks import proven_bwrap
+from nsconfine.bench._core import FloorSession, Launchers, children
 
 TOP_LEVEL_KEYS = {
     "schema",
@@ -225,3 +234,56 @@ def test_smoke_pool_shows_each_run_against_its_own_bare_spawn(
     assert in_flight["n"] == rows["pool.process.in-flight-32"]["n"] >= 32
     targets = {target["name"]: target for target in smoke_report["targets"]}
     assert f"each of {POOL_RUNS} runs" in targets["pool-warm-vs-process"]["goal"]
+
+
+def _processes_naming(token: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as file:
+                if token.encode() in file.read():
+                    found.append(int(name))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _clone_delay(floor: Launchers, argv: tuple[str, ...], devnull: int) -> float:
+    """How long after its spawn returns a floor's bwrap has cloned its sandbox's init (s),
+    here and now: the median of 9."""
+    delays = []
+    for _ in range(9):
+        started = FloorSession(floor.floor_pid(argv, devnull))
+        began = time.monotonic()
+        while not children(started.pid):
+            assert time.monotonic() < began + 5, "the floor's bwrap never started its sandbox"
+        delays.append(time.monotonic() - began)
+        started.kill()
+        started.wait()
+    return statistics.median(delays)
+
+
+@pytest.mark.confinement
+def test_a_floor_killed_as_it_starts_leaves_nothing_running(
+    sandbox_ready: None, plan: nsconfine.Plan
+) -> None:
+    """The scale section kills a floor's bwrap as soon as it has started (its warm-up round).
+    Killed after its sandbox's init had been looked for but before it was cloned, the init
+    outlived it, pid 1 of its namespace, holding the bench's stderr: a smoke run's pipe never
+    reached EOF. Here the kills are aimed around the moment of the clone."""
+    floor = Launchers(proven_bwrap(), plan)
+    # The sleep's length names this test's floors in /proc.
+    argv = ("/bin/sleep", f"1000.{uuid.uuid4().int % 10**15:015}")
+    with open(os.devnull, "wb") as devnull:
+        clone = _clone_delay(floor, argv, devnull.fileno())
+        for attempt in range(400):
+            started = FloorSession(floor.floor_pid(argv, devnull.fileno()))
+            time.sleep(clone * (0.8 + 0.4 * attempt / 400))
+            started.kill()
+            started.wait()
+    deadline = time.monotonic() + 5  # a killed sandbox's processes end soon; a leaked one never
+    while (leaked := _processes_naming(argv[1])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in leaked:
+        os.kill(pid, signal.SIGKILL)
+    assert leaked == []

@@ -8,6 +8,7 @@ import fcntl
 import gc
 import math
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -254,8 +255,8 @@ class Launchers:
         pid = self.floor_pid(argv, stdout)
         return lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
-    def floor_pid(self, argv: Sequence[str], stdout: int) -> int:
-        """floor's bwrap, started: its pid."""
+    def floor_pid(self, argv: Sequence[str], stdout: int, stderr: int = -1) -> int:
+        """floor's bwrap, started: its pid. stderr -1: the bench's own."""
         made = [_memfd("bench-args", self.encoded)]
         try:
             # fds 3..8 as a launch has them (4, 5, 7 and 8 unused here), then the data fds.
@@ -272,6 +273,7 @@ class Launchers:
                 [os.fsencode(a) for a in (self.bwrap, "--args", str(ARGS_FD), "--", *argv)],
                 (),
                 stdout=stdout,
+                stderr=stderr,
                 pass_fds=made,
                 flags=flags,
                 uid=uid,
@@ -396,21 +398,47 @@ def children(pid: int) -> list[int]:
     return found
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FloorSession:
     """A floor's bwrap (Launchers.floor_pid), killed and reaped as a Sandbox is."""
 
     pid: int
+    ended: int | None = None  # its wait status, when kill() found it ended and reaped it
 
     def kill(self) -> None:
-        # Its sandbox's pid 1 first (the whole sandbox with it): the floor's bwrap, killed,
-        # leaves its sandbox running, as nsconfine's reaper would not.
-        for init in children(self.pid):
-            os.kill(init, signal.SIGKILL)
-        os.kill(self.pid, signal.SIGKILL)
+        """End its whole sandbox: its init killed (the floor's bwrap, killed alone, leaves its
+        sandbox running, as nsconfine's reaper would not), then the bwrap itself. The bwrap is
+        stopped first, so that it cannot clone the init between the look for it and the kill:
+        one in about 1,000 killed as it started left its init running, pid 1 of its namespace,
+        holding the bench's stderr."""
+        os.kill(self.pid, signal.SIGSTOP)
+        _, status = os.waitpid(self.pid, os.WUNTRACED)
+        if not os.WIFSTOPPED(status):
+            self.ended = status  # its command had ended, and its sandbox with it
+            return
+        # Children of a stopped process: none can be reaped (and its pid reused) meanwhile.
+        inits = [fd for pid in children(self.pid) if (fd := _pidfd(pid)) is not None]
+        try:
+            for init in inits:
+                signal.pidfd_send_signal(init, signal.SIGKILL)
+            os.kill(self.pid, signal.SIGKILL)
+            for init in inits:  # its init ended: no process of its pid namespace is left
+                if not select.select([init], [], [], 10)[0]:
+                    raise BenchError("a floor's sandbox outlived its kill by 10 s")
+        finally:
+            for init in inits:
+                os.close(init)
 
     def wait(self) -> int:
-        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        status = self.ended if self.ended is not None else os.waitpid(self.pid, 0)[1]
+        return os.waitstatus_to_exitcode(status)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:  # it has ended since
+        return None
 
 
 def sleeper(plan: Plan, devnull: int) -> Callable[[], nsconfine.Sandbox]:

@@ -58,7 +58,8 @@ def _held(results: Results, w: World, config: Config) -> None:
     starts: dict[str, Callable[[], Live]] = {
         "none": sleeper(none, w.devnull),
         "proxy": sleeper(w.session(network="proxy", allow_hosts=[HELD_HOST]).plan(), w.devnull),
-        "floor": lambda: FloorSession(floor.floor_pid(SLEEP_ARGV, w.devnull)),
+        # Its stderr, like the sessions', is not the bench's: a leaked floor holds no pipe.
+        "floor": lambda: FloorSession(floor.floor_pid(SLEEP_ARGV, w.devnull, w.devnull)),
     }
     me = psutil.Process()
     kib: dict[str, list[float]] = {name: [] for name in starts}
