@@ -7,9 +7,8 @@ symlink; a session cannot lock another's stubs away."""
 
 from __future__ import annotations
 
+import errno
 import os
-import resource
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -153,6 +152,25 @@ def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, P
     assert sorted(str(p) for p in workspace.rglob("*")) == before
 
 
+def test_a_stub_recorded_by_a_file_token_goes_with_the_next_session(
+    own_cache: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """Tokens are symlinks naming their stub; one that earlier code made, a file holding the
+    stub's path, still makes its stub the launcher's: adopted, and removed after the next
+    session (taken for the session's own file, it would stay in the workspace for good)."""
+    workspace = ws_run[0]
+    plan = session(*ws_run).plan()
+    left = workspace / ".envrc"
+    left.touch()
+    give_to_session_user(left)
+    info = left.stat()
+    token = Path(_stub_records.token_path(_stub_records.records(), (info.st_dev, info.st_ino)))
+    token.write_bytes(os.fsencode(os.path.realpath(left)))
+    assert attempt(plan, "true")[0] == 0
+    assert not left.exists()
+    assert not token.exists()
+
+
 def test_an_oci_bundle_keeps_its_stubs_while_it_exists(
     repo: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -278,24 +296,24 @@ def test_records_reached_through_a_symlink_are_checked_where_it_leads(
 
 
 def test_a_token_that_cannot_be_written_leaks_no_fd(
-    own_cache: Path, ws_run: tuple[Path, Path]
+    own_cache: Path, ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stub's token that cannot be written (EFBIG here; ENOSPC or EDQUOT on a full cache)
-    fails the launch without leaving the token's fd open, and leaves no stub behind."""
+    """A stub's token that cannot be made (ENOSPC or EDQUOT on a full cache) fails the launch
+    without leaving an fd open (the stub's hold, the records' lock), and leaves no stub
+    behind."""
     workspace, run_dir = ws_run
     plan = session(workspace, run_dir).plan()
     _stub_records.records()  # found (and its directory made) before the count
     before = len(os.listdir("/proc/self/fd"))
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, limits[1]))
-    try:
-        for _ in range(3):
-            with pytest.raises(OSError, match="too large"):
-                _sources.open_for_launch(plan)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-        signal.signal(signal.SIGXFSZ, handler)
+
+    def full(target: str, path: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(os, "symlink", full)
+    for _ in range(3):
+        with pytest.raises(OSError, match="No space left"):
+            _sources.open_for_launch(plan)
+    monkeypatch.undo()
     assert len(os.listdir("/proc/self/fd")) == before
     assert sorted(os.listdir(workspace)) == []
 

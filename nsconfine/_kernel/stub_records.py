@@ -5,6 +5,7 @@ under one lock, so that any launcher of the account tells its own stubs from a s
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -108,23 +109,34 @@ def token_path(records: str, identity: Identity) -> str:
 
 
 def record(records: str, identity: Identity, where: str) -> None:
-    """Make identity's token, naming where: the file there is a stub of these records."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    fd = os.open(token_path(records, identity), flags, 0o600)
+    """Make identity's token naming where: a symlink whose target is where, made in one
+    system call (never followed: read back with readlink alone). A launch makes one per stub,
+    and a file (open, write, close) cost it twice as much."""
+    path = token_path(records, identity)
     try:
-        os.write(fd, os.fsencode(where))  # a full cache (ENOSPC) fails here
-    finally:
-        os.close(fd)
+        os.symlink(where, path)  # a full cache (ENOSPC) fails here
+    except FileExistsError:  # the token of an inode number since reused: replaced
+        os.unlink(path)
+        os.symlink(where, path)
 
 
 def recorded(records: str, identity: Identity, where: str) -> bool:
     """Does identity's token name where (else there is none, or the inode number was reused
-    elsewhere)?"""
+    elsewhere)? A token made by earlier code (until 2026-12-05) is a file holding where."""
+    path = token_path(records, identity)
     try:
-        with open(token_path(records, identity), "rb") as token:
-            return token.read(8192) == os.fsencode(where)
+        return os.readlink(path) == where
     except FileNotFoundError:
         return False
+    except OSError as error:
+        if error.errno != errno.EINVAL:  # EINVAL: not a symlink
+            raise
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags)
+    try:
+        return os.read(fd, 8192) == os.fsencode(where)
+    finally:
+        os.close(fd)
 
 
 def is_stub(path: str) -> bool:

@@ -21,8 +21,8 @@ lock on every mount point it binds over inside a writable bind (the file itself,
 it) for as long as it lives, and a stub is removed only under an exclusive lock on it, so the
 last one to let go removes it, if it is still the one made, and no launcher removes one that
 another live sandbox binds over (whatever records it keeps). What is a stub is recorded by its
-token (a file named by the stub's device and inode in the account's records directory, which no
-session can see); tokens are made and stubs adopted and removed under one lock of the records
+token (a symlink named by the stub's device and inode, naming its path, in the account's records
+directory, which no session can see); tokens are made and stubs adopted and removed under one lock of the records
 directory. A stub left by a launcher that was killed is adopted by the next launch that finds
 its token, and removed after it.
 
@@ -264,10 +264,12 @@ def _mount_point(
         made = _make(parent, name, entry, user)
         if made is None:
             return None
-        kind, identity = made
-        hold = -1
+        kind, identity, hold = made
         try:
-            hold = _hold(parent, name, identity, where)
+            if hold >= 0:
+                _lock_shared(hold, where)
+            else:
+                hold = _hold(parent, name, identity, where)
             _stub_records.record(records, identity, where)
         except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
             if hold >= 0:
@@ -313,25 +315,30 @@ def _could_be_removed(parent_fd: int, name: str, info: os.stat_result, kind: str
 
 def _hold(parent_fd: int, name: str, identity: Identity, where: str) -> int:
     """An fd of the mount point at name, with a shared lock on it for as long as the sandbox
-    binds it (see Stub.hold). Refused while someone holds it exclusively: a launcher removing
-    it, or a running session of the workspace locking it to strip the next session's bind."""
+    binds it (see Stub.hold and _lock_shared)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks
     fd = os.open(name, flags, dir_fd=parent_fd)
     try:
         info = os.fstat(fd)
         if (info.st_dev, info.st_ino) != identity:
             raise PlanError(f"{printable(where)} changed while it was checked; nothing was run")
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise SandboxUnavailable(
-            f"{printable(where)} is locked (a launcher is removing it, or a running session of "
-            "this workspace holds it): nothing was run; launch again once that session ends"
-        ) from None
+        _lock_shared(fd, where)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _lock_shared(fd: int, where: str) -> None:
+    """Take fd's shared lock. Refused while someone holds it exclusively: a launcher removing
+    it, or a running session of the workspace locking it to strip the next session's bind."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SandboxUnavailable(
+            f"{printable(where)} is locked (a launcher is removing it, or a running session of "
+            "this workspace holds it): nothing was run; launch again once that session ends"
+        ) from None
 
 
 def _refusal(where: str, error: OSError | None) -> str:
@@ -349,34 +356,59 @@ def _stub_kind(entry: Entry) -> str | None:
     return "file" if entry.kind is Kind.DATA else entry.stub
 
 
-def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> tuple[str, Identity] | None:
-    """Make the missing mount point; its kind and identity if it is a stub to remove later."""
+def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> _Made | None:
+    """Make the missing mount point (the session's account's); what was made, if it is a stub
+    to remove later."""
     kept = entry.kind in (Kind.DIR, Kind.TMPFS)  # the session's own directory (HOME)
     kind = "dir" if kept else _stub_kind(entry)
     if kind is None:
         raise PlanError(
             f"{printable(entry.dest)} is missing since its plan was built: build the plan again"
         )
+    owner = (user.uid, user.gid) if os.geteuid() == 0 and user.uid != 0 else None
     try:
+        if kind == "file":
+            return _make_file(parent_fd, name, owner)
         if kind == "dir":
             os.mkdir(name, 0o755, dir_fd=parent_fd)
         else:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(name, flags, 0o644, dir_fd=parent_fd)
             try:
-                if kind == "commondir":
-                    os.write(fd, COMMONDIR_STUB)
+                os.write(fd, COMMONDIR_STUB)
             finally:
                 os.close(fd)
+        if owner is not None:
+            os.chown(name, *owner, dir_fd=parent_fd, follow_symlinks=False)
     except OSError as error:
         refuse_if_short_of_fds(error)
         raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from error
-    if os.geteuid() == 0 and user.uid != 0:
-        os.chown(name, user.uid, user.gid, dir_fd=parent_fd, follow_symlinks=False)
     if kept:
         return None
     info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    return kind, (info.st_dev, info.st_ino)
+    return kind, (info.st_dev, info.st_ino), -1
+
+
+# A stub made: its kind, its identity, and the fd it was made through (its hold once locked),
+# or -1 where it was made without one.
+_Made = tuple[str, Identity, int]
+
+
+def _make_file(parent_fd: int, name: str, owner: tuple[int, int] | None) -> _Made:
+    """An empty file stub, made read-only: the fd it is made through is its hold (a launch
+    makes a score of them, and a second open and stat cost it a tenth of a millisecond)."""
+    flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o644, dir_fd=parent_fd)  # nothing is made if this fails
+    try:
+        if owner is not None:
+            os.fchown(fd, *owner)
+        info = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=parent_fd)  # made a moment ago, never recorded
+        raise
+    return "file", (info.st_dev, info.st_ino), fd
 
 
 def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
@@ -573,7 +605,7 @@ def _remove_if_unused(
     OCI bundle holds it; its token goes with it, or stays for a later launch to remove it
     then."""
     token_path = _stub_records.token_path(records, stub.identity)
-    if not stub.recorded or not os.path.exists(token_path):
+    if not stub.recorded or not os.path.lexists(token_path):
         return  # not a stub, another records directory's, or removed by another launch
     if _kept_for_bundle(records, stub.identity, companions):
         return
