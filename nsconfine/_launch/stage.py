@@ -423,6 +423,11 @@ def _start(
             exec_fd=reaper_fd,
             landlock_fd=_layers.landlock_ruleset(),
         )
+        # The reaper, just exec'd, waits on this CPU while the launcher runs on (the lint,
+        # ~1.3 ms): the kernel seldom moves it to an idle CPU that soon. Yielding lets it start
+        # bwrap first, which then builds the sandbox alongside the lint: a cold launch took
+        # 1.0-1.4 ms less on a 2-CPU VM (benchmarks/README.md). Free when nothing waits.
+        os.sched_yield()
     except _syscalls.SyscallError as error:
         if info_read >= 0:
             os.close(info_read)
