@@ -85,9 +85,9 @@ def naive_launch(
     executor exists to avoid. keep_info: report the sandbox's pid on the info fd (to kill
     bwrap right after it, as kill() at once would)."""
     import nsconfine._kernel.syscalls as syscalls
-    from nsconfine.bench._core import make_stubs
+    from nsconfine.bench._core import floor_plan
 
-    make_stubs(plan)  # the protected paths' stubs nsconfine would make (and later remove)
+    plan = floor_plan(plan)  # with the stubs nsconfine would make (and later remove)
     options = bwrap_options(plan, seccomp=False, bind_fds=False)
     if not keep_info:
         at = options.index("--info-fd")

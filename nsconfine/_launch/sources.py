@@ -21,10 +21,10 @@ lock on every mount point it binds over inside a writable bind (the file itself,
 it) for as long as it lives, and a stub is removed only under an exclusive lock on it, so the
 last one to let go removes it, if it is still the one made, and no launcher removes one that
 another live sandbox binds over (whatever records it keeps). What is a stub is recorded by its
-token (a symlink named by the stub's device and inode, naming its path, in the account's records
-directory, which no session can see); tokens are made and stubs adopted and removed under one lock of the records
-directory. A stub left by a launcher that was killed is adopted by the next launch that finds
-its token, and removed after it.
+token (a symlink named by the stub's device and inode, naming its path, in the account's
+records directory, which no session can see); tokens are made and stubs adopted and removed
+under one lock of the records directory. A stub left by a launcher that was killed is adopted
+by the next launch that finds its token, and removed after it.
 
 What stays open: a process that swaps a directory for a symlink *during* a launch, after this
 walk and before bwrap makes its mount point, can still send bwrap's mount elsewhere in the
