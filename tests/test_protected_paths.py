@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -739,6 +740,28 @@ def test_a_plan_kept_across_launches_protects_what_each_launch_finds(
     assert attempt(plan, f"git init -q {workspace}/app")[0] == 0
     attempt(plan, f"git -C {workspace}/app config core.fsmonitor 'touch /tmp/pwned'; true")
     assert _host_git_config(workspace / "app") == ""
+
+
+def test_a_plan_kept_across_launches_is_refreshed_by_what_its_workspace_holds(
+    tmp_path: Path,
+) -> None:
+    """A launch runs the plan its workspace now calls for: the very plan object the last
+    launch found while nothing it protects changed (a file written, a stub made and removed),
+    a new one as soon as a repository appears, and the first one again once it is gone."""
+    from nsconfine._plan.protect import refreshed
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    plan = session(workspace, run_dir).plan()
+    first = refreshed(plan)
+    (workspace / "notes.txt").write_text("x\n")
+    assert refreshed(plan) is first
+    subprocess.run(["git", "init", "-q", str(workspace / "app")], check=True)
+    found = refreshed(plan)
+    assert f"{workspace}/app/.git/config" in {e.dest for e in found.entries}
+    (workspace / "more.txt").write_text("x\n")
+    assert refreshed(plan) is found
+    shutil.rmtree(workspace / "app")
+    assert f"{workspace}/app/.git/config" not in {e.dest for e in refreshed(plan).entries}
 
 
 def test_a_pool_protects_what_each_launch_finds(tmp_path: Path) -> None:

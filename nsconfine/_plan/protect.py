@@ -210,30 +210,37 @@ def _protection(
     return Protection(tuple(trees), tuple(names), derived, tuple(scan.observed.items())), scan
 
 
-# What the latest look at a plan's protection depended on, when it found the same entries: a
-# launch's own stubs change the workspace, and the next launch need not look through it again.
-_latest: dict[int, tuple[Protection, tuple[tuple[str, tuple[int, int, int, int] | None], ...]]] = {}
+# What the latest look at a plan's protection found and depended on: a launch's own stubs
+# change the workspace, and the next launch need not look through it again; and a look that
+# finds what the last one did gives the very plan built then (whose options are encoded once).
+_Observed = tuple[tuple[str, tuple[int, int, int, int] | None], ...]
+_latest: dict[int, tuple[Plan, Plan, _Observed]] = {}  # id(plan) -> (plan, found, observed)
 
 
 def refreshed(plan: Plan) -> Plan:
     """plan as a launch now must run it: its protection found afresh if anything its scan
     depended on changed since (a repository made, a stub gone) and what it finds differs,
-    else plan itself."""
+    else plan itself (or the plan an earlier call found, if it still holds)."""
     kept = plan.protection
     if kept is None:
         return plan
-    latest = _latest.get(id(kept))
-    observed = latest[1] if latest is not None and latest[0] is kept else kept.observed
-    if not _changed(observed):
-        return plan
+    latest = _latest.get(id(plan))
+    current, observed = (latest[1], latest[2]) if latest and latest[0] is plan else (plan, None)
+    if not _changed(kept.observed if observed is None else observed):
+        return current
     base = _base_entries(plan)
     fresh = protection(base, kept.trees, kept.names)
-    if fresh.entries == kept.entries:
-        if len(_latest) >= 64:
-            _latest.clear()
-        _latest[id(kept)] = (kept, fresh.observed)  # kept: its id stays its own
-        return plan
-    return plan.replace(entries=(*base, *fresh.entries), protection=fresh)
+    assert current.protection is not None
+    if fresh.entries != current.protection.entries:
+        current = (
+            plan
+            if fresh.entries == kept.entries
+            else plan.replace(entries=(*base, *fresh.entries), protection=fresh)
+        )
+    if len(_latest) >= 64:
+        _latest.clear()
+    _latest[id(plan)] = (plan, current, fresh.observed)  # plan kept: its id stays its own
+    return current
 
 
 def written_config(
