@@ -85,9 +85,11 @@ POOL_IN_FLIGHT = 32
 
 def bench_pool(results: Results, w: World, config: Config) -> None:
     """Warm launches from a Pool against a bare posix_spawn of the payload, in runs of their
-    own (a fresh Pool each), then 32 at once; warm against cold nsconfine.spawn in the first
-    run. Every sample starts with the pool staged: its refill runs between launches, as a
-    broker's gaps allow, never during one (the bare spawn's samples wait for it too)."""
+    own (a fresh Pool each), then warm against cold nsconfine.spawn in a Pool of their own
+    (a cold launch's teardown goes on in the kernel after it, and would slow the runs' warm
+    launches that follow it), then 32 at once. Every sample starts with the pool staged: its
+    refill runs between launches, as a broker's gaps allow, never during one (the bare
+    spawn's samples wait for it too)."""
     plan = w.session().plan()
     launchers = Launchers(w.bwrap, plan)
     bare = until_exit(launchers.process, w.devnull)
@@ -95,43 +97,14 @@ def bench_pool(results: Results, w: World, config: Config) -> None:
     _progress(f"pool: {runs} runs of warm launches and bare spawns x {config.launches} rounds")
     for run in range(1, runs + 1):
         with nsconfine.Pool(plan) as pool:
-
-            def warm(argv: Sequence[str], stdout: int, pool: nsconfine.Pool = pool) -> Waiter:
-                return pool.launch(list(argv), stdout=stdout).wait
-
             staged = _staged(pool)
-            tasks = [
-                Task(f"pool.launch.warm.run{run}", staged(_launch_call(pool, w)), config.launches),
-                Task(f"pool.process.run{run}", staged(bare), config.launches),
-            ]
-            if run == 1:
-                cold = launchers.nsconfine
-                tasks += [
-                    Task("pool.exec.warm", staged(until_exec(warm)), config.launches),
-                    Task("pool.exec.cold", staged(until_exec(cold)), config.launches),
-                    Task("pool.exit.warm", staged(until_exit(warm, w.devnull)), config.launches),
-                    Task("pool.exit.cold", staged(until_exit(cold, w.devnull)), config.launches),
+            samples = interleave(
+                [
+                    Task(
+                        f"pool.launch.warm.run{run}", staged(_launch_call(pool, w)), config.launches
+                    ),
+                    Task(f"pool.process.run{run}", staged(bare), config.launches),
                 ]
-            samples = interleave(tasks)
-        for mode in ("exec", "exit") if run == 1 else ():
-            results.add(
-                Row(
-                    "pool",
-                    f"pool.{mode}.warm",
-                    "ms",
-                    _ms(samples[f"pool.{mode}.warm"]),
-                    baseline=f"pool.{mode}.cold",
-                    note="Pool.launch of a staged sandbox: one sendmsg, then exec",
-                )
-            )
-            results.add(
-                Row(
-                    "pool",
-                    f"pool.{mode}.cold",
-                    "ms",
-                    _ms(samples[f"pool.{mode}.cold"]),
-                    note="nsconfine.spawn, the same plan",
-                )
             )
         results.add(
             Row(
@@ -153,7 +126,50 @@ def bench_pool(results: Results, w: World, config: Config) -> None:
                 note=f"run {run} of {runs}: no sandbox, os.posix_spawn of the payload, to exit",
             )
         )
+    _pool_against_cold(results, w, config, plan, launchers.nsconfine)
     _pool_in_flight(results, w, config, plan, bare)
+
+
+def _pool_against_cold(
+    results: Results, w: World, config: Config, plan: nsconfine.Plan, cold: Starter
+) -> None:
+    """Warm launches from a Pool against cold nsconfine.spawn of the same plan, to exec and to
+    exit."""
+    _progress(f"pool: warm launches and cold spawns x {config.launches} rounds")
+    with nsconfine.Pool(plan) as pool:
+
+        def warm(argv: Sequence[str], stdout: int) -> Waiter:
+            return pool.launch(list(argv), stdout=stdout).wait
+
+        staged = _staged(pool)
+        samples = interleave(
+            [
+                Task("pool.exec.warm", staged(until_exec(warm)), config.launches),
+                Task("pool.exec.cold", staged(until_exec(cold)), config.launches),
+                Task("pool.exit.warm", staged(until_exit(warm, w.devnull)), config.launches),
+                Task("pool.exit.cold", staged(until_exit(cold, w.devnull)), config.launches),
+            ]
+        )
+    for mode in ("exec", "exit"):
+        results.add(
+            Row(
+                "pool",
+                f"pool.{mode}.warm",
+                "ms",
+                _ms(samples[f"pool.{mode}.warm"]),
+                baseline=f"pool.{mode}.cold",
+                note="Pool.launch of a staged sandbox: one sendmsg, then exec",
+            )
+        )
+        results.add(
+            Row(
+                "pool",
+                f"pool.{mode}.cold",
+                "ms",
+                _ms(samples[f"pool.{mode}.cold"]),
+                note="nsconfine.spawn, the same plan",
+            )
+        )
 
 
 def _staged(pool: nsconfine.Pool) -> Callable[[Callable[[], int]], Callable[[], int]]:
