@@ -764,6 +764,37 @@ def test_a_plan_kept_across_launches_is_refreshed_by_what_its_workspace_holds(
     assert f"{workspace}/app/.git/config" not in {e.dest for e in refreshed(plan).entries}
 
 
+def test_a_repository_made_while_the_workspace_is_scanned_is_found_by_the_next_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session running beside a launch can make a repository in a directory the launch's
+    scan has just listed. That scan misses it; the next look must not take the directory as
+    seen (its identity after the change was remembered: the scan stats .claude again for its
+    protected names), or every later launch of the plan leaves that repository's config
+    writable. Found by an attacker's pass; the scan is stopped at the right moment here."""
+    from nsconfine._plan import protect
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    claude = workspace / ".claude"
+    (claude / "commands").mkdir(parents=True)
+    (claude / "settings.json").write_text("{}\n")
+    plan = session(workspace, run_dir).plan()
+    (workspace / "notes.txt").write_text("x\n")  # the next launch looks again
+    listing = protect._Scan.listing
+
+    def listing_then_repository(scan: protect._Scan, directory: str) -> dict[str, os.DirEntry[str]]:
+        found = listing(scan, directory)
+        if directory == str(claude) and not (claude / "x").exists():
+            (claude / "x" / ".git").mkdir(parents=True)
+        return found
+
+    monkeypatch.setattr(protect._Scan, "listing", listing_then_repository)
+    protect.refreshed(plan)  # raced: x is not in its listing
+    monkeypatch.undo()
+    config = f"{claude}/x/.git/config"
+    assert config in {entry.dest for entry in protect.refreshed(plan).entries}
+
+
 def test_a_pool_protects_what_each_launch_finds(tmp_path: Path) -> None:
     """A Pool's sandboxes were staged before the repository existed: each launch still
     protects the repositories its workspace holds when it is handed its command."""

@@ -419,15 +419,19 @@ class _Scan:
         self.seen = 0
 
     def stat(self, path: str) -> os.stat_result | None:
-        """path's lstat (None if there is none), its identity remembered."""
+        """path's lstat (None if there is none), its identity remembered: as the scan first
+        saw it, never newer. A directory listed, then looked at again (.claude, for the names
+        it protects), may have changed between the two; remembered as of the second look, a
+        repository a running session made in it then would never be looked for again."""
         try:
             info = os.lstat(path)
         except FileNotFoundError:
-            self.observed[path] = None
+            self.observed.setdefault(path, None)
             return None
         except OSError as error:
             raise PlanError(f"{printable(path)} cannot be looked at: {error.strerror}") from error
-        self.observed[path] = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+        identity = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+        self.observed.setdefault(path, identity)
         return info
 
     def mode(self, path: str) -> int:
