@@ -124,6 +124,37 @@ def test_a_stub_turned_into_a_dangling_symlink_is_a_clean_refusal(repo: tuple[Pa
         nsconfine.spawn(plan, ["/bin/true"]).wait()
 
 
+@pytest.mark.skipif(
+    not IS_ROOT,
+    reason="needs a root launcher: only then does its owner tell a session's directory apart",
+)
+def test_a_directory_renamed_over_a_stub_as_it_is_made_is_not_taken_for_it(
+    ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running session can rename an empty directory of its own over a stub directory the
+    moment the launcher has made it (here: at once after the mkdir). The launcher chowned,
+    recorded, bound and after the session removed whatever the name then held; it now takes
+    the directory it made through an fd, and as root refuses one that is not its own."""
+    workspace, run_dir = ws_run
+    plan = session(workspace, run_dir).plan()
+    own = workspace / "own"
+    own.mkdir()
+    give_to_session_user(own)
+    made = os.mkdir
+
+    def mkdir_then_rename(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        made(path, mode, dir_fd=dir_fd)
+        if path == ".vscode" and dir_fd is not None:
+            os.rename(own, workspace / ".vscode")
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_rename)
+    with pytest.raises(nsconfine.NsconfineError, match="replaced while it was made"):
+        nsconfine.spawn(plan, ["/bin/true"]).wait()
+    monkeypatch.undo()
+    assert (workspace / ".vscode").is_dir()  # the session's own, left where it put it
+    assert (workspace / ".vscode").stat().st_uid == own.parent.stat().st_uid
+
+
 def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, Path]) -> None:
     """A launcher killed with SIGKILL leaves its stubs; the next session of the workspace
     adopts them and removes them when it ends."""

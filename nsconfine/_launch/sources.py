@@ -42,7 +42,7 @@ import fcntl
 import os
 import stat
 from _thread import allocate_lock
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
 from nsconfine._kernel import stub_records as _stub_records
@@ -367,24 +367,25 @@ def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> _Made | None:
         )
     owner = (user.uid, user.gid) if os.geteuid() == 0 and user.uid != 0 else None
     try:
+        if kind == "dir":
+            made = _make_directory(parent_fd, name, owner)
+            if kept:
+                os.close(made[2])
+                return None
+            return made
         if kind == "file":
             return _make_file(parent_fd, name, owner)
-        if kind == "dir":
-            os.mkdir(name, 0o755, dir_fd=parent_fd)
-        else:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(name, flags, 0o644, dir_fd=parent_fd)
-            try:
-                os.write(fd, COMMONDIR_STUB)
-            finally:
-                os.close(fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=parent_fd)
+        try:
+            os.write(fd, COMMONDIR_STUB)
+        finally:
+            os.close(fd)
         if owner is not None:
             os.chown(name, *owner, dir_fd=parent_fd, follow_symlinks=False)
     except OSError as error:
         refuse_if_short_of_fds(error)
         raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from error
-    if kept:
-        return None
     info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     return kind, (info.st_dev, info.st_ino), -1
 
@@ -399,16 +400,43 @@ def _make_file(parent_fd: int, name: str, owner: tuple[int, int] | None) -> _Mad
     makes a score of them, and a second open and stat cost it a tenth of a millisecond)."""
     flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, 0o644, dir_fd=parent_fd)  # nothing is made if this fails
+    return "file", _owned(fd, owner, lambda: os.unlink(name, dir_fd=parent_fd)), fd
+
+
+def _make_directory(parent_fd: int, name: str, owner: tuple[int, int] | None) -> _Made:
+    """An empty directory, and an fd of it opened at once without following a symlink (its
+    hold): what is recorded and chowned is what that fd shows, never a name a session could
+    have renamed its own directory to in between (as root, one not the launcher's is
+    refused)."""
+    os.mkdir(name, 0o755, dir_fd=parent_fd)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        if owner is not None:
-            os.fchown(fd, *owner)
+        fd = os.open(name, flags, dir_fd=parent_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=parent_fd)  # made a moment ago (refused if no longer empty)
+        raise
+    return "dir", _owned(fd, owner, lambda: os.rmdir(name, dir_fd=parent_fd)), fd
+
+
+def _owned(fd: int, owner: tuple[int, int] | None, remove: Callable[[], None]) -> Identity:
+    """The identity of the file just made at fd, given to owner (as root: the session's
+    account); on failure fd is closed and the file removed (made a moment ago, never
+    recorded)."""
+    try:
         info = os.fstat(fd)
+        replaced = info.st_uid != os.geteuid()  # then not ours to remove either
+        if not replaced and owner is not None:
+            os.fchown(fd, *owner)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(name, dir_fd=parent_fd)  # made a moment ago, never recorded
+            remove()
         raise
-    return "file", (info.st_dev, info.st_ino), fd
+    if replaced:
+        os.close(fd)
+        raise PlanError("a mount point was replaced while it was made; nothing was run")
+    return (info.st_dev, info.st_ino)
 
 
 def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
