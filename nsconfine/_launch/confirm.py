@@ -275,21 +275,52 @@ def mount_table_problems(
         if point not in observed
     ]
     if root is not None:
-        if sources is None:
-            sources = {
-                e.dest: _syscalls.identity(e.source) for e in plan.entries if e.kind is Kind.BIND
-            }
+        problems += _shown_problems(plan, root, binds, sources)
+    return problems
+
+
+def _shown_problems(
+    plan: Plan,
+    root: str,
+    binds: Mapping[str, str],
+    sources: Mapping[str, tuple[int, int] | None] | None,
+) -> list[str]:
+    """What the sandbox's files, looked at through root, show that the plan does not: each
+    bind's destination another file than its source, a devpts the host's. Looked up from one
+    fd of root (its magic link, and the access check on it, resolved once, not per file)."""
+    if sources is None:
+        sources = {
+            e.dest: _syscalls.identity(e.source) for e in plan.entries if e.kind is Kind.BIND
+        }
+    try:
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as error:
+        return [f"the sandbox's root ({root}) cannot be reached: {error.strerror}"]
+    problems = []
+    try:
         for dest, source in sources.items():
-            seen = _syscalls.identity(root + dest)
+            seen = _identity_at(root_fd, dest)
             if seen is None or seen != source:
                 problems.append(f"{dest} does not show {binds[dest]}")
         host_ptys = _syscalls.identity("/dev/pts")
         for entry in plan.entries:
             if entry.kind is Kind.DEVPTS:
-                seen = _syscalls.identity(root + entry.dest)
+                seen = _identity_at(root_fd, entry.dest)
                 if seen is None or (host_ptys is not None and seen[0] == host_ptys[0]):
                     problems.append(f"{entry.dest} is not the session's own devpts")
+    finally:
+        os.close(root_fd)
     return problems
+
+
+def _identity_at(root_fd: int, path: str) -> tuple[int, int] | None:
+    """(device, inode) of the absolute path below root_fd, symlinks followed (as a lookup
+    through /proc/<pid>/root follows them); None if it cannot be reached."""
+    try:
+        info = os.stat(path.lstrip("/") or ".", dir_fd=root_fd)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 def _host_path_below_bind(point: str, binds: dict[str, str]) -> str | None:
