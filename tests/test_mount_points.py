@@ -124,10 +124,7 @@ def test_a_stub_turned_into_a_dangling_symlink_is_a_clean_refusal(repo: tuple[Pa
         nsconfine.spawn(plan, ["/bin/true"]).wait()
 
 
-@pytest.mark.skipif(
-    not IS_ROOT,
-    reason="needs a root launcher: only then does its owner tell a session's directory apart",
-)
+@pytest.mark.root  # only then does its owner tell a session's directory from the launcher's
 def test_a_directory_renamed_over_a_stub_as_it_is_made_is_not_taken_for_it(
     ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -423,11 +423,6 @@ def _start(
             exec_fd=reaper_fd,
             landlock_fd=_layers.landlock_ruleset(),
         )
-        # The reaper, just exec'd, waits on this CPU while the launcher runs on (the lint,
-        # ~1.3 ms): the kernel seldom moves it to an idle CPU that soon. Yielding lets it start
-        # bwrap first, which then builds the sandbox alongside the lint: a cold launch took
-        # 1.0-1.4 ms less on a 2-CPU VM (benchmarks/README.md). Free when nothing waits.
-        os.sched_yield()
     except _syscalls.SyscallError as error:
         if info_read >= 0:
             os.close(info_read)
@@ -447,6 +442,12 @@ def _start(
         # Not the socket's (closed above), nor the shim's program or the lifeline (kept).
         for fd in child_side[:2] + child_side[3:4] + child_side[6:]:
             os.close(fd)
+    # The reaper, just exec'd, waits on this CPU while the launcher runs on (the lint, ~1.3
+    # ms): the kernel seldom moves it to an idle CPU that soon. Yielding lets it start bwrap
+    # first, which then builds the sandbox alongside the lint: a cold launch took 1.0-1.4 ms
+    # less on a 2-CPU VM. Free when nothing waits; after the fds above are closed, so that
+    # launches from other threads never find them all still open.
+    os.sched_yield()
     try:
         reaper_pidfd = os.pidfd_open(reaper)
     except OSError as error:
