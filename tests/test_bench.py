@@ -66,6 +66,7 @@ ROWS = {
     "launch.exit.floor",
     "launch.exit.naive",
     "launch.exit.process",
+    "launch.exit.nsconfine-empty-workspace",
     "pool.exec.warm",
     "pool.exit.cold",
     "layers.spawn.on",

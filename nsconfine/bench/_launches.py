@@ -38,9 +38,14 @@ from nsconfine.bench._core import (
     world,
 )
 
+EMPTY_ROW = "launch.exit.nsconfine-empty-workspace"
+
 
 def bench_launch(results: Results, w: World, config: Config) -> None:
-    """Launch latency of the default plan: nsconfine, bwrap floor, naive, no sandbox."""
+    """Launch latency of the default plan: nsconfine, bwrap floor, naive, no sandbox; and
+    nsconfine on a workspace that holds none of the protected paths (every mount point made
+    and removed at each launch, as in an empty workspace), to exit, against the same floor."""
+    empty = w.session(own=0).plan()  # before Launchers writes the world out
     launchers = Launchers(w.bwrap, w.session().plan())
     variants: tuple[tuple[str, Starter], ...] = (
         ("nsconfine", launchers.nsconfine),
@@ -52,6 +57,11 @@ def bench_launch(results: Results, w: World, config: Config) -> None:
     for name, start in variants:
         tasks.append(Task(f"launch.exec.{name}", until_exec(start), config.launches))
         tasks.append(Task(f"launch.exit.{name}", until_exit(start, w.devnull), config.launches))
+
+    def in_empty(argv: Sequence[str], stdout: int) -> Waiter:
+        return nsconfine.spawn(empty, list(argv), stdout=stdout).wait
+
+    tasks.append(Task(EMPTY_ROW, until_exit(in_empty, w.devnull), config.launches))
     _progress(f"launch latency: {len(tasks)} variants x {config.launches} rounds")
     samples = interleave(tasks)
     notes = {
@@ -74,6 +84,17 @@ def bench_launch(results: Results, w: World, config: Config) -> None:
                     note=notes[name],
                 )
             )
+    results.add(
+        Row(
+            "launch",
+            EMPTY_ROW,
+            "ms",
+            _ms(samples[EMPTY_ROW]),
+            baseline="launch.exit.floor",
+            note="nsconfine.spawn in a workspace holding no protected path: its mount points "
+            "made and removed each launch",
+        )
+    )
     for other in OTHER_SANDBOXES:
         found = shutil.which(other)
         reason = "not installed" if found is None else f"found at {found}; no row implemented"
