@@ -48,6 +48,12 @@ FAKES = {
         case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
         args=$1 fd=$2; shift 2
         exec {REAL_BWRAP} "$args" "$fd" --bind /tmp /tmp "$@" """,
+    # A real bwrap that binds another host file over one the plan binds, read-only as the plan
+    # says: the mount table shows what the plan expects, the file behind it does not.
+    "swapping": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        args=$1 fd=$2; shift 2
+        exec {REAL_BWRAP} "$args" "$fd" --ro-bind /etc/hostname /etc/hosts "$@" """,
     # Claims a sandbox that is really itself, then runs the command (a copy of nsconfine's shim).
     "lying": f"""
         case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
@@ -69,6 +75,7 @@ EXPECTED_REASONS = {
     "failing": "max_user_namespaces",
     "unconfining": "without reporting a sandbox",
     "exposing": "mounts differ from the plan",
+    "swapping": "/etc/hosts does not show /etc/hosts",
     "lying": "not its child",
     "old": "lacks --unshare-user",
     "broken": "does not run",
@@ -101,8 +108,8 @@ def test_a_bad_bwrap_is_refused_and_runs_nothing(
     name: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Launching with a failing, unconfining, exposing, lying, old or broken bwrap refuses
-    with sandbox-unavailable and a reason, and the command never runs."""
+    """Launching with a failing, unconfining, exposing, swapping, lying, old or broken bwrap
+    refuses with sandbox-unavailable and a reason, and the command never runs."""
     monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, name)))
     with pytest.raises(nsconfine.SandboxUnavailable) as refused:
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()
