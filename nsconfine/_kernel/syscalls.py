@@ -347,10 +347,11 @@ def read_untrusted(path: str, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of the file at path, symlinks followed; None if it cannot be reached."""
+def identity(path: str, dir_fd: int | None = None) -> tuple[int, int] | None:
+    """(device, inode) of the file at path (relative: to dir_fd), symlinks followed; None if it
+    cannot be reached."""
     try:
-        info = os.stat(path)
+        info = os.stat(path, dir_fd=dir_fd)
     except OSError:
         return None
     return (info.st_dev, info.st_ino)

@@ -299,28 +299,18 @@ def _shown_problems(
     problems = []
     try:
         for dest, source in sources.items():
-            seen = _identity_at(root_fd, dest)
+            seen = _syscalls.identity(dest.lstrip("/") or ".", root_fd)
             if seen is None or seen != source:
                 problems.append(f"{dest} does not show {binds[dest]}")
         host_ptys = _syscalls.identity("/dev/pts")
         for entry in plan.entries:
             if entry.kind is Kind.DEVPTS:
-                seen = _identity_at(root_fd, entry.dest)
+                seen = _syscalls.identity(entry.dest.lstrip("/") or ".", root_fd)
                 if seen is None or (host_ptys is not None and seen[0] == host_ptys[0]):
                     problems.append(f"{entry.dest} is not the session's own devpts")
     finally:
         os.close(root_fd)
     return problems
-
-
-def _identity_at(root_fd: int, path: str) -> tuple[int, int] | None:
-    """(device, inode) of the absolute path below root_fd, symlinks followed (as a lookup
-    through /proc/<pid>/root follows them); None if it cannot be reached."""
-    try:
-        info = os.stat(path.lstrip("/") or ".", dir_fd=root_fd)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino)
 
 
 def _host_path_below_bind(point: str, binds: dict[str, str]) -> str | None:

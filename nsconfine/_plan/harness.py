@@ -101,9 +101,10 @@ def _with_dependencies(package: str, harness: str, writable: Sequence[str]) -> l
         current = pending.pop()
         for name in _dependency_names(current):
             located = _locate(name, current)
-            if located is not None:
-                _refuse_if_writable(harness, [located], writable)
-            if located is not None and located not in found:
+            if located is None:
+                continue
+            _refuse_if_writable(harness, [located], writable)
+            if located not in found:
                 found.append(located)
                 pending.append(located)
                 if len(found) > MAX_PACKAGES:
