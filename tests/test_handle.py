@@ -55,6 +55,27 @@ def test_leaving_the_with_block_kills_and_reaps(plan: nsconfine.Plan) -> None:
         os.kill(sandbox.command_pid, 0)
 
 
+def test_kill_reports_sigkill_even_if_the_launcher_stalls_between_its_signals(
+    plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill() ends the session as killed by SIGKILL (-9), however the launcher is scheduled
+    while it sends its signals. Preempted right after killing the sandbox's init, before
+    telling the reaper (here: a pause there), the launcher let bwrap exit 137 on its own and
+    the reaper pass that on as the status: 2 of 150 sessions in a CI soak ended 137."""
+    from nsconfine._launch import sandbox as _sandbox
+
+    send = _sandbox._send
+
+    def send_then_stall(pidfd: int, number: int) -> None:
+        send(pidfd, number)
+        time.sleep(0.3)  # the scheduler's worst: every other process runs meanwhile
+
+    monkeypatch.setattr(_sandbox, "_send", send_then_stall)
+    sandbox = nsconfine.spawn(plan, ["/bin/sleep", "60"])
+    sandbox.kill()
+    assert sandbox.wait(timeout=30) == -9
+
+
 def test_each_handle_carries_its_launch_timings_in_order(plan: nsconfine.Plan) -> None:
     """A spawned and a pooled handle each carry the time of every stage of its launch, in
     order."""

@@ -248,12 +248,14 @@ class Sandbox:
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """End the whole sandbox now: SIGKILL to its init (so to every process inside), and
-        the reaper tears down bwrap and anything it left."""
+        """End the whole sandbox now: the reaper tears down bwrap and anything it left, and
+        SIGKILL to its init ends every process inside at once. The reaper is told first: with
+        its init killed, bwrap exits 137 on its own, and a reaper that reaped it before its
+        SIGTERM came would pass that on as the session's status instead of -9."""
         with self._lock:
             if self.returncode is None:
-                _send(self._init_pidfd, signal.SIGKILL)
                 _send(self._reaper_pidfd, signal.SIGTERM)
+                _send(self._init_pidfd, signal.SIGKILL)
 
     def __enter__(self) -> Sandbox:
         return self
