@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -281,6 +282,28 @@ def test_the_mount_check_refuses_the_hosts_devpts(
     without("session-limits")
     with pytest.raises(nsconfine.SandboxUnavailable, match="/dev/pts"):
         sh(plan, "ls /dev/pts")
+
+
+def test_the_mount_check_tells_the_hosts_devpts_by_its_device(plan: nsconfine.Plan) -> None:
+    """The check behind the table's: the launcher looks at the sandbox's /dev/pts through its
+    root, and refuses the host's devpts even when the table reads as the plan's (a host devpts
+    mounted with the session's max= would pass the option check above). Through a live
+    sandbox's root nothing differs; through the host's root, whose binds show their sources
+    as the sandbox's do, only /dev/pts does."""
+    status, mountinfo = sh(plan, "cat /proc/self/mountinfo")
+    assert status == 0
+    sandbox = nsconfine.spawn(plan, ["/bin/cat"], stdin=subprocess.PIPE)
+    try:
+        sandbox_root = f"/proc/{sandbox.child_pid}/root"
+        assert mount_table_problems(mountinfo, plan, root=sandbox_root) == []
+        # While it runs, as the mount points it made for missing protected paths exist.
+        assert mount_table_problems(mountinfo, plan, root="/") == [
+            "/dev/pts is not the session's own devpts"
+        ]
+    finally:
+        assert sandbox.stdin is not None
+        sandbox.stdin.close()
+        assert sandbox.wait() == 0
 
 
 # ------------------------------------------------------------------ inotify
