@@ -527,10 +527,12 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
 
 
 def teardown(staged: Staged) -> int:
-    """Kill a staged or failed sandbox and everything in it; reap the reaper; its status."""
+    """Kill a staged or failed sandbox and everything in it; reap the reaper; its status.
+    The reaper is told first, as Sandbox.kill() tells it: with its init killed first, bwrap
+    could exit 137 on its own, and the status reported be that rather than the kill's."""
+    _signal(staged.reaper_pidfd, signal.SIGTERM)
     if staged.init_pidfd >= 0:
         _signal(staged.init_pidfd, signal.SIGKILL)
-    _signal(staged.reaper_pidfd, signal.SIGTERM)
     staged.sock.close()
     try:
         _, status = os.waitpid(staged.reaper, 0)
