@@ -30,6 +30,7 @@ from helpers import (
 import nsconfine
 from nsconfine._kernel import stub_records as _stub_records
 from nsconfine._launch import sources as _sources
+from nsconfine._plan.model import COMMONDIR_STUB
 from nsconfine._preflight import checks as _checks
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
@@ -151,6 +152,37 @@ def test_a_directory_renamed_over_a_stub_as_it_is_made_is_not_taken_for_it(
     monkeypatch.undo()
     assert (workspace / ".vscode").is_dir()  # the session's own, left where it put it
     assert (workspace / ".vscode").stat().st_uid == own.parent.stat().st_uid
+
+
+@pytest.mark.root  # as the directory's case above
+def test_a_file_renamed_over_a_commondir_stub_as_it_is_made_is_not_taken_for_it(
+    repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race for the commondir stub a repository's .git gets: a session's own file
+    renamed over it just after its content is written. The launcher chowned and recorded by
+    name whatever was there then, and removed the session's file after the session as its
+    own stub; it now takes the file it made through the fd it made it with."""
+    workspace, _run_dir = repo
+    plan = session(*repo).plan()
+    own = workspace / "own"
+    own.write_bytes(b"x\n")  # a stub's size: removed as one, were it taken for one
+    give_to_session_user(own)
+    target = workspace / ".git" / "commondir"  # (the other repositories' are left alone)
+    written = os.write
+
+    def write_then_rename(fd: int, data: bytes) -> int:
+        count = written(fd, data)
+        if data == COMMONDIR_STUB and os.readlink(f"/proc/self/fd/{fd}") == str(target):
+            os.rename(own, target)
+        return count
+
+    monkeypatch.setattr(os, "write", write_then_rename)
+    outcome = attempt(plan, "true")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"x\n", outcome
+    info = target.stat()
+    records = _stub_records.records()
+    assert not os.path.lexists(_stub_records.token_path(records, (info.st_dev, info.st_ino)))
 
 
 def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, Path]) -> None:

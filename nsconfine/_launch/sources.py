@@ -266,14 +266,10 @@ def _mount_point(
             return None
         kind, identity, hold = made
         try:
-            if hold >= 0:
-                _lock_shared(hold, where)
-            else:
-                hold = _hold(parent, name, identity, where)
+            _lock_shared(hold, where)
             _stub_records.record(records, identity, where)
         except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
-            if hold >= 0:
-                os.close(hold)
+            os.close(hold)
             _remove_at(parent, name, kind, identity, made_now=True)
             raise
         return Stub(resolved, parts, kind, identity, True, hold)
@@ -375,23 +371,13 @@ def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> _Made | None:
             return made
         if kind == "file":
             return _make_file(parent_fd, name, owner)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(name, flags, 0o644, dir_fd=parent_fd)
-        try:
-            os.write(fd, COMMONDIR_STUB)
-        finally:
-            os.close(fd)
-        if owner is not None:
-            os.chown(name, *owner, dir_fd=parent_fd, follow_symlinks=False)
+        return _make_commondir(parent_fd, name, owner)
     except OSError as error:
         refuse_if_short_of_fds(error)
         raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from error
-    info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    return kind, (info.st_dev, info.st_ino), -1
 
 
-# A stub made: its kind, its identity, and the fd it was made through (its hold once locked),
-# or -1 where it was made without one.
+# A stub made: its kind, its identity, and the fd it was made through (its hold once locked).
 _Made = tuple[str, Identity, int]
 
 
@@ -401,6 +387,22 @@ def _make_file(parent_fd: int, name: str, owner: tuple[int, int] | None) -> _Mad
     flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, 0o644, dir_fd=parent_fd)  # nothing is made if this fails
     return "file", _owned(fd, owner, lambda: os.unlink(name, dir_fd=parent_fd)), fd
+
+
+def _make_commondir(parent_fd: int, name: str, owner: tuple[int, int] | None) -> _Made:
+    """A commondir stub (git's "this directory"), written, given and identified through the
+    fd it is made with (its hold): never through its name, which a session could have renamed
+    a file of its own to once it was written."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o644, dir_fd=parent_fd)  # nothing is made if this fails
+    try:
+        os.write(fd, COMMONDIR_STUB)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=parent_fd)  # made a moment ago, never recorded
+        raise
+    return "commondir", _owned(fd, owner, lambda: os.unlink(name, dir_fd=parent_fd)), fd
 
 
 def _make_directory(parent_fd: int, name: str, owner: tuple[int, int] | None) -> _Made:
