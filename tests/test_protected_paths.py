@@ -1008,26 +1008,75 @@ def test_a_protected_file_the_host_replaces_during_a_session_is_not_left_to_it(
         assert str(target) in (sandbox.untrusted_config or []), output
 
 
+# How a session hides the gitlink it adds: not at all; behind an index whose mtime it set back
+# (the report read only indexes written since the session began); in a split index, whose
+# entries live in the shared index file the index names.
+_GITLINK_HIDDEN = {
+    "as-is": "",
+    "backdated": "; touch -d 2001-01-01 .git/index",
+    "split": "",
+}
+
+
+@pytest.mark.parametrize("hidden", sorted(_GITLINK_HIDDEN))
 def test_a_repository_in_node_modules_made_a_submodule_is_reported(
-    repo: tuple[Path, Path],
+    repo: tuple[Path, Path], hidden: str
 ) -> None:
     """A session makes a repository in node_modules (never looked into) and adds it to the
     index of the workspace's repository as a gitlink (no .gitmodules needed): the host's
     `git status` at the top then runs `git status` in it, and its core.fsmonitor. Never kept
-    read-only, it must at least be named after the session."""
+    read-only, it must at least be named after the session, however the index hides it."""
     workspace = repo[0]
     evil = workspace / "node_modules" / "evil"
+    split = " --split-index" if hidden == "split" else ""
     script = (
         f"set -e; export GIT_CONFIG_NOSYSTEM=1; git init -q {evil}; cd {evil}; "
         "git -c user.name=a -c user.email=a@a commit -q --allow-empty -m x; "
-        f"cd {workspace}; git update-index --add --cacheinfo "
-        f"160000,$(git -C {evil} rev-parse HEAD),node_modules/evil"
+        f"cd {workspace}; git update-index{split} --add --cacheinfo "
+        f"160000,$(git -C {evil} rev-parse HEAD),node_modules/evil{_GITLINK_HIDDEN[hidden]}"
     )
     made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
     assert made.wait() == 0
+    written = made.untrusted_config or []  # read first: the host's git rewrites the index
+    if hidden == "split":
+        assert list((workspace / ".git").glob("sharedindex.*"))
     assert "node_modules/evil" in _host_git(workspace, "status", "--short").stdout  # looked into
-    written = made.untrusted_config or []
     assert any(path.startswith(str(evil)) for path in written), written
+
+
+@pytest.mark.parametrize("where", ["run-directory", "node_modules"])
+def test_a_workspace_link_to_a_repository_the_scan_skips_is_reported(
+    repo: tuple[Path, Path], where: str
+) -> None:
+    """The scan never follows a symlink, nor looks in the run directory or a node_modules: a
+    session that makes a repository there and links it into the workspace (ws/proj -> the
+    run directory's proj) had the host's git in ws/proj run its core.fsmonitor, and named
+    nothing. A link the session made to a directory it could write and the scan skipped is
+    named."""
+    workspace, run_dir = repo
+    outside = run_dir / "proj" if where == "run-directory" else workspace / "node_modules" / "p"
+    link = workspace / "proj"
+    script = (
+        f"set -e; export GIT_CONFIG_NOSYSTEM=1; git init -q {outside}; "
+        f"printf '{_EVIL_CONFIG}' >> {outside}/.git/config; ln -s {outside} {link}"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    assert _host_git_config(link) == "touch /tmp/pwned\n"  # what the host's git would run
+    assert str(link) in written, written
+
+
+def test_an_index_too_large_to_read_whole_is_reported(repo: tuple[Path, Path]) -> None:
+    """An index the session grew past what the report reads (64 MiB) could hold a gitlink
+    after that point: the index itself is named, as the report cannot say it holds none."""
+    index = repo[0] / ".git" / "index"
+    made = nsconfine.spawn(
+        session(*repo).plan(),
+        ["/bin/sh", "-c", f"head -c {(64 << 20) + 1} /dev/zero >> {index}"],
+    )
+    assert made.wait() == 0
+    assert str(index) in (made.untrusted_config or [])
 
 
 @pytest.mark.parametrize("relative", [".devcontainer/devcontainer.json", ".devcontainer.json"])

@@ -51,6 +51,7 @@ names what the host runs that a session could write.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
@@ -252,10 +253,12 @@ def written_config(
     host itself replaced while the session ran (`git config` renames config.lock over
     .git/config: the read-only bind held the old file, the session could write the new one),
     by the identities the launch bound (bound: dest -> (device, inode, change time), as an
-    inode number is reused at once); and each repository
-    an index written since the session began (since: a time.time()) records as a gitlink that
-    the scan does not reach (one in node_modules, which the host's `git status` enters). A
-    workspace that can no longer be scanned (a planted .git symlink) is named itself."""
+    inode number is reused at once); each repository an index written since the session began
+    (since: a time.time()) records as a gitlink that the scan does not reach (one in
+    node_modules, which the host's `git status` enters); and each symlink made since that
+    leads out of the scanned trees to a directory (a repository the session made in its run
+    directory, which the host's git would enter through it). A workspace that can no longer
+    be scanned (a planted .git symlink) is named itself."""
     kept = plan.protection
     if kept is None:
         return []
@@ -278,11 +281,16 @@ def written_config(
     for working_tree, gitdir in scan.indexes:
         index = os.path.join(gitdir, "index")
         try:
-            if os.lstat(index).st_mtime < since:
-                continue
+            info = os.lstat(index)
         except OSError:
             continue
-        for relative in _gitlinks(index):
+        if max(info.st_mtime, info.st_ctime) < since:  # (a session sets mtime, never ctime)
+            continue
+        gitlinks = _gitlinks(index)
+        if gitlinks is None:  # too large to read whole: it may hold one past what was read
+            written.append(index)
+            continue
+        for relative in gitlinks:
             repository = os.path.normpath(os.path.join(working_tree, relative))
             if repository in scan.repositories or not within(repository, working_tree):
                 continue
@@ -290,7 +298,35 @@ def written_config(
             path = config if os.path.lexists(config) else os.path.join(repository, ".git")
             if os.path.lexists(path):
                 written.append(path)
+    written += _links_unscanned(plan, scan, since)
     return list(dict.fromkeys(written))
+
+
+def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
+    """The symlinks the scan met, made or changed since `since`, that lead to a directory the
+    session could write and the scan did not look through (its run directory, a node_modules):
+    the host's git, run through one, finds what the session put there."""
+    writable = []
+    for entry in plan.entries:
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW:
+            with contextlib.suppress(OSError):
+                writable.append(_syscalls.realpath(entry.source))
+    found = []
+    for link in scan.links:
+        try:
+            info = os.lstat(link)
+            if max(info.st_mtime, info.st_ctime) < since:
+                continue
+            target = _syscalls.realpath(link)
+        except OSError:
+            continue  # gone, or leading nowhere: nothing for the host to enter
+        if (
+            target not in scan.observed
+            and os.path.isdir(target)
+            and any(within(target, top) for top in writable)
+        ):
+            found.append(link)
+    return found
 
 
 def _innermost(plan: Plan, dest: str) -> p.Entry | None:
@@ -304,19 +340,41 @@ def _innermost(plan: Plan, dest: str) -> p.Entry | None:
     return best
 
 
-def _gitlinks(index: str) -> list[str]:
+# The most of an index the report reads (git's own for 600,000 files); a larger one is named.
+_INDEX_READ = 64 << 20
+
+
+def _gitlinks(index: str) -> list[str] | None:
     """The paths the git index at index records as gitlinks (mode 0160000: a submodule the
-    host's `git status` enters and runs git in), read as git reads versions 2 to 4; none if
-    it is no index git would read. A session wrote it: every length is checked."""
+    host's `git status` enters and runs git in), and those of the shared index it names (a
+    split index keeps most entries there), read as git reads versions 2 to 4; none if it is
+    no index git would read; None if it is too large to read whole. A session wrote it: every
+    length is checked."""
+    raw = _syscalls.read_untrusted(index, _INDEX_READ + 1) or b""
+    if len(raw) > _INDEX_READ:
+        return None
+    gitdir = os.path.dirname(index)
+    oid = 32 if _uses_sha256(gitdir) else 20
+    found, shared = _index_entries(raw, oid)
+    if shared is not None:
+        path = os.path.join(gitdir, f"sharedindex.{shared}")
+        shared_raw = _syscalls.read_untrusted(path, _INDEX_READ + 1) or b""
+        if len(shared_raw) > _INDEX_READ:
+            return None
+        found += _index_entries(shared_raw, oid)[0]
+    return found
+
+
+def _index_entries(raw: bytes, oid: int) -> tuple[list[str], str | None]:
+    """The gitlinks among an index's entries, and the hash (hex) of the shared index its
+    `link` extension names, if it has one."""
     import struct
 
-    raw = _syscalls.read_untrusted(index, 64 << 20) or b""
     if len(raw) < 12 or raw[:4] != b"DIRC":
-        return []
+        return [], None
     version, count = struct.unpack(">II", raw[4:12])
     if version not in (2, 3, 4):
-        return []
-    oid = 32 if _uses_sha256(os.path.dirname(index)) else 20
+        return [], None
     found: list[str] = []
     offset, previous = 12, b""
     try:
@@ -339,8 +397,15 @@ def _gitlinks(index: str) -> list[str]:
             if mode & 0o170000 == 0o160000:
                 found.append(os.fsdecode(name))
     except (struct.error, ValueError, IndexError):
-        return found
-    return found
+        return found, None
+    shared = None
+    while offset + 8 <= len(raw) - oid:  # the extensions, then the index's own hash
+        signature = raw[offset : offset + 4]
+        (size,) = struct.unpack_from(">I", raw, offset + 4)
+        if signature == b"link" and size >= oid:
+            shared = raw[offset + 8 : offset + 8 + oid].hex()
+        offset += 8 + size
+    return found, shared
 
 
 def _varint(raw: bytes, offset: int) -> tuple[int, int]:
@@ -416,6 +481,7 @@ class _Scan:
         self.pointers: list[str] = []
         self.found: list[str] = []  # every git directory protected, for a refusal to name
         self.indexes: list[tuple[str, str]] = []  # (working tree, its git directory)
+        self.links: list[str] = []  # every symlink met, never followed
         self.seen = 0
 
     def stat(self, path: str) -> os.stat_result | None:
@@ -574,6 +640,8 @@ class _Scan:
                 if entry.is_dir(follow_symlinks=False) and entry.path not in covered:
                     self.count(top)
                     pending.append(entry.path)
+                elif entry.is_symlink():
+                    self.links.append(entry.path)
         return git_directories
 
     # ------------------------------------------------------------ git directories
