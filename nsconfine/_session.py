@@ -874,13 +874,27 @@ def _make_bind_directory(path: str, session: Session) -> None:
         os.mkdir(name, 0o755, dir_fd=parent_fd)
         user = run_as(session.user)
         if os.geteuid() == 0 and user.uid != 0:
-            os.chown(name, user.uid, user.gid, dir_fd=parent_fd, follow_symlinks=False)
+            _give_made_directory(parent_fd, name, (user.uid, user.gid))
     except FileExistsError:
         pass
     except OSError as error:
         raise PlanError(f"{printable(path)} cannot be made: {error.strerror}") from error
     finally:
         os.close(parent_fd)
+
+
+def _give_made_directory(parent_fd: int, name: str, owner: tuple[int, int]) -> None:
+    """Give the directory just made at name to owner, through an fd of it: the name may hold
+    another directory a moment later, renamed over it (by a session, in a directory it writes),
+    and one that is not the launcher's or not empty is refused, never given away."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, dir_fd=parent_fd)
+    try:
+        if os.fstat(fd).st_uid != os.geteuid() or os.listdir(fd):
+            raise PlanError(f"{printable(name)} was replaced while it was made; nothing was run")
+        os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
 
 
 def profiles_showing(path: str, session: Session) -> list[str]:

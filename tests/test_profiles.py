@@ -394,6 +394,44 @@ mkdir = true
     assert not (elsewhere / "b" / "notes").exists()
 
 
+@pytest.mark.root  # only a root launcher gives the directory it made away
+def test_a_directory_renamed_over_a_made_one_is_not_given_away(
+    ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root launcher gives the directory mkdir = true made to the session's account. A
+    root-owned directory renamed over it the moment it was made (a session can rename one that
+    lies where it writes) was given away with what it held; it is refused and kept."""
+    workspace = ws_run[0]
+    held = workspace / "held"
+    (held / "inside").mkdir(parents=True)  # root's, in the session's workspace
+    profile = write_profile(
+        tmp_path,
+        """
+description = "a test profile"
+workspace_mode = "ro"
+
+[[bind]]
+source = "{workspace}/notes"
+mode = "rw"
+reason = "notes"
+mkdir = true
+""",
+    )
+    made = os.mkdir
+
+    def mkdir_then_rename(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        made(path, mode, dir_fd=dir_fd)
+        if path == "notes" and dir_fd is not None:
+            os.rename(held, workspace / "notes")
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_rename)
+    with pytest.raises(nsconfine.PlanError, match="replaced while it was made"):
+        session(*ws_run, profile=[str(profile)]).plan()
+    monkeypatch.undo()
+    assert (workspace / "notes").stat().st_uid == 0
+    assert (workspace / "notes" / "inside").stat().st_uid == 0
+
+
 def test_an_include_by_file_name_is_found_beside_the_including_file(
     ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
