@@ -480,6 +480,31 @@ def test_a_session_that_only_reads_a_workspace_cannot_lock_out_its_writers(
         holder.wait()
 
 
+@pytest.mark.root  # another account's link: only root can make one for the test
+def test_a_fallback_records_directory_another_account_made_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no cache directory to write, the records go to /tmp/nsconfine-UID (here, in a
+    stand-in /tmp). Another account that made that name first, a symlink to a directory of
+    its own, had root make the records' directory there (refused only after); it is refused
+    before anything is made."""
+    base, elsewhere = tmp_path / "tmp", tmp_path / "elsewhere"
+    base.mkdir()
+    elsewhere.mkdir()
+    link = base / f"nsconfine-{os.geteuid()}"
+    link.symlink_to(elsewhere)
+    give_to_session_user(elsewhere, link)
+    monkeypatch.setattr(_stub_records, "FALLBACK_BASE", str(base))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "missing" / "cache"))
+    _stub_records.forget_records()
+    try:
+        with pytest.raises(nsconfine.SandboxUnavailable, match="no one else"):
+            _stub_records.records()
+    finally:
+        _stub_records.forget_records()
+    assert os.listdir(elsewhere) == []
+
+
 def test_a_read_only_cache_directory_does_not_stop_a_launch(tmp_path: Path) -> None:
     """An existing cache directory the launcher cannot write (a unit's ProtectSystem=strict, a
     read-only home) is passed over for a directory of the account's own, as a missing one is."""

@@ -9,6 +9,7 @@ The account keeps no supplementary group, so only its uid and primary gid count 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -182,6 +183,21 @@ def require_private(directory: str) -> None:
                     "directory above)",
                     current,
                 )
+
+
+def make_own_directory(path: str, mode: int, others_may_not: int) -> bool:
+    """Make the directory path with mode unless something is there already; is it now a
+    directory of this account's (never a symlink) with none of the bits others_may_not set?
+    For names in a directory every account writes (/tmp), which another may have taken first,
+    a symlink among them, to lead what is made below it elsewhere."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, mode)
+    info = os.lstat(path)
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & others_may_not
+    )
 
 
 def make_private_directory(path: str) -> None:

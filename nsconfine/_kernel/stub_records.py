@@ -16,6 +16,9 @@ from nsconfine._text import printable
 
 Identity = tuple[int, int]
 
+# Where an account without a cache directory it can write keeps its records: a directory of
+# its own there, nsconfine-UID (a module attribute, for the tests' stand-in).
+FALLBACK_BASE = "/tmp"
 
 _found: dict[tuple[int, str | None, str | None], str] = {}
 
@@ -37,6 +40,7 @@ def forget_records() -> None:
 
 def _find() -> str:
     from nsconfine._kernel.accounts import (
+        make_own_directory,
         make_private_directory,
         records_directory,
         require_private,
@@ -50,8 +54,17 @@ def _find() -> str:
         # No writable home (a system account, a unit's read-only home): a directory of this
         # uid's own in /tmp, which every launcher of this account with the same environment
         # picks alike.
-        directory = f"/tmp/nsconfine-{os.geteuid()}/mountpoints"
+        own = os.path.join(FALLBACK_BASE, f"nsconfine-{os.geteuid()}")
+        directory = os.path.join(own, "mountpoints")
         try:
+            if not make_own_directory(own, 0o700, 0o022):
+                raise SandboxUnavailable(
+                    f"{printable(own)}, where nsconfine records the mount points it makes when "
+                    "this account has no cache directory it can write, must be a directory of "
+                    "this account's that no one else can write (another account may have made "
+                    "it first, or a symlink there); remove it, or set XDG_CACHE_HOME to a "
+                    "directory this account can write"
+                )
             make_private_directory(directory)
         except OSError as error:
             refuse_if_short_of_fds(error)

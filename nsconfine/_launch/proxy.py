@@ -26,7 +26,6 @@ import select
 import shutil
 import socket
 import ssl
-import stat
 import struct
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from types import TracebackType
 from typing import Literal
 
 from nsconfine._errors import UsageError
+from nsconfine._kernel.accounts import make_own_directory
 from nsconfine._plan.allowlist import (
     Decision,
     Destination,
@@ -325,10 +325,7 @@ def _sockets_parent() -> str:
         parent = os.path.join(os.environ["XDG_RUNTIME_DIR"], "nsconfine")
     else:
         parent = f"/tmp/nsconfine-{os.geteuid()}-proxy"
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(parent, 0o711)
-    info = os.lstat(parent)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o066:
+    if not make_own_directory(parent, 0o711, 0o066):
         raise UsageError(
             f"{printable(parent)} must be a directory of this account's that no one else can "
             "read or write (it holds the sessions' proxy sockets): remove it"
