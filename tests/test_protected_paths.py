@@ -54,7 +54,16 @@ PROTECTED_FILES = [
     ".zlogout",
     ".hg/hgrc",
 ]
-PROTECTED_DIRS = [".git/hooks", ".vscode", ".idea", ".claude/commands", ".claude/agents", ".codex"]
+PROTECTED_DIRS = [
+    ".git/hooks",
+    ".vscode",
+    ".idea",
+    ".claude/commands",
+    ".claude/agents",
+    ".claude/hooks",
+    ".claude/skills",
+    ".codex",
+]
 
 
 def _git_script(workspace: Path) -> str:
@@ -88,11 +97,12 @@ def test_protected_paths_cannot_be_written_or_created(
 ) -> None:
     """Each protected path, existing or not, at the top and in a nested repository, can be
     neither written, created, removed nor replaced. (Mercurial's, as git's, where its
-    directory is: made here.)"""
+    directory is: made here; Claude Code's where a project has its own .claude, whose other
+    files the session writes: made here too. Without one, a read-only .claude is made.)"""
     workspace = repo[0]
-    if relative.startswith(".hg/"):
+    if relative.startswith((".hg/", ".claude/")):
         for base in (workspace, workspace / "vendor" / "lib"):
-            (base / ".hg").mkdir()
+            (base / relative.split("/")[0]).mkdir()
         give_to_session_user(workspace)
     plan = session(*repo).plan()
     for base in (workspace, workspace / "vendor" / "lib"):

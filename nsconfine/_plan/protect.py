@@ -83,6 +83,12 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".claude/settings.local.json", "file", "Claude Code on the host runs its hooks"),
     (".claude/commands", "dir", "Claude Code on the host runs these commands"),
     (".claude/agents", "dir", "Claude Code on the host runs these agents"),
+    (".claude/hooks", "dir", "Claude Code on the host runs the hook scripts its settings name"),
+    (
+        ".claude/skills",
+        "dir",
+        "Claude Code on the host runs these skills, with the tools they allow",
+    ),
     (".mcp.json", "file", "agents on the host start the MCP servers it names"),
     (".codex", "dir", "Codex on the host reads its settings and commands"),
     (".cursor", "dir", "Cursor on the host starts the MCP servers and runs the rules it names"),
