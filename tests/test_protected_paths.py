@@ -1062,19 +1062,22 @@ def test_a_workspace_link_to_a_repository_the_scan_skips_is_reported(
     session that makes a repository there and links it into the workspace (ws/proj -> the
     run directory's proj) had the host's git in ws/proj run its core.fsmonitor, and named
     nothing. A link the session made to a directory it could write and the scan skipped is
-    named."""
+    named; a link to a directory the scan looks through is not (a repository there is
+    named by itself)."""
     workspace, run_dir = repo
     outside = run_dir / "proj" if where == "run-directory" else workspace / "node_modules" / "p"
-    link = workspace / "proj"
+    link, scanned = workspace / "proj", workspace / "scanned"
     script = (
         f"set -e; export GIT_CONFIG_NOSYSTEM=1; git init -q {outside}; "
-        f"printf '{_EVIL_CONFIG}' >> {outside}/.git/config; ln -s {outside} {link}"
+        f"printf '{_EVIL_CONFIG}' >> {outside}/.git/config; ln -s {outside} {link}; "
+        f"ln -s {workspace}/vendor {scanned}"
     )
     made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
     assert made.wait() == 0
     written = made.untrusted_config or []
     assert _host_git_config(link) == "touch /tmp/pwned\n"  # what the host's git would run
     assert str(link) in written, written
+    assert str(scanned) not in written, written
 
 
 def test_an_index_too_large_to_read_whole_is_reported(repo: tuple[Path, Path]) -> None:

@@ -262,9 +262,10 @@ def written_config(
     inode number is reused at once); each repository an index written since the session began
     (since: a time.time()) records as a gitlink that the scan does not reach (one in
     node_modules, which the host's `git status` enters); and each symlink made since that
-    leads out of the scanned trees to a directory (a repository the session made in its run
-    directory, which the host's git would enter through it). A workspace that can no longer
-    be scanned (a planted .git symlink) is named itself."""
+    leads to a directory the session could write and the scan did not look through (a
+    repository the session made in its run directory, which the host's git would enter
+    through it). A workspace that can no longer be scanned (a planted .git symlink) is named
+    itself."""
     kept = plan.protection
     if kept is None:
         return []
@@ -327,7 +328,7 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
         except OSError:
             continue  # gone, or leading nowhere: nothing for the host to enter
         if (
-            target not in scan.observed
+            target not in scan.listed
             and os.path.isdir(target)
             and any(within(target, top) for top in writable)
         ):
@@ -346,7 +347,8 @@ def _innermost(plan: Plan, dest: str) -> p.Entry | None:
     return best
 
 
-# The most of an index the report reads (git's own for 600,000 files); a larger one is named.
+# The most of an index the report reads (git's index of some 600,000 files); a larger one is
+# named itself.
 _INDEX_READ = 64 << 20
 
 
@@ -488,6 +490,7 @@ class _Scan:
         self.found: list[str] = []  # every git directory protected, for a refusal to name
         self.indexes: list[tuple[str, str]] = []  # (working tree, its git directory)
         self.links: list[str] = []  # every symlink met, never followed
+        self.listed: set[str] = set()  # every directory looked through
         self.seen = 0
 
     def stat(self, path: str) -> os.stat_result | None:
@@ -520,7 +523,7 @@ class _Scan:
             return {}
         try:
             with os.scandir(directory) as entries:
-                return {entry.name: entry for entry in entries}
+                listing = {entry.name: entry for entry in entries}
         except NotADirectoryError:
             return {}
         except OSError as error:
@@ -530,6 +533,8 @@ class _Scan:
                 "read-only, and git on the host finds one there by name all the same; let the "
                 "launcher's account read it (chmod u+r), then launch again"
             ) from error
+        self.listed.add(directory)
+        return listing
 
     def count(self, what: str) -> None:
         self.seen += 1
