@@ -288,7 +288,16 @@ class Pool:
                     idle_timeout=self.idle_timeout,
                     refill=self.refill,
                 )
-                self._pool = await asyncio.get_running_loop().run_in_executor(None, make)
+                making = asyncio.get_running_loop().run_in_executor(None, make)
+                cancelled = False
+                while not making.done():  # a Pool made is kept, for aclose() to close
+                    try:
+                        await asyncio.shield(making)
+                    except asyncio.CancelledError:
+                        cancelled = True
+                self._pool = making.result()
+                if cancelled:
+                    raise asyncio.CancelledError
             return self._pool
 
 

@@ -149,6 +149,30 @@ def test_a_cancelled_launch_leaves_nothing_running(plan: nsconfine.Plan, tmp_pat
     assert pids_with(marker) == []
 
 
+def test_a_pool_whose_first_launch_is_cancelled_is_closed_whole(plan: nsconfine.Plan) -> None:
+    """The first launch of an aio.Pool makes its Pool in the executor; cancelled meanwhile,
+    the Pool made was dropped, with its staged sandboxes and its refill thread, and aclose()
+    closed nothing. It is kept, and aclose() tears it down: nothing of it is left."""
+    import psutil
+
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+
+    async def main() -> None:
+        pool = nsconfine.aio.Pool(plan, size=2)
+        launch = asyncio.ensure_future(pool.launch(["/bin/sleep", "600"]))
+        await asyncio.sleep(0)  # making the Pool, in the executor
+        launch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await launch
+        await asyncio.sleep(0.5)  # staging, were the Pool lost
+        await pool.aclose()
+
+    asyncio.run(main())
+    left = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+    assert left == []
+    assert not [t for t in threading.enumerate() if t.name == "nsconfine-pool"]
+
+
 def test_bad_arguments_are_a_usage_error_from_the_await(plan: nsconfine.Plan) -> None:
     """What spawn refuses, aio.spawn refuses the same way, and input without a stdin pipe."""
 
