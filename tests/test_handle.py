@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from helpers import (
     HAND_OUT,
@@ -252,17 +253,30 @@ def test_leaving_the_with_block_closes_the_pipes(plan: nsconfine.Plan) -> None:
         ({"stdin": -7}, "stdin must be None"),
         ({"stdout": PIPE, "tty": True}, "tty=True"),
         ({"stderr": DEVNULL, "tty": True}, "tty=True"),
+        ({"stdout": 2**31}, "not an open file descriptor"),
+        ({"stdout": 1 << 20}, "not an open file descriptor"),
+        ({"stderr": "log.txt"}, "stderr must be None"),
+        ({"stdin": True}, "stdin must be None"),
+        ({"stdout": "closed file"}, "is closed"),
     ],
 )
 def test_stdio_that_cannot_be_is_a_usage_error(
     plan: nsconfine.Plan, stdio: dict[str, Any], words: str
 ) -> None:
-    """STDOUT but for stderr, an unknown negative value, or a pipe for a command that gets a
-    terminal is refused with one line, before anything is staged, and opens nothing."""
+    """STDOUT but for stderr, an unknown negative value, a pipe for a command that gets a
+    terminal, an fd that is not open (or past any fd), an object that is no file, or a closed
+    file is refused with one line, before anything is staged, and opens nothing (an fd past
+    a C int was refused only after the sandbox was staged, which was left behind)."""
+    if stdio.get("stdout") == "closed file":
+        closed = open(os.devnull, "wb")  # noqa: SIM115 (closed at once: that is the case)
+        closed.close()
+        stdio = {"stdout": closed}
     before = sorted(os.listdir("/proc/self/fd"))
+    children = psutil.Process().children()
     with pytest.raises(nsconfine.UsageError, match=words):
         nsconfine.spawn(plan, ["/bin/true"], **stdio)
     assert sorted(os.listdir("/proc/self/fd")) == before
+    assert psutil.Process().children() == children
 
 
 def test_communicate_does_not_wait_on_a_pipe_held_outside(

@@ -267,7 +267,11 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
         raise StagedGone
     message, fds = launch.message, launch.fds or []
     # What the session holds of the caller's: the command's stdio, and bwrap's stderr.
-    terminals = _terminal.save([*fds, staged.stderr if staged.stderr >= 0 else 2])
+    try:
+        terminals = _terminal.save([*fds, staged.stderr if staged.stderr >= 0 else 2])
+    except BaseException:
+        teardown(staged)  # a half-launched sandbox is never left behind
+        raise
     controller = -1  # the command's terminal, for a launch with tty
 
     def abandon() -> None:  # a half-launched sandbox is never left behind

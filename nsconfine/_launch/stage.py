@@ -121,14 +121,26 @@ _NULL_DEVICE = os.stat(os.devnull).st_rdev
 
 
 def stdio_fd(value: Stdio, name: str) -> int:
-    """The fd of a stdio argument: -1 for None (inherit), else the fd or the file's fileno()."""
+    """The fd of a stdio argument: -1 for None (inherit), else the fd or the file's fileno(),
+    which must be open. UsageError for anything else, before anything is staged."""
     if value is None:
         return -1
+    if isinstance(value, bool) or not (isinstance(value, int) or hasattr(value, "fileno")):
+        raise UsageError(f"{name} must be None, a file descriptor or a file object")
     if isinstance(value, int):
-        if value < 0:
+        fd = value
+        if fd < 0:
             raise UsageError(f"{name} must be None, a file descriptor or a file object")
-        return value
-    return value.fileno()
+    else:
+        try:
+            fd = value.fileno()
+        except (ValueError, OSError) as error:  # closed; or no fd (io.UnsupportedOperation)
+            raise UsageError(f"{name}: the file object is closed or has no fd ({error})") from None
+    try:
+        os.fstat(fd)
+    except (OSError, OverflowError):
+        raise UsageError(f"{name} is {fd}, which is not an open file descriptor") from None
+    return fd
 
 
 # ------------------------------------------------------------------ the lifeline
