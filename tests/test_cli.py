@@ -523,6 +523,69 @@ def test_a_reader_that_goes_away_is_no_traceback(dirs: Dirs, output: str) -> Non
     assert done.returncode == 141  # as a shell reports a writer killed by SIGPIPE
 
 
+def test_plan_with_stdout_closed_writes_nowhere_and_succeeds(dirs: Dirs) -> None:
+    """`nsconfine plan … 1>&-`: the manifest goes to /dev/null (as a daemon's output does);
+    no traceback (sys.stdout stayed None, and printing to it raised AttributeError)."""
+    done = subprocess.run(
+        without_fd([sys.executable, "-m", "nsconfine", "plan", *dirs.session], 1),
+        stderr=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_refusal_with_stderr_closed_never_goes_to_stdout(dirs: Dirs) -> None:
+    """`nsconfine plan --workspace /nonexistent … 2>&-`: the refusal is lost with stderr,
+    never printed on stdout, which a caller reads as the manifest."""
+    argv = [sys.executable, "-m", "nsconfine", "plan", "--workspace", "/nonexistent",
+            "--run-dir", str(dirs.run_dir), *user_options()]  # fmt: skip
+    done = subprocess.run(
+        without_fd(argv, 2), stdout=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert done.stdout == ""
+
+
+def test_output_that_cannot_be_written_is_one_line_74(dirs: Dirs) -> None:
+    """`nsconfine plan … > /dev/full`: a write that fails (no space) is one line and exit 74
+    (EX_IOERR), not a traceback."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsconfine", "plan", *dirs.session],
+            stdout=full, stderr=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 74, done.stderr
+    assert done.stderr.splitlines() == [
+        "nsconfine: output-failed: cannot write its output: No space left on device"
+    ]
+
+
+def test_output_in_an_encoding_without_its_characters_is_no_traceback(dirs: Dirs) -> None:
+    """A locale whose encoding lacks the manifest's characters (ISO-8859-1, or ASCII): they
+    are written escaped, not raised as UnicodeEncodeError; --help likewise."""
+    env = base_env(PYTHONIOENCODING="ascii")
+    for args in (["plan", *dirs.session], ["run", "--help"]):
+        done = run_cli(*args, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_profile_nested_too_deep_is_a_usage_error(dirs: Dirs) -> None:
+    """A profile of 5,000 nested arrays (10 KB: under the size cap) is refused as not valid
+    TOML, where tomllib's RecursionError was a traceback."""
+    profile = dirs.root / "deep.toml"
+    profile.write_text("a = " + "[" * 5000 + "\n")
+    assert_refused(run_cli("plan", *dirs.session, "--profile", profile), 64, "usage")
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "https://[zz]/"])
+def test_explain_of_a_malformed_url_is_no_traceback(dirs: Dirs, url: str) -> None:
+    """explain with a URL whose host cannot be parsed says so, and exits as for any URL the
+    session cannot reach."""
+    done = run_cli("explain", url, *dirs.session)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "not reachable" in done.stdout, done.stdout
+
+
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
 def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:

@@ -7,6 +7,8 @@ code's sysexits status; nothing runs and no traceback is shown.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import sys
@@ -14,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from nsconfine._errors import NsconfineError, UsageError
 from nsconfine._plan.options import REQUIRED, SESSION_OPTIONS, SWITCH, Option, help_text
+from nsconfine._text import printable
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -411,8 +414,6 @@ def _run(arguments: Arguments) -> int:
 def _warn_of_untrusted_config(paths: Sequence[str]) -> None:
     """One line on stderr for each file the host runs or trusts that the session could write
     (a repository it made, say): the user should read it before the host's git does."""
-    from nsconfine._text import printable
-
     for path in paths:
         print(
             f"nsconfine: warning: {printable(path)} was writable by the session (it is not "
@@ -470,9 +471,15 @@ _COMMANDS = {
 }
 
 
+_UTF_8 = ("utf-8", "utf8")
+
+
 def _fill_closed_stdio() -> None:
-    """/dev/null on each of fds 0-2 that is closed, as daemons do."""
-    for fd in (0, 1, 2):
+    """/dev/null on each of fds 0-2 that is closed, as daemons do, with the Python stream
+    Python left None for it (a refusal printed to a missing sys.stderr goes to stdout); and
+    output that the locale's encoding cannot hold (the manifest's "…" in ISO-8859-1)
+    escaped, never raised."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         try:
             os.fstat(fd)
         except OSError:
@@ -480,6 +487,11 @@ def _fill_closed_stdio() -> None:
             if opened != fd:
                 os.dup2(opened, fd)
                 os.close(opened)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.encoding.lower() not in _UTF_8:
+            stream.reconfigure(errors="backslashreplace")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -505,12 +517,27 @@ def main(argv: Sequence[str]) -> int:
         return 130
     except BrokenPipeError:
         # stdout's reader went away (`nsconfine plan … | head -1`): end quietly, as a
-        # pipeline's writer killed by SIGPIPE does; stdout goes to /dev/null so that the
-        # interpreter's last flush does not fail again
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
+        # pipeline's writer killed by SIGPIPE does
+        _output_to_devnull()
         return 128 + 13  # SIGPIPE
+    except OSError as error:  # every path a command meets is refused in its own words: this
+        # is its output that could not be written (`> /dev/full`), or a file it could not use
+        _output_to_devnull()
+        if error.filename is None:
+            line = f"output-failed: cannot write its output: {error.strerror or error}"
+        else:
+            line = f"io-error: {error.strerror or error} ({printable(str(error.filename))})"
+        with contextlib.suppress(OSError):
+            print(f"nsconfine: {line}", file=sys.stderr, flush=True)
+        return 74  # EX_IOERR
+
+
+def _output_to_devnull() -> None:
+    """stdout to /dev/null, so that the interpreter's last flush of what could not be
+    written does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def console_main() -> NoReturn:

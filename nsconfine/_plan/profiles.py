@@ -239,6 +239,8 @@ def _checked(label: str, path: str, text: str) -> Profile:
         found = re.search(r"line (\d+)", str(error))
         line = int(found.group(1)) if found else 1
         raise UsageError(f"profile {path}, line {line}: not valid TOML: {error}") from None
+    except RecursionError:  # tomllib's parser recurses once per nested array or table
+        raise UsageError(f"profile {path}: not valid TOML: nested too deep") from None
     values: dict[str, Any] = {}
     binds: list[Bind] = []
     lines: dict[str, int] = {}

@@ -65,8 +65,8 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
     from nsconfine._plan.allowlist import HostRefused, canonical_host, ip_literal
 
     shown = printable(url)
-    parts = urllib.parse.urlsplit(url)
     try:
+        parts = urllib.parse.urlsplit(url)
         port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
         host = canonical_host(parts.hostname or "")
     except (ValueError, HostRefused) as problem:
