@@ -871,6 +871,69 @@ def test_sessions_that_fill_the_proxy_leave_a_quiet_session_its_share(
                 client.close()
 
 
+# Holds CONNECT tunnels through a session's socket until refused (or tries run out), each with
+# a byte passed both ways (so that the proxy moves both directions); prints how many it holds.
+_TUNNEL_HOLDER = r"""
+import socket, sys
+path, target, tries = sys.argv[1], sys.argv[2], int(sys.argv[3])
+held = []
+for _ in range(tries):
+    client = socket.socket(socket.AF_UNIX)
+    try:
+        client.connect(path)
+        client.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head and (data := client.recv(4096)):
+            head += data
+        if b" 200 " not in head.split(b"\r\n")[0]:
+            raise ConnectionRefusedError(head)
+        client.sendall(b"x")
+        if client.recv(1) != b"x":
+            raise ConnectionResetError
+    except OSError:
+        client.close()
+        break
+    held.append(client)
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_sessions_holding_tunnels_leave_the_launcher_its_fds(echo: _TcpServer) -> None:
+    """Three sessions each holding as many tunnels as the proxy gives them, in a launcher at
+    the usual soft limit of 1,024 fds: the proxy's share stays within half of it, so other
+    sessions still launch. Found by an attacker's pass: each tunnel took 6 fds (its sockets and
+    a pipe each way) under caps that counted connections (64 a session, 512 in all), and three
+    sessions took every fd the launcher had: its next launch was refused (EMFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    target = f"echo.test:{echo.port}"
+    holders: list[subprocess.Popen[str]] = []
+    try:
+        with Proxy(sandboxes_only=False) as proxy:
+            before = len(os.listdir("/proc/self/fd"))
+            for n in range(3):
+                path = proxy.add_session(f"hostile-{n}", [dest(f"{target}=127.0.0.1")], [])
+                holders.append(subprocess.Popen(
+                    [sys.executable, "-c", _TUNNEL_HOLDER, path, target, "80"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                ))  # fmt: skip
+            held = [int(holder.stdout.readline()) for holder in holders if holder.stdout]
+            echoed = sum(peer.fileno() >= 0 for peer in echo.peers)
+            taken = len(os.listdir("/proc/self/fd")) - before - echoed - 2 * len(holders)
+            assert held[0] > 0
+            assert max(held) <= proxy.max_connections_per_session
+            assert taken <= 1024 // 2, (taken, held)
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+            for stream in (holder.stdin, holder.stdout):
+                if stream is not None:
+                    stream.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_client_that_never_reads_blocks_nobody(proxy: Proxy, http_upstream: Upstream) -> None:
     flood = _TcpServer("flood")
     rules = [dest(f"flood.test:{flood.port}=127.0.0.1"),

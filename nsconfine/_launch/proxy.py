@@ -22,6 +22,7 @@ import datetime
 import fcntl
 import json
 import os
+import resource
 import select
 import shutil
 import socket
@@ -60,7 +61,9 @@ MAX_HEAD = 16 * 1024
 MAX_HEADER_LINES = 100
 MAX_RESPONSE_HEAD = 64 * 1024
 CHUNK = 64 * 1024
-SPLICE_BYTES = 1024 * 1024  # a spliced direction's pipe: what it holds in flight
+SPLICE_BYTES = 1024 * 1024  # a spliced connection's pipe: what it holds in flight
+# What a connection costs the launcher at most: its two sockets and its splice pipe's two ends.
+FDS_PER_CONNECTION = 4
 CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut connections
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
 MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
@@ -420,8 +423,8 @@ class Proxy:
         head_timeout: float = 10.0,
         connect_timeout: float = 10.0,
         idle_timeout: float = 300.0,
-        max_connections_per_session: int = 64,
-        max_connections: int = 512,
+        max_connections_per_session: int = 32,
+        max_connections: int | None = None,
         guaranteed_per_session: int = 4,
         sandboxes_only: bool = True,
     ) -> None:
@@ -431,10 +434,13 @@ class Proxy:
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
         self.max_connections_per_session = max_connections_per_session
+        # None: a quarter of the launcher's fds (its soft RLIMIT_NOFILE, read at each accept),
+        # FDS_PER_CONNECTION each: connections cost fds, and sessions must not take the
+        # launcher's room to launch others (a launch holds ~80 at its peak).
         self.max_connections = max_connections
         # A session's first few connections are admitted whatever the others hold (sessions
-        # that fill max_connections cannot starve another): threads are then bounded by
-        # max_connections plus this many per session, and the sessions are the launcher's.
+        # that fill max_connections cannot starve another), while the proxy holds less than
+        # half the launcher's fds: threads and fds stay bounded however many sessions ask.
         self.guaranteed_per_session = guaranteed_per_session
         # Only peers in a network namespace other than the launcher's (off for tests that
         # speak to the proxy from the host).
@@ -584,12 +590,13 @@ class Proxy:
                 )
                 continue
             connection = _Connection(session.name, client)
+            cap, bound = self._connection_caps()
             with self._lock:
                 total = sum(len(s.connections) for s in self._sessions.values())
                 held = len(session.connections)
                 if held >= self.max_connections_per_session:
                     refusal = f"this session has {held} connections open"
-                elif total >= self.max_connections and held >= self.guaranteed_per_session:
+                elif total >= cap and (held >= self.guaranteed_per_session or total >= bound):
                     refusal = f"the proxy has {total} connections open"
                 else:
                     refusal = ""
@@ -603,6 +610,17 @@ class Proxy:
                 name=f"nsconfine-proxy-{session.name}-conn",
                 daemon=True,
             ).start()
+
+    def _connection_caps(self) -> tuple[int, int]:
+        """(the connections the proxy admits, past which a session gets only its guaranteed
+        few; the connections it never goes past), from the fds the launcher may open now."""
+        fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if fds == resource.RLIM_INFINITY:
+            fds = 1 << 20
+        cap = (
+            fds // 4 // FDS_PER_CONNECTION if self.max_connections is None else self.max_connections
+        )
+        return cap, max(cap, fds // 2 // FDS_PER_CONNECTION)
 
     def _refuse_at_once(self, connection: _Connection, reason: str) -> None:
         """Over a cap: answered from the accept loop without reading (a send into an empty
@@ -858,7 +876,7 @@ class Proxy:
         record = connection.record
         record["address"] = record.get("address") or upstream.getpeername()[0]
         sent = {client: 0, upstream: 0}  # bytes sent to each
-        splicers: dict[socket.socket, _Splicer] = {}
+        splicer: _Splicer | None = None  # one pipe for both directions: each move empties it
         try:
             for sock in (client, upstream):
                 sock.settimeout(self.idle_timeout)
@@ -887,9 +905,7 @@ class Proxy:
                         body is None if source is client else rewriter is None or rewriter.done
                     )
                     if passed_as_is and _Splicer.can_splice(source, destination):
-                        splicer = splicers.get(source) or splicers.setdefault(
-                            source, _Splicer(self.idle_timeout)
-                        )
+                        splicer = splicer or _Splicer(self.idle_timeout)
                         moved = splicer.move(source, destination)
                         if moved is None:
                             continue  # woken for nothing
@@ -919,16 +935,18 @@ class Proxy:
         except OSError:
             return  # a reset, a peer that stopped reading for idle_timeout: the connection ends
         finally:
-            for splicer in splicers.values():
+            if splicer is not None:
                 splicer.close()
             record["bytes_up"], record["bytes_down"] = sent[upstream], sent[client]
 
 
 class _Splicer:
-    """One direction of a connection whose bytes pass as they are (a tunnel; a response's body
-    once its head is rewritten), moved with splice(2) through a pipe of its own: the bytes stay
-    in the kernel, which makes a large download through the proxy several times cheaper than
-    recv and sendall. The pipe holds at most SPLICE_BYTES, what the connection has in flight."""
+    """A connection whose bytes pass as they are (a tunnel; a response's body once its head is
+    rewritten), moved with splice(2) through a pipe of its own: the bytes stay in the kernel,
+    which makes a large download through the proxy several times cheaper than recv and
+    sendall. The pipe holds at most SPLICE_BYTES, what the connection has in flight; both
+    directions share it (its thread moves one at a time, and each move empties it), so that a
+    connection costs the launcher 4 fds, not 6."""
 
     def __init__(self, idle_timeout: float) -> None:
         self.idle_timeout = idle_timeout
