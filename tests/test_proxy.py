@@ -934,6 +934,25 @@ def test_sessions_holding_tunnels_leave_the_launcher_its_fds(echo: _TcpServer) -
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_a_flood_of_refusals_is_recorded_in_part_and_counted(
+    proxy: Proxy, audited: Audited
+) -> None:
+    """A session asking for unlisted hosts as fast as it can: the audit (a file root appends
+    to, `run`'s stderr) records its first 100 refusals, then 20 a second, and counts the rest,
+    where every refusal was a line (an attacker's pass grew the audit file 450 KB a second)."""
+    path = proxy.add_session("flood", [], [])
+    for _ in range(300):
+        assert connect_status(path, "unlisted.test:443") == 403
+    proxy.remove_session(path)
+    mine = [r for r in audited if r["session"] == "flood"]
+    counted = [r for r in mine if "were not recorded" in str(r["reason"])]
+    assert len(mine) < 200, len(mine)
+    assert counted, mine[-1]
+    uncounted = len(mine) - len(counted)
+    skipped = sum(int(str(r["reason"]).split()[0]) for r in counted)
+    assert uncounted + skipped == 300
+
+
 def test_a_client_that_never_reads_blocks_nobody(proxy: Proxy, http_upstream: Upstream) -> None:
     flood = _TcpServer("flood")
     rules = [dest(f"flood.test:{flood.port}=127.0.0.1"),

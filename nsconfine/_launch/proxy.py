@@ -449,6 +449,7 @@ class Proxy:
         # Notified as each connection ends: a session's end waits for its connections' records.
         self._connection_ended = threading.Condition(self._lock)
         self._sessions: dict[str, _Session] = {}
+        self._refusals: dict[str, _RefusalBudget] = {}  # by session: what of them is recorded
         self._closed = False
         self._directory: _LauncherDirectory | None = None  # made at the first session
 
@@ -543,6 +544,9 @@ class Proxy:
             self._connection_ended.wait_for(
                 lambda: not session.connections, CONNECTIONS_END_SECONDS
             )
+            budget = self._refusals.pop(session.name, None)
+        if budget is not None and budget.skipped:
+            self._write(_skipped_record(session.name, budget.skipped))
         shutil.rmtree(session.directory, ignore_errors=True)
 
     def close(self) -> None:
@@ -635,20 +639,17 @@ class Proxy:
         self._emit(connection.record, False, reason)
 
     def _emit(self, record: dict[str, object], allowed: bool, reason: str) -> None:
-        full: dict[str, object] = {
-            "time": record.get("time", _now()),
-            "session": record.get("session"),
-            "method": record.get("method"),
-            "host": record.get("host"),
-            "port": record.get("port"),
-            "address": record.get("address"),
-            "decision": "allowed" if allowed else "refused",
-            "reason": printable(reason),
-            "bytes_up": record.get("bytes_up", 0),
-            "bytes_down": record.get("bytes_down", 0),
-        }
-        if "route" in record:
-            full["route"] = record["route"]
+        if not allowed:
+            with self._lock:
+                budget = self._refusals.setdefault(str(record.get("session")), _RefusalBudget())
+                skipped = budget.take()
+            if skipped is None:
+                return  # counted: its number is recorded with the next refusal recorded
+            if skipped:
+                self._write(_skipped_record(record.get("session"), skipped))
+        self._write(_full_record(record, allowed, reason))
+
+    def _write(self, full: dict[str, object]) -> None:
         if self._audit is None:
             return
         try:
@@ -998,6 +999,62 @@ class _Splicer:
     def close(self) -> None:
         os.close(self.read_end)
         os.close(self.write_end)
+
+
+# A session's refusals recorded: this many at once, then this many a second; the others are
+# counted, and their number recorded. A session asking for unlisted hosts in a loop would
+# otherwise grow the audit file (root's) and `run`'s stderr without end.
+REFUSALS_RECORDED_AT_ONCE = 100
+REFUSALS_RECORDED_PER_SECOND = 20
+
+
+class _RefusalBudget:
+    """Which of one session's refusals are recorded (a token bucket)."""
+
+    def __init__(self) -> None:
+        self.tokens = float(REFUSALS_RECORDED_AT_ONCE)
+        self.last = time.monotonic()
+        self.skipped = 0
+
+    def take(self) -> int | None:
+        """None if this refusal is only counted; else how many were counted before it."""
+        now = time.monotonic()
+        elapsed, self.last = now - self.last, now
+        self.tokens = min(
+            REFUSALS_RECORDED_AT_ONCE, self.tokens + elapsed * REFUSALS_RECORDED_PER_SECOND
+        )
+        if self.tokens < 1:
+            self.skipped += 1
+            return None
+        self.tokens -= 1
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+
+def _skipped_record(session: object, skipped: int) -> dict[str, object]:
+    reason = (
+        f"{skipped} more refusals were not recorded (over {REFUSALS_RECORDED_PER_SECOND} a second)"
+    )
+    return _full_record({"session": session}, False, reason)
+
+
+def _full_record(record: dict[str, object], allowed: bool, reason: str) -> dict[str, object]:
+    """An audit record, every field present (None where a connection never got that far)."""
+    full: dict[str, object] = {
+        "time": record.get("time", _now()),
+        "session": record.get("session"),
+        "method": record.get("method"),
+        "host": record.get("host"),
+        "port": record.get("port"),
+        "address": record.get("address"),
+        "decision": "allowed" if allowed else "refused",
+        "reason": printable(reason),
+        "bytes_up": record.get("bytes_up", 0),
+        "bytes_down": record.get("bytes_down", 0),
+    }
+    if "route" in record:
+        full["route"] = record["route"]
+    return full
 
 
 def _writable(sock: socket.socket, timeout: float) -> bool:
