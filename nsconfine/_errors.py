@@ -56,6 +56,17 @@ class CredentialInsecure(NsconfineError, PermissionError):
     exit_status = 78
 
 
+def checked_timeout(timeout: float | None) -> float | None:
+    """timeout, if it is None or a number of seconds (float("inf") waits for ever); a
+    UsageError for NaN, a bool or anything else (poll() would raise ValueError on NaN, and
+    arithmetic TypeError on a str, from deep in the wait)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout != timeout:
+        raise UsageError(f"timeout must be None or a number of seconds, not {timeout!r}")
+    return timeout
+
+
 def refuse_if_short_of_fds(error: OSError) -> None:
     """A launcher out of file descriptors is told so, whichever step ran out first (not that
     a path changed, or that a source could not be opened)."""

@@ -149,6 +149,8 @@ def spawn(
     is then the launcher's end) or subprocess.DEVNULL, and stderr may be subprocess.STDOUT;
     tty=True gives the command a new terminal of the sandbox's own instead (its controller is
     the handle's tty). OSError if argv[0] cannot be executed there."""
+    if not isinstance(plan, Plan):
+        raise UsageError(f"spawn takes a Plan (Session(...).plan()), not {type(plan).__name__}")
     # A refused command never has a sandbox built for it; a failed launch closes its pipes.
     with prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch:
         staged = checked_stage(plan, stderr=launch.bwrap_stderr)

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from nsconfine._errors import SandboxUnavailable, UsageError
+from nsconfine._errors import SandboxUnavailable, UsageError, checked_timeout
 from nsconfine._gate import (
     checked_stage,
     gate,
@@ -72,6 +72,8 @@ class Pool:
         idle_timeout: float = 300.0,
         refill: Refill = "background",
     ) -> None:
+        if not isinstance(plan, Plan):
+            raise UsageError(f"Pool takes a Plan (Session(...).plan()), not {type(plan).__name__}")
         check_options(size, idle_timeout, refill)
         hold_closed_stdio()  # before its stager opens anything
         with refusing_os_errors():
@@ -111,6 +113,9 @@ class Pool:
 
     def wait_staged(self, timeout: float | None = None) -> bool:
         """Wait until `size` sandboxes are staged; False on timeout, a staging failure or close."""
+        timeout = checked_timeout(timeout)
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = None  # float("inf"): as long as it takes (a Condition would overflow)
         return self._refiller.wait_staged(timeout)
 
     def launch(

@@ -501,6 +501,8 @@ def _literal_values(
             raise UsageError(f"--setenv {name!r}=…: {name!r} is not a variable name")
         if name == "HOME":
             raise UsageError("--setenv cannot set HOME: the session gets its own")
+        if not isinstance(value, str):
+            raise UsageError(f"--setenv {name}: the value is a str, not {value!r}")
         if "\0" in value:
             raise UsageError(f"--setenv {name}: the value holds a NUL byte")
     return [(str(name), str(value)) for name, value in given]

@@ -279,6 +279,39 @@ def test_stdio_that_cannot_be_is_a_usage_error(
     assert psutil.Process().children() == children
 
 
+def test_launch_arguments_of_the_wrong_kind_are_usage_errors(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan
+) -> None:
+    """A Session where a Plan is meant, an env that is no mapping, argv that is no list (a
+    generator was refused as holding a NUL byte), a timeout that is no number or NaN: each a
+    UsageError saying so, before anything runs (they were AttributeErrors, or poll()'s
+    ValueError)."""
+    with pytest.raises(nsconfine.UsageError, match="a Plan"):
+        nsconfine.spawn(session(*ws_run), ["/bin/true"])  # type: ignore[arg-type]
+    with pytest.raises(nsconfine.UsageError, match="a Plan"):
+        nsconfine.Pool(None)  # type: ignore[arg-type]
+    with pytest.raises(nsconfine.UsageError, match="env must be a mapping"):
+        nsconfine.spawn(plan, ["/bin/true"], env=[("A", "B")])  # type: ignore[arg-type]
+    with pytest.raises(nsconfine.UsageError, match="argv must be a non-empty list"):
+        nsconfine.spawn(plan, (arg for arg in ["/bin/true"]))  # type: ignore[arg-type]
+    with nsconfine.spawn(plan, ["/bin/true"]) as sandbox:
+        for timeout in (float("nan"), "1"):
+            with pytest.raises(nsconfine.UsageError, match="timeout"):
+                sandbox.wait(timeout)  # type: ignore[arg-type]
+            with pytest.raises(nsconfine.UsageError, match="timeout"):
+                sandbox.communicate(timeout=timeout)  # type: ignore[arg-type]
+        assert sandbox.wait(float("inf")) == 0
+
+
+def test_a_pool_waits_for_ever_when_told_inf(plan: nsconfine.Plan) -> None:
+    """Pool.wait_staged(float("inf")) waits as long as it takes, as Sandbox.wait(inf) does
+    (it raised OverflowError); NaN is a UsageError."""
+    with nsconfine.Pool(plan) as pool:
+        assert pool.wait_staged(float("inf"))
+        with pytest.raises(nsconfine.UsageError, match="timeout"):
+            pool.wait_staged(float("nan"))
+
+
 def test_communicate_does_not_wait_on_a_pipe_held_outside(
     ws_run: tuple[Path, Path], plan: nsconfine.Plan
 ) -> None:

@@ -42,6 +42,7 @@ from nsconfine import Bind, UsageError
         ("credential", ["/x.env"], "Session(credential=...) is one path"),
         ("tool_socket", 3, "Session(tool_socket=...) is one path"),
         ("network_reason", ["why"], "Session(network_reason=...) is a str"),
+        ("setenv", {"A": 1}, "--setenv A: the value is a str, not 1"),
     ],
 )
 def test_a_value_of_the_wrong_shape_is_refused_by_its_keyword(
@@ -70,3 +71,20 @@ def test_the_right_shapes_make_the_plan_they_say(ws_run: tuple[Path, Path]) -> N
     assert not any(rule.path == "/" for rule in plan.deny)
     assert ("FOO", "bar") in [(v.name, v.value) for v in plan.env]
     assert any(e.dest == "/opt/doc" for e in plan.entries)
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        (("/usr/share", None, "ro", "docs"), "a Bind's dest is a path"),
+        ((3, "/opt", "ro", "docs"), "a Bind's source is a path"),
+        (("/usr/share", "/opt", "ro", 5), "a Bind's reason is a str"),
+        (("/usr/share", "/opt", "ro", "docs", "yes"), "a Bind's optional is True or False"),
+        (("/usr/share", "/opt", "ro", "docs", False, 1), "a Bind's mkdir is True or False"),
+    ],
+)
+def test_a_bind_of_the_wrong_shape_is_a_usage_error(fields: tuple[Any, ...], said: str) -> None:
+    """Bind's fields are checked as it is made (an AttributeError came from deep in the plan's
+    build, or none at all)."""
+    with pytest.raises(UsageError, match=said):
+        Bind(*fields)

@@ -206,10 +206,13 @@ def prepare_launch(
     hold_closed_stdio()
     if (
         isinstance(argv, str | bytes)
+        or not isinstance(argv, Sequence)
         or not argv
         or not all(isinstance(arg, str | bytes | os.PathLike) for arg in argv)
     ):
         raise UsageError("argv must be a non-empty list of strings, the command and its args")
+    if env is not None and not isinstance(env, Mapping):
+        raise UsageError(f"env must be a mapping of names to values, not {type(env).__name__}")
     items = [os.fsencode(arg) for arg in argv]
     for name, value in (env or {}).items():
         if not is_env_name(name) or not isinstance(value, str) or "\0" in value:

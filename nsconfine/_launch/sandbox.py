@@ -46,7 +46,7 @@ import signal
 import time
 from _thread import allocate_lock
 
-from nsconfine._errors import UsageError
+from nsconfine._errors import UsageError, checked_timeout
 from nsconfine._kernel import terminal as _terminal
 from nsconfine._kernel.syscalls import poll_ms, wait_fd
 from nsconfine._launch import sources as _sources
@@ -201,6 +201,7 @@ class Sandbox:
         """Wait for the session to end and return its status (see the module's docstring).
         Raises TimeoutExpired (subprocess's, and a TimeoutError) if it still runs after
         timeout seconds."""
+        timeout = checked_timeout(timeout)
         ended = self.returncode is not None or wait_fd(self._reaper_pidfd, timeout)
         if not ended and self.poll() is None:
             assert timeout is not None  # an unbounded wait returns only once it has ended
@@ -216,6 +217,7 @@ class Sandbox:
         the session; (stdout, stderr), each None unless launched with PIPE. TimeoutExpired
         if it still runs after timeout seconds: nothing is lost, and a later communicate()
         (after kill(), say) goes on where this one stopped and returns all of it."""
+        timeout = checked_timeout(timeout)
         if self._exchange is None:
             if input is not None and self.stdin is None:
                 raise UsageError("communicate(input=...) needs a launch with stdin=PIPE")

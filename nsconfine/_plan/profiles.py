@@ -93,6 +93,14 @@ class Bind(Record):
         optional: bool = False,
         mkdir: bool = False,
     ) -> None:
+        for name, value in (("source", source), ("dest", dest)):
+            if not isinstance(value, str | os.PathLike):
+                raise UsageError(f"a Bind's {name} is a path (str or os.PathLike), not {value!r}")
+        if not isinstance(reason, str):
+            raise UsageError(f"a Bind's reason is a str, not {reason!r}")
+        for name, flag in (("optional", optional), ("mkdir", mkdir)):
+            if not isinstance(flag, bool):
+                raise UsageError(f"a Bind's {name} is True or False, not {flag!r}")
         self._set(source=source, dest=dest, mode=mode, reason=reason, optional=optional,
                   mkdir=mkdir)  # fmt: skip
         if mode not in ("ro", "rw"):
