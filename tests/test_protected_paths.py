@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -1018,39 +1019,92 @@ def test_a_protected_file_the_host_replaces_during_a_session_is_not_left_to_it(
         assert str(target) in (sandbox.untrusted_config or []), output
 
 
-# How a session hides the gitlink it adds: not at all; behind an index whose mtime it set back
-# (the report read only indexes written since the session began); in a split index, whose
-# entries live in the shared index file the index names.
-_GITLINK_HIDDEN = {
-    "as-is": "",
-    "backdated": "; touch -d 2001-01-01 .git/index",
-    "split": "",
+# How a session adds its gitlink to the index, and hides it: not at all; behind an index whose
+# mtime it set back (the report read only indexes written since the session began); in a split
+# index, whose entries live in the shared index file the index names; in a split index's entry
+# that replaces a shared one (git writes its name stripped: the shared entry's is meant).
+_GITLINK_ADDED = {
+    "as-is": "git update-index --add --cacheinfo 160000,$sha,node_modules/evil",
+    "backdated": "git update-index --add --cacheinfo 160000,$sha,node_modules/evil; "
+    "touch -d 2001-01-01 .git/index",
+    "split": "git update-index --split-index --add --cacheinfo 160000,$sha,node_modules/evil",
+    "split-replaced": "git update-index --split-index --add --cacheinfo "
+    "100644,$(git hash-object -w README),node_modules/evil; "
+    "git update-index --cacheinfo 160000,$sha,node_modules/evil",
 }
 
 
-@pytest.mark.parametrize("hidden", sorted(_GITLINK_HIDDEN))
+@pytest.mark.parametrize("hidden", sorted(_GITLINK_ADDED))
 def test_a_repository_in_node_modules_made_a_submodule_is_reported(
     repo: tuple[Path, Path], hidden: str
 ) -> None:
     """A session makes a repository in node_modules (never looked into) and adds it to the
     index of the workspace's repository as a gitlink (no .gitmodules needed): the host's
     `git status` at the top then runs `git status` in it, and its core.fsmonitor. Never kept
-    read-only, it must at least be named after the session, however the index hides it."""
+    read-only, it must at least be named after the session, however the index hides it (the
+    repository, or the index itself where its entry's name is the shared index's)."""
     workspace = repo[0]
-    evil = workspace / "node_modules" / "evil"
-    split = " --split-index" if hidden == "split" else ""
+    evil, index = workspace / "node_modules" / "evil", workspace / ".git" / "index"
     script = (
         f"set -e; export GIT_CONFIG_NOSYSTEM=1; git init -q {evil}; cd {evil}; "
         "git -c user.name=a -c user.email=a@a commit -q --allow-empty -m x; "
-        f"cd {workspace}; git update-index{split} --add --cacheinfo "
-        f"160000,$(git -C {evil} rev-parse HEAD),node_modules/evil{_GITLINK_HIDDEN[hidden]}"
+        f"sha=$(git rev-parse HEAD); cd {workspace}; {_GITLINK_ADDED[hidden]}"
     )
     made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
     assert made.wait() == 0
     written = made.untrusted_config or []  # read first: the host's git rewrites the index
-    if hidden == "split":
+    if hidden.startswith("split"):
         assert list((workspace / ".git").glob("sharedindex.*"))
     assert "node_modules/evil" in _host_git(workspace, "status", "--short").stdout  # looked into
+    assert any(path.startswith(str(evil)) or path == str(index) for path in written), written
+
+
+# Adds a gitlink to node_modules/evil (a repository the session made) to the shared index of
+# a split index, in place, its name and trailing hash kept: .git/index itself is not touched.
+_SHARED_INDEX_WRITER = r"""
+import glob, struct, sys
+sha = bytes.fromhex(sys.argv[1])
+path = glob.glob(".git/sharedindex.*")[0]
+raw = open(path, "rb").read()
+version, count = struct.unpack(">II", raw[4:12])
+offset, entries = 12, []
+for _ in range(count):
+    end = raw.index(b"\0", offset + 62)
+    following = offset + (end - offset + 8) // 8 * 8
+    entries.append((raw[offset + 62 : end], raw[offset:following]))
+    offset = following
+name = b"node_modules/evil"
+entry = struct.pack(">10I", 0, 0, 0, 0, 0, 0, 0o160000, 0, 0, 0) + sha
+entry += struct.pack(">H", len(name)) + name
+entry += b"\0" * (8 - len(entry) % 8)
+entries = sorted([*entries, (name, entry)])
+body = b"".join(entry for _name, entry in entries)
+open(path, "wb").write(raw[:4] + struct.pack(">II", version, count + 1) + body + raw[offset:])
+"""
+
+
+def test_a_gitlink_written_into_an_older_split_index_is_reported(repo: tuple[Path, Path]) -> None:
+    """One session splits the index (nothing to name); a later one writes a gitlink into the
+    shared index only. The index, unchanged since before that session, was skipped by its
+    times, and its shared index never read: the shared index's times count too."""
+    workspace = repo[0]
+    evil = workspace / "node_modules" / "evil"
+    first = nsconfine.spawn(session(*repo).plan(), ["git", "update-index", "--split-index"])
+    assert first.wait() == 0
+    assert first.untrusted_config == []
+    time.sleep(1.5)  # the index now predates the next session by more than the report's slack
+    writer = workspace / "writer.py"
+    writer.write_text(_SHARED_INDEX_WRITER)
+    give_to_session_user(writer)
+    script = (
+        f"set -e; export GIT_CONFIG_NOSYSTEM=1; git init -q {evil}; cd {evil}; "
+        "git -c user.name=a -c user.email=a@a commit -q --allow-empty -m x; "
+        f"cd {workspace}; python3 {writer} $(git -C {evil} rev-parse HEAD)"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    assert "160000" in _host_git(workspace, "ls-files", "-s", "node_modules").stdout
     assert any(path.startswith(str(evil)) for path in written), written
 
 

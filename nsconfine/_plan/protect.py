@@ -287,11 +287,7 @@ def written_config(
                 written.append(entry.source)  # replaced while the session ran
     for working_tree, gitdir in scan.indexes:
         index = os.path.join(gitdir, "index")
-        try:
-            info = os.lstat(index)
-        except OSError:
-            continue
-        if max(info.st_mtime, info.st_ctime) < since:  # (a session sets mtime, never ctime)
+        if not os.path.lexists(index) or not _index_written_since(gitdir, since):
             continue
         gitlinks = _gitlinks(index)
         if gitlinks is None:  # too large to read whole: it may hold one past what was read
@@ -336,6 +332,22 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
     return found
 
 
+def _index_written_since(gitdir: str, since: float) -> bool:
+    """Was gitdir's index, or a shared index a split one names, written since `since`? By
+    change time too: a session sets a file's mtime back, never its ctime."""
+    try:
+        with os.scandir(gitdir) as listing:
+            names = [
+                entry.path
+                for entry in listing
+                if entry.name == "index" or entry.name.startswith("sharedindex.")
+            ]
+        times = [os.lstat(path) for path in names]
+    except OSError:
+        return True  # changed as it was looked at: read it
+    return any(max(info.st_mtime, info.st_ctime) >= since for info in times)
+
+
 def _innermost(plan: Plan, dest: str) -> p.Entry | None:
     """The entry that shows dest in the sandbox: the deepest whose destination holds it."""
     best: p.Entry | None = None
@@ -356,14 +368,19 @@ def _gitlinks(index: str) -> list[str] | None:
     """The paths the git index at index records as gitlinks (mode 0160000: a submodule the
     host's `git status` enters and runs git in), and those of the shared index it names (a
     split index keeps most entries there), read as git reads versions 2 to 4; none if it is
-    no index git would read; None if it is too large to read whole. A session wrote it: every
-    length is checked."""
+    no index git would read; None if it is too large to read whole, or names a gitlink by a
+    shared entry's name (then the index itself is named). A session wrote it: every length is
+    checked."""
     raw = _syscalls.read_untrusted(index, _INDEX_READ + 1) or b""
     if len(raw) > _INDEX_READ:
         return None
     gitdir = os.path.dirname(index)
     oid = 32 if _uses_sha256(gitdir) else 20
     found, shared = _index_entries(raw, oid)
+    if "" in found:
+        # A split index's entry that replaces a shared one has its name stripped (git takes
+        # the shared entry's, by the link extension's bitmaps): which one is not read here.
+        return None
     if shared is not None:
         path = os.path.join(gitdir, f"sharedindex.{shared}")
         shared_raw = _syscalls.read_untrusted(path, _INDEX_READ + 1) or b""
