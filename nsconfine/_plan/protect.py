@@ -305,31 +305,57 @@ def written_config(
     return list(dict.fromkeys(written))
 
 
+# The most links made during a session that its end looks at, each resolved; past it the
+# workspace itself is named (a session could make millions, each with a 4,000-byte target).
+LINKS_LOOKED_AT = 256
+
+
 def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
     """The symlinks the scan met, made or changed since `since`, that lead to a directory the
     session could write and the scan did not look through (its run directory, a node_modules):
-    the host's git, run through one, finds what the session put there."""
+    the host's git, run through one, finds what the session put there. Past LINKS_LOOKED_AT
+    of them, the writable trees scanned instead."""
     writable = []
     for entry in plan.entries:
         if entry.kind is Kind.BIND and entry.mode is Mode.RW:
             with contextlib.suppress(OSError):
                 writable.append(_syscalls.realpath(entry.source))
-    found = []
+    new = []
     for link in scan.links:
         try:
             info = os.lstat(link)
-            if max(info.st_mtime, info.st_ctime) < since:
-                continue
-            target = _syscalls.realpath(link)
         except OSError:
-            continue  # gone, or leading nowhere: nothing for the host to enter
+            continue  # gone: nothing for the host to enter
+        if max(info.st_mtime, info.st_ctime) >= since:
+            new.append(link)
+    if len(new) > LINKS_LOOKED_AT:
+        assert plan.protection is not None
+        return [source for _dest, source in plan.protection.trees]
+    found = []
+    for link in new:
+        target = _directory_reached(link)
         if (
-            target not in scan.listed
-            and os.path.isdir(target)
+            target is not None
+            and target not in scan.listed
             and any(within(target, top) for top in writable)
         ):
             found.append(link)
     return found
+
+
+def _directory_reached(link: str) -> str | None:
+    """The real path of the directory link leads to (resolved by the kernel, in one open: a
+    resolution path by path costs the square of a long target's length), or None."""
+    try:
+        fd = os.open(link, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None  # leading nowhere, or to no directory
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _index_written_since(gitdir: str, since: float) -> bool:
