@@ -953,6 +953,36 @@ def test_a_flood_of_refusals_is_recorded_in_part_and_counted(
     assert uncounted + skipped == 300
 
 
+def test_a_sessions_refusals_are_recorded_up_to_a_total(
+    proxy: Proxy, audited: Audited, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past REFUSALS_RECORDED_IN_ALL of a session's refusals (here 150, with the rate's cap out
+    of the way), the rest are only counted: however long it runs, a session's records stay
+    bounded."""
+    import nsconfine._launch.proxy as proxy_module
+
+    monkeypatch.setattr(proxy_module, "REFUSALS_RECORDED_AT_ONCE", 10_000)
+    monkeypatch.setattr(proxy_module, "REFUSALS_RECORDED_IN_ALL", 150)
+    path = proxy.add_session("long-lived", [], [])
+    for _ in range(300):
+        assert connect_status(path, "unlisted.test:443") == 403
+    proxy.remove_session(path)
+    mine = [r for r in audited if r["session"] == "long-lived"]
+    assert len(mine) == 151
+    assert str(mine[-1]["reason"]).startswith("150 more refusals were not recorded")
+
+
+def test_a_refusal_record_is_short_whatever_the_request(proxy: Proxy, audited: Audited) -> None:
+    """A request whose method and host fill the 16 KiB head: its refusal's record holds at most
+    256 characters of each (a record was the request's size, so that the rate cap on records
+    still let a session write 300 KiB a second to the audit)."""
+    path = proxy.add_session("long", [], [])
+    head = f"{'M' * 8000} http://{'h' * 7000}.test/ HTTP/1.1\r\nHost: x\r\n\r\n"
+    ask(path, head.encode())
+    record = audited.wait_for("refused")[0]
+    assert len(json.dumps(record)) < 1024, len(json.dumps(record))
+
+
 def test_a_client_that_never_reads_blocks_nobody(proxy: Proxy, http_upstream: Upstream) -> None:
     flood = _TcpServer("flood")
     rules = [dest(f"flood.test:{flood.port}=127.0.0.1"),

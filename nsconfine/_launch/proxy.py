@@ -1006,6 +1006,7 @@ class _Splicer:
 # otherwise grow the audit file (root's) and `run`'s stderr without end.
 REFUSALS_RECORDED_AT_ONCE = 100
 REFUSALS_RECORDED_PER_SECOND = 20
+REFUSALS_RECORDED_IN_ALL = 10_000  # a session's: with RECORDED_TEXT, some 10 MB at the most
 
 
 class _RefusalBudget:
@@ -1015,6 +1016,7 @@ class _RefusalBudget:
         self.tokens = float(REFUSALS_RECORDED_AT_ONCE)
         self.last = time.monotonic()
         self.skipped = 0
+        self.recorded = 0
 
     def take(self) -> int | None:
         """None if this refusal is only counted; else how many were counted before it."""
@@ -1023,10 +1025,11 @@ class _RefusalBudget:
         self.tokens = min(
             REFUSALS_RECORDED_AT_ONCE, self.tokens + elapsed * REFUSALS_RECORDED_PER_SECOND
         )
-        if self.tokens < 1:
+        if self.tokens < 1 or self.recorded >= REFUSALS_RECORDED_IN_ALL:
             self.skipped += 1
             return None
         self.tokens -= 1
+        self.recorded += 1
         skipped, self.skipped = self.skipped, 0
         return skipped
 
@@ -1038,17 +1041,29 @@ def _skipped_record(session: object, skipped: int) -> dict[str, object]:
     return _full_record({"session": session}, False, reason)
 
 
+# The most of a text field (a method, a host, a reason) an audit record holds: a session's
+# request may fill the 16 KiB head, and each record would then be that long.
+RECORDED_TEXT = 256
+
+
+def _short(value: object) -> object:
+    if isinstance(value, str) and len(value) > RECORDED_TEXT:
+        return value[:RECORDED_TEXT] + "…"
+    return value
+
+
 def _full_record(record: dict[str, object], allowed: bool, reason: str) -> dict[str, object]:
-    """An audit record, every field present (None where a connection never got that far)."""
+    """An audit record, every field present (None where a connection never got that far), its
+    text fields RECORDED_TEXT characters at most."""
     full: dict[str, object] = {
         "time": record.get("time", _now()),
         "session": record.get("session"),
-        "method": record.get("method"),
-        "host": record.get("host"),
+        "method": _short(record.get("method")),
+        "host": _short(record.get("host")),
         "port": record.get("port"),
         "address": record.get("address"),
         "decision": "allowed" if allowed else "refused",
-        "reason": printable(reason),
+        "reason": _short(printable(reason)),
         "bytes_up": record.get("bytes_up", 0),
         "bytes_down": record.get("bytes_down", 0),
     }
