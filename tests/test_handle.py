@@ -258,6 +258,8 @@ def test_leaving_the_with_block_closes_the_pipes(plan: nsconfine.Plan) -> None:
         ({"stderr": "log.txt"}, "stderr must be None"),
         ({"stdin": True}, "stdin must be None"),
         ({"stdout": "closed file"}, "is closed"),
+        ({"stdout": "fileno gives a str"}, "has no fd"),
+        ({"stdout": "fileno raises AttributeError"}, "has no fd"),
     ],
 )
 def test_stdio_that_cannot_be_is_a_usage_error(
@@ -271,6 +273,16 @@ def test_stdio_that_cannot_be_is_a_usage_error(
         closed = open(os.devnull, "wb")  # noqa: SIM115 (closed at once: that is the case)
         closed.close()
         stdio = {"stdout": closed}
+    elif str(stdio.get("stdout")).startswith("fileno"):
+        gives_a_str = "str" in stdio["stdout"]
+
+        class Odd:
+            def fileno(self) -> int:
+                if gives_a_str:
+                    return "1"  # type: ignore[return-value]
+                raise AttributeError("no fd here")
+
+        stdio = {"stdout": Odd()}
     before = sorted(os.listdir("/proc/self/fd"))
     children = psutil.Process().children()
     with pytest.raises(nsconfine.UsageError, match=words):

@@ -88,3 +88,11 @@ def test_a_bind_of_the_wrong_shape_is_a_usage_error(fields: tuple[Any, ...], sai
     build, or none at all)."""
     with pytest.raises(UsageError, match=said):
         Bind(*fields)
+
+
+def test_a_bind_of_paths_is_taken_as_their_text(ws_run: tuple[Path, Path]) -> None:
+    """Bind takes os.PathLike for source and dest, as it says (a Path raised TypeError from deep
+    in the plan's build)."""
+    bind = Bind(Path("/usr/share/doc"), Path("/opt/doc"), "ro", "the docs the test reads")
+    plan = session(*ws_run, binds=[bind]).plan()
+    assert any(e.source == "/usr/share/doc" and e.dest == "/opt/doc" for e in plan.entries)

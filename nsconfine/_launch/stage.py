@@ -134,8 +134,10 @@ def stdio_fd(value: Stdio, name: str) -> int:
     else:
         try:
             fd = value.fileno()
-        except (ValueError, OSError) as error:  # closed; or no fd (io.UnsupportedOperation)
+        except (ValueError, OSError, AttributeError) as error:  # closed, or no fd at all
             raise UsageError(f"{name}: the file object is closed or has no fd ({error})") from None
+        if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
+            raise UsageError(f"{name}: the file object has no fd (its fileno() gave {fd!r})")
     try:
         os.fstat(fd)
     except (OSError, OverflowError):

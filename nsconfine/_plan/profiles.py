@@ -86,23 +86,23 @@ class Bind(Record):
 
     def __init__(
         self,
-        source: str,
-        dest: str,
+        source: str | os.PathLike[str],
+        dest: str | os.PathLike[str],
         mode: str,
         reason: str,
         optional: bool = False,
         mkdir: bool = False,
     ) -> None:
         for name, value in (("source", source), ("dest", dest)):
-            if not isinstance(value, str | os.PathLike):
+            if not isinstance(value, str | os.PathLike) or not isinstance(os.fspath(value), str):
                 raise UsageError(f"a Bind's {name} is a path (str or os.PathLike), not {value!r}")
         if not isinstance(reason, str):
             raise UsageError(f"a Bind's reason is a str, not {reason!r}")
         for name, flag in (("optional", optional), ("mkdir", mkdir)):
             if not isinstance(flag, bool):
                 raise UsageError(f"a Bind's {name} is True or False, not {flag!r}")
-        self._set(source=source, dest=dest, mode=mode, reason=reason, optional=optional,
-                  mkdir=mkdir)  # fmt: skip
+        self._set(source=os.fspath(source), dest=os.fspath(dest), mode=mode, reason=reason,
+                  optional=optional, mkdir=mkdir)  # fmt: skip
         if mode not in ("ro", "rw"):
             raise UsageError(f"a bind's mode is ro or rw, not {mode!r} ({source!r})")
 
