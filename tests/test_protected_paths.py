@@ -1059,6 +1059,79 @@ def test_a_repository_in_node_modules_made_a_submodule_is_reported(
     assert any(path.startswith(str(evil)) or path == str(index) for path in written), written
 
 
+# Writes .git/index as git reads it, with a gitlink to argv[2] (a path as git takes it), after
+# an entry whose flags ask for extended flags in a version 2 index (git honours them in any
+# version: a parser that does not is out of step from there on, and misses the gitlink).
+_INDEX_WRITER = r"""
+import hashlib, struct, sys
+def entry(name, mode, oid, extended=False):
+    flags = len(name) | (0x4000 if extended else 0)
+    body = struct.pack(">10I", 0, 0, 0, 0, 0, 0, mode, 0, 0, 0) + oid + struct.pack(">H", flags)
+    body += (struct.pack(">H", 0) if extended else b"") + name
+    return body + b"\0" * (((len(body) + 8) & ~7) - len(body))
+desync = sys.argv[1] == "desync"
+entries = [entry(b"README", 0o100644, b"\x22" * 20, extended=True)] if desync else []
+entries.append(entry(sys.argv[2].encode(), 0o160000, b"\x11" * 20))
+data = b"DIRC" + struct.pack(">II", 2, len(entries)) + b"".join(entries)
+open(sys.argv[3], "wb").write(data + hashlib.sha1(data).digest())
+"""
+
+
+@pytest.mark.parametrize("how", ["desync", "absolute", "symlinked", "worktree-outside"])
+def test_a_gitlink_git_reads_where_a_parser_would_not_is_reported(
+    repo: tuple[Path, Path], tmp_path: Path, how: str
+) -> None:
+    """Indexes as git reads them, where a parser of nsconfine's own did not (an attacker's pass
+    found each): extended flags in a version 2 index put it out of step before a gitlink; a
+    gitlink by absolute path (into the run directory); .git/index a symlink to an index in
+    node_modules; the index of a linked worktree that lies outside the workspace. git on the
+    host enters each gitlink; each must be named (the index that holds it, at least)."""
+    workspace, run_dir = repo
+    outside = how in ("absolute", "worktree-outside")
+    evil = run_dir / "evil" if outside else workspace / "node_modules" / "evil"
+    name = str(evil) if outside else "node_modules/evil"
+    index = workspace / ".git" / "index"
+    host_tree = workspace
+    if how == "worktree-outside":
+        host_tree = tmp_path / "outside"
+        assert _host_git(workspace, "worktree", "add", "-q", str(host_tree)).returncode == 0
+        give_to_session_user(workspace, host_tree)
+        index = workspace / ".git" / "worktrees" / "outside" / "index"
+    writer = workspace / "writer.py"
+    writer.write_text(_INDEX_WRITER)
+    give_to_session_user(writer)
+    target = workspace / "node_modules" / "idx" if how == "symlinked" else index
+    script = (
+        f"set -e; export GIT_CONFIG_NOSYSTEM=1; git init -q {evil}; mkdir -p {target.parent}; "
+        f"python3 {writer} {how} {name} {target}; rm {writer}"
+    )
+    if how == "symlinked":
+        script += f"; rm {index}; ln -s ../node_modules/idx {index}"
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    assert "160000" in _host_git(host_tree, "ls-files", "-s").stdout  # what git on the host reads
+    assert str(index) in written or any(path.startswith(str(evil)) for path in written), written
+
+
+def test_a_gitlink_to_a_repository_not_made_yet_is_reported(repo: tuple[Path, Path]) -> None:
+    """A session adds a gitlink (or a link) into node_modules, where nothing is yet, so that a
+    later session makes the repository git will enter: each session's report judged only what
+    changed during it, and neither named anything. The first names where the repository
+    would be."""
+    workspace = repo[0]
+    script = (
+        f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; git update-index --add "
+        "--cacheinfo 160000,1111111111111111111111111111111111111111,node_modules/evil; "
+        "ln -s node_modules/pkg lib"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    assert str(workspace / "node_modules" / "evil") in written, written
+    assert str(workspace / "lib") in written, written
+
+
 # Adds a gitlink to node_modules/evil (a repository the session made) to the shared index of
 # a split index, in place, its name and trailing hash kept: .git/index itself is not touched.
 _SHARED_INDEX_WRITER = r"""

@@ -285,22 +285,7 @@ def written_config(
             info = os.lstat(entry.source)
             if (info.st_dev, info.st_ino, info.st_ctime_ns) != bound[covering.dest]:
                 written.append(entry.source)  # replaced while the session ran
-    for working_tree, gitdir in scan.indexes:
-        index = os.path.join(gitdir, "index")
-        if not os.path.lexists(index) or not _index_written_since(gitdir, since):
-            continue
-        gitlinks = _gitlinks(index)
-        if gitlinks is None:  # too large to read whole: it may hold one past what was read
-            written.append(index)
-            continue
-        for relative in gitlinks:
-            repository = os.path.normpath(os.path.join(working_tree, relative))
-            if repository in scan.repositories or not within(repository, working_tree):
-                continue
-            config = os.path.join(repository, ".git", "config")
-            path = config if os.path.lexists(config) else os.path.join(repository, ".git")
-            if os.path.lexists(path):
-                written.append(path)
+    written += _gitlinks_unscanned(scan, since)
     written += _links_unscanned(plan, scan, since)
     return list(dict.fromkeys(written))
 
@@ -312,9 +297,10 @@ LINKS_LOOKED_AT = 256
 
 def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
     """The symlinks the scan met, made or changed since `since`, that lead to a directory the
-    session could write and the scan did not look through (its run directory, a node_modules):
-    the host's git, run through one, finds what the session put there. Past LINKS_LOOKED_AT
-    of them, the writable trees scanned instead."""
+    session could write and the scan did not look through (its run directory, a node_modules),
+    or to nothing yet where it does not look: the host's git, run through one, finds what the
+    session put there (or a later session will). Past LINKS_LOOKED_AT of them, the writable
+    trees scanned instead."""
     writable = []
     for entry in plan.entries:
         if entry.kind is Kind.BIND and entry.mode is Mode.RW:
@@ -334,13 +320,26 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
     found = []
     for link in new:
         target = _directory_reached(link)
-        if (
-            target is not None
-            and target not in scan.listed
-            and any(within(target, top) for top in writable)
-        ):
+        if target is None:  # leading nowhere yet: where a later session may make a repository
+            target = _lexical_target(link)
+            if target is None or os.path.dirname(target) in scan.listed:
+                continue
+        elif target in scan.listed:
+            continue
+        if any(within(target, top) for top in writable):
             found.append(link)
     return found
+
+
+def _lexical_target(link: str) -> str | None:
+    """Where a link that leads to nothing names, as written (a session could make it later);
+    None if it leads to something after all (a file) or is no link."""
+    try:
+        if os.path.exists(link):
+            return None
+        return os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+    except OSError:
+        return None
 
 
 def _directory_reached(link: str) -> str | None:
@@ -385,90 +384,115 @@ def _innermost(plan: Plan, dest: str) -> p.Entry | None:
     return best
 
 
-# The most of an index the report reads (git's index of some 600,000 files); a larger one is
-# named itself.
+# The most of an index the report hands to git (some 600,000 files); a larger one is named.
 _INDEX_READ = 64 << 20
+# Where the host's git is looked for: never the launcher's PATH, an input like any other.
+_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def _gitlinks(index: str) -> list[str] | None:
-    """The paths the git index at index records as gitlinks (mode 0160000: a submodule the
-    host's `git status` enters and runs git in), and those of the shared index it names (a
-    split index keeps most entries there), read as git reads versions 2 to 4; none if it is
-    no index git would read; None if it is too large to read whole, or names a gitlink by a
-    shared entry's name (then the index itself is named). A session wrote it: every length is
-    checked."""
-    raw = _syscalls.read_untrusted(index, _INDEX_READ + 1) or b""
-    if len(raw) > _INDEX_READ:
-        return None
-    gitdir = os.path.dirname(index)
-    oid = 32 if _uses_sha256(gitdir) else 20
-    found, shared = _index_entries(raw, oid)
-    if "" in found:
-        # A split index's entry that replaces a shared one has its name stripped (git takes
-        # the shared entry's, by the link extension's bitmaps): which one is not read here.
-        return None
-    if shared is not None:
-        path = os.path.join(gitdir, f"sharedindex.{shared}")
-        shared_raw = _syscalls.read_untrusted(path, _INDEX_READ + 1) or b""
-        if len(shared_raw) > _INDEX_READ:
-            return None
-        found += _index_entries(shared_raw, oid)[0]
+def _gitlinks_unscanned(scan: _Scan, since: float) -> list[str]:
+    """What the gitlinks of the indexes written since `since` lead the host's git into that
+    the scan does not see: a repository it did not find (in node_modules: its config), the
+    place of one not made yet where the scan does not look (a later session could make it),
+    or the index itself where no working tree of the workspace resolves them (a linked
+    worktree's outside it), where one is no path inside its working tree (absolute, `..`),
+    or where what it holds cannot be told."""
+    trees = {gitdir: tree for tree, gitdir in scan.indexes}
+    found: list[str] = []
+    for gitdir in dict.fromkeys([*trees, *scan.found]):  # worktrees/*, modules/* too
+        index = os.path.join(gitdir, "index")
+        if not os.path.lexists(index) or not _index_written_since(gitdir, since):
+            continue
+        gitlinks = _gitlinks(gitdir)
+        tree = trees.get(gitdir)
+        if gitlinks is None or tree is None:
+            if gitlinks != []:  # none to tell, or none that a tree here resolves
+                found.append(index)
+            continue
+        for name in gitlinks:
+            parts = name.split("/")
+            if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
+                found.append(index)
+                break
+            repository = os.path.join(tree, name)
+            if repository in scan.repositories:
+                continue  # found by the scan: protected
+            config = os.path.join(repository, ".git", "config")
+            path = config if os.path.lexists(config) else os.path.join(repository, ".git")
+            if os.path.lexists(path):
+                found.append(path)
+            elif os.path.dirname(repository) not in scan.listed:
+                found.append(repository)
     return found
 
 
-def _index_entries(raw: bytes, oid: int) -> tuple[list[str], str | None]:
-    """The gitlinks among an index's entries, and the hash (hex) of the shared index its
-    `link` extension names, if it has one."""
-    import struct
+def _gitlinks(gitdir: str) -> list[str] | None:
+    """The paths gitdir's index records as gitlinks (mode 0160000: a submodule the host's git
+    status enters), as git itself reads them: git's own ls-files, on a git directory of
+    nsconfine's that links to the index and its shared indexes (a split index's), so that no
+    config, hook or fsmonitor of the session's runs. Read both ways git reads an index (in
+    one thread, and in several by its offset table). None when that cannot be told: no git
+    on the host, an index that is no regular file or is too large, one git refuses, or two
+    reads that differ (a session wrote the index: every way git might read it counts)."""
+    import shutil
+    import subprocess
+    import tempfile
 
-    if len(raw) < 12 or raw[:4] != b"DIRC":
-        return [], None
-    version, count = struct.unpack(">II", raw[4:12])
-    if version not in (2, 3, 4):
-        return [], None
-    found: list[str] = []
-    offset, previous = 12, b""
-    try:
-        for _ in range(count):
-            start = offset
-            (mode,) = struct.unpack_from(">I", raw, offset + 24)
-            offset += 40 + oid
-            (flags,) = struct.unpack_from(">H", raw, offset)
-            offset += 2 + (2 if version >= 3 and flags & 0x4000 else 0)
-            end = raw.index(b"\0", offset)
-            if version == 4:  # a varint of bytes to drop from the previous name, then the rest
-                strip, offset = _varint(raw, offset)
-                end = raw.index(b"\0", offset)
-                name = previous[: len(previous) - strip] + raw[offset:end]
-                offset = end + 1
-            else:  # NUL-padded to a multiple of 8 bytes from the entry's start
-                name = raw[offset:end]
-                offset = start + (end - start + 8) // 8 * 8
-            previous = name
-            if mode & 0o170000 == 0o160000:
-                found.append(os.fsdecode(name))
-    except (struct.error, ValueError, IndexError):
-        return found, None
-    shared = None
-    while offset + 8 <= len(raw) - oid:  # the extensions, then the index's own hash
-        signature = raw[offset : offset + 4]
-        (size,) = struct.unpack_from(">I", raw, offset + 4)
-        if signature == b"link" and size >= oid:
-            shared = raw[offset + 8 : offset + 8 + oid].hex()
-        offset += 8 + size
-    return found, shared
-
-
-def _varint(raw: bytes, offset: int) -> tuple[int, int]:
-    """git's offset varint (varint.c) at offset: its value and the offset after it."""
-    byte = raw[offset]
-    offset += 1
-    value = byte & 127
-    while byte & 128:
-        byte = raw[offset]
-        offset += 1
-        value = ((value + 1) << 7) | (byte & 127)
-    return value, offset
+    git = shutil.which("git", path=_SYSTEM_PATH)
+    if git is None:
+        return None
+    sha256 = _uses_sha256(gitdir)
+    with tempfile.TemporaryDirectory(prefix="nsconfine-index-") as own:
+        try:
+            with os.scandir(gitdir) as listing:
+                indexes = [
+                    entry
+                    for entry in listing
+                    if entry.name == "index" or entry.name.startswith("sharedindex.")
+                ]
+            for entry in indexes:
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_size <= _INDEX_READ:
+                    os.symlink(entry.path, os.path.join(own, entry.name))
+                elif entry.name == "index":
+                    return None  # git follows a symlink, waits on a FIFO: not for the report
+            for name in ("objects", "refs", "work"):
+                os.mkdir(os.path.join(own, name))
+            with open(os.path.join(own, "HEAD"), "w") as head:
+                head.write("ref: refs/heads/main\n")
+            with open(os.path.join(own, "config"), "w") as config:
+                config.write(
+                    "[core]\n\trepositoryformatversion = 1\n[extensions]\n\tobjectformat = "
+                    f"{'sha256' if sha256 else 'sha1'}\n"
+                )
+        except OSError:
+            return None
+        environ = {
+            "PATH": _SYSTEM_PATH, "HOME": own, "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_DIR": own,
+            "GIT_WORK_TREE": os.path.join(own, "work"),
+            "GIT_INDEX_FILE": os.path.join(own, "index"),
+        }  # fmt: skip
+        listed = []
+        for threads in ("1", "true"):
+            try:
+                done = subprocess.run(
+                    [git, "-c", f"index.threads={threads}", "-c", "core.fsmonitor=false",
+                     "ls-files", "--stage", "-z"],
+                    env=environ, stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                    check=False,
+                )  # fmt: skip
+            except (OSError, subprocess.SubprocessError):
+                return None
+            if done.returncode != 0:
+                return None
+            listed.append(done.stdout)
+    if listed[0] != listed[1]:
+        return None
+    return [
+        os.fsdecode(record.partition(b"\t")[2])
+        for record in listed[0].split(b"\0")
+        if record.startswith(b"160000 ")
+    ]
 
 
 def _uses_sha256(gitdir: str) -> bool:
@@ -743,7 +767,7 @@ class _Scan:
                     (d, _module(self.listing(d)))
                     for d in _subdirectories(listing, skip=_GIT_DIRECTORY_PARTS)
                 ]
-        self.found = found
+        self.found += [directory for directory in found if directory not in self.found]
         return found
 
     def named_directory(self, named_by: str, prefix: str = "") -> str | None:
