@@ -1071,21 +1071,34 @@ def entry(name, mode, oid, extended=False):
     return body + b"\0" * (((len(body) + 8) & ~7) - len(body))
 desync = sys.argv[1] == "desync"
 entries = [entry(b"README", 0o100644, b"\x22" * 20, extended=True)] if desync else []
-entries.append(entry(sys.argv[2].encode(), 0o160000, b"\x11" * 20))
-data = b"DIRC" + struct.pack(">II", 2, len(entries)) + b"".join(entries)
+gitlink = entry(sys.argv[2].encode(), 0o160000, b"\x11" * 20)
+if sys.argv[1] == "ieot":  # in order, README alone; by the offset table, the gitlink, kept
+    # in an optional extension (ignored in order): git reads the table with index.threads > 1
+    head, readme = b"DIRC" + struct.pack(">II", 2, 1), entry(b"README", 0o100644, b"\x22" * 20)
+    extensions = len(head) + len(readme)
+    kept = b"ZZZZ" + struct.pack(">I", len(gitlink)) + gitlink
+    table = struct.pack(">III", 1, extensions + 8, 1)
+    ieot = b"IEOT" + struct.pack(">I", len(table)) + table
+    eoie = struct.pack(">I", extensions) + hashlib.sha1(kept[:8] + ieot[:8]).digest()
+    data = head + readme + kept + ieot + b"EOIE" + struct.pack(">I", 24) + eoie
+else:
+    entries.append(gitlink)
+    data = b"DIRC" + struct.pack(">II", 2, len(entries)) + b"".join(entries)
 open(sys.argv[3], "wb").write(data + hashlib.sha1(data).digest())
 """
 
 
-@pytest.mark.parametrize("how", ["desync", "absolute", "symlinked", "worktree-outside"])
+@pytest.mark.parametrize("how", ["desync", "ieot", "absolute", "symlinked", "worktree-outside"])
 def test_a_gitlink_git_reads_where_a_parser_would_not_is_reported(
     repo: tuple[Path, Path], tmp_path: Path, how: str
 ) -> None:
-    """Indexes as git reads them, where a parser of nsconfine's own did not (an attacker's pass
+    """Indexes as git reads them, where a parser of nsconfine's own did not (attackers' passes
     found each): extended flags in a version 2 index put it out of step before a gitlink; a
-    gitlink by absolute path (into the run directory); .git/index a symlink to an index in
-    node_modules; the index of a linked worktree that lies outside the workspace. git on the
-    host enters each gitlink; each must be named (the index that holds it, at least)."""
+    gitlink that only a read by the index's offset table finds (a host whose git config says
+    index.threads = 4 reads it so); a gitlink by absolute path (into the run directory);
+    .git/index a symlink to an index in node_modules; the index of a linked worktree that lies
+    outside the workspace. git on the host enters each gitlink; each must be named (the index
+    that holds it, at least)."""
     workspace, run_dir = repo
     outside = how in ("absolute", "worktree-outside")
     evil = run_dir / "evil" if outside else workspace / "node_modules" / "evil"
@@ -1110,7 +1123,8 @@ def test_a_gitlink_git_reads_where_a_parser_would_not_is_reported(
     made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
     assert made.wait() == 0
     written = made.untrusted_config or []
-    assert "160000" in _host_git(host_tree, "ls-files", "-s").stdout  # what git on the host reads
+    threads = ["-c", "index.threads=4"] if how == "ieot" else []
+    assert "160000" in _host_git(host_tree, *threads, "ls-files", "-s").stdout  # git on the host
     assert str(index) in written or any(path.startswith(str(evil)) for path in written), written
 
 
@@ -1123,13 +1137,18 @@ def test_a_gitlink_to_a_repository_not_made_yet_is_reported(repo: tuple[Path, Pa
     script = (
         f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; git update-index --add "
         "--cacheinfo 160000,1111111111111111111111111111111111111111,node_modules/evil; "
-        "ln -s node_modules/pkg lib"
+        "ln -s node_modules/pkg lib; mkdir -p node_modules/b/c x; ln -s b/c node_modules/a; "
+        "ln -s node_modules/a/../../x/evil up; touch node_modules/file; ln -s node_modules/file f"
     )
     made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
     assert made.wait() == 0
     written = made.untrusted_config or []
     assert str(workspace / "node_modules" / "evil") in written, written
-    assert str(workspace / "lib") in written, written
+    # A link to nothing yet; one whose `..` follows a link the scan never met (as written it
+    # leads where the scan looks, the kernel takes it into node_modules); one to a file there
+    # (a later session puts a repository in its place).
+    for link in ("lib", "up", "f"):
+        assert str(workspace / link) in written, (link, written)
 
 
 # Adds a gitlink to node_modules/evil (a repository the session made) to the shared index of
@@ -1205,6 +1224,28 @@ def test_a_workspace_link_to_a_repository_the_scan_skips_is_reported(
     assert _host_git_config(link) == "touch /tmp/pwned\n"  # what the host's git would run
     assert str(link) in written, written
     assert str(scanned) not in written, written
+
+
+def test_an_index_git_cannot_be_asked_about_cheaply_is_named(
+    repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """git reading a session's index must not take the launcher with it: a version 4 index's
+    names can grow with the square of its entries (a 1.9 MB index took git 878 MB), and a
+    gitdir can hold 100,000 shared indexes (24 s of links). Past what is read of git's answer
+    (here made 100 bytes), or past 16 shared indexes, the index itself is named."""
+    import nsconfine._plan.protect as protect
+
+    workspace = repo[0]
+    index = workspace / ".git" / "index"
+    monkeypatch.setattr(protect, "_GITLINKS_ANSWER", 100)
+    made = nsconfine.spawn(session(*repo).plan(), ["touch", str(index)])  # two entries: 110 bytes
+    assert made.wait() == 0
+    assert str(index) in (made.untrusted_config or [])
+    monkeypatch.undo()
+    script = f"cd {workspace}/.git; for i in $(seq 17); do : > sharedindex.$i; done; touch index"
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    assert str(index) in (made.untrusted_config or [])
 
 
 def test_more_new_links_than_are_looked_at_name_the_workspace(repo: tuple[Path, Path]) -> None:

@@ -319,27 +319,38 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
         return [source for _dest, source in plan.protection.trees]
     found = []
     for link in new:
-        target = _directory_reached(link)
-        if target is None:  # leading nowhere yet: where a later session may make a repository
-            target = _lexical_target(link)
-            if target is None or os.path.dirname(target) in scan.listed:
+        reached = _reached(link)
+        if reached is None:  # leading nowhere yet: where a later session may make a repository
+            try:
+                written = os.readlink(link)
+            except OSError:
+                continue  # no longer a link
+            if ".." in written.split("/"):  # after a link on the way, `..` leads anywhere
+                found.append(link)
                 continue
-        elif target in scan.listed:
-            continue
-        if any(within(target, top) for top in writable):
+            where = os.path.dirname(os.path.normpath(os.path.join(os.path.dirname(link), written)))
+        elif os.path.isdir(reached):
+            where = reached
+        else:  # a file: a later session may put a repository in its place
+            where = os.path.dirname(reached)
+        if where not in scan.listed and any(within(where, top) for top in writable):
             found.append(link)
     return found
 
 
-def _lexical_target(link: str) -> str | None:
-    """Where a link that leads to nothing names, as written (a session could make it later);
-    None if it leads to something after all (a file) or is no link."""
+def _reached(link: str) -> str | None:
+    """The real path of what link leads to (resolved by the kernel, in one open: a resolution
+    path by path costs the square of a long target's length), or None if it leads nowhere."""
     try:
-        if os.path.exists(link):
-            return None
-        return os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+        fd = os.open(link, os.O_PATH | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _directory_reached(link: str) -> str | None:
@@ -430,16 +441,18 @@ def _gitlinks(gitdir: str) -> list[str] | None:
     """The paths gitdir's index records as gitlinks (mode 0160000: a submodule the host's git
     status enters), as git itself reads them: git's own ls-files, on a git directory of
     nsconfine's that links to the index and its shared indexes (a split index's), so that no
-    config, hook or fsmonitor of the session's runs. Read both ways git reads an index (in
-    one thread, and in several by its offset table). None when that cannot be told: no git
-    on the host, an index that is no regular file or is too large, one git refuses, or two
-    reads that differ (a session wrote the index: every way git might read it counts)."""
+    config, hook or fsmonitor of the session's runs. Read every way git reads an index (in
+    order; by its end-of-index offset; by its offset table, as a host whose config sets
+    index.threads does). None when that cannot be told: no git on the host, an index that is
+    no regular file or is too large, more than _SHARED_INDEXES shared ones, one git refuses or
+    whose answer is past _GITLINKS_ANSWER, or reads that differ (a session wrote the index:
+    every way git might read it counts)."""
     import shutil
-    import subprocess
     import tempfile
 
     git = shutil.which("git", path=_SYSTEM_PATH)
-    if git is None:
+    limit = shutil.which("prlimit", path=_SYSTEM_PATH)
+    if git is None or limit is None:
         return None
     sha256 = _uses_sha256(gitdir)
     with tempfile.TemporaryDirectory(prefix="nsconfine-index-") as own:
@@ -450,6 +463,8 @@ def _gitlinks(gitdir: str) -> list[str] | None:
                     for entry in listing
                     if entry.name == "index" or entry.name.startswith("sharedindex.")
                 ]
+            if len(indexes) > 1 + _SHARED_INDEXES:
+                return None
             for entry in indexes:
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_size <= _INDEX_READ:
                     os.symlink(entry.path, os.path.join(own, entry.name))
@@ -466,38 +481,79 @@ def _gitlinks(gitdir: str) -> list[str] | None:
                 )
         except OSError:
             return None
-        environ = {
-            "PATH": _SYSTEM_PATH, "HOME": own, "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_DIR": own,
-            "GIT_WORK_TREE": os.path.join(own, "work"),
-            "GIT_INDEX_FILE": os.path.join(own, "index"),
-        }  # fmt: skip
-        listed = []
-        for threads in ("1", "true"):
-            try:
-                done = subprocess.run(
-                    [git, "-c", f"index.threads={threads}", "-c", "core.fsmonitor=false",
-                     "ls-files", "--stage", "-z"],
-                    env=environ, stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-                    check=False,
-                )  # fmt: skip
-            except (OSError, subprocess.SubprocessError):
-                return None
-            if done.returncode != 0:
-                return None
-            listed.append(done.stdout)
-    if listed[0] != listed[1]:
+        answers: set[bytes] = set()
+        for threads in _READS:
+            answer = _git_answer([limit, *_GIT_LIMITS, git], own, threads)
+            if answer is None:
+                return None  # (the others would take as long to fail)
+            answers.add(answer)
+    if len(answers) != 1:
         return None
     return [
         os.fsdecode(record.partition(b"\t")[2])
-        for record in listed[0].split(b"\0")
+        for record in answers.pop().split(b"\0")
         if record.startswith(b"160000 ")
     ]
 
 
+# How git is run on a session's index: within memory and time it cannot pass (a version 4
+# index's names may grow with the square of its entries: a 1.9 MB index took git 878 MB), and
+# read as each index.threads value reads it (1: in order; 2: extensions by the end-of-index
+# offset; 64: entries by the offset table too).
+_GIT_LIMITS = ("--as=1073741824", "--cpu=3", "--")  # (git reads 600,000 entries in 0.5 s)
+_READS = ("1", "2", "64")
+_GITLINKS_ANSWER = 64 << 20  # the most of git's answer read; past it, the index is named
+_SHARED_INDEXES = 16  # the most shared indexes a git directory may hold for its index to be read
+
+
+def _git_answer(command: list[str], own: str, threads: str) -> bytes | None:
+    """What `git ls-files --stage -z` in the git directory own says, read as index.threads
+    says; None if it fails, or says more than _GITLINKS_ANSWER."""
+    import subprocess
+
+    environ = {
+        "PATH": _SYSTEM_PATH, "HOME": own, "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull, "GIT_DIR": own,
+        "GIT_WORK_TREE": os.path.join(own, "work"), "GIT_INDEX_FILE": os.path.join(own, "index"),
+    }  # fmt: skip
+    arguments = ["-c", f"index.threads={threads}", "-c", "core.fsmonitor=false"]
+    try:
+        git = subprocess.Popen(
+            [*command, *arguments, "ls-files", "--stage", "-z"],
+            env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    except OSError:
+        return None
+    assert git.stdout is not None
+    try:
+        answer = git.stdout.read(_GITLINKS_ANSWER + 1)  # (its CPU time is limited: it ends)
+        if len(answer) > _GITLINKS_ANSWER:
+            return None  # killed below, not waited for: it would write on
+        status = git.wait(timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        if git.poll() is None:
+            git.kill()
+            git.wait()
+        git.stdout.close()
+    return answer if status == 0 else None
+
+
 def _uses_sha256(gitdir: str) -> bool:
-    config = _syscalls.read_untrusted(os.path.join(gitdir, "config"), 1 << 20) or b""
-    return b"sha256" in config.lower() and b"objectformat" in config.lower()
+    """Does gitdir's repository say its objects are sha256? Its config, or (a linked worktree's
+    git directory has none of its own) the config of the directory its commondir names."""
+    configs = [os.path.join(gitdir, "config")]
+    common = _syscalls.read_untrusted(os.path.join(gitdir, "commondir"), 4096)
+    if common:
+        named = os.fsdecode(common.rstrip(b"\r\n").split(b"\0", 1)[0])
+        configs.append(os.path.join(gitdir, named, "config"))
+    for path in configs:
+        config = (_syscalls.read_untrusted(path, 1 << 20) or b"").lower()
+        if b"sha256" in config and b"objectformat" in config:
+            return True
+    return False
 
 
 def _base_entries(plan: Plan) -> list[p.Entry]:
