@@ -24,6 +24,7 @@ from helpers import (
     give_to_session_user,
     open_up,
     outcome_without_hanging,
+    pids_with,
     session,
     session_dirs,
 )
@@ -1151,6 +1152,27 @@ def test_a_gitlink_to_a_repository_not_made_yet_is_reported(repo: tuple[Path, Pa
         assert str(workspace / link) in written, (link, written)
 
 
+def test_a_link_to_nothing_yet_is_judged_where_it_really_leads(
+    repo: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A link to nothing is judged by what of its way exists, resolved: through another path
+    to the workspace (a host symlink, as /var/run is /run) into node_modules it is named, as
+    written it was not; through `..` to a place the scan looks, it is not (a checkout of a
+    tree with such a link named it)."""
+    workspace = repo[0]
+    alias = tmp_path / "alias"
+    alias.symlink_to(workspace)
+    script = (
+        f"set -e; cd {workspace}; mkdir -p docs; ln -s {alias}/node_modules/evil through; "
+        "ln -s ../generated/out.txt docs/out.txt"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    assert str(workspace / "through") in written, written
+    assert str(workspace / "docs" / "out.txt") not in written, written
+
+
 # Adds a gitlink to node_modules/evil (a repository the session made) to the shared index of
 # a split index, in place, its name and trailing hash kept: .git/index itself is not touched.
 _SHARED_INDEX_WRITER = r"""
@@ -1246,6 +1268,25 @@ def test_an_index_git_cannot_be_asked_about_cheaply_is_named(
     made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
     assert made.wait() == 0
     assert str(index) in (made.untrusted_config or [])
+
+
+def test_git_that_waits_on_something_is_given_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A git blocked without using CPU (a FIFO another running session of the workspace
+    swapped in for the index as it was opened: its CPU limit never comes) is given up on at
+    its deadline, killed, and counts as an index that cannot be told; it held the report
+    until something wrote to the FIFO."""
+    import nsconfine._plan.protect as protect
+
+    monkeypatch.setattr(protect, "_GIT_DEADLINE", 0.5)
+    waiter = tmp_path / "waiter"
+    waiter.write_text("#!/bin/sh\nexec sleep 600\n")
+    waiter.chmod(0o755)
+    began = time.monotonic()
+    assert protect._git_answer([str(waiter)], str(tmp_path), "1") is None
+    assert time.monotonic() - began < 60  # (not a speed check: sleep 600 was not waited for)
+    assert not pids_with(str(waiter))
 
 
 def test_more_new_links_than_are_looked_at_name_the_workspace(repo: tuple[Path, Path]) -> None:

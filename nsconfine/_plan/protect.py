@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine._errors import PlanError
@@ -321,21 +322,36 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
     for link in new:
         reached = _reached(link)
         if reached is None:  # leading nowhere yet: where a later session may make a repository
-            try:
-                written = os.readlink(link)
-            except OSError:
-                continue  # no longer a link
-            if ".." in written.split("/"):  # after a link on the way, `..` leads anywhere
-                found.append(link)
+            place = _existing_way(link)
+            if place is None:
+                found.append(link)  # too long a way to judge
                 continue
-            where = os.path.dirname(os.path.normpath(os.path.join(os.path.dirname(link), written)))
-        elif os.path.isdir(reached):
-            where = reached
-        else:  # a file: a later session may put a repository in its place
-            where = os.path.dirname(reached)
-        if where not in scan.listed and any(within(where, top) for top in writable):
+            where, rest = place
+            unscanned = any(part in NOT_SCANNED or part == ".." for part in rest)
+        else:  # a directory; or a file, whose place a later session may give a repository
+            where = reached if os.path.isdir(reached) else os.path.dirname(reached)
+            unscanned = False
+        if (unscanned or where not in scan.listed) and any(within(where, top) for top in writable):
             found.append(link)
     return found
+
+
+def _existing_way(link: str) -> tuple[str, list[str]] | None:
+    """Of the way a link that leads nowhere names: the real path of the longest part of it that
+    exists (resolved by the kernel, through every link and `..` on it, as the host's git would
+    go), and the names after it; None for a way of over 64 names."""
+    try:
+        written = os.readlink(link)
+    except OSError:
+        return None
+    parts = os.path.join(os.path.dirname(link), written).split("/")
+    if len(parts) > 64:
+        return None
+    for end in range(len(parts) - 1, 0, -1):
+        real = _reached("/".join(parts[:end]) or "/")
+        if real is not None:
+            return (real if os.path.isdir(real) else os.path.dirname(real)), parts[end:]
+    return None
 
 
 def _reached(link: str) -> str | None:
@@ -499,9 +515,11 @@ def _gitlinks(gitdir: str) -> list[str] | None:
 # How git is run on a session's index: within memory and time it cannot pass (a version 4
 # index's names may grow with the square of its entries: a 1.9 MB index took git 878 MB), and
 # read as each index.threads value reads it (1: in order; 2: extensions by the end-of-index
-# offset; 64: entries by the offset table too).
+# offset; 3: entries by the offset table too, with the fewest threads that do: a large index
+# read with 64 of them would pass the memory limit).
 _GIT_LIMITS = ("--as=1073741824", "--cpu=3", "--")  # (git reads 600,000 entries in 0.5 s)
-_READS = ("1", "2", "64")
+_GIT_DEADLINE = 10.0  # seconds: a git blocked without using CPU is given up on
+_READS = ("1", "2", "3")
 _GITLINKS_ANSWER = 64 << 20  # the most of git's answer read; past it, the index is named
 _SHARED_INDEXES = 16  # the most shared indexes a git directory may hold for its index to be read
 
@@ -527,18 +545,38 @@ def _git_answer(command: list[str], own: str, threads: str) -> bytes | None:
         return None
     assert git.stdout is not None
     try:
-        answer = git.stdout.read(_GITLINKS_ANSWER + 1)  # (its CPU time is limited: it ends)
-        if len(answer) > _GITLINKS_ANSWER:
-            return None  # killed below, not waited for: it would write on
-        status = git.wait(timeout=30)
+        answer = _read_until(git.stdout.fileno(), time.monotonic() + _GIT_DEADLINE)
+        status = git.wait(timeout=1) if answer is not None else None
     except (OSError, subprocess.SubprocessError):
         return None
     finally:
         if git.poll() is None:
-            git.kill()
+            git.kill()  # blocked (on a FIFO swapped in), past its deadline, or writing on
             git.wait()
         git.stdout.close()
     return answer if status == 0 else None
+
+
+def _read_until(fd: int, deadline: float) -> bytes | None:
+    """All fd gives until its end, by deadline (a time.monotonic()); None if it has not ended
+    by then, or gives more than _GITLINKS_ANSWER."""
+    import select
+
+    chunks: list[bytes] = []
+    size = 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while (left := deadline - time.monotonic()) > 0:
+        if not poller.poll(left * 1000):
+            return None
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _GITLINKS_ANSWER:
+            return None
+    return None
 
 
 def _uses_sha256(gitdir: str) -> bool:
