@@ -1270,6 +1270,76 @@ def test_an_index_git_cannot_be_asked_about_cheaply_is_named(
     assert str(index) in (made.untrusted_config or [])
 
 
+def test_a_link_re_pointed_through_node_modules_later_is_reported(repo: tuple[Path, Path]) -> None:
+    """One session makes links through a link in node_modules that leads back to where the
+    scan looks (nothing to name); a later one re-points that node_modules link at a repository
+    it made there, touching neither workspace link. The host's git, run after `cd` through
+    either, enters the repository: the later session's report names them (by where they lead
+    now, changed during it)."""
+    workspace = repo[0]
+    first = (
+        f"set -e; cd {workspace}; mkdir -p sub node_modules; ln -s ../sub node_modules/k; "
+        "ln -s node_modules/k tools; ln -s node_modules/k/later dang"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", first])
+    assert made.wait() == 0
+    time.sleep(1.5)  # the links now predate the next session by more than the report's slack
+    second = (
+        f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; git init -q node_modules/evil; "
+        "git init -q node_modules/evil/later; ln -sfn evil node_modules/k"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", second])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    for link in ("tools", "dang"):
+        assert str(workspace / link) in written, (link, written)
+
+
+def test_a_link_through_proc_is_reported(repo: tuple[Path, Path]) -> None:
+    """/proc/self/cwd is the launcher's working directory to the launcher, and the host shell's
+    own to the shell that `cd`s through the link: a link through /proc (or /dev/fd) is named,
+    whatever it leads to from the launcher."""
+    workspace = repo[0]
+    script = (
+        f"set -e; cd {workspace}; ln -s /proc/self/cwd/node_modules/evil tools; "
+        "ln -s /proc p; ln -s p/self/cwd/node_modules/evil viaproc"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    for link in ("tools", "viaproc"):
+        assert str(workspace / link) in written, (link, written)
+
+
+def test_links_that_cannot_be_resolved_cheaply_name_the_workspace(
+    repo: tuple[Path, Path],
+) -> None:
+    """Links that loop through long chains of other links cost each way's resolution ms
+    (a session's 254 such links held the report 42 s): one that the kernel refuses as too
+    many links is named, and past a budget of time the workspace is."""
+    workspace = repo[0]
+    script = f"set -e; cd {workspace}; ln -s loop loop; ln -s loop/x/y/z dangling"
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    assert str(workspace / "dangling") in (made.untrusted_config or [])
+
+
+def test_an_index_of_many_unscanned_gitlinks_is_named_once(repo: tuple[Path, Path]) -> None:
+    """An index with thousands of gitlinks into node_modules named each place (760,000 of them
+    took the report 49 s and gave `run` 6.8 million warning lines): past 16 in one index, the
+    index itself is named, once."""
+    workspace = repo[0]
+    script = (
+        f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; for i in $(seq 20); do printf "
+        "'160000 1111111111111111111111111111111111111111 0\\tnode_modules/m%s\\n' $i; done | "
+        "git update-index --index-info"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    written = made.untrusted_config or []
+    assert written == [str(workspace / ".git" / "index")], written
+
+
 def test_git_that_waits_on_something_is_given_up_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -52,6 +52,7 @@ names what the host runs that a session could write.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import time
@@ -291,55 +292,74 @@ def written_config(
     return list(dict.fromkeys(written))
 
 
-# The most links made during a session that its end looks at, each resolved; past it the
-# workspace itself is named (a session could make millions, each with a 4,000-byte target).
+# The most links made during a session that its end looks at, each resolved, and the most
+# time it spends on all the links the scan met; past either the workspace itself is named (a
+# session could make millions, or chains of links each of whose resolutions takes ms).
 LINKS_LOOKED_AT = 256
+LINKS_SECONDS = 5.0
+# Where a link's way that passes through it leads depends on who follows it: /proc/self/cwd
+# is the launcher's working directory to the launcher, the host shell's own to that shell.
+_PER_PROCESS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
+_LOOPING = ""  # what a resolution the kernel refuses (too many links) gives
 
 
 def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
-    """The symlinks the scan met, made or changed since `since`, that lead to a directory the
-    session could write and the scan did not look through (its run directory, a node_modules),
-    or to nothing yet where it does not look: the host's git, run through one, finds what the
-    session put there (or a later session will). Past LINKS_LOOKED_AT of them, the writable
-    trees scanned instead."""
+    """The symlinks the scan met that lead to a directory the session could write and the scan
+    did not look through (its run directory, a node_modules), or to nothing yet or a file
+    there, where the host's git, run after `cd` through one, finds what a session put there:
+    each one made or changed since `since`, and each older one whose place changed since
+    (a session re-points a link in node_modules that it leads through). And each new one
+    whose way passes through /proc or /dev/fd. Past LINKS_LOOKED_AT new ones, or
+    LINKS_SECONDS, the writable trees scanned instead."""
+    assert plan.protection is not None
+    trees = [source for _dest, source in plan.protection.trees]
     writable = []
     for entry in plan.entries:
         if entry.kind is Kind.BIND and entry.mode is Mode.RW:
             with contextlib.suppress(OSError):
                 writable.append(_syscalls.realpath(entry.source))
-    new = []
+    ages = []
     for link in scan.links:
         try:
             info = os.lstat(link)
         except OSError:
             continue  # gone: nothing for the host to enter
-        if max(info.st_mtime, info.st_ctime) >= since:
-            new.append(link)
-    if len(new) > LINKS_LOOKED_AT:
-        assert plan.protection is not None
-        return [source for _dest, source in plan.protection.trees]
+        ages.append((link, max(info.st_mtime, info.st_ctime) >= since))
+    if sum(new for _link, new in ages) > LINKS_LOOKED_AT:
+        return trees
+    deadline = time.monotonic() + LINKS_SECONDS
     found = []
-    for link in new:
-        reached = _reached(link)
-        if reached is None:  # leading nowhere yet: where a later session may make a repository
-            place = _existing_way(link)
-            if place is None:
-                found.append(link)  # too long a way to judge
-                continue
-            where, rest = place
-            unscanned = any(part in NOT_SCANNED or part == ".." for part in rest)
-        else:  # a directory; or a file, whose place a later session may give a repository
-            where = reached if os.path.isdir(reached) else os.path.dirname(reached)
-            unscanned = False
-        if (unscanned or where not in scan.listed) and any(within(where, top) for top in writable):
+    for link, new in ages:
+        if time.monotonic() > deadline:
+            return trees
+        if new and _through_per_process(link):
+            found.append(link)
+            continue
+        place = _place(link)
+        if place is None:  # a way too long, or looping: not to be judged
+            if new:
+                found.append(link)
+            continue
+        where, unscanned = place
+        if not (unscanned or where not in scan.listed):
+            continue
+        if not any(within(where, top) for top in writable):
+            continue
+        if new or _changed_since(where, since):
             found.append(link)
     return found
 
 
-def _existing_way(link: str) -> tuple[str, list[str]] | None:
-    """Of the way a link that leads nowhere names: the real path of the longest part of it that
-    exists (resolved by the kernel, through every link and `..` on it, as the host's git would
-    go), and the names after it; None for a way of over 64 names."""
+def _place(link: str) -> tuple[str, bool] | None:
+    """Where link leads, as the directory a later session could give a repository (the
+    directory itself; a file's; for a link to nothing, the deepest part of its way that
+    exists), and whether what its way names after that is unscanned whatever it is (a
+    node_modules, a `..`); None if that cannot be told (a looping or too long a way)."""
+    reached = _reached(link)
+    if reached == _LOOPING:
+        return None
+    if reached is not None:
+        return (reached if os.path.isdir(reached) else os.path.dirname(reached)), False
     try:
         written = os.readlink(link)
     except OSError:
@@ -349,33 +369,50 @@ def _existing_way(link: str) -> tuple[str, list[str]] | None:
         return None
     for end in range(len(parts) - 1, 0, -1):
         real = _reached("/".join(parts[:end]) or "/")
+        if real == _LOOPING:
+            return None
         if real is not None:
-            return (real if os.path.isdir(real) else os.path.dirname(real)), parts[end:]
+            where = real if os.path.isdir(real) else os.path.dirname(real)
+            return where, any(part in NOT_SCANNED or part == ".." for part in parts[end:])
     return None
 
 
-def _reached(link: str) -> str | None:
-    """The real path of what link leads to (resolved by the kernel, in one open: a resolution
-    path by path costs the square of a long target's length), or None if it leads nowhere."""
+def _through_per_process(link: str) -> bool:
+    """Does link's way, as written, or the way a link met on it names, pass through /proc or
+    /dev/fd (which lead elsewhere for each process that follows them)?"""
     try:
-        fd = os.open(link, os.O_PATH | os.O_CLOEXEC)
+        way = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
     except OSError:
-        return None
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+        return False
+    ways = [way]
+    parts = way.split("/")
+    for end in range(2, min(len(parts), 64)):
+        prefix = "/".join(parts[:end])
+        with contextlib.suppress(OSError):
+            if os.path.islink(prefix):
+                named = os.readlink(prefix)
+                ways.append(os.path.normpath(os.path.join(os.path.dirname(prefix), named)))
+    return any(within(way, top) for way in ways for top in _PER_PROCESS)
 
 
-def _directory_reached(link: str) -> str | None:
-    """The real path of the directory link leads to (resolved by the kernel, in one open: a
-    resolution path by path costs the square of a long target's length), or None."""
+def _changed_since(where: str, since: float) -> bool:
+    """Did where, or a repository in it, change since `since` (a repository made there)?"""
+    for path in (where, os.path.join(where, ".git")):
+        with contextlib.suppress(OSError):
+            info = os.lstat(path)
+            if max(info.st_mtime, info.st_ctime) >= since:
+                return True
+    return False
+
+
+def _reached(path: str) -> str | None:
+    """The real path of what path leads to (resolved by the kernel, in one open: a resolution
+    path by path costs the square of a long target's length); None if it leads nowhere;
+    _LOOPING if the kernel refuses it (too many links)."""
     try:
-        fd = os.open(link, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None  # leading nowhere, or to no directory
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as error:
+        return _LOOPING if error.errno == errno.ELOOP else None
     try:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
@@ -426,31 +463,48 @@ def _gitlinks_unscanned(scan: _Scan, since: float) -> list[str]:
     or where what it holds cannot be told."""
     trees = {gitdir: tree for tree, gitdir in scan.indexes}
     found: list[str] = []
+    deadline = time.monotonic() + GITLINKS_SECONDS
     for gitdir in dict.fromkeys([*trees, *scan.found]):  # worktrees/*, modules/* too
         index = os.path.join(gitdir, "index")
         if not os.path.lexists(index) or not _index_written_since(gitdir, since):
             continue
-        gitlinks = _gitlinks(gitdir)
+        gitlinks = _gitlinks(gitdir) if time.monotonic() < deadline else None
         tree = trees.get(gitdir)
         if gitlinks is None or tree is None:
             if gitlinks != []:  # none to tell, or none that a tree here resolves
                 found.append(index)
             continue
-        for name in gitlinks:
-            parts = name.split("/")
-            if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
-                found.append(index)
-                break
-            repository = os.path.join(tree, name)
-            if repository in scan.repositories:
-                continue  # found by the scan: protected
-            config = os.path.join(repository, ".git", "config")
-            path = config if os.path.lexists(config) else os.path.join(repository, ".git")
-            if os.path.lexists(path):
-                found.append(path)
-            elif os.path.dirname(repository) not in scan.listed:
-                found.append(repository)
+        places = _gitlink_places(gitlinks, tree, scan)
+        found += [index] if places is None or len(places) > GITLINKS_NAMED else places
     return found
+
+
+# The most places one index's gitlinks lead that the report names; past it, the index (a
+# session could write hundreds of thousands, for as many warning lines). And the most time
+# the report gives git on all the indexes; past it, the indexes left are named unread.
+GITLINKS_NAMED = 16
+GITLINKS_SECONDS = 20.0
+
+
+def _gitlink_places(gitlinks: Sequence[str], tree: str, scan: _Scan) -> list[str] | None:
+    """Where gitlinks of the working tree at tree lead that the scan did not see: a repository
+    it did not find (its config, or its .git), or the place of one not made yet where the scan
+    does not look; None if one is no path inside the tree (absolute, `..`)."""
+    places = []
+    for name in gitlinks:
+        parts = name.split("/")
+        if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            return None
+        repository = os.path.join(tree, name)
+        if repository in scan.repositories:
+            continue  # found by the scan: protected
+        config = os.path.join(repository, ".git", "config")
+        path = config if os.path.lexists(config) else os.path.join(repository, ".git")
+        if os.path.lexists(path):
+            places.append(path)
+        elif os.path.dirname(repository) not in scan.listed:
+            places.append(repository)
+    return places
 
 
 def _gitlinks(gitdir: str) -> list[str] | None:
