@@ -188,6 +188,20 @@ def _host_git(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _reported_after(repo: tuple[Path, Path], script: str) -> list[str]:
+    """What untrusted_config names after a session of repo's plan that ran script (which must
+    succeed)."""
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    return made.untrusted_config or []
+
+
+def _assert_named(written: list[str], workspace: Path, *links: str) -> None:
+    """Each of links (relative to workspace) is in the report written."""
+    for link in links:
+        assert str(workspace / link) in written, (link, written)
+
+
 _EVIL_CONFIG = "[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch /tmp/pwned\\n"
 
 
@@ -1051,9 +1065,7 @@ def test_a_repository_in_node_modules_made_a_submodule_is_reported(
         "git -c user.name=a -c user.email=a@a commit -q --allow-empty -m x; "
         f"sha=$(git rev-parse HEAD); cd {workspace}; {_GITLINK_ADDED[hidden]}"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
-    assert made.wait() == 0
-    written = made.untrusted_config or []  # read first: the host's git rewrites the index
+    written = _reported_after(repo, script)  # read first: the host's git rewrites the index
     if hidden.startswith("split"):
         assert list((workspace / ".git").glob("sharedindex.*"))
     assert "node_modules/evil" in _host_git(workspace, "status", "--short").stdout  # looked into
@@ -1121,9 +1133,7 @@ def test_a_gitlink_git_reads_where_a_parser_would_not_is_reported(
     )
     if how == "symlinked":
         script += f"; rm {index}; ln -s ../node_modules/idx {index}"
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
-    assert made.wait() == 0
-    written = made.untrusted_config or []
+    written = _reported_after(repo, script)
     threads = ["-c", "index.threads=4"] if how == "ieot" else []
     assert "160000" in _host_git(host_tree, *threads, "ls-files", "-s").stdout  # git on the host
     assert str(index) in written or any(path.startswith(str(evil)) for path in written), written
@@ -1141,15 +1151,12 @@ def test_a_gitlink_to_a_repository_not_made_yet_is_reported(repo: tuple[Path, Pa
         "ln -s node_modules/pkg lib; mkdir -p node_modules/b/c x; ln -s b/c node_modules/a; "
         "ln -s node_modules/a/../../x/evil up; touch node_modules/file; ln -s node_modules/file f"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
-    assert made.wait() == 0
-    written = made.untrusted_config or []
+    written = _reported_after(repo, script)
     assert str(workspace / "node_modules" / "evil") in written, written
     # A link to nothing yet; one whose `..` follows a link the scan never met (as written it
     # leads where the scan looks, the kernel takes it into node_modules); one to a file there
     # (a later session puts a repository in its place).
-    for link in ("lib", "up", "f"):
-        assert str(workspace / link) in written, (link, written)
+    _assert_named(written, workspace, "lib", "up", "f")
 
 
 def test_a_link_to_nothing_yet_is_judged_where_it_really_leads(
@@ -1166,9 +1173,7 @@ def test_a_link_to_nothing_yet_is_judged_where_it_really_leads(
         f"set -e; cd {workspace}; mkdir -p docs; ln -s {alias}/node_modules/evil through; "
         "ln -s ../generated/out.txt docs/out.txt"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
-    assert made.wait() == 0
-    written = made.untrusted_config or []
+    written = _reported_after(repo, script)
     assert str(workspace / "through") in written, written
     assert str(workspace / "docs" / "out.txt") not in written, written
 
@@ -1215,9 +1220,7 @@ def test_a_gitlink_written_into_an_older_split_index_is_reported(repo: tuple[Pat
         "git -c user.name=a -c user.email=a@a commit -q --allow-empty -m x; "
         f"cd {workspace}; python3 {writer} $(git -C {evil} rev-parse HEAD)"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
-    assert made.wait() == 0
-    written = made.untrusted_config or []
+    written = _reported_after(repo, script)
     assert "160000" in _host_git(workspace, "ls-files", "-s", "node_modules").stdout
     assert any(path.startswith(str(evil)) for path in written), written
 
@@ -1240,9 +1243,7 @@ def test_a_workspace_link_to_a_repository_the_scan_skips_is_reported(
         f"printf '{_EVIL_CONFIG}' >> {outside}/.git/config; ln -s {outside} {link}; "
         f"ln -s {workspace}/vendor {scanned}"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
-    assert made.wait() == 0
-    written = made.untrusted_config or []
+    written = _reported_after(repo, script)
     assert _host_git_config(link) == "touch /tmp/pwned\n"  # what the host's git would run
     assert str(link) in written, written
     assert str(scanned) not in written, written
@@ -1281,18 +1282,14 @@ def test_a_link_re_pointed_through_node_modules_later_is_reported(repo: tuple[Pa
         f"set -e; cd {workspace}; mkdir -p sub node_modules; ln -s ../sub node_modules/k; "
         "ln -s node_modules/k tools; ln -s node_modules/k/later dang"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", first])
-    assert made.wait() == 0
+    _reported_after(repo, first)
     time.sleep(1.5)  # the links now predate the next session by more than the report's slack
     second = (
         f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; git init -q node_modules/evil; "
         "git init -q node_modules/evil/later; ln -sfn evil node_modules/k"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", second])
-    assert made.wait() == 0
-    written = made.untrusted_config or []
-    for link in ("tools", "dang"):
-        assert str(workspace / link) in written, (link, written)
+    written = _reported_after(repo, second)
+    _assert_named(written, workspace, "tools", "dang")
 
 
 def test_a_link_through_proc_is_reported(repo: tuple[Path, Path]) -> None:
@@ -1304,11 +1301,8 @@ def test_a_link_through_proc_is_reported(repo: tuple[Path, Path]) -> None:
         f"set -e; cd {workspace}; ln -s /proc/self/cwd/node_modules/evil tools; "
         "ln -s /proc p; ln -s p/self/cwd/node_modules/evil viaproc"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
-    assert made.wait() == 0
-    written = made.untrusted_config or []
-    for link in ("tools", "viaproc"):
-        assert str(workspace / link) in written, (link, written)
+    written = _reported_after(repo, script)
+    _assert_named(written, workspace, "tools", "viaproc")
 
 
 def test_links_that_cannot_be_resolved_cheaply_name_the_workspace(
@@ -1334,9 +1328,7 @@ def test_an_index_of_many_unscanned_gitlinks_is_named_once(repo: tuple[Path, Pat
         "'160000 1111111111111111111111111111111111111111 0\\tnode_modules/m%s\\n' $i; done | "
         "git update-index --index-info"
     )
-    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
-    assert made.wait() == 0
-    written = made.untrusted_config or []
+    written = _reported_after(repo, script)
     assert written == [str(workspace / ".git" / "index")], written
 
 
