@@ -185,13 +185,18 @@ def terminal_read_leaks(world: World, through_cli: bool = True) -> str | None:
             child = spawn(world.plan(), argv, stdout=terminal, stderr=errors_write)
         os.close(errors_write)
         errors_write = -1
-        seen = b""
-        deadline = time.monotonic() + PROBE_TIMEOUT_SECONDS
-        while b"ready" not in seen and time.monotonic() < deadline:
-            if select.select([controller], [], [], 1)[0]:
-                seen += os.read(controller, 4096)
-        os.write(controller, secret.encode() + b"\n")
+        # It says it is ready on stderr: on stdout (a pipe to `run`'s relay, which writes to
+        # the terminal) the session itself could read it back first, through its stdout
+        # re-opened, and the wait for it here took the whole timeout (1 run in 7, unprivileged).
         told = b""
+        deadline = time.monotonic() + PROBE_TIMEOUT_SECONDS
+        while b"ready\n" not in told and time.monotonic() < deadline:
+            if select.select([errors_read], [], [], 1)[0]:
+                chunk = os.read(errors_read, 65536)
+                if not chunk:
+                    break
+                told += chunk
+        os.write(controller, secret.encode() + b"\n")
         while chunk := os.read(errors_read, 65536):
             told += chunk
         child.wait(PROBE_TIMEOUT_SECONDS)
@@ -212,7 +217,8 @@ for name, path in (("console", "/dev/console"), ("reopened", "/proc/self/fd/1"))
         fds[name] = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         pass
-print("ready", flush=True)
+sys.stderr.write("ready\n")
+sys.stderr.flush()
 got = b""
 deadline = time.monotonic() + 3
 while fds and time.monotonic() < deadline:
