@@ -313,11 +313,7 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
     LINKS_SECONDS, the writable trees scanned instead."""
     assert plan.protection is not None
     trees = [source for _dest, source in plan.protection.trees]
-    writable = []
-    for entry in plan.entries:
-        if entry.kind is Kind.BIND and entry.mode is Mode.RW:
-            with contextlib.suppress(OSError):
-                writable.append(_syscalls.realpath(entry.source))
+    writable = [resolved for _dest, resolved, _written in scan.writable]
     ages = []
     for link in scan.links:
         try:
@@ -421,17 +417,22 @@ def _reached(path: str) -> str | None:
         os.close(fd)
 
 
-def _index_written_since(gitdir: str, since: float) -> bool:
-    """Was gitdir's index, or a shared index a split one names, written since `since`? By
-    change time too: a session sets a file's mtime back, never its ctime."""
+def _index_files(gitdir: str) -> list[os.DirEntry[str]]:
+    """gitdir's index and its shared indexes (a split index's); OSError if it cannot be
+    listed."""
+    with os.scandir(gitdir) as listing:
+        return [
+            entry
+            for entry in listing
+            if entry.name == "index" or entry.name.startswith("sharedindex.")
+        ]
+
+
+def _index_written_since(indexes: Sequence[os.DirEntry[str]], since: float) -> bool:
+    """Was one of a git directory's indexes (_index_files) written since `since`? By change
+    time too: a session sets a file's mtime back, never its ctime."""
     try:
-        with os.scandir(gitdir) as listing:
-            names = [
-                entry.path
-                for entry in listing
-                if entry.name == "index" or entry.name.startswith("sharedindex.")
-            ]
-        times = [os.lstat(path) for path in names]
+        times = [entry.stat(follow_symlinks=False) for entry in indexes]
     except OSError:
         return True  # changed as it was looked at: read it
     return any(max(info.st_mtime, info.st_ctime) >= since for info in times)
@@ -466,9 +467,13 @@ def _gitlinks_unscanned(scan: _Scan, since: float) -> list[str]:
     deadline = time.monotonic() + GITLINKS_SECONDS
     for gitdir in dict.fromkeys([*trees, *scan.found]):  # worktrees/*, modules/* too
         index = os.path.join(gitdir, "index")
-        if not os.path.lexists(index) or not _index_written_since(gitdir, since):
+        try:
+            indexes = _index_files(gitdir)
+        except OSError:
+            continue  # gone, or no directory: no index for the host's git
+        if not any(e.name == "index" for e in indexes) or not _index_written_since(indexes, since):
             continue
-        gitlinks = _gitlinks(gitdir) if time.monotonic() < deadline else None
+        gitlinks = _gitlinks(gitdir, indexes) if time.monotonic() < deadline else None
         tree = trees.get(gitdir)
         if gitlinks is None or tree is None:
             if gitlinks != []:  # none to tell, or none that a tree here resolves
@@ -507,10 +512,10 @@ def _gitlink_places(gitlinks: Sequence[str], tree: str, scan: _Scan) -> list[str
     return places
 
 
-def _gitlinks(gitdir: str) -> list[str] | None:
+def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | None:
     """The paths gitdir's index records as gitlinks (mode 0160000: a submodule the host's git
     status enters), as git itself reads them: git's own ls-files, on a git directory of
-    nsconfine's that links to the index and its shared indexes (a split index's), so that no
+    nsconfine's that links to the index and its shared indexes (indexes: _index_files), so no
     config, hook or fsmonitor of the session's runs. Read every way git reads an index (in
     order; by its end-of-index offset; by its offset table, as a host whose config sets
     index.threads does). None when that cannot be told: no git on the host, an index that is
@@ -525,16 +530,10 @@ def _gitlinks(gitdir: str) -> list[str] | None:
     if git is None or limit is None:
         return None
     sha256 = _uses_sha256(gitdir)
+    if len(indexes) > 1 + _SHARED_INDEXES:
+        return None
     with tempfile.TemporaryDirectory(prefix="nsconfine-index-") as own:
         try:
-            with os.scandir(gitdir) as listing:
-                indexes = [
-                    entry
-                    for entry in listing
-                    if entry.name == "index" or entry.name.startswith("sharedindex.")
-                ]
-            if len(indexes) > 1 + _SHARED_INDEXES:
-                return None
             for entry in indexes:
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_size <= _INDEX_READ:
                     os.symlink(entry.path, os.path.join(own, entry.name))
@@ -614,14 +613,10 @@ def _git_answer(command: list[str], own: str, threads: str) -> bytes | None:
 def _read_until(fd: int, deadline: float) -> bytes | None:
     """All fd gives until its end, by deadline (a time.monotonic()); None if it has not ended
     by then, or gives more than _GITLINKS_ANSWER."""
-    import select
-
     chunks: list[bytes] = []
     size = 0
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
     while (left := deadline - time.monotonic()) > 0:
-        if not poller.poll(left * 1000):
+        if not _syscalls.wait_fd(fd, left):
             return None
         chunk = os.read(fd, 1 << 20)
         if not chunk:
