@@ -943,7 +943,7 @@ def test_a_flood_of_refusals_is_recorded_in_part_and_counted(
     every refusal was a line (an attacker's pass grew the audit file 450 KB a second)."""
     import nsconfine._launch.proxy as proxy_module
 
-    monkeypatch.setattr(proxy_module, "REFUSALS_RECORDED_PER_SECOND", 0)
+    monkeypatch.setattr(proxy_module, "RECORDS_PER_SECOND", 0)
     path = proxy.add_session("flood", [], [])
     for _ in range(300):
         assert connect_status(path, "unlisted.test:443") == 403
@@ -956,13 +956,13 @@ def test_a_flood_of_refusals_is_recorded_in_part_and_counted(
 def test_a_sessions_refusals_are_recorded_up_to_a_total(
     proxy: Proxy, audited: Audited, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past REFUSALS_RECORDED_IN_ALL of a session's refusals (here 150, with the rate's cap out
+    """Past RECORDS_IN_ALL of a session's refusals (here 150, with the rate's cap out
     of the way), the rest are only counted: however long it runs, a session's records stay
     bounded."""
     import nsconfine._launch.proxy as proxy_module
 
-    monkeypatch.setattr(proxy_module, "REFUSALS_RECORDED_AT_ONCE", 10_000)
-    monkeypatch.setattr(proxy_module, "REFUSALS_RECORDED_IN_ALL", 150)
+    monkeypatch.setattr(proxy_module, "RECORDS_AT_ONCE", 10_000)
+    monkeypatch.setattr(proxy_module, "RECORDS_IN_ALL", 150)
     path = proxy.add_session("long-lived", [], [])
     for _ in range(300):
         assert connect_status(path, "unlisted.test:443") == 403
@@ -970,6 +970,30 @@ def test_a_sessions_refusals_are_recorded_up_to_a_total(
     mine = [r for r in audited if r["session"] == "long-lived"]
     assert len(mine) == 151
     assert str(mine[-1]["reason"]).startswith("150 more refusals were not recorded")
+
+
+def test_a_flood_of_allowed_connections_is_recorded_in_part_and_counted(
+    proxy: Proxy, audited: Audited, http_upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session fetching an allowed page in a loop: its allowed connections are recorded as
+    its refusals are (100 at once, then 20 a second: here none), and the rest counted in one
+    record with the bytes they moved. Each was a line before, so a session looping on an
+    allowed host grew the audit file (root's) without end."""
+    import nsconfine._launch.proxy as proxy_module
+
+    monkeypatch.setattr(proxy_module, "RECORDS_PER_SECOND", 0)
+    path = proxy.add_session("loop", [dest(f"web.test:{http_upstream.port}=127.0.0.1")], [])
+    for _ in range(300):
+        assert status(ask(path, get("web.test", http_upstream.port))) == 200
+    proxy.remove_session(path)
+    mine = [r for r in audited if r["session"] == "loop"]
+    assert len(mine) == 101, len(mine)
+    assert all(r["decision"] == "allowed" for r in mine)
+    summary = mine[-1]
+    assert str(summary["reason"]).startswith("200 more allowed connections were not recorded")
+    each = int(str(mine[0]["bytes_down"]))
+    assert each > 0
+    assert int(str(summary["bytes_down"])) == 200 * each
 
 
 def test_a_refusal_record_is_short_whatever_the_request(proxy: Proxy, audited: Audited) -> None:

@@ -449,7 +449,8 @@ class Proxy:
         # Notified as each connection ends: a session's end waits for its connections' records.
         self._connection_ended = threading.Condition(self._lock)
         self._sessions: dict[str, _Session] = {}
-        self._refusals: dict[str, _RefusalBudget] = {}  # by session: what of them is recorded
+        # By session and decision: which records are written, and what the others add up to.
+        self._budgets: dict[tuple[str, bool], _RecordBudget] = {}
         self._closed = False
         self._directory: _LauncherDirectory | None = None  # made at the first session
 
@@ -544,9 +545,12 @@ class Proxy:
             self._connection_ended.wait_for(
                 lambda: not session.connections, CONNECTIONS_END_SECONDS
             )
-            budget = self._refusals.pop(session.name, None)
-        if budget is not None and budget.skipped:
-            self._write(_skipped_record(session.name, budget.skipped))
+            budgets = [(self._budgets.pop((session.name, allowed), None), allowed)
+                       for allowed in (False, True)]  # fmt: skip
+        for budget, allowed in budgets:
+            summary = None if budget is None else budget.summary(session.name, allowed)
+            if summary is not None:
+                self._write(summary)
         shutil.rmtree(session.directory, ignore_errors=True)
 
     def close(self) -> None:
@@ -639,14 +643,15 @@ class Proxy:
         self._emit(connection.record, False, reason)
 
     def _emit(self, record: dict[str, object], allowed: bool, reason: str) -> None:
-        if not allowed:
-            with self._lock:
-                budget = self._refusals.setdefault(str(record.get("session")), _RefusalBudget())
-                skipped = budget.take()
-            if skipped is None:
-                return  # counted: its number is recorded with the next refusal recorded
-            if skipped:
-                self._write(_skipped_record(record.get("session"), skipped))
+        session = record.get("session")
+        with self._lock:
+            budget = self._budgets.setdefault((str(session), allowed), _RecordBudget())
+            written = budget.take(record)
+            summary = budget.summary(session, allowed) if written else None
+        if not written:
+            return  # counted: the sum is recorded with the next record written, or at the end
+        if summary is not None:
+            self._write(summary)
         self._write(_full_record(record, allowed, reason))
 
     def _write(self, full: dict[str, object]) -> None:
@@ -1001,44 +1006,61 @@ class _Splicer:
         os.close(self.write_end)
 
 
-# A session's refusals recorded: this many at once, then this many a second; the others are
-# counted, and their number recorded. A session asking for unlisted hosts in a loop would
-# otherwise grow the audit file (root's) and `run`'s stderr without end.
-REFUSALS_RECORDED_AT_ONCE = 100
-REFUSALS_RECORDED_PER_SECOND = 20
-REFUSALS_RECORDED_IN_ALL = 10_000  # a session's: with RECORDED_TEXT, some 10 MB at the most
+# A session's records, of its refusals and of its allowed connections each: this many at once,
+# then this many a second; the others are counted (with the bytes they moved), and their number
+# recorded. A session asking for unlisted hosts in a loop, or fetching an allowed page in one,
+# would otherwise grow the audit file (root's) and `run`'s stderr without end.
+RECORDS_AT_ONCE = 100
+RECORDS_PER_SECOND = 20
+RECORDS_IN_ALL = 10_000  # of each kind, a session's: with RECORDED_TEXT, some 10 MB at the most
 
 
-class _RefusalBudget:
-    """Which of one session's refusals are recorded (a token bucket)."""
+class _RecordBudget:
+    """Which of one session's records of one decision are written (a token bucket), and what
+    the others add up to."""
 
     def __init__(self) -> None:
-        self.tokens = float(REFUSALS_RECORDED_AT_ONCE)
+        self.tokens = float(RECORDS_AT_ONCE)
         self.last = time.monotonic()
-        self.skipped = 0
         self.recorded = 0
+        self.skipped = 0
+        self.skipped_up = 0
+        self.skipped_down = 0
 
-    def take(self) -> int | None:
-        """None if this refusal is only counted; else how many were counted before it."""
+    def take(self, record: dict[str, object]) -> bool:
+        """Whether this record is written; if not, it is counted."""
         now = time.monotonic()
         elapsed, self.last = now - self.last, now
-        self.tokens = min(
-            REFUSALS_RECORDED_AT_ONCE, self.tokens + elapsed * REFUSALS_RECORDED_PER_SECOND
-        )
-        if self.tokens < 1 or self.recorded >= REFUSALS_RECORDED_IN_ALL:
+        self.tokens = min(RECORDS_AT_ONCE, self.tokens + elapsed * RECORDS_PER_SECOND)
+        if self.tokens < 1 or self.recorded >= RECORDS_IN_ALL:
             self.skipped += 1
-            return None
+            self.skipped_up += _count(record.get("bytes_up"))
+            self.skipped_down += _count(record.get("bytes_down"))
+            return False
         self.tokens -= 1
         self.recorded += 1
-        skipped, self.skipped = self.skipped, 0
-        return skipped
+        return True
+
+    def summary(self, session: object, allowed: bool) -> dict[str, object] | None:
+        """The record of those counted since the last one, or None if there were none."""
+        if not self.skipped:
+            return None
+        what = "allowed connections" if allowed else "refusals"
+        reason = (
+            f"{self.skipped} more {what} were not recorded one by one (over "
+            f"{RECORDS_PER_SECOND} a second, or {RECORDS_IN_ALL} in all)"
+        )
+        counted: dict[str, object] = {
+            "session": session,
+            "bytes_up": self.skipped_up,
+            "bytes_down": self.skipped_down,
+        }
+        self.skipped = self.skipped_up = self.skipped_down = 0
+        return _full_record(counted, allowed, reason)
 
 
-def _skipped_record(session: object, skipped: int) -> dict[str, object]:
-    reason = (
-        f"{skipped} more refusals were not recorded (over {REFUSALS_RECORDED_PER_SECOND} a second)"
-    )
-    return _full_record({"session": session}, False, reason)
+def _count(value: object) -> int:
+    return value if isinstance(value, int) else 0
 
 
 # The most of a text field (a method, a host, a reason) an audit record holds: a session's
