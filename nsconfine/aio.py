@@ -63,8 +63,8 @@ class Process:
     stdin                   an asyncio.StreamWriter for a stdin launched with PIPE, else None
     stdout, stderr          asyncio.StreamReaders for those launched with PIPE, else None
     sandbox                 the Sandbox beneath, for its timings, plan, child_pid,
-                            command_pid, tty and (once ended) untrusted_config; its wait and
-                            communicate block, so a loop awaits these instead
+                            command_pid and tty; its wait, communicate and untrusted_config
+                            block, so a loop awaits these instead
 
     `async with` kills the session on the way out, waits for it and closes its streams.
     """
@@ -200,6 +200,16 @@ class Process:
                     reader.feed_eof()  # empty, and held outside: what is buffered is all
                     break
                 await asyncio.sleep(0)  # the transport reads what the pipe holds
+
+    async def untrusted_config(self) -> list[str] | None:
+        """The Sandbox's untrusted_config, made in the loop's executor (a rescan of the
+        workspace, and the host's git for an index the session wrote: seconds at the worst);
+        None while the session runs."""
+        if self.returncode is None:
+            if not _poll_now(self.sandbox.sentinel) & select.POLLIN:
+                return None
+            await self.wait()  # ended: reaped as wait() does, the loop's watch undone first
+        return await self._loop.run_in_executor(None, lambda: self.sandbox.untrusted_config)
 
     def send_signal(self, number: int) -> None:
         """Send signal number to the command (nothing once the session has ended)."""

@@ -130,6 +130,41 @@ def test_a_pool_launches_from_the_loop(plan: nsconfine.Plan) -> None:
     assert asyncio.run(main()) == [(f"{n}\n".encode(), None) for n in range(8)]
 
 
+def test_untrusted_config_is_awaited_off_the_loop(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session that made a repository in its workspace: the report that names its config
+    (a rescan of the workspace and, for an index, the host's git: seconds, in the worst case)
+    is awaited from the loop and made in the executor, never on the loop's own thread; None
+    while the session runs, as the Sandbox's."""
+    from nsconfine._plan.protect import written_config
+
+    workspace = ws_run[0]
+    made_in: list[threading.Thread] = []
+
+    def recorded(*args: object) -> list[str]:
+        made_in.append(threading.current_thread())
+        return written_config(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("nsconfine._launch.sandbox.written_config", recorded)
+    script = (
+        f"read line; mkdir -p {workspace}/app/.git && echo '[core]' > {workspace}/app/.git/config"
+    )
+
+    async def main() -> tuple[list[str] | None, list[str] | None]:
+        process = await nsconfine.aio.spawn(plan, ["/bin/sh", "-c", script], stdin=PIPE)
+        async with process:
+            running = await process.untrusted_config()
+            await process.communicate(b"go\n")
+            return running, await process.untrusted_config()
+
+    running, ended = asyncio.run(main())
+    assert running is None
+    assert str(workspace / "app" / ".git" / "config") in (ended or [])
+    assert made_in
+    assert threading.main_thread() not in made_in
+
+
 def test_a_cancelled_launch_leaves_nothing_running(plan: nsconfine.Plan, tmp_path: Path) -> None:
     """A launch whose caller is cancelled while the executor runs it: the session it started
     is killed and reaped (asyncio.run waits for the executor before it returns)."""
