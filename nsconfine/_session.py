@@ -28,7 +28,13 @@ from nsconfine._plan.options import OPTIONS
 from nsconfine._plan.profiles import Bind, chain
 from nsconfine._plan.protect import protected_names, protection, writable_trees
 from nsconfine._plan.system import RESOLVER, system_entries
-from nsconfine._policy.lint import check_plan, default_deny, deny_paths, resolve
+from nsconfine._policy.lint import (
+    check_plan,
+    default_deny,
+    deny_paths,
+    refuse_profiles_a_session_could_write,
+    resolve,
+)
 from nsconfine._record import Record
 from nsconfine._text import encodable, is_env_name, printable, within
 
@@ -229,7 +235,7 @@ def build_plan(
 def _build_plan(
     session: Session, homes: Sequence[str], environ: Mapping[str, str], lint: bool
 ) -> Plan:
-    session, profile_deny, needs_credential = with_profiles(session, environ)
+    session, profile_deny, needs_credential, profile_files = with_profiles(session, environ)
     user = run_as(session.user)
     writable = READ | WRITE | SEARCH
     _require_directory(
@@ -287,6 +293,7 @@ def _build_plan(
         protection=protected,
         limits=Limits.parse(session.limits),
     )
+    refuse_profiles_a_session_could_write(plan, profile_files)  # read now, not at launch
     if lint:
         check_plan(plan)
     _require_runnable(plan, len(session.ro))
@@ -639,12 +646,13 @@ _PROFILE_SCALARS = tuple(
 
 def with_profiles(
     session: Session, environ: Mapping[str, str]
-) -> tuple[Session, list[DenyRule], tuple[str, ...]]:
+) -> tuple[Session, list[DenyRule], tuple[str, ...], tuple[str, ...]]:
     """session with its profiles applied (nsconfine._plan.profiles): each profile's values, in
     include order, then the session's own, which add to lists and win over scalars; every path
     a profile gives expanded here, once (_expand). Also the profiles' deny rules, each naming
-    its profile (one whose variable is unset keeps its text, and matches nothing), and the
-    names of the profiles that refuse a launch without a credential file."""
+    its profile (one whose variable is unset keeps its text, and matches nothing), the
+    names of the profiles that refuse a launch without a credential file, and the files the
+    profiles were read from."""
     scalars: dict[str, Any] = {}  # by keyword
     lists: dict[str, list[str]] = {key: [] for key in ("pass_env", "protect", "unprotect")}
     setenv: dict[str, str] = {}
@@ -656,7 +664,8 @@ def with_profiles(
     allow_hosts: list[Destination] = []
     inject: list[str] = []
     credential_where = ""
-    for profile in chain(list(session.profile)):
+    profiles = chain(list(session.profile))
+    for profile in profiles:
         values = profile.values
         for key in lists:
             lists[key] += values.get(key, [])
@@ -722,7 +731,7 @@ def with_profiles(
         credential=credential,
         binds=tuple(binds),
     )
-    return applied, deny, tuple(needs_credential)
+    return applied, deny, tuple(needs_credential), tuple(profile.path for profile in profiles)
 
 
 _VARIABLE = r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))"
@@ -801,7 +810,7 @@ def bind_sources(bind: Bind) -> list[str]:
 def profile_gives(name: str, session: Session, environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """(host path, reason) of each bind the profile `name` gives session itself (not through
     what it includes), expanded and globbed as a launch would."""
-    applied, _, _ = with_profiles(session.replace(profile=(name,), binds=()), environ)
+    applied, _, _, _ = with_profiles(session.replace(profile=(name,), binds=()), environ)
     own = f"[profile {name}]"
     return [
         (source, bind.reason)

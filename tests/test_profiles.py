@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    SESSION_USER,
     cli,
     make_local_ca,
     open_up,
     outcome_without_hanging,
     run,
     session,
+    session_gid,
     session_options,
+    session_uid,
     sh,
 )
 
@@ -465,6 +468,50 @@ def test_a_profile_that_is_no_regular_file_is_refused(
     )
     assert isinstance(outcome, nsconfine.UsageError), outcome
     assert "regular file" in str(outcome)
+
+
+@pytest.mark.parametrize("where", ["workspace", "run-dir", "include", "symlink"])
+def test_a_profile_a_session_could_write_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, where: str
+) -> None:
+    """A profile (or a file it includes) in the session's workspace or run directory, or a
+    path that leads there: the session could rewrite what its next launch is given (a
+    read-write bind of another workspace, the host's network, the launcher's variables), so
+    the plan is refused, and `run` runs nothing. Found by an attacker's pass: a session
+    rewrote its own --profile and the next launch bound ~/.bashrc read-write."""
+    workspace, run_dir = ws_run
+    inside = write_profile(run_dir if where == "run-dir" else workspace, 'description = "x"\n')
+    profile = inside
+    if where == "include":
+        profile = write_profile(tmp_path, f'description = "y"\ninclude = ["{inside}"]\n', "y.toml")
+    elif where == "symlink":
+        profile = tmp_path / "linked.toml"
+        profile.symlink_to(inside)
+    with pytest.raises(nsconfine.PlanError, match=r"profile .* lies inside the writable bind"):
+        session(*ws_run, profile=[str(profile)]).plan()
+    result = cli("run", *session_options(*ws_run), "--profile", str(profile), "--",
+                 "/bin/sh", "-c", f"touch {workspace}/ran")  # fmt: skip
+    assert result.returncode == 65, (result.stdout, result.stderr)
+    assert "lies inside the writable bind" in result.stderr
+    assert not (workspace / "ran").exists()
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("owned", ["file", "directory"])
+def test_a_profile_the_session_s_account_could_change_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, owned: str
+) -> None:
+    """As root, a profile that the session's account owns, or that lies in a directory it
+    owns (it could put another file in its place), is refused wherever it is: a session of
+    that account, or any of its processes, could rewrite it for the next launch."""
+    directory = tmp_path / "profiles"
+    directory.mkdir()
+    profile = write_profile(directory, 'description = "x"\n')
+    os.chown(directory if owned == "directory" else profile, session_uid(), session_gid())
+    with pytest.raises(nsconfine.PlanError, match=f"{SESSION_USER} .*could change"):
+        session(*ws_run, profile=[str(profile)]).plan()
+    os.chown(directory if owned == "directory" else profile, 0, 0)
+    session(*ws_run, profile=[str(profile)]).plan()  # root's own: fine
 
 
 # ------------------------------------------------------------------ paths a profile gives

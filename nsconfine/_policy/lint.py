@@ -669,9 +669,61 @@ def _refuse_audit_in_writable(
     not lie where the session writes, which could put a symlink above it (the launcher would
     create and write the file wherever that leads) or a FIFO in its place (the launch would
     wait on it)."""
-    if plan.audit is None:
+    if plan.audit is not None:
+        _refuse_inside_writable(
+            plan.audit,
+            "the audit file",
+            "it could put a symlink or a FIFO there for the launcher to follow or wait on; keep "
+            "the audit file outside the workspace and run directory",
+            places,
+            writable,
+        )
+
+
+def refuse_profiles_a_session_could_write(plan: Plan, profiles: Sequence[str]) -> None:
+    """The profile files plan was made from (each, and each it includes) must not lie where
+    the session writes, nor (a launcher that is not the session's account: root) be files its
+    account could change: a session that rewrote its own profile would choose what its next
+    launch is given (binds, the network, the launcher's variables)."""
+    if not profiles:
         return
-    written = os.path.abspath(plan.audit)
+    from nsconfine._kernel.accounts import changeable_by
+
+    places = _Places()
+    writable = [
+        (entry, places.of(resolve(entry.source)))
+        for entry in plan.entries
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW
+    ]
+    for profile in profiles:
+        _refuse_inside_writable(
+            profile,
+            "the profile",
+            "it could rewrite what its next launch is given; keep profiles outside the "
+            "workspace and run directory",
+            places,
+            writable,
+        )
+        changed = None if plan.user.uid == os.geteuid() else changeable_by(profile, plan.user)
+        if changed is not None:
+            raise PlanError(
+                f"the profile {printable(profile)}: {plan.user.name} (uid {plan.user.uid}), "
+                f"who runs the session, could change it ({changed}), and so what its next "
+                "launch is given; keep profiles in files and directories of root's (or the "
+                "launcher's)"
+            )
+
+
+def _refuse_inside_writable(
+    path: str,
+    what: str,
+    why: str,
+    places: _Places,
+    writable: Sequence[tuple[Entry, tuple[str, str]]],
+) -> None:
+    """Refuse path, a file the launcher opens, if it lies inside a writable bind: by path as
+    written or resolved, or by place (a bind-mount view of it)."""
+    written = os.path.abspath(path)
     resolved = resolve(written)  # (a symlink the session put inside leads out: as written too)
     device, place = places.of(resolved)
     for entry, (rw_device, rw_place) in writable:
@@ -683,10 +735,8 @@ def _refuse_audit_in_writable(
             or (rw_device == device and within(place, rw_place))
         ):
             raise PlanError(
-                f"the audit file {printable(plan.audit)} lies inside the writable bind "
-                f"{printable(entry.source)}, which the session can write: it could put a "
-                "symlink or a FIFO there for the launcher to follow or wait on; keep the "
-                "audit file outside the workspace and run directory"
+                f"{what} {printable(path)} lies inside the writable bind "
+                f"{printable(entry.source)}, which the session can write: {why}"
             )
 
 
