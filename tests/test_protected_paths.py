@@ -313,6 +313,45 @@ def test_a_repository_scan_cut_short_refuses_the_plan(
         session(*repo).plan()
 
 
+def test_a_scan_past_its_entries_refuses_the_plan(
+    repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workspace whose directories hold more entries in all than the scan looks through
+    (here 1,000, in one directory) is refused by name: a session that made millions of files
+    there held every launch for seconds and the launcher's memory for hundreds of MB (an
+    attacker's pass: 2,000,000 empty files, `run` 6.5 s and 660 MiB)."""
+    from nsconfine._plan import protect as _protect
+
+    monkeypatch.setattr(_protect, "ENTRIES_SCANNED", 1_000)
+    crowded = repo[0] / "crowded"
+    crowded.mkdir()
+    for index in range(1_500):
+        (crowded / f"f{index}").touch()
+    with pytest.raises(nsconfine.PlanError, match="1,000 files and directories"):
+        session(*repo).plan()
+
+
+def test_a_scan_holds_what_it_needs_of_a_directory_not_every_entry(
+    repo: tuple[Path, Path],
+) -> None:
+    """A directory of 100,000 files costs the plan's scan what it needs of it (its signs of a
+    repository, its subdirectories and links), not every entry at once: its peak memory stays
+    far below the ~30 MB that holding an entry object for each took."""
+    import tracemalloc
+
+    crowded = repo[0] / "crowded"
+    crowded.mkdir()
+    for index in range(100_000):
+        (crowded / f"f{index}").touch()
+    tracemalloc.start()
+    try:
+        session(*repo).plan()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
 @pytest.mark.parametrize("name", [".claude", ".vscode"])
 def test_a_file_where_a_protected_directory_goes_stays(repo: tuple[Path, Path], name: str) -> None:
     """A regular file where a protected directory belongs is kept read-only: the session cannot
@@ -808,7 +847,7 @@ def test_a_repository_made_while_the_workspace_is_scanned_is_found_by_the_next_l
     (workspace / "notes.txt").write_text("x\n")  # the next launch looks again
     listing = protect._Scan.listing
 
-    def listing_then_repository(scan: protect._Scan, directory: str) -> dict[str, os.DirEntry[str]]:
+    def listing_then_repository(scan: protect._Scan, directory: str) -> protect._Listing:
         found = listing(scan, directory)
         if directory == str(claude) and not (claude / "x").exists():
             (claude / "x" / ".git").mkdir(parents=True)
@@ -1362,6 +1401,27 @@ def test_more_new_links_than_are_looked_at_name_the_workspace(repo: tuple[Path, 
         links = workspace / f"links{count}"
         script = f"mkdir {links}; for i in $(seq {count}); do ln -s ../vendor {links}/$i; done"
         made = nsconfine.spawn(plan, ["/bin/sh", "-c", script])
+        assert made.wait() == 0
+        assert (str(workspace) in (made.untrusted_config or [])) is named, made.untrusted_config
+
+
+def test_more_links_than_a_scan_keeps_name_the_workspace(
+    repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan remembers LINKS_KEPT links at most (here 20: the launcher's memory stays
+    bounded however many a session makes); past it, the report cannot judge the others and
+    names the workspace. 10 links name nothing."""
+    from nsconfine._plan import protect as _protect
+
+    monkeypatch.setattr(_protect, "LINKS_KEPT", 20)
+    workspace = repo[0]
+    for count, named in ((10, False), (30, True)):
+        links = workspace / f"old{count}"
+        links.mkdir()
+        for index in range(count):
+            (links / str(index)).symlink_to("../vendor")
+        give_to_session_user(workspace)
+        made = nsconfine.spawn(session(*repo).plan(), ["/bin/true"])
         assert made.wait() == 0
         assert (str(workspace) in (made.untrusted_config or [])) is named, made.untrusted_config
 

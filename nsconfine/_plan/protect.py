@@ -116,6 +116,10 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
 # The repository scan looks through at most this many directories, never into these (large
 # and generated); past it the plan is refused rather than protecting less than it says.
 REPOSITORY_SCAN = 20_000
+# And at most this many entries in all (files too: a session may make millions in one
+# directory, each costing every launch time), keeping only what it needs of each directory
+# (_Listing); past it the plan is refused as well.
+ENTRIES_SCANNED = 1_000_000
 NOT_SCANNED = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox"})
 # Names inside a version control directory, protected only where that directory is (as git's
 # are): an empty read-only stand-in would stop `hg init`, and look like a repository.
@@ -296,6 +300,7 @@ def written_config(
 # time it spends on all the links the scan met; past either the workspace itself is named (a
 # session could make millions, or chains of links each of whose resolutions takes ms).
 LINKS_LOOKED_AT = 256
+LINKS_KEPT = 10_000  # the links a scan remembers; past it, the writable trees are named
 LINKS_SECONDS = 5.0
 # Where a link's way that passes through it leads depends on who follows it: /proc/self/cwd
 # is the launcher's working directory to the launcher, the host shell's own to that shell.
@@ -321,7 +326,7 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
         except OSError:
             continue  # gone: nothing for the host to enter
         ages.append((link, max(info.st_mtime, info.st_ctime) >= since))
-    if sum(new for _link, new in ages) > LINKS_LOOKED_AT:
+    if scan.links_left_out or sum(new for _link, new in ages) > LINKS_LOOKED_AT:
         return trees
     deadline = time.monotonic() + LINKS_SECONDS
     found = []
@@ -699,9 +704,11 @@ class _Scan:
         self.pointers: list[str] = []
         self.found: list[str] = []  # every git directory protected, for a refusal to name
         self.indexes: list[tuple[str, str]] = []  # (working tree, its git directory)
-        self.links: list[str] = []  # every symlink met, never followed
+        self.links: list[str] = []  # every symlink met (LINKS_KEPT at most), never followed
+        self.links_left_out = False  # more were met than kept
         self.listed: set[str] = set()  # every directory looked through
         self.seen = 0
+        self.entries = 0
 
     def stat(self, path: str) -> os.stat_result | None:
         """path's lstat (None if there is none), its identity remembered: as the scan first
@@ -724,18 +731,24 @@ class _Scan:
         info = self.stat(path)
         return 0 if info is None else info.st_mode
 
-    def listing(self, directory: str) -> dict[str, os.DirEntry[str]]:
-        """The entries of directory by name, remembered (its identity changes whenever an entry
-        is added, removed or renamed). One the launcher cannot list is refused: git finds a
-        .git in it by name all the same (a directory with its search bit but not its read
-        bit)."""
+    def listing(self, directory: str) -> _Listing:
+        """What the scan needs of directory's entries (a _Listing). One the launcher cannot
+        list is refused: git finds a .git in it by name all the same (a directory with its
+        search bit but not its read bit)."""
+        listing = _Listing()
         if self.stat(directory) is None:
-            return {}
+            return listing
         try:
             with os.scandir(directory) as entries:
-                listing = {entry.name: entry for entry in entries}
+                for entry in entries:
+                    self.entries += 1
+                    if self.entries > ENTRIES_SCANNED:
+                        raise PlanError(self._too_large(directory, ENTRIES_SCANNED, "files and"))
+                    listing.add(entry)
+                    if len(listing.directories) > REPOSITORY_SCAN:
+                        raise PlanError(self._too_large(directory, REPOSITORY_SCAN, ""))
         except NotADirectoryError:
-            return {}
+            return _Listing()
         except OSError as error:
             raise PlanError(
                 f"{printable(directory)} cannot be listed ({error.strerror}): nsconfine looks "
@@ -749,12 +762,23 @@ class _Scan:
     def count(self, what: str) -> None:
         self.seen += 1
         if self.seen > REPOSITORY_SCAN:
-            raise PlanError(
-                f"{printable(what)} holds more than {REPOSITORY_SCAN:,} directories (outside "
-                "node_modules and virtualenvs): nsconfine looks through all of them for "
-                "repositories whose trusted files it keeps read-only, and will not protect less "
-                "than it says; make the workspace smaller, or --unprotect every protected name"
-            )
+            raise PlanError(self._too_large(what, REPOSITORY_SCAN, ""))
+
+    @staticmethod
+    def _too_large(what: str, bound: int, files: str) -> str:
+        kinds = f"{files} directories".strip()
+        return (
+            f"{printable(what)} holds more than {bound:,} {kinds} (outside node_modules and "
+            "virtualenvs): nsconfine looks through all of them for repositories whose trusted "
+            "files it keeps read-only, and will not protect less than it says; make the "
+            "workspace smaller, or --unprotect every protected name"
+        )
+
+    def keep_link(self, path: str) -> None:
+        if len(self.links) < LINKS_KEPT:
+            self.links.append(path)
+        else:
+            self.links_left_out = True
 
     def shown(self, real: str) -> tuple[str, str] | None:
         """(the sandbox's name, the host's name as the plan writes it) of a real path that
@@ -855,14 +879,13 @@ class _Scan:
                     )
             if _looks_bare(listing):  # the top too: git in the workspace would use it
                 git_directories.append(directory)
-            for name, entry in listing.items():
-                if name in NOT_SCANNED or name in (".git", ".hg"):
-                    continue
-                if entry.is_dir(follow_symlinks=False) and entry.path not in covered:
+            for entry in listing.directories:
+                if entry.name not in _NOT_LOOKED_INTO and entry.path not in covered:
                     self.count(top)
                     pending.append(entry.path)
-                elif entry.is_symlink():
-                    self.links.append(entry.path)
+            for entry in listing.links:
+                if entry.name not in _NOT_LOOKED_INTO:
+                    self.keep_link(entry.path)
         return git_directories
 
     # ------------------------------------------------------------ git directories
@@ -1042,7 +1065,45 @@ def _read_whole(path: str) -> bytes | None:
     return raw
 
 
-def _looks_bare(listing: dict[str, os.DirEntry[str]]) -> bool:
+# The names whose presence the scan asks about: a repository's signs, a git directory's, and
+# where a git directory keeps others.
+_SIGNS = frozenset(
+    {".git", ".hg", "HEAD", "objects", "refs", "commondir", "config", "modules", "worktrees"}
+)
+_NOT_LOOKED_INTO = NOT_SCANNED | {".git", ".hg"}  # (a repository's own are looked at apart)
+
+
+class _Listing:
+    """What the scan needs of one directory's entries: those named in _SIGNS, its
+    subdirectories and its symlinks; never every entry (a session may put millions of files
+    in one)."""
+
+    __slots__ = ("directories", "links", "signs")
+
+    def __init__(self) -> None:
+        self.signs: dict[str, os.DirEntry[str]] = {}
+        self.directories: list[os.DirEntry[str]] = []  # not symlinks to one
+        self.links: list[os.DirEntry[str]] = []
+
+    def add(self, entry: os.DirEntry[str]) -> None:
+        if entry.name in _SIGNS:
+            self.signs[entry.name] = entry
+        if entry.is_dir(follow_symlinks=False):
+            self.directories.append(entry)
+        elif entry.is_symlink():
+            self.links.append(entry)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.signs
+
+    def __getitem__(self, name: str) -> os.DirEntry[str]:
+        return self.signs[name]
+
+    def get(self, name: str) -> os.DirEntry[str] | None:
+        return self.signs.get(name)
+
+
+def _looks_bare(listing: _Listing) -> bool:
     """Would git take this directory for a git directory, by what a session cannot easily
     remove: a HEAD beside objects, refs or a commondir, or objects and refs (git also checks
     that HEAD is valid, which the session controls; a HEAD may be a symlink)."""
@@ -1050,7 +1111,7 @@ def _looks_bare(listing: dict[str, os.DirEntry[str]]) -> bool:
     return (head and (objects or refs or "commondir" in listing)) or (objects and refs)
 
 
-def _module(listing: dict[str, os.DirEntry[str]]) -> str:
+def _module(listing: _Listing) -> str:
     """What a directory under modules/ is: a submodule's git directory ("module") if it has any
     of a git directory's signs (its HEAD may be gone, its config stays), else part of a
     name."""
@@ -1058,15 +1119,9 @@ def _module(listing: dict[str, os.DirEntry[str]]) -> str:
     return "module" if any(sign in listing for sign in signs) else "name"
 
 
-def _subdirectories(
-    listing: dict[str, os.DirEntry[str]], skip: frozenset[str] = frozenset()
-) -> list[str]:
+def _subdirectories(listing: _Listing, skip: frozenset[str] = frozenset()) -> list[str]:
     """The directories of a listing (not symlinks to one), but those named in skip."""
-    return [
-        entry.path
-        for name, entry in listing.items()
-        if entry.is_dir(follow_symlinks=False) and name not in skip
-    ]
+    return [entry.path for entry in listing.directories if entry.name not in skip]
 
 
 MAX_REPOSITORIES = 64  # the scan stops counting here: far past what MAX_PROTECTED_MOUNTS allows
