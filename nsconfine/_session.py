@@ -707,8 +707,18 @@ def with_profiles(
     if network is None:
         wants_proxy = allow_hosts or inject or session.allow_hosts or session.inject
         network = "proxy" if wants_proxy else "none"
-    if network != "proxy":  # a profile's allowlist and routes are for a proxy session
-        allow_hosts, inject = [], []
+    if network != "proxy" and (inject or session.inject):
+        # A route is the proxy's: without one, the key its credential file holds would reach
+        # the session's environment as any other of the file's variables.
+        names = ", ".join(dict.fromkeys([*inject, *session.inject]))
+        raise UsageError(
+            f"inject ({names}: --inject-for, or a profile's inject) has the launcher's proxy "
+            f"hold the key, which only --network proxy has; with network {network} the key "
+            "would be in the session's environment: use --network proxy (with --allow-host "
+            "for what else it reaches), or leave the injection out"
+        )
+    if network != "proxy":  # a profile's allowlist is for a proxy session
+        allow_hosts = []
     credential = session.credential
     if credential is None and "credential" in scalars:
         credential = _expand(scalars["credential"], session, environ, credential_where)

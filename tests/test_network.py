@@ -333,6 +333,30 @@ def test_an_injected_key_reaches_the_upstream_and_never_the_session(
     assert "environment ANTHROPIC_API_KEY" in twin, twin
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"network": "none", "inject": ["anthropic"]},
+        {"network": "host", "network_reason": "r", "inject": ["anthropic"]},
+        {"network": "host", "network_reason": "r", "profile": ["claude-code"]},
+        {"profile": ["claude-code", "researcher"]},
+    ],
+    ids=["none", "host", "host-and-profile", "profile-sets-host"],
+)
+def test_an_injection_without_a_proxy_network_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, given: dict[str, Any]
+) -> None:
+    """An injection (--inject-for, or a profile's inject) is the proxy's: with another network
+    the route is never made, and the key went into the session's environment from the
+    credential file (an attacker's pass: claude-code with researcher, whose network is host,
+    gave the session ANTHROPIC_API_KEY). Refused instead, saying what to do; nothing runs."""
+    credential = tmp_path / "agent.env"
+    credential.write_text("ANTHROPIC_API_KEY=sk-ant-test-not-for-the-session\n")
+    credential.chmod(0o600)
+    with pytest.raises(nsconfine.UsageError, match=r"inject.*proxy"):
+        session(*ws_run, credential=str(credential), **given).plan()
+
+
 def test_a_proxy_session_cannot_reach_or_serve_a_host_abstract_socket(
     ws_run: tuple[Path, Path],
 ) -> None:

@@ -124,8 +124,8 @@ def test_codex_is_pointed_at_its_route_by_a_generated_config(
 ) -> None:
     """Codex reads no OPENAI_BASE_URL: the codex profile's plan generates its config.toml,
     read-only in the session's HOME, whose model provider is the openai route on the relay and
-    whose key variable is the one holding the placeholder; a session without the route (no
-    proxy) gets no such file."""
+    whose key variable is the one holding the placeholder; one without the route (another
+    network) is refused, as the key would be in its environment."""
     key_file = agent_credential(tmp_path, f"{variable}=sk-test-codex\n")
     plan = session(*ws_run, profile=["codex"], credential=key_file).plan()
     home = dict((v.name, v.value) for v in plan.env)["HOME"]
@@ -140,8 +140,9 @@ def test_codex_is_pointed_at_its_route_by_a_generated_config(
     assert "sk-test-codex" not in text
     host = session(
         *ws_run, profile=["codex"], credential=key_file, network="host", network_reason="twin"
-    ).plan()
-    assert not [e for e in host.entries if e.dest.endswith("/.codex/config.toml")]
+    )
+    with pytest.raises(nsconfine.UsageError, match="inject"):
+        host.plan()
 
 
 # ------------------------------------------------------------------ a profile of one's own
