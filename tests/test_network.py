@@ -14,6 +14,7 @@ import http.server
 import json
 import os
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from helpers import (
     CONNECT_ABSTRACT,
+    IS_ROOT,
     LocalCA,
     abstract_listener,
     cli,
@@ -440,16 +442,35 @@ def test_explain_answers_for_a_url(
     assert answer in result.stdout, result.stdout
 
 
+# A host process asking a session's proxy socket (argv[1]) for the route: what it was answered.
+_ASK_ROUTE = """
+import socket, sys
+with socket.socket(socket.AF_UNIX) as client:
+    client.settimeout(10)
+    try:
+        client.connect(sys.argv[1])
+        client.sendall(b"GET /anthropic/v1/models HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+        print(client.recv(4096).decode(errors="replace") or "closed")
+    except OSError as error:
+        print("failed", error)
+"""
+
+
+@pytest.mark.parametrize("network", ["the-launcher-s", "its-own"])
 def test_a_host_process_of_the_session_account_gets_nothing_from_its_proxy(
     ws_run: tuple[Path, Path],
     upstream: tuple[int, list[dict[str, str]]],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    network: str,
 ) -> None:
     """The session's proxy socket serves its sandbox alone: a host process of the session's
     account (as root, `nobody`, which host daemons share) that finds the socket and asks the
     route gets nothing, and the upstream never sees the key (from inside, the same request
-    reaches it: test_an_injected_key_reaches_the_upstream_and_never_the_session)."""
+    reaches it: test_an_injected_key_reaches_the_upstream_and_never_the_session); so too from
+    a network namespace of its own (`unshare -Urn`, which any account may make: an attacker's
+    pass got the route's answer so, when the proxy asked only for a network not the
+    launcher's)."""
     from nsconfine._launch.egress import _proxies
 
     port, seen = upstream
@@ -459,23 +480,20 @@ def test_a_host_process_of_the_session_account_gets_nothing_from_its_proxy(
     sandbox = nsconfine.spawn(plan, ["sleep", "60"])
     try:
         (directory,) = set(os.listdir(parent)) - before
-        child = os.fork()
-        if child == 0:  # outside any sandbox, as the session's account
-            try:
-                os.setgroups([])
-                os.setgid(plan.user.gid)
-                os.setuid(plan.user.uid)
-                with socket.socket(socket.AF_UNIX) as client:
-                    client.settimeout(10)
-                    client.connect(os.path.join(parent, directory, "socket"))
-                    client.sendall(b"GET /anthropic/v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-                    client.recv(4096)
-            finally:
-                os._exit(0)
-        os.waitpid(child, 0)
+        ask = ["/usr/bin/python3", "-c", _ASK_ROUTE, os.path.join(parent, directory, "socket")]
+        if network == "its-own":
+            ask = ["/usr/bin/unshare", "-Urn", *ask]
+        answer = subprocess.run(
+            ask, capture_output=True, text=True, timeout=60, check=False,
+            user=plan.user.uid if IS_ROOT else None, group=plan.user.gid if IS_ROOT else None,
+            extra_groups=[] if IS_ROOT else None,
+        )  # fmt: skip
     finally:
         sandbox.kill()
         sandbox.wait(timeout=30)
+    assert answer.returncode == 0, answer.stderr
+    assert "200" not in answer.stdout, answer.stdout
+    assert answer.stdout.strip() in ("closed", "") or answer.stdout.startswith("failed"), answer
     assert not [request for request in seen if secret in request["x-api-key"]], seen
 
 

@@ -143,6 +143,10 @@ class Egress:
         self._proxies = proxies
         self.name = name
 
+    def admit_only(self, network: int) -> None:
+        """The socket serves peers in this network namespace (inode) alone: the sandbox's."""
+        self._proxies.proxy().admit_only(self.name, network)
+
     def close(self) -> None:
         name, self.name = self.name, ""
         if name:

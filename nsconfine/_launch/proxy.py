@@ -315,6 +315,7 @@ class _Session:
     connections: set[_Connection] = field(default_factory=set)
     stopping: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    network: int | None = None  # its sandbox's network namespace (inode), once built
 
 
 def _sockets_parent() -> str:
@@ -395,15 +396,15 @@ class _LauncherDirectory:
                 os.close(fd)
 
 
-_LAUNCHER_NETWORK = os.stat("/proc/self/ns/net").st_ino
-
-
-def _from_a_sandbox(client: socket.socket) -> bool:
-    """Is the peer in a network namespace other than the launcher's (a sandbox's relay)?"""
+def _from_its_sandbox(client: socket.socket, network: int | None) -> bool:
+    """Is the peer in the session's sandbox's network namespace (its relay)? Not merely in
+    one other than the launcher's: any account may make one of its own (unshare -Urn)."""
+    if network is None:
+        return False  # not built yet: nothing of the session runs before it is
     try:
         credentials = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         pid = struct.unpack("3i", credentials)[0]
-        return os.stat(f"/proc/{pid}/ns/net").st_ino != _LAUNCHER_NETWORK
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == network
     except (OSError, struct.error):
         return False
 
@@ -516,6 +517,14 @@ class Proxy:
                 _LauncherDirectory.sweep(parent)
             return self._directory.path
 
+    def admit_only(self, name: str, network: int) -> None:
+        """Serve session name's socket to peers in this network namespace (inode) alone: its
+        sandbox's, built and checked (until then, to none)."""
+        with self._lock:
+            session = self._sessions.get(name)
+            if session is not None:
+                session.network = network
+
     def remove_session(self, name_or_path: str | os.PathLike[str]) -> None:
         """Closes the session's listener, ends its connections, removes its socket."""
         with self._lock:
@@ -587,7 +596,7 @@ class Proxy:
                     return
                 time.sleep(0.05)  # EMFILE and the like: the next accept may succeed
                 continue
-            if self.sandboxes_only and not _from_a_sandbox(client):
+            if self.sandboxes_only and not _from_its_sandbox(client, session.network):
                 # The socket is the session account's to connect to, and a host process of
                 # that account (a daemon sharing `nobody`) is no sandbox: it gets nothing here.
                 client.close()

@@ -351,6 +351,8 @@ def stage(
             _sources.check_judged(plan, identities, lint())
             staged.mark("linted")
         _confirm(bwrap, plan, staged, identities)
+        if egress is not None:  # its relay's network, and no other, may use its socket
+            egress.admit_only(_network_of(staged.command_pid, staged.command_pidfd))
     except SetupEnded as ended:
         status = teardown(staged)
         raise SandboxUnavailable(
@@ -365,6 +367,18 @@ def stage(
     staged.mark("confirmed")
     staged.usable_until = time.monotonic() + idle_timeout_ms / 1000 * 0.9
     return staged
+
+
+def _network_of(pid: int, pidfd: int) -> int:
+    """The network namespace (inode) of the process pid, which pidfd holds: read while it
+    lives, so that its number is no other's."""
+    try:
+        network = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        network = -1
+    if network < 0 or _syscalls.wait_fd(pidfd, 0):
+        raise SetupEnded("ended before its network could be checked")
+    return network
 
 
 def _lint_first(lint: Callable[[], object] | None) -> None:
