@@ -48,8 +48,9 @@ def within(path: str, top: str) -> bool:
 
 
 def ancestors(path: str) -> list[str]:
-    """path (absolute) and every directory above it, / last."""
-    found = [path]
+    """path (absolute) and every directory above it, / last. A leading // is / (POSIX keeps
+    it, and dirname("//") is itself: walking up from //root would never end)."""
+    found = ["/" + path.lstrip("/")]
     while found[-1] != "/":
         found.append(posixpath.dirname(found[-1]))
     return found

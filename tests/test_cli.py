@@ -33,6 +33,7 @@ from helpers import (
 )
 
 import nsconfine
+from nsconfine._text import ancestors
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -130,6 +131,22 @@ def write_credential(path: Path, content: str, mode: int = 0o600) -> Path:
 def test_usage_error_is_one_line_exit_64(args: list[str]) -> None:
     """A malformed command line exits 64 with one `nsconfine: usage:` line and no traceback."""
     assert_refused(run_cli(*args), 64, "usage")
+
+
+@pytest.mark.parametrize("variable", ["HOME", "XDG_CACHE_HOME"], ids=["home", "cache"])
+def test_a_path_with_a_double_slash_first_is_taken_as_it_names(
+    ws_run: tuple[Path, Path], variable: str
+) -> None:
+    """HOME=//root (POSIX keeps a leading //, and its dirname is itself): every command spun
+    for good, its memory growing 20 MB a second (an attacker's pass), walking up from it. It
+    is the path it names, and the command ends."""
+    value = "//" + os.path.expanduser("~").lstrip("/") if variable == "HOME" else "//tmp/nsc-x"
+    env = {**os.environ, variable: value}
+    for arguments in (["check"], ["plan", *session_options(*ws_run)]):
+        result = cli(*arguments, env=env, timeout=20)
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.returncode in (0, 65, 69), (result.returncode, result.stderr)
+    assert ancestors("//root/x") == ["/root/x", "/root", "/"]
 
 
 def test_top_level_usage_hint_names_a_real_command() -> None:
