@@ -694,13 +694,16 @@ def with_profiles(
                 DenyRule(text if path is None else path, f"denied by {origin}", True, origin)
             )
         for number, bind in enumerate(profile.binds):
-            source = _expand(bind.source, session, environ, profile.where(f"bind.{number}.source"))
+            source = _expand(
+                bind.source, session, environ, profile.where(f"bind.{number}.source"), _glob_escape
+            )
             dest = _expand(bind.dest, session, environ, profile.where(f"bind.{number}.dest"))
             if source is not None and dest is not None:  # else it names an unset variable
                 reason = f"{bind.reason} [profile {profile.name}]"
                 binds.append(bind.replace(source=source, dest=dest, reason=reason))
     for bind in session.binds:  # the API's own: relative to the caller, as its other paths
-        source, dest = _expand(bind.source, session, environ), _expand(bind.dest, session, environ)
+        source = _expand(bind.source, session, environ, escape=_glob_escape)
+        dest = _expand(bind.dest, session, environ)
         if source is not None and dest is not None:
             binds.append(bind.replace(source=source, dest=dest))
     network = session.network or scalars.get("network")
@@ -744,40 +747,57 @@ def with_profiles(
     return applied, deny, tuple(needs_credential), tuple(profile.path for profile in profiles)
 
 
-_VARIABLE = r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))"
+# What a profile's path may name, filled in one pass (a value is never read again: a $ or a
+# {workspace} in the workspace's own path is a character of it): a place, or $NAME / ${NAME}.
+_TOKEN = (
+    r"\{(workspace|run_dir|home|config)\}"
+    r"|\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))"
+)
+
+
+def _as_is(value: str) -> str:
+    return value
 
 
 def _expand(
-    text: str, session: Session, environ: Mapping[str, str], where: str | None = None
+    text: str,
+    session: Session,
+    environ: Mapping[str, str],
+    where: str | None = None,
+    escape: Callable[[str], str] = _as_is,
 ) -> str | None:
     """A path with {workspace}, {run_dir}, {home}, {config}, $NAME and a leading ~ filled in;
     None if it names a variable the launcher's environment does not set. A profile's path
     (where: which file, line and key gave it) that is still relative once expanded is refused:
-    it would be taken from the launcher's working directory."""
+    it would be taken from the launcher's working directory. escape: applied to each value
+    filled in (glob.escape for a bind's source, a pattern in which only the profile's own
+    text may be a wildcard)."""
     import re
 
     launcher_home = environ.get("HOME") or os.path.expanduser("~")
     config = environ.get("XDG_CONFIG_HOME") or os.path.join(launcher_home, ".config")
     places = {"workspace": session.workspace, "run_dir": session.run_dir,
               "home": session.home, "config": config}  # fmt: skip
-    expanded = text
-    for name, value in places.items():
-        expanded = expanded.replace("{" + name + "}", value)
     missing: list[str] = []
 
-    def variable(found: re.Match[str]) -> str:
-        name = found.group(1) or found.group(2)
-        value = environ.get(name, "")
-        if not value:
+    def value(found: re.Match[str]) -> str:
+        if found.group(1) is not None:
+            return escape(places[found.group(1)])
+        name = found.group(2) or found.group(3)
+        given = environ.get(name, "")
+        if not given:
             missing.append(name)
-        return value
+        return escape(given)
 
-    expanded = re.sub(_VARIABLE, variable, expanded)
+    expanded = re.sub(_TOKEN, value, text)
     if missing:
         return None
     if expanded == "~" or expanded.startswith("~/"):
-        expanded = launcher_home + expanded[1:]
-    expanded = os.path.expanduser(expanded)  # ~NAME: that account's home
+        expanded = escape(launcher_home) + expanded[1:]
+    elif expanded.startswith("~"):  # ~NAME: that account's home
+        head, slash, rest = expanded.partition("/")
+        home = os.path.expanduser(head)
+        expanded = (escape(home) if home != head else head) + slash + rest
     if where is not None and not expanded.startswith("/"):
         raise UsageError(
             f"{where}: {text!r} gives {expanded!r}, not an absolute path (a relative one would "
@@ -810,11 +830,27 @@ def _path_text(text: str) -> str:
     return text
 
 
+def _glob_escape(value: str) -> str:
+    import glob  # here: a session without binds (the default) never needs it
+
+    return glob.escape(value)
+
+
+def _literal(pattern: str) -> str | None:
+    """The one path an expanded bind's source names, if it is no wildcard pattern (its
+    wildcards all escaped: a value filled in, or the profile's own [*]); else None."""
+    import re
+
+    literal = re.sub(r"\[([*?[])\]", r"\1", pattern)
+    return literal if _glob_escape(literal) == pattern else None
+
+
 def bind_sources(bind: Bind) -> list[str]:
     """The host paths an expanded bind names: its source, or each path its glob matches."""
     import glob
 
-    return sorted(glob.glob(bind.source)) if glob.has_magic(bind.source) else [bind.source]
+    literal = _literal(bind.source)
+    return [literal] if literal is not None else sorted(glob.glob(bind.source))
 
 
 def profile_gives(name: str, session: Session, environ: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -848,12 +884,8 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
         return False
 
     for bind in session.binds:  # expanded by with_profiles
-        source, dest = _path_text(bind.source), _path_text(bind.dest)
-        pairs = [(source, dest)]
-        import glob  # here: a session without binds (the default) never needs it
-
-        if glob.has_magic(source):
-            pairs = [(match, match) for match in bind_sources(bind)]
+        source, dest = _literal(_path_text(bind.source)), _path_text(bind.dest)
+        pairs = [(source, dest)] if source is not None else [(m, m) for m in bind_sources(bind)]
         for one_source, one_dest in pairs:
             if one_dest in taken or already_shown(one_source, one_dest, bind.mode):
                 continue

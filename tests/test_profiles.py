@@ -21,6 +21,7 @@ from helpers import (
     outcome_without_hanging,
     run,
     session,
+    session_dirs,
     session_gid,
     session_options,
     session_uid,
@@ -469,6 +470,23 @@ def test_a_profile_that_is_no_regular_file_is_refused(
     )
     assert isinstance(outcome, nsconfine.UsageError), outcome
     assert "regular file" in str(outcome)
+
+
+def test_a_workspace_path_is_a_path_in_a_profile_s_bind_not_a_pattern(tmp_path: Path) -> None:
+    """reviewer's {workspace}/notes with a workspace at r[1]/ws: the notes of r[1]/ws, never
+    those of r1/ws, another session's, which the glob the path made matched (an attacker's
+    pass: bound read-write, read and written); and a $ in the workspace's own path is not a
+    variable."""
+    other_ws, other_run = session_dirs(tmp_path / "r1", "ws", "run")
+    (other_ws / "notes").mkdir()
+    workspace, run_dir = session_dirs(tmp_path / "r[1]", "ws", "run")
+    plan = session(workspace, run_dir, profile=["reviewer"]).plan()
+    notes = [e.source for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW]
+    assert str(other_ws / "notes") not in notes, notes
+    assert str(workspace / "notes") in notes, notes
+    dollar_ws, dollar_run = session_dirs(tmp_path / "$HOME", "ws", "run")
+    dollar = session(dollar_ws, dollar_run, profile=["reviewer"]).plan()
+    assert str(dollar_ws / "notes") in [e.source for e in dollar.entries], dollar.manifest()
 
 
 @pytest.mark.parametrize("where", ["workspace", "run-dir", "include", "symlink"])
