@@ -23,7 +23,7 @@ from nsconfine._plan.credential import read_credential
 from nsconfine._plan.harness import harness_entries
 from nsconfine._plan.limits import Limits, pairs, parse_value
 from nsconfine._plan.mask import mask_entries, mask_rules
-from nsconfine._plan.model import DenyRule, EnvVar, Kind, Origin, Plan
+from nsconfine._plan.model import DenyRule, EnvVar, Kind, Mode, Origin, Plan
 from nsconfine._plan.options import OPTIONS
 from nsconfine._plan.profiles import Bind, chain
 from nsconfine._plan.protect import protected_names, protection, writable_trees
@@ -294,6 +294,7 @@ def _build_plan(
         limits=Limits.parse(session.limits),
     )
     refuse_profiles_a_session_could_write(plan, profile_files)  # read now, not at launch
+    _refuse_writable_above(session, plan)
     if lint:
         check_plan(plan)
     _require_runnable(plan, len(session.ro))
@@ -311,6 +312,28 @@ def _require_runnable(plan: Plan, runner_paths: int) -> None:
             f"{MAX_BWRAP_ARGUMENTS} ({runner_paths} read-only paths, most of the plan): give "
             "the directories that hold the runner files (--ro DIR) instead of listing each file"
         )
+
+
+def _refuse_writable_above(session: Session, plan: Plan) -> None:
+    """No writable bind but the workspace's own may show the workspace or a directory above
+    it (the run directory among them): the host's git, run in the workspace, looks for a
+    repository in each directory above, and would run the config of one the session made
+    there (the scan looks only below)."""
+    workspace = session.workspace
+    real = resolve(workspace)
+    writable = [(session.run_dir, "the run directory")] + [
+        (entry.source, entry.reason)
+        for entry in plan.entries
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW and entry.dest != workspace
+    ]
+    for source, reason in writable:
+        if _is_same_or_above(resolve(source), real):
+            raise PlanError(
+                f"the writable bind {printable(source)} ({reason}) is at or above "
+                f"the workspace {printable(workspace)}: the host's git, run in the workspace, "
+                "would find a repository the session made there and run its config; give the "
+                "workspace and the run directory side by side (e.g. /srv/s1/ws and /srv/s1/run)"
+            )
 
 
 def _is_same_or_above(path: str, other: str) -> bool:

@@ -477,7 +477,7 @@ def test_a_workspace_path_is_a_path_in_a_profile_s_bind_not_a_pattern(tmp_path: 
     those of r1/ws, another session's, which the glob the path made matched (an attacker's
     pass: bound read-write, read and written); and a $ in the workspace's own path is not a
     variable."""
-    other_ws, other_run = session_dirs(tmp_path / "r1", "ws", "run")
+    other_ws, _other_run = session_dirs(tmp_path / "r1", "ws", "run")
     (other_ws / "notes").mkdir()
     workspace, run_dir = session_dirs(tmp_path / "r[1]", "ws", "run")
     plan = session(workspace, run_dir, profile=["reviewer"]).plan()

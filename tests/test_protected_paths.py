@@ -313,6 +313,35 @@ def test_a_repository_scan_cut_short_refuses_the_plan(
         session(*repo).plan()
 
 
+@pytest.mark.parametrize("layout", ["workspace-in-run-dir", "the-same", "profile-bind-above"])
+def test_a_writable_bind_at_or_above_the_workspace_is_refused(tmp_path: Path, layout: str) -> None:
+    """The host's git run in the workspace looks for a repository in every directory above it:
+    one the session can write (its run directory holding the workspace, or a profile's bind of
+    {workspace}/..) would give it a repository there whose config runs on the host, which
+    the scan (of the workspace, and below) never sees. An attacker's pass: `git init` in the
+    run directory, core.fsmonitor set, and the host's `git status` in the workspace ran it with
+    no warning. Refused, saying how to lay them out."""
+    base = session_dirs(tmp_path, "base")[0]
+    if layout == "workspace-in-run-dir":
+        run_dir = base
+        workspace = session_dirs(base, "ws")[0]
+        options: dict[str, object] = {}
+    elif layout == "the-same":
+        workspace = run_dir = base
+        options = {}
+    else:
+        workspace, run_dir = session_dirs(base, "ws", "run")
+        profile = tmp_path / "above.toml"
+        profile.write_text(
+            'description = "x"\n[[bind]]\nsource = "{workspace}/.."\nmode = "rw"\n'
+            'reason = "the parent"\n'
+        )
+        profile.chmod(0o644)
+        options = {"profile": [str(profile)]}
+    with pytest.raises(nsconfine.PlanError, match="at or above the workspace"):
+        session(workspace, run_dir, **options).plan()
+
+
 def test_a_scan_past_its_entries_refuses_the_plan(
     repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
