@@ -53,8 +53,11 @@ def check_options(size: int, idle_timeout: float, refill: str) -> None:
     as it is made, before its Pool is)."""
     if not isinstance(size, int) or size < 1:
         raise UsageError("size must be a positive number of staged sandboxes")
-    if not isinstance(idle_timeout, int | float) or not 0 < idle_timeout < 1e7:
-        raise UsageError("idle_timeout must be a positive number of seconds")
+    if not isinstance(idle_timeout, int | float) or not 0.1 <= idle_timeout < 1e7:
+        raise UsageError(
+            "idle_timeout must be a number of seconds, 0.1 at least (a staged sandbox must "
+            "live long enough to be launched)"
+        )
     if refill not in ("background", "inline"):
         raise UsageError('refill must be "background" or "inline"')
 

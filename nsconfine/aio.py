@@ -158,6 +158,7 @@ class Process:
         # Before the sentinel is closed (by the reap that follows), so that the loop never
         # watches a closed fd, nor later one that took its number.
         self._loop.remove_reader(self.sandbox.sentinel)
+        self.sandbox.poll()  # reaped now: a waiter cancelled since must not leave it a zombie
         assert self._ended is not None
         if not self._ended.done():
             self._ended.set_result(None)

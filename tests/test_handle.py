@@ -313,6 +313,17 @@ def test_launch_arguments_of_the_wrong_kind_are_usage_errors(
             with pytest.raises(nsconfine.UsageError, match="timeout"):
                 sandbox.communicate(timeout=timeout)  # type: ignore[arg-type]
         assert sandbox.wait(float("inf")) == 0
+    # tty was taken as true when it was any true value; a signal number out of range, or no
+    # number, was the kernel's OSError or a TypeError; a Pool's idle time too short to launch
+    # from staged sandboxes that all expired at once (an attacker's pass)
+    with pytest.raises(nsconfine.UsageError, match="tty is True or False"):
+        nsconfine.spawn(plan, ["/bin/true"], tty="yes")  # type: ignore[arg-type]
+    with nsconfine.spawn(plan, ["sleep", "60"]) as sandbox:
+        for number in (999, -1, 0, "x", True):
+            with pytest.raises(nsconfine.UsageError, match="signal number"):
+                sandbox.send_signal(number)  # type: ignore[arg-type]
+    with pytest.raises(nsconfine.UsageError, match=r"0\.1 at least"):
+        nsconfine.Pool(plan, idle_timeout=0.0005)
 
 
 def test_a_pool_waits_for_ever_when_told_inf(plan: nsconfine.Plan) -> None:

@@ -23,6 +23,7 @@ from helpers import (
     open_up,
     python_child,
     session,
+    session_dirs,
 )
 
 import nsconfine
@@ -211,6 +212,56 @@ time.sleep(600)
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
         assert wait_gone(pids, zombies_count_as_gone=True) == []
+    finally:
+        launcher.kill()
+        launcher.wait()
+        if launcher.stdout is not None:
+            launcher.stdout.close()
+
+
+_LAUNCH_WITHOUT_FDS = """
+import resource
+pool = nsconfine.Pool(session_plan(sys.argv[1], sys.argv[2], sys.argv[3]), size=1)
+assert pool.wait_staged(60)
+reaper = pool._staged[0].reaper
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+taken = []
+while True:  # every fd number below the limit
+    try:
+        taken.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+try:
+    pool.launch(["/bin/true"])
+    outcome = "launched"
+except nsconfine.NsconfineError as refused:
+    outcome = refused.code
+except BaseException as error:
+    outcome = type(error).__name__
+for fd in taken:
+    os.close(fd)
+pool.close()
+print(outcome, reaper, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_first_launch_without_fds_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    """A Pool's first launch in a launcher with no fd left: refused (sandbox-unavailable), and
+    the staged sandbox it took is torn down. An attacker's pass: the hand-off imported a
+    module there (which takes an fd), raised ImportError, and left that sandbox to its idle
+    timeout, then a zombie with its pidfds open."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    launcher = python_child(
+        "import time\n" + _LAUNCH_WITHOUT_FDS, str(workspace), str(run_dir), SESSION_USER or "",
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert launcher.stdout is not None
+        outcome, reaper = launcher.stdout.readline().split()
+        assert outcome == "sandbox-unavailable", outcome
+        gone = wait_gone([int(reaper)], zombies_count_as_gone=False)
+        assert gone == [], f"the staged sandbox's reaper {reaper} is still there"
     finally:
         launcher.kill()
         launcher.wait()

@@ -14,7 +14,15 @@ from __future__ import annotations
 
 # The C module socket.py wraps (see nsconfine/_launch/stage.py).
 import _socket as socket
+
+# Here, not where they are used: a module loaded at a launch takes an fd, and a launcher out of
+# fds must be refused there as any other launch is (an ImportError left the sandbox behind).
+import array
+import fcntl
 import os
+import select
+import struct
+import termios
 from collections.abc import Mapping, Sequence
 
 from nsconfine._errors import SandboxUnavailable, UsageError, refuse_if_short_of_fds
@@ -31,7 +39,7 @@ from nsconfine._launch.programs import (
     SHIM_STAGES,
     SHIM_TTY,
 )
-from nsconfine._launch.sandbox import Sandbox
+from nsconfine._launch.sandbox import Sandbox, reap_abandoned
 from nsconfine._launch.stage import Staged, hold_closed_stdio, launcher_lacks, stdio_fd, teardown
 from nsconfine._text import is_env_name
 
@@ -60,12 +68,6 @@ def _receive_terminal(staged: Staged, report_read: int) -> int:
     """The controller of the command's new terminal, sent by the shim ('T' and the fd), sized
     as the launcher's own terminal (else 24x80), after which the shim is told to go on ('G').
     -1 if the shim reported a failure (or ended) first."""
-    import array
-    import fcntl
-    import select
-    import struct
-    import termios
-
     poller = select.poll()
     for fd in (staged.sock.fileno(), report_read, staged.command_pidfd):
         poller.register(fd, select.POLLIN)
@@ -102,10 +104,6 @@ def _receive_terminal(staged: Staged, report_read: int) -> int:
 
 def _unread_by_peer(sock: socket.socket) -> int:
     """Bytes sent on sock that its peer has not read yet (SIOCOUTQ)."""
-    import fcntl
-    import struct
-    import termios
-
     return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0])
 
 
@@ -204,6 +202,9 @@ def prepare_launch(
     close-on-exec, and the Launch holds them. tty: the command's stdio is a new terminal
     instead (stderr may still name where a spawn's bwrap writes its messages)."""
     hold_closed_stdio()
+    reap_abandoned()  # what earlier handles dropped unwaited left, as Popen() does
+    if not isinstance(tty, bool):
+        raise UsageError(f"tty is True or False, not {tty!r}")
     if (
         isinstance(argv, str | bytes)
         or not isinstance(argv, Sequence)
@@ -263,8 +264,6 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     OSError (errno, "execvp", argv[0]) if it cannot be exec'd: the sandbox is then gone.
     StagedGone if the sandbox ended before it took the command; SandboxUnavailable if the
     launcher has no fd left for the hand-off. Either way nothing is left half-launched."""
-    import array
-
     if staged.ended():  # its shim could still take the command, and die with its sandbox
         teardown(staged)
         raise StagedGone
@@ -332,8 +331,6 @@ def _read_report(staged: Staged, report_read: int) -> bytes:
     """What the shim writes on the error pipe, up to its EOF. If the shim died with the message
     still queued on its socket, the pipe's write end would sit in that queue and EOF would
     never come: its pidfd says it is gone, and the unread bytes say it never took the message."""
-    import select
-
     poller = select.poll()
     # No POLLIN: the pipe wakes this launcher once, at its EOF (POLLHUP, always reported), not
     # again for the bytes the shim writes before (its "X", or a report).

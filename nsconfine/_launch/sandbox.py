@@ -241,6 +241,8 @@ class Sandbox:
 
     def send_signal(self, number: int) -> None:
         """Send signal number to the command (nothing once the session has ended)."""
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 65:
+            raise UsageError(f"send_signal takes a signal number (1 to 64), not {number!r}")
         with self._lock:
             if self.returncode is None:
                 _send(self._command_pidfd, number)
@@ -270,6 +272,16 @@ class Sandbox:
             if stream is not None:
                 _close(stream)
 
+    def __del__(self) -> None:
+        # Dropped unwaited: reaped now if it has ended, else by a later launch (_abandoned).
+        if getattr(self, "returncode", 0) is not None or getattr(self, "_owner", 0) != os.getpid():
+            return
+        try:
+            if self.poll() is None:
+                _abandoned.append(self)
+        except Exception:  # never from a finalizer (the interpreter may be ending)
+            pass
+
     def _ended(self, status: int) -> None:
         # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
         # the empty mount points made for the launch are removed.
@@ -285,6 +297,28 @@ class Sandbox:
         if self._egress is not None:
             self._egress.close()
             self._egress = None
+
+
+# Handles dropped while their session ran: reaped at a later launch, as subprocess reaps the
+# Popen objects it was left (its _cleanup), so that a launcher that forgets a handle keeps no
+# zombie and no pidfd for it. A list's append and pop need no lock (a lock taken in __del__
+# could be this thread's own, held where the collector ran it).
+_abandoned: list[Sandbox] = []
+
+
+def reap_abandoned() -> None:
+    """Reap the dropped handles whose sessions have ended; keep the others for next time."""
+    for _ in range(len(_abandoned)):
+        try:
+            sandbox = _abandoned.pop(0)
+        except IndexError:
+            return
+        try:
+            running = sandbox.poll() is None
+        except Exception:  # (nothing a later launch could do better)
+            continue
+        if running:
+            _abandoned.append(sandbox)
 
 
 def _send(pidfd: int, number: int) -> None:

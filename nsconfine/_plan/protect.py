@@ -58,7 +58,7 @@ import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from nsconfine._errors import PlanError
+from nsconfine._errors import PlanError, refuse_if_short_of_fds
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.stub_records import is_stub
 from nsconfine._plan import model as p
@@ -721,6 +721,7 @@ class _Scan:
             self.observed.setdefault(path, None)
             return None
         except OSError as error:
+            refuse_if_short_of_fds(error)
             raise PlanError(f"{printable(path)} cannot be looked at: {error.strerror}") from error
         identity = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
         self.observed.setdefault(path, identity)
@@ -750,6 +751,7 @@ class _Scan:
         except NotADirectoryError:
             return _Listing()
         except OSError as error:
+            refuse_if_short_of_fds(error)
             raise PlanError(
                 f"{printable(directory)} cannot be listed ({error.strerror}): nsconfine looks "
                 "through the workspace for the repositories whose trusted files it keeps "
