@@ -385,6 +385,15 @@ def test_destination_parse(text: str, pattern: str, port: int | None, address: s
         ("[::1", "IPv6"),
         ("*.10.0.0.5", "wildcard of an IP"),
         ("pypi.org/simple", "slash"),
+        ("pypi.org:\u00b2", "port"),  # (a superscript two: str.isdigit's, a traceback)
+        ("pypi.org:\u0668\u0660", "port"),  # (Arabic-Indic 80: taken as port 80)
+        ("0.0.0.0", "unspecified"),
+        ("mirror.test:8088=0.0.0.0", "unspecified"),
+        ("[::]:443", "unspecified"),
+        ("mirror.test=[::ffff:0.0.0.0]", "unspecified"),
+        ("255.255.255.255", "broadcast"),
+        ("224.0.0.1", "multicast"),
+        ("mirror.test=[ff02::1]", "multicast"),
     ],
 )
 def test_destination_parse_refuses(text: str, says: str) -> None:
@@ -434,6 +443,7 @@ def test_judge_ports(port: int, rule: str, allowed: bool) -> None:
 PRIVATE = ["127.0.0.1", "169.254.169.254", "10.0.0.1", "172.16.0.1", "192.168.1.1",
            "100.64.0.1", "0.0.0.0", "224.0.0.1", "240.0.0.1", "::1", "fe80::1", "fc00::1",
            "::ffff:10.0.0.1", "::", "ff02::1"]  # fmt: skip
+UNPINNABLE = ("0.0.0.0", "224.0.0.1", "::", "ff02::1")
 
 
 @pytest.mark.parametrize("address", PRIVATE)
@@ -441,6 +451,10 @@ def test_judge_refuses_a_name_resolving_to_a_private_address(address: str) -> No
     decision = judge("api.test", 443, [dest("api.test")], lambda h, p: ["93.184.216.34", address])
     assert not decision.allowed
     assert "pin it" in decision.reason
+    if address in UNPINNABLE:  # no destination may be pinned there (test_destination_parse)
+        with pytest.raises(UsageError, match="unspecified|multicast"):
+            dest(f"api.test={address}")
+        return
     # The twin: listed by that address, the same destination is reached there.
     pinned = judge("api.test", 443, [dest(f"api.test={address}")], fake_resolver)
     assert pinned.allowed

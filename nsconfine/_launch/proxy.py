@@ -49,6 +49,7 @@ from nsconfine._plan.allowlist import (
     Route,
     canonical_host,
     host_addresses,
+    is_decimal,
     judge,
     system_resolver,
 )
@@ -140,7 +141,7 @@ def parse_head(head: bytes) -> _Request:
     lengths = request.values("content-length")
     if len(lengths) > 1 or (lengths and request.values("transfer-encoding")):
         raise _Refusal(400, "the request's body length is stated twice")
-    if lengths and not lengths[0].isdigit():
+    if lengths and not is_decimal(lengths[0]):
         raise _Refusal(400, "Content-Length is not a number")
     return request
 
@@ -163,7 +164,7 @@ def split_authority(authority: str, default_port: int | None) -> tuple[str, int]
         if default_port is None:
             raise _Refusal(400, "CONNECT needs host:port")
         return host, default_port
-    if not port_text.isdigit() or len(port_text) > 5 or not 0 < int(port_text) < 65536:
+    if not is_decimal(port_text) or len(port_text) > 5 or not 0 < int(port_text) < 65536:
         raise _Refusal(400, "the port is not a number from 1 to 65535")
     return host, int(port_text)
 

@@ -66,7 +66,7 @@ def canonical_host(text: str) -> str:
     except ValueError:
         pass
     labels = name.split(".")
-    if labels[-1].isdigit() or labels[-1].startswith("0x"):
+    if is_decimal(labels[-1]) or labels[-1].startswith("0x"):
         # inet_aton reads "2130706433", "127.1" and "0x7f.1" as 127.0.0.1: a resolver would too.
         raise HostRefused("the host looks like an IP address in a non-standard form")
     for label in labels:
@@ -82,6 +82,30 @@ def canonical_host(text: str) -> str:
     return name
 
 
+def is_decimal(text: str) -> bool:
+    """ASCII digits only (str.isdigit takes "²" and Arabic-Indic digits, which int() reads)."""
+    return text.isascii() and text.isdigit()
+
+
+def _refuse_special(address: IPAddress, what: str) -> None:
+    """An address no listed destination may be: the unspecified one (0.0.0.0 and :: reach the
+    host's own services, as loopback does, under a name that does not say so), a broadcast or
+    a multicast one (no proxy connection goes there)."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    address = mapped if mapped is not None else address
+    kind = (
+        "unspecified (it reaches the host's own services: list 127.0.0.1 if that is meant)"
+        if address.is_unspecified
+        else "broadcast"
+        if str(address) == "255.255.255.255"
+        else "multicast"
+        if address.is_multicast
+        else None
+    )
+    if kind is not None:
+        raise UsageError(f"destination {what!r}: the address {address} is {kind}")
+
+
 def ip_literal(host: str) -> IPAddress | None:
     """The address a canonical host spells, if it is an IP literal."""
     import ipaddress
@@ -93,7 +117,7 @@ def ip_literal(host: str) -> IPAddress | None:
 
 
 def _port(text: str, whole: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536 or len(text) > 5:
+    if not is_decimal(text) or not 0 < int(text) < 65536 or len(text) > 5:
         raise UsageError(f"destination {whole!r}: the port must be a number from 1 to 65535")
     return int(text)
 
@@ -143,6 +167,9 @@ class Destination(Record):
                 raise UsageError(f"destination {self.pattern!r} is too broad: name a domain")
         if self.port is not None and not 0 < self.port < 65536:
             raise UsageError(f"destination {self.pattern!r}: the port must be from 1 to 65535")
+        literal = ip_literal(name)
+        if literal is not None:
+            _refuse_special(literal, self.pattern)
         if self.address is not None:
             if ip_literal(self.pattern) is not None:
                 raise UsageError(f"destination {self.pattern!r} is an address: it pins nothing")
@@ -151,6 +178,7 @@ class Destination(Record):
                     f"destination {self.pattern!r}: the pinned address {self.address!r} is not "
                     "an IP address in canonical form"
                 )
+            _refuse_special(ip_literal(self.address), self.pattern)  # type: ignore[arg-type]
 
     @classmethod
     def parse(cls, text: str, reason: str) -> Destination:
