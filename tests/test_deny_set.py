@@ -106,8 +106,11 @@ def test_directories_tools_are_pointed_at_are_denied(
     assert variable in origins[str(store.resolve())]
 
 
-def test_sudo_user_s_home_is_denied(ws_run: tuple[Path, Path]) -> None:
-    """The home of $SUDO_USER is denied (sudo -E keeps the caller's variables)."""
+@pytest.mark.parametrize("variable", ["SUDO_USER", "DOAS_USER", "PKEXEC_UID"])
+def test_the_invoking_user_s_home_is_denied(ws_run: tuple[Path, Path], variable: str) -> None:
+    """The home of the person who became root is denied, whichever tool they used: sudo
+    ($SUDO_USER; sudo -E keeps the caller's variables), doas ($DOAS_USER) or pkexec
+    ($PKEXEC_UID, a uid). Only sudo's was (an attacker's pass bound /home/NAME under doas)."""
     import pwd
 
     def owns_home(entry: pwd.struct_passwd) -> bool:
@@ -116,8 +119,10 @@ def test_sudo_user_s_home_is_denied(ws_run: tuple[Path, Path]) -> None:
     others = [e for e in pwd.getpwall() if e.pw_uid != os.getuid() and owns_home(e)]
     if not others:
         pytest.skip("no other account on this host has a home of its own")
-    made = checked_plan(ws_run, {"SUDO_USER": others[0].pw_name})
-    assert any("SUDO_USER" in rule.origin for rule in made.deny), made.deny
+    value = str(others[0].pw_uid) if variable == "PKEXEC_UID" else others[0].pw_name
+    made = checked_plan(ws_run, {variable: value})
+    denied = [rule for rule in made.deny if variable in rule.origin]
+    assert any(rule.path == others[0].pw_dir for rule in denied), made.deny
 
 
 def test_every_rule_says_where_it_came_from(ws_run: tuple[Path, Path], standin_home: Path) -> None:

@@ -452,7 +452,7 @@ def test_judge_refuses_a_name_resolving_to_a_private_address(address: str) -> No
     assert not decision.allowed
     assert "pin it" in decision.reason
     if address in UNPINNABLE:  # no destination may be pinned there (test_destination_parse)
-        with pytest.raises(UsageError, match="unspecified|multicast"):
+        with pytest.raises(UsageError, match=r"unspecified|multicast"):
             dest(f"api.test={address}")
         return
     # The twin: listed by that address, the same destination is reached there.

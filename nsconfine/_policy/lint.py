@@ -155,6 +155,19 @@ def _resolve_missing(path: str, memo: dict[str, str]) -> str:
     return resolved
 
 
+# Where sudo, doas and pkexec name the account that ran them (pkexec by uid).
+INVOKER_VARIABLES = ("SUDO_USER", "DOAS_USER", "PKEXEC_UID")
+
+
+def _invoker(value: str, by_uid: bool) -> pwd.struct_passwd | None:
+    try:
+        if by_uid:
+            return pwd.getpwuid(int(value)) if value.isascii() and value.isdigit() else None
+        return pwd.getpwnam(value) if value else None
+    except (KeyError, ValueError, OverflowError):
+        return None
+
+
 def _owns_home(entry: pwd.struct_passwd) -> bool:
     # A system account's "home" (/usr/sbin for daemon, / for many) is a system directory it
     # does not own, where no credential store of its lives: denying it would deny /usr. A home
@@ -175,14 +188,11 @@ def homes_of(
         found.append((own.pw_dir, f"the password database's home of {own.pw_name}"))
     if environ.get("HOME"):
         found.append((environ["HOME"], "$HOME"))
-    sudo_user = environ.get("SUDO_USER")
-    if sudo_user:
-        try:
-            entry = pwd.getpwnam(sudo_user)
-        except KeyError:
-            entry = None
+    for variable in INVOKER_VARIABLES:  # the person who became root, by whichever tool
+        invoker = environ.get(variable, "")
+        entry = _invoker(invoker, by_uid=variable == "PKEXEC_UID")
         if entry is not None and _owns_home(entry):
-            found.append((entry.pw_dir, f"$SUDO_USER ({sudo_user})'s home"))
+            found.append((entry.pw_dir, f"${variable} ({invoker})'s home"))
     if account is not None and account.uid != os.getuid():
         entry = _account(account.uid)
         if entry is not None and _owns_home(entry):
