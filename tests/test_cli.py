@@ -621,6 +621,52 @@ def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.parametrize("given", ["file", "fifo"])
+def test_run_s_output_file_is_the_session_s_to_append_to_not_to_read(
+    dirs: Dirs, tmp_path: Path, given: str
+) -> None:
+    """`nsconfine run … >> log 2>&1`, the log in a directory the session cannot reach: the
+    session's stdout was the log itself, open, and it read the log's earlier lines back
+    through /proc/self/fd/1 (a new open file of its own) and truncated it (an attacker's
+    pass). Relayed through a pipe, the session appends and nothing else; a FIFO (another
+    writer's output flowing through it) is relayed as well."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    steal = (
+        f"timeout 2 cat /proc/$$/fd/1 > {dirs.workspace}/stolen 2>/dev/null; python3 -c '"
+        "import fcntl, os; fcntl.fcntl(1, fcntl.F_SETFL, 0); os.ftruncate(1, 0)' 2>/dev/null; "
+        "echo forged"
+    )
+    command = [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c",
+               steal]  # fmt: skip
+    if given == "file":
+        log = private / "app.log"
+        log.write_text("earlier: token=SECRET-123\n")
+        log.chmod(0o644)
+        with open(log, "a") as output:
+            done = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, cwd="/",
+                                  timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 0
+        assert log.read_text() == "earlier: token=SECRET-123\nforged\n"
+    else:
+        fifo = private / "fifo"
+        os.mkfifo(fifo, 0o666)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        writer = os.open(fifo, os.O_WRONLY)
+        os.write(writer, b"another writer: token=SECRET-123\n")
+        try:
+            done = subprocess.run(command, stdout=writer, cwd="/", timeout=60, check=False)
+            assert done.returncode == 0
+            assert os.read(reader, 4096) == b"another writer: token=SECRET-123\nforged\n"
+        finally:
+            os.close(reader)
+            os.close(writer)
+    stolen = dirs.workspace / "stolen"
+    assert not stolen.exists() or b"SECRET" not in stolen.read_bytes()
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_a_git_identity_that_is_not_utf8_is_no_traceback(dirs: Dirs) -> None:
     """--git-identity with a byte that is not UTF-8 in the name: the session starts (git takes
     bytes), where the generated .gitconfig used to raise UnicodeEncodeError."""

@@ -15,10 +15,13 @@ one terminal share one pipe, so that their order holds): a session holding that 
 read it while its output went there, and went on reading it when a Ctrl-Z stopped the launcher
 (a session of its own, outside job control, it is not stopped with it): what the user typed at
 the shell next was the session's. Input is read only while the launcher is in the foreground:
-stopped or in the background, it leaves what is typed to the shell. Pipes and files are handed
-over as they are; what the session wrote there is the caller's terminal's to act on, so when it
-wrote an escape, its modes go off and its queries' answers are dropped at its end, as for --tty.
-With --tty, only bwrap's stderr is relayed (the command has its own terminal).
+stopped or in the background, it leaves what is typed to the shell. Output to a file or a FIFO
+is relayed too (a pipe each, or one for both): handed over as it was, the session could re-open
+it through /proc/self/fd, to read a log's earlier lines or another writer's bytes, and truncate
+it. Other input (a pipe, a file) and a socket are handed over as they are. What the session
+wrote to a terminal is the terminal's to act on, so when it wrote an escape, its modes go off
+and its queries' answers are dropped at its end, as for --tty. With --tty, only bwrap's stderr
+is relayed (the command has its own terminal).
 
 With --tty the command has a terminal of its own (a pty of the sandbox's, its controlling
 terminal: job control, /dev/tty, Ctrl-C and Ctrl-Z for its foreground job). The launcher's own
@@ -46,6 +49,7 @@ import os
 import re
 import select
 import signal
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -350,13 +354,17 @@ class StdioRelay:
         self.in_background = False  # not reading stdin for it: looked at again every second
         self.escaped: set[int] = set()  # the terminals among 1 and 2 a session wrote an escape to
         terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
+        self.terminals = set(terminals)
+        # An output file or FIFO handed over as it is would be the session's to re-open through
+        # /proc/self/fd: to read a log's earlier lines, or another writer's bytes, back.
+        files = [fd for fd in ((2,) if tty else (1, 2)) if fd not in terminals and _reopenable(fd)]
         try:
-            for fd in terminals:
+            for fd in [*terminals, *files]:
                 if fd == 0:
                     read_end, self.stdin_pipe = os.pipe2(os.O_CLOEXEC)
                     os.set_blocking(self.stdin_pipe, False)
                     self.given[0] = read_end
-                elif fd == 2 and 1 in terminals and _same_terminal(1, 2):
+                elif fd == 2 and self.given[1] is not None and _same_file(1, 2):
                     self.given[2] = self.given[1]  # one pipe: the order of their bytes holds
                 else:
                     read_end, self.given[fd] = os.pipe2(os.O_CLOEXEC)
@@ -423,7 +431,7 @@ class StdioRelay:
         except BlockingIOError:
             return
         if data:
-            if _ESCAPES.search(data):
+            if self.outputs[read_end] in self.terminals and _ESCAPES.search(data):
                 self.escaped.add(self.outputs[read_end])
             try:
                 _write_all(self.outputs[read_end], data)
@@ -472,8 +480,21 @@ def _signal_group(sandbox: Sandbox, number: int) -> None:
         sandbox.send_signal(number)
 
 
-def _same_terminal(first: int, second: int) -> bool:
-    return os.fstat(first).st_rdev == os.fstat(second).st_rdev
+def _same_file(first: int, second: int) -> bool:
+    """Do the two fds write to one terminal, file or FIFO (`2>&1`)?"""
+    one, other = os.fstat(first), os.fstat(second)
+    if stat.S_ISCHR(one.st_mode):
+        return stat.S_ISCHR(other.st_mode) and one.st_rdev == other.st_rdev
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _reopenable(fd: int) -> bool:
+    """Is fd a regular file or a FIFO (which /proc/self/fd opens anew; a socket it does not)?"""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:  # not open: nothing to hand over
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
 
 
 def _write_all(fd: int, data: bytes) -> None:
