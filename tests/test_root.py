@@ -74,6 +74,19 @@ def test_user_zero_is_refused_as_uid_0() -> None:
 
 
 @pytest.mark.root
+def test_an_account_whose_group_is_root_s_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root, a session account whose primary group is gid 0 is refused as uid 0 is: its
+    sessions would write what root's group may (no such account here: the password database's
+    answer is made up)."""
+    from nsconfine._kernel.accounts import run_as
+
+    wheel = pwd.struct_passwd(("agent", "x", 4242, 0, "", "/nonexistent", "/bin/sh"))
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: wheel)
+    with pytest.raises(nsconfine.UsageError, match="gid 0"):
+        run_as("agent")
+
+
+@pytest.mark.root
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
 def test_a_root_launch_without_user_is_refused(ws_run: tuple[Path, Path]) -> None:

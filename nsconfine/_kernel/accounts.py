@@ -61,7 +61,8 @@ def launcher_account() -> RunAs:
 def run_as(user: str | int | None) -> RunAs:
     """The account a session runs as: the launcher's own, or (for a root launcher) the named
     one, by name or uid (a name of digits only is a uid, as useradd allows no such name).
-    Refused: an unknown account, uid 0, and another account without root."""
+    Refused: an unknown account, uid 0 or (for a root launcher) gid 0, and another account
+    without root."""
     import pwd
 
     if user is None:
@@ -82,6 +83,11 @@ def run_as(user: str | int | None) -> RunAs:
             f"account (this one is uid {os.geteuid()}); drop --user"
         )
     gid = entry.pw_gid if os.geteuid() == 0 else os.getegid()
+    if gid == 0 and os.geteuid() == 0:
+        raise UsageError(
+            f"--user {user}: its group is gid 0, root's: its sessions would write what root's "
+            "group may; name an account of an unprivileged group"
+        )
     return RunAs(entry.pw_name, entry.pw_uid, gid)
 
 
