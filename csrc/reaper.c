@@ -16,6 +16,9 @@
  * left, until it has none) when:
  *   - the lifeline reaches EOF: the launcher holds its write end, so that
  *     happens when the launcher *process* is gone, however it died;
+ *   - the launcher itself ends (a pidfd of the parent): a fork of it that
+ *     ran none of Python's at-fork handlers (C code's) holds a copy of the
+ *     lifeline's write end, which would then outlive the launcher;
  *   - it gets SIGTERM, SIGINT, SIGHUP or SIGQUIT (Sandbox.kill sends SIGTERM);
  *   - bwrap ends on its own (then normally nothing is left to kill).
  * Once they are all gone it closes a unix socket of its own, which runs the kernel's
@@ -281,18 +284,40 @@ __attribute__((noreturn)) static void exit_like(int status)
     sys_exit(128 + sig);
 }
 
-/* Close every fd but a, b and those from `from` on (~0U: none kept past b). */
-static void close_all_but(unsigned int a, unsigned int b, unsigned int from)
+/* Close every fd but the three kept and those from `from` on (~0U: none past them). */
+static void close_all_but(unsigned int kept[3], unsigned int from)
 {
-    unsigned int kept[2] = { a < b ? a : b, a < b ? b : a };
+    for (int i = 1; i < 3; i++) /* in order: three values, sorted by insertion */
+        for (int j = i; j > 0 && kept[j - 1] > kept[j]; j--) {
+            unsigned int t = kept[j];
+            kept[j] = kept[j - 1];
+            kept[j - 1] = t;
+        }
     unsigned int start = 0;
-    for (int i = 0; i < 2 && kept[i] < from; i++) {
+    for (int i = 0; i < 3 && kept[i] < from; i++) {
         if (kept[i] > start)
             (void)sys_close_range(start, kept[i] - 1, 0);
         start = kept[i] + 1;
     }
     if (from > start)
         (void)sys_close_range(start, from - 1, 0);
+}
+
+#ifndef __NR_pidfd_open
+#define __NR_pidfd_open 434 /* the same on x86_64 and aarch64 */
+#endif
+
+/* A pidfd of the launcher (this process's parent, close-on-exec), or -1 if it is gone
+ * already (this process then has another parent) or none can be had. */
+static long watch_launcher(void)
+{
+    long launcher = SYS0(__NR_getppid);
+    long fd = SYS2(__NR_pidfd_open, launcher, 0);
+    if (fd >= 0 && SYS0(__NR_getppid) != launcher) {
+        (void)SYS1(__NR_close, fd);
+        return -1;
+    }
+    return fd;
 }
 
 int helper_main(int argc, char **argv, char **envp)
@@ -323,6 +348,9 @@ int helper_main(int argc, char **argv, char **envp)
     /* bwrap must not inherit the lifeline (it would keep the launcher "alive"). */
     if (SYS3(__NR_fcntl, lifeline, F_SETFD, FD_CLOEXEC) < 0)
         return 2;
+    long launcher_fd = watch_launcher();
+    if (launcher_fd < 0)
+        return 2;
 
     int stage;
     long err = limited ? take_limits(limits, &stage) : 0;
@@ -346,16 +374,20 @@ int helper_main(int argc, char **argv, char **envp)
     }
     (void)SYS1(__NR_close, status_pipe[0]);
 
-    /* Keep only the lifeline, the signalfd and the holds: a session's pipes must reach EOF. */
-    close_all_but((unsigned int)lifeline, (unsigned int)sigfd, held ? (unsigned int)holds_fd : ~0U);
+    /* Keep only the lifeline, the launcher's pidfd, the signalfd and the holds: a session's
+     * pipes must reach EOF. */
+    unsigned int kept[3] = { (unsigned int)lifeline, (unsigned int)launcher_fd,
+                             (unsigned int)sigfd };
+    close_all_but(kept, held ? (unsigned int)holds_fd : ~0U);
 
     int torn_down = 0;
     for (;;) {
-        struct pollfd fds[2] = { { (int)sigfd, POLLIN, 0 }, { (int)lifeline, POLLIN, 0 } };
-        long ready = SYS5(__NR_ppoll, fds, torn_down ? 1 : 2, 0, 0, 0);
+        struct pollfd fds[3] = { { (int)sigfd, POLLIN, 0 }, { (int)lifeline, POLLIN, 0 },
+                                 { (int)launcher_fd, POLLIN, 0 } };
+        long ready = SYS5(__NR_ppoll, fds, torn_down ? 1 : 3, 0, 0, 0);
         if (ready < 0 && ready != -EINTR)
             break;
-        int teardown = !torn_down && ready > 0 && fds[1].revents != 0; /* launcher gone */
+        int teardown = !torn_down && ready > 0 && (fds[1].revents | fds[2].revents) != 0;
         if (ready > 0 && (fds[0].revents & POLLIN)) {
             struct signalfd_siginfo info;
             if (sys_read((int)sigfd, &info, sizeof info) == (long)sizeof info &&

@@ -22,7 +22,9 @@ from helpers import (
     SESSION_USER,
     ended_session_output,
     give_to_session_user,
+    kill_all,
     open_fds,
+    pids_with,
     python_child,
     read_to_eof,
     session,
@@ -253,6 +255,53 @@ def test_the_launchers_death_at_any_moment_leaves_nothing(ws_run: tuple[Path, Pa
         child.wait()
         child.stdout.close()
         ended_session_output(read_end, marker, attempt)
+
+
+_FORKING_LAUNCHER = r"""
+import ctypes
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[4])
+sandbox = nsconfine.spawn(
+    plan, ["/bin/sh", "-c", "exec sleep 600 # " + sys.argv[3]], stdout=int(sys.argv[5])
+)
+os.close(int(sys.argv[5]))
+forked = ctypes.CDLL(None).fork()  # as a C extension forks: Python's at-fork handlers never run
+if forked == 0:
+    time.sleep(120)  # holding every fd the launcher had, its lifeline's end among them
+    os._exit(0)
+print(forked, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_launcher_that_dies_after_a_fork_of_its_own_leaves_nothing(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A launcher forked by C code (no at-fork handler runs: the child keeps the lifeline's
+    write end), then killed: its sessions end at once, as the reaper watches the launcher
+    itself; an attacker's pass saw them live on until the forked child ended."""
+    marker = f"nsconfine-forked-{os.urandom(6).hex()}"
+    read_end, write_end = os.pipe()
+    child = python_child(
+        "import time\n" + _FORKING_LAUNCHER, str(ws_run[0]), str(ws_run[1]), marker,
+        SESSION_USER or "", str(write_end), stdout=subprocess.PIPE, pass_fds=(write_end,),
+    )  # fmt: skip
+    os.close(write_end)
+    assert child.stdout is not None
+    forked = int(child.stdout.readline())
+    try:
+        child.kill()
+        child.wait()
+        assert read_to_eof(read_end, 30) is not None, "the session outlived its launcher"
+        deadline = time.monotonic() + 30
+        while set(pids_with(marker)) - {forked} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(pids_with(marker)) - {forked} == set()
+    finally:
+        os.close(read_end)
+        child.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(forked, 9)
+        kill_all(pids_with(marker))
 
 
 _MANY_FDS = r"""
