@@ -7,6 +7,7 @@ can fail: it is the rule that refuses, not a broken path."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import ipaddress
 import json
@@ -1008,6 +1009,52 @@ def test_a_flood_of_allowed_connections_is_recorded_in_part_and_counted(
     each = int(str(mine[0]["bytes_down"]))
     assert each > 0
     assert int(str(summary["bytes_down"])) == 200 * each
+
+
+def test_a_connection_still_connecting_ends_with_its_session(audited: Audited) -> None:
+    """A session that asks for an allowed upstream that does not answer yet (its backlog
+    full: SYNs dropped), then ends: its connections end with it, and none reaches that
+    upstream afterwards. An attacker's pass: the connects went on past the session's end,
+    uncounted, and reached the upstream seconds later; their records, made after the session
+    was gone, kept a budget of it for good."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(8):  # past the backlog: the kernel drops the next SYNs
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    time.sleep(0.2)
+    clients: list[socket.socket] = []
+    try:
+        with Proxy(sandboxes_only=False, audit=audited.append, connect_timeout=30) as proxy:
+            path = proxy.add_session("late", [dest(f"late.test:{port}=127.0.0.1")], [])
+            for _ in range(3):
+                client = connect(path)
+                client.sendall(get("late.test", port))
+                clients.append(client)
+            for _ in range(200):
+                if len(proxy._sessions["late"].connections) == 3:
+                    break
+                time.sleep(0.025)
+            proxy.remove_session(path)
+            assert ("late", True) not in proxy._budgets
+            assert ("late", False) not in proxy._budgets
+        for filler in fillers:  # (a filler's own SYN, dropped, would be sent again)
+            filler.close()
+        listener.settimeout(0.2)
+        with contextlib.suppress(OSError):
+            while True:  # the backlog drained: room for any connect still going on
+                listener.accept()[0].close()
+        listener.settimeout(3)
+        with pytest.raises(TimeoutError):
+            listener.accept()[0].close()
+    finally:
+        for sock in (*fillers, *clients, listener):
+            sock.close()
 
 
 def test_a_refusal_record_is_short_whatever_the_request(proxy: Proxy, audited: Audited) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -66,6 +67,7 @@ SPLICE_BYTES = 1024 * 1024  # a spliced connection's pipe: what it holds in flig
 # What a connection costs the launcher at most: its two sockets and its splice pipe's two ends.
 FDS_PER_CONNECTION = 4
 CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut connections
+_CONNECT_SLICE_MS = 100  # a connect under way looks this often whether its session has ended
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
 MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
 # Headers that speak to this hop (or carry credentials to it), never forwarded as sent.
@@ -295,8 +297,10 @@ class _Connection:
     client: socket.socket
     upstream: socket.socket | None = None
     record: dict[str, object] = field(default_factory=dict)
+    ended: threading.Event = field(default_factory=threading.Event)  # shut: its session ended
 
     def shut(self) -> None:
+        self.ended.set()  # a connect under way gives up (a shutdown does not stop it)
         for sock in (self.client, self.upstream):
             if sock is not None:
                 try:
@@ -655,9 +659,13 @@ class Proxy:
     def _emit(self, record: dict[str, object], allowed: bool, reason: str) -> None:
         session = record.get("session")
         with self._lock:
-            budget = self._budgets.setdefault((str(session), allowed), _RecordBudget())
-            written = budget.take(record)
-            summary = budget.summary(session, allowed) if written else None
+            budget = self._budgets.get((str(session), allowed))
+            if budget is None and str(session) in self._sessions:
+                budget = self._budgets[(str(session), allowed)] = _RecordBudget()
+            # A session removed has no budget left to keep (its last connections' records,
+            # each written: the session admits no more).
+            written = budget is None or budget.take(record)
+            summary = None if budget is None or not written else budget.summary(session, allowed)
         if not written:
             return  # counted: the sum is recorded with the next record written, or at the end
         if summary is not None:
@@ -754,7 +762,7 @@ class Proxy:
         if request.method == "CONNECT":
             host, port = split_authority(request.target, None)
             decision = self._judge(session, record, host, port)
-            connection.upstream = self._connect(decision)
+            connection.upstream = self._connect(connection, decision)
             established = b"HTTP/1.1 200 Connection established\r\n\r\n"
             self._relay(connection, rest, rewriter=None, reply=established)
             return decision.reason
@@ -786,12 +794,12 @@ class Proxy:
             raise _Refusal(403, decision.reason)
         return decision
 
-    def _connect(self, decision: Decision) -> socket.socket:
+    def _connect(self, connection: _Connection, decision: Decision) -> socket.socket:
         """A TCP connection to the first judged address that answers (never re-resolved)."""
         failure, status = "no address", 502
         for address in decision.addresses:
             try:
-                return socket.create_connection((address, decision.port), self.connect_timeout)
+                return self._open(connection, address, decision.port)
             except TimeoutError:
                 failure = f"{address} did not answer within {self.connect_timeout:g} s"
                 status = 504
@@ -800,6 +808,43 @@ class Proxy:
         raise _Refusal(
             status if decision.addresses else 502, f"cannot reach {decision.host}: {failure}"
         )
+
+    def _open(self, connection: _Connection, address: str, port: int) -> socket.socket:
+        """A TCP connection to address (an IP literal), given up on after connect_timeout or
+        as soon as the connection is shut (its session ended): a connect never outlives it."""
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            error = sock.connect_ex((address, port))
+            deadline = time.monotonic() + self.connect_timeout
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            while error == errno.EINPROGRESS and not poller.poll(_CONNECT_SLICE_MS):
+                if connection.ended.is_set():
+                    raise OSError(errno.ECANCELED, "the session ended")
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+            if error == errno.EINPROGRESS:
+                error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, os.strerror(error))
+            sock.settimeout(self.connect_timeout)  # as socket.create_connection leaves it
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
+    def _open_by_name(self, connection: _Connection, host: str, port: int) -> socket.socket:
+        """A TCP connection to host (the launcher's own upstream: a route's), by each address
+        the launcher's resolver gives, as socket.create_connection tries them."""
+        failure: OSError = OSError(errno.EHOSTUNREACH, f"{host} has no address")
+        for *_, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+            try:
+                return self._open(connection, str(address[0]), port)
+            except OSError as error:  # (TimeoutError too: the next address may answer)
+                failure = error
+        raise failure
 
     def _plain_http(
         self, session: _Session, connection: _Connection, request: _Request, rest: bytes
@@ -830,7 +875,7 @@ class Proxy:
         head = request.head(path, _HOP_HEADERS | {"host"}, [f"Host: {host_line}".encode()])
         body = _RequestBody(request)
         first = head + body.feed(rest)
-        connection.upstream = self._connect(decision)
+        connection.upstream = self._connect(connection, decision)
         self._relay(connection, first, rewriter=_ResponseHeadRewriter(), body=body)
         return decision.reason
 
@@ -855,7 +900,7 @@ class Proxy:
         body = _RequestBody(request)
         first = head + body.feed(rest)
         try:
-            raw = socket.create_connection((upstream.hostname, port), self.connect_timeout)
+            raw = self._open_by_name(connection, upstream.hostname, port)
         except TimeoutError:
             raise _Refusal(504, f"route {route.name}: {upstream.netloc} did not answer") from None
         except OSError as error:
