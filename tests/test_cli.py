@@ -21,6 +21,8 @@ from helpers import (
     cli,
     ended_session_output,
     give_to_session_user,
+    kill_all,
+    pids_with,
     read_to_eof,
     read_until,
     session,
@@ -28,6 +30,7 @@ from helpers import (
     session_options,
     sleeper,
     user_options,
+    wait_until_gone,
     with_sigchld_ignored,
     without_fd,
 )
@@ -621,15 +624,13 @@ def test_run_with_stdout_closed_returns_the_command_status(dirs: Dirs) -> None:
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
-@pytest.mark.parametrize("given", ["file", "fifo"])
 def test_run_s_output_file_is_the_session_s_to_append_to_not_to_read(
-    dirs: Dirs, tmp_path: Path, given: str
+    dirs: Dirs, tmp_path: Path
 ) -> None:
     """`nsconfine run … >> log 2>&1`, the log in a directory the session cannot reach: the
     session's stdout was the log itself, open, and it read the log's earlier lines back
     through /proc/self/fd/1 (a new open file of its own) and truncated it (an attacker's
-    pass). Relayed through a pipe, the session appends and nothing else; a FIFO (another
-    writer's output flowing through it) is relayed as well."""
+    pass). Relayed through a pipe, the session appends and nothing else."""
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     steal = (
@@ -637,32 +638,46 @@ def test_run_s_output_file_is_the_session_s_to_append_to_not_to_read(
         "import fcntl, os; fcntl.fcntl(1, fcntl.F_SETFL, 0); os.ftruncate(1, 0)' 2>/dev/null; "
         "echo forged"
     )
-    command = [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c",
-               steal]  # fmt: skip
-    if given == "file":
-        log = private / "app.log"
-        log.write_text("earlier: token=SECRET-123\n")
-        log.chmod(0o644)
-        with open(log, "a") as output:
-            done = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, cwd="/",
-                                  timeout=60, check=False)  # fmt: skip
-        assert done.returncode == 0
-        assert log.read_text() == "earlier: token=SECRET-123\nforged\n"
-    else:
-        fifo = private / "fifo"
-        os.mkfifo(fifo, 0o666)
-        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        writer = os.open(fifo, os.O_WRONLY)
-        os.write(writer, b"another writer: token=SECRET-123\n")
-        try:
-            done = subprocess.run(command, stdout=writer, cwd="/", timeout=60, check=False)
-            assert done.returncode == 0
-            assert os.read(reader, 4096) == b"another writer: token=SECRET-123\nforged\n"
-        finally:
-            os.close(reader)
-            os.close(writer)
+    log = private / "app.log"
+    log.write_text("earlier: token=SECRET-123\n")
+    log.chmod(0o644)
+    with open(log, "a") as output:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c",
+             steal], stdout=output, stderr=subprocess.STDOUT, cwd="/", timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0
+    assert log.read_text() == "earlier: token=SECRET-123\nforged\n"
     stolen = dirs.workspace / "stolen"
     assert not stolen.exists() or b"SECRET" not in stolen.read_bytes()
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_run_whose_output_reader_stops_still_ends_at_sigterm(dirs: Dirs) -> None:
+    """`nsconfine run -- yes | a reader that stops reading`: SIGTERM still ends run and its
+    session (an attacker's pass over the output relay: relaying a pipe, run blocked in a write
+    to it, and passed on no signal)."""
+    marker = f"nsconfine-stalled-{os.urandom(6).hex()}"
+    read_end, write_end = os.pipe()  # never read
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c",
+         f"yes # {marker}"], stdout=write_end, stderr=subprocess.DEVNULL, cwd="/",
+    )  # fmt: skip
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + 30
+        while not pids_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the pipe fills, and its writers block
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) != 0
+        assert wait_until_gone(marker, 30) == []
+    finally:
+        launcher.kill()
+        launcher.wait()
+        os.close(read_end)
+        kill_all(pids_with(marker))
 
 
 @pytest.mark.confinement

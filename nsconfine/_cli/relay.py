@@ -15,10 +15,10 @@ one terminal share one pipe, so that their order holds): a session holding that 
 read it while its output went there, and went on reading it when a Ctrl-Z stopped the launcher
 (a session of its own, outside job control, it is not stopped with it): what the user typed at
 the shell next was the session's. Input is read only while the launcher is in the foreground:
-stopped or in the background, it leaves what is typed to the shell. Output to a file or a FIFO
-is relayed too (a pipe each, or one for both): handed over as it was, the session could re-open
-it through /proc/self/fd, to read a log's earlier lines or another writer's bytes, and truncate
-it. Other input (a pipe, a file) and a socket are handed over as they are. What the session
+stopped or in the background, it leaves what is typed to the shell. Output to a regular file is
+relayed too (a pipe each, or one for both): handed over as it was, the session could re-open it
+through /proc/self/fd, to read a log's earlier lines, and truncate it. Pipes, FIFOs, sockets and
+input that is no terminal are handed over as they are (a write to a pipe may block this loop). What the session
 wrote to a terminal is the terminal's to act on, so when it wrote an escape, its modes go off
 and its queries' answers are dropped at its end, as for --tty. With --tty, only bwrap's stderr
 is relayed (the command has its own terminal).
@@ -355,9 +355,11 @@ class StdioRelay:
         self.escaped: set[int] = set()  # the terminals among 1 and 2 a session wrote an escape to
         terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
         self.terminals = set(terminals)
-        # An output file or FIFO handed over as it is would be the session's to re-open through
-        # /proc/self/fd: to read a log's earlier lines, or another writer's bytes, back.
-        files = [fd for fd in ((2,) if tty else (1, 2)) if fd not in terminals and _reopenable(fd)]
+        # An output file handed over as it is would be the session's to re-open through
+        # /proc/self/fd: to read a log's earlier lines back, or truncate it. (Not a pipe: a
+        # write to one may block, and a reader that stops would stop this loop, signals and
+        # all; the session may re-open a pipe, but not what was written through it before.)
+        files = [fd for fd in ((2,) if tty else (1, 2)) if fd not in terminals and _is_file(fd)]
         try:
             for fd in [*terminals, *files]:
                 if fd == 0:
@@ -488,13 +490,12 @@ def _same_file(first: int, second: int) -> bool:
     return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
 
 
-def _reopenable(fd: int) -> bool:
-    """Is fd a regular file or a FIFO (which /proc/self/fd opens anew; a socket it does not)?"""
+def _is_file(fd: int) -> bool:
+    """Is fd a regular file (which /proc/self/fd opens anew, and a write to never blocks)?"""
     try:
-        mode = os.fstat(fd).st_mode
+        return stat.S_ISREG(os.fstat(fd).st_mode)
     except OSError:  # not open: nothing to hand over
         return False
-    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
 
 
 def _write_all(fd: int, data: bytes) -> None:
