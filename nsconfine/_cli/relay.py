@@ -17,11 +17,11 @@ read it while its output went there, and went on reading it when a Ctrl-Z stoppe
 the shell next was the session's. Input is read only while the launcher is in the foreground:
 stopped or in the background, it leaves what is typed to the shell. Output to a regular file is
 relayed too (a pipe each, or one for both): handed over as it was, the session could re-open it
-through /proc/self/fd, to read a log's earlier lines, and truncate it. Pipes, FIFOs, sockets and
-input that is no terminal are handed over as they are (a write to a pipe may block this loop). What the session
-wrote to a terminal is the terminal's to act on, so when it wrote an escape, its modes go off
-and its queries' answers are dropped at its end, as for --tty. With --tty, only bwrap's stderr
-is relayed (the command has its own terminal).
+through /proc/self/fd, to read a log's earlier lines, and truncate it. Pipes, FIFOs, sockets
+and input that is no terminal are handed over as they are (a write to a pipe may block this
+loop). What the session wrote to a terminal is the terminal's to act on, so when it wrote an
+escape, its modes go off and its queries' answers are dropped at its end, as for --tty. With
+--tty, only bwrap's stderr is relayed (the command has its own terminal).
 
 With --tty the command has a terminal of its own (a pty of the sandbox's, its controlling
 terminal: job control, /dev/tty, Ctrl-C and Ctrl-Z for its foreground job). The launcher's own
