@@ -120,30 +120,6 @@ def access_problem(path: str, user: RunAs, bits: int) -> str | None:
         return f"{path}: {error.strerror}"
 
 
-def changeable_by(path: str, user: RunAs) -> str | None:
-    """The file or directory through which user could change what path holds (path itself,
-    resolved, or a directory above it that it could write, or owns: it could put another
-    file in its place), or None. By the mode bits (ACLs are not read); a writable directory
-    with the sticky bit lets it replace only what it owns."""
-    current = os.path.realpath(path)
-    try:
-        info = os.stat(current)
-        if info.st_uid == user.uid or _allows(info, user, WRITE):
-            return current
-        while current != "/":
-            parent = os.path.dirname(current)
-            above = os.stat(parent)
-            if above.st_uid == user.uid:
-                return parent
-            sticky = above.st_mode & stat.S_ISVTX and info.st_uid != user.uid
-            if _allows(above, user, WRITE) and not sticky:
-                return parent
-            current, info = parent, above
-    except OSError as error:
-        return f"{path}: {error.strerror}"
-    return None
-
-
 def _words(bits: int) -> str:
     return "+".join(
         word for bit, word in ((READ, "read"), (WRITE, "write"), (SEARCH, "search")) if bits & bit

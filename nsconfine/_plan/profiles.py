@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import stat
 
-from nsconfine._errors import UsageError
+from nsconfine._errors import PlanError, UsageError
 from nsconfine._plan import options as o
 from nsconfine._plan.allowlist import Destination
 from nsconfine._plan.limits import parse_value
@@ -170,8 +170,10 @@ def _read_profile(path: str) -> bytes:
     except ValueError:  # a NUL byte or a lone surrogate: no file has such a name
         raise UsageError(f"profile {path}: no file can have this name") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise UsageError(f"profile {path}: not a regular file")
+        _refuse_untrusted(path, fd, info)
         raw = os.read(fd, MAX_PROFILE_BYTES + 1)
     except OSError as error:
         raise UsageError(f"profile {path}: cannot be read: {error.strerror}") from error
@@ -180,6 +182,35 @@ def _read_profile(path: str) -> bytes:
     if len(raw) > MAX_PROFILE_BYTES:
         raise UsageError(f"profile {path}: larger than {MAX_PROFILE_BYTES:,} bytes")
     return raw
+
+
+def _refuse_untrusted(path: str, fd: int, info: os.stat_result) -> None:
+    """A profile says what a session is given: the file opened (fd) must be one that only root
+    or this launcher's account can change, as its programs are (checks.untrusted_reason), by
+    the way it was named and where it really lies (no symlink another account could re-point
+    on the way), and have one name (a hardlink may lie where a session writes)."""
+    from nsconfine._preflight.checks import untrusted_reason
+
+    if info.st_nlink > 1:
+        raise PlanError(
+            f"profile {path}: it has {info.st_nlink} names (hardlinks), and one may lie where "
+            "a session writes; keep a profile with one name"
+        )
+    real = os.readlink(f"/proc/self/fd/{fd}")
+    for way in (os.path.abspath(path), real):
+        reason = untrusted_reason(way)
+        if reason is not None:
+            raise PlanError(
+                f"profile {path}: someone other than root or this launcher could change it "
+                f"({reason}): a profile says what a session is given; keep it where only they "
+                "can write"
+            )
+    try:
+        named = os.stat(path)
+    except OSError:
+        named = None
+    if named is None or (named.st_dev, named.st_ino) != (info.st_dev, info.st_ino):
+        raise PlanError(f"profile {path}: it changed while it was read; nothing was run")
 
 
 def chain(names: list[str]) -> list[Profile]:

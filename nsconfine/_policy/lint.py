@@ -692,13 +692,11 @@ def _refuse_audit_in_writable(
 
 def refuse_profiles_a_session_could_write(plan: Plan, profiles: Sequence[str]) -> None:
     """The profile files plan was made from (each, and each it includes) must not lie where
-    the session writes, nor (a launcher that is not the session's account: root) be files its
-    account could change: a session that rewrote its own profile would choose what its next
-    launch is given (binds, the network, the launcher's variables)."""
+    the session writes: a session that rewrote its own profile would choose what its next
+    launch is given (binds, the network, the launcher's variables). Who else could change
+    them was judged as they were read (profiles._refuse_untrusted)."""
     if not profiles:
         return
-    from nsconfine._kernel.accounts import changeable_by
-
     places = _Places()
     writable = [
         (entry, places.of(resolve(entry.source)))
@@ -714,14 +712,6 @@ def refuse_profiles_a_session_could_write(plan: Plan, profiles: Sequence[str]) -
             places,
             writable,
         )
-        changed = None if plan.user.uid == os.geteuid() else changeable_by(profile, plan.user)
-        if changed is not None:
-            raise PlanError(
-                f"the profile {printable(profile)}: {plan.user.name} (uid {plan.user.uid}), "
-                f"who runs the session, could change it ({changed}), and so what its next "
-                "launch is given; keep profiles in files and directories of root's (or the "
-                "launcher's)"
-            )
 
 
 def _refuse_inside_writable(
