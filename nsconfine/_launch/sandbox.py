@@ -273,14 +273,11 @@ class Sandbox:
                 _close(stream)
 
     def __del__(self) -> None:
-        # Dropped unwaited: reaped now if it has ended, else by a later launch (_abandoned).
-        if getattr(self, "returncode", 0) is not None or getattr(self, "_owner", 0) != os.getpid():
-            return
-        try:
-            if self.poll() is None:
-                _abandoned.append(self)
-        except Exception:  # never from a finalizer (the interpreter may be ending)
-            pass
+        # Dropped unwaited: reaped by a later launch (_abandoned), not here. A finalizer runs
+        # in whichever thread the collector does, the proxy's own among them, perhaps holding
+        # a lock that the end of a session (its stubs, its proxy socket) takes.
+        if getattr(self, "returncode", 0) is None and getattr(self, "_owner", 0) == os.getpid():
+            _abandoned.append(self)
 
     def _ended(self, status: int) -> None:
         # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
@@ -299,10 +296,10 @@ class Sandbox:
             self._egress = None
 
 
-# Handles dropped while their session ran: reaped at a later launch, as subprocess reaps the
-# Popen objects it was left (its _cleanup), so that a launcher that forgets a handle keeps no
-# zombie and no pidfd for it. A list's append and pop need no lock (a lock taken in __del__
-# could be this thread's own, held where the collector ran it).
+# Handles dropped unwaited: reaped at a later launch, as subprocess reaps the Popen objects it
+# was left (its _cleanup), so that a launcher that forgets a handle keeps no zombie and no
+# pidfd for it. A list's append and pop need no lock (a lock taken in __del__ could be this
+# thread's own, held where the collector ran it).
 _abandoned: list[Sandbox] = []
 
 
