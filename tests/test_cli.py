@@ -7,6 +7,7 @@ import json
 import os
 import random
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -650,6 +651,32 @@ def test_run_s_output_file_is_the_session_s_to_append_to_not_to_read(
     assert log.read_text() == "earlier: token=SECRET-123\nforged\n"
     stolen = dirs.workspace / "stolen"
     assert not stolen.exists() or b"SECRET" not in stolen.read_bytes()
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_run_s_input_file_is_the_session_s_to_read_not_to_write(dirs: Dirs, tmp_path: Path) -> None:
+    """`nsconfine run … < input`, the file in a directory the session cannot reach: the
+    session's stdin was the file itself, and it re-opened it through /proc/self/fd/0 to
+    write it (an attacker's pass: "REWRITTEN by the session"). Relayed through a pipe, it
+    reads it and nothing else; and what it did not read is left to whoever reads the file
+    next, as when it held the file itself (a shell's `while read` loop)."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    given = private / "input.txt"
+    given.write_text("line1\nline2\nline3\n")
+    given.chmod(0o666)  # (writable by the session's account too: only the relay keeps it)
+    rewrite = "read first; echo got $first; echo REWRITTEN > /proc/self/fd/0 2>/dev/null; true"
+    command = shlex.join([sys.executable, "-m", "nsconfine", "run", *map(str, dirs.session),
+                          "--", "/bin/sh", "-c", rewrite])  # fmt: skip
+    with open(given, "rb") as stdin:
+        done = subprocess.run(
+            ["/bin/sh", "-c", f"{command}; cat"], stdin=stdin, capture_output=True, text=True,
+            cwd="/", timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert given.read_text() == "line1\nline2\nline3\n"
+    assert done.stdout == "got line1\nline2\nline3\n", done.stdout
 
 
 @pytest.mark.confinement

@@ -17,8 +17,9 @@ read it while its output went there, and went on reading it when a Ctrl-Z stoppe
 the shell next was the session's. Input is read only while the launcher is in the foreground:
 stopped or in the background, it leaves what is typed to the shell. Output to a regular file is
 relayed too (a pipe each, or one for both): handed over as it was, the session could re-open it
-through /proc/self/fd, to read a log's earlier lines, and truncate it. Pipes, FIFOs, sockets
-and input that is no terminal are handed over as they are (a write to a pipe may block this
+through /proc/self/fd, to read a log's earlier lines, and truncate it; and so is an input file,
+which it could re-open to write (what it did not read is given back to the file's offset at the
+end). Pipes, FIFOs and sockets are handed over as they are (a write to a pipe may block this
 loop). What the session wrote to a terminal is the terminal's to act on, so when it wrote an
 escape, its modes go off and its queries' answers are dropped at its end, as for --tty. With
 --tty, only bwrap's stderr is relayed (the command has its own terminal).
@@ -45,11 +46,14 @@ is held until the kernel's collector frees it (the reaper starts one), never for
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import select
 import signal
 import stat
+import struct
+import termios
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -359,13 +363,17 @@ class StdioRelay:
         # /proc/self/fd: to read a log's earlier lines back, or truncate it. (Not a pipe: a
         # write to one may block, and a reader that stops would stop this loop, signals and
         # all; the session may re-open a pipe, but not what was written through it before.)
-        files = [fd for fd in ((2,) if tty else (1, 2)) if fd not in terminals and _is_file(fd)]
+        # So too an input file, which it could re-open to write.
+        files = [fd for fd in ((2,) if tty else (0, 1, 2)) if fd not in terminals and _is_file(fd)]
+        self.unread_probe = -1  # for an input file: a read end, to count what the session left
         try:
             for fd in [*terminals, *files]:
                 if fd == 0:
                     read_end, self.stdin_pipe = os.pipe2(os.O_CLOEXEC)
                     os.set_blocking(self.stdin_pipe, False)
                     self.given[0] = read_end
+                    if fd in files:
+                        self.unread_probe = fcntl.fcntl(read_end, fcntl.F_DUPFD_CLOEXEC, 3)
                 elif fd == 2 and self.given[1] is not None and _same_file(1, 2):
                     self.given[2] = self.given[1]  # one pipe: the order of their bytes holds
                 else:
@@ -421,6 +429,18 @@ class StdioRelay:
         except OSError:  # EPIPE: the session no longer reads; what is typed stays the shell's
             self._close_stdin()
 
+    def _give_back_unread(self) -> None:
+        """What of an input file the session did not read is the file's again: its offset (the
+        caller's, shared) goes back by what was read ahead and is still here or in the pipe,
+        as if the session had held the file itself (a shell's `while read` loop reads on)."""
+        try:
+            held = struct.unpack("i", fcntl.ioctl(self.unread_probe, termios.FIONREAD, b"\0" * 4))
+            os.lseek(0, -(held[0] + len(self.pending)), os.SEEK_CUR)
+        except OSError:  # (a file that cannot seek: what was read ahead stays read)
+            pass
+        os.close(self.unread_probe)
+        self.unread_probe = -1
+
     def _close_stdin(self) -> None:
         os.close(self.stdin_pipe)
         self.stdin_pipe = -1
@@ -466,6 +486,8 @@ class StdioRelay:
         self.escaped.clear()
 
     def close(self) -> None:
+        if self.unread_probe >= 0:
+            self._give_back_unread()
         if self.stdin_pipe >= 0:
             self._close_stdin()
         for read_end in self.outputs:
