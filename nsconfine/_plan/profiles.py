@@ -186,10 +186,10 @@ def _read_profile(path: str) -> bytes:
 
 def _refuse_untrusted(path: str, fd: int, info: os.stat_result) -> None:
     """A profile says what a session is given: the file opened (fd) must be one that only root
-    or this launcher's account can change, as its programs are (checks.untrusted_reason), by
+    or this launcher's account can change, as its programs are (accounts.untrusted_reason), by
     the way it was named and where it really lies (no symlink another account could re-point
     on the way), and have one name (a hardlink may lie where a session writes)."""
-    from nsconfine._preflight.checks import untrusted_reason
+    from nsconfine._kernel.accounts import untrusted_reason
 
     if info.st_nlink > 1:
         raise PlanError(

@@ -15,7 +15,7 @@ import stat
 
 from nsconfine._errors import NsconfineError, SandboxUnavailable
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.accounts import RunAs, launcher_account
+from nsconfine._kernel.accounts import RunAs, launcher_account, untrusted_reason
 from nsconfine._plan import model as p
 from nsconfine._plan.bwrap_args import REQUIRED_OPTIONS
 from nsconfine._record import Record
@@ -464,48 +464,6 @@ def located_bwrap() -> str:
             pass  # missing: binary_identity says so, with how to install one
         bwrap = _last_found[key] = found
     return bwrap
-
-
-def untrusted_reason(path: str) -> str | None:
-    """Why someone other than root (or, for an unprivileged launcher, the launcher itself)
-    could replace the file at path, or None. The file and every directory above it must be
-    owned by them, and writable by no other group than theirs (nor through an ACL), nor by all;
-    a sticky directory writable by all (/tmp) is fine when what lies in it is theirs."""
-    trusted_owners = {0, os.geteuid()}
-    trusted_groups = {0, os.getegid()}  # root's group; a user's own (a umask of 002)
-    current = path
-    below_owner: int | None = None
-    while True:
-        try:
-            info = os.lstat(current)
-        except OSError as error:
-            return f"{current}: {error.strerror}"
-        writable_by_others = info.st_mode & 0o002 or (
-            info.st_mode & 0o020 and (info.st_gid not in trusted_groups or _has_acl(current))
-        )
-        sticky_and_below_is_ours = (
-            stat.S_ISDIR(info.st_mode)
-            and info.st_mode & stat.S_ISVTX
-            and below_owner in trusted_owners
-        )
-        if info.st_uid not in trusted_owners:
-            return f"{current} belongs to uid {info.st_uid}"
-        if writable_by_others and not sticky_and_below_is_ours:
-            return f"{current} is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
-        if current == "/":
-            return None
-        below_owner = info.st_uid
-        current = os.path.dirname(current)
-
-
-def _has_acl(path: str) -> bool:
-    """Has path an access ACL (whose named users and groups its group bits, the mask, let
-    write: the bits alone do not say who)?"""
-    try:
-        os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
-    except OSError:  # none (ENODATA), or none can be had here (a symlink, a file system without)
-        return False
-    return True
 
 
 def refuse_untrusted(path: str, what: str) -> None:
