@@ -525,7 +525,16 @@ def _posix_acl(*entries: tuple[int, int, int]) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "how", ["owned", "directory-owned", "symlink-in-theirs", "group-writable", "acl", "hardlink"]
+    "how",
+    [
+        "owned",
+        "directory-owned",
+        "symlink-in-theirs",
+        "group-writable",
+        "writable-by-all",
+        "acl",
+        "hardlink",
+    ],
 )
 def test_a_profile_another_account_could_change_is_refused(
     ws_run: tuple[Path, Path], tmp_path: Path, how: str
@@ -552,9 +561,11 @@ def test_a_profile_another_account_could_change_is_refused(
         (theirs / "profiles").symlink_to(admin)
         os.chown(theirs, other, -1)
         given = theirs / "profiles" / profile.name
-    elif how == "group-writable":
+    elif how == "group-writable" and IS_ROOT:
         os.chown(admin, -1, 65534)  # nogroup: no group of the launcher's
         admin.chmod(0o775)
+    elif how == "writable-by-all":
+        admin.chmod(0o777)
     elif how == "acl":
         user, user_obj, group_obj, mask, others = 2, 1, 4, 0x10, 0x20
         acl = _posix_acl((user_obj, 7, 0xFFFFFFFF), (user, 7, 65534),

@@ -366,6 +366,7 @@ class StdioRelay:
         # So too an input file, which it could re-open to write.
         files = [fd for fd in ((2,) if tty else (0, 1, 2)) if fd not in terminals and _is_file(fd)]
         self.unread_probe = -1  # for an input file: a read end, to count what the session left
+        self.read_from_file = 0  # and how much of it was read, the most that goes back
         try:
             for fd in [*terminals, *files]:
                 if fd == 0:
@@ -374,6 +375,9 @@ class StdioRelay:
                     self.given[0] = read_end
                     if fd in files:
                         self.unread_probe = fcntl.fcntl(read_end, fcntl.F_DUPFD_CLOEXEC, 3)
+                        # Read-only to all but root: the session may not open the pipe anew
+                        # to write (through /proc/self/fd/0), and so change what it holds.
+                        os.fchmod(read_end, 0o400)
                 elif fd == 2 and self.given[1] is not None and _same_file(1, 2):
                     self.given[2] = self.given[1]  # one pipe: the order of their bytes holds
                 else:
@@ -416,6 +420,7 @@ class StdioRelay:
             self.pending = os.read(0, _CHUNK)
         except OSError:  # EIO: the terminal hung up
             self.pending = b""
+        self.read_from_file += len(self.pending)
         if self.pending:
             self.to_session()
         else:  # the end of input (Ctrl-D): the session's too
@@ -435,7 +440,8 @@ class StdioRelay:
         as if the session had held the file itself (a shell's `while read` loop reads on)."""
         try:
             held = struct.unpack("i", fcntl.ioctl(self.unread_probe, termios.FIONREAD, b"\0" * 4))
-            os.lseek(0, -(held[0] + len(self.pending)), os.SEEK_CUR)
+            unread = min(held[0] + len(self.pending), self.read_from_file)
+            os.lseek(0, -unread, os.SEEK_CUR)
         except OSError:  # (a file that cannot seek: what was read ahead stays read)
             pass
         os.close(self.unread_probe)
