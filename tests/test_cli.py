@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import secrets
-import shlex
 import shutil
 import signal
 import subprocess
@@ -655,28 +655,25 @@ def test_run_s_output_file_is_the_session_s_to_append_to_not_to_read(
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
-def test_run_s_input_file_is_the_session_s_to_read_not_to_write(dirs: Dirs, tmp_path: Path) -> None:
-    """`nsconfine run … < input`, the file in a directory the session cannot reach: the
-    session's stdin was the file itself, and it re-opened it through /proc/self/fd/0 to
-    write it (an attacker's pass: "REWRITTEN by the session"). Relayed through a pipe, it
-    reads it and nothing else; and what it did not read is left to whoever reads the file
-    next, as when it held the file itself (a shell's `while read` loop)."""
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)
-    given = private / "input.txt"
-    given.write_text("line1\nline2\nline3\n")
-    given.chmod(0o666)  # (writable by the session's account too: only the relay keeps it)
-    rewrite = "read first; echo got $first; echo REWRITTEN > /proc/self/fd/0 2>/dev/null; true"
-    command = shlex.join([sys.executable, "-m", "nsconfine", "run", *map(str, dirs.session),
-                          "--", "/bin/sh", "-c", rewrite])  # fmt: skip
-    with open(given, "rb") as stdin:
+def test_run_s_relayed_output_is_the_session_s_as_the_file_was(dirs: Dirs, tmp_path: Path) -> None:
+    """The output relay keeps what a file gave: the session opens /dev/stdout (as root, its
+    pipes are the session account's: root's, `> /dev/stdout` was EACCES, an attacker's pass
+    over the relay), and output that cannot be written (past the launcher's
+    RLIMIT_FSIZE, as a full disk) is said, with status 74, never dropped quietly with 0; the
+    session goes on (it was killed by SIGPIPE)."""
+    log = tmp_path / "out.log"
+    script = "echo one > /dev/stdout; head -c 300000 /dev/zero; echo on >&2"
+    with open(log, "w") as output:
         done = subprocess.run(
-            ["/bin/sh", "-c", f"{command}; cat"], stdin=stdin, capture_output=True, text=True,
-            cwd="/", timeout=60, check=False,
+            [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c",
+             script], stdout=output, stderr=subprocess.PIPE, text=True, cwd="/", timeout=60,
+            check=False,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)),
         )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert given.read_text() == "line1\nline2\nline3\n"
-    assert done.stdout == "got line1\nline2\nline3\n", done.stdout
+    assert log.read_bytes().startswith(b"one\n"), log.read_bytes()[:20]
+    assert "on\n" in done.stderr, done.stderr  # still running after its output was refused
+    assert "output-failed" in done.stderr, done.stderr
+    assert done.returncode == 74, done.stderr
 
 
 @pytest.mark.confinement

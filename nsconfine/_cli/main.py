@@ -384,7 +384,8 @@ def _run(arguments: Arguments) -> int:
     # The signals from before the launch: none is lost while it builds. The caller's terminals
     # reach the session as pipes (see nsconfine/_cli/relay.py).
     with kept_stdio_flags(), held_signals() as signals:
-        relay = StdioRelay(arguments.tty)
+        owner = (plan.user.uid, plan.user.gid) if plan.user.uid != os.geteuid() else None
+        relay = StdioRelay(arguments.tty, owner)
         try:
             stdin, stdout, stderr = relay.given
             try:
@@ -408,7 +409,14 @@ def _run(arguments: Arguments) -> int:
         finally:
             relay.close()
     _warn_of_untrusted_config(sandbox.untrusted_config or [])
-    return 128 - status if status < 0 else status
+    status = 128 - status if status < 0 else status
+    for fd, error in sorted(relay.failed.items()):
+        print(
+            f"nsconfine: output-failed: the session's {'stdout' if fd == 1 else 'stderr'} could "
+            f"not be written: {error.strerror or error}; what came after was dropped",
+            file=sys.stderr,
+        )
+    return 74 if relay.failed and status == 0 else status  # EX_IOERR, as a shell's own
 
 
 def _warn_of_untrusted_config(paths: Sequence[str]) -> None:

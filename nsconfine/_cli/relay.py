@@ -17,9 +17,8 @@ read it while its output went there, and went on reading it when a Ctrl-Z stoppe
 the shell next was the session's. Input is read only while the launcher is in the foreground:
 stopped or in the background, it leaves what is typed to the shell. Output to a regular file is
 relayed too (a pipe each, or one for both): handed over as it was, the session could re-open it
-through /proc/self/fd, to read a log's earlier lines, and truncate it; and so is an input file,
-which it could re-open to write (what it did not read is given back to the file's offset at the
-end). Pipes, FIFOs and sockets are handed over as they are (a write to a pipe may block this
+through /proc/self/fd, to read a log's earlier lines, and truncate it. Pipes, FIFOs, sockets
+and input that is no terminal are handed over as they are (a write to a pipe may block this
 loop). What the session wrote to a terminal is the terminal's to act on, so when it wrote an
 escape, its modes go off and its queries' answers are dropped at its end, as for --tty. With
 --tty, only bwrap's stderr is relayed (the command has its own terminal).
@@ -46,14 +45,11 @@ is held until the kernel's collector frees it (the reaper starts one), never for
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import select
 import signal
 import stat
-import struct
-import termios
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -350,8 +346,12 @@ class StdioRelay:
     copying through them (see the module's docstring). `given` is what the session gets for
     each of 0-2: a pipe's end, or None (the launcher's own fd, not a terminal)."""
 
-    def __init__(self, tty: bool) -> None:
+    def __init__(self, tty: bool, owner: tuple[int, int] | None = None) -> None:
+        """owner: the session's account (uid, gid), when it is not the launcher's: its pipes
+        are made its own, so that it may open /dev/stdout and the like as it could the fds
+        they stand for."""
         self.given: list[int | None] = [None, None, None]
+        self.failed: dict[int, OSError] = {}  # output files that could not be written, and why
         self.stdin_pipe = -1  # the launcher's end of the session's stdin
         self.pending = b""  # input read from the terminal, not yet taken by the pipe
         self.outputs: dict[int, int] = {}  # the launcher's read end -> the fd it copies to
@@ -363,27 +363,22 @@ class StdioRelay:
         # /proc/self/fd: to read a log's earlier lines back, or truncate it. (Not a pipe: a
         # write to one may block, and a reader that stops would stop this loop, signals and
         # all; the session may re-open a pipe, but not what was written through it before.)
-        # So too an input file, which it could re-open to write.
-        files = [fd for fd in ((2,) if tty else (0, 1, 2)) if fd not in terminals and _is_file(fd)]
-        self.unread_probe = -1  # for an input file: a read end, to count what the session left
-        self.read_from_file = 0  # and how much of it was read, the most that goes back
+        files = [fd for fd in ((2,) if tty else (1, 2)) if fd not in terminals and _is_file(fd)]
         try:
             for fd in [*terminals, *files]:
                 if fd == 0:
                     read_end, self.stdin_pipe = os.pipe2(os.O_CLOEXEC)
                     os.set_blocking(self.stdin_pipe, False)
                     self.given[0] = read_end
-                    if fd in files:
-                        self.unread_probe = fcntl.fcntl(read_end, fcntl.F_DUPFD_CLOEXEC, 3)
-                        # Read-only to all but root: the session may not open the pipe anew
-                        # to write (through /proc/self/fd/0), and so change what it holds.
-                        os.fchmod(read_end, 0o400)
                 elif fd == 2 and self.given[1] is not None and _same_file(1, 2):
                     self.given[2] = self.given[1]  # one pipe: the order of their bytes holds
                 else:
                     read_end, self.given[fd] = os.pipe2(os.O_CLOEXEC)
                     os.set_blocking(read_end, False)
                     self.outputs[read_end] = fd
+            if owner is not None:
+                for given in {fd for fd in self.given if fd is not None}:
+                    os.fchown(given, *owner)
         except BaseException:
             self.launched()
             self.close()
@@ -420,7 +415,6 @@ class StdioRelay:
             self.pending = os.read(0, _CHUNK)
         except OSError:  # EIO: the terminal hung up
             self.pending = b""
-        self.read_from_file += len(self.pending)
         if self.pending:
             self.to_session()
         else:  # the end of input (Ctrl-D): the session's too
@@ -434,19 +428,6 @@ class StdioRelay:
         except OSError:  # EPIPE: the session no longer reads; what is typed stays the shell's
             self._close_stdin()
 
-    def _give_back_unread(self) -> None:
-        """What of an input file the session did not read is the file's again: its offset (the
-        caller's, shared) goes back by what was read ahead and is still here or in the pipe,
-        as if the session had held the file itself (a shell's `while read` loop reads on)."""
-        try:
-            held = struct.unpack("i", fcntl.ioctl(self.unread_probe, termios.FIONREAD, b"\0" * 4))
-            unread = min(held[0] + len(self.pending), self.read_from_file)
-            os.lseek(0, -unread, os.SEEK_CUR)
-        except OSError:  # (a file that cannot seek: what was read ahead stays read)
-            pass
-        os.close(self.unread_probe)
-        self.unread_probe = -1
-
     def _close_stdin(self) -> None:
         os.close(self.stdin_pipe)
         self.stdin_pipe = -1
@@ -458,14 +439,20 @@ class StdioRelay:
             data = os.read(read_end, _CHUNK)
         except BlockingIOError:
             return
+        target = self.outputs[read_end]
         if data:
-            if self.outputs[read_end] in self.terminals and _ESCAPES.search(data):
-                self.escaped.add(self.outputs[read_end])
+            if target in self.terminals and _ESCAPES.search(data):
+                self.escaped.add(target)
+            if target in self.failed:
+                return  # read and dropped: the session is not killed by a SIGPIPE for it
             try:
-                _write_all(self.outputs[read_end], data)
+                _write_all(target, data)
                 return
-            except OSError:  # the terminal is gone (EIO): the session's writes now fail too
-                pass
+            except OSError as error:
+                if target not in self.terminals:  # a file (a full disk): said at the end
+                    self.failed[target] = error
+                    return
+                # the terminal is gone (EIO): the session's writes now fail too
         os.close(read_end)
         del self.outputs[read_end]
 
@@ -492,8 +479,6 @@ class StdioRelay:
         self.escaped.clear()
 
     def close(self) -> None:
-        if self.unread_probe >= 0:
-            self._give_back_unread()
         if self.stdin_pipe >= 0:
             self._close_stdin()
         for read_end in self.outputs:
