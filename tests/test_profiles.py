@@ -580,6 +580,51 @@ def test_a_profile_another_account_could_change_is_refused(
         session(*ws_run, profile=[str(given)]).plan()
 
 
+def test_a_profile_root_s_own_links_lead_to_is_taken(
+    ws_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the trust check must not refuse (an attacker's pass over it): a profile reached
+    through a symlink in a directory only root (or the launcher) may write, as stow or a
+    `current -> release` link make (a symlink's own mode, 0777, was taken as writable by all);
+    and a built-in profile with a second name, as an installer that links files from its
+    cache (uv) leaves them."""
+    real = tmp_path / "release"
+    real.mkdir()
+    write_profile(real, 'description = "x"\n')
+    (tmp_path / "current").symlink_to(real)
+    session(*ws_run, profile=[str(tmp_path / "current" / "mine.toml")]).plan()
+    from nsconfine._plan import profiles
+
+    built_in = tmp_path / "built-in"
+    shutil.copytree(profiles.BUILT_IN_DIRECTORY, built_in)
+    os.link(built_in / "git.toml", tmp_path / "cached-git.toml")
+    monkeypatch.setattr(profiles, "BUILT_IN_DIRECTORY", str(built_in))
+    session(*ws_run, profile=["git"]).plan()
+
+
+def test_a_group_another_account_is_in_is_not_the_launcher_s_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The launcher's group is trusted as its own only when no other account is in it: a
+    launcher whose group is shared (nogroup, users) had a profile another member rewrote
+    (an attacker's pass: _apt, whose group nogroup is nobody's too)."""
+    import grp
+    import pwd
+
+    from nsconfine._kernel import accounts
+
+    me = accounts.launcher_account().name
+    shared = grp.struct_group(("shared", "x", 4242, [me, "someone"]))
+    own = grp.struct_group(("own", "x", 4243, [me]))
+    groups = {4242: shared, 4243: own}
+    monkeypatch.setattr(grp, "getgrgid", lambda gid: groups[gid])
+    monkeypatch.setattr(pwd, "getpwall", list)
+    accounts._private_groups.clear()
+    assert not accounts._private_group(4242)
+    assert accounts._private_group(4243)
+    accounts._private_groups.clear()
+
+
 # ------------------------------------------------------------------ paths a profile gives
 
 

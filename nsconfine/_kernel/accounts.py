@@ -124,9 +124,12 @@ def untrusted_reason(path: str) -> str | None:
     """Why someone other than root (or, for an unprivileged launcher, the launcher itself)
     could replace the file at path, or None. The file and every directory above it must be
     owned by them, and writable by no other group than theirs (nor through an ACL), nor by all;
-    a sticky directory writable by all (/tmp) is fine when what lies in it is theirs."""
+    a sticky directory writable by all (/tmp) is fine when what lies in it is theirs. A
+    symlink's own mode says nothing (the directory holding it decides who may change it)."""
     trusted_owners = {0, os.geteuid()}
-    trusted_groups = {0, os.getegid()}  # root's group; a user's own (a umask of 002)
+    # root's group; a user's own (a umask of 002), when no other account is in it
+    egid = os.getegid()
+    trusted_groups = {0} | ({egid} if egid != 0 and _private_group(egid) else set())
     current = path
     below_owner: int | None = None
     while True:
@@ -134,8 +137,9 @@ def untrusted_reason(path: str) -> str | None:
             info = os.lstat(current)
         except OSError as error:
             return f"{current}: {error.strerror}"
-        writable_by_others = info.st_mode & 0o002 or (
-            info.st_mode & 0o020 and (info.st_gid not in trusted_groups or _has_acl(current))
+        writable_by_others = not stat.S_ISLNK(info.st_mode) and (
+            info.st_mode & 0o002
+            or (info.st_mode & 0o020 and (info.st_gid not in trusted_groups or _has_acl(current)))
         )
         sticky_and_below_is_ours = (
             stat.S_ISDIR(info.st_mode)
@@ -150,6 +154,37 @@ def untrusted_reason(path: str) -> str | None:
             return None
         below_owner = info.st_uid
         current = os.path.dirname(current)
+
+
+def _private_group(gid: int) -> bool:
+    """Is gid the launcher's own group, which no other account is in (a user private group;
+    a shared one, as nogroup or users, lets its other members write what it may)? Asked
+    again only when the account databases change (a launch asks three times)."""
+    databases = []
+    for database in ("/etc/passwd", "/etc/group"):
+        with contextlib.suppress(OSError):
+            databases.append(os.stat(database).st_mtime_ns)
+    key = (gid, tuple(databases))
+    if key not in _private_groups:
+        _private_groups.clear()
+        _private_groups[key] = _no_other_member(gid)
+    return _private_groups[key]
+
+
+_private_groups: dict[tuple[int, tuple[int, ...]], bool] = {}
+
+
+def _no_other_member(gid: int) -> bool:
+    import grp
+    import pwd
+
+    me = launcher_account().name
+    try:
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return False
+    others = {entry.pw_name for entry in pwd.getpwall() if entry.pw_gid == gid}
+    return (members | others) <= {me}
 
 
 def _has_acl(path: str) -> bool:

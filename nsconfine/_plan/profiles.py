@@ -191,7 +191,8 @@ def _refuse_untrusted(path: str, fd: int, info: os.stat_result) -> None:
     on the way), and have one name (a hardlink may lie where a session writes)."""
     from nsconfine._kernel.accounts import untrusted_reason
 
-    if info.st_nlink > 1:
+    built_in = os.path.dirname(os.path.abspath(path)) == BUILT_IN_DIRECTORY
+    if info.st_nlink > 1 and not built_in:  # (an installer may link them from its cache)
         raise PlanError(
             f"profile {path}: it has {info.st_nlink} names (hardlinks), and one may lie where "
             "a session writes; keep a profile with one name"
