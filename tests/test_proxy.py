@@ -1057,6 +1057,30 @@ def test_a_connection_still_connecting_ends_with_its_session(audited: Audited) -
             sock.close()
 
 
+def test_no_connect_starts_once_a_connection_is_shut() -> None:
+    """A connection shut (its session ended) while the proxy tried one address starts none to
+    the next: an attacker's pass had a route's second address reached after the session's end
+    (the first, its backlog full, gave up as the session ended, and the loop went on)."""
+    from nsconfine._launch.proxy import _Connection, _Refusal
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(1)
+    client, peer = socket.socketpair()
+    shut = _Connection("ended", client)
+    shut.shut()
+    try:
+        with Proxy(sandboxes_only=False) as proxy, pytest.raises(_Refusal, match="ended"):
+            proxy._open(shut, "127.0.0.1", listener.getsockname()[1])
+        with pytest.raises(TimeoutError):
+            listener.accept()[0].close()
+    finally:
+        listener.close()
+        client.close()
+        peer.close()
+
+
 def test_a_refusal_record_is_short_whatever_the_request(proxy: Proxy, audited: Audited) -> None:
     """A request whose method and host fill the 16 KiB head: its refusal's record holds at most
     256 characters of each (a record was the request's size, so that the rate cap on records

@@ -812,6 +812,8 @@ class Proxy:
     def _open(self, connection: _Connection, address: str, port: int) -> socket.socket:
         """A TCP connection to address (an IP literal), given up on after connect_timeout or
         as soon as the connection is shut (its session ended): a connect never outlives it."""
+        if connection.ended.is_set():  # (the last address failed as the session ended)
+            raise _Refusal(502, "the session ended")
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -822,9 +824,11 @@ class Proxy:
             poller.register(sock, select.POLLOUT)
             while error == errno.EINPROGRESS and not poller.poll(_CONNECT_SLICE_MS):
                 if connection.ended.is_set():
-                    raise OSError(errno.ECANCELED, "the session ended")
+                    break
                 if time.monotonic() > deadline:
                     raise TimeoutError
+            if connection.ended.is_set():  # (connected or not: nothing more is sent for it)
+                raise _Refusal(502, "the session ended")
             if error == errno.EINPROGRESS:
                 error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if error:
