@@ -206,6 +206,22 @@ def test_a_dropped_handle_is_reaped(plan: nsconfine.Plan) -> None:
     assert open_fds() == before
 
 
+def test_a_dropped_handle_s_pipes_close(plan: nsconfine.Plan) -> None:
+    """A handle dropped while its command writes to a PIPE it gave: the pipe closes with it,
+    as a dropped Popen's does, so the command meets EPIPE and ends, and the next launch reaps
+    it (an attacker's pass: the pipe stayed open and the session blocked on it for good)."""
+    dropped = nsconfine.spawn(plan, ["sh", "-c", "yes | head -c 10000000"], stdout=subprocess.PIPE)
+    reaper = dropped.pid
+    del dropped
+    gc.collect()
+    deadline = time.monotonic() + 60
+    while _running(reaper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(reaper), "the session still writes to a pipe nobody holds"
+    nsconfine.spawn(plan, ["/bin/true"]).wait()
+    assert reaper not in _zombies()
+
+
 def test_an_aio_handle_whose_wait_was_cancelled_is_reaped(plan: nsconfine.Plan) -> None:
     """asyncio's pattern: communicate() under a timeout, then kill() and forget the handle.
     The session is reaped once its end is seen, with no later wait or launch."""

@@ -41,6 +41,7 @@ handles, and only the process that launched a session can wait for it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -277,6 +278,12 @@ class Sandbox:
         # in whichever thread the collector does, the proxy's own among them, perhaps holding
         # a lock that the end of a session (its stubs, its proxy socket) takes.
         if getattr(self, "returncode", 0) is None and getattr(self, "_owner", 0) == os.getpid():
+            # Its pipes go now, as a dropped Popen's do: a session writing to its stdout then
+            # meets EPIPE and ends, rather than blocking for good on a pipe nobody reads.
+            for stream in (getattr(self, name, None) for name in ("stdin", "stdout", "stderr")):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
             _abandoned.append(self)
 
     def _ended(self, status: int) -> None:
