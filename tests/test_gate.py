@@ -114,3 +114,39 @@ def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) 
                 pool.launch(["/bin/sh", "-c", "exit 3"])
         finally:
             signal.signal(signal.SIGCHLD, previous)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("chain", ["to-a-file-of-theirs", "through-a-link-of-theirs"])
+def test_a_program_reached_through_a_link_another_account_controls_is_untrusted(
+    tmp_path: Path, chain: str
+) -> None:
+    """A program (the reaper, the shim, bwrap) or a profile reached through a symlink is
+    judged where the link leads, and by every link on the way: a root-owned link in root's
+    directory that leads to a file another account owns, or through a link in its directory,
+    is refused (an attacker's pass: a symlinked _reaper into nobody's directory ran nobody's
+    binary, unconfined, at the next root launch). The twin, a link to root's own file, is
+    taken."""
+    import os
+
+    from nsconfine._kernel.accounts import untrusted_reason
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir()
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    program = ours / "program"
+    program.write_bytes(b"root's\n")
+    (ours / "direct").symlink_to(program)
+    assert untrusted_reason(str(ours / "direct")) is None
+    if chain == "to-a-file-of-theirs":
+        planted = theirs / "program"
+        planted.write_bytes(b"nobody's\n")
+        os.chown(planted, 65534, 65534)
+        (ours / "link").symlink_to(planted)
+    else:
+        (theirs / "hop").symlink_to(program)
+        (ours / "link").symlink_to(theirs / "hop")
+    reason = untrusted_reason(str(ours / "link"))
+    assert reason is not None
+    assert "uid 65534" in reason

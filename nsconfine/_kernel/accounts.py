@@ -122,10 +122,25 @@ def access_problem(path: str, user: RunAs, bits: int) -> str | None:
 
 def untrusted_reason(path: str) -> str | None:
     """Why someone other than root (or, for an unprivileged launcher, the launcher itself)
-    could replace the file at path, or None. The file and every directory above it must be
-    owned by them, and writable by no other group than theirs (nor through an ACL), nor by all;
-    a sticky directory writable by all (/tmp) is fine when what lies in it is theirs. A
-    symlink's own mode says nothing (the directory holding it decides who may change it)."""
+    could replace the file at path, or None. Each way it is reached by is judged: the path
+    given, each symlink met on the way (and on the way of its target), and the real path. On
+    each, the file and every directory above it must be owned by them, and writable by no other
+    group than theirs (nor through an ACL), nor by all; a sticky directory writable by all
+    (/tmp) is fine when what lies in it is theirs. A symlink's own mode says nothing (the
+    directory holding it decides who may change it); where it leads is judged as a way."""
+    from nsconfine._kernel.syscalls import lookups
+
+    looked, real = lookups("/", os.path.abspath(path))
+    for way in dict.fromkeys([path, *(way for way in looked if os.path.islink(way)), real]):
+        reason = _replaceable_at(way)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _replaceable_at(path: str) -> str | None:
+    """Why someone other than root or the launcher could change the file at path itself, or a
+    directory above it (walked as written, each symlink judged as a file), or None."""
     trusted_owners = {0, os.geteuid()}
     # root's group; a user's own (a umask of 002), when no other account is in it
     egid = os.getegid()
