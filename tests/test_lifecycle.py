@@ -222,6 +222,19 @@ def test_a_dropped_handle_s_pipes_close(plan: nsconfine.Plan) -> None:
     assert reaper not in _zombies()
 
 
+def test_a_pipe_the_caller_kept_outlives_the_dropped_handle(plan: nsconfine.Plan) -> None:
+    """The caller keeps a handle's stdout and drops the handle: the pipe is the caller's to
+    read to its end, as a dropped Popen's is (an attacker's pass: the handle's finalizer
+    closed it, and the read raised ValueError, or read another file that took its fd)."""
+    dropped = nsconfine.spawn(plan, ["echo", "kept"], stdout=subprocess.PIPE)
+    stdout = dropped.stdout
+    assert stdout is not None
+    del dropped
+    gc.collect()
+    with stdout:
+        assert stdout.read() == b"kept\n"
+
+
 def test_an_aio_handle_whose_wait_was_cancelled_is_reaped(plan: nsconfine.Plan) -> None:
     """asyncio's pattern: communicate() under a timeout, then kill() and forget the handle.
     The session is reaped once its end is seen, with no later wait or launch."""

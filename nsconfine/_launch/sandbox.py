@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from _thread import allocate_lock
 
@@ -278,12 +279,16 @@ class Sandbox:
         # in whichever thread the collector does, the proxy's own among them, perhaps holding
         # a lock that the end of a session (its stubs, its proxy socket) takes.
         if getattr(self, "returncode", 0) is None and getattr(self, "_owner", 0) == os.getpid():
-            # Its pipes go now, as a dropped Popen's do: a session writing to its stdout then
-            # meets EPIPE and ends, rather than blocking for good on a pipe nobody reads.
-            for stream in (getattr(self, name, None) for name in ("stdin", "stdout", "stderr")):
-                if stream is not None:
+            # Its pipes that nobody else holds are closed (one the caller kept is the caller's),
+            # so that a session writing to one meets EPIPE and ends, rather than blocking for
+            # good on a pipe nobody reads.
+            for name in ("stdin", "stdout", "stderr"):
+                stream = getattr(self, name, None)
+                setattr(self, name, None)
+                if stream is not None and sys.getrefcount(stream) <= 2:  # (here, and the call)
                     with contextlib.suppress(OSError):
                         stream.close()
+                del stream
             _abandoned.append(self)
 
     def _ended(self, status: int) -> None:
