@@ -678,6 +678,22 @@ def test_run_s_relayed_output_is_the_session_s_as_the_file_was(dirs: Dirs, tmp_p
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
+def test_run_s_status_stands_when_its_stderr_file_is_full(dirs: Dirs, tmp_path: Path) -> None:
+    """stderr a file that takes no more (past the launcher's RLIMIT_FSIZE, as a full disk):
+    the session's own status (3) stands; the output-failed line, itself unwritable, made it
+    74 (an attacker's pass)."""
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "/bin/sh", "-c",
+             "head -c 300000 /dev/zero >&2; exit 3"], stdout=out, stderr=err, cwd="/",
+            timeout=60, check=False,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)),
+        )  # fmt: skip
+    assert done.returncode == 3
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_run_whose_output_reader_stops_still_ends_at_sigterm(dirs: Dirs) -> None:
     """`nsconfine run -- yes | a reader that stops reading`: SIGTERM still ends run and its
     session (an attacker's pass over the output relay: relaying a pipe, run blocked in a write

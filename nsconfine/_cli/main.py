@@ -408,14 +408,17 @@ def _run(arguments: Arguments) -> int:
             status = run_session(sandbox, arguments.grace, signals, relay)
         finally:
             relay.close()
-    _warn_of_untrusted_config(sandbox.untrusted_config or [])
     status = 128 - status if status < 0 else status
-    for fd, error in sorted(relay.failed.items()):
-        print(
-            f"nsconfine: output-failed: the session's {'stdout' if fd == 1 else 'stderr'} could "
-            f"not be written: {error.strerror or error}; what came after was dropped",
-            file=sys.stderr,
-        )
+    # The session's status stands whatever its stderr takes of what follows (a full disk).
+    with contextlib.suppress(OSError):
+        _warn_of_untrusted_config(sandbox.untrusted_config or [])
+        for fd, error in sorted(relay.failed.items()):
+            print(
+                f"nsconfine: output-failed: the session's {'stdout' if fd == 1 else 'stderr'} "
+                f"could not be written: {error.strerror or error}; what came after was dropped",
+                file=sys.stderr,
+                flush=True,
+            )
     return 74 if relay.failed and status == 0 else status  # EX_IOERR, as a shell's own
 
 
