@@ -342,9 +342,10 @@ class _Terminal:
 
 
 class StdioRelay:
-    """The launcher's terminals among its fds 0-2, given to the session as pipes, and the
-    copying through them (see the module's docstring). `given` is what the session gets for
-    each of 0-2: a pipe's end, or None (the launcher's own fd, not a terminal)."""
+    """The launcher's terminals among its fds 0-2, and its output files, given to the session
+    as pipes, and the copying through them (see the module's docstring). `given` is what the
+    session gets for each of 0-2: a pipe's end, or None (the launcher's own fd as it is);
+    `failed`, each output file that took no more, and why."""
 
     def __init__(self, tty: bool, owner: tuple[int, int] | None = None) -> None:
         """owner: the session's account (uid, gid), when it is not the launcher's: its pipes
