@@ -694,6 +694,25 @@ def test_run_s_status_stands_when_its_stderr_file_is_full(dirs: Dirs, tmp_path: 
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
+def test_run_s_output_that_is_its_input_is_handed_over(dirs: Dirs, tmp_path: Path) -> None:
+    """`run -- cat < f >> f`: relayed, cat could not see that it writes its input, and grew
+    the file until the disk was full (an attacker's pass). An output file that is the input
+    file is handed over as it is (the session reads it anyway), so cat refuses, as it does
+    outside."""
+    same = tmp_path / "same"
+    same.write_text("once\n")
+    with open(same, "rb") as stdin, open(same, "ab") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "cat"],
+            stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, cwd="/", timeout=60,
+            check=False,
+        )  # fmt: skip
+    assert "input file is output file" in done.stderr, done.stderr
+    assert same.read_text() == "once\n"
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_run_whose_output_reader_stops_still_ends_at_sigterm(dirs: Dirs) -> None:
     """`nsconfine run -- yes | a reader that stops reading`: SIGTERM still ends run and its
     session (an attacker's pass over the output relay: relaying a pipe, run blocked in a write

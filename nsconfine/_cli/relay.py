@@ -364,7 +364,13 @@ class StdioRelay:
         # /proc/self/fd: to read a log's earlier lines back, or truncate it. (Not a pipe: a
         # write to one may block, and a reader that stops would stop this loop, signals and
         # all; the session may re-open a pipe, but not what was written through it before.)
-        files = [fd for fd in ((2,) if tty else (1, 2)) if fd not in terminals and _is_file(fd)]
+        # (Nor the input file itself, given as output too: the session reads it anyway, and a
+        # tool that sees it is writing its input refuses, where relayed it grew it for good.)
+        files = [
+            fd
+            for fd in ((2,) if tty else (1, 2))
+            if fd not in terminals and _is_file(fd) and not (_is_file(0) and _same_file(0, fd))
+        ]
         try:
             for fd in [*terminals, *files]:
                 if fd == 0:
