@@ -117,16 +117,18 @@ def test_a_pool_launch_is_refused_once_sigchld_is_ignored(plan: nsconfine.Plan) 
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("chain", ["to-a-file-of-theirs", "through-a-link-of-theirs"])
+@pytest.mark.parametrize(
+    "chain", ["to-a-file-of-theirs", "through-a-link-of-theirs", "through-a-directory-of-theirs"]
+)
 def test_a_program_reached_through_a_link_another_account_controls_is_untrusted(
     tmp_path: Path, chain: str
 ) -> None:
     """A program (the reaper, the shim, bwrap) or a profile reached through a symlink is
-    judged where the link leads, and by every link on the way: a root-owned link in root's
-    directory that leads to a file another account owns, or through a link in its directory,
-    is refused (an attacker's pass: a symlinked _reaper into nobody's directory ran nobody's
-    binary, unconfined, at the next root launch). The twin, a link to root's own file, is
-    taken."""
+    judged where the link leads, and by every name looked up on the way: a root-owned link in
+    root's directory that leads to a file another account owns, or through a link of its, or
+    through a directory of its that `..` then leaves (it could make that a symlink), is refused
+    (attackers' passes: a symlinked _reaper into nobody's directory ran nobody's binary,
+    unconfined, at the next root launch). The twin, a link to root's own file, is taken."""
     import os
 
     from nsconfine._kernel.accounts import untrusted_reason
@@ -144,9 +146,13 @@ def test_a_program_reached_through_a_link_another_account_controls_is_untrusted(
         planted.write_bytes(b"nobody's\n")
         os.chown(planted, 65534, 65534)
         (ours / "link").symlink_to(planted)
-    else:
+    elif chain == "through-a-link-of-theirs":
         (theirs / "hop").symlink_to(program)
         (ours / "link").symlink_to(theirs / "hop")
+    else:  # left by `..`: made a symlink later, it leads the `..` into their tree
+        (theirs / "sub").mkdir()
+        os.chown(theirs / "sub", 65534, 65534)
+        (ours / "link").symlink_to("../theirs/sub/../../ours/program")
     reason = untrusted_reason(str(ours / "link"))
     assert reason is not None
     assert "uid 65534" in reason

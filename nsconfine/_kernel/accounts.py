@@ -130,24 +130,32 @@ def untrusted_reason(path: str) -> str | None:
     directory holding it decides who may change it); where it leads is judged as a way."""
     from nsconfine._kernel.syscalls import lookups
 
+    # Every name the kernel looks up on the way (a directory left by `..` too: whoever may
+    # change it may make it a symlink that `..` then leaves elsewhere), and where it ends.
     looked, real = lookups("/", os.path.abspath(path))
-    for way in dict.fromkeys([path, *(way for way in looked if os.path.islink(way)), real]):
-        reason = _replaceable_at(way)
+    accepted: set[str] = set()  # directories judged, with all above them, within this call
+    for way in dict.fromkeys([path, *looked, real]):
+        reason = _replaceable_at(way, accepted)
         if reason is not None:
             return reason
     return None
 
 
-def _replaceable_at(path: str) -> str | None:
+def _replaceable_at(path: str, accepted: set[str]) -> str | None:
     """Why someone other than root or the launcher could change the file at path itself, or a
-    directory above it (walked as written, each symlink judged as a file), or None."""
+    directory above it (walked as written, each symlink judged as a file), or None. accepted:
+    directories found trusted (with all above them) by an earlier walk of the same call; a
+    walk that reaches one stops there, and adds those it judged."""
     trusted_owners = {0, os.geteuid()}
     # root's group; a user's own (a umask of 002), when no other account is in it
     egid = os.getegid()
     trusted_groups = {0} | ({egid} if egid != 0 and _private_group(egid) else set())
     current = path
     below_owner: int | None = None
+    walked = []
     while True:
+        if current in accepted:  # (reached from a trusted entry: a sticky one holds too)
+            break
         try:
             info = os.lstat(current)
         except OSError as error:
@@ -165,10 +173,13 @@ def _replaceable_at(path: str) -> str | None:
             return f"{current} belongs to uid {info.st_uid}"
         if writable_by_others and not sticky_and_below_is_ours:
             return f"{current} is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+        walked.append(current)
         if current == "/":
-            return None
+            break
         below_owner = info.st_uid
         current = os.path.dirname(current)
+    accepted.update(walked[1:])  # the directories above path (path itself may be no directory)
+    return None
 
 
 def _private_group(gid: int) -> bool:
