@@ -210,8 +210,11 @@ def test_a_dropped_handle_s_pipes_close(plan: nsconfine.Plan) -> None:
     """A handle dropped while its command writes to a PIPE it gave: the pipe closes with it,
     as a dropped Popen's does, so the command meets EPIPE and ends, and the next launch reaps
     it (an attacker's pass: the pipe stayed open and the session blocked on it for good)."""
-    dropped = nsconfine.spawn(plan, ["sh", "-c", "yes | head -c 10000000"], stdout=subprocess.PIPE)
+    writer = "while :; do echo x || exit; sleep 0.01; done"  # (until its stdout is gone)
+    dropped = nsconfine.spawn(plan, ["sh", "-c", writer], stdout=subprocess.PIPE)
     reaper = dropped.pid
+    with contextlib.suppress(TimeoutError):  # as Popen's users do: a timeout, then forget it
+        dropped.communicate(timeout=0.2)
     del dropped
     gc.collect()
     deadline = time.monotonic() + 60

@@ -279,6 +279,7 @@ class Sandbox:
         # in whichever thread the collector does, the proxy's own among them, perhaps holding
         # a lock that the end of a session (its stubs, its proxy socket) takes.
         if getattr(self, "returncode", 0) is None and getattr(self, "_owner", 0) == os.getpid():
+            self._exchange = None  # (a communicate() that timed out held the streams too)
             # Its pipes that nobody else holds are closed (one the caller kept is the caller's),
             # so that a session writing to one meets EPIPE and ends, rather than blocking for
             # good on a pipe nobody reads.
