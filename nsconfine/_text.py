@@ -56,6 +56,11 @@ def ancestors(path: str) -> list[str]:
     return found
 
 
+def is_decimal(text: str) -> bool:
+    """ASCII digits only (str.isdigit takes "²" and Arabic-Indic digits, which int() reads)."""
+    return text.isascii() and text.isdigit()
+
+
 def encodable(text: str) -> bool:
     """Can text reach the kernel and bwrap as bytes (a non-UTF-8 byte, kept as a surrogate
     escape, can; a lone surrogate from elsewhere cannot)?"""

@@ -16,7 +16,7 @@ import stat
 
 from nsconfine._errors import UsageError
 from nsconfine._record import Record
-from nsconfine._text import ancestors
+from nsconfine._text import ancestors, is_decimal
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def run_as(user: str | int | None) -> RunAs:
 
     if user is None:
         return launcher_account()
-    if isinstance(user, str) and user.isascii() and user.isdigit():
+    if isinstance(user, str) and is_decimal(user):
         user = int(user)
     try:
         entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)

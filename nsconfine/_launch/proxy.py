@@ -50,12 +50,11 @@ from nsconfine._plan.allowlist import (
     Route,
     canonical_host,
     host_addresses,
-    is_decimal,
     judge,
     system_resolver,
 )
 from nsconfine._plan.model import RELAY_SOCKET_NAME
-from nsconfine._text import printable
+from nsconfine._text import is_decimal, printable
 
 Audit = Callable[[dict[str, object]], None]
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from nsconfine._errors import UsageError
 from nsconfine._record import Record
+from nsconfine._text import is_decimal
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -80,11 +81,6 @@ def canonical_host(text: str) -> str:
                 "(or a label starts or ends with '-')"
             )
     return name
-
-
-def is_decimal(text: str) -> bool:
-    """ASCII digits only (str.isdigit takes "²" and Arabic-Indic digits, which int() reads)."""
-    return text.isascii() and text.isdigit()
 
 
 def _refuse_special(address: IPAddress, what: str) -> None:

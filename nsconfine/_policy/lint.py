@@ -33,7 +33,7 @@ from nsconfine._errors import PlanError
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import RunAs
 from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan
-from nsconfine._text import printable, within
+from nsconfine._text import is_decimal, printable, within
 
 # Credential stores under a home directory, each with why it must stay out of every session.
 HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
@@ -162,7 +162,7 @@ INVOKER_VARIABLES = ("SUDO_USER", "DOAS_USER", "PKEXEC_UID")
 def _invoker(value: str, by_uid: bool) -> pwd.struct_passwd | None:
     try:
         if by_uid:
-            return pwd.getpwuid(int(value)) if value.isascii() and value.isdigit() else None
+            return pwd.getpwuid(int(value)) if is_decimal(value) else None
         return pwd.getpwnam(value) if value else None
     except (KeyError, ValueError, OverflowError):
         return None
