@@ -133,23 +133,26 @@ def untrusted_reason(path: str) -> str | None:
     # Every name the kernel looks up on the way (a directory left by `..` too: whoever may
     # change it may make it a symlink that `..` then leaves elsewhere), and where it ends.
     looked, real = lookups("/", os.path.abspath(path))
+    trusted_owners = {0, os.geteuid()}
+    # root's group; a user's own (a umask of 002), when no other account is in it
+    egid = os.getegid()
+    trusted_groups = {0} | ({egid} if egid != 0 and _private_group(egid) else set())
     accepted: set[str] = set()  # directories judged, with all above them, within this call
     for way in dict.fromkeys([path, *looked, real]):
-        reason = _replaceable_at(way, accepted)
+        reason = _replaceable_at(way, trusted_owners, trusted_groups, accepted)
         if reason is not None:
             return reason
     return None
 
 
-def _replaceable_at(path: str, accepted: set[str]) -> str | None:
-    """Why someone other than root or the launcher could change the file at path itself, or a
-    directory above it (walked as written, each symlink judged as a file), or None. accepted:
-    directories found trusted (with all above them) by an earlier walk of the same call; a
-    walk that reaches one stops there, and adds those it judged."""
-    trusted_owners = {0, os.geteuid()}
-    # root's group; a user's own (a umask of 002), when no other account is in it
-    egid = os.getegid()
-    trusted_groups = {0} | ({egid} if egid != 0 and _private_group(egid) else set())
+def _replaceable_at(
+    path: str, trusted_owners: set[int], trusted_groups: set[int], accepted: set[str]
+) -> str | None:
+    """Why someone not among trusted_owners (nor, by write bits, trusted_groups) could change
+    the file at path itself, or a directory above it (walked as written, each symlink judged
+    as a file), or None. accepted: directories found trusted (with all above them) by an
+    earlier walk of the same call; a walk that reaches one stops there, and adds those it
+    judged."""
     current = path
     below_owner: int | None = None
     walked = []
