@@ -563,3 +563,28 @@ def test_a_home_that_does_not_exist_is_never_made(tmp_path: Path) -> None:
     done = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120, cwd="/")
     assert done.returncode == 0, done.stderr
     assert (missing / ".cache" / "nsconfine").is_dir()
+
+
+def test_tokens_of_stubs_that_are_gone_are_removed(own_cache: Path, tmp_path: Path) -> None:
+    """A token outlives its stub when a launcher is killed and its workspace then removed: the
+    records grew by thousands, every lint looked through them, and a token whose stub's
+    inode number came back to a file at its path would make that file nsconfine's. Tokens
+    whose stub is gone, or is another file now, go when the records are first looked up;
+    one whose stub is there stays, and so does what is not a token."""
+    records = Path(_stub_records.records())
+    kept_stub = tmp_path / "kept"
+    kept_stub.touch()
+    info = kept_stub.stat()
+    kept = Path(_stub_records.token_path(str(records), (info.st_dev, info.st_ino)))
+    kept.symlink_to(kept_stub)
+    gone = records / f"{info.st_dev}-{info.st_ino + 1}"
+    gone.symlink_to(tmp_path / "removed-workspace" / ".envrc")
+    another = records / f"{info.st_dev}-{info.st_ino + 2}"
+    another.symlink_to(kept_stub)  # the path holds another file now
+    not_token = records / "notes"
+    not_token.symlink_to(tmp_path / "missing")
+    _stub_records.forget_records()
+    assert _stub_records.records() == str(records)
+    assert sorted(p.name for p in records.iterdir() if p.name != ".lock") == sorted(
+        [kept.name, not_token.name]
+    )

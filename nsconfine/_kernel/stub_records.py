@@ -5,6 +5,7 @@ under one lock, so that any launcher of the account tells its own stubs from a s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -12,13 +13,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from nsconfine._errors import SandboxUnavailable, refuse_if_short_of_fds
-from nsconfine._text import printable
+from nsconfine._text import is_decimal, printable
 
 Identity = tuple[int, int]
 
 # Where an account without a cache directory it can write keeps its records: a directory of
 # its own there, nsconfine-UID (a module attribute, for the tests' stand-in).
 FALLBACK_BASE = "/tmp"
+
+BUNDLES = "bundles"  # the records' directory of bundle companions (nsconfine._launch.sources)
 
 _found: dict[tuple[int, str | None, str | None], str] = {}
 
@@ -29,7 +32,9 @@ def records() -> str:
     key = (os.geteuid(), os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
     found = _found.get(key)
     if found is None:
-        found = _found[key] = _find()
+        found = _find()
+        _prune(found)
+        _found[key] = found
     return found
 
 
@@ -90,24 +95,68 @@ def _find() -> str:
     return directory
 
 
+def _prune(directory: str) -> None:
+    """Remove the tokens whose stub is gone, or is another file now: a launcher killed before
+    it removed its stubs, and then the workspace removed, leaves tokens nothing removes (the
+    records grew by thousands, and every launch's lint looked through them), and a token whose
+    inode number came back to a file at its path would make that file a stub. Once per
+    records directory a process finds (a launcher's first launch), with their lock held."""
+    try:
+        fd = _open_lock(directory)
+    except OSError:
+        return  # pruned at a later start; launches go on as before
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with os.scandir(directory) as listing:
+            for entry in listing:
+                if _stale(entry):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                        os.unlink(os.path.join(directory, BUNDLES, entry.name))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _stale(entry: os.DirEntry[str]) -> bool:
+    """Is entry a token (DEV-INO, a symlink naming its stub) whose stub is not there?"""
+    device, dash, inode = entry.name.partition("-")
+    if not (dash and is_decimal(device) and is_decimal(inode) and entry.is_symlink()):
+        return False  # the lock, the bundles' directory, a token of earlier code (a file)
+    where = os.readlink(entry.path)
+    if not where.startswith("/"):
+        return False  # never made so: left alone
+    try:
+        info = os.lstat(where)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False  # out of this account's reach now, not known to be gone
+    return (info.st_dev, info.st_ino) != (int(device), int(inode))
+
+
 @contextmanager
 def records_locked() -> Iterator[str]:
     """The records directory, with its lock held (by this open file: threads exclude each
     other too)."""
     directory = records()
-    lock = os.path.join(directory, ".lock")
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = _open_lock(directory)
     except FileNotFoundError:  # removed since it was found: make it again
         forget_records()
         directory = records()
-        lock = os.path.join(directory, ".lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = _open_lock(directory)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield directory
     finally:
         os.close(fd)
+
+
+def _open_lock(directory: str) -> int:
+    return os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
 def _require_writable(directory: str) -> None:

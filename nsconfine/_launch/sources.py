@@ -581,7 +581,7 @@ def keep_for_bundle(stubs: list[Stub], config: str) -> None:
     holder = os.fsencode(f"{info.st_dev}-{info.st_ino}\0{config}")
     with _stub_records.records_locked() as records:
         with contextlib.suppress(FileExistsError):
-            os.mkdir(os.path.join(records, _BUNDLES), 0o700)
+            os.mkdir(os.path.join(records, _stub_records.BUNDLES), 0o700)
         for stub in recorded:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(_bundle_path(records, stub.identity), flags, 0o600)
@@ -591,17 +591,14 @@ def keep_for_bundle(stubs: list[Stub], config: str) -> None:
                 os.close(fd)
 
 
-_BUNDLES = "bundles"  # the records' directory of bundle companions
-
-
 def _bundle_path(records: str, identity: Identity) -> str:
-    return os.path.join(records, _BUNDLES, f"{identity[0]}-{identity[1]}")
+    return os.path.join(records, _stub_records.BUNDLES, f"{identity[0]}-{identity[1]}")
 
 
 def _bundle_companions(records: str) -> frozenset[str]:
     """The names of the bundle companions there are (read once a batch: usually none)."""
     try:
-        return frozenset(os.listdir(os.path.join(records, _BUNDLES)))
+        return frozenset(os.listdir(os.path.join(records, _stub_records.BUNDLES)))
     except FileNotFoundError:
         return frozenset()
 
