@@ -6,6 +6,7 @@
 #endif
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
@@ -590,6 +591,108 @@ int nsc_realpath(const char *path, char *out)
 {
     _Static_assert(NSC_PATH_MAX >= PATH_MAX, "realpath(3) writes up to PATH_MAX bytes");
     return realpath(path, out) == NULL ? errno : 0;
+}
+
+
+/* ------------------------------------------------------------ other names of denied files */
+
+struct linked_walk {
+    long *budget;
+    struct nsc_linked *found;
+    size_t max_found, count;
+    char *names;
+    size_t names_size, names_used;
+    char path[NSC_PATH_MAX]; /* the directory being read, relative to the top, and a '/' */
+};
+
+/* Keep path/name of a file with several names; ENOBUFS when the caller's room is full. */
+static int keep_linked(struct linked_walk *w, size_t path_len, const char *name,
+                       const struct stat *info)
+{
+    size_t name_len = strlen(name);
+    if (w->count == w->max_found || w->names_used + path_len + name_len + 1 > w->names_size)
+        return ENOBUFS;
+    struct nsc_linked *kept = &w->found[w->count++];
+    kept->dev = info->st_dev;
+    kept->ino = info->st_ino;
+    kept->name = w->names_used;
+    memcpy(w->names + w->names_used, w->path, path_len);
+    memcpy(w->names + w->names_used + path_len, name, name_len + 1);
+    w->names_used += path_len + name_len + 1;
+    return 0;
+}
+
+/* The entries of the open directory dir (closed here), whose path relative to the top is
+ * w->path[0..path_len), depth levels down. Entries are read in getdents order, each
+ * directory's own walked where it is met, as os.scandir and a recursion in that order would. */
+static int walk_linked(struct linked_walk *w, int dir, size_t path_len, int depth)
+{
+    DIR *listing = fdopendir(dir);
+    if (!listing) {
+        (void)close_retry(dir);
+        return 0;
+    }
+    int err = 0;
+    struct dirent *entry;
+    while (!err && *w->budget > 0 && (entry = readdir(listing)) != NULL) {
+        const char *name = entry->d_name;
+        if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
+            continue;
+        if (--*w->budget <= 0) {
+            *w->budget = 0;
+            break;
+        }
+        unsigned char type = entry->d_type;
+        struct stat info;
+        if (type == DT_UNKNOWN) {
+            if (fstatat(dirfd(listing), name, &info, AT_SYMLINK_NOFOLLOW) < 0)
+                continue;
+            type = S_ISREG(info.st_mode) ? DT_REG : S_ISDIR(info.st_mode) ? DT_DIR : DT_LNK;
+        } else if (type == DT_REG && fstatat(dirfd(listing), name, &info, AT_SYMLINK_NOFOLLOW) < 0) {
+            continue;
+        }
+        if (type == DT_REG && S_ISREG(info.st_mode) && info.st_nlink > 1) {
+            err = keep_linked(w, path_len, name, &info);
+        } else if (type == DT_DIR && depth > 1) {
+            size_t name_len = strlen(name);
+            if (path_len + name_len + 2 > sizeof w->path)
+                continue;
+            int below = openat(dirfd(listing), name,
+                               O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (below < 0)
+                continue;
+            memcpy(w->path + path_len, name, name_len);
+            w->path[path_len + name_len] = '/';
+            err = walk_linked(w, below, path_len + name_len + 1, depth - 1);
+        }
+    }
+    (void)closedir(listing);
+    return err;
+}
+
+int nsc_linked_files(const char *dir, int depth, long *budget, struct nsc_linked *found,
+                     size_t max_found, char *names, size_t names_size, size_t *found_out)
+{
+    *found_out = 0;
+    int top = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (top < 0)
+        return errno;
+    struct linked_walk *w = malloc(sizeof *w);
+    if (!w) {
+        (void)close_retry(top);
+        return ENOMEM;
+    }
+    w->budget = budget;
+    w->found = found;
+    w->max_found = max_found;
+    w->count = 0;
+    w->names = names;
+    w->names_size = names_size;
+    w->names_used = 0;
+    int err = walk_linked(w, top, 0, depth);
+    *found_out = w->count;
+    free(w);
+    return err;
 }
 
 

@@ -99,6 +99,24 @@ int nsc_child_statuses_discarded(void);
 int nsc_realpath(const char *path, char *out);
 
 /*
+ * The regular files with more than one name in dir and in the directories below it, depth
+ * levels in all (1: dir's own entries), as the policy lint's look for other names of denied
+ * files needs them on every launch (a user's ~/.config holds thousands of entries). No
+ * symlink is followed below dir. Each entry looked at takes one from *budget; at 0 the walk
+ * stops. Each file found is written to found[*found_out] (room for max_found): its identity,
+ * and where its path, relative to dir and NUL-terminated, starts in names (names_size bytes).
+ * ENOBUFS if they do not fit; the errno of opening dir. An entry that cannot be looked at, or
+ * a directory below that cannot be opened, is skipped.
+ */
+struct nsc_linked {
+    unsigned long long dev;
+    unsigned long long ino;
+    size_t name;
+};
+int nsc_linked_files(const char *dir, int depth, long *budget, struct nsc_linked *found,
+                     size_t max_found, char *names, size_t names_size, size_t *found_out);
+
+/*
  * An O_PATH, close-on-exec fd for the absolute path, opened without following
  * any symlink on the way (ELOOP if one is there): a bind source is handed to
  * bwrap as exactly the file the lint judged. openat2(RESOLVE_NO_SYMLINKS |

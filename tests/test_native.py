@@ -299,3 +299,66 @@ def test_memfd_sealed_is_read_whole_by_a_child() -> None:
 def test_probe_user_namespace_succeeds_here() -> None:
     """This host lets a child create a user namespace and write its id maps."""
     probe_user_namespace()
+
+
+def _linked_by_python(top: str, depth: int, budget: int) -> tuple[list[tuple[int, int, str]], int]:
+    """What linked_files finds, walked with os.scandir as the lint did before it was in C."""
+    found: list[tuple[int, int, str]] = []
+
+    def walk(directory: str, depth: int, budget: int) -> int:
+        with os.scandir(directory) as listing:
+            entries = list(listing)
+        for entry in entries:
+            budget -= 1
+            if budget <= 0:
+                return 0
+            if entry.is_file(follow_symlinks=False):
+                info = entry.stat(follow_symlinks=False)
+                if info.st_nlink > 1:
+                    found.append((info.st_dev, info.st_ino, entry.path))
+            elif depth > 1 and entry.is_dir(follow_symlinks=False):
+                budget = walk(entry.path, depth - 1, budget)
+        return budget
+
+    return found, walk(top, depth, budget)
+
+
+@pytest.mark.parametrize("budget", [3, 12, 40, 5000])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_linked_files_finds_what_a_walk_finds(tmp_path: Path, depth: int, budget: int) -> None:
+    """The files with several names in a directory, depth levels down, within a budget of
+    entries, never through a symlink: as a walk in Python finds them, path for path."""
+    from nsconfine._kernel.syscalls import linked_files
+
+    top = tmp_path / "denied"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for where in ("", "a", "a/b", "a/b/c", "d"):
+        (top / where).mkdir(parents=True, exist_ok=True)
+        for number in range(3):
+            (top / where / f"file{number}").write_text("x")
+        os.link(top / where / "file0", elsewhere / f"{where.replace('/', '-')}-link")
+    (top / "a" / "to-elsewhere").symlink_to(elsewhere)  # never followed
+    (top / "a" / "fifo").touch()
+    expected, left = _linked_by_python(str(top), depth, budget)
+    found, found_left = linked_files(str(top), depth, budget)
+    assert sorted(found) == sorted(expected)
+    assert found_left == left
+    assert not any("elsewhere" in path for _, _, path in found)
+    with pytest.raises(OSError, match="No such file") as missing:
+        linked_files(str(tmp_path / "missing"), depth, budget)
+    assert missing.value.errno == errno.ENOENT
+
+
+def test_linked_files_finds_more_paths_than_its_first_buffer_holds(tmp_path: Path) -> None:
+    """Paths past the 16 KiB it first makes room for: it looks again with more room."""
+    from nsconfine._kernel.syscalls import linked_files
+
+    (top := tmp_path / "denied").mkdir()
+    (elsewhere := tmp_path / "elsewhere").mkdir()
+    for number in range(200):
+        name = f"{number:03}-" + "n" * 200
+        (top / name).write_text("x")
+        os.link(top / name, elsewhere / name)
+    found, _ = linked_files(str(top), 1, 5000)
+    assert sorted(path for _, _, path in found) == sorted(str(p) for p in top.iterdir())

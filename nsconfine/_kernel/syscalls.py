@@ -21,6 +21,7 @@ _nsc_spawn = lib.nsc_spawn
 _nsc_memfd_sealed = lib.nsc_memfd_sealed
 _nsc_probe_userns = lib.nsc_probe_userns
 _nsc_realpath = lib.nsc_realpath
+_nsc_linked_files = lib.nsc_linked_files
 _nsc_seccomp_filter = lib.nsc_seccomp_filter
 _nsc_open_path = lib.nsc_open_path
 _nsc_landlock_abi = lib.nsc_landlock_abi
@@ -217,6 +218,33 @@ def realpath(path: str) -> str:
     if err:
         raise SyscallError(err, "realpath", path)
     return os.fsdecode(_string(buffer))
+
+
+def linked_files(directory: str, depth: int, budget: int) -> tuple[list[tuple[int, int, str]], int]:
+    """The regular files with more than one name in directory, depth levels down, symlinks
+    below it never followed: (device, inode, path) of each, and what is left of budget, one
+    taken for each entry looked at (the walk stops at 0). OSError if directory cannot be
+    opened; an entry or a directory below that cannot be is skipped."""
+    left = _new("long *", budget)
+    found = _new("struct nsc_linked[]", budget)  # each found takes one of budget at least
+    count = _new("size_t *")
+    names_size = 16 * 1024
+    while True:
+        names = _new("char[]", names_size)
+        err = _nsc_linked_files(
+            os.fsencode(directory), depth, left, found, budget, names, names_size, count
+        )
+        if err != errno.ENOBUFS:
+            break
+        left[0] = budget  # looked through again, with room for longer paths
+        names_size *= 8
+    if err:
+        raise SyscallError(err, "open", directory)
+    top = directory.rstrip("/") + "/" if directory != "/" else "/"
+    return [
+        (item.dev, item.ino, top + os.fsdecode(_string(names + item.name)))
+        for item in found[0 : count[0]]
+    ], left[0]
 
 
 def seccomp_filter(rules: int) -> bytes:

@@ -440,7 +440,12 @@ class Judge:
             }
             budget = LINKED_SCAN
             for rule, directory in self.denied_dirs:
-                budget = _collect_linked(directory, rule, LINKED_DEPTH, budget, self.linked)
+                try:
+                    found, budget = _syscalls.linked_files(directory, LINKED_DEPTH, budget)
+                except OSError:
+                    continue
+                for device, inode, path in found:
+                    self.linked.setdefault((device, inode), (rule, path))
         return self.linked
 
     def _linked_below(self, source: str, device: int) -> tuple[DenyRule, str] | None:
@@ -475,36 +480,6 @@ class Judge:
                     "has several, on the same file system), in"
                 )
         return None
-
-
-def _collect_linked(
-    directory: str,
-    rule: DenyRule,
-    depth: int,
-    budget: int,
-    found: dict[tuple[int, int], tuple[DenyRule, str]],
-) -> int:
-    """Add the files with several names in directory (depth levels down) to found; the
-    budget of entries left."""
-    try:
-        with os.scandir(directory) as listing:  # closed even when listing fails half-way
-            entries = list(listing)
-    except OSError:
-        return budget
-    for entry in entries:
-        budget -= 1
-        if budget <= 0:
-            return 0
-        try:
-            if entry.is_file(follow_symlinks=False):
-                info = entry.stat(follow_symlinks=False)
-                if info.st_nlink > 1:
-                    found.setdefault((info.st_dev, info.st_ino), (rule, entry.path))
-            elif depth > 1 and entry.is_dir(follow_symlinks=False):
-                budget = _collect_linked(entry.path, rule, depth - 1, budget, found)
-        except OSError:
-            continue
-    return budget
 
 
 def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result | None]:
