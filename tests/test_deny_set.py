@@ -335,3 +335,35 @@ def test_a_dangling_tool_socket_is_a_clean_refusal(
     """A tool socket that is a dangling symlink is refused by name, not a traceback."""
     (link := tmp_path / "tool.sock").symlink_to(tmp_path / "gone.sock")
     assert "tool.sock" in refusal(ws_run, {}, tool_socket=link)
+
+
+def test_the_launcher_s_records_do_not_use_up_the_look_for_other_names(
+    ws_run: tuple[Path, Path], standin_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The denied directories are looked through for files with other names within a budget
+    of entries. A token per mount point a launch made, nsconfine's records came first and
+    used it up (thousands with many sessions live): a hardlinked secret in a directory denied
+    after them went unseen, and a bind of the directory holding its other name was allowed.
+    The records hold only nsconfine's own files, and are not looked through."""
+    from nsconfine._kernel import stub_records
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    stub_records.forget_records()
+    try:
+        records = Path(stub_records.records())
+        for number in range(40):  # tokens of live stubs: the files are there
+            (stub := tmp_path / f"stub{number}").touch()
+            info = stub.stat()
+            (records / f"{info.st_dev}-{info.st_ino}").symlink_to(stub)
+    finally:
+        stub_records.forget_records()
+    monkeypatch.setattr(_lint, "LINKED_SCAN", 30)
+    secrets = tmp_path / "data-root"
+    secrets.mkdir()
+    (secrets / "token").write_text("secret\n")
+    lib = tmp_path / "checkout" / "lib"
+    lib.mkdir(parents=True)
+    os.link(secrets / "token", lib / "token")
+    environ = {"HOME": str(standin_home), "XDG_CACHE_HOME": str(cache)}
+    assert "token" in refusal(ws_run, environ, ro=[lib], deny=[secrets])

@@ -18,7 +18,7 @@ from nsconfine._plan.model import Kind, Plan
 from nsconfine._policy import lint as _lint
 from nsconfine._session import Session, build_plan
 
-STORE_NAMES = [name for name, _ in _lint.HOME_CREDENTIAL_STORES]
+STORE_NAMES = [*(name for name, _ in _lint.HOME_CREDENTIAL_STORES), _lint.RECORDS]
 
 
 def plan_for(

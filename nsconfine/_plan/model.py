@@ -287,20 +287,32 @@ class DenyRule(Record):
     contains it, and, when `inside` is set, when the source lies anywhere inside it. A masked
     path (`mask`, nsconfine._plan.mask) may lie in a bind that the plan covers it in, at the very
     place that bind shows it. The path is kept as derived (the lint resolves it afresh on every
-    check); origin says where the rule came from ($HOME, $XDG_CONFIG_HOME, --deny, …)."""
+    check); origin says where the rule came from ($HOME, $XDG_CONFIG_HOME, --deny, …).
+    records: the rule names nsconfine's own records, whose every file nsconfine made, none
+    with a second name: the lint does not look through them for other names of denied files
+    (a token per mount point a live session's launch made, thousands of them)."""
 
-    FIELDS = ("path", "reason", "inside", "origin", "mask")
+    FIELDS = ("path", "reason", "inside", "origin", "mask", "records")
     __slots__ = FIELDS
     path: str
     reason: str
     inside: bool
     origin: str
     mask: bool
+    records: bool
 
     def __init__(
-        self, path: str, reason: str, inside: bool = True, origin: str = "", mask: bool = False
+        self,
+        path: str,
+        reason: str,
+        inside: bool = True,
+        origin: str = "",
+        mask: bool = False,
+        records: bool = False,
     ) -> None:
-        self._set(path=path, reason=reason, inside=inside, origin=origin, mask=mask)
+        self._set(
+            path=path, reason=reason, inside=inside, origin=origin, mask=mask, records=records
+        )
 
     @property
     def matches_now(self) -> bool:

@@ -60,8 +60,9 @@ HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
     (".pki", "NSS certificate and key databases"),
     (".terraform.d", "Terraform Cloud tokens"),
     (".vault-token", "HashiCorp Vault token"),
-    (".cache/nsconfine", "nsconfine's own record of proven bwrap binaries"),
 )
+RECORDS = ".cache/nsconfine"  # nsconfine's own, in every home (DenyRule.records)
+RECORDS_REASON = "nsconfine's own records (proven bwrap binaries, mount points it made)"
 
 # Variables that move a store out of the home: each names a directory or file a tool uses
 # instead of the home's default. KUBECONFIG may list several files.
@@ -217,6 +218,7 @@ def home_rules(home: str, origin: str) -> list[DenyRule]:
         DenyRule(os.path.join(home, name), reason, origin=origin)
         for name, reason in HOME_CREDENTIAL_STORES
     ]
+    rules.append(DenyRule(os.path.join(home, RECORDS), RECORDS_REASON, origin=origin, records=True))
     return rules
 
 
@@ -246,8 +248,9 @@ def default_deny(
         rules.append(
             DenyRule(
                 os.path.join(os.path.normpath(cache), "nsconfine"),
-                "nsconfine's own records (proven bwrap binaries, mount points it made)",
+                RECORDS_REASON,
                 origin="$XDG_CACHE_HOME",
+                records=True,
             )
         )
     rules += [DenyRule(path, reason, origin="the host") for path, reason in SYSTEM_SECRETS]
@@ -384,7 +387,7 @@ class Judge:
             self.by_place.setdefault(device, _Index()).add(place, rule)
             if info is not None:
                 self.identities.setdefault((info.st_dev, info.st_ino), rule)
-                if rule.inside and stat.S_ISDIR(info.st_mode):
+                if rule.inside and stat.S_ISDIR(info.st_mode) and not rule.records:
                     self.denied_dirs.append((rule, resolved))
                 elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
                     self.linked_files.append((rule, resolved, info))
