@@ -516,3 +516,52 @@ def test_a_busy_pool_leaks_no_fd(plan: nsconfine.Plan) -> None:
         after = fd_targets()
     new = {fd: what for fd, what in after.items() if before.get(fd) != what}
     assert len(after) <= len(before) + 1, new
+
+
+def test_the_background_refill_waits_while_launches_are_under_way(
+    plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging is a whole bwrap build: started while other launches were being handed over, it
+    took the CPU they needed (32 launches at once: their p50 twice as long). The refill stages
+    once no launch is under way, and then fills the pool."""
+    import threading
+
+    from nsconfine import _pool
+    from nsconfine._launch import handoff
+
+    held, holding = threading.Event(), threading.Event()
+    under_way = 0
+    staged_during_a_launch: list[int] = []
+    real_hand_off, real_stage_one = handoff.hand_off, nsconfine.Pool._stage_one
+
+    def hand_off(staged: object, launch: object) -> nsconfine.Sandbox:
+        nonlocal under_way
+        under_way += 1
+        try:
+            if threading.current_thread().name == "held":
+                holding.set()
+                held.wait(30)
+            return real_hand_off(staged, launch)  # type: ignore[arg-type]
+        finally:
+            under_way -= 1
+
+    def stage_one(pool: nsconfine.Pool) -> object:
+        if under_way:
+            staged_during_a_launch.append(under_way)
+        return real_stage_one(pool)
+
+    monkeypatch.setattr(_pool, "hand_off", hand_off)
+    monkeypatch.setattr(nsconfine.Pool, "_stage_one", stage_one)
+    with nsconfine.Pool(plan, size=2) as pool:
+        assert pool.wait_staged(60)
+        launched: list[nsconfine.Sandbox] = []
+        slow = threading.Thread(target=lambda: launched.append(pool.launch(["true"])), name="held")
+        slow.start()
+        assert holding.wait(30)
+        launched.append(pool.launch(["true"]))  # ends while the held one is under way
+        time.sleep(1)  # room for a refill that would start now
+        held.set()
+        slow.join(30)
+        assert pool.wait_staged(60)
+        assert [sandbox.wait() for sandbox in launched] == [0, 0]
+    assert staged_during_a_launch == []
