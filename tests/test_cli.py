@@ -898,3 +898,50 @@ def test_sigterm_to_run_ends_even_a_session_that_ignores_it(ws_run: tuple[Path, 
         b"started\n",
         b"",
     )  # it ignored SIGTERM, and was killed after the grace
+
+
+HOLDER = """
+import array, os, socket, sys, time
+server = socket.socket(socket.AF_UNIX)
+server.bind("hold.sock")
+server.listen(1)
+print("listening", flush=True)
+connection, _ = server.accept()
+_, ancillary, _, _ = connection.recvmsg(1, socket.CMSG_SPACE(4))
+held = array.array("i", ancillary[0][2])[0]
+while True:
+    os.write(held, b"written by another session\\n")
+    time.sleep(0.2)
+"""
+SENDER = """
+import array, socket
+client = socket.socket(socket.AF_UNIX)
+client.connect("hold.sock")
+client.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [1]))])
+"""
+
+
+def test_run_ends_though_another_session_holds_its_output(dirs: Dirs, tmp_path: Path) -> None:
+    """A session that hands its stdout to another session of its workspace (through a socket
+    there) and exits: `run` copies what comes until it has the session's end, and once the
+    session has ended, for DRAIN_SECONDS at most. It copied for as long as the other session
+    wrote a line every 0.3 s, deaf to SIGTERM."""
+    holder = nsconfine.spawn(
+        session(dirs.workspace, dirs.run_dir).plan(),
+        ["python3", "-c", HOLDER],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert read_until(holder.stdout.fileno(), b"listening\n", 30).endswith(b"listening\n")
+        with open(tmp_path / "out.log", "wb") as log:
+            sender = subprocess.run(
+                [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--",
+                 "python3", "-c", SENDER],
+                stdout=log, stderr=subprocess.PIPE, cwd="/", env=base_env(), timeout=50,
+            )  # fmt: skip
+        assert sender.returncode == 0, sender.stderr
+        assert holder.poll() is None  # it still writes: run did not wait for its end
+    finally:
+        holder.kill()
+        holder.communicate(timeout=30)

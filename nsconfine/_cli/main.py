@@ -367,7 +367,13 @@ def _plan(arguments: Arguments) -> int:
 
 
 def _run(arguments: Arguments) -> int:
-    from nsconfine._cli.relay import StdioRelay, held_signals, kept_stdio_flags, run_session
+    from nsconfine._cli.relay import (
+        DrainLimit,
+        StdioRelay,
+        held_signals,
+        kept_stdio_flags,
+        run_session,
+    )
     from nsconfine._gate import spawn
     from nsconfine._session import build_plan
 
@@ -394,7 +400,7 @@ def _run(arguments: Arguments) -> int:
                 )
             except BaseException as failed:
                 relay.launched()
-                relay.drain()  # bwrap's own messages, before nsconfine's
+                relay.drain(DrainLimit())  # bwrap's own messages, before nsconfine's
                 if not isinstance(failed, OSError) or isinstance(failed, NsconfineError):
                     raise  # (CredentialMissing is an OSError too)
                 # the command itself could not start

@@ -65,6 +65,9 @@ FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIG
 HELD_SIGNALS = (*FORWARDED_SIGNALS, signal.SIGCONT)
 _CHUNK = 65536
 DRAIN_IDLE_SECONDS = 0.5
+# What an ended session wrote is copied for this long at most: a write end it handed to another
+# session (through a socket in their workspace) can be written to for as long as that one lives.
+DRAIN_SECONDS = 2.0
 STATE_CHECK_SECONDS = 1.0  # how often a launcher in the background, or a --tty command, is
 # looked at again (in the foreground now? stopped?)
 SUSPEND_CHECK_SECONDS = 0.05  # how often, for SUSPEND_WINDOW_SECONDS after a suspend character
@@ -316,12 +319,11 @@ class _Terminal:
         self.raw()
         self.resize()
 
-    def drain(self) -> None:
+    def drain(self, limit: DrainLimit) -> None:
         """What the session wrote before it ended, to the end of its terminal: once no process
-        holds the session's side, a read gives what is left and then EIO. A side left in flight
-        in a unix socket has no reader, and nothing more comes: given up after
-        DRAIN_IDLE_SECONDS without a byte."""
-        while self.open and wait_fd(self.controller, DRAIN_IDLE_SECONDS):
+        holds the session's side, a read gives what is left and then EIO; within limit (a side
+        left in flight in a unix socket, or held by another session)."""
+        while self.open and limit.ready([self.controller]):
             self.copy_out()
 
     def leave_tui_modes(self) -> None:
@@ -463,17 +465,14 @@ class StdioRelay:
         os.close(read_end)
         del self.outputs[read_end]
 
-    def drain(self) -> None:
-        """What the session wrote, to the end of each pipe, or until DRAIN_IDLE_SECONDS pass
-        without a byte (a write end left in flight in a unix socket)."""
+    def drain(self, limit: DrainLimit) -> None:
+        """What the session wrote, to the end of each pipe, within limit (a write end left in
+        flight in a unix socket, or held by another session)."""
         while self.outputs:
-            poller = select.poll()
-            for read_end in self.outputs:
-                poller.register(read_end, select.POLLIN)
-            ready = poller.poll(DRAIN_IDLE_SECONDS * 1000)
+            ready = limit.ready(list(self.outputs))
             if not ready:
                 return
-            for read_end, _ in ready:
+            for read_end in ready:
                 self.copy_out(read_end)
 
     def leave_tui_modes(self) -> None:
@@ -574,6 +573,40 @@ def _wake_only(_number: int, _frame: object) -> None:
     pass  # the wakeup fd has the number; run_session acts on it
 
 
+class DrainLimit:
+    """How long an ended session's output is still copied: until DRAIN_IDLE_SECONDS pass without
+    a byte, DRAIN_SECONDS in all, or one of the ENDING_SIGNALS comes (on wake_read, from
+    held_signals(); -1 for none)."""
+
+    def __init__(self, wake_read: int = -1) -> None:
+        self.wake_read = wake_read
+        self.deadline = time.monotonic() + DRAIN_SECONDS
+        self.reached = False
+
+    def ready(self, fds: list[int]) -> list[int]:
+        """Those of fds with something to read (or at their end); none once the limit is
+        reached."""
+        idle_until = time.monotonic() + DRAIN_IDLE_SECONDS
+        while not self.reached:
+            left = min(self.deadline, idle_until) - time.monotonic()
+            if left <= 0:
+                break
+            poller = select.poll()
+            for fd in (*fds, self.wake_read):
+                if fd >= 0:
+                    poller.register(fd, select.POLLIN)
+            events = dict(poller.poll(poll_ms(left)))
+            if self.wake_read in events:
+                del events[self.wake_read]
+                signals = os.read(self.wake_read, 64)
+                self.reached = any(number in ENDING_SIGNALS for number in signals)
+            elif not events:
+                break
+            if events and not self.reached:
+                return list(events)
+        return []
+
+
 def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRelay) -> int:
     """Wait for the session, passing on the signals held_signals() collects on wake_read,
     copying through relay (and its terminal, if it has one); its status."""
@@ -581,10 +614,11 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRela
     try:
         _relay(sandbox, terminal, relay, grace, wake_read)
         # before the handle reaps the session, which closes its terminal
-        relay.drain()
+        limit = DrainLimit(wake_read)
+        relay.drain(limit)
         relay.leave_tui_modes()
         if terminal is not None:
-            terminal.drain()
+            terminal.drain(limit)
             terminal.leave_tui_modes()
     except BaseException:  # the launcher is leaving (its stdout gone): the session goes first
         sandbox.kill()
