@@ -31,6 +31,18 @@ pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 REAL_BWRAP = find_bwrap()
 SHIM_PATH = nsconfine._launch.programs.SHIM_PATH
 
+
+def _passing_on(sed_program: str) -> str:
+    """A real bwrap given the options it is given (a memfd of NUL-separated words), as
+    `sed -z sed_program` leaves them."""
+    return f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        fd=$2; shift 2; kept=$(mktemp)
+        sed -z '{sed_program}' < /proc/self/fd/$fd > $kept
+        eval "exec $fd< $kept"; rm $kept
+        exec {REAL_BWRAP} --args $fd "$@" """
+
+
 FAKES = {
     # Fails like a host with user namespaces switched off, but answers --help like bwrap.
     "failing": f"""
@@ -61,6 +73,10 @@ FAKES = {
         exec 4>&-
         while [ "$1" != "--" ]; do shift; done; shift 2
         exec @SHIM@ "$@" """,
+    # A real bwrap, its options read and passed on without the seccomp filter's.
+    "unfiltered": _passing_on("/^--seccomp$/{N;d}"),
+    # The same without --new-session: the sandbox in the caller's session and terminal.
+    "in-the-callers-session": _passing_on("/^--new-session$/d"),
     # An old bwrap without the options nsconfine needs.
     "old": """
         echo 'usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]'
@@ -78,6 +94,8 @@ EXPECTED_REASONS = {
     "swapping": "/etc/hosts does not show /etc/hosts",
     "lying": "not its child",
     "old": "lacks --unshare-user",
+    "unfiltered": "no seccomp filter",
+    "in-the-callers-session": "session of its own",
     "broken": "does not run",
 }
 
@@ -108,8 +126,10 @@ def test_a_bad_bwrap_is_refused_and_runs_nothing(
     name: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Launching with a failing, unconfining, exposing, swapping, lying, old or broken bwrap
-    refuses with sandbox-unavailable and a reason, and the command never runs."""
+    """Launching with a failing, unconfining, exposing, swapping, lying, old or broken bwrap, or
+    one that leaves out the seccomp filter or the session of its own (a command in the
+    caller's session could type into its terminal with TIOCSTI), refuses with
+    sandbox-unavailable and a reason, and the command never runs."""
     monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, name)))
     with pytest.raises(nsconfine.SandboxUnavailable) as refused:
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()

@@ -179,18 +179,39 @@ def await_shim(sock: socket.socket, reaper_pidfd: int) -> int:
     raise SandboxUnavailable("the exec shim's message carried no sender: cannot check it")
 
 
-def check_shim(bwrap: str, init: int, shim: int) -> None:
+def check_shim(bwrap: str, init: int, shim: int, filtered: bool) -> None:
     """The process that will become the command is the sandbox init's child, in its
-    namespaces (read now: bwrap enters a second user namespace after it reports the first)."""
+    namespaces (read now: bwrap enters a second user namespace after it reports the first),
+    in the session the init leads (--new-session), with no terminal, no_new_privs set, and,
+    if filtered, under a seccomp filter (--seccomp)."""
     try:
-        parent = _parent(shim)
+        with open(f"/proc/{shim}/stat", "rb") as stat_file:
+            fields = stat_file.read().rsplit(b")", 1)[1].split()
+        parent, session, terminal = int(fields[1]), int(fields[3]), int(fields[4])
         same = _namespaces(shim) == _namespaces(init)
-    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{shim}/status", "rb") as status_file:
+            status = dict(
+                line.split(b":", 1) for line in status_file.read().splitlines() if b":" in line
+            )
+        no_new_privs = status[b"NoNewPrivs"].strip() == b"1"
+        seccomp = status.get(b"Seccomp", b"").strip() == b"2"  # SECCOMP_MODE_FILTER
+    except (OSError, ValueError, IndexError, KeyError):
         raise SetupEnded("ended before its command could start") from None
     if parent != init or not same:
         raise SandboxUnavailable(
             f"the process that would run the command (pid {shim}) is not inside the sandbox "
             f"{bwrap} built: nothing was run; this bwrap cannot be trusted"
+        )
+    if session != init or terminal != 0:
+        raise SandboxUnavailable(
+            f"{bwrap} left the sandbox without a session of its own (--new-session): its "
+            "command could type into the caller's terminal; nothing was run, this bwrap cannot "
+            "be trusted"
+        )
+    if not no_new_privs or (filtered and not seccomp):
+        raise SandboxUnavailable(
+            f"{bwrap} left the sandbox with no seccomp filter (--seccomp) or without "
+            "no_new_privs: nothing was run, this bwrap cannot be trusted"
         )
 
 
