@@ -3,6 +3,9 @@ mount points live in its reaper), so that a broker under the usual limit of 1,02
 
 from __future__ import annotations
 
+import errno
+import os
+import resource
 import subprocess
 from pathlib import Path
 
@@ -46,3 +49,46 @@ def test_a_proxy_session_holds_one_more_its_proxy_socket(ws_run: tuple[Path, Pat
     """A "proxy" session costs one fd more: the listening socket of its way out."""
     plan = session(*ws_run, allow_hosts=["mirror.test:1=127.0.0.1"]).plan()
     assert _fds_per_live_session(plan) == 4
+
+
+FILL_IN_FLIGHT = """
+import array, os, socket, sys
+sending, _ = socket.socketpair()  # never read: every fd sent stays counted
+fds = array.array("i", [0] * 250)
+try:
+    while True:
+        sending.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+except OSError as error:
+    print(error.errno, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root's sends are never counted")
+def test_a_session_holding_fds_in_flight_does_not_stop_the_next_launch(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """Each account has one count of the fds sent over unix sockets and not yet received, and
+    a send fails (ETOOMANYREFS) once it passes the sender's own fd limit. A session filled it
+    to about its open_files (1,024) and never read them; the hand-off passes the command's
+    stdio that way, so every launch of a launcher under the usual soft limit of 1,024 failed
+    (as exec-failed) while that session lived. The launcher now raises its soft limit to its
+    hard one and sends again; a launcher whose hard limit is too low is refused, saying so."""
+    plan = session(*ws_run).plan()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    holder = nsconfine.spawn(
+        plan, ["python3", "-c", FILL_IN_FLIGHT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == f"{errno.ETOOMANYREFS}\n".encode()
+        if hard < 2048:  # no room to raise the soft limit into: refused, saying why
+            with pytest.raises(nsconfine.SandboxUnavailable, match="ETOOMANYREFS"):
+                nsconfine.spawn(plan, ["true"])
+        else:
+            assert nsconfine.spawn(plan, ["true"]).wait(timeout=60) == 0
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

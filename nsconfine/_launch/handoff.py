@@ -293,7 +293,7 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     try:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report_write, *fds]))]
         try:
-            sent = staged.sock.sendmsg([message], rights, socket.MSG_NOSIGNAL)
+            sent = _send_with_rights(staged.sock, message, rights)
             if sent < len(message):  # a stream socket may take a large message in parts
                 staged.sock.sendall(memoryview(message)[sent:], socket.MSG_NOSIGNAL)
         except (BrokenPipeError, ConnectionResetError):
@@ -325,6 +325,38 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     syscall = SHIM_STAGES.get(stage_number, f"shim stage {stage_number}")
     filename = launch.argv[0] if stage_number == SHIM_EXEC_STAGE else None
     raise _syscalls.SyscallError(err, syscall, filename)
+
+
+def _send_with_rights(
+    sock: socket.socket, message: bytes, rights: list[tuple[int, int, array.array[int]]]
+) -> int:
+    """sock.sendmsg of message and rights. Every account has one count of the fds sent over
+    unix sockets and not yet received, and an unprivileged sender's send fails (ETOOMANYREFS)
+    once it passes the sender's own soft fd limit: a session of the launcher's account can fill
+    it to its own open_files and never read them. The soft limit is then raised to the hard
+    one, once, and the send tried again; past that, the launch is refused."""
+    import errno
+    import resource
+
+    try:
+        return sock.sendmsg([message], rights, socket.MSG_NOSIGNAL)
+    except OSError as error:
+        if error.errno != errno.ETOOMANYREFS:
+            raise
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            try:
+                return sock.sendmsg([message], rights, socket.MSG_NOSIGNAL)
+            except OSError as again:
+                if again.errno != errno.ETOOMANYREFS:
+                    raise
+        raise SandboxUnavailable(
+            "this account's count of fds passed over unix sockets and not yet received is full "
+            "(ETOOMANYREFS), past this launcher's fd limit: a session of the account holds "
+            "them; end it, raise the launcher's hard fd limit (LimitNOFILE=) well above the "
+            "sessions' open_files, or run sessions as an account of their own (--user)"
+        ) from None
 
 
 def _read_report(staged: Staged, report_read: int) -> bytes:
