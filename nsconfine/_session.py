@@ -893,7 +893,7 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
     """The binds profiles give (and any Session(binds=...)), each with its reason; a bind
     already given by another entry at the same place is left out."""
     entries: list[p.Entry] = []
-    taken = {entry.dest for entry in others}
+    taken = {entry.dest: entry for entry in others}
     shown = {e.dest: (e.source, str(e.mode)) for e in others if e.kind is Kind.BIND}
 
     def already_shown(source: str, dest: str, mode: str) -> bool:
@@ -910,7 +910,17 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
         source, dest = _literal(_path_text(bind.source)), _path_text(bind.dest)
         pairs = [(source, dest)] if source is not None else [(m, m) for m in bind_sources(bind)]
         for one_source, one_dest in pairs:
-            if one_dest in taken or already_shown(one_source, one_dest, bind.mode):
+            there = taken.get(one_dest)
+            if there is not None:
+                if shown.get(one_dest) == (one_source, bind.mode):
+                    continue  # the very bind, given already
+                raise PlanError(
+                    f"{printable(one_dest)} is in the plan already ({there.kind.value} "
+                    f"{printable(there.source or '')}, {there.mode}: {there.reason}): a "
+                    f"profile's {bind.mode} bind of {printable(one_source)} there "
+                    f"({printable(bind.reason)}) cannot be too; give it another destination"
+                )
+            if already_shown(one_source, one_dest, bind.mode):
                 continue
             if not os.path.lexists(one_source):
                 if bind.mkdir and bind.mode == "rw":
@@ -924,7 +934,8 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
                     )
             make = p.rw_bind if bind.mode == "rw" else p.ro_bind
             entries.append(make(one_source, one_dest, bind.reason))
-            taken.add(one_dest)
+            taken[one_dest] = entries[-1]
+            shown[one_dest] = (one_source, bind.mode)
     return entries
 
 

@@ -212,6 +212,27 @@ def test_a_profile_cannot_bind_a_denied_path(ws_run: tuple[Path, Path], tmp_path
 
 
 @pytest.mark.parametrize(
+    ("source", "dest", "mode"),
+    [("/etc/hostname", "/etc/passwd", "ro"), ("{other}", "{workspace}", "rw"), ("/", "/", "ro")],
+)
+def test_a_profile_s_bind_at_a_place_the_plan_holds_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, source: str, dest: str, mode: str
+) -> None:
+    """A profile's bind whose destination the plan already holds, of another source or in
+    another mode, is refused: it was left out without a word, so the manifest a reviewer
+    read lacked a bind the profile's author asked for. The very bind given again is not."""
+    (other := tmp_path / "other").mkdir()
+    text = f'description = "x"\n[[bind]]\nsource = "{source}"\ndest = "{dest}"\n'
+    text += f'mode = "{mode}"\nreason = "mine"\n'
+    profile = write_profile(tmp_path, text.replace("{other}", str(other)))
+    with pytest.raises(nsconfine.PlanError, match="in the plan already"):
+        session(*ws_run, profile=[str(profile)]).plan()
+    again = 'description = "x"\n[[bind]]\nsource = "/usr"\nmode = "ro"\nreason = "again"\n'
+    plan = session(*ws_run, profile=[str(write_profile(tmp_path, again, "again.toml"))]).plan()
+    assert [e.reason for e in plan.entries if e.dest == "/usr"] != ["again"]
+
+
+@pytest.mark.parametrize(
     ("text", "line", "key"),
     [
         ('description = "x"\nnetwork = "everywhere"\n', 2, "network"),
