@@ -80,6 +80,8 @@ def path(keyword: str, given: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """given, if it is one path."""
     if not isinstance(given, str | os.PathLike):
         raise UsageError(f"Session({keyword}=...) is one path (str or os.PathLike), not {given!r}")
+    if not os.fspath(given):  # "" would name the launcher's working directory
+        raise UsageError(f"Session({keyword}=...) is empty: name a directory")
     return given
 
 

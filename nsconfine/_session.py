@@ -350,9 +350,15 @@ def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
     problem = access_problem(path, user, bits)
     if problem is not None:
         verb = "writable" if bits & WRITE else "readable"
+        # Never advise handing / or a top-level directory (/usr, /home, ...) to the session.
+        advice = (
+            f"chown -R {user.name} {path}, or pick a directory it owns"
+            if path.count("/") > 1
+            else f"pick a directory of its own: {path} is the system's"
+        )
         raise PlanError(
             f"the {what} {path} is not {verb} by {user.name}, who runs the session "
-            f"({problem}): chown -R {user.name} {path}, or pick a directory it owns"
+            f"({problem}): {advice}"
         )
 
 

@@ -945,3 +945,16 @@ def test_run_ends_though_another_session_holds_its_output(dirs: Dirs, tmp_path: 
     finally:
         holder.kill()
         holder.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("workspace", ["/", "/usr", ""])
+def test_a_system_directory_as_workspace_is_refused_without_handing_it_over(
+    dirs: Dirs, workspace: str
+) -> None:
+    """--workspace / (or /usr) was refused with the advice `chown -R nobody /`; --workspace ''
+    meant the launcher's working directory, and advised handing that over. Neither is
+    advised now: a top-level directory is the system's, and an empty path is no path."""
+    result = run_cli("plan", "--workspace", workspace, "--run-dir", dirs.run_dir, *user_options())
+    assert result.returncode in (64, 65), result.stderr
+    assert "chown" not in result.stderr
+    assert "Traceback" not in result.stderr
