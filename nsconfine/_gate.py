@@ -1,9 +1,9 @@
 """Where a launch is refused: the one gate every session passes before its sandbox is built.
 
 spawn and Pool both come through gate(). There is no path from here to an unconfined command:
-a session that would hold host uid 0, a plan that fails the lint, a pinned file that changed, a
-bwrap that is missing, broken or does not confine, or a program of the launch that a session
-could have written, refuses the launch.
+a session that would hold host uid 0 (or, from a root launcher, gid 0), a plan that fails the
+lint, a pinned file that changed, a bwrap that is missing, broken or does not confine, or a
+program of the launch that a session could have written, refuses the launch.
 """
 
 from __future__ import annotations
@@ -83,6 +83,13 @@ def gate(plan: Plan) -> Cleared:
             "this launcher runs as root and the session names no other account: it would hold "
             "host uid 0; name an unprivileged account to run it as (--user NAME, "
             "Session(user=...))"
+        )
+    if euid == 0 and plan.user.gid == 0:
+        # run_as refuses such an account, but a plan is data: its user can be replaced by hand.
+        raise SandboxUnavailable(
+            f"the plan runs as {plan.user}: its group is gid 0, root's, and the session would "
+            "read and write what root's group may; name an account of an unprivileged group "
+            "(--user NAME, Session(user=...))"
         )
     if euid != 0 and plan.user.uid != euid:
         raise UsageError(

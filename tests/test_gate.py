@@ -72,6 +72,27 @@ def test_a_pool_checks_pins_at_launch(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.root
+def test_a_session_group_of_gid_0_is_refused_at_the_gate(ws_run: tuple[Path, Path]) -> None:
+    """A plan whose account's group is gid 0, made past Session (whose run_as refuses such an
+    account), is refused by spawn itself as uid 0 is: the session read a root:root 0640 file
+    in its workspace, running as gid 0 (attackers' pass)."""
+    import os
+
+    from nsconfine._kernel.accounts import RunAs
+
+    secret = ws_run[0] / "g0secret"
+    secret.write_text("root's group only\n")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o640)
+    plan = session(*ws_run).plan()
+    rooted = plan.replace(user=RunAs(plan.user.name, plan.user.uid, 0))
+    marker = ws_run[0] / "ran"
+    with pytest.raises(nsconfine.SandboxUnavailable, match="gid 0"):
+        nsconfine.spawn(rooted, ["/bin/sh", "-c", f"cat g0secret > {marker}"])
+    assert not marker.exists()
+
+
 # Ways a launcher comes to ignore SIGCHLD: through Python, or behind its back (C code, which
 # signal.getsignal cannot see).
 IGNORE_SIGCHLD = {

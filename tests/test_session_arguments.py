@@ -5,13 +5,15 @@ value for any keyword is a clear error or a correct plan is tests/test_propertie
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import session
 
-from nsconfine import Bind, UsageError
+import nsconfine
+from nsconfine import Bind, RunAs, UsageError
 
 
 @pytest.mark.parametrize(
@@ -96,3 +98,36 @@ def test_a_bind_of_paths_is_taken_as_their_text(ws_run: tuple[Path, Path]) -> No
     bind = Bind(Path("/usr/share/doc"), Path("/opt/doc"), "ro", "the docs the test reads")
     plan = session(*ws_run, binds=[bind]).plan()
     assert any(e.source == "/usr/share/doc" and e.dest == "/opt/doc" for e in plan.entries)
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        (("agent", -1, 1000), "a RunAs's uid is a whole number from 0 to 4294967294, not -1"),
+        (("agent", 1000, 2**32 - 1), "a RunAs's gid is a whole number from 0 to 4294967294"),
+        (("agent", True, 1000), "a RunAs's uid is a whole number from 0 to 4294967294, not True"),
+        (("agent", 1000, "1000"), "a RunAs's gid is a whole number"),
+        ((None, 1000, 1000), "a RunAs's name is a str"),
+    ],
+)
+def test_a_run_as_of_the_wrong_shape_is_a_usage_error(fields: tuple[Any, ...], said: str) -> None:
+    """RunAs's fields are checked as it is made: a negative uid raised OverflowError from deep
+    in the launch, and True ran the session as uid 1 (attackers' pass)."""
+    with pytest.raises(UsageError, match=re.escape(said)):
+        RunAs(*fields)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("user", "nobody", "user is a RunAs (nsconfine.RunAs(name, uid, gid)), not 'nobody'"),
+        ("entries", ("x",), "a Plan's entries are Entry records, not 'x'"),
+    ],
+)
+def test_a_plan_of_the_wrong_shape_is_a_usage_error(
+    plan: nsconfine.Plan, field: str, value: object, said: str
+) -> None:
+    """Plan.replace checks what it is given (an AttributeError came from the gate, or from
+    deep in the plan's build)."""
+    with pytest.raises(UsageError, match=re.escape(said)):
+        plan.replace(**{field: value})

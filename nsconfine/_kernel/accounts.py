@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 READ, WRITE, SEARCH = 0o4, 0o2, 0o1
+# The highest uid or gid an account can hold: (uid_t)-1 means "no change" to setresuid.
+MAX_ID = 2**32 - 2
 
 
 class RunAs(Record):
@@ -36,6 +38,16 @@ class RunAs(Record):
     gid: int
 
     def __init__(self, name: str, uid: int, gid: int) -> None:
+        # Checked here, not at launch: a negative id raised OverflowError from deep in it, and
+        # True (an int) ran the session as uid 1.
+        if not isinstance(name, str):
+            raise UsageError(f"a RunAs's name is a str (the account's name), not {name!r}")
+        for field, value in (("uid", uid), ("gid", gid)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+                raise UsageError(
+                    f"a RunAs's {field} is a whole number from 0 to {MAX_ID}, not {value!r}: "
+                    "give the account's own (pwd.getpwnam(NAME).pw_uid, .pw_gid)"
+                )
         self._set(name=name, uid=uid, gid=gid)
 
     def __str__(self) -> str:

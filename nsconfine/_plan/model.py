@@ -510,6 +510,20 @@ class Plan(Record):
         audit: str | None = None,
         credential_needed: str | None = None,
     ) -> None:
+        given = tuple(entries)
+        # Checked before anything reads them (Plan.replace comes through here): a name where a
+        # RunAs belongs, or a path where an Entry does, raised AttributeError from the gate.
+        for entry in given:
+            if not isinstance(entry, Entry):
+                raise UsageError(
+                    f"a Plan's entries are Entry records, not {entry!r}: add to a plan's "
+                    "own (Session(...).plan().entries), or give Session(binds=[Bind(...)])"
+                )
+        if user is not None and not isinstance(user, RunAs):
+            raise UsageError(
+                f"a Plan's user is a RunAs (nsconfine.RunAs(name, uid, gid)), not {user!r} "
+                "(it is Session(user=...) that takes an account's name)"
+            )
         destinations, routes = tuple(destinations), tuple(routes)
         limits = Limits() if limits is None else limits
         if network != "proxy" and (destinations or routes or audit is not None):
@@ -517,7 +531,7 @@ class Plan(Record):
                 "destinations, routes and an audit file are for --network proxy, not "
                 f"{network}: say --network proxy (or leave the network to them)"
             )
-        ordered = tuple(sorted(_sized(tuple(entries), limits), key=_execution_order))
+        ordered = tuple(sorted(_sized(given, limits), key=_execution_order))
         if protection is not None and not set(protection.entries) <= set(ordered):
             protection = None  # its entries were taken out by hand: a plan it no longer describes
         if user is None:
