@@ -444,7 +444,7 @@ def session_protection(session: Session, entries: Sequence[p.Entry]) -> p.Protec
     """What keeps the files the host trusts read-only in the session's writable trees (the
     workspace, when it is writable, and each writable bind inside it), with the pins above
     every read-only path inside a writable bind."""
-    names = protected_names(session.protect, session.unprotect)
+    names = protected_names(session.protect, session.unprotect, session.workspace)
     return protection(entries, writable_trees(entries, session.workspace), names)
 
 

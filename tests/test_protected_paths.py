@@ -16,17 +16,20 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import (
     SESSION_USER,
     attempt,
+    cli,
     give_to_session_user,
     open_up,
     outcome_without_hanging,
     pids_with,
     session,
     session_dirs,
+    session_options,
 )
 
 import nsconfine
@@ -153,6 +156,65 @@ def test_the_manifest_lists_each_protected_path_with_its_reason(repo: tuple[Path
     dests = {e.dest for e in fewer.entries}
     assert str(workspace / ".envrc") not in dests
     assert str(workspace / "Makefile") in dests
+
+
+@pytest.mark.parametrize("given_by", ["cli", "session", "profile"])
+def test_an_absolute_protect_path_in_the_workspace_is_kept_read_only(
+    tmp_path: Path, given_by: str
+) -> None:
+    """`--protect WORKSPACE/deploy.yml` protects that file, as `--protect deploy.yml` does, from
+    the command line, Session and a profile alike (attackers' pass: its leading "/" was
+    stripped and the rest taken from the workspace, WORKSPACE/tmp/.../deploy.yml, so the
+    manifest showed an empty directory made at WORKSPACE/tmp and the session overwrote the
+    host's deploy.yml)."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    deploy = workspace / "deploy.yml"
+    deploy.write_text("target: production\n")
+    give_to_session_user(deploy)
+    overwrite = "echo PWNED > deploy.yml"
+    if given_by == "cli":
+        ran = cli("run", *session_options(workspace, run_dir), "--protect", str(deploy), "--",
+                  "/bin/sh", "-c", overwrite)  # fmt: skip
+        assert ran.returncode == 2, ran.stderr  # sh's: the file is read-only
+    else:
+        if given_by == "session":
+            options: dict[str, Any] = {"protect": [str(deploy)]}
+        else:
+            profile = tmp_path / "deploy.toml"
+            profile.write_text(f'description = "a deploy role"\nprotect = ["{deploy}"]\n')
+            profile.chmod(0o644)
+            options = {"profile": [str(profile)]}
+        plan = session(workspace, run_dir, **options).plan()
+        protected = [e for e in plan.entries if "named by --protect" in e.reason]
+        assert [(e.dest, e.mode) for e in protected] == [(str(deploy), "ro")]
+        status, output = attempt(plan, overwrite)
+        assert status != 0, output
+    assert deploy.read_text() == "target: production\n"
+    assert sorted(p.name for p in workspace.iterdir()) == ["deploy.yml"]
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("/etc/passwd", "relative to the workspace"),
+        ("{run_dir}/notes", "relative to the workspace"),
+        ("{workspace}/../run", "relative to the workspace"),
+        ("{workspace}", "is the workspace itself"),
+    ],
+)
+def test_an_absolute_protect_path_outside_the_workspace_is_refused(
+    ws_run: tuple[Path, Path], given: str, said: str
+) -> None:
+    """A protect path outside the workspace (or the workspace itself) is refused at plan time,
+    saying what to name instead, from the command line as from Session (it was taken as a
+    path under the workspace, and protected nothing it named)."""
+    workspace, run_dir = ws_run
+    path = given.format(workspace=workspace, run_dir=run_dir)
+    with pytest.raises(nsconfine.PlanError, match=said):
+        session(workspace, run_dir, protect=[path]).plan()
+    refused = cli("plan", *session_options(workspace, run_dir), "--protect", path)
+    assert refused.returncode == 65, refused.stderr
+    assert said in refused.stderr
 
 
 def test_without_protection_git_config_is_writable(repo: tuple[Path, Path]) -> None:

@@ -166,8 +166,9 @@ SESSION_OPTIONS = (
     Option("user", ACCOUNT, None, "the unprivileged account the session runs as (required as "
            "root)", "NAME|UID",
            key=None, key_why="who runs the session is the launcher's to say, not a profile's"),
-    Option("protect", NAMES, (), "another path (relative to the workspace) the host trusts: "
-           "kept read-only", "PATH"),
+    Option("protect", NAMES, (), "another path the host trusts, relative to the workspace (an "
+           "absolute one must lie inside it): kept read-only there and in each repository",
+           "PATH"),
     Option("unprotect", NAMES, (), "a protected name (.envrc, .vscode, …) to leave writable",
            "NAME"),
     Option("network", CHOICE, None, "none: a network namespace of its own with only a loopback "

@@ -143,19 +143,46 @@ PIN_REASON = (
 )
 
 
-def protected_names(protect: Iterable[str], unprotect: Iterable[str]) -> list[tuple[str, str, str]]:
-    """The default list less unprotect, plus protect (each a path relative to a repository)."""
+def protected_names(
+    protect: Iterable[str], unprotect: Iterable[str], workspace: str
+) -> list[tuple[str, str, str]]:
+    """The default list less unprotect, plus protect (each a path relative to a repository,
+    or an absolute one inside workspace, taken relative to it)."""
     dropped = {name.strip("/") for name in unprotect}
     names = [item for item in PROTECTED if item[0] not in dropped]
     known = {name for name, _, _ in names}
     for extra in protect:
-        name = os.path.normpath(extra.strip("/"))
-        if name.startswith("..") or (os.path.isabs(extra) and not extra.startswith("/")):
-            raise PlanError(f"--protect {printable(extra)} must lie inside the workspace")
+        name = _protected_name(extra, workspace)
         if name not in known and name not in dropped:
             names.append((name, "file", "named by --protect: the host trusts it"))
             known.add(name)
     return names
+
+
+def _protected_name(extra: str, workspace: str) -> str:
+    """A --protect path as a name relative to each repository. An absolute one is taken from
+    the workspace (as users mean it), or refused outside it: its leading "/" was once
+    stripped, and WORKSPACE/deploy.yml protected WORKSPACE/tmp/.../deploy.yml instead."""
+    relative = extra
+    if extra.startswith("/"):
+        path = "/" + os.path.normpath(extra).lstrip("/")  # POSIX keeps a leading "//"
+        found = "." if path == workspace else inside(path, workspace)
+        if found is None:
+            raise PlanError(
+                f"--protect {printable(extra)} lies outside the workspace "
+                f"{printable(workspace)}: name it relative to the workspace (--protect "
+                "deploy.yml), where it is kept read-only in each repository too"
+            )
+        relative = found
+    name = os.path.normpath(relative.strip("/"))
+    if name == ".":
+        raise PlanError(
+            f"--protect {printable(extra)} is the workspace itself: name a path inside it (or "
+            "keep the whole workspace read-only: --workspace-mode ro)"
+        )
+    if name.startswith(".."):
+        raise PlanError(f"--protect {printable(extra)} must lie inside the workspace")
+    return name
 
 
 def writable_trees(entries: Sequence[p.Entry], workspace: str) -> tuple[tuple[str, str], ...]:
