@@ -580,6 +580,41 @@ def test_output_that_cannot_be_written_is_one_line_74(dirs: Dirs) -> None:
     ]
 
 
+@pytest.mark.parametrize("refused", ["usage", "no-such-account"])
+def test_a_refusal_that_cannot_be_written_is_74(dirs: Dirs, refused: str) -> None:
+    """`nsconfine plan … --bogus 2> /dev/full`: the refusal's own line cannot be written. Exit
+    74 (EX_IOERR, as for any output that fails), not 1 from the traceback of an OSError
+    raised while the refusal was printed."""
+    args = {
+        "usage": ["plan", *dirs.session, "--bogus"],
+        "no-such-account": ["run", "--user", "nsconfine-no-such-account", "--workspace",
+                            str(dirs.workspace), "--run-dir", str(dirs.run_dir), "--", "true"],
+    }[refused]  # fmt: skip
+    assert_refused(run_cli(*args), 64, "usage")  # what the line would have said
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsconfine", *args],
+            stdout=subprocess.PIPE, stderr=full, text=True, cwd="/", timeout=60, check=False,
+        )  # fmt: skip
+    assert (done.returncode, done.stdout) == (74, "")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["plan", "--help"]])
+def test_help_that_cannot_be_written_is_one_line_74(args: list[str]) -> None:
+    """`nsconfine run --help > /dev/full`: the help is output like any other, and exit 74 when
+    it cannot be written, not 0 (argparse drops a failed write of it, and exits)."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsconfine", *args],
+            stdout=full, stderr=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 74, done.stderr
+    assert done.stderr.splitlines() == [
+        "nsconfine: output-failed: cannot write its output: No space left on device"
+    ]
+    assert run_cli(*args).returncode == 0  # written where it can be
+
+
 def test_output_in_an_encoding_without_its_characters_is_no_traceback(dirs: Dirs) -> None:
     """A locale whose encoding lacks the manifest's characters (ISO-8859-1, or ASCII): they
     are written escaped, not raised as UnicodeEncodeError; --help likewise."""

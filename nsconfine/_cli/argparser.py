@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from nsconfine._errors import UsageError
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from typing import Any, NoReturn
+
+    from _typeshed import SupportsWrite
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -33,6 +36,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        # argparse drops an OSError writing the help, then exits 0: a help that cannot be
+        # written (`> /dev/full`) is output that failed, exit 74 (nsconfine._cli.main)
+        if message:
+            (file or sys.stderr).write(message)
 
 
 class Renamed(argparse.Action):

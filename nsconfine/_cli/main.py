@@ -519,16 +519,18 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _fill_closed_stdio()
     try:
-        arguments = _quick_parse(argv)
-        if arguments is None:
-            wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
-            arguments = _parser(wanted).parse_args(list(argv), Arguments())
-        status = _COMMANDS[arguments.subcommand](arguments)
+        arguments = _parse(argv)
+        status = 0 if arguments is None else _COMMANDS[arguments.subcommand](arguments)
         if sys.stdout is not None:  # None when started without an fd 1
             sys.stdout.flush()  # here, so that a reader gone away is met below, not at exit
         return status
     except NsconfineError as refused:
-        print(f"nsconfine: {refused}", file=sys.stderr)
+        try:
+            print(f"nsconfine: {refused}", file=sys.stderr, flush=True)
+        except OSError:  # `2> /dev/full`: the refusal is lost; its status says so, as for
+            # any output that fails (no traceback: it would go to the same dead stderr)
+            _output_to_devnull(2)
+            return 74  # EX_IOERR
         return refused.exit_status
     except KeyboardInterrupt:
         return 130
@@ -544,16 +546,30 @@ def main(argv: Sequence[str]) -> int:
             line = f"output-failed: cannot write its output: {error.strerror or error}"
         else:
             line = f"io-error: {error.strerror or error} ({printable(str(error.filename))})"
-        with contextlib.suppress(OSError):
+        try:
             print(f"nsconfine: {line}", file=sys.stderr, flush=True)
+        except OSError:
+            _output_to_devnull(2)
         return 74  # EX_IOERR
 
 
-def _output_to_devnull() -> None:
-    """stdout to /dev/null, so that the interpreter's last flush of what could not be
-    written does not fail again."""
+def _parse(argv: Sequence[str]) -> Arguments | None:
+    """argv parsed; None if it asked for help, which argparse has printed."""
+    arguments = _quick_parse(argv)
+    if arguments is not None:
+        return arguments
+    wanted = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
+    try:
+        return _parser(wanted).parse_args(list(argv), Arguments())
+    except SystemExit:  # argparse exits only after a help (Parser.error raises UsageError):
+        return None  # main flushes it, so that a help that cannot be written is exit 74
+
+
+def _output_to_devnull(fd: int = 1) -> None:
+    """fd (stdout, or stderr) to /dev/null, so that the interpreter's last flush of what could
+    not be written does not fail again (with a threading import, an exit status of 120)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
+    os.dup2(devnull, fd)
     os.close(devnull)
 
 
