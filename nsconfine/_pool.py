@@ -48,12 +48,28 @@ if TYPE_CHECKING:
     Refill = Literal["background", "inline"]
 
 
+# The most sandboxes a Pool stages. Each holds 4 processes of the session's account, ~5 fds
+# in the launcher and a session keyring counted against the account's key quota
+# (kernel.keys.maxkeys: 200 for an account other than root, by default), which the account's
+# every launch needs one of: a pool of thousands took the whole quota and refused the
+# account's other launches, or the launcher's fds, and could never fill. 128 leaves the
+# account 72 keys, and a launcher at the usual 1,024 fds room for its sessions.
+MAX_SIZE = 128
+
+
 def check_options(size: int, idle_timeout: float, refill: str) -> None:
     """UsageError unless a Pool's options are what it takes (nsconfine.aio's Pool checks them
-    as it is made, before its Pool is)."""
-    if not isinstance(size, int) or size < 1:
-        raise UsageError("size must be a positive number of staged sandboxes")
-    if not isinstance(idle_timeout, int | float) or not 0.1 <= idle_timeout < 1e7:
+    as it is made, before its Pool is). A bool is refused, though Python counts it an int."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SIZE:
+        raise UsageError(
+            f"size must be a number of staged sandboxes from 1 to {MAX_SIZE}, not {size!r} "
+            "(each holds processes, fds and a key of the session's account)"
+        )
+    if (
+        isinstance(idle_timeout, bool)
+        or not isinstance(idle_timeout, int | float)
+        or not 0.1 <= idle_timeout < 1e7
+    ):
         raise UsageError(
             "idle_timeout must be a number of seconds, 0.1 at least (a staged sandbox must "
             "live long enough to be launched)"

@@ -19,6 +19,7 @@ from helpers import HAND_OUT, holder_socket, pids_with, receive_fd, wait_until_g
 
 import nsconfine
 import nsconfine.aio
+from nsconfine._pool import MAX_SIZE
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -108,6 +109,18 @@ def test_the_streams_are_asyncio_streams(plan: nsconfine.Plan) -> None:
         return seen
 
     assert asyncio.run(main()) == [argv, True, None, b"out one\n", b"err\n", 5, -9]
+
+
+def test_an_aio_pool_s_size_is_a_number_up_to_its_bound(plan: nsconfine.Plan) -> None:
+    """aio.Pool checks its options as nsconfine.Pool does: a size of True, or past the bound
+    (thousands of sandboxes of one account, staged once it was entered), is refused as it is
+    made."""
+    for size in (True, 0, MAX_SIZE + 1, 10**9):
+        with pytest.raises(nsconfine.UsageError, match=f"from 1 to {MAX_SIZE}"):
+            nsconfine.aio.Pool(plan, size=size)
+    with pytest.raises(nsconfine.UsageError, match="idle_timeout"):
+        nsconfine.aio.Pool(plan, idle_timeout=True)
+    assert nsconfine.aio.Pool(plan, size=MAX_SIZE).size == MAX_SIZE  # never entered: none staged
 
 
 def test_a_pool_launches_from_the_loop(plan: nsconfine.Plan) -> None:

@@ -28,6 +28,7 @@ from helpers import (
 
 import nsconfine
 from nsconfine._launch.programs import SHIM_PATH
+from nsconfine._pool import MAX_SIZE
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -276,6 +277,22 @@ def test_a_plan_without_proc_is_refused(plan: nsconfine.Plan) -> None:
         nsconfine.Pool(plan.without("/proc"))
     with pytest.raises(nsconfine.PlanError, match="exec shim"):
         nsconfine.spawn(plan.without("/proc"), ["/bin/true"])
+
+
+@pytest.mark.parametrize("refill", ["background", "inline"])
+def test_a_pool_s_size_is_a_number_up_to_its_bound(plan: nsconfine.Plan, refill: str) -> None:
+    """A size of True was taken as 1, and one of a billion staged sandboxes until the launcher
+    ran out of fds, or its account out of keys (an attacker's pass). Both are refused, as an
+    idle_timeout of True is. The plan cannot be staged (no /proc), so that a size taken is a
+    PlanError rather than sandboxes staged by the thousand: options are checked first."""
+    unstageable = plan.without("/proc")
+    for size in (True, 0, MAX_SIZE + 1, 10**9):
+        with pytest.raises(nsconfine.UsageError, match=f"from 1 to {MAX_SIZE}"):
+            nsconfine.Pool(unstageable, size=size, refill=refill)  # type: ignore[arg-type]
+    with pytest.raises(nsconfine.UsageError, match="idle_timeout"):
+        nsconfine.Pool(unstageable, idle_timeout=True, refill=refill)  # type: ignore[arg-type]
+    with pytest.raises(nsconfine.PlanError, match="exec shim"):  # the bound itself is taken
+        nsconfine.Pool(unstageable, size=MAX_SIZE, refill=refill)  # type: ignore[arg-type]
 
 
 def test_nsconfine_installed_in_a_denied_path_still_launches(plan: nsconfine.Plan) -> None:
