@@ -255,6 +255,7 @@ class Pool:
         self.idle_timeout = idle_timeout
         self.refill: Refill = refill
         self._pool: _pool.Pool | None = None
+        self._closed = False  # by aclose(): its Pool, if it had none yet, is never made
         self._opening = asyncio.Lock()
 
     def __repr__(self) -> str:
@@ -276,22 +277,28 @@ class Pool:
         """nsconfine.Pool.launch for asyncio: run argv in a staged sandbox, return once it
         has exec'd (the keywords are Pool.launch's: env, stdin, stdout, stderr, tty)."""
         pool = await self._opened()
+        if pool is None:
+            raise UsageError("the pool is closed")  # as a closed nsconfine.Pool's launch
         return await _launched(functools.partial(pool.launch, argv, **options))
 
     async def wait_staged(self, timeout: float | None = None) -> bool:
         """Wait until `size` sandboxes are staged; False on timeout, a staging failure or close."""
         pool = await self._opened()
+        if pool is None:
+            return False  # closed: nothing will be staged
         return await asyncio.get_running_loop().run_in_executor(None, pool.wait_staged, timeout)
 
     async def aclose(self) -> None:
         """Tear down every staged sandbox (launched ones keep running). Idempotent."""
         async with self._opening:
+            self._closed = True
             if self._pool is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self._pool.close)
 
-    async def _opened(self) -> _pool.Pool:
+    async def _opened(self) -> _pool.Pool | None:
+        """Its Pool, made on first use; None if it was closed before it had one."""
         async with self._opening:
-            if self._pool is None:
+            if self._pool is None and not self._closed:
                 make = functools.partial(
                     _pool.Pool,
                     self.plan,

@@ -123,6 +123,34 @@ def test_an_aio_pool_s_size_is_a_number_up_to_its_bound(plan: nsconfine.Plan) ->
     assert nsconfine.aio.Pool(plan, size=MAX_SIZE).size == MAX_SIZE  # never entered: none staged
 
 
+def test_a_pool_closed_before_its_first_use_launches_nothing(plan: nsconfine.Plan) -> None:
+    """An aio.Pool closed before it was entered or launched from is closed: a launch raises
+    UsageError, as nsconfine.Pool's after close() does (it made its Pool there and ran the
+    command: an attacker's pass), nothing is staged, and entering it stages nothing; one
+    closed after use likewise refuses a launch."""
+
+    async def main() -> tuple[bool, bool]:
+        never_used = nsconfine.aio.Pool(plan)
+        used = nsconfine.aio.Pool(plan)
+        try:
+            await never_used.aclose()
+            with pytest.raises(nsconfine.UsageError, match="the pool is closed"):
+                await never_used.launch(["true"])
+            staged = await never_used.wait_staged(0)
+            async with never_used:
+                pass
+            async with used:
+                pass
+            with pytest.raises(nsconfine.UsageError, match="the pool is closed"):
+                await used.launch(["true"])
+            return staged, never_used._pool is None
+        finally:
+            await never_used.aclose()  # what the code before made, if it made one
+            await used.aclose()
+
+    assert asyncio.run(main()) == (False, True)
+
+
 def test_a_pool_launches_from_the_loop(plan: nsconfine.Plan) -> None:
     """aio.Pool stages through nsconfine.Pool and launches from the loop, each launch with
     its own env; a bad option is refused as the pool is made, before anything is staged."""
