@@ -277,6 +277,20 @@ def test_what_oci_cannot_state_is_refused(oci_plan: Plan, tmp_path: Path) -> Non
         _oci.export(weird, str(tmp_path / "b"))
 
 
+@pytest.mark.parametrize("ids", [(0, 65534), (65534, 0)])
+def test_a_bundle_that_would_run_as_uid_or_gid_0_is_refused(
+    oci_plan: Plan, tmp_path: Path, ids: tuple[int, int]
+) -> None:
+    """The bundle's process runs as the plan's account: never as uid 0, nor in group 0 (the
+    launch's gate refuses both; the export refused only uid 0)."""
+    from nsconfine._kernel.accounts import RunAs
+
+    as_root = oci_plan.replace(user=RunAs("someone", *ids))
+    with pytest.raises(PlanError, match=r"(uid|gid) 0"):
+        _oci.write_bundle(as_root, str(tmp_path / "b"), ["true"])
+    assert not (tmp_path / "b" / "config.json").exists()
+
+
 def test_the_pod_is_valid_and_as_narrow(oci_plan: Plan, tmp_path: Path) -> None:
     """The Pod validates against Kubernetes' OpenAPI schema (strict), runs as the session's
     account with nothing more, mounts the same paths with the same modes, takes the seccomp

@@ -467,9 +467,11 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
     from nsconfine._gate import lint
 
     bundle = os.path.abspath(directory)
-    if plan.user.uid == 0:
+    if plan.user.uid == 0 or plan.user.gid == 0:
+        which = "uid" if plan.user.uid == 0 else "gid"
         raise PlanError(
-            "the session would run as uid 0: name an unprivileged account (--user NAME)"
+            f"the session would run as {which} 0: name an unprivileged account whose group is "
+            "not root's (--user NAME)"
         )
     writable = {
         _syscalls.identity(e.source): e
