@@ -41,13 +41,16 @@ def pytest_unconfigure() -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `root` skip unless the suite runs as root."""
-    if os.geteuid() == 0:
-        return
-    skip = pytest.mark.skip(reason="needs a root launcher (the suite runs unprivileged)")
+    """Tests marked `root` skip unless the suite runs as root; those marked `unprivileged`
+    skip when it does."""
+    wrong, reason = (
+        ("unprivileged", "needs an unprivileged launcher (the suite runs as root)")
+        if os.geteuid() == 0
+        else ("root", "needs a root launcher (the suite runs unprivileged)")
+    )
     for item in items:
-        if item.get_closest_marker("root") is not None:
-            item.add_marker(skip)
+        if item.get_closest_marker(wrong) is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -55,8 +58,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     must_work = item.get_closest_marker("confinement") is not None
-    if os.geteuid() != 0 and item.get_closest_marker("root") is not None:
-        must_work = False  # skipped by design off root; CI runs the suite as root too
+    wrong = "root" if os.geteuid() != 0 else "unprivileged"
+    if item.get_closest_marker(wrong) is not None:
+        must_work = False  # skipped by design here; CI runs the suite as root and as a user
     if MUST_WORK and report.skipped and must_work:
         report.outcome = "failed"
         report.longrepr = f"confinement test skipped with NSCONFINE_MUST_WORK=1: {report.longrepr}"

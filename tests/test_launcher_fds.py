@@ -4,7 +4,6 @@ mount points live in its reaper), so that a broker under the usual limit of 1,02
 from __future__ import annotations
 
 import errno
-import os
 import resource
 import subprocess
 from pathlib import Path
@@ -64,7 +63,7 @@ sys.stdin.read()
 """
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root's sends are never counted")
+@pytest.mark.unprivileged  # root's sends are never counted
 def test_a_session_holding_fds_in_flight_does_not_stop_the_next_launch(
     ws_run: tuple[Path, Path],
 ) -> None:
