@@ -189,6 +189,27 @@ static long send_fd(int sock, char byte, int fd)
     return RETRY(SYS3(__NR_sendmsg, sock, &msg, 0));
 }
 
+#define RLIMIT_NOFILE_ 7 /* the same on x86_64 and aarch64 */
+
+/*
+ * send_fd with the soft RLIMIT_NOFILE raised to the hard one for the send, then put back: the
+ * account has one count of fds sent and not yet received, and a send fails (ETOOMANYREFS)
+ * once it passes the sender's soft limit; another session of the account can fill it.
+ */
+static long send_fd_past_others(int sock, char byte, int fd)
+{
+    uint64_t limit[2], raised[2]; /* struct rlimit64: soft, hard */
+    long got = SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, 0, limit);
+    if (got == 0 && limit[0] < limit[1]) {
+        raised[0] = raised[1] = limit[1];
+        (void)SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, raised, 0);
+    }
+    long r = send_fd(sock, byte, fd);
+    if (got == 0 && limit[0] < limit[1])
+        (void)SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, limit, 0);
+    return r;
+}
+
 /*
  * A new pty of the sandbox's own as the command's terminal: its controlling terminal and
  * stdio; the controller goes to the launcher, which answers 'G' once it has set the size.
@@ -219,7 +240,7 @@ static void take_new_terminal(int sock)
             fail(r, NSC_SHIM_STAGE_TTY);
     }
     (void)SYS1(__NR_close, terminal);
-    r = send_fd(sock, 'T', (int)master);
+    r = send_fd_past_others(sock, 'T', (int)master);
     if (r < 0)
         fail(r, NSC_SHIM_STAGE_TTY);
     (void)SYS1(__NR_close, master);
@@ -227,8 +248,6 @@ static void take_new_terminal(int sock)
     if (read_exact(sock, &go, 1, 0, 0) != 0 || go != 'G')
         fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
 }
-
-#define RLIMIT_NOFILE_ 7 /* the same on x86_64 and aarch64 */
 
 /* RLIMIT_NOFILE lowered to at most most (soft and hard); 0, or -errno. */
 static long cap_open_files(uint64_t most)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import errno
 import resource
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import give_to_session_user, open_fds, session
+from helpers import give_to_session_user, open_fds, read_until, session
 
 import nsconfine
 
@@ -63,6 +65,25 @@ sys.stdin.read()
 """
 
 
+@contextmanager
+def _fds_in_flight_filled(plan: nsconfine.Plan) -> Iterator[int]:
+    """A session of plan's account holding as many fds in flight as it can, never read, while
+    this launcher's soft fd limit is the usual 1,024; the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    holder = nsconfine.spawn(
+        plan, ["python3", "-c", FILL_IN_FLIGHT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == f"{errno.ETOOMANYREFS}\n".encode()
+        yield hard
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 @pytest.mark.unprivileged  # root's sends are never counted
 def test_a_session_holding_fds_in_flight_does_not_stop_the_next_launch(
     ws_run: tuple[Path, Path],
@@ -72,22 +93,28 @@ def test_a_session_holding_fds_in_flight_does_not_stop_the_next_launch(
     to about its open_files (1,024) and never read them; the hand-off passes the command's
     stdio that way, so every launch of a launcher under the usual soft limit of 1,024 failed
     (as exec-failed) while that session lived. The launcher now raises its soft limit to its
-    hard one and sends again; a launcher whose hard limit is too low is refused, saying so."""
+    hard one for that send, and puts it back; a launcher whose hard limit is too low is
+    refused, saying so."""
     plan = session(*ws_run).plan()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
-    holder = nsconfine.spawn(
-        plan, ["python3", "-c", FILL_IN_FLIGHT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline() == f"{errno.ETOOMANYREFS}\n".encode()
+    with _fds_in_flight_filled(plan) as hard:
         if hard < 2048:  # no room to raise the soft limit into: refused, saying why
             with pytest.raises(nsconfine.SandboxUnavailable, match="ETOOMANYREFS"):
                 nsconfine.spawn(plan, ["true"])
         else:
             assert nsconfine.spawn(plan, ["true"]).wait(timeout=60) == 0
-    finally:
-        holder.kill()
-        holder.communicate(timeout=60)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (min(1024, hard), hard)
+
+
+def test_a_session_holding_fds_in_flight_does_not_stop_a_tty_launch(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """With a terminal of its own, the command's pty is sent back by the shim, which runs as
+    the session's account, root launcher or not: the shim too raises its soft fd limit for
+    that send (and puts it back before the command runs)."""
+    plan = session(*ws_run).plan()
+    with _fds_in_flight_filled(plan) as hard:
+        if hard >= 2048:
+            launched = nsconfine.spawn(plan, ["sh", "-c", "ulimit -Sn"], tty=True)
+            output = read_until(launched.tty, b"\n", 60)
+            assert launched.wait(timeout=60) == 0
+            assert output.split() == [str(min(1024, hard)).encode()]

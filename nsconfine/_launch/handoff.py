@@ -23,6 +23,7 @@ import os
 import select
 import struct
 import termios
+import threading
 from collections.abc import Mapping, Sequence
 
 from nsconfine._errors import SandboxUnavailable, UsageError, refuse_if_short_of_fds
@@ -327,14 +328,18 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     raise _syscalls.SyscallError(err, syscall, filename)
 
 
+_raised_limit = threading.Lock()  # one raise of the fd limit at a time, and its putting back
+
+
 def _send_with_rights(
     sock: socket.socket, message: bytes, rights: list[tuple[int, int, array.array[int]]]
 ) -> int:
     """sock.sendmsg of message and rights. Every account has one count of the fds sent over
     unix sockets and not yet received, and an unprivileged sender's send fails (ETOOMANYREFS)
     once it passes the sender's own soft fd limit: a session of the launcher's account can fill
-    it to its own open_files and never read them. The soft limit is then raised to the hard
-    one, once, and the send tried again; past that, the launch is refused."""
+    it to its own open_files and never read them. The send is then tried again with the soft
+    limit raised to the hard one, which is put back after (the launcher's own programs keep
+    the limit they were written for); past that, the launch is refused."""
     import errno
     import resource
 
@@ -343,6 +348,7 @@ def _send_with_rights(
     except OSError as error:
         if error.errno != errno.ETOOMANYREFS:
             raise
+    with _raised_limit:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -351,12 +357,14 @@ def _send_with_rights(
             except OSError as again:
                 if again.errno != errno.ETOOMANYREFS:
                     raise
-        raise SandboxUnavailable(
-            "this account's count of fds passed over unix sockets and not yet received is full "
-            "(ETOOMANYREFS), past this launcher's fd limit: a session of the account holds "
-            "them; end it, raise the launcher's hard fd limit (LimitNOFILE=) well above the "
-            "sessions' open_files, or run sessions as an account of their own (--user)"
-        ) from None
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    raise SandboxUnavailable(
+        "this account's count of fds passed over unix sockets and not yet received is full "
+        "(ETOOMANYREFS), past this launcher's fd limit: a session of the account holds them; "
+        "end it, raise the launcher's hard fd limit (LimitNOFILE=) well above the sessions' "
+        "open_files, or run sessions as an account of their own (--user)"
+    )
 
 
 def _read_report(staged: Staged, report_read: int) -> bytes:
