@@ -5,6 +5,7 @@ session reads: not at /dev/console, not after Ctrl-Z, not through its stdout."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pty
@@ -689,3 +690,42 @@ def test_the_selftest_terminal_check_can_fail(world: World) -> None:
     API does when told to), it does: the check can fail."""
     assert terminal_read_leaks(world) is None
     assert terminal_read_leaks(world, through_cli=False) is not None
+
+
+def test_a_slow_reader_gets_the_end_of_a_tty_session_s_output(ws_run: tuple[Path, Path]) -> None:
+    """What a --tty session wrote before it ended reaches a reader slower than the copy: the
+    drain's time limit counts the time it waits for the session's terminal, not the time the
+    caller's stdout takes (a 4 KiB pipe read 1 KiB every 0.5 s lost the last ~3 KiB and the
+    final line of 40,000 bytes, the status 0)."""
+    import threading
+
+    controller, terminal = os.openpty()  # the caller's terminal
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    cli = _run_tty(
+        ws_run, "head -c 30000 /dev/zero | tr '\\0' x; echo; echo END",
+        stdin=terminal, stdout=write_end, stderr=terminal, preexec_fn=own_terminal,
+    )  # fmt: skip
+    os.close(write_end)
+    os.close(terminal)
+
+    def answer_the_terminal() -> None:  # what the session's tty relay writes to the caller's
+        with contextlib.suppress(OSError):  # EIO once the terminal is closed
+            while os.read(controller, 4096):
+                pass
+
+    threading.Thread(target=answer_the_terminal, daemon=True).start()
+    received = b""
+    while chunk := os.read(read_end, 1024):
+        received += chunk
+        time.sleep(0.5)
+    os.close(read_end)
+    assert cli.wait(timeout=60) == 0
+    os.close(controller)
+    assert received.count(b"x") == 30000
+    assert b"END" in received

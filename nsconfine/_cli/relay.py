@@ -65,9 +65,12 @@ FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIG
 HELD_SIGNALS = (*FORWARDED_SIGNALS, signal.SIGCONT)
 _CHUNK = 65536
 DRAIN_IDLE_SECONDS = 0.5
-# What an ended session wrote is copied for this long at most: a write end it handed to another
-# session (through a socket in their workspace) can be written to for as long as that one lives.
+# What an ended session wrote is copied while waiting for it takes DRAIN_SECONDS at most in all
+# (the time the caller's stdout takes to take it is not counted: a slow reader gets it all), and
+# DRAIN_MOST_SECONDS however it comes: a write end it handed to another session (through a socket
+# in their workspace) can be written to for as long as that one lives, slowly or in a flood.
 DRAIN_SECONDS = 2.0
+DRAIN_MOST_SECONDS = 30.0
 STATE_CHECK_SECONDS = 1.0  # how often a launcher in the background, or a --tty command, is
 # looked at again (in the foreground now? stopped?)
 SUSPEND_CHECK_SECONDS = 0.05  # how often, for SUSPEND_WINDOW_SECONDS after a suspend character
@@ -575,20 +578,22 @@ def _wake_only(_number: int, _frame: object) -> None:
 
 class DrainLimit:
     """How long an ended session's output is still copied: until DRAIN_IDLE_SECONDS pass without
-    a byte, DRAIN_SECONDS in all, or one of the ENDING_SIGNALS comes (on wake_read, from
-    held_signals(); -1 for none)."""
+    a byte, DRAIN_SECONDS of waiting for bytes in all, DRAIN_MOST_SECONDS in all, or one of the
+    ENDING_SIGNALS comes (on wake_read, from held_signals(); -1 for none)."""
 
     def __init__(self, wake_read: int = -1) -> None:
         self.wake_read = wake_read
-        self.deadline = time.monotonic() + DRAIN_SECONDS
+        self.waiting_left = DRAIN_SECONDS
+        self.deadline = time.monotonic() + DRAIN_MOST_SECONDS
         self.reached = False
 
     def ready(self, fds: list[int]) -> list[int]:
         """Those of fds with something to read (or at their end); none once the limit is
         reached."""
-        idle_until = time.monotonic() + DRAIN_IDLE_SECONDS
+        idle_left = DRAIN_IDLE_SECONDS
         while not self.reached:
-            left = min(self.deadline, idle_until) - time.monotonic()
+            began = time.monotonic()
+            left = min(idle_left, self.waiting_left, self.deadline - began)
             if left <= 0:
                 break
             poller = select.poll()
@@ -596,6 +601,9 @@ class DrainLimit:
                 if fd >= 0:
                     poller.register(fd, select.POLLIN)
             events = dict(poller.poll(poll_ms(left)))
+            waited = time.monotonic() - began
+            idle_left -= waited
+            self.waiting_left -= waited
             if self.wake_read in events:
                 del events[self.wake_read]
                 signals = os.read(self.wake_read, 64)
