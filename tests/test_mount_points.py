@@ -12,6 +12,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -567,10 +568,11 @@ def test_a_home_that_does_not_exist_is_never_made(tmp_path: Path) -> None:
 
 def test_tokens_of_stubs_that_are_gone_are_removed(own_cache: Path, tmp_path: Path) -> None:
     """A token outlives its stub when a launcher is killed and its workspace then removed: the
-    records grew by thousands, every lint looked through them, and a token whose stub's
-    inode number came back to a file at its path would make that file nsconfine's. Tokens
-    whose stub is gone, or is another file now, go when the records are first looked up;
-    one whose stub is there stays, and so does what is not a token."""
+    records grew by thousands, and a token whose stub's inode number came back to a file at its
+    path would make that file nsconfine's. Tokens a week old whose stub is gone, or is another
+    file now, go when the records are first looked up; one whose stub is there stays, and so
+    do younger ones (a launcher in another mount namespace sees their stubs), and what is not
+    a token."""
     records = Path(_stub_records.records())
     kept_stub = tmp_path / "kept"
     kept_stub.touch()
@@ -581,10 +583,15 @@ def test_tokens_of_stubs_that_are_gone_are_removed(own_cache: Path, tmp_path: Pa
     gone.symlink_to(tmp_path / "removed-workspace" / ".envrc")
     another = records / f"{info.st_dev}-{info.st_ino + 2}"
     another.symlink_to(kept_stub)  # the path holds another file now
+    young = records / f"{info.st_dev}-{info.st_ino + 3}"
+    young.symlink_to(tmp_path / "elsewhere" / ".envrc")
     not_token = records / "notes"
     not_token.symlink_to(tmp_path / "missing")
+    weeks_ago = time.time() - 15 * 24 * 3600
+    for token in (kept, gone, another, not_token):
+        os.utime(token, (weeks_ago, weeks_ago), follow_symlinks=False)
     _stub_records.forget_records()
     assert _stub_records.records() == str(records)
     assert sorted(p.name for p in records.iterdir() if p.name != ".lock") == sorted(
-        [kept.name, not_token.name]
+        [kept.name, young.name, not_token.name]
     )

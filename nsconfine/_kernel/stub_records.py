@@ -9,6 +9,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -96,11 +97,14 @@ def _find() -> str:
 
 
 def _prune(directory: str) -> None:
-    """Remove the tokens whose stub is gone, or is another file now: a launcher killed before
-    it removed its stubs, and then the workspace removed, leaves tokens nothing removes (the
-    records grew by thousands, and every launch's lint looked through them), and a token whose
-    inode number came back to a file at its path would make that file a stub. Once per
-    records directory a process finds (a launcher's first launch), with their lock held."""
+    """Remove the tokens a week old whose stub is gone, or is another file now: a launcher
+    killed before it removed its stubs, and then the workspace removed, leaves tokens nothing
+    removes (this machine's records grew to thousands), and a token whose inode number came back
+    to a file at its path would make that file a stub. Not younger ones: a stub is judged by its
+    path as this launcher sees it, and a launcher in another mount namespace (PrivateTmp=, a
+    container sharing the home), or a workspace whose directory another process renamed for a
+    moment, shows a live stub elsewhere; its session would end leaving the stub behind. Once
+    per records directory a process finds (a launcher's first launch), with their lock held."""
     try:
         fd = _open_lock(directory)
     except OSError:
@@ -120,11 +124,17 @@ def _prune(directory: str) -> None:
         os.close(fd)
 
 
+STALE_AFTER_SECONDS = 7 * 24 * 3600
+
+
 def _stale(entry: os.DirEntry[str]) -> bool:
-    """Is entry a token (DEV-INO, a symlink naming its stub) whose stub is not there?"""
+    """Is entry a token (DEV-INO, a symlink naming its stub) a week old whose stub is not
+    there?"""
     device, dash, inode = entry.name.partition("-")
     if not (dash and is_decimal(device) and is_decimal(inode) and entry.is_symlink()):
         return False  # the lock, the bundles' directory, a token of earlier code (a file)
+    if entry.stat(follow_symlinks=False).st_mtime > time.time() - STALE_AFTER_SECONDS:
+        return False
     where = os.readlink(entry.path)
     if not where.startswith("/"):
         return False  # never made so: left alone
