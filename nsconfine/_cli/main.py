@@ -7,7 +7,6 @@ code's sysexits status; nothing runs and no traceback is shown.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import signal
@@ -416,7 +415,7 @@ def _run(arguments: Arguments) -> int:
             relay.close()
     status = 128 - status if status < 0 else status
     # The session's status stands whatever its stderr takes of what follows (a full disk).
-    with contextlib.suppress(OSError):
+    try:
         _warn_of_untrusted_config(sandbox.untrusted_config or [])
         for fd, error in sorted(relay.failed.items()):
             print(
@@ -425,6 +424,8 @@ def _run(arguments: Arguments) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+    except OSError:
+        _output_to_devnull(2)  # what stays in sys.stderr's buffer would fail again at exit
     return 74 if relay.failed and status == 0 else status  # EX_IOERR, as a shell's own
 
 
