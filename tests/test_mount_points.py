@@ -590,8 +590,14 @@ def test_tokens_of_stubs_that_are_gone_are_removed(own_cache: Path, tmp_path: Pa
     weeks_ago = time.time() - 15 * 24 * 3600
     for token in (kept, gone, another, not_token):
         os.utime(token, (weeks_ago, weeks_ago), follow_symlinks=False)
+    os.utime(records / _stub_records.PRUNED, (weeks_ago, weeks_ago))  # the last, long ago
     _stub_records.forget_records()
     assert _stub_records.records() == str(records)
-    assert sorted(p.name for p in records.iterdir() if p.name != ".lock") == sorted(
-        [kept.name, young.name, not_token.name]
-    )
+    left = sorted(p.name for p in records.iterdir() if p.name not in (".lock", ".pruned"))
+    assert left == sorted([kept.name, young.name, not_token.name])
+    # Pruned a moment ago: the next process to find the records does not look again.
+    (stale_again := records / f"{info.st_dev}-{info.st_ino + 4}").symlink_to(tmp_path / "gone")
+    os.utime(stale_again, (weeks_ago, weeks_ago), follow_symlinks=False)
+    _stub_records.forget_records()
+    _stub_records.records()
+    assert stale_again.is_symlink()
