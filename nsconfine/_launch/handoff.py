@@ -17,13 +17,13 @@ import _socket as socket
 
 # Here, not where they are used: a module loaded at a launch takes an fd, and a launcher out of
 # fds must be refused there as any other launch is (an ImportError left the sandbox behind).
+import _thread
 import array
 import fcntl
 import os
 import select
 import struct
 import termios
-import threading
 from collections.abc import Mapping, Sequence
 
 from nsconfine._errors import SandboxUnavailable, UsageError, refuse_if_short_of_fds
@@ -328,7 +328,9 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
     raise _syscalls.SyscallError(err, syscall, filename)
 
 
-_raised_limit = threading.Lock()  # one raise of the fd limit at a time, and its putting back
+# One raise of the fd limit at a time, and its putting back. _thread's lock: importing threading
+# would cost every `nsconfine run` its quick exit (nsconfine._cli.main.console_main).
+_raised_limit = _thread.allocate_lock()
 
 
 def _send_with_rights(
