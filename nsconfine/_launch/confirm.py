@@ -108,9 +108,15 @@ def read_info(bwrap: str, info_fd: int, shim_sock: int) -> dict[str, Any]:
         return info
 
 
-def _parent(pid: int) -> int:
+def _stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields after the command name (state, ppid, pgrp, session, tty_nr, …):
+    split after its last ")", as the name may hold spaces and parentheses."""
     with open(f"/proc/{pid}/stat", "rb") as stat_file:
-        return int(stat_file.read().rsplit(b")", 1)[1].split()[1])
+        return stat_file.read().rsplit(b")", 1)[1].split()
+
+
+def _parent(pid: int) -> int:
+    return int(_stat_fields(pid)[1])
 
 
 def _namespaces(pid: int) -> dict[str, int]:
@@ -185,8 +191,7 @@ def check_shim(bwrap: str, init: int, shim: int, filtered: bool) -> None:
     in the session the init leads (--new-session), with no terminal, no_new_privs set, and,
     if filtered, under a seccomp filter (--seccomp)."""
     try:
-        with open(f"/proc/{shim}/stat", "rb") as stat_file:
-            fields = stat_file.read().rsplit(b")", 1)[1].split()
+        fields = _stat_fields(shim)
         parent, session, terminal = int(fields[1]), int(fields[3]), int(fields[4])
         same = _namespaces(shim) == _namespaces(init)
         with open(f"/proc/{shim}/status", "rb") as status_file:
