@@ -414,31 +414,26 @@ def _run(arguments: Arguments) -> int:
         finally:
             relay.close()
     status = 128 - status if status < 0 else status
-    # The session's status stands whatever its stderr takes of what follows (a full disk).
-    try:
-        _warn_of_untrusted_config(sandbox.untrusted_config or [])
-        for fd, error in sorted(relay.failed.items()):
-            print(
-                f"nsconfine: output-failed: the session's {'stdout' if fd == 1 else 'stderr'} "
-                f"could not be written: {error.strerror or error}; what came after was dropped",
-                file=sys.stderr,
-                flush=True,
-            )
-    except OSError:
-        _output_to_devnull(2)  # what stays in sys.stderr's buffer would fail again at exit
+    lines = _untrusted_config_warnings(sandbox.untrusted_config or [])
+    lines += [
+        f"nsconfine: output-failed: the session's {'stdout' if fd == 1 else 'stderr'} could not "
+        f"be written: {error.strerror or error}; what came after was dropped"
+        for fd, error in sorted(relay.failed.items())
+    ]
+    if lines:
+        _said("\n".join(lines))  # the session's status stands whatever stderr takes of them
     return 74 if relay.failed and status == 0 else status  # EX_IOERR, as a shell's own
 
 
-def _warn_of_untrusted_config(paths: Sequence[str]) -> None:
-    """One line on stderr for each file the host runs or trusts that the session could write
-    (a repository it made, say): the user should read it before the host's git does."""
-    for path in paths:
-        print(
-            f"nsconfine: warning: {printable(path)} was writable by the session (it is not "
-            "protected until the next launch finds it): the host runs or trusts what it holds; "
-            "read it before running git or other tools there",
-            file=sys.stderr,
-        )
+def _untrusted_config_warnings(paths: Sequence[str]) -> list[str]:
+    """A line for each file the host runs or trusts that the session could write (a
+    repository it made, say): the user should read it before the host's git does."""
+    return [
+        f"nsconfine: warning: {printable(path)} was writable by the session (it is not "
+        "protected until the next launch finds it): the host runs or trusts what it holds; "
+        "read it before running git or other tools there"
+        for path in paths
+    ]
 
 
 def _selftest(arguments: Arguments) -> int:
@@ -526,13 +521,9 @@ def main(argv: Sequence[str]) -> int:
             sys.stdout.flush()  # here, so that a reader gone away is met below, not at exit
         return status
     except NsconfineError as refused:
-        try:
-            print(f"nsconfine: {refused}", file=sys.stderr, flush=True)
-        except OSError:  # `2> /dev/full`: the refusal is lost; its status says so, as for
-            # any output that fails (no traceback: it would go to the same dead stderr)
-            _output_to_devnull(2)
-            return 74  # EX_IOERR
-        return refused.exit_status
+        # `2> /dev/full`: a refusal that is lost says so by its status, as any output that
+        # fails (no traceback: it would go to the same dead stderr)
+        return refused.exit_status if _said(f"nsconfine: {refused}") else 74  # EX_IOERR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -547,10 +538,7 @@ def main(argv: Sequence[str]) -> int:
             line = f"output-failed: cannot write its output: {error.strerror or error}"
         else:
             line = f"io-error: {error.strerror or error} ({printable(str(error.filename))})"
-        try:
-            print(f"nsconfine: {line}", file=sys.stderr, flush=True)
-        except OSError:
-            _output_to_devnull(2)
+        _said(f"nsconfine: {line}")
         return 74  # EX_IOERR
 
 
@@ -564,6 +552,17 @@ def _parse(argv: Sequence[str]) -> Arguments | None:
         return _parser(wanted).parse_args(list(argv), Arguments())
     except SystemExit:  # argparse exits only after a help (Parser.error raises UsageError):
         return None  # main flushes it, so that a help that cannot be written is exit 74
+
+
+def _said(text: str) -> bool:
+    """text, a line or several, on stderr now; False if stderr took no more (it then points
+    at /dev/null, so that what stays in sys.stderr's buffer does not fail again at exit)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        _output_to_devnull(2)
+        return False
+    return True
 
 
 def _output_to_devnull(fd: int = 1) -> None:
