@@ -896,20 +896,23 @@ def profile_gives(name: str, session: Session, environ: Mapping[str, str]) -> li
 
 
 def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry]:
-    """The binds profiles give (and any Session(binds=...)), each with its reason; a bind
-    already given by another entry at the same place is left out."""
+    """The binds profiles give (and any Session(binds=...)), each with its reason. One the plan
+    gives already, at that place or through a bind above it, is left out; one whose place the
+    plan holds otherwise is refused."""
     entries: list[p.Entry] = []
-    taken = {entry.dest: entry for entry in others}
-    shown = {e.dest: (e.source, str(e.mode)) for e in others if e.kind is Kind.BIND}
+    taken = {entry.dest: entry for entry in others}  # and the profiles' binds, as they come
+
+    def shows(entry: p.Entry, source: str, mode: str) -> bool:
+        return entry.kind is Kind.BIND and (entry.source, str(entry.mode)) == (source, mode)
 
     def already_shown(source: str, dest: str, mode: str) -> bool:
         # The same host path at the same place, in the same mode, through a bind above it.
         parent = dest
         while parent != "/":
             parent = os.path.dirname(parent)
-            if parent in shown:
-                above, above_mode = shown[parent]
-                return above + dest[len(parent) :] == source and above_mode == mode
+            above = taken.get(parent)
+            if above is not None and above.kind is Kind.BIND:
+                return above.source + dest[len(parent) :] == source and str(above.mode) == mode
         return False
 
     for bind in session.binds:  # expanded by with_profiles
@@ -918,7 +921,7 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
         for one_source, one_dest in pairs:
             there = taken.get(one_dest)
             if there is not None:
-                if shown.get(one_dest) == (one_source, bind.mode):
+                if shows(there, one_source, bind.mode):
                     continue  # the very bind, given already
                 raise PlanError(
                     f"{printable(one_dest)} is in the plan already ({there.kind.value} "
@@ -941,7 +944,6 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
             make = p.rw_bind if bind.mode == "rw" else p.ro_bind
             entries.append(make(one_source, one_dest, bind.reason))
             taken[one_dest] = entries[-1]
-            shown[one_dest] = (one_source, bind.mode)
     return entries
 
 
