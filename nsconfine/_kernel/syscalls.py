@@ -226,18 +226,20 @@ def linked_files(directory: str, depth: int, budget: int) -> tuple[list[tuple[in
     taken for each entry looked at (the walk stops at 0). OSError if directory cannot be
     opened; an entry or a directory below that cannot be is skipped."""
     left = _new("long *", budget)
-    found = _new("struct nsc_linked[]", budget)  # each found takes one of budget at least
     count = _new("size_t *")
-    names_size = 16 * 1024
+    # Room for a few (a launch looks through several directories, which hold none as a rule),
+    # made larger and looked through again when the files found do not fit.
+    room, names_size = 64, 16 * 1024
     while True:
+        found = _new("struct nsc_linked[]", room)
         names = _new("char[]", names_size)
         err = _nsc_linked_files(
-            os.fsencode(directory), depth, left, found, budget, names, names_size, count
+            os.fsencode(directory), depth, left, found, room, names, names_size, count
         )
         if err != errno.ENOBUFS:
             break
-        left[0] = budget  # looked through again, with room for longer paths
-        names_size *= 8
+        left[0] = budget
+        room, names_size = room * 8, names_size * 8
     if err:
         raise SyscallError(err, "open", directory)
     top = directory.rstrip("/") + "/" if directory != "/" else "/"
