@@ -194,27 +194,58 @@ def test_an_absolute_protect_path_in_the_workspace_is_kept_read_only(
 
 
 @pytest.mark.parametrize(
-    ("given", "said"),
+    ("option", "given", "said"),
     [
-        ("/etc/passwd", "relative to the workspace"),
-        ("{run_dir}/notes", "relative to the workspace"),
-        ("{workspace}/../run", "relative to the workspace"),
-        ("{workspace}", "is the workspace itself"),
+        ("protect", "/etc/passwd", "relative to the workspace"),
+        ("protect", "{run_dir}/notes", "relative to the workspace"),
+        ("protect", "{workspace}/../run", "relative to the workspace"),
+        ("protect", "{workspace}", "is the workspace itself"),
+        ("unprotect", "/etc/passwd", "relative to the workspace"),
+        ("unprotect", "{workspace}", "is the workspace itself"),
+        ("unprotect", ".evnrc", "names no protected path"),
+        ("unprotect", ".git", "names no protected path"),
     ],
 )
-def test_an_absolute_protect_path_outside_the_workspace_is_refused(
-    ws_run: tuple[Path, Path], given: str, said: str
+def test_a_protect_or_unprotect_path_that_names_nothing_protectable_is_refused(
+    ws_run: tuple[Path, Path], option: str, given: str, said: str
 ) -> None:
     """A protect path outside the workspace (or the workspace itself) is refused at plan time,
     saying what to name instead, from the command line as from Session (it was taken as a
-    path under the workspace, and protected nothing it named)."""
+    path under the workspace, and protected nothing it named). So is an unprotect naming no
+    protected path (a typo, a directory whose files are listed, a path outside): it used to be
+    dropped without a word, and the caller believed the path writable."""
     workspace, run_dir = ws_run
     path = given.format(workspace=workspace, run_dir=run_dir)
     with pytest.raises(nsconfine.PlanError, match=said):
-        session(workspace, run_dir, protect=[path]).plan()
-    refused = cli("plan", *session_options(workspace, run_dir), "--protect", path)
+        session(workspace, run_dir, **{option: [path]}).plan()
+    refused = cli("plan", *session_options(workspace, run_dir), f"--{option}", path)
     assert refused.returncode == 65, refused.stderr
     assert said in refused.stderr
+
+
+def test_an_absolute_unprotect_path_in_the_workspace_drops_that_name(
+    repo: tuple[Path, Path],
+) -> None:
+    """`--unprotect WORKSPACE/.envrc` leaves .envrc writable, as `--unprotect .envrc` does (it
+    was stripped of its leading "/" and matched no name: nothing was dropped, silently)."""
+    workspace = repo[0]
+    plan = session(*repo, unprotect=[str(workspace / ".envrc")]).plan()
+    dests = {e.dest for e in plan.entries}
+    assert str(workspace / ".envrc") not in dests
+    assert str(workspace / ".git" / "config") in dests
+
+
+def test_a_protect_name_that_begins_with_two_dots_is_inside_the_workspace(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """`--protect ..env` is a file in the workspace, kept read-only (it was refused as if it
+    left the workspace); `--protect ../x` still is refused."""
+    workspace, run_dir = ws_run
+    plan = session(workspace, run_dir, protect=["..env"]).plan()
+    entries = {e.dest: e.mode for e in plan.entries}
+    assert entries[str(workspace / "..env")] == "ro"
+    with pytest.raises(nsconfine.PlanError, match="must lie inside the workspace"):
+        session(workspace, run_dir, protect=["../x"]).plan()
 
 
 def test_without_protection_git_config_is_writable(repo: tuple[Path, Path]) -> None:

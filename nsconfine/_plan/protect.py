@@ -147,41 +147,53 @@ def protected_names(
     protect: Iterable[str], unprotect: Iterable[str], workspace: str
 ) -> list[tuple[str, str, str]]:
     """The default list less unprotect, plus protect (each a path relative to a repository,
-    or an absolute one inside workspace, taken relative to it)."""
-    dropped = {name.strip("/") for name in unprotect}
+    or an absolute one inside workspace, taken relative to it). An unprotect that names
+    neither a default nor a protect name is refused: dropped without a word, a typo (or a
+    directory whose files the list names) left the caller believing a path writable."""
+    extras = [_protected_name(extra, workspace, "--protect") for extra in protect]
+    dropped = {_protected_name(name, workspace, "--unprotect") for name in unprotect}
+    known_names = [name for name, _, _ in PROTECTED] + extras
+    unknown = sorted(dropped.difference(known_names))
+    if unknown:
+        raise PlanError(
+            f"--unprotect {', '.join(map(printable, unknown))} names no protected path: it "
+            "takes a name as `nsconfine plan` lists it below each repository, one of "
+            + ", ".join(name for name, _, _ in PROTECTED)
+            + ", or a --protect name"
+        )
     names = [item for item in PROTECTED if item[0] not in dropped]
     known = {name for name, _, _ in names}
-    for extra in protect:
-        name = _protected_name(extra, workspace)
+    for name in extras:
         if name not in known and name not in dropped:
             names.append((name, "file", "named by --protect: the host trusts it"))
             known.add(name)
     return names
 
 
-def _protected_name(extra: str, workspace: str) -> str:
-    """A --protect path as a name relative to each repository. An absolute one is taken from
-    the workspace (as users mean it), or refused outside it: its leading "/" was once
-    stripped, and WORKSPACE/deploy.yml protected WORKSPACE/tmp/.../deploy.yml instead."""
+def _protected_name(extra: str, workspace: str, option: str) -> str:
+    """A --protect (or --unprotect) path as a name relative to each repository. An absolute
+    one is taken from the workspace (as users mean it), or refused outside it: its leading "/"
+    was once stripped, and WORKSPACE/deploy.yml protected WORKSPACE/tmp/.../deploy.yml
+    instead."""
     relative = extra
     if extra.startswith("/"):
         path = "/" + os.path.normpath(extra).lstrip("/")  # POSIX keeps a leading "//"
         found = "." if path == workspace else inside(path, workspace)
         if found is None:
             raise PlanError(
-                f"--protect {printable(extra)} lies outside the workspace "
-                f"{printable(workspace)}: name it relative to the workspace (--protect "
-                "deploy.yml), where it is kept read-only in each repository too"
+                f"{option} {printable(extra)} lies outside the workspace "
+                f"{printable(workspace)}: name it relative to the workspace ({option} "
+                "deploy.yml), which names it in each repository too"
             )
         relative = found
     name = os.path.normpath(relative.strip("/"))
     if name == ".":
         raise PlanError(
-            f"--protect {printable(extra)} is the workspace itself: name a path inside it (or "
+            f"{option} {printable(extra)} is the workspace itself: name a path inside it (or "
             "keep the whole workspace read-only: --workspace-mode ro)"
         )
-    if name.startswith(".."):
-        raise PlanError(f"--protect {printable(extra)} must lie inside the workspace")
+    if name == ".." or name.startswith("../"):
+        raise PlanError(f"{option} {printable(extra)} must lie inside the workspace")
     return name
 
 
