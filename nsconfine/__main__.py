@@ -1,3 +1,3 @@
-from nsconfine._cli.main import console_main
+from nsconfine._cli import console_main
 
 console_main()

@@ -526,6 +526,34 @@ def test_console_script_is_installed_and_works(dirs: Dirs) -> None:
     assert_refused(run_cli("frob", program=script), 64, "usage")
 
 
+# A ^C that lands while the CLI imports its modules: the import that meets it raises
+# KeyboardInterrupt, as the signal's handler would there.
+_INTERRUPTED_IMPORT = """
+import runpy, sys
+class Interrupted:
+    def find_spec(self, name, path=None, target=None):
+        if name == "nsconfine._plan.options":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupted())
+"""
+
+
+@pytest.mark.parametrize("entry", ["console script", "python -m"])
+def test_a_ctrl_c_while_the_cli_loads_is_no_traceback(dirs: Dirs, entry: str) -> None:
+    """^C during the imports of `nsconfine plan` (most of a short run) ends it with status 130
+    and nothing on stderr, as ^C later does (it gave a traceback through the imports)."""
+    if entry == "console script":
+        script = console_script()
+        start = f"sys.argv[0] = {script!r}; runpy.run_path({script!r}, run_name='__main__')"
+    else:
+        start = "runpy.run_module('nsconfine', run_name='__main__', alter_sys=True)"
+    interrupted = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT + start, "plan", *dirs.session],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert (interrupted.returncode, interrupted.stderr) == (130, "")
+
+
 @pytest.mark.parametrize("output", ["--json", "--bwrap-args"])
 def test_a_reader_that_goes_away_is_no_traceback(dirs: Dirs, output: str) -> None:
     """`nsconfine plan … | head -1`: stdout's reader leaves early. The CLI ends quietly, with
