@@ -326,11 +326,14 @@ def test_records_below_a_directory_others_can_write_are_refused(own_cache: Path)
     launcher may be given): that account could swap the records' directory for its own after
     it was checked, with the lock or a token a symlink the launcher (root) creates or truncates
     through, or a forged proof. Before the fix the check stopped two levels up: a root
-    launcher's next launch created the file a planted `.lock` symlink named. Twin: the same
-    cache, writable by its owner alone, is used."""
+    launcher's next launch created the file a planted `.lock` symlink named. Nor is anything
+    made there before the refusal (the records' directories were made, through whatever that
+    account had planted, then refused). Twin: the same cache, writable by its owner alone, is
+    used."""
     os.chmod(own_cache, 0o777)  # (not sticky: anyone may rename what lies in it)
     with pytest.raises(nsconfine.SandboxUnavailable, match="could be replaced by another account"):
         _stub_records.records()
+    assert list(own_cache.iterdir()) == []
     _checks._remember("attack2-identity", frozenset())
     assert not (own_cache / "nsconfine" / "proven-bwrap" / "attack2-identity").exists()
     os.chmod(own_cache, 0o755)

@@ -277,31 +277,40 @@ def records_directory(name: str) -> str:
     return os.path.join(cache, "nsconfine", name)
 
 
+class Replaceable(PermissionError):
+    """A directory on the way to nsconfine's records that another account could replace (it
+    owns or can write the directory above): its filename names it."""
+
+
 def require_private(directory: str) -> None:
     """PermissionError unless directory, and the one above it, are directories of this
     account that no one else can write: a directory another account (a session) could write
     may hold symlinks it planted for the launcher to write through. Nor may anyone else be
-    able to replace either of them: every directory further up must be root's or this
-    account's, writable by no one else (but a sticky one, /tmp, where what lies in it is
-    ours), or its owner could swap the records for its own once they were checked."""
+    able to replace either of them (Replaceable, see _require_unreplaceable)."""
     for path in (directory, os.path.dirname(directory)):
         info = os.lstat(path)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
             raise PermissionError(
                 errno.EPERM, "not a directory of this account that only it can write", path
             )
+    _require_unreplaceable(os.path.dirname(os.path.dirname(os.path.abspath(directory))))
+
+
+def _require_unreplaceable(start: str) -> None:
+    """Replaceable unless start and every directory above it are root's or this account's,
+    writable by no one else (but a sticky one, /tmp, where what lies in it is ours): their
+    owner could swap what lies below for its own once it was checked."""
     # Both ways the kernel walks: the path as written, and where its symlinks lead. A
     # symlink's own mode is always 0777 and says nothing: only who may write the directory
     # holding it can swap it, and that directory is checked in its turn.
-    above = os.path.dirname(os.path.dirname(os.path.abspath(directory)))
-    for start in (above, os.path.realpath(above)):
-        for current in ancestors(start):
+    for begin in (start, os.path.realpath(start)):
+        for current in ancestors(begin):
             info = os.lstat(current)
             writable = info.st_mode & 0o022 and not stat.S_ISLNK(info.st_mode)
             if info.st_uid not in (0, os.geteuid()) or (
                 writable and not info.st_mode & stat.S_ISVTX
             ):
-                raise PermissionError(
+                raise Replaceable(
                     errno.EPERM,
                     "could be replaced by another account (who owns or can write the "
                     "directory above)",
@@ -330,10 +339,16 @@ def make_private_directory(path: str) -> None:
     or the group, could write them or the directory above (a umask of 002 would). Above them
     only the cache directory itself is made ($XDG_CACHE_HOME, $HOME/.cache): never a home that
     is not there (a system account's /nonexistent, which root would make its own, and which
-    then stops being denied as that account's home). FileNotFoundError then."""
+    then stops being denied as that account's home). FileNotFoundError then; Replaceable,
+    with nothing made, if another account could replace a directory on the way."""
     holder = os.path.dirname(path)
-    above_cache = os.path.dirname(os.path.dirname(holder))
+    cache = os.path.dirname(holder)
+    above_cache = os.path.dirname(cache)
     if not os.path.isdir(above_cache):
         raise FileNotFoundError(errno.ENOENT, "no such directory (not made)", above_cache)
+    # Nothing is made where another account could have planted a symlink for it to be made
+    # through (a root launcher given a HOME in that account's home): checked before, not only
+    # after (require_private), when it would already have been made.
+    _require_unreplaceable(cache if os.path.isdir(cache) else above_cache)
     os.makedirs(holder, mode=0o700, exist_ok=True)
     os.makedirs(path, mode=0o700, exist_ok=True)

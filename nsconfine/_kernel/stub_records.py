@@ -46,6 +46,7 @@ def forget_records() -> None:
 
 def _find() -> str:
     from nsconfine._kernel.accounts import (
+        Replaceable,
         make_own_directory,
         make_private_directory,
         records_directory,
@@ -56,6 +57,8 @@ def _find() -> str:
     try:
         make_private_directory(directory)
         _require_writable(directory)  # one there already may sit on a read-only mount
+    except Replaceable as error:
+        raise _replaceable(directory, error) from None
     except OSError:
         # No writable home (a system account, a unit's read-only home): a directory of this
         # uid's own in /tmp, which every launcher of this account with the same environment
@@ -81,19 +84,23 @@ def _find() -> str:
             ) from error
     try:
         require_private(directory)
-    except PermissionError as error:
-        if error.filename not in (directory, os.path.dirname(directory)):
-            raise SandboxUnavailable(
-                f"{printable(directory)}, where nsconfine records the mount points it makes "
-                f"in workspaces, could be replaced by another account: it lies in "
-                f"{printable(error.filename)}, which someone else owns or can write; set "
-                "XDG_CACHE_HOME to a directory of this account's"
-            ) from None
+    except Replaceable as error:
+        raise _replaceable(directory, error) from None
+    except PermissionError:
         raise SandboxUnavailable(
             f"{printable(directory)} must belong to this account and be writable by no one "
             "else: it records the mount points nsconfine makes in workspaces"
         ) from None
     return directory
+
+
+def _replaceable(directory: str, error: OSError) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"{printable(directory)}, where nsconfine records the mount points it makes in "
+        f"workspaces, could be replaced by another account: it lies in "
+        f"{printable(str(error.filename))}, which someone else owns or can write; set "
+        "XDG_CACHE_HOME to a directory of this account's"
+    )
 
 
 def _prune(directory: str) -> None:
