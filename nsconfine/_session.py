@@ -697,7 +697,11 @@ def with_profiles(
     for profile in profiles:
         values = profile.values
         for key in lists:
-            lists[key] += values.get(key, [])
+            lists[key] += [
+                _expand_name(text, session, environ, profile.where(key)) if key != "pass_env"
+                else text
+                for text in values.get(key, [])
+            ]  # fmt: skip
         setenv.update(values.get("setenv", {}))
         limits.update(values.get("limits", {}))
         for masked in values.get("mask", []):
@@ -833,6 +837,19 @@ def _expand(
             "be taken from the launcher's working directory)"
         )
     return _absolute(expanded)
+
+
+def _expand_name(text: str, session: Session, environ: Mapping[str, str], where: str) -> str:
+    """A profile's protect or unprotect name: one that begins with a placeholder
+    ({workspace}/deploy.yml) expanded as a path (then taken from the workspace, as an absolute
+    --protect is), any other as it is (a name relative to each repository, or a path). Left
+    as it was, it named a directory "{workspace}" in the workspace, and protected nothing the
+    profile meant."""
+    if not text.startswith("{"):
+        return text
+    expanded = _expand(text, session, environ, where)
+    assert expanded is not None  # a placeholder is always set (only $NAME may not be)
+    return expanded
 
 
 def _path(value: str | os.PathLike[str]) -> str:

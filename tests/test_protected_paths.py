@@ -158,7 +158,7 @@ def test_the_manifest_lists_each_protected_path_with_its_reason(repo: tuple[Path
     assert str(workspace / "Makefile") in dests
 
 
-@pytest.mark.parametrize("given_by", ["cli", "session", "profile"])
+@pytest.mark.parametrize("given_by", ["cli", "session", "profile", "profile {workspace}"])
 def test_an_absolute_protect_path_in_the_workspace_is_kept_read_only(
     tmp_path: Path, given_by: str
 ) -> None:
@@ -166,7 +166,8 @@ def test_an_absolute_protect_path_in_the_workspace_is_kept_read_only(
     the command line, Session and a profile alike (attackers' pass: its leading "/" was
     stripped and the rest taken from the workspace, WORKSPACE/tmp/.../deploy.yml, so the
     manifest showed an empty directory made at WORKSPACE/tmp and the session overwrote the
-    host's deploy.yml)."""
+    host's deploy.yml). A profile's `{workspace}/deploy.yml` is that path too (it was taken
+    as a name, and an empty directory `{workspace}` made in the workspace)."""
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     deploy = workspace / "deploy.yml"
     deploy.write_text("target: production\n")
@@ -181,7 +182,8 @@ def test_an_absolute_protect_path_in_the_workspace_is_kept_read_only(
             options: dict[str, Any] = {"protect": [str(deploy)]}
         else:
             profile = tmp_path / "deploy.toml"
-            profile.write_text(f'description = "a deploy role"\nprotect = ["{deploy}"]\n')
+            named = "{workspace}/deploy.yml" if given_by == "profile {workspace}" else deploy
+            profile.write_text(f'description = "a deploy role"\nprotect = ["{named}"]\n')
             profile.chmod(0o644)
             options = {"profile": [str(profile)]}
         plan = session(workspace, run_dir, **options).plan()
