@@ -19,6 +19,7 @@ before a repository appeared is torn down and replaced by one staged on the spot
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -226,7 +227,7 @@ class Pool:
         except BaseException:  # the workspace is refused now: what was staged goes too
             teardown(staged)
             raise
-        if fresh is staged.plan:
+        if fresh is staged.plan and _binds_the_same_files(staged):
             return staged
         teardown(staged)
         return self._stage_one()
@@ -277,6 +278,28 @@ class Pool:
             if not short:
                 return
             self._give_back(self._stage_one())
+
+
+def _binds_the_same_files(staged: Staged) -> bool:
+    """Does each path the staged sandbox's protection binds still name the file it binds? The
+    host replaces protected files by rename (`git config` renames config.lock over
+    .git/config, editors save so): the staged bind then holds the old file, and the new one at
+    its path is the session's to write, though the list of protected paths is the same. (The
+    bind keeps the old file's inode in use: no new file there can have its number.)"""
+    protection = staged.plan.protection
+    if protection is None:
+        return True
+    for entry in protection.entries:
+        held = staged.bound.get(entry.dest)
+        if held is None:
+            continue  # not a bind (a directory made in the sandbox)
+        try:
+            info = os.lstat(entry.source)
+        except OSError:
+            return False
+        if (info.st_dev, info.st_ino) != held[:2]:
+            return False
+    return True
 
 
 class _Inline:

@@ -996,6 +996,30 @@ def test_a_pool_protects_what_each_launch_finds(tmp_path: Path) -> None:
     assert _host_git_config(workspace / "app") == ""
 
 
+@pytest.mark.parametrize("relative", [".git/config", ".envrc"])
+def test_a_pool_protects_a_file_the_host_replaced_after_staging(
+    repo: tuple[Path, Path], relative: str
+) -> None:
+    """The host replaces a protected file while a sandbox waits staged (`git config` renames
+    config.lock over .git/config; an editor saves .envrc by rename): the launch then binds the
+    new file read-only, as spawn does. Attackers' pass: the staged bind held the old file, the
+    list of protected paths had not changed, and the session wrote the new one, whose
+    fsmonitor the host's git then ran."""
+    workspace = repo[0]
+    target = workspace / relative
+    with nsconfine.Pool(session(*repo).plan(), size=1) as pool:
+        assert pool.wait_staged(60)
+        replacement = target.with_name(target.name + ".new")
+        replacement.write_text(target.read_text())
+        give_to_session_user(replacement)
+        replacement.rename(target)
+        launched = pool.launch(["/bin/sh", "-c", _plant_config(target)], stdout=subprocess.PIPE)
+        output = launched.communicate()[0]
+    assert output is not None
+    assert b"wrote" not in output, output
+    assert "fsmonitor" not in target.read_text()
+
+
 def test_a_writable_bind_in_a_read_only_workspace_is_protected(tmp_path: Path) -> None:
     """The reviewer's workspace is read-only but for WORKSPACE/notes: a repository in notes
     keeps its config read-only, and notes' own top its trusted files."""
