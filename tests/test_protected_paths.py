@@ -9,10 +9,12 @@ showing the check fail without it.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -1344,6 +1346,53 @@ def test_a_gitlink_to_a_repository_not_made_yet_is_reported(repo: tuple[Path, Pa
     # leads where the scan looks, the kernel takes it into node_modules); one to a file there
     # (a later session puts a repository in its place).
     _assert_named(written, workspace, "lib", "up", "f")
+
+
+def test_the_index_is_read_in_no_directory_another_account_could_swap(
+    repo: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report reads a written index in a scratch directory of its own, never in $TMPDIR:
+    a launcher's TMPDIR may be a directory another account writes, which renamed the fresh
+    directory away and put a symlink at its name, and the launcher (root) wrote HEAD and
+    config through it onto a file of its choosing (attackers' pass). The scratch directory is
+    made in a sticky, root-owned /tmp, where no other account renames it."""
+    workspace = repo[0]
+    others = tmp_path / "others-tmp"
+    others.mkdir()
+    others.chmod(0o777)  # anyone may rename what lies in it
+    monkeypatch.setenv("TMPDIR", str(others))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (tempfile reads TMPDIR once)
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def recording_mkdtemp(*args: Any, **kwargs: Any) -> str:
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
+    script = (
+        f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; git update-index --add "
+        "--cacheinfo 160000,1111111111111111111111111111111111111111,node_modules/evil"
+    )
+    written = _reported_after(repo, script)
+    assert str(workspace / "node_modules" / "evil") in written, written
+    assert made, "the index was not read"
+    assert not [path for path in made if path.startswith(str(others))], made
+
+
+def test_a_report_that_cannot_be_finished_names_the_workspace(
+    repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error while the report looks (a file gone between two looks, a scratch directory
+    that cannot be removed) names the workspace as a whole: it ended `nsconfine run` with
+    output-failed and status 74, the session's status and every warning lost."""
+    from nsconfine._plan import protect
+
+    def failing(*_args: object) -> list[str]:
+        raise OSError(errno.ENOENT, "gone while it was looked at", "x")
+
+    monkeypatch.setattr(protect, "_gitlinks_unscanned", failing)
+    assert _reported_after(repo, "true") == [str(repo[0])]
 
 
 def test_a_link_to_nothing_yet_is_judged_where_it_really_leads(

@@ -314,11 +314,17 @@ def written_config(
     kept = plan.protection
     if kept is None:
         return []
-    base = _base_entries(plan)
     try:
-        fresh, scan = _protection(base, kept.trees, kept.names)
-    except PlanError:
+        return _written_config(plan, kept, bound or {}, since)
+    except (PlanError, OSError):  # the report cannot be told: name what it would look through
         return [source for _dest, source in kept.trees]
+
+
+def _written_config(
+    plan: Plan, kept: p.Protection, bound: Mapping[str, tuple[int, int, int]], since: float
+) -> list[str]:
+    base = _base_entries(plan)
+    fresh, scan = _protection(base, kept.trees, kept.names)
     written: list[str] = []
     for entry in fresh.entries:
         if entry.mode is not Mode.RO or not os.path.lexists(entry.source):
@@ -567,7 +573,8 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
     whose answer is past _GITLINKS_ANSWER, or reads that differ (a session wrote the index:
     every way git might read it counts)."""
     import shutil
-    import tempfile
+
+    from nsconfine._kernel.accounts import scratch_directory
 
     git = shutil.which("git", path=_SYSTEM_PATH)
     limit = shutil.which("prlimit", path=_SYSTEM_PATH)
@@ -576,7 +583,11 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
     sha256 = _uses_sha256(gitdir)
     if len(indexes) > 1 + _SHARED_INDEXES:
         return None
-    with tempfile.TemporaryDirectory(prefix="nsconfine-index-") as own:
+    try:  # never TMPDIR's: another account may write it (scratch_directory)
+        own = scratch_directory("nsconfine-index-")
+    except OSError:
+        return None
+    try:
         try:
             for entry in indexes:
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_size <= _INDEX_READ:
@@ -600,6 +611,8 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
             if answer is None:
                 return None  # (the others would take as long to fail)
             answers.add(answer)
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
     if len(answers) != 1:
         return None
     return [
