@@ -1,6 +1,7 @@
 """Hostile paths meet a refusal, never a traceback: a runner directory swapped for a symlink
 while plans are built, a protected directory 1,100 levels deep, an unreadable protected file,
-a path of 3,000 components to explain, a very deep XDG_CONFIG_HOME. Every walk over a host
+a path of 3,000 components to explain, a very deep XDG_CONFIG_HOME, a name with a Unicode
+line break. Every walk over a host
 path is iterative (Python 3.11's os.walk recurses), and an OS error on such a path is a
 refusal naming it, in the API and in the CLI.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -84,6 +86,24 @@ def _remove_nested(top: Path) -> None:
         os.rename(top / "next", top / "d")
     if (top / "d").exists():
         os.rmdir(top / "d")
+
+
+@pytest.mark.parametrize("name", ["x\u2028y", "x\u2029y", "c\x85d"])
+def test_a_repository_under_a_name_with_a_unicode_line_break_launches_protected(
+    ws_run: tuple[Path, Path], name: str
+) -> None:
+    """A session makes a repository under a directory whose name holds U+2028, U+2029 or
+    U+0085, which the kernel writes into the mount table as they are: the next launch still
+    runs, its .git/config read-only (attackers' pass: the mount table was split into lines at
+    them, every later launch of the workspace was refused, and the refusal blamed bwrap)."""
+    workspace, run_dir = ws_run
+    repository = workspace / name
+    subprocess.run(["git", "init", "-q", str(repository)], check=True)
+    give_to_session_user(workspace)
+    status, output = sh(
+        session(workspace, run_dir).plan(), f"echo x >> '{repository}/.git/config' || echo refused"
+    )
+    assert "refused" in output, (status, output)
 
 
 def test_a_deeply_nested_protected_directory_is_checked_without_recursion(

@@ -31,7 +31,8 @@ def _unescape(field: str) -> str:
 def parse_mountinfo(text: str) -> dict[str, Mount]:
     """Mount point -> its mount, the topmost at each point winning."""
     points: dict[str, Mount] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # the kernel's only line break (str.splitlines breaks at
+        # U+2028, U+0085 and others, which a mount point's name may hold as they are)
         fields = line.split(" ")
         if len(fields) < 7 or "-" not in fields[6:]:
             continue
@@ -48,7 +49,7 @@ def mount_roots(text: str) -> dict[str, tuple[str, str]]:
     topmost at each point winning: where a path lies in its file system, whatever mount (a
     bind-mount view among them) it is reached through."""
     roots: dict[str, tuple[str, str]] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # as parse_mountinfo
         fields = line.split(" ")
         if len(fields) >= 5:
             roots[_unescape(fields[4])] = (fields[2], _unescape(fields[3]))
