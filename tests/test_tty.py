@@ -606,6 +606,37 @@ def test_a_tty_session_leaves_no_replies_and_no_modes_behind(
     assert (typed.read_text(), flags.split()) == (repr(b"pasted"), ["0", "0", "0", "1", "0", "0"])
 
 
+# Modes tmux does not keep (so the test above cannot see them), each with what turns it off:
+# X10 and highlight mouse reporting, SGR pixel mouse, three kitty keyboard-protocol pushes,
+# xterm's modifyOtherKeys, the line-drawing set as G0 and G1 shifted in.
+UNTRACKED_MODES = {
+    "\033[?9h": b"\033[?9l",
+    "\033[?1001h": b"\033[?1001l",
+    "\033[?1016h": b"\033[?1016l",
+    "\033[>1u\033[>1u\033[>1u": b"\033[<99u",
+    "\033[>4;2m": b"\033[>4m",
+    "\033(0\033)0\016": b"\033(B\033)B\017",
+}
+
+
+def test_run_turns_off_the_modes_a_terminal_keeps_that_tmux_does_not(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """What `run` writes to the caller's terminal once a session that turned on each of
+    UNTRACKED_MODES ends turns each off, after the session's bytes (attackers' pass: X10 mouse
+    reports were typed into the shell, two kitty keyboard levels kept Ctrl-C from being an
+    interrupt, and the line-drawing set garbled the caller's prompt)."""
+    typescript = tmp_path / "typescript"
+    cli = [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+           "/bin/sh", "-c", f"printf '{''.join(UNTRACKED_MODES)}'"]  # fmt: skip
+    subprocess.run(["script", "-q", "-e", "-c", shlex.join(cli), str(typescript)],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True,
+                   timeout=60)  # fmt: skip
+    written = typescript.read_bytes()
+    after = written[written.rindex(b"\033)0\016") :]
+    assert [off for off in UNTRACKED_MODES.values() if off not in after] == [], written
+
+
 # The session's last process sends its own fds 0-2 and one end of a socketpair over that pair,
 # so that the end sits in its own queue, then closes them: the kernel's unix garbage collector
 # frees such a cycle, but it runs only when some unix socket is closed somewhere (a.close()

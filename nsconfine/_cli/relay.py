@@ -77,13 +77,17 @@ SUSPEND_CHECK_SECONDS = 0.05  # how often, for SUSPEND_WINDOW_SECONDS after a su
 SUSPEND_WINDOW_SECONDS = 0.5
 ANSWER_SECONDS = 0.5  # how long the caller's terminal may take to answer a status query
 
-# What a TUI may leave on in the caller's terminal, turned off: mouse reporting (X10, button,
-# any motion, UTF-8, SGR, urxvt), focus events, bracketed paste, the alternate screen (the
-# cursor saved first: leaving a screen never entered then moves nothing), application cursor
-# keys and keypad, the kitty keyboard protocol's last push; then the cursor shown, SGR reset.
+# What a TUI may leave on in the caller's terminal, turned off: mouse reporting (X10, normal,
+# highlight, button, any motion, UTF-8, SGR, urxvt, SGR pixels), focus events, bracketed paste,
+# the alternate screen (the cursor saved first: leaving a screen never entered then moves
+# nothing), application cursor keys and keypad, every kitty keyboard-protocol push (99 popped:
+# an emptied stack stays empty), xterm's modifyOtherKeys, G0 and G1 back to ASCII with G0
+# shifted in (the line-drawing set garbles a prompt); then the cursor shown, SGR reset (last:
+# a terminal that reads `CSI > 4 m` as SGR underlines nothing after it).
 TUI_RESET = (
-    b"\033[?1000l\033[?1002l\033[?1003l\033[?1005l\033[?1006l\033[?1015l\033[?1004l\033[?2004l"
-    b"\0337\033[?1049l\033[?1l\033>\033[<u\033[?25h\033[0m"
+    b"\033[?9l\033[?1000l\033[?1001l\033[?1002l\033[?1003l\033[?1005l\033[?1006l\033[?1015l"
+    b"\033[?1016l\033[?1004l\033[?2004l\0337\033[?1049l\033[?1l\033>\033[<99u\033[>4m"
+    b"\033(B\033)B\017\033[?25h\033[0m"
 )
 # Device status: the terminal answers ESC [ 0 n, after its answers to every earlier query.
 STATUS_QUERY = b"\033[5n"
