@@ -421,6 +421,20 @@ def test_a_bundle_whose_parent_is_missing_is_a_clear_refusal(
     assert "Traceback" not in err
 
 
+def test_the_bundle_written_line_shows_a_control_character_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`oci-bundle` into a directory whose name holds a newline and an escape says where, on
+    one line, the characters escaped (attackers' pass: written to the terminal as they are)."""
+    workspace, run_dir = session_dirs(tmp_path, "w", "r")
+    options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
+    assert main(["oci-bundle", *options, str(tmp_path / "b\n\033[2Jx")]) == 0
+    said = capsys.readouterr().out
+    assert said.count("\n") == 1, said
+    assert "\033" not in said, said
+    assert "bundle written: " in said
+
+
 @pytest.mark.parametrize("bundle_is", ["not empty", "missing its parent"])
 def test_a_refused_bundle_leaves_no_mount_point_in_the_workspace(
     tmp_path: Path, bundle_is: str

@@ -795,5 +795,7 @@ def bundle_command(plan: Plan, subcommand: str, directory: str, argv: Sequence[s
     if subcommand == "podman-args":
         print(shlex.join(podman_args(plan, exported, bundle, command)))
     else:
-        print(f"bundle written: {bundle} (runc run --bundle {shlex.quote(bundle)} NAME)")
+        # One line a terminal shows as it is: the path's control characters escaped.
+        runs = printable(f"runc run --bundle {shlex.quote(bundle)} NAME")
+        print(f"bundle written: {printable(bundle)} ({runs})")
     return 0
