@@ -332,7 +332,8 @@ def test_a_pod_with_a_wrong_field_is_refused_by_the_schema(oci_plan: Plan, tmp_p
 
 
 def test_plan_format_oci_and_k8s(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`nsconfine plan --format oci|k8s` prints the spec and the Pod; nothing is written."""
+    """`nsconfine plan --format oci|k8s` prints the spec and the Pod; nothing is written. A
+    --bundle without --format is refused (it was ignored: the manifest printed)."""
     workspace, run_dir = session_dirs(tmp_path, "w", "r")
     options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
     bundle = tmp_path / "b"
@@ -341,6 +342,10 @@ def test_plan_format_oci_and_k8s(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["plan", *options, "--format", "k8s", "--bundle", str(bundle)]) == 0
     assert json.loads(capsys.readouterr().out)["kind"] == "Pod"
     assert not bundle.exists()
+    # --bundle without --format shows nothing of it: a usage error, not the manifest
+    assert main(["plan", *options, "--bundle", str(bundle)]) == 64
+    said = capsys.readouterr()
+    assert (said.out, said.err.startswith("nsconfine: usage: ")) == ("", True), said
 
 
 def test_oci_bundle_refuses_a_non_empty_directory(

@@ -125,7 +125,6 @@ _PLAN_FLAGS: Flags = [
         "--bundle",
         {
             "metavar": "DIR",
-            "default": "nsconfine-bundle",
             "help": "with --format: where `nsconfine oci-bundle` writes (or wrote) the bundle "
             "(default ./nsconfine-bundle)",
         },
@@ -349,11 +348,13 @@ def _check(arguments: Arguments) -> int:
 
 
 def _plan(arguments: Arguments) -> int:
+    if arguments.bundle is not None and arguments.format is None:
+        raise UsageError("--bundle names the bundle --format oci or k8s shows: give --format")
     plan = _session(arguments).plan()
     if arguments.format is not None:
         from nsconfine._export.oci import print_export
 
-        return print_export(plan, arguments.format, arguments.bundle)
+        return print_export(plan, arguments.format, arguments.bundle or "nsconfine-bundle")
     if arguments.bwrap_args:
         import json
 
