@@ -117,6 +117,40 @@ def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_
     assert after == before
 
 
+def test_a_stub_directory_written_into_stays_while_a_session_binds_it(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """Session A made the stub directory .claude; something wrote a file into it (the host's
+    own Claude Code, or a session of the workspace that may write there) before session B's
+    launch, then removed it; A ended while B ran. B's .claude stays read-only, and no file
+    appears in it on the host. (B did not hold the stub, a directory with a file in it then,
+    so A's end removed it once empty, the kernel detached B's bind with it, and B wrote
+    .claude/settings.json onto the host.)"""
+    workspace, run_dir = ws_run
+    claude = workspace / ".claude"
+    first = nsconfine.spawn(session(workspace, run_dir).plan(), ["sleep", "600"])
+    go = run_dir / "go"  # B writes once A has ended
+    try:
+        note = claude / "note"
+        note.write_text("")
+        give_to_session_user(note)
+        second = nsconfine.spawn(
+            session(workspace, run_dir).plan(),
+            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; "
+             "(mkdir -p .claude && echo {} > .claude/settings.json && echo wrote) 2>&1"],
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        note.unlink()
+    finally:
+        first.kill()
+        first.wait()
+        go.touch()
+    output = second.communicate(timeout=120)[0]
+    assert output is not None
+    assert b"wrote" not in output, output
+    assert not (claude / "settings.json").exists()
+
+
 def test_a_stub_turned_into_a_dangling_symlink_is_a_clean_refusal(repo: tuple[Path, Path]) -> None:
     """A plan built, then its stub's place made a dangling symlink before the launch: a clean
     refusal (never an OSError that reads as the command failing)."""

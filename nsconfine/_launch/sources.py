@@ -276,9 +276,16 @@ def _mount_point(
     if stat.S_ISLNK(info.st_mode):
         raise PlanError(_refusal(entry.dest, None))
     stub_kind = _stub_kind(entry)
-    if stub_kind is None or not _could_be_removed(parent, name, info, stub_kind):
-        return None  # no launcher removes it: nothing to hold (nor to let a session lock)
     identity = (info.st_dev, info.st_ino)
+    if stub_kind is None or not _could_be_removed(parent, name, info, stub_kind):
+        # A stub directory with something in it now (the host's own tools write into
+        # .claude) is emptied later, and then removed by the last launch that holds it: one
+        # of these records' is held all the same, or its removal would detach this
+        # sandbox's bind and give the session the path. Anything else no launcher removes:
+        # nothing to hold (nor to let a session lock).
+        if not stat.S_ISDIR(info.st_mode) or not _stub_records.recorded(records, identity, where):
+            return None
+        return Stub(resolved, parts, "dir", identity, True, _hold(parent, name, identity, where))
     hold = _hold(parent, name, identity, where)
     try:
         recorded = _stub_records.recorded(records, identity, where)
