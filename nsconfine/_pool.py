@@ -14,12 +14,13 @@ launch. The launcher's death ends them all (their reapers watch its lifeline).
 
 A staged sandbox protects the repositories its workspace held when it was built: at launch it is
 looked at again (nsconfine._plan.protect.refreshed, a stat of what its scan read), and one staged
-before a repository appeared is torn down and replaced by one staged on the spot.
+before a repository appeared is torn down and replaced by one staged on the spot; so is one
+whose mount table is no longer the one checked (Staged.mounts_unchanged: a file the host
+replaced, whose bind the kernel then detached).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -218,16 +219,17 @@ class Pool:
         return staged
 
     def _current(self, staged: Staged) -> Staged:
-        """staged, if its protected paths are still those its workspace needs; else (a
-        repository made since it was staged, by a payload of this pool or anyone) a sandbox
-        staged now for what the workspace holds."""
+        """staged, if its protected paths are still those its workspace needs and its mounts
+        those checked; else (a repository made since it was staged, by a payload of this pool
+        or anyone; a file the host replaced) a sandbox staged now for what the workspace
+        holds."""
         try:
             with refusing_os_errors():
                 fresh = refreshed(staged.plan)
         except BaseException:  # the workspace is refused now: what was staged goes too
             teardown(staged)
             raise
-        if fresh is staged.plan and _binds_the_same_files(staged):
+        if fresh is staged.plan and staged.mounts_unchanged():
             return staged
         teardown(staged)
         return self._stage_one()
@@ -278,28 +280,6 @@ class Pool:
             if not short:
                 return
             self._give_back(self._stage_one())
-
-
-def _binds_the_same_files(staged: Staged) -> bool:
-    """Does each path the staged sandbox's protection binds still name the file it binds? The
-    host replaces protected files by rename (`git config` renames config.lock over
-    .git/config, editors save so): the staged bind then holds the old file, and the new one at
-    its path is the session's to write, though the list of protected paths is the same. (The
-    bind keeps the old file's inode in use: no new file there can have its number.)"""
-    protection = staged.plan.protection
-    if protection is None:
-        return True
-    for entry in protection.entries:
-        held = staged.bound.get(entry.dest)
-        if held is None:
-            continue  # not a bind (a directory made in the sandbox)
-        try:
-            info = os.lstat(entry.source)
-        except OSError:
-            return False
-        if (info.st_dev, info.st_ino) != held[:2]:
-            return False
-    return True
 
 
 class _Inline:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,22 @@ def test_a_masked_file_is_empty_and_read_only(ws_run: tuple[Path, Path]) -> None
     )
     assert (status, output) == (0, "read\nrefused\nnotes\n")
     assert secret.read_text() == SECRET
+
+
+def test_a_pool_masks_a_file_the_host_replaced_after_staging(ws_run: tuple[Path, Path]) -> None:
+    """The host rewrites a masked .env by rename (`sed -i`, an editor) while a sandbox waits
+    staged: the launch still shows it empty and read-only (attackers' pass: the kernel had
+    detached the staged mask, and the session read the new secret)."""
+    secret = _secret_file(ws_run)
+    with nsconfine.Pool(_masked(ws_run, secret), size=1, refill="inline") as pool:
+        assert pool.wait_staged(60)
+        replacement = secret.with_name(".env.new")
+        replacement.write_text("API_TOKEN=sk-rotated-by-the-host\n")
+        give_to_session_user(replacement)
+        replacement.rename(secret)
+        launched = pool.launch(["/bin/sh", "-c", "cat .env; echo read"], stdout=subprocess.PIPE)
+        output = launched.communicate()[0]
+    assert output == b"read\n"
 
 
 def test_without_its_mask_entry_the_file_shows(ws_run: tuple[Path, Path]) -> None:

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -998,28 +998,58 @@ def test_a_pool_protects_what_each_launch_finds(tmp_path: Path) -> None:
     assert _host_git_config(workspace / "app") == ""
 
 
-@pytest.mark.parametrize("relative", [".git/config", ".envrc"])
+def _replace_file(target: Path) -> None:
+    """The host replaces target by rename, as `git config` and editors do."""
+    replacement = target.with_name(target.name + ".new")
+    replacement.write_text(target.read_text())
+    give_to_session_user(replacement)
+    replacement.rename(target)
+
+
+def _replace_directory(target: Path) -> None:
+    """The host removes the directory target and makes it again (a checkout of a branch
+    without it, then back)."""
+    shutil.rmtree(target)
+    target.mkdir()
+    give_to_session_user(target)
+
+
+@pytest.mark.parametrize(
+    ("relative", "replace", "times"),
+    [
+        (".git/config", _replace_file, 1),
+        (".envrc", _replace_file, 1),
+        (".git/config", _replace_file, 2),
+        (".git/hooks", _replace_directory, 1),
+        (".vscode", _replace_directory, 1),
+    ],
+)
 def test_a_pool_protects_a_file_the_host_replaced_after_staging(
-    repo: tuple[Path, Path], relative: str
+    repo: tuple[Path, Path], relative: str, replace: Callable[[Path], None], times: int
 ) -> None:
-    """The host replaces a protected file while a sandbox waits staged (`git config` renames
-    config.lock over .git/config; an editor saves .envrc by rename): the launch then binds the
-    new file read-only, as spawn does. Attackers' pass: the staged bind held the old file, the
-    list of protected paths had not changed, and the session wrote the new one, whose
-    fsmonitor the host's git then ran."""
+    """The host replaces a protected file or directory while a sandbox waits staged (`git
+    config` renames config.lock over .git/config; an editor saves .envrc by rename; a checkout
+    removes .vscode and makes it again): the launch then keeps the new one read-only, as spawn
+    does. Attackers' passes: the staged bind was gone (the kernel detaches a mount whose file
+    is replaced) and the session wrote the new file, whose fsmonitor the host's git ran; then,
+    once the check compared the file's device and inode, a second `git config` gave the file
+    its first inode number back, and a directory made again took the number of the one removed
+    (nothing holds the old file once its bind is detached)."""
     workspace = repo[0]
     target = workspace / relative
-    with nsconfine.Pool(session(*repo).plan(), size=1) as pool:
+    if relative == ".vscode":
+        target.mkdir()
+        give_to_session_user(target)
+    written = target / "tasks.json" if target.is_dir() else target
+    with nsconfine.Pool(session(*repo).plan(), size=1, refill="inline") as pool:
         assert pool.wait_staged(60)
-        replacement = target.with_name(target.name + ".new")
-        replacement.write_text(target.read_text())
-        give_to_session_user(replacement)
-        replacement.rename(target)
-        launched = pool.launch(["/bin/sh", "-c", _plant_config(target)], stdout=subprocess.PIPE)
+        for _ in range(times):
+            replace(target)
+        launched = pool.launch(["/bin/sh", "-c", _plant_config(written)], stdout=subprocess.PIPE)
         output = launched.communicate()[0]
     assert output is not None
     assert b"wrote" not in output, output
-    assert "fsmonitor" not in target.read_text()
+    assert not written.exists() or "fsmonitor" not in written.read_text()
 
 
 def test_a_writable_bind_in_a_read_only_workspace_is_protected(tmp_path: Path) -> None:

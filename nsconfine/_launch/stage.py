@@ -42,6 +42,7 @@ from __future__ import annotations
 # socket.py's start-up (its enums and selectors, ~3 ms of every CLI run).
 import _socket as socket
 import os
+import select
 import signal
 import stat
 import time
@@ -51,7 +52,7 @@ from collections.abc import Callable, Mapping
 from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
 from nsconfine._kernel import layers as _layers
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.mountinfo import read_mountinfo
+from nsconfine._kernel.mountinfo import watched_mountinfo
 from nsconfine._launch import egress as _egress
 from nsconfine._launch import sources as _sources
 from nsconfine._launch.confirm import (
@@ -202,6 +203,7 @@ class Staged:
         "info_fd",
         "init_pid",
         "init_pidfd",
+        "mount_watch",
         "plan",
         "reaper",
         "reaper_pidfd",
@@ -228,6 +230,7 @@ class Staged:
         self.usable_until = 0.0
         self.stderr = -1  # bwrap's fd 2 (-1: the launcher's)
         self.info_fd = -1
+        self.mount_watch = -1  # the sandbox's mountinfo, as read to be checked (Pool only)
         self.stubs: list[_sources.Stub] = []
         self.egress: _egress.Egress | None = None  # its socket on the launcher's proxy
 
@@ -239,6 +242,26 @@ class Staged:
         """The pidfds this staged sandbox holds."""
         held = (self.reaper_pidfd, self.bwrap_pidfd, self.init_pidfd, self.command_pidfd)
         return [fd for fd in held if fd >= 0]
+
+    def mounts_unchanged(self) -> bool:
+        """Is the sandbox's mount table still the one checked when it was staged? The kernel
+        detaches a mount whose file the host replaces or removes (`git config` renames
+        config.lock over .git/config; a checkout removes .vscode and makes it again; an editor
+        rewrites a masked .env), and the new file at its path is then the session's to read
+        and write. (No file's identity tells that apart: once its mount is gone nothing holds
+        the old file, and a new one may get its inode number back at once.) The mountinfo fd
+        the check read marks any change since: one poll."""
+        if self.mount_watch < 0:
+            return False
+        watcher = select.poll()
+        watcher.register(self.mount_watch, select.POLLPRI)
+        return not watcher.poll(0)
+
+    def stop_watching_mounts(self) -> None:
+        """Close the mountinfo fd (at the hand-off: a live session holds none)."""
+        if self.mount_watch >= 0:
+            os.close(self.mount_watch)
+            self.mount_watch = -1
 
     def ended(self) -> bool:
         """Has the reaper, bwrap or the sandbox's init exited (the sandbox expired, failed or
@@ -545,7 +568,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     filtered = _layers.seccomp_program(plan.nested_userns is not None) is not None
     check_shim(bwrap, child, shim, filtered)
     try:
-        mountinfo = read_mountinfo(shim)
+        staged.mount_watch, mountinfo = watched_mountinfo(shim)
     except OSError:
         raise SetupEnded("ended before its mounts could be checked") from None
     problems = mount_table_problems(mountinfo, plan, root=f"/proc/{shim}/root", sources=sources)
@@ -570,6 +593,7 @@ def teardown(staged: Staged) -> int:
         status = 0
     for fd in staged.pidfds():
         os.close(fd)
+    staged.stop_watching_mounts()
     staged.reaper_pidfd = staged.bwrap_pidfd = staged.init_pidfd = staged.command_pidfd = -1
     _sources.remove(staged.stubs)
     if staged.egress is not None:
