@@ -1226,6 +1226,23 @@ def test_a_route_path_cannot_climb(proxy: Proxy, rest: str, expected: int) -> No
     assert status(ask(path, route_request("anthropic", rest))) == expected
 
 
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [("TRACE", 405), ("TRACK", 405), ("DEBUG", 405), ("GET", 502), ("POST", 502)],
+)
+def test_a_route_sends_its_key_only_with_methods_of_an_api(
+    proxy: Proxy, method: str, expected: int
+) -> None:
+    """TRACE (and TRACK, or any method an API does not take) to a route is refused before
+    anything is sent: an upstream that answers TRACE echoes the request it got, the key the
+    route added among its headers, back to the session (attackers' pass). The twins: GET and
+    POST go on to the upstream (nothing listens on port 9: 502)."""
+    route = Route("anthropic", "http://127.0.0.1:9/prefix", "x-api-key", SECRET)
+    path = proxy.add_session("s", [], [route])
+    request = f"{method} /anthropic/v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    assert status(ask(path, request.encode())) == expected
+
+
 def test_sessions_do_not_share_routes(proxy: Proxy, http_upstream: Upstream) -> None:
     route = Route("anthropic", f"http://127.0.0.1:{http_upstream.port}", "x-api-key", SECRET)
     with_route = proxy.add_session("a", [], [route])

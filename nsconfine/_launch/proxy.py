@@ -69,6 +69,8 @@ CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut con
 _CONNECT_SLICE_MS = 100  # a connect under way looks this often whether its session has ended
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
 MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
+# The methods of an HTTP API a route carries its key with (not TRACE, TRACK, CONNECT).
+_ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Headers that speak to this hop (or carry credentials to it), never forwarded as sent.
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization"})
 _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
@@ -77,6 +79,7 @@ _REASONS = {
     200: "OK",
     400: "Bad Request",
     403: "Forbidden",
+    405: "Method Not Allowed",
     408: "Request Timeout",
     431: "Request Header Fields Too Large",
     501: "Not Implemented",
@@ -883,6 +886,10 @@ class Proxy:
         return decision.reason
 
     def _route(self, connection: _Connection, route: Route, request: _Request, rest: bytes) -> str:
+        if request.method not in _ROUTE_METHODS:
+            # TRACE: an upstream that answers it echoes the request, the key among its
+            # headers, back to the session; no API needs it, nor any method not listed.
+            raise _Refusal(405, f"a route takes {', '.join(sorted(_ROUTE_METHODS))}")
         suffix = request.target[len(route.name) + 1 :]
         path = suffix.split("?")[0]
         if "%2e" in path.lower() or any(seg in (".", "..") for seg in path.split("/")):
