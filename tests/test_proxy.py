@@ -29,7 +29,14 @@ import pytest
 from helpers import LocalCA, make_local_ca
 
 from nsconfine._errors import UsageError
-from nsconfine._launch.proxy import Proxy, _RequestBody, audit_to_file, parse_head
+from nsconfine._launch.proxy import (
+    MAX_INTERIM_HEADS,
+    Proxy,
+    _RequestBody,
+    _ResponseHeadRewriter,
+    audit_to_file,
+    parse_head,
+)
 from nsconfine._plan.allowlist import Destination, HostRefused, Route, canonical_host, judge
 
 SECRET = b"sk-real-secret-0123456789"
@@ -1241,6 +1248,25 @@ def test_a_route_sends_its_key_only_with_methods_of_an_api(
     path = proxy.add_session("s", [], [route])
     request = f"{method} /anthropic/v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
     assert status(ask(path, request.encode())) == expected
+
+
+def test_a_response_s_interim_heads_are_parsed_only_up_to_a_cap() -> None:
+    """An upstream's endless `100 Continue` heads are looked at one by one only up to
+    MAX_INTERIM_HEADS; past them the bytes pass as they come (attackers' pass: a listed host
+    sending them made the launcher parse every head, 250 times the CPU of a body's byte, and
+    slowed every other session's requests 90 times). The twin: a few interim heads, then the
+    final head, which gets its `Connection: close`."""
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+    final = b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n\r\nbody"
+    few = _ResponseHeadRewriter()
+    assert few.feed(interim * 3 + final) == interim * 3 + (
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nbody"
+    )
+    many = _ResponseHeadRewriter()
+    flood = interim * (MAX_INTERIM_HEADS + 1000)
+    assert many.feed(flood) == flood
+    assert many.done
+    assert many.feed(final) == final
 
 
 def test_sessions_do_not_share_routes(proxy: Proxy, http_upstream: Upstream) -> None:

@@ -69,6 +69,7 @@ CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut con
 _CONNECT_SLICE_MS = 100  # a connect under way looks this often whether its session has ended
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
 MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
+MAX_INTERIM_HEADS = 16  # 1xx heads of one response looked at (Connection rewritten after)
 # The methods of an HTTP API a route carries its key with (not TRACE, TRACK, CONNECT).
 _ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Headers that speak to this hop (or carry credentials to it), never forwarded as sent.
@@ -198,6 +199,7 @@ class _ResponseHeadRewriter:
     def __init__(self) -> None:
         self.pending = b""
         self.done = False
+        self.interim_heads = 0
 
     def feed(self, data: bytes) -> bytes:
         if self.done:
@@ -218,6 +220,13 @@ class _ResponseHeadRewriter:
                 kept = [ln for ln in lines if _header_name(ln) not in _HOP_HEADERS]
                 head = b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n"
                 self.done = True
+            else:
+                self.interim_heads += 1
+                # Past a few, the rest passes as it comes: an upstream sending endless ones
+                # would have the launcher parse each, at the CPU of hundreds of body bytes.
+                # (The final head then keeps its own Connection header: the proxy forwards
+                # one request per connection whatever the client was told.)
+                self.done = self.interim_heads >= MAX_INTERIM_HEADS
             out += head
         out, self.pending = out + self.pending, b""
         return out
