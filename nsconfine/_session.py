@@ -842,14 +842,20 @@ def _expand(
 def _expand_name(text: str, session: Session, environ: Mapping[str, str], where: str) -> str:
     """A profile's protect or unprotect name: one that begins with a placeholder
     ({workspace}/deploy.yml) expanded as a path (then taken from the workspace, as an absolute
-    --protect is), any other as it is (a name relative to each repository, or a path). Left
-    as it was, it named a directory "{workspace}" in the workspace, and protected nothing the
-    profile meant."""
-    if not text.startswith("{"):
+    --protect is), any other as it is (a name relative to each repository, such as a
+    template's {{cookiecutter.name}}/deploy.yml, or a path). Left as it was, it named a
+    directory "{workspace}" in the workspace, and protected nothing the profile meant."""
+    if not text.startswith(_PLACES):
         return text
     expanded = _expand(text, session, environ, where)
-    assert expanded is not None  # a placeholder is always set (only $NAME may not be)
+    if expanded is None:  # a $NAME in it the launcher does not set: it names no one path
+        raise UsageError(
+            f"{where}: {text!r} names a variable the launcher's environment does not set"
+        )
     return expanded
+
+
+_PLACES = ("{workspace}", "{run_dir}", "{home}", "{config}")  # as _TOKEN names them
 
 
 def _path(value: str | os.PathLike[str]) -> str:

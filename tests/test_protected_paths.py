@@ -227,6 +227,29 @@ def test_a_protect_or_unprotect_path_that_names_nothing_protectable_is_refused(
     assert said in refused.stderr
 
 
+def test_a_profile_protect_name_is_expanded_only_after_a_placeholder(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A profile's protect name that begins with a brace but no placeholder (a cookiecutter
+    template's `{{cookiecutter.slug}}/deploy.yml`) is a name as before; one whose placeholder
+    is followed by a variable the launcher does not set is a usage error naming it, not a
+    traceback (attackers' pass: refused as not absolute, and an AssertionError)."""
+    workspace, run_dir = ws_run
+    (workspace / "{{cookiecutter.slug}}").mkdir()
+    give_to_session_user(workspace / "{{cookiecutter.slug}}")
+    profile = tmp_path / "template.toml"
+    profile.write_text('description = "t"\nprotect = ["{{cookiecutter.slug}}/deploy.yml"]\n')
+    profile.chmod(0o644)
+    plan = session(workspace, run_dir, profile=[str(profile)]).plan()
+    named = [e.dest for e in plan.entries if "named by --protect" in e.reason]
+    assert named == [str(workspace / "{{cookiecutter.slug}}" / "deploy.yml")]
+    profile.write_text('description = "t"\nprotect = ["{workspace}/$NSCONFINE_UNSET_X/x.yml"]\n')
+    with pytest.raises(nsconfine.UsageError, match="does not set"):
+        session(workspace, run_dir, profile=[str(profile)]).plan()
+    refused = cli("plan", *session_options(workspace, run_dir), "--profile", str(profile))
+    assert (refused.returncode, "Traceback" in refused.stderr) == (64, False), refused.stderr
+
+
 def test_an_absolute_unprotect_path_in_the_workspace_drops_that_name(
     repo: tuple[Path, Path],
 ) -> None:
