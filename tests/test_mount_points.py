@@ -543,6 +543,22 @@ def test_a_fallback_records_directory_another_account_made_is_refused(
     assert os.listdir(elsewhere) == []
 
 
+@pytest.mark.root
+def test_a_scratch_directory_is_made_where_the_launcher_owns_tmp(tmp_path: Path) -> None:
+    """In a user namespace where /tmp shows as the launcher's own (root outside mapped to its
+    uid), the scratch directory the canary and the selftest use is made there (attackers'
+    pass: only a root-owned /tmp was taken, and `check` failed in such a namespace)."""
+    made = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, "-c",
+         "import os; from nsconfine._kernel.accounts import scratch_directory as s; "
+         "d = s('nsconfine-test-'); print(os.stat('/tmp').st_uid, d); os.rmdir(d)"],
+        capture_output=True, text=True, check=False, cwd="/",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    owner, directory = made.stdout.split()
+    assert (owner, os.path.dirname(directory)) == ("1000", "/tmp")
+
+
 def test_a_read_only_cache_directory_does_not_stop_a_launch(tmp_path: Path) -> None:
     """An existing cache directory the launcher cannot write (a unit's ProtectSystem=strict, a
     read-only home) is passed over for a directory of the account's own, as a missing one is."""

@@ -246,10 +246,10 @@ def _words(bits: int) -> str:
 
 def scratch_directory(prefix: str) -> str:
     """A fresh private directory (mode 0700) in the first of /tmp, /var/tmp and /dev/shm where
-    no other account can rename it or what it holds (root's, and sticky or writable by root
-    alone), whatever TMPDIR says: a launcher's TMPDIR may be a directory another account
-    writes, which could swap the fresh directory for a symlink to one of its own while the
-    launcher works in it by path. OSError if there is none."""
+    no other account can rename it or what it holds (root's or this account's, and sticky or
+    writable by its owner alone), whatever TMPDIR says: a launcher's TMPDIR may be a directory
+    another account writes, which could swap the fresh directory for a symlink to one of its
+    own while the launcher works in it by path. OSError if there is none."""
     import tempfile
 
     for base in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -258,14 +258,18 @@ def scratch_directory(prefix: str) -> str:
         except OSError:
             continue
         others_may_rename = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or others_may_rename:
+        owner_trusted = info.st_uid in (0, os.geteuid())  # (the latter in a user namespace)
+        if not stat.S_ISDIR(info.st_mode) or not owner_trusted or others_may_rename:
             continue
         try:
             return tempfile.mkdtemp(prefix=prefix, dir=base)
         except OSError:
             continue
     raise OSError(
-        errno.ENOENT, "no temporary directory that only root and sticky rules govern", "/tmp"
+        errno.ENOENT,
+        "no temporary directory owned by root or this account and sticky (or writable by its "
+        "owner alone) among /tmp, /var/tmp and /dev/shm",
+        "/tmp",
     )
 
 
