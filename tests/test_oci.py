@@ -426,11 +426,13 @@ def test_a_bundle_whose_parent_is_missing_is_a_clear_refusal(
     assert "Traceback" not in err
 
 
-def test_the_bundle_written_line_shows_a_control_character_escaped(
+def test_the_bundle_lines_show_a_control_character_escaped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`oci-bundle` into a directory whose name holds a newline and an escape says where, on
-    one line, the characters escaped (attackers' pass: written to the terminal as they are)."""
+    one line, the characters escaped, and `podman-args` prints a command line a shell reads
+    as it was meant, those characters quoted (attackers' passes: written to the terminal as
+    they were)."""
     workspace, run_dir = session_dirs(tmp_path, "w", "r")
     options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
     assert main(["oci-bundle", *options, str(tmp_path / "b\n\033[2Jx")]) == 0
@@ -438,6 +440,14 @@ def test_the_bundle_written_line_shows_a_control_character_escaped(
     assert said.count("\n") == 1, said
     assert "\033" not in said, said
     assert "bundle written: " in said
+    # podman-args (which refuses a newline in a path: its --mount splits there): a line a
+    # shell runs as it is, the characters quoted as $'\e', $'\a'
+    podman = tmp_path / "p\033]0;title\007x"
+    assert main(["podman-args", *options, str(podman), "--", "printf", "a\tb"]) == 0
+    line = capsys.readouterr().out
+    raw = [c for c in ("\033", "\007", "\t") if c in line]
+    assert (line.count("\n"), raw) == (1, []), line
+    assert "$'" in line
 
 
 @pytest.mark.parametrize("bundle_is", ["not empty", "missing its parent"])

@@ -784,6 +784,28 @@ def print_export(plan: Plan, form: str, bundle: str) -> int:
     return 0
 
 
+def _shell_word(word: str) -> str:
+    """word quoted for a shell; one holding a character a terminal may act on (an escape, a
+    tab, a bidi control) as bash's $'...', that character written \\xHH or \\uHHHH, so that the
+    line shows as it is and runs as it was meant (a non-UTF-8 byte of a path: \\xHH too)."""
+    import shlex
+
+    if word.isprintable():
+        return shlex.quote(word)
+    quoted = []
+    for character in word:
+        code = ord(character)
+        if character in "\\'":
+            quoted.append("\\" + character)
+        elif character.isprintable():
+            quoted.append(character)
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (os.fsdecode's escape)
+            quoted.append(f"\\x{code - 0xDC00:02x}")
+        else:
+            quoted.append(f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}")
+    return "$'" + "".join(quoted) + "'"
+
+
 def bundle_command(plan: Plan, subcommand: str, directory: str, argv: Sequence[str]) -> int:
     """`nsconfine oci-bundle` and `nsconfine podman-args`: write the bundle; for the latter,
     print the podman command line that runs it."""
@@ -793,7 +815,7 @@ def bundle_command(plan: Plan, subcommand: str, directory: str, argv: Sequence[s
     bundle = os.path.abspath(directory)
     exported = write_bundle(plan, bundle, command)
     if subcommand == "podman-args":
-        print(shlex.join(podman_args(plan, exported, bundle, command)))
+        print(" ".join(map(_shell_word, podman_args(plan, exported, bundle, command))))
     else:
         # One line a terminal shows as it is: the path's control characters escaped.
         runs = printable(f"runc run --bundle {shlex.quote(bundle)} NAME")
