@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import (
@@ -149,6 +150,115 @@ def test_a_stub_directory_written_into_stays_while_a_session_binds_it(
     assert output is not None
     assert b"wrote" not in output, output
     assert not (claude / "settings.json").exists()
+
+
+@pytest.mark.parametrize("then", ["emptied", "kept", "rewritten"])
+def test_a_stub_file_the_host_wrote_into_is_never_removed(
+    ws_run: tuple[Path, Path], then: str
+) -> None:
+    """Session A made the .envrc stub; the host wrote into it in place, and session B then
+    launched. Whatever the host does next (empties it, or keeps its content), A's end never
+    removes it: B's bind stays, and the host's file with it (attackers' pass: B took no hold of
+    a file with content, A's end found it empty again and removed it, the kernel detached B's
+    bind, and B wrote .envrc on the host; kept, the host's own words went with an unlinked
+    file when it rewrote them as A ended)."""
+    workspace, run_dir = ws_run
+    envrc = workspace / ".envrc"
+    first = nsconfine.spawn(session(workspace, run_dir).plan(), ["sleep", "600"])
+    go = run_dir / "go"
+    try:
+        assert envrc.stat().st_size == 0  # A's stub
+        envrc.write_text("export HOST=1\n")
+        second = nsconfine.spawn(
+            session(workspace, run_dir).plan(),
+            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; "
+             f"(echo pwned > {envrc} && echo wrote) 2>&1"],
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        if then == "emptied":
+            os.truncate(envrc, 0)
+        rewriting = envrc.open("w") if then == "rewritten" else None  # `cat new > .envrc`
+    finally:
+        first.kill()
+        first.wait()
+        go.touch()
+    if rewriting is not None:  # the shell writes once A has ended
+        rewriting.write("export HOST=2\n")
+        rewriting.close()
+    output = second.communicate(timeout=120)[0]
+    assert output is not None
+    assert b"wrote" not in output, output
+    expected = {"emptied": "", "kept": "export HOST=1\n", "rewritten": "export HOST=2\n"}
+    assert envrc.read_text() == expected[then]
+
+
+def test_a_stub_directory_another_records_directory_binds_stays(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Launchers with different records (another XDG_CACHE_HOME): A made the .vscode stub,
+    the host wrote a note into it and B (the other records) launched, then the note went and A
+    ended. B's .vscode stays read-only (attackers' pass: B held no stub of other records with
+    something in it, A's end removed the emptied directory, and B wrote .vscode/tasks.json)."""
+    from helpers import python_child
+
+    workspace, run_dir = ws_run
+    vscode = workspace / ".vscode"
+    other_cache = tmp_path / "other-cache"
+    other_cache.mkdir()
+    first = python_child(
+        """
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
+        sandbox = nsconfine.spawn(plan, ["sleep", "600"])
+        print("launched", flush=True)
+        sys.stdin.read()
+        sandbox.kill()
+        sandbox.wait()
+        """,
+        str(workspace), str(run_dir), SESSION_USER or "",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env={**os.environ, "XDG_CACHE_HOME": str(other_cache)},
+    )  # fmt: skip
+    assert first.stdin is not None
+    assert first.stdout is not None
+    go = run_dir / "go"
+    try:
+        assert first.stdout.readline() == "launched\n"
+        note = vscode / "note"
+        note.write_text("")
+        second = nsconfine.spawn(
+            session(workspace, run_dir).plan(),
+            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; "
+             f"(mkdir -p {vscode} && echo pwned > {vscode}/tasks.json && echo wrote) 2>&1"],
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        note.unlink()
+    finally:
+        first.stdin.close()
+        first.wait(timeout=120)
+        first.stdout.close()
+        go.touch()
+    output = second.communicate(timeout=120)[0]
+    assert output is not None
+    assert b"wrote" not in output, output
+    assert not (vscode / "tasks.json").exists()
+
+
+def test_a_mount_point_another_launcher_makes_meanwhile_is_taken_as_found(
+    ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher of other records makes a missing mount point between this launch's look
+    and its own making of it: the launch takes it as found (attackers' pass: `plan-refused:
+    .vscode cannot be made: File exists` when launchers of several records started at once)."""
+    make = _sources._make
+
+    def made_by_another_first(parent: int, name: str, *args: Any) -> Any:
+        os.mkdir(name, 0o755, dir_fd=parent)  # another launcher's stub, made this moment
+        monkeypatch.setattr(_sources, "_make", make)
+        return make(parent, name, *args)
+
+    monkeypatch.setattr(_sources, "_make", made_by_another_first)
+    status, output = attempt(session(*ws_run).plan(), "true")
+    assert status == 0, output
 
 
 def test_a_stub_turned_into_a_dangling_symlink_is_a_clean_refusal(repo: tuple[Path, Path]) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -197,16 +198,31 @@ def token_path(records: str, identity: Identity) -> str:
     return os.path.join(records, f"{identity[0]}-{identity[1]}")
 
 
-def record(records: str, identity: Identity, where: str) -> None:
+def record(records: str, identity: Identity, where: str, changed_ns: int) -> None:
     """Make identity's token naming where: a symlink whose target is where, made in one
-    system call (never followed: read back with readlink alone). A launch makes one per stub,
-    and a file (open, write, close) cost it twice as much."""
+    system call (never followed: read back with readlink alone), its own time the stub's
+    change time as it was made (changed_ns: see unchanged). A launch makes one per stub, and
+    a file (open, write, close) cost it twice as much."""
     path = token_path(records, identity)
     try:
         os.symlink(where, path)  # a full cache (ENOSPC) fails here
     except FileExistsError:  # the token of an inode number since reused: replaced
         os.unlink(path)
         os.symlink(where, path)
+    os.utime(path, ns=(changed_ns, changed_ns), follow_symlinks=False)
+
+
+def made_as(records: str, identity: Identity) -> int | None:
+    """The change time identity's stub had as it was made (its token's own time); None if
+    that is not known (a token of earlier code, a file, or none). A stub whose change time is
+    another since was written into (the host wrote into it, or emptied what it wrote;
+    something was made or removed in a directory): it is no longer only a stub, and no
+    launcher removes it (sources._remove_at)."""
+    try:
+        info = os.lstat(token_path(records, identity))
+    except FileNotFoundError:
+        return None
+    return info.st_mtime_ns if stat.S_ISLNK(info.st_mode) else None
 
 
 def recorded(records: str, identity: Identity, where: str) -> bool:

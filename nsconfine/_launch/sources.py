@@ -261,18 +261,14 @@ def _mount_point(
     try:
         info = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
-        made = _make(parent, name, entry, user)
-        if made is None:
-            return None
-        kind, identity, hold = made
         try:
-            _lock_shared(hold, where)
-            _stub_records.record(records, identity, where)
-        except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
-            os.close(hold)
-            _remove_at(parent, name, kind, identity, made_now=True)
-            raise
-        return Stub(resolved, parts, kind, identity, True, hold)
+            made = _make(parent, name, entry, user)
+        except FileExistsError:  # a launcher of other records made it meanwhile: found now
+            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        else:
+            if made is None:
+                return None
+            return _made_stub(records, parent, resolved, parts, made)
     if stat.S_ISLNK(info.st_mode):
         raise PlanError(_refusal(entry.dest, None))
     stub_kind = _stub_kind(entry)
@@ -293,6 +289,21 @@ def _mount_point(
         os.close(hold)
         raise
     return Stub(resolved, parts, stub_kind, identity, recorded, hold)
+
+
+def _made_stub(records: str, parent: int, resolved: str, parts: list[str], made: _Made) -> Stub:
+    """The stub this launch made at parts[-1] in parent, locked and recorded with its change
+    time as made (stub_records.made_as)."""
+    (kind, identity, hold), name = made, parts[-1]
+    try:
+        _lock_shared(hold, os.path.join(resolved, *parts))
+        changed_ns = os.fstat(hold).st_ctime_ns
+        _stub_records.record(records, identity, os.path.join(resolved, *parts), changed_ns)
+    except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
+        os.close(hold)
+        _remove_at(parent, name, kind, identity, made_now=True)
+        raise
+    return Stub(resolved, parts, kind, identity, True, hold)
 
 
 def _could_be_removed(parent_fd: int, name: str, info: os.stat_result, kind: str) -> bool:
@@ -379,6 +390,8 @@ def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> _Made | None:
         if kind == "file":
             return _make_file(parent_fd, name, owner)
         return _make_commondir(parent_fd, name, owner)
+    except FileExistsError:
+        raise  # made meanwhile by a launcher of other records: the caller looks again
     except OSError as error:
         refuse_if_short_of_fds(error)
         raise PlanError(f"{printable(entry.dest)} cannot be made: {error.strerror}") from error
@@ -646,29 +659,38 @@ def _remove_if_unused(
     with _held_here_lock:
         if _held_here[stub.identity]:
             return  # another sandbox of this launcher binds over it, and removes it at its end
-    if _remove_stub(stub, directories):
+    if _remove_stub(stub, directories, _stub_records.made_as(records, stub.identity)):
         with contextlib.suppress(OSError):
             os.unlink(token_path)
 
 
-def _remove_stub(stub: Stub, directories: _Directories) -> bool:
-    """Remove the stub if it is still the one made (see _remove_at); False if it is kept
-    because another sandbox binds over it."""
+def _remove_stub(stub: Stub, directories: _Directories, made_ns: int | None) -> bool:
+    """Remove the stub if it is still the one made, unchanged since (see _remove_at); False if
+    it is kept because another sandbox binds over it."""
     try:
         parent = directories.holding(stub.top, stub.parts)
     except (OSError, PlanError):
         return True  # gone or changed: nothing of ours is left there
-    return _remove_at(parent, stub.parts[-1], stub.kind, stub.identity)
+    return _remove_at(parent, stub.parts[-1], stub.kind, stub.identity, made_ns=made_ns)
 
 
 def _remove_at(
-    parent_fd: int, name: str, kind: str, identity: Identity, *, made_now: bool = False
+    parent_fd: int,
+    name: str,
+    kind: str,
+    identity: Identity,
+    *,
+    made_now: bool = False,
+    made_ns: int | None = None,
 ) -> bool:
     """Remove the stub of kind at name in parent_fd if it is still the one made (the same
-    inode, and empty, or for a commondir holding "." alone) and no sandbox holds it (an
-    exclusive lock on it, held while it goes); False if one does. made_now: a stub this
-    launch has just made and no one can hold yet, removed without an fd (a launch short of
-    fds takes this way out)."""
+    inode, and empty, or for a commondir holding "." alone), unchanged since it was made (its
+    change time made_ns, where given: one written into and emptied again, by the host or
+    another launcher's stubs within it, may be bound by a sandbox that took no hold of it then,
+    and its removal would detach that bind; and the host's own file must stay) and no sandbox
+    holds it (an exclusive lock on it, held while it goes); False if one does. made_now: a
+    stub this launch has just made and no one can hold yet, removed without an fd (a launch
+    short of fds takes this way out)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     fd = -1
     try:
@@ -679,6 +701,8 @@ def _remove_at(
             info = os.fstat(fd)
         if (info.st_dev, info.st_ino) != identity:
             return True
+        if made_ns is not None and info.st_ctime_ns != made_ns:
+            return True  # written into since: the host's now, never removed
         if fd >= 0 and not _lock_exclusively(fd):
             return False
         if kind == "dir" and stat.S_ISDIR(info.st_mode):
