@@ -243,6 +243,74 @@ def test_a_stub_directory_another_records_directory_binds_stays(
     assert not (vscode / "tasks.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "option", "written", "records"),
+    [
+        (".mcp.json", "ro", ".mcp.json", "same"),
+        (".mcp.json", "ro", ".mcp.json", "other"),
+        (".envrc", "mask", ".envrc", "same"),
+        (".vscode", "ro", ".vscode/tasks.json", "other"),
+        (".vscode", "mask", ".vscode/tasks.json", "same"),
+        (".vscode", "mask", ".vscode/tasks.json", "other"),
+        (".git/commondir", "mask", ".git/commondir", "same"),
+        (".git/commondir", "ro", ".git/commondir", "same"),
+    ],
+)
+def test_a_stub_another_entry_binds_stays_while_its_session_runs(
+    ws_run: tuple[Path, Path], tmp_path: Path, name: str, option: str, written: str, records: str
+) -> None:
+    """Session A made a stub; session B binds the same path by another entry (`--ro` of it, a
+    mask of it), from the same records or another launcher's (another XDG_CACHE_HOME), and
+    goes on after A ends: B's path stays read-only, and nothing is written on the host
+    (attackers' pass: B held only what its own entry would have made, A's end removed the
+    stub, the kernel detached B's bind, and B wrote .mcp.json, .git/commondir (git then takes
+    its config from where that names) or .vscode/tasks.json)."""
+    from helpers import python_child
+
+    workspace, run_dir = ws_run
+    if name.startswith(".git/"):
+        subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+        give_to_session_user(workspace)
+    cache = tmp_path / "other-cache"
+    cache.mkdir()
+    first = python_child(
+        """
+        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
+        sandbox = nsconfine.spawn(plan, ["sleep", "600"])
+        print("launched", flush=True)
+        sys.stdin.read()
+        sandbox.kill()
+        sandbox.wait()
+        """,
+        str(workspace), str(run_dir), SESSION_USER or "",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env={**os.environ, **({"XDG_CACHE_HOME": str(cache)} if records == "other" else {})},
+    )  # fmt: skip
+    assert first.stdin is not None
+    assert first.stdout is not None
+    go = run_dir / "go"
+    target = workspace / written
+    try:
+        assert first.stdout.readline() == "launched\n"
+        assert (workspace / name).exists()  # A's stub
+        plan = session(workspace, run_dir, **{option: [str(workspace / name)]}).plan()
+        second = nsconfine.spawn(
+            plan,
+            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; "
+             f"(mkdir -p {target.parent} && echo pwned >> {target} && echo wrote) 2>&1"],
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+    finally:
+        first.stdin.close()
+        first.wait(timeout=120)
+        first.stdout.close()
+        go.touch()
+    output = second.communicate(timeout=120)[0]
+    assert output is not None
+    assert b"wrote" not in output, output
+    assert not target.exists() or "pwned" not in target.read_text()
+
+
 def test_a_mount_point_another_launcher_makes_meanwhile_is_taken_as_found(
     ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -271,14 +271,16 @@ def _mount_point(
             return _made_stub(records, parent, resolved, parts, made)
     if stat.S_ISLNK(info.st_mode):
         raise PlanError(_refusal(entry.dest, None))
-    stub_kind = _stub_kind(entry)
+    # Held by what is found, whatever this entry would have made: another launch's stub (the
+    # .mcp.json this --ro binds, a .vscode a mask covers, a commondir), from these records or
+    # another's, is removed by the last launch that holds it, and its removal would detach
+    # this sandbox's bind and give the session the path.
     identity = (info.st_dev, info.st_ino)
-    if stub_kind is None or not _could_be_removed(parent, name, info, stub_kind):
+    kind = _removable_kind(parent, name, info)
+    if kind is None:
         # A stub directory with something in it now (the host's own tools write into
-        # .claude) is emptied later, and then removed by the last launch that holds it: one
-        # of these records' is held all the same, or its removal would detach this
-        # sandbox's bind and give the session the path. Anything else no launcher removes:
-        # nothing to hold (nor to let a session lock).
+        # .claude) is emptied later: one of these records' is held all the same. Anything
+        # else no launcher removes: nothing to hold (nor to let a session lock).
         if not stat.S_ISDIR(info.st_mode) or not _stub_records.recorded(records, identity, where):
             return None
         return Stub(resolved, parts, "dir", identity, True, _hold(parent, name, identity, where))
@@ -288,7 +290,7 @@ def _mount_point(
     except BaseException:
         os.close(hold)
         raise
-    return Stub(resolved, parts, stub_kind, identity, recorded, hold)
+    return Stub(resolved, parts, kind, identity, recorded, hold)
 
 
 def _made_stub(records: str, parent: int, resolved: str, parts: list[str], made: _Made) -> Stub:
@@ -306,23 +308,25 @@ def _made_stub(records: str, parent: int, resolved: str, parts: list[str], made:
     return Stub(resolved, parts, kind, identity, True, hold)
 
 
-def _could_be_removed(parent_fd: int, name: str, info: os.stat_result, kind: str) -> bool:
-    """Could any launcher remove the file at name as a stub of its own: is it what a stub is
-    (an empty directory, a file of a stub's size)? Only those are held: a real .envrc, with
-    content, no launcher ever removes, and a session that can read it (a reviewer's) must not
-    keep the workspace's next launch from starting by locking it."""
+def _removable_kind(parent_fd: int, name: str, info: os.stat_result) -> str | None:
+    """What a launcher could remove the file at name as, a stub of its own: what a stub is
+    (an empty file, a commondir's ". ", an empty directory); None for anything else. Only
+    those are held: a real .envrc, with content, no launcher ever removes, and a session that
+    can read it (a reviewer's) must not keep the workspace's next launch from starting by
+    locking it."""
     if stat.S_ISREG(info.st_mode):
-        return info.st_size == _stub_size(kind)
+        sizes = {_stub_size("file"): "file", _stub_size("commondir"): "commondir"}
+        return sizes.get(info.st_size)
     if not stat.S_ISDIR(info.st_mode):
-        return False
+        return None
     try:
         fd = os.open(
             name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
         )
     except OSError:
-        return True  # judged by its lock, as before
+        return "dir"  # judged by its lock, as before
     try:
-        return not os.listdir(fd)
+        return None if os.listdir(fd) else "dir"
     finally:
         os.close(fd)
 
