@@ -296,14 +296,13 @@ def _mount_point(
 def _made_stub(records: str, parent: int, resolved: str, parts: list[str], made: _Made) -> Stub:
     """The stub this launch made at parts[-1] in parent, locked and recorded with its change
     time as made (stub_records.made_as)."""
-    (kind, identity, hold), name = made, parts[-1]
+    (kind, identity, hold), where = made, os.path.join(resolved, *parts)
     try:
-        _lock_shared(hold, os.path.join(resolved, *parts))
-        changed_ns = os.fstat(hold).st_ctime_ns
-        _stub_records.record(records, identity, os.path.join(resolved, *parts), changed_ns)
+        _lock_shared(hold, where)
+        _stub_records.record(records, identity, where, os.fstat(hold).st_ctime_ns)
     except BaseException:  # (out of fds) unrecorded, so no later launch would remove it
         os.close(hold)
-        _remove_at(parent, name, kind, identity, made_now=True)
+        _remove_at(parent, parts[-1], kind, identity, made_now=True)
         raise
     return Stub(resolved, parts, kind, identity, True, hold)
 
