@@ -629,9 +629,10 @@ def test_run_turns_off_the_modes_a_terminal_keeps_that_tmux_does_not(
     typescript = tmp_path / "typescript"
     cli = [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
            "/bin/sh", "-c", f"printf '{''.join(UNTRACKED_MODES)}'"]  # fmt: skip
+    # (from /, as the other CLI tests: the installed package, not the source tree)
     subprocess.run(["script", "-q", "-e", "-c", shlex.join(cli), str(typescript)],
                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True,
-                   timeout=60)  # fmt: skip
+                   timeout=60, cwd="/")  # fmt: skip
     written = typescript.read_bytes()
     after = written[written.rindex(b"\033)0\016") :]
     assert [off for off in UNTRACKED_MODES.values() if off not in after] == [], written
