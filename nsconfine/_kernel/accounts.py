@@ -257,9 +257,8 @@ def scratch_directory(prefix: str) -> str:
             info = os.stat(base)
         except OSError:
             continue
-        others_may_rename = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
-        owner_trusted = info.st_uid in (0, os.geteuid())  # (the latter in a user namespace)
-        if not stat.S_ISDIR(info.st_mode) or not owner_trusted or others_may_rename:
+        # (this account's own /tmp: in a user namespace that maps root to it)
+        if not stat.S_ISDIR(info.st_mode) or _others_may_replace_in(info):
             continue
         try:
             return tempfile.mkdtemp(prefix=prefix, dir=base)
@@ -320,17 +319,23 @@ def _require_unreplaceable(start: str) -> None:
     # holding it can swap it, and that directory is checked in its turn.
     for begin in (start, os.path.realpath(start)):
         for current in ancestors(begin):
-            info = os.lstat(current)
-            writable = info.st_mode & 0o022 and not stat.S_ISLNK(info.st_mode)
-            if info.st_uid not in (0, os.geteuid()) or (
-                writable and not info.st_mode & stat.S_ISVTX
-            ):
+            if _others_may_replace_in(os.lstat(current)):
                 raise Replaceable(
                     errno.EPERM,
                     "could be replaced by another account (who owns or can write the "
                     "directory above)",
                     current,
                 )
+
+
+def _others_may_replace_in(info: os.stat_result) -> bool:
+    """Could another account replace what lies in the directory info describes: is it neither
+    root's nor this account's, or writable by others and not sticky (/tmp is, and what lies in
+    it is its owner's)? A symlink's own mode is always 0777 and says nothing of who can write."""
+    writable = info.st_mode & 0o022 and not stat.S_ISLNK(info.st_mode)
+    return info.st_uid not in (0, os.geteuid()) or bool(
+        writable and not info.st_mode & stat.S_ISVTX
+    )
 
 
 def make_own_directory(path: str, mode: int, others_may_not: int) -> bool:

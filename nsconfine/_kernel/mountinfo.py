@@ -56,7 +56,7 @@ def mount_roots(text: str) -> dict[str, tuple[str, str]]:
     return roots
 
 
-def watched_mountinfo(pid: int) -> tuple[int, str]:
+def watched_mountinfo(pid: int | str) -> tuple[int, str]:
     """A process's mount table, and the open fd it was read from, which poll() marks POLLPRI
     once that mount namespace's table changes (a mount made, or one unmounted or detached)."""
     fd = os.open(f"/proc/{pid}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
@@ -72,5 +72,6 @@ def watched_mountinfo(pid: int) -> tuple[int, str]:
 
 def read_mountinfo(pid: int | str) -> str:
     """A process's mount table, its bytes as paths are (a mount point need not be UTF-8)."""
-    with open(f"/proc/{pid}/mountinfo", "rb") as file:
-        return os.fsdecode(file.read())
+    fd, text = watched_mountinfo(pid)
+    os.close(fd)
+    return text

@@ -201,7 +201,7 @@ def token_path(records: str, identity: Identity) -> str:
 def record(records: str, identity: Identity, where: str, changed_ns: int) -> None:
     """Make identity's token naming where: a symlink whose target is where, made in one
     system call (never followed: read back with readlink alone), its own time the stub's
-    change time as it was made (changed_ns: see unchanged). A launch makes one per stub, and
+    change time as it was made (changed_ns: see made_as). A launch makes one per stub, and
     a file (open, write, close) cost it twice as much."""
     path = token_path(records, identity)
     try:

@@ -230,7 +230,7 @@ class Staged:
         self.usable_until = 0.0
         self.stderr = -1  # bwrap's fd 2 (-1: the launcher's)
         self.info_fd = -1
-        self.mount_watch = -1  # the sandbox's mountinfo, as read to be checked (Pool only)
+        self.mount_watch = -1  # the sandbox's mountinfo, as read to be checked; until hand-off
         self.stubs: list[_sources.Stub] = []
         self.egress: _egress.Egress | None = None  # its socket on the launcher's proxy
 
