@@ -7,6 +7,7 @@ symlink; a session cannot lock another's stubs away."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import resource
@@ -64,14 +65,15 @@ def test_the_session_account_owns_nothing_new_outside(tmp_path: Path) -> None:
     assert list(elsewhere.iterdir()) == []
 
 
-def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_path: Path) -> None:
-    """Session A (another launcher process) ends while session B of the same workspace runs:
-    B's protected paths stay protected, and no stub is left once both have ended."""
+@contextlib.contextmanager
+def _session_of_another_launcher(
+    ws_run: tuple[Path, Path], cache: Path | None = None
+) -> Iterator[None]:
+    """Session A, launched by another launcher process (with cache as its XDG_CACHE_HOME, if
+    given: other records), running until the block ends; then killed, its launcher's exit
+    awaited (0)."""
     from helpers import python_child
 
-    workspace = repo[0]
-    (run_b,) = session_dirs(tmp_path, "run-b")
-    before = sorted(str(p) for p in workspace.rglob("*"))
     first = python_child(
         """
         plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
@@ -81,30 +83,59 @@ def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_
         sandbox.kill()
         sandbox.wait()
         """,
-        str(workspace), str(repo[1]), SESSION_USER or "",
+        str(ws_run[0]), str(ws_run[1]), SESSION_USER or "",
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env={**os.environ, **({"XDG_CACHE_HOME": str(cache)} if cache is not None else {})},
     )  # fmt: skip
     assert first.stdin is not None
     assert first.stdout is not None
-    go = run_b / "go"  # B writes once A has ended
     try:
         assert first.stdout.readline() == "launched\n"  # A runs: B's launch finds A's stubs
-        plan_b = session(workspace, run_b).plan()
-        read_end, write_end = os.pipe()
-        second = nsconfine.spawn(
-            plan_b,
-            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; cd {workspace}; "
-             "(echo evil > .mcp.json) 2>/dev/null; "
-             "(mkdir -p .vscode && echo {{}} > .vscode/tasks.json) 2>/dev/null; ls -a"],
-            stdout=write_end, stderr=write_end,
-        )  # fmt: skip
-        os.close(write_end)
-    finally:  # A ends while B runs (and B goes on whatever failed)
+        yield
+    finally:
         first.stdin.close()
         ended = first.wait(timeout=120)
         first.stdout.close()
-        go.touch()
     assert ended == 0
+
+
+def _writer(plan: nsconfine.Plan, go: Path, script: str) -> nsconfine.Sandbox:
+    """Session B: waits until go exists (once A has ended), then runs script, whose `echo
+    wrote` says it could write; its output piped."""
+    return nsconfine.spawn(
+        plan,
+        ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; ({script}) 2>&1"],
+        stdout=subprocess.PIPE,
+    )
+
+
+def _assert_wrote_nothing(writer: nsconfine.Sandbox) -> None:
+    output = writer.communicate(timeout=120)[0]
+    assert output is not None
+    assert b"wrote" not in output, output
+
+
+def test_a_concurrent_session_keeps_its_protection(repo: tuple[Path, Path], tmp_path: Path) -> None:
+    """Session A (another launcher process) ends while session B of the same workspace runs:
+    B's protected paths stay protected, and no stub is left once both have ended."""
+    workspace = repo[0]
+    (run_b,) = session_dirs(tmp_path, "run-b")
+    before = sorted(str(p) for p in workspace.rglob("*"))
+    go = run_b / "go"  # B writes once A has ended
+    try:
+        with _session_of_another_launcher(repo):
+            plan_b = session(workspace, run_b).plan()
+            read_end, write_end = os.pipe()
+            second = nsconfine.spawn(
+                plan_b,
+                ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; cd {workspace}; "
+                 "(echo evil > .mcp.json) 2>/dev/null; "
+                 "(mkdir -p .vscode && echo {{}} > .vscode/tasks.json) 2>/dev/null; ls -a"],
+                stdout=write_end, stderr=write_end,
+            )  # fmt: skip
+            os.close(write_end)
+    finally:  # A ends while B runs (and B goes on whatever failed)
+        go.touch()
     output = (read_to_eof(read_end, 120) or b"").decode()
     os.close(read_end)
     assert second.wait(timeout=120) == 0, output
@@ -135,20 +166,17 @@ def test_a_stub_directory_written_into_stays_while_a_session_binds_it(
         note = claude / "note"
         note.write_text("")
         give_to_session_user(note)
-        second = nsconfine.spawn(
+        second = _writer(
             session(workspace, run_dir).plan(),
-            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; "
-             "(mkdir -p .claude && echo {} > .claude/settings.json && echo wrote) 2>&1"],
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
+            go,
+            "mkdir -p .claude && echo {} > .claude/settings.json && echo wrote",
+        )
         note.unlink()
     finally:
         first.kill()
         first.wait()
         go.touch()
-    output = second.communicate(timeout=120)[0]
-    assert output is not None
-    assert b"wrote" not in output, output
+    _assert_wrote_nothing(second)
     assert not (claude / "settings.json").exists()
 
 
@@ -169,12 +197,9 @@ def test_a_stub_file_the_host_wrote_into_is_never_removed(
     try:
         assert envrc.stat().st_size == 0  # A's stub
         envrc.write_text("export HOST=1\n")
-        second = nsconfine.spawn(
-            session(workspace, run_dir).plan(),
-            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; "
-             f"(echo pwned > {envrc} && echo wrote) 2>&1"],
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
+        second = _writer(
+            session(workspace, run_dir).plan(), go, f"echo pwned > {envrc} && echo wrote"
+        )
         if then == "emptied":
             os.truncate(envrc, 0)
         rewriting = envrc.open("w") if then == "rewritten" else None  # `cat new > .envrc`
@@ -185,9 +210,7 @@ def test_a_stub_file_the_host_wrote_into_is_never_removed(
     if rewriting is not None:  # the shell writes once A has ended
         rewriting.write("export HOST=2\n")
         rewriting.close()
-    output = second.communicate(timeout=120)[0]
-    assert output is not None
-    assert b"wrote" not in output, output
+    _assert_wrote_nothing(second)
     expected = {"emptied": "", "kept": "export HOST=1\n", "rewritten": "export HOST=2\n"}
     assert envrc.read_text() == expected[then]
 
@@ -199,47 +222,24 @@ def test_a_stub_directory_another_records_directory_binds_stays(
     the host wrote a note into it and B (the other records) launched, then the note went and A
     ended. B's .vscode stays read-only (attackers' pass: B held no stub of other records with
     something in it, A's end removed the emptied directory, and B wrote .vscode/tasks.json)."""
-    from helpers import python_child
-
     workspace, run_dir = ws_run
     vscode = workspace / ".vscode"
     other_cache = tmp_path / "other-cache"
     other_cache.mkdir()
-    first = python_child(
-        """
-        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
-        sandbox = nsconfine.spawn(plan, ["sleep", "600"])
-        print("launched", flush=True)
-        sys.stdin.read()
-        sandbox.kill()
-        sandbox.wait()
-        """,
-        str(workspace), str(run_dir), SESSION_USER or "",
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        env={**os.environ, "XDG_CACHE_HOME": str(other_cache)},
-    )  # fmt: skip
-    assert first.stdin is not None
-    assert first.stdout is not None
     go = run_dir / "go"
     try:
-        assert first.stdout.readline() == "launched\n"
-        note = vscode / "note"
-        note.write_text("")
-        second = nsconfine.spawn(
-            session(workspace, run_dir).plan(),
-            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; "
-             f"(mkdir -p {vscode} && echo pwned > {vscode}/tasks.json && echo wrote) 2>&1"],
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
-        note.unlink()
+        with _session_of_another_launcher(ws_run, other_cache):
+            note = vscode / "note"
+            note.write_text("")
+            second = _writer(
+                session(workspace, run_dir).plan(),
+                go,
+                f"mkdir -p {vscode} && echo pwned > {vscode}/tasks.json && echo wrote",
+            )
+            note.unlink()
     finally:
-        first.stdin.close()
-        first.wait(timeout=120)
-        first.stdout.close()
         go.touch()
-    output = second.communicate(timeout=120)[0]
-    assert output is not None
-    assert b"wrote" not in output, output
+    _assert_wrote_nothing(second)
     assert not (vscode / "tasks.json").exists()
 
 
@@ -265,49 +265,24 @@ def test_a_stub_another_entry_binds_stays_while_its_session_runs(
     (attackers' pass: B held only what its own entry would have made, A's end removed the
     stub, the kernel detached B's bind, and B wrote .mcp.json, .git/commondir (git then takes
     its config from where that names) or .vscode/tasks.json)."""
-    from helpers import python_child
-
     workspace, run_dir = ws_run
     if name.startswith(".git/"):
         subprocess.run(["git", "init", "-q", str(workspace)], check=True)
         give_to_session_user(workspace)
     cache = tmp_path / "other-cache"
     cache.mkdir()
-    first = python_child(
-        """
-        plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3] or None)
-        sandbox = nsconfine.spawn(plan, ["sleep", "600"])
-        print("launched", flush=True)
-        sys.stdin.read()
-        sandbox.kill()
-        sandbox.wait()
-        """,
-        str(workspace), str(run_dir), SESSION_USER or "",
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        env={**os.environ, **({"XDG_CACHE_HOME": str(cache)} if records == "other" else {})},
-    )  # fmt: skip
-    assert first.stdin is not None
-    assert first.stdout is not None
     go = run_dir / "go"
     target = workspace / written
     try:
-        assert first.stdout.readline() == "launched\n"
-        assert (workspace / name).exists()  # A's stub
-        plan = session(workspace, run_dir, **{option: [str(workspace / name)]}).plan()
-        second = nsconfine.spawn(
-            plan,
-            ["/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; "
-             f"(mkdir -p {target.parent} && echo pwned >> {target} && echo wrote) 2>&1"],
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
+        with _session_of_another_launcher(ws_run, cache if records == "other" else None):
+            assert (workspace / name).exists()  # A's stub
+            plan = session(workspace, run_dir, **{option: [str(workspace / name)]}).plan()
+            second = _writer(
+                plan, go, f"mkdir -p {target.parent} && echo pwned >> {target} && echo wrote"
+            )
     finally:
-        first.stdin.close()
-        first.wait(timeout=120)
-        first.stdout.close()
         go.touch()
-    output = second.communicate(timeout=120)[0]
-    assert output is not None
-    assert b"wrote" not in output, output
+    _assert_wrote_nothing(second)
     assert not target.exists() or "pwned" not in target.read_text()
 
 
