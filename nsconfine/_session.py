@@ -697,11 +697,10 @@ def with_profiles(
     for profile in profiles:
         values = profile.values
         for key in lists:
-            lists[key] += [
-                _expand_name(text, session, environ, profile.where(key)) if key != "pass_env"
-                else text
-                for text in values.get(key, [])
-            ]  # fmt: skip
+            given = values.get(key, [])
+            if key != "pass_env":  # protect, unprotect: names, or paths after a placeholder
+                given = [_expand_name(t, session, environ, profile.where(key)) for t in given]
+            lists[key] += given
         setenv.update(values.get("setenv", {}))
         limits.update(values.get("limits", {}))
         for masked in values.get("mask", []):

@@ -309,7 +309,7 @@ def _made_stub(records: str, parent: int, resolved: str, parts: list[str], made:
 
 def _removable_kind(parent_fd: int, name: str, info: os.stat_result) -> str | None:
     """What a launcher could remove the file at name as, a stub of its own: what a stub is
-    (an empty file, a commondir's ". ", an empty directory); None for anything else. Only
+    (an empty file, a commondir's ".\\n", an empty directory); None for anything else. Only
     those are held: a real .envrc, with content, no launcher ever removes, and a session that
     can read it (a reviewer's) must not keep the workspace's next launch from starting by
     locking it."""
