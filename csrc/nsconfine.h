@@ -43,6 +43,9 @@
 #define NSC_STAGE_DEVPTS 30     /* mount the session's own devpts at /dev/pts */
 #define NSC_STAGE_INOTIFY 31    /* write that namespace's /proc/sys/user/max_inotify_* */
 #define NSC_STAGE_NPROC 32      /* prlimit(RLIMIT_NPROC) */
+#define NSC_STAGE_IPC_NS 33     /* unshare(CLONE_NEWUSER), its maps, unshare(CLONE_NEWIPC) */
+#define NSC_STAGE_IPC_LIMITS 34 /* write that IPC namespace's /proc/sys/kernel/{shm,sem,msg}* */
+#define NSC_STAGE_TMPFS 35      /* mount the session's sized tmpfs at /dev/shm/<i> */
 
 /* At most this many fds after 0-2 (a plan's copied files each take one). */
 #define NSC_MAX_PASS_FDS 65536

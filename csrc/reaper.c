@@ -30,9 +30,10 @@
  * If bwrap cannot be executed, it writes {"reaper-errno": N} on INFO_FD
  * (where bwrap would have written its own report) and exits 127.
  *
- * LIMITS is "-", or PROCESSES,PTYS,INOTIFY_INSTANCES,INOTIFY_WATCHES: the
- * session's share (nsconfine/_limits.py), which the reaper takes before it
- * starts bwrap (take_limits below); if a step fails it writes
+ * LIMITS is "-", or PROCESSES,PTYS,INOTIFY_INSTANCES,INOTIFY_WATCHES,SHM_PAGES
+ * followed by a ",KIB:FILES" for each writable tmpfs of the session (its size and number
+ * of files; see mount_tmpfs_shares): the session's share (nsconfine/_plan/limits.py),
+ * which the reaper takes before it starts bwrap (take_limits below); if a step fails it writes
  * {"reaper-errno": N, "reaper-stage": S} (S: an NSC_STAGE_*) and exits 127.
  *
  * HOLDS_FD is "-", or the first of the fds (up to the last the reaper was
@@ -75,22 +76,50 @@ static void report_failure(int info_fd, long err, int stage)
     (void)sys_write_all(info_fd, text, n);
 }
 
-/* PROCESSES,PTYS,INOTIFY_INSTANCES,INOTIFY_WATCHES into limits; 0, or -1 if malformed. */
-static int parse_limits(char *text, long limits[4])
+#define LIMIT_COUNT 5
+
+/* KIB:FILES[,KIB:FILES...], each a run of 1 to 20 digits, or nothing: 0, or -1 if not. */
+static int check_tmpfs_specs(const char *specs)
 {
-    for (int i = 0; i < 4; i++) {
+    if (!*specs)
+        return 0;
+    int digits = 0, colon = 0;
+    for (const char *c = specs;; c++) {
+        if (*c >= '0' && *c <= '9') {
+            if (++digits > 20)
+                return -1;
+        } else if (digits > 0 && *c == ':' && !colon) {
+            colon = 1;
+            digits = 0;
+        } else if (digits > 0 && colon && (*c == ',' || *c == '\0')) {
+            if (*c == '\0')
+                return 0;
+            colon = 0;
+            digits = 0;
+        } else {
+            return -1;
+        }
+    }
+}
+
+/* PROCESSES,PTYS,INOTIFY_INSTANCES,INOTIFY_WATCHES,SHM_PAGES[,KIB:FILES...] into limits and
+ * *tmpfs_specs (the rest, "" if none); 0, or -1 if malformed. */
+static int parse_limits(char *text, long limits[LIMIT_COUNT], const char **tmpfs_specs)
+{
+    for (int i = 0; i < LIMIT_COUNT; i++) {
         char *end = text;
         while (*end && *end != ',')
             end++;
-        if ((*end == ',') != (i < 3))
+        if (i < LIMIT_COUNT - 1 && *end != ',')
             return -1;
+        *tmpfs_specs = *end ? end + 1 : end;
         *end = '\0';
         limits[i] = parse_unsigned(text);
         if (limits[i] < 0)
             return -1;
         text = end + 1;
     }
-    return 0;
+    return check_tmpfs_specs(*tmpfs_specs);
 }
 
 static long write_text(const char *path, const char *text, size_t len)
@@ -103,13 +132,13 @@ static long write_text(const char *path, const char *text, size_t len)
     return r < 0 ? r : 0;
 }
 
-/* "<id> <id> 1\n": the id mapped to itself. */
-static long map_to_itself(const char *path, unsigned long id)
+/* "<inside> <outside> 1\n": one id mapped. */
+static long map_one(const char *path, unsigned long inside, unsigned long outside)
 {
     char map[64];
-    size_t n = format_unsigned(map, id);
+    size_t n = format_unsigned(map, inside);
     map[n++] = ' ';
-    n += format_unsigned(map + n, id);
+    n += format_unsigned(map + n, outside);
     memcpy(map + n, " 1\n", 3);
     return write_text(path, map, n + 3);
 }
@@ -120,9 +149,89 @@ static long write_number(const char *path, unsigned long value)
     return write_text(path, text, format_unsigned(text, value));
 }
 
+/* System V semaphores and message queues in the session's IPC namespace: the kernel's limits
+ * before 3.19 raised them (nsconfine/_plan/limits.py's SYSV_*, which the manifest states). A
+ * semaphore costs ~64 bytes and a queue up to 16 KiB (msgmnb) of memory no process is charged
+ * for; at the kernel's defaults (32,000 sets of 32,000 semaphores; 32,000 queues) a session
+ * could take 64 GiB. */
+#define SEMAPHORE_LIMITS "250 32000 32 128" /* SEMMSL SEMMNS SEMOPM SEMMNI */
+#define MESSAGE_QUEUES 32
+
+/*
+ * The session's IPC namespace, with System V limits: its shared memory in all at most
+ * SHM_PAGES (shmall; no one segment can be larger), its semaphores and queues as above.
+ *
+ * The kernel lets only the uid that is 0 in the IPC namespace's user namespace write these
+ * sysctls, so that user namespace maps 0 to our uid; the session's own (take_limits) is made
+ * inside it and maps our uid back onto that 0, so that bwrap still runs under the ids it
+ * would have. bwrap makes no IPC namespace of its own (the launcher leaves out its
+ * --unshare-ipc). The session's processes run as that same uid and could therefore write
+ * these sysctls too, through a writable /proc/sys: bwrap's is read-only (a mount locked by its
+ * user namespace). With no capability, a session cannot make another IPC namespace, with the
+ * kernel's defaults; one allowed user namespaces of its own can (as it can mount a tmpfs).
+ */
+static long take_ipc_limits(unsigned long uid, unsigned long gid, const long limits[LIMIT_COUNT],
+                            int *stage)
+{
+    long r;
+    *stage = NSC_STAGE_IPC_NS;
+    if ((r = SYS1(__NR_unshare, CLONE_NEWUSER)) < 0 ||
+        (r = write_text("/proc/self/setgroups", "deny", 4)) < 0 ||
+        (r = map_one("/proc/self/uid_map", 0, uid)) < 0 ||
+        (r = map_one("/proc/self/gid_map", 0, gid)) < 0 ||
+        (r = SYS1(__NR_unshare, CLONE_NEWIPC)) < 0)
+        return r;
+    *stage = NSC_STAGE_IPC_LIMITS;
+    if ((r = write_number("/proc/sys/kernel/shmall", (unsigned long)limits[4])) < 0 ||
+        (r = write_text("/proc/sys/kernel/sem", SEMAPHORE_LIMITS, strlen(SEMAPHORE_LIMITS))) < 0)
+        return r;
+    return write_number("/proc/sys/kernel/msgmni", MESSAGE_QUEUES);
+}
+
+/*
+ * The session's writable tmpfs (/tmp, /dev/shm, a fresh HOME), one for each KIB:FILES of specs:
+ * bwrap's --tmpfs takes a size but no number of files, and a tmpfs of the kernel's default
+ * number (half the host's pages) lets a session hold gigabytes of the host's memory in empty
+ * files (~1 KiB each, charged to no process). So they are mounted here, each at
+ * /dev/shm/<i> on a tmpfs of our own mounted over /dev/shm in this mount namespace (whose
+ * mounts do not reach the host's), and bwrap binds them from there. /dev/shm is where every
+ * Linux host has a directory no bind of a plan's comes from (the lint refuses /dev).
+ */
+static long mount_tmpfs_shares(const char *specs, int *stage)
+{
+    if (!*specs)
+        return 0;
+    *stage = NSC_STAGE_TMPFS;
+    long r = SYS5(__NR_mount, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "size=4k,mode=0700");
+    if (r < 0)
+        return r;
+    char path[40] = "/dev/shm/";
+    size_t base = strlen(path);
+    for (unsigned long index = 0; *specs; index++) {
+        char options[96] = "size="; /* size=<KIB>k,nr_inodes=<FILES>,mode=0755 */
+        size_t n = strlen(options);
+        while (*specs != ':')
+            options[n++] = *specs++;
+        memcpy(options + n, "k,nr_inodes=", 12);
+        n += 12;
+        for (specs++; *specs && *specs != ','; specs++)
+            options[n++] = *specs;
+        memcpy(options + n, ",mode=0755", sizeof ",mode=0755");
+        if (*specs == ',')
+            specs++;
+        path[base + format_unsigned(path + base, index)] = '\0';
+        if ((r = SYS3(__NR_mkdirat, AT_FDCWD_, path, 0700)) < 0 ||
+            (r = SYS5(__NR_mount, "tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)) < 0)
+            return r;
+    }
+    return 0;
+}
+
 /*
  * The session's share: a user and a mount namespace of its own, which bwrap starts in and
- * its namespaces nest in; ids mapped to themselves, so that bwrap runs as it would have.
+ * its namespaces nest in, inside the user namespace that holds its IPC namespace
+ * (take_ipc_limits); our ids mapped back to themselves, so that bwrap runs as it would have.
  * Here and not in the launcher's child: that child shares the launcher's memory, and, once a
  * root launcher has given it the session's ids, the kernel no longer lets it be dumped, so
  * its /proc/self files are root's and it could not write its maps; a namespace made before
@@ -144,11 +253,13 @@ static long write_number(const char *path, unsigned long value)
  * The capabilities the unshare gave (in the new namespace only) are dropped at the end:
  * bwrap would lose them at its exec anyway; the reaper keeps none for its lifetime.
  */
-static long take_limits(const long limits[4], int *stage)
+static long take_limits(const long limits[LIMIT_COUNT], const char *tmpfs_specs, int *stage)
 {
-    unsigned long uid = (unsigned long)SYS0(__NR_geteuid); /* overflow ids after the unshare */
+    unsigned long uid = (unsigned long)SYS0(__NR_geteuid); /* 0 after take_ipc_limits */
     unsigned long gid = (unsigned long)SYS0(__NR_getegid);
-    long r;
+    long r = take_ipc_limits(uid, gid, limits, stage);
+    if (r < 0)
+        return r;
     *stage = NSC_STAGE_SESSION_NS;
     if ((r = SYS1(__NR_unshare, CLONE_NEWUSER | CLONE_NEWNS)) < 0)
         return r;
@@ -156,10 +267,10 @@ static long take_limits(const long limits[4], int *stage)
     if ((r = write_text("/proc/self/setgroups", "deny", 4)) < 0)
         return r;
     *stage = NSC_STAGE_UID_MAP;
-    if ((r = map_to_itself("/proc/self/uid_map", uid)) < 0)
+    if ((r = map_one("/proc/self/uid_map", uid, 0)) < 0)
         return r;
     *stage = NSC_STAGE_GID_MAP;
-    if ((r = map_to_itself("/proc/self/gid_map", gid)) < 0)
+    if ((r = map_one("/proc/self/gid_map", gid, 0)) < 0)
         return r;
     if (limits[1] > 0) {
         char options[96] = "newinstance,ptmxmode=0666,mode=620,max=";
@@ -170,6 +281,8 @@ static long take_limits(const long limits[4], int *stage)
         if (r < 0)
             return r;
     }
+    if ((r = mount_tmpfs_shares(tmpfs_specs, stage)) < 0)
+        return r;
     *stage = NSC_STAGE_INOTIFY;
     if ((r = write_number("/proc/sys/user/max_inotify_instances", (unsigned long)limits[2])) < 0 ||
         (r = write_number("/proc/sys/user/max_inotify_watches", (unsigned long)limits[3])) < 0)
@@ -326,12 +439,13 @@ int helper_main(int argc, char **argv, char **envp)
         return 2;
     long lifeline = parse_unsigned(argv[1]);
     long info_fd = parse_unsigned(argv[2]);
-    long limits[4];
+    long limits[LIMIT_COUNT];
+    const char *tmpfs_specs = "";
     int limited = !(argv[3][0] == '-' && argv[3][1] == '\0');
     int held = !(argv[4][0] == '-' && argv[4][1] == '\0');
     long holds_fd = held ? parse_unsigned(argv[4]) : 0;
-    if (lifeline < 0 || info_fd < 0 || (limited && parse_limits(argv[3], limits) < 0) ||
-        holds_fd < 0)
+    if (lifeline < 0 || info_fd < 0 || holds_fd < 0 ||
+        (limited && parse_limits(argv[3], limits, &tmpfs_specs) < 0))
         return 2;
     /* bwrap must not inherit the holds: its sandbox would keep them, and a session would be
      * given fds of its workspace it never asked for. */
@@ -353,7 +467,7 @@ int helper_main(int argc, char **argv, char **envp)
         return 2;
 
     int stage;
-    long err = limited ? take_limits(limits, &stage) : 0;
+    long err = limited ? take_limits(limits, tmpfs_specs, &stage) : 0;
     if (err < 0) {
         report_failure((int)info_fd, -err, stage);
         return 127;

@@ -125,12 +125,13 @@ def test_without_seccomp_the_option_is_left_out() -> None:
 
 def test_the_reaper_runs_bwrap_with_its_lifeline_and_info_fd() -> None:
     """The launcher's child is the reaper, told its lifeline and info fds, the session's
-    limits (processes, ptys, inotify instances and watches; "-": none) and where the holds on
-    its mount points begin ("-": none), then bwrap's argv, whose command is the shim, told
-    the command's open files."""
+    limits (processes, ptys, inotify instances and watches, System V shared memory's pages,
+    then each tmpfs's KiB and files; "-": none) and where the holds on its mount points begin
+    ("-": none), then bwrap's argv, whose command is the shim, told the command's open files."""
     bwrap = bwrap_command_line("/usr/bin/bwrap", shim_command(5000, True, 1024))
-    assert reaper_command_line("/x/_reaper", bwrap, (1024, 16, 16, 8192), 12) == [
-        "/x/_reaper", "8", "4", "1024,16,16,8192", "12",
+    limits = ["1024", "16", "16", "8192", "16384", "1048576:262144"]
+    assert reaper_command_line("/x/_reaper", bwrap, limits, 12) == [
+        "/x/_reaper", "8", "4", "1024,16,16,8192,16384,1048576:262144", "12",
         "/usr/bin/bwrap", "--args", "3", "--", "/proc/self/fd/7", "5", "5000", "1", "1024",
     ]  # fmt: skip
     assert reaper_command_line("/x/_reaper", bwrap)[3:5] == ["-", "-"]
@@ -177,6 +178,26 @@ def test_session_plan_unshares_every_namespace(session_plan: Plan) -> None:
     assert "--unshare-net" in options
     for absent in ("--share-net", "--unshare-all", "--unshare-user-try"):
         assert absent not in options
+
+
+def test_a_launch_binds_the_reapers_tmpfs_and_makes_no_ipc_namespace(session_plan: Plan) -> None:
+    """A launch's reaper made the session's IPC namespace and its writable tmpfs, each sized:
+    bwrap binds the i-th from /dev/shm/i and makes no IPC namespace. The bwrap line as printed
+    or exported, without that reaper, makes both itself."""
+    launched = bwrap_options(session_plan, limits_by_reaper=True)
+    assert "--unshare-ipc" not in launched
+    assert "--size" not in launched
+    sized = [e.dest for e in session_plan.entries if e.kind is Kind.TMPFS and e.capacity]
+    assert len(sized) >= 2
+    binds = [
+        (launched[i + 1], launched[i + 2])
+        for i, option in enumerate(launched)
+        if option == "--bind" and launched[i + 1].startswith("/dev/shm/")
+    ]
+    assert binds == [(f"/dev/shm/{i}", dest) for i, dest in enumerate(sized)]
+    printed = bwrap_options(session_plan)
+    assert "--unshare-ipc" in printed
+    assert printed.count("--size") == len(sized)
 
 
 def test_session_plan_never_binds_the_host_root(session_plan: Plan) -> None:

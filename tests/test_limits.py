@@ -29,6 +29,7 @@ from helpers import (
 
 import nsconfine
 from nsconfine._launch.confirm import mount_table_problems
+from nsconfine._plan.limits import SYSV_MESSAGE_QUEUES, SYSV_SEMAPHORES
 from nsconfine._selftest.report import FORK_UNTIL_REFUSED, process_limit_leaks
 from nsconfine._selftest.world import World
 
@@ -351,6 +352,45 @@ def test_a_fresh_home_holds_the_tmp_size(ws_run: tuple[Path, Path]) -> None:
     assert _fill(_raised(plan, tmp=64 * MiB), f"{home}/filler", 5 * MiB) == "filled"
 
 
+# Makes empty files in a directory until one is refused or it holds `bound`; prints how many.
+MAKE_FILES = r"""
+import os, sys
+directory, bound = sys.argv[1], int(sys.argv[2])
+made = 0
+try:
+    while made < bound:
+        os.close(os.open(os.path.join(directory, str(made)), os.O_CREAT | os.O_WRONLY, 0o600))
+        made += 1
+except OSError:
+    pass
+print(made)
+"""
+
+
+def test_a_tmpfs_holds_at_most_a_file_per_page_of_its_size(ws_run: tuple[Path, Path]) -> None:
+    """An empty file takes no space but ~1 KiB of the host's kernel memory, which no process is
+    charged for: 400,000 in a tmpfs of the kernel's default number of files took 530 MiB. A
+    writable tmpfs holds at most one file (or directory) per page of its size: /tmp of 4 MiB
+    1,024, its own root and the directories bwrap made there for the plan's mount points (the
+    test's workspace lies below /tmp) among them; raised to 16 MiB, the same 1,500 files fit."""
+    plan = _limited(ws_run, tmp="4M")
+    files = 4 * MiB // os.sysconf("SC_PAGE_SIZE")
+    assert files - 16 <= _count(plan, MAKE_FILES, "/tmp", 1500) < files
+    assert _count(_raised(plan, tmp=16 * MiB), MAKE_FILES, "/tmp", 1500) == 1500
+
+
+def test_dev_shm_and_a_fresh_home_hold_a_file_per_page_too(ws_run: tuple[Path, Path]) -> None:
+    """/dev/shm of 1 MiB holds 256 files (its root among them), a fresh HOME as /tmp does."""
+    plan = session(*ws_run, home_mode="fresh", limits={"tmp": "1M", "shm": "1M"}).plan()
+    home = os.path.join(ws_run[1], "home")
+    files = MiB // os.sysconf("SC_PAGE_SIZE")
+    for directory in ("/dev/shm", home):
+        assert _count(plan, MAKE_FILES, directory, 400) < files, directory
+    raised = _raised(plan, tmp=4 * MiB, shm=4 * MiB)
+    for directory in ("/dev/shm", home):
+        assert _count(raised, MAKE_FILES, directory, 400) == 400, directory
+
+
 def test_dev_is_read_only(plan: nsconfine.Plan) -> None:
     """bwrap's /dev tmpfs is read-only: nothing can be stored there (it is unlimited)."""
     _status, output = sh(plan, ": > /dev/planted && echo written")
@@ -384,6 +424,85 @@ def test_the_mount_check_checks_tmpfs_sizes(plan: nsconfine.Plan) -> None:
     lines[tmp] = lines[tmp].replace("size=", "size=9")
     problems = mount_table_problems("\n".join(lines), plan)
     assert any("/tmp" in problem for problem in problems), problems
+
+
+def test_the_mount_check_checks_tmpfs_files(plan: nsconfine.Plan) -> None:
+    """The mount check reads each tmpfs's number of files too: a /tmp holding more is
+    refused."""
+    status, mountinfo = sh(plan, "cat /proc/self/mountinfo")
+    assert status == 0
+    lines = mountinfo.splitlines()
+    tmp = next(i for i, line in enumerate(lines) if line.split()[4] == "/tmp")
+    assert "nr_inodes=" in lines[tmp]
+    lines[tmp] = lines[tmp].replace("nr_inodes=", "nr_inodes=9")
+    problems = mount_table_problems("\n".join(lines), plan)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("/tmp is not mounted with size="), problems
+    assert "nr_inodes=" in problems[0], problems
+
+
+# ------------------------------------------------------------------ System V IPC
+
+# Makes System V objects (IPC_PRIVATE, IPC_CREAT) until one is refused or it holds `bound`:
+# semaphore sets of `size` semaphores, message queues, or shared memory segments of `size`
+# bytes; prints how many it made.
+SYSV_IPC = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+what, size, bound = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+make = {"sem": lambda: libc.semget(0, size, 0o1600), "msg": lambda: libc.msgget(0, 0o1600),
+        "shm": lambda: libc.shmget(0, ctypes.c_size_t(size), 0o1600)}[what]
+got = 0
+while got < bound and make() >= 0:
+    got += 1
+print(got)
+"""
+
+
+def _unlimited_ipc(plan: nsconfine.Plan, without: Callable[..., None]) -> nsconfine.Plan:
+    """The twin: the reaper takes no limits (bwrap makes the IPC namespace, with the kernel's
+    defaults), and the plan has no devpts of its own, which that step would have mounted."""
+    without("session-limits")
+    return plan.without("/dev/pts")
+
+
+def test_a_default_session_holds_at_most_128_semaphore_sets_of_250(
+    plan: nsconfine.Plan, without: Callable[..., None]
+) -> None:
+    """A semaphore set costs the kernel ~64 bytes a semaphore, charged to no process; with the
+    kernel's defaults a session could make 32,000 sets of 32,000 (64 GiB). Its own IPC
+    namespace holds 128 sets of at most 250; the twin makes 200 sets, and a set of 251."""
+    assert _count(plan, SYSV_IPC, "sem", 250, 200) == 128
+    assert _count(plan, SYSV_IPC, "sem", 251, 1) == 0
+    assert sh(plan, "cat /proc/sys/kernel/sem")[1].split() == SYSV_SEMAPHORES.split()
+    unlimited = _unlimited_ipc(plan, without)
+    assert _count(unlimited, SYSV_IPC, "sem", 250, 200) == 200
+    assert _count(unlimited, SYSV_IPC, "sem", 251, 1) == 1
+
+
+def test_a_default_session_holds_at_most_32_message_queues(
+    plan: nsconfine.Plan, without: Callable[..., None]
+) -> None:
+    """A message queue holds 16 KiB of the kernel's memory: a session has 32 of them (the
+    kernel's default is 32,000); the twin makes 100."""
+    assert _count(plan, SYSV_IPC, "msg", 0, 100) == 32
+    assert _count(_unlimited_ipc(plan, without), SYSV_IPC, "msg", 0, 100) == 100
+
+
+def test_system_v_shared_memory_holds_at_most_the_shm_size(plan: nsconfine.Plan) -> None:
+    """A System V segment outlives its maker until the session ends: the session's segments
+    hold at most its shm size in all (64 MiB by default, not the kernel's unlimited default);
+    raised, the same segments fit."""
+    assert _count(plan, SYSV_IPC, "shm", 16 * MiB, 8) == DEFAULT_SHM // (16 * MiB)
+    assert _count(_raised(plan, shm=128 * MiB), SYSV_IPC, "shm", 16 * MiB, 8) == 8
+
+
+def test_a_session_cannot_raise_its_ipc_limits(plan: nsconfine.Plan) -> None:
+    """The limits are its IPC namespace's sysctls, which the session's account could write were
+    /proc/sys writable: it is not, in the session."""
+    status, output = sh(plan, "echo 32000 > /proc/sys/kernel/msgmni; cat /proc/sys/kernel/msgmni")
+    assert status == 0
+    assert output.split()[-1] == str(SYSV_MESSAGE_QUEUES), output
 
 
 # ------------------------------------------------------------------ plan data
@@ -496,7 +615,7 @@ def test_the_reaper_reports_a_limit_it_cannot_take(
     open_up(reaper.parent)
     plan = session(*ws_run, ro=[reaper]).plan()
     # Its lifeline is the session's stderr (a pipe's write end: never readable, so never EOF).
-    status, output = sh(plan, f"{reaper} 2 1 64,4,4,64 - /bin/echo started")
+    status, output = sh(plan, f"{reaper} 2 1 64,4,4,64,16 - /bin/echo started")
     assert status == 127, output
     report = json.loads(output)
     assert report["reaper-errno"] == errno.EPERM

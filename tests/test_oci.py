@@ -31,7 +31,7 @@ from helpers import (
     user_options,
     writable_by,
 )
-from test_limits import FILL, OPEN_FILES, PTYS
+from test_limits import FILL, MAKE_FILES, OPEN_FILES, PTYS, SYSV_IPC
 from test_seccomp_program import CASES, SECCOMP_RET_ALLOW, errno_of, run_filter
 
 from nsconfine._cli.main import main
@@ -40,7 +40,7 @@ from nsconfine._export import oci as _oci
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import run_as
 from nsconfine._plan import model as p
-from nsconfine._plan.limits import LIMITS
+from nsconfine._plan.limits import LIMITS, SYSV_MESSAGE_QUEUES, SYSV_SEMAPHORES
 from nsconfine._plan.model import Kind, Mode, Plan
 from nsconfine._selftest.probes import Outcome, probes
 from nsconfine._selftest.report import FORK_UNTIL_REFUSED
@@ -226,18 +226,25 @@ def test_the_config_states_every_entry(oci_plan: Plan, tmp_path: Path) -> None:
 
 def test_the_config_states_the_limits(oci_plan: Plan, tmp_path: Path) -> None:
     """Each tmpfs's size and the devpts's ptys as mount options, /dev read-only, open files
-    as RLIMIT_NOFILE, processes as the pids limit; every limit with its reason, and what the
+    as RLIMIT_NOFILE, processes as the pids limit, System V IPC's as the IPC namespace's
+    sysctls; every limit with its reason, and what the
     spec cannot state (inotify), among the annotations."""
     config = _oci.export(oci_plan, str(tmp_path / "bundle")).config
     limits = oci_plan.limits
     mounts = {m["destination"]: m for m in config["mounts"]}
     assert f"size={limits.tmp}" in mounts["/tmp"]["options"]
     assert f"size={limits.shm}" in mounts["/dev/shm"]["options"]
+    assert f"nr_inodes={limits.tmp // os.sysconf('SC_PAGE_SIZE')}" in mounts["/tmp"]["options"]
     assert f"max={limits.ptys}" in mounts["/dev/pts"]["options"]
     assert "/dev" in config["linux"]["readonlyPaths"]
     nofile = {"type": "RLIMIT_NOFILE", "hard": limits.open_files, "soft": limits.open_files}
     assert config["process"]["rlimits"] == [nofile]
     assert config["linux"]["resources"] == {"pids": {"limit": limits.processes}}
+    assert config["linux"]["sysctl"] == {
+        "kernel.shmall": str(limits.sysv_shm_pages()),
+        "kernel.sem": SYSV_SEMAPHORES,
+        "kernel.msgmni": str(SYSV_MESSAGE_QUEUES),
+    }
     annotations = config["annotations"]
     for name in (*LIMITS, "memory"):
         assert f"org.nsconfine.limit.{name}" in annotations
@@ -601,6 +608,8 @@ def test_probe_flips_under_runc_on_a_weakened_export(
         run_bundle(tmp_path / "before", probe.weaken(runc_world.plan()), probe.before)
     plan = probe.weaken(runc_world.plan())
     edit = _without_seccomp if probe.layers_off else None
+    if "session-limits" in probe.layers_off:  # under runc, the IPC namespace's sysctls
+        edit = _without_sysctls
     options: tuple[str, ...] = ()
     if "session-keyring" in probe.layers_off:
         options = ("--no-new-keyring",)
@@ -610,8 +619,14 @@ def test_probe_flips_under_runc_on_a_weakened_export(
         edit = _missing_shell
     if name == ROOTFS_IS_ROOTS:
         edit = _rootfs_owned_by(uid)
+    if name == "see host processes":  # runc writes the IPC sysctls through the /proc it binds
+        edit = _without_sysctls
     outcome = run_bundle(tmp_path, plan, probe.script, edit=edit, runc_options=options)
     assert probe.judge(outcome) != probe.expect_allowed, outcome
+
+
+def _without_sysctls(config: dict[str, Any], bundle: Path) -> None:
+    del config["linux"]["sysctl"]
 
 
 def _missing_shell(config: dict[str, Any], bundle: Path) -> None:
@@ -716,22 +731,27 @@ def test_the_cli_bundle_runs_under_runc(runc_world: World, tmp_path: Path) -> No
 # (runc's /dev is root's: the session's account cannot write it, read-only or not.)
 _TAKE_ALL = (
     f"python3 -c '{PTYS}' 20; python3 -c '{FILL}' /tmp/filler {5 << 20}; "
-    f"python3 -c '{FORK_UNTIL_REFUSED}' 200; python3 -c '{OPEN_FILES}' 200"
+    f"python3 -c '{FORK_UNTIL_REFUSED}' 200; python3 -c '{OPEN_FILES}' 200; "
+    f"python3 -c '{SYSV_IPC}' msg 0 100; python3 -c '{MAKE_FILES}' /tmp 1500"
 )
 
 
 def _without_limits(config: dict[str, Any], bundle: Path) -> None:
     del config["process"]["rlimits"]
     del config["linux"]["resources"]
+    _without_sysctls(config, bundle)
     for mount in config["mounts"]:
-        mount["options"] = [o for o in mount["options"] if not o.startswith(("size=", "max="))]
+        mount["options"] = [
+            o for o in mount["options"] if not o.startswith(("size=", "max=", "nr_inodes="))
+        ]
 
 
 @pytest.mark.confinement
 @pytest.mark.root
 def test_the_limits_hold_under_runc(runc_world: World, tmp_path: Path) -> None:
-    """Under runc the exported session takes at most its ptys, /tmp, processes and open
-    files; on the export without those limits (the twin), it takes all it asks for."""
+    """Under runc the exported session takes at most its ptys, /tmp, processes, open files,
+    message queues and files in /tmp; on the export without those limits (the twin), it
+    takes all it asks for."""
     plan = runc_world.plan()
     small = plan.replace(
         limits=plan.limits.replace(ptys=3, tmp=4 << 20, processes=64, open_files=64)
@@ -741,8 +761,10 @@ def test_the_limits_hold_under_runc(runc_world: World, tmp_path: Path) -> None:
     assert held[1].startswith("refused"), held
     assert int(held[2]) < 64, held
     assert int(held[3]) < 64, held
+    assert held[4] == str(SYSV_MESSAGE_QUEUES), held
+    assert int(held[5]) < (4 << 20) // os.sysconf("SC_PAGE_SIZE"), held
     unlimited = run_bundle(tmp_path, small, _TAKE_ALL, edit=_without_limits).stdout.split("\n")
-    assert unlimited[:4] == ["20", "filled", "200", "200"], unlimited
+    assert unlimited[:6] == ["20", "filled", "200", "200", "100", "1500"], unlimited
 
 
 @pytest.mark.confinement

@@ -16,10 +16,12 @@ Each entry is stated the way the OCI spec can state it, never wider:
   the spec's JSON: every condition the C filter reads on an argument's low 32 bits is a
   SCMP_CMP_MASKED_EQ on those bits (an allow-list becomes the prefix blocks of its
   complement), so the JSON refuses exactly what the BPF refuses;
-- the limits (nsconfine._plan.limits): each tmpfs's size= and the devpts's max= as mount options,
+- the limits (nsconfine._plan.limits): each tmpfs's size= and nr_inodes= and the devpts's max= as
+  mount options,
   the read-only /dev as one of `linux.readonlyPaths` (runc applies those once it has made its
   devices), open files as the process's RLIMIT_NOFILE, processes as the container's pids
-  limit (a cgroup of the runtime's: RLIMIT_NPROC would count the account's whole host).
+  limit (a cgroup of the runtime's: RLIMIT_NPROC would count the account's whole host), and
+  System V IPC's (shared memory, semaphores, message queues) as its IPC namespace's sysctls.
 
 What the spec cannot carry at all (Landlock scopes, the exec shim and its pid-1 guard, the
 mount-table check after set-up, --disable-userns, inotify counts of the session's own) is
@@ -33,6 +35,7 @@ import posixpath
 
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._plan.limits import SYSV_MESSAGE_QUEUES, SYSV_SEMAPHORES, tmpfs_shape
 from nsconfine._plan.model import Entry, Kind, Mode, Plan, has_own_network
 from nsconfine._text import ancestors, inside, printable
 
@@ -315,7 +318,10 @@ def export(
                 uid, gid = plan.user.uid, plan.user.gid
                 options = ["nosuid", "nodev", "mode=755", f"uid={uid}", f"gid={gid}"]
                 if entry.capacity is not None:
-                    options.append(f"size={entry.capacity}")
+                    options += (
+                        f"size={entry.capacity}",
+                        f"nr_inodes={tmpfs_shape(entry.capacity)[1]}",
+                    )
                 mounts.append(
                     {
                         "destination": entry.dest,
@@ -382,10 +388,21 @@ def export(
             "maskedPaths": [],
             "seccomp": result.seccomp,
             "resources": {"pids": {"limit": plan.limits.processes}},
+            "sysctl": ipc_sysctls(plan),
         },
         "annotations": _annotations(plan, result.notes),
     }
     return result
+
+
+def ipc_sysctls(plan: Plan) -> dict[str, str]:
+    """The session's System V limits (nsconfine._plan.limits), as its IPC namespace's
+    sysctls."""
+    return {
+        "kernel.shmall": str(plan.limits.sysv_shm_pages()),
+        "kernel.sem": SYSV_SEMAPHORES,
+        "kernel.msgmni": str(SYSV_MESSAGE_QUEUES),
+    }
 
 
 def parent_dest(parent: Entry | None) -> str:
@@ -745,6 +762,7 @@ def podman_args(
         "--user", f"{plan.user.uid}:{plan.user.gid}",
         "--cap-drop", "all", "--security-opt", "no-new-privileges", *_ulimits(plan),
         "--shm-size", str(plan.limits.shm),
+        *(f"--sysctl={name}={value}" for name, value in ipc_sysctls(plan).items()),
         "--security-opt", f"seccomp={bundle}/seccomp.json",
         "--pid", "private", "--ipc", "private", "--uts", "private", "--cgroupns", "private",
         "--env-file", f"{bundle}/env", "--workdir", plan.chdir,

@@ -24,6 +24,7 @@ from nsconfine._kernel import syscalls as _syscalls
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Final
 
     from nsconfine._kernel.accounts import RunAs
@@ -142,14 +143,28 @@ def shim_guards_pid_1() -> bool:
 
 
 def session_limits(
-    processes: int, ptys: int, inotify_instances: int, inotify_watches: int
-) -> tuple[int, int, int, int] | None:
-    """What the reaper takes in the session's own user namespace (nsconfine._plan.limits): its
-    processes, ptys (0 where the plan has no devpts to hold them), inotify instances and
-    watches; None in a test that switched the step off ("session-limits")."""
-    if "session-limits" in DISABLED_FOR_TESTS:
+    processes: int,
+    ptys: int,
+    inotify_instances: int,
+    inotify_watches: int,
+    shm_pages: int,
+    tmpfs: Sequence[tuple[int, int]],
+) -> list[str] | None:
+    """What the reaper takes in the session's own user and IPC namespaces
+    (nsconfine._plan.limits), as its argument's fields: its processes, ptys (0 where the plan
+    has no devpts to hold them), inotify instances and watches, System V shared memory in
+    pages, and the KiB and files of each writable tmpfs it mounts for bwrap to bind; None in a
+    test that switched the step off ("session-limits")."""
+    if not session_limits_taken():
         return None
-    return (processes, ptys, inotify_instances, inotify_watches)
+    counts = (processes, ptys, inotify_instances, inotify_watches, shm_pages)
+    return [*map(str, counts), *(f"{kib}:{files}" for kib, files in tmpfs)]
+
+
+def session_limits_taken() -> bool:
+    """Does the reaper take the session's limits (always, but in a test that switched the
+    step off: then bwrap makes the IPC namespace and the tmpfs, of the kernel's defaults)?"""
+    return "session-limits" not in DISABLED_FOR_TESTS
 
 
 def spawn_flags(user: RunAs) -> tuple[int, int, int]:

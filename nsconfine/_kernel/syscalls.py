@@ -84,6 +84,9 @@ _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_DEVPTS: "mount devpts at /dev/pts",
     lib.NSC_STAGE_INOTIFY: "write /proc/sys/user/max_inotify_*",
     lib.NSC_STAGE_NPROC: "prlimit(RLIMIT_NPROC)",
+    lib.NSC_STAGE_IPC_NS: "unshare(CLONE_NEWUSER) then unshare(CLONE_NEWIPC)",
+    lib.NSC_STAGE_IPC_LIMITS: "write /proc/sys/kernel/{shm,sem,msg}*",
+    lib.NSC_STAGE_TMPFS: "mount a tmpfs at /dev/shm/<i>",
     lib.NSC_STAGE_OPEN: "open (no symlinks)",
     lib.NSC_STAGE_LANDLOCK: "landlock",
 }

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from nsconfine._errors import SandboxUnavailable
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.mountinfo import parse_mountinfo, read_mountinfo
+from nsconfine._plan.limits import tmpfs_shape
 from nsconfine._plan.model import Entry, Kind, Plan
 from nsconfine._text import inside
 
@@ -223,34 +224,34 @@ def check_shim(bwrap: str, init: int, shim: int, filtered: bool) -> None:
 # ------------------------------------------------------------------ the mount table
 
 
-def _capacity_option(entry: Entry) -> str | None:
-    """The super option that shows entry's capacity: a tmpfs's size (in KiB, whole pages, as
-    the kernel rounds it), a devpts's max."""
+def _capacity_options(entry: Entry, tmpfs_files: bool) -> tuple[str, ...]:
+    """The super options that show entry's capacity: a tmpfs's size (in KiB, whole pages, as
+    the kernel rounds it) and, where tmpfs_files, its number of files; a devpts's max."""
     if entry.capacity is None:
-        return None
+        return ()
     if entry.kind is Kind.DEVPTS:
-        return f"max={entry.capacity}"
-    page = os.sysconf("SC_PAGE_SIZE")
-    return f"size={-(-entry.capacity // page) * page // 1024}k"
+        return (f"max={entry.capacity}",)
+    kib, files = tmpfs_shape(entry.capacity)
+    return (f"size={kib}k", f"nr_inodes={files}") if tmpfs_files else (f"size={kib}k",)
 
 
-def _expected(plan: Plan) -> dict[str, tuple[str, str, str | None]]:
-    """Mount point -> (mode, what, option): what is a file system type, or "bind" for a bind;
-    option a super option it must show (its size, or its ptys), if any."""
-    expected: dict[str, tuple[str, str, str | None]] = {"/": ("rw", "tmpfs", None)}
+def _expected(plan: Plan, tmpfs_files: bool) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    """Mount point -> (mode, what, options): what is a file system type, or "bind" for a bind;
+    options the super options it must show (its size and files, or its ptys)."""
+    expected: dict[str, tuple[str, str, tuple[str, ...]]] = {"/": ("rw", "tmpfs", ())}
     for entry in plan.entries:
         if entry.kind is Kind.BIND:
-            expected[entry.dest] = (str(entry.mode), "bind", None)
+            expected[entry.dest] = (str(entry.mode), "bind", ())
         elif entry.kind in (Kind.TMPFS, Kind.DEV, Kind.DATA):  # a data file sits on a tmpfs
             mode = "ro" if entry.kind is Kind.DATA else "rw"
-            expected[entry.dest] = (mode, "tmpfs", _capacity_option(entry))
+            expected[entry.dest] = (mode, "tmpfs", _capacity_options(entry, tmpfs_files))
         elif entry.kind is Kind.DEVPTS:
-            expected[entry.dest] = ("rw", "devpts", _capacity_option(entry))
+            expected[entry.dest] = ("rw", "devpts", _capacity_options(entry, tmpfs_files))
         elif entry.kind is Kind.PROC:
-            expected[entry.dest] = ("rw", "proc", None)
+            expected[entry.dest] = ("rw", "proc", ())
         elif entry.kind is Kind.REMOUNT_RO:
-            _, what, option = expected.get(entry.dest, ("ro", "?", None))
-            expected[entry.dest] = ("ro", what, option)
+            _, what, options = expected.get(entry.dest, ("ro", "?", ()))
+            expected[entry.dest] = ("ro", what, options)
     return expected
 
 
@@ -260,6 +261,7 @@ def mount_table_problems(
     root: str | None = None,
     sources: Mapping[str, tuple[int, int] | None] | None = None,
     host_mountinfo: str | None = None,
+    tmpfs_files: bool = True,
 ) -> list[str]:
     """What in the sandbox's mountinfo differs from the plan (empty when they agree).
 
@@ -268,8 +270,10 @@ def mount_table_problems(
     of the source the launcher opened; each bind's source as it is now if None). root None (a
     session reading its own table) skips that part.
     host_mountinfo is the launcher's own table, consulted only for mounts below a bound
-    directory; None reads /proc/self/mountinfo when one is found."""
-    expected = _expected(plan)
+    directory; None reads /proc/self/mountinfo when one is found.
+    tmpfs_files: each writable tmpfs must show its number of files (not in a test that switched
+    off the step that mounts them so, nsconfine._kernel.layers.session_limits_taken)."""
+    expected = _expected(plan, tmpfs_files)
     observed = parse_mountinfo(mountinfo)
     made_by_bwrap = [e.dest for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)]
     binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
@@ -278,13 +282,14 @@ def mount_table_problems(
     for point, mount in observed.items():
         want = expected.get(point)
         if want is not None:
-            mode, what, option = want
+            mode, what, options = want
             if mount.mode != mode:
                 problems.append(f"{point} is mounted {mount.mode}, the plan says {mode}")
             if what != "bind" and mount.fstype != what:
                 problems.append(f"{point} is a {mount.fstype} mount, the plan's is a {what}")
-            elif option is not None and option not in mount.options:
-                problems.append(f"{point} is not mounted with {option}, as the plan says")
+            elif not mount.options.issuperset(options):
+                shown = ", ".join(options)
+                problems.append(f"{point} is not mounted with {shown}, as the plan says")
             continue
         if any(point.startswith(tree + "/") for tree in made_by_bwrap):
             continue

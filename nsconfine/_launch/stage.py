@@ -71,7 +71,9 @@ from nsconfine._plan.bwrap_args import (
     fd_entries,
     reaper_command_line,
     shim_command,
+    sized_tmpfs,
 )
+from nsconfine._plan.limits import tmpfs_shape
 from nsconfine._plan.model import Kind, Plan, has_own_network
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
@@ -173,17 +175,24 @@ os.register_at_fork(after_in_child=_forget_lifeline_in_child)
 
 # ------------------------------------------------------------------ staging
 
-_compiled: dict[int, tuple[Plan, tuple[bool, bool, bool], bytes]] = {}
+_compiled: dict[int, tuple[Plan, tuple[bool, bool, bool, bool], bytes]] = {}
 
 
-def compiled_options(plan: Plan, seccomp: bool, bind_fds: bool) -> bytes:
+def compiled_options(plan: Plan, seccomp: bool, bind_fds: bool, limits_by_reaper: bool) -> bytes:
     """The plan's options, encoded once per plan object (plans are immutable)."""
-    switches = (seccomp, bind_fds, _layers.disables_userns(plan.nested_userns is not None))
+    userns_off = _layers.disables_userns(plan.nested_userns is not None)
+    switches = (seccomp, bind_fds, userns_off, limits_by_reaper)
     hit = _compiled.get(id(plan))
     if hit is not None and hit[0] is plan and hit[1] == switches:
         return hit[2]
     encoded = encode_options(
-        bwrap_options(plan, seccomp=seccomp, bind_fds=bind_fds, disable_userns=switches[2])
+        bwrap_options(
+            plan,
+            seccomp=seccomp,
+            bind_fds=bind_fds,
+            disable_userns=userns_off,
+            limits_by_reaper=limits_by_reaper,
+        )
     )
     if len(_compiled) >= 64:
         _compiled.clear()
@@ -432,7 +441,10 @@ def _start(
     them the holds on the session's mount points, which the reaper keeps for the session's
     life (the caller still owns the launcher's copies)."""
     seccomp = _layers.seccomp_program(plan.nested_userns is not None)
-    options = compiled_options(plan, seccomp is not None, bind_sources is not None)
+    limits = _session_limits(plan)
+    options = compiled_options(
+        plan, seccomp is not None, bind_sources is not None, limits is not None
+    )
     flags, uid, gid = _layers.spawn_flags(plan.user)
     shim = shim_command(
         idle_timeout_ms,
@@ -458,7 +470,7 @@ def _start(
         child_side.append(_lifeline_read_end())
         open_entry_fds(plan, child_side, bind_sources)
         holds_fd = 3 + len(child_side) if holds else None  # pass_fds land at 3, 4, …
-        command = reaper_command_line(REAPER_PATH, bwrap_argv, _session_limits(plan), holds_fd)
+        command = reaper_command_line(REAPER_PATH, bwrap_argv, limits, holds_fd)
         started = time.perf_counter()
         reaper = _syscalls.spawn(
             os.fsencode(REAPER_PATH),
@@ -534,12 +546,17 @@ def _devnull_above_stdio() -> int:
         os.close(opened)
 
 
-def _session_limits(plan: Plan) -> tuple[int, int, int, int] | None:
+def _session_limits(plan: Plan) -> list[str] | None:
     """The limits the reaper takes for plan (nsconfine._kernel.layers.session_limits)."""
     ptys = next((e.capacity or 0 for e in plan.entries if e.kind is Kind.DEVPTS), 0)
     limits = plan.limits
     return _layers.session_limits(
-        limits.processes, ptys, limits.inotify_instances, limits.inotify_watches
+        limits.processes,
+        ptys,
+        limits.inotify_instances,
+        limits.inotify_watches,
+        limits.sysv_shm_pages(),
+        [tmpfs_shape(capacity) for capacity in sized_tmpfs(plan)],
     )
 
 
@@ -571,7 +588,13 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
         staged.mount_watch, mountinfo = watched_mountinfo(shim)
     except OSError:
         raise SetupEnded("ended before its mounts could be checked") from None
-    problems = mount_table_problems(mountinfo, plan, root=f"/proc/{shim}/root", sources=sources)
+    problems = mount_table_problems(
+        mountinfo,
+        plan,
+        root=f"/proc/{shim}/root",
+        sources=sources,
+        tmpfs_files=_layers.session_limits_taken(),
+    )
     if problems:
         raise SandboxUnavailable(
             f"{bwrap} built a sandbox whose mounts differ from the plan ({'; '.join(problems)}): "

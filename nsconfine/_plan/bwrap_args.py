@@ -24,6 +24,10 @@ SHIM_PROGRAM_FD = 7  # the memfd holding the exec shim, which bwrap runs as /pro
 LIFELINE_FD = 8  # the reaper's end of the launcher's lifeline; bwrap never sees it
 FIRST_DATA_FD = 9  # then one fd per data, copy or bind entry, in plan order
 
+# Where the reaper mounts the session's sized tmpfs, in the mount namespace bwrap starts in
+# (csrc/reaper.c's mount_tmpfs_shares): the i-th writable tmpfs of the plan at REAPER_TMPFS/i.
+REAPER_TMPFS = "/dev/shm"
+
 # bwrap's MAX_ARGS: the options it reads from --args and its command line, counted together.
 MAX_BWRAP_ARGUMENTS = 9000
 
@@ -114,13 +118,24 @@ def _entry_arguments(entry: Entry, data_fd: int, bind_fds: bool) -> tuple[str, .
 
 
 def bwrap_options(
-    plan: Plan, *, seccomp: bool = True, bind_fds: bool = True, disable_userns: bool = True
+    plan: Plan,
+    *,
+    seccomp: bool = True,
+    bind_fds: bool = True,
+    disable_userns: bool = True,
+    limits_by_reaper: bool = False,
 ) -> list[str]:
     """The options nsconfine writes to the `--args` memfd for plan, in order. bind_fds: each
     bind's source is an fd the launcher opened (`--bind-fd`), else its path (a bwrap without
-    --bind-fd; the mount check after set-up then does the whole job). seccomp and
-    disable_userns are off only in the test suite's mutation twins (nsconfine._kernel.layers)."""
-    arguments = [*NAMESPACE_OPTIONS, *PROCESS_OPTIONS]
+    --bind-fd; the mount check after set-up then does the whole job). limits_by_reaper: the
+    launch's reaper took the session's limits, which bwrap's options cannot state: it made the
+    session's IPC namespace, with its System V limits (so no --unshare-ipc), and its writable
+    tmpfs, each of a size and a number of files, which bwrap binds from REAPER_TMPFS/<i> (a
+    launch always; off, bwrap makes them, as a printed or exported bwrap line does). seccomp
+    and disable_userns are off only in the test suite's mutation twins
+    (nsconfine._kernel.layers)."""
+    namespaces = [o for o in NAMESPACE_OPTIONS if not limits_by_reaper or o != "--unshare-ipc"]
+    arguments = [*namespaces, *PROCESS_OPTIONS]
     if has_own_network(plan.network):
         arguments.append("--unshare-net")  # a namespace of its own, loopback only
     if disable_userns:
@@ -131,7 +146,12 @@ def bwrap_options(
     if seccomp:
         arguments += ("--seccomp", str(SECCOMP_FD))
     data_fd = FIRST_DATA_FD
+    sized = 0  # the reaper's tmpfs taken so far
     for entry in plan.entries:
+        if limits_by_reaper and entry.kind is Kind.TMPFS and entry.capacity is not None:
+            arguments += ("--bind", f"{REAPER_TMPFS}/{sized}", entry.dest)
+            sized += 1
+            continue
         arguments += _entry_arguments(entry, data_fd, bind_fds)
         if entry.kind in (Kind.DATA, Kind.COPY) or (entry.kind is Kind.BIND and bind_fds):
             data_fd += 1
@@ -163,18 +183,23 @@ def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:
     return [bwrap, "--args", str(ARGS_FD), "--", *argv]
 
 
+def sized_tmpfs(plan: Plan) -> list[int]:
+    """The capacity of each writable tmpfs of plan, in plan order: those the reaper mounts."""
+    return [e.capacity for e in plan.entries if e.kind is Kind.TMPFS and e.capacity is not None]
+
+
 def reaper_command_line(
     reaper: str,
     bwrap_argv: Sequence[str],
-    limits: Sequence[int] | None = None,
+    limits: Sequence[str] | None = None,
     holds_fd: int | None = None,
 ) -> list[str]:
     """The reaper's argv: its lifeline and the info fd it reports on, the session's limits it
-    takes in a user namespace of the session's own before it starts bwrap (processes, ptys
-    (0: no devpts of its own), inotify instances and watches; "-": none), the first of the
+    takes in a user and an IPC namespace of the session's own before it starts bwrap
+    (nsconfine._kernel.layers.session_limits' fields; "-": none), the first of the
     fds that hold the session's mount points, which it keeps for the session's life and bwrap
     never gets ("-": none), then bwrap's argv."""
-    share = "-" if limits is None else ",".join(str(value) for value in limits)
+    share = "-" if limits is None else ",".join(limits)
     holds = "-" if holds_fd is None else str(holds_fd)
     return [reaper, str(LIFELINE_FD), str(INFO_FD), share, holds, *bwrap_argv]
 

@@ -10,8 +10,14 @@ every plan carries a value for each limit, with its reason, and every launch enf
 - open_files: RLIMIT_NOFILE of the command and all it starts, set by the exec shim (bwrap keeps
   the launcher's: it holds an fd for every copied runner file);
 - tmp and shm: the size of each writable tmpfs (/tmp and a fresh HOME; /dev/shm), whose pages
-  belong to no process, so that no OOM killer and no memory limit of a process reaches them;
-  bwrap's /dev, which has no size, is read-only;
+  belong to no process, so that no OOM killer and no memory limit of a process reaches them,
+  and its number of files, one per page of that size (tmpfs_shape: an empty file takes no
+  page, but ~1 KiB of the kernel's memory); bwrap's /dev, which has no size, is read-only;
+  shm also bounds System V shared memory, in an
+  IPC namespace of the session's own that the launcher's child makes, where semaphores and
+  message queues (kernel memory no process is charged for) are held to the kernel's limits
+  before 3.19 raised them (SYSV_SEMAPHORES, SYSV_MESSAGE_QUEUES), and which a session without
+  user namespaces of its own cannot leave for one with the kernel's defaults;
 - ptys: the max= of a devpts of the session's own, mounted by the launcher's child;
 - inotify_instances and inotify_watches: the session's user namespace's own limits
   (/proc/sys/user/max_inotify_*), counted under its account's.
@@ -30,6 +36,13 @@ from nsconfine._record import Record
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from typing import Any, Final
+
+# kernel.sem and kernel.msgmni in the session's IPC namespace (csrc/reaper.c writes them):
+# 128 semaphore sets of at most 250, 32,000 semaphores in all (~2 MiB), and 32 message queues
+# of 16 KiB. The kernel's defaults (32,000 sets of 32,000; 32,000 queues) would let a session
+# take 64 GiB of the host's memory.
+SYSV_SEMAPHORES: Final = "250 32000 32 128"  # SEMMSL SEMMNS SEMOPM SEMMNI
+SYSV_MESSAGE_QUEUES: Final = 32
 
 KiB: Final = 1 << 10
 MiB: Final = 1 << 20
@@ -55,7 +68,9 @@ LIMITS: Final[dict[str, tuple[int, int, int, bool, str]]] = {
     ),
     "shm": (
         64 * MiB, MiB, 1 << 62, True,
-        "bytes /dev/shm holds (a tmpfs of its own; bwrap's /dev is read-only)",
+        "bytes /dev/shm holds (a tmpfs of its own; bwrap's /dev is read-only), and as many "
+        "again of System V shared memory, in an IPC namespace of the session's own that also "
+        "holds 128 semaphore sets of at most 250 and 32 message queues",
     ),
     "ptys": (
         16, 1, 65_536, False,
@@ -119,6 +134,14 @@ class Limits(Record):
         ]
         return [*rows, {"name": "memory", "value": None, "reason": memory_note()}]
 
+    def sysv_shm_pages(self) -> int:
+        """System V shared memory's bound (kernel.shmall): shm's bytes in pages, rounded up; at
+        most 2**30 (4 TiB of 4 KiB pages, no less than unlimited), which the reaper's parser
+        takes."""
+        import os
+
+        return min(-(-self.shm // os.sysconf("SC_PAGE_SIZE")), 2**30)
+
     def lines(self) -> list[str]:
         """The manifest's lines for these limits."""
         shown = [f"  {name}: {self.shown(name)}  {LIMITS[name][4]}" for name in LIMITS]
@@ -180,6 +203,18 @@ def size_text(value: int) -> str:
         if value >= size and value % size == 0:
             return f"{value // size:,} {unit}"
     return f"{value:,} bytes"
+
+
+def tmpfs_shape(capacity: int) -> tuple[int, int]:
+    """A writable tmpfs of capacity bytes as mounted: its size in KiB, of whole pages (as the
+    kernel rounds it), and the files it holds (nr_inodes, its root among them): one per page,
+    so that empty files, which take no page, hold no more of the kernel's memory (~1 KiB
+    each) than a third of its size."""
+    import os
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    pages = -(-capacity // page)
+    return pages * page // KiB, pages
 
 
 _memory_note: str | None = None

@@ -583,7 +583,9 @@ def limits_check() -> Check:
         True,
         "enforced for every session (the canary's too): processes (RLIMIT_NPROC in a user "
         "namespace of the session's own), open_files (RLIMIT_NOFILE of the command), tmp and "
-        "shm (the size of each writable tmpfs; /dev read-only), ptys (a devpts of its own, "
+        "shm (the size and files of each writable tmpfs; /dev read-only; shm also System V "
+        "shared memory, in an IPC namespace of its own with few semaphores and message "
+        "queues), ptys (a devpts of its own, "
         "max=), inotify_instances and inotify_watches (its user namespace's own counts); "
         f"memory: not limited: {memory_note()}",
     )

@@ -166,6 +166,11 @@ def _layer_refusals(world: World) -> list[Probe]:
         "        try:\n            socket.socket(family, kind).close(); print('opened', f)\n"
         "        except (OSError, TypeError):\n            pass"
     )
+    semaphores = (  # semget(IPC_PRIVATE, 250, IPC_CREAT | 0600) until refused, 200 at most
+        "import ctypes; libc = ctypes.CDLL(None); made = 0\n"
+        "while made < 200 and libc.semget(0, 250, 0o1600) >= 0:\n    made += 1\n"
+        "print(made)"
+    )
     probes = [
         Probe(
             "make keys with the keyring syscalls",
@@ -190,6 +195,14 @@ def _layer_refusals(world: World) -> list[Probe]:
             lambda outcome: outcome.stdout.strip() == "made",
             lambda plan: plan,
             layers_off=("no-nested-userns",),
+        ),
+        Probe(  # kernel memory no process is charged for; bounded, the twin takes ~3 MiB
+            "hold the host's memory in System V semaphores (200 sets of 250)",
+            False,
+            f"python3 -c {shell_quoted(semaphores)}",
+            lambda outcome: outcome.stdout.strip() == "200",
+            _drop("/dev/pts"),  # the devpts is the limits step's too
+            layers_off=("session-limits",),
         ),
     ]
     if os.uname().machine == "x86_64":
