@@ -342,6 +342,20 @@ def test_the_hosts_proc_and_dev_cannot_be_bound(
         session(*ws_run, binds=[bind]).plan()
 
 
+def test_a_dev_shm_that_links_elsewhere_is_not_taken_for_dev(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host whose /dev/shm is a symlink (to /run/shm, or a directory of its root file
+    system): the lint takes /dev's own file systems by what lies there, not by where a link
+    leads, or every bind of the root file system (/usr) would be refused as the host's /dev."""
+    from nsconfine._policy import lint
+
+    link = tmp_path / "shm"
+    link.symlink_to("/")
+    monkeypatch.setattr(lint, "_SUB_MOUNTS", (str(link),))
+    assert os.stat("/").st_dev not in lint._kernel_file_systems()
+
+
 def test_the_cli_cannot_bind_the_launchers_own_proc(ws_run: tuple[Path, Path]) -> None:
     """--ro /proc/self (the launcher's own /proc entry) is refused as the host's /proc."""
     with pytest.raises(PlanError, match="host's /proc"):

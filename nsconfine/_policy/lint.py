@@ -511,13 +511,17 @@ _SUB_MOUNTS = ("/dev/pts", "/dev/shm", "/dev/mqueue", "/dev/hugepages")
 
 def _kernel_file_systems() -> dict[int, str]:
     """Device number -> which of the host's /proc or /dev it is (a bind of either elsewhere
-    keeps its device)."""
+    keeps its device). A symlink is no mount (a /dev/shm that links to /run/shm, or to a
+    directory of the root file system, would make every bind of that file system the host's
+    /dev); /dev, where it lies, is counted anyway."""
     found: dict[int, str] = {}
     for path in (*_KERNEL_FILE_SYSTEMS, *_SUB_MOUNTS):
         try:
-            found.setdefault(os.stat(path).st_dev, "/dev" if path != "/proc" else "/proc")
+            info = os.lstat(path)
         except OSError:
             continue
+        if not stat.S_ISLNK(info.st_mode):
+            found.setdefault(info.st_dev, "/dev" if path != "/proc" else "/proc")
     return found
 
 
