@@ -151,9 +151,9 @@ static long write_number(const char *path, unsigned long value)
 
 /* System V semaphores and message queues in the session's IPC namespace: the kernel's limits
  * before 3.19 raised them (nsconfine/_plan/limits.py's SYSV_*, which the manifest states). A
- * semaphore costs ~64 bytes and a queue up to 16 KiB (msgmnb) of memory no process is charged
- * for; at the kernel's defaults (32,000 sets of 32,000 semaphores; 32,000 queues) a session
- * could take 64 GiB. */
+ * semaphore costs ~64 bytes, and a queue up to 16 KiB (msgmnb) of messages or 16,384 empty
+ * ones (~1 MiB), of memory no process is charged for; at the kernel's defaults (32,000 sets
+ * of 32,000 semaphores; 32,000 queues) a session could take 64 GiB. */
 #define SEMAPHORE_LIMITS "250 32000 32 128" /* SEMMSL SEMMNS SEMOPM SEMMNI */
 #define MESSAGE_QUEUES 32
 

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 # kernel.sem and kernel.msgmni in the session's IPC namespace (csrc/reaper.c writes them):
 # 128 semaphore sets of at most 250, 32,000 semaphores in all (~2 MiB), and 32 message queues
-# of 16 KiB. The kernel's defaults (32,000 sets of 32,000; 32,000 queues) would let a session
-# take 64 GiB of the host's memory.
+# of 16 KiB (or of 16,384 empty messages: ~36 MiB in all). The kernel's defaults (32,000 sets
+# of 32,000; 32,000 queues) would let a session take 64 GiB of the host's memory.
 SYSV_SEMAPHORES: Final = "250 32000 32 128"  # SEMMSL SEMMNS SEMOPM SEMMNI
 SYSV_MESSAGE_QUEUES: Final = 32
 
@@ -208,8 +208,9 @@ def size_text(value: int) -> str:
 def tmpfs_shape(capacity: int) -> tuple[int, int]:
     """A writable tmpfs of capacity bytes as mounted: its size in KiB, of whole pages (as the
     kernel rounds it), and the files it holds (nr_inodes, its root among them): one per page,
-    so that empty files, which take no page, hold no more of the kernel's memory (~1 KiB
-    each) than a third of its size."""
+    so that empty files, which take no page (~1.3 KiB of the kernel's memory each), and the
+    extended attributes that draw on the same count (~2 KiB each), hold no more than about
+    half its size again."""
     import os
 
     page = os.sysconf("SC_PAGE_SIZE")
