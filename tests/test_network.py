@@ -203,6 +203,25 @@ def test_an_audit_file_where_the_session_writes_is_refused(
     assert twin.audit == str(tmp_path / "a.jsonl")
 
 
+def test_a_launch_the_lint_refuses_makes_no_audit_file(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The audit file is opened once the launch's lint has passed: a refused launch leaves
+    none (a lint that refuses an audit path the session could redirect would come too late
+    otherwise: the launcher, as root, would already have made the file wherever a symlink
+    led). Twin: the plan as made launches, and the file is there."""
+    from nsconfine._plan import model as p
+
+    audit = tmp_path / "audit.jsonl"
+    plan = _proxy_session(ws_run, "mirror.test:8080=127.0.0.1", audit=str(audit))
+    denied = p.ro_bind("/etc/ssh", "/mnt/ssh", "asked for: the host's SSH keys")
+    with pytest.raises(nsconfine.PlanError, match="/etc/ssh"):
+        run(plan.replace(entries=(*plan.entries, denied)), ["true"])
+    assert not audit.exists()
+    assert run(plan, ["true"])[0] == 0
+    assert audit.exists()
+
+
 def test_an_audit_file_that_is_a_fifo_refuses_the_launch_at_once(
     ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -90,11 +90,7 @@ class _Proxies:
     def attach(self, plan: Plan, reporter: _Reporter | None) -> tuple[Plan, Egress]:
         plan.require_launchable()  # (gate refused it already: its routes hold no key)
         name = f"session-{os.getpid()}-{next(self._numbers)}"
-        listeners: list[AuditLog | _Reporter] = []
-        if plan.audit is not None:
-            listeners.append(AuditLog(plan.audit))
-        if reporter is not None:
-            listeners.append(reporter)
+        listeners: list[AuditLog | _Reporter] = [] if reporter is None else [reporter]
         with self._lock:
             self._listeners[name] = listeners
         try:
@@ -104,6 +100,14 @@ class _Proxies:
             raise
         bound = plan.replace(entries=(*plan.entries, relay_entry(os.path.dirname(path))))
         return bound, Egress(self, name)
+
+    def listen(self, name: str, listener: AuditLog) -> None:
+        with self._lock:
+            known = self._listeners.get(name)
+            if known is not None:
+                known.append(listener)
+                return
+        listener.close()  # (the session is gone already)
 
     def _drop(self, name: str) -> None:
         with self._lock:
@@ -142,6 +146,14 @@ class Egress:
     def __init__(self, proxies: _Proxies, name: str) -> None:
         self._proxies = proxies
         self.name = name
+
+    def open_audit(self, path: str | None) -> None:
+        """Append the session's records to the audit file at path (None: none), opened now: once
+        the launch's lint has passed, which refuses a path the session could redirect (a
+        symlink it put above it would have the launcher, as root, make the file wherever it
+        led), and before the command runs."""
+        if path is not None:
+            self._proxies.listen(self.name, AuditLog(path))
 
     def admit_only(self, network: int) -> None:
         """The socket serves peers in this network namespace (inode) alone: the sandbox's."""

@@ -382,6 +382,8 @@ def stage(
         if lint is not None:  # bwrap is building the sandbox meanwhile
             _sources.check_judged(plan, identities, lint())
             staged.mark("linted")
+        if egress is not None:
+            egress.open_audit(plan.audit)  # once the lint has judged its path
         _confirm(bwrap, plan, staged, identities)
         if egress is not None:  # its relay's network, and no other, may use its socket
             egress.admit_only(_network_of(staged.command_pid, staged.command_pidfd))
