@@ -72,17 +72,34 @@ def pairs(keyword: str, given: P) -> P:
 def paths(
     keyword: str, given: Iterable[str | os.PathLike[str]]
 ) -> tuple[str | os.PathLike[str], ...]:
-    """given as a tuple of paths (str or os.PathLike)."""
-    return items(keyword, given, (str, os.PathLike))
+    """given as a tuple of paths (str or os.PathLike), each a non-empty str path."""
+    found = items(keyword, given, (str, os.PathLike))
+    for item in found:
+        _text_path(keyword, item)
+    return found
 
 
 def path(keyword: str, given: str | os.PathLike[str]) -> str | os.PathLike[str]:
-    """given, if it is one path."""
+    """given, if it is one non-empty str path."""
     if not isinstance(given, str | os.PathLike):
         raise UsageError(f"Session({keyword}=...) is one path (str or os.PathLike), not {given!r}")
-    if not os.fspath(given):  # "" would name the launcher's working directory
-        raise UsageError(f"Session({keyword}=...) is empty: name a directory")
+    _text_path(keyword, given)
     return given
+
+
+def _text_path(keyword: str, given: str | os.PathLike[str]) -> None:
+    """Refuse a path that is empty ("" would name the launcher's working directory, and bind
+    or deny it), or an os.PathLike whose path is bytes."""
+    flag = OPTIONS[keyword].flag if keyword in OPTIONS else None
+    named = f"Session({keyword}=...)" + (f" ({flag})" if flag else "")
+    text: object = os.fspath(given)
+    if not isinstance(text, str):
+        raise UsageError(f"{named}: {text!r} is not a str path; give its text")
+    if not text:
+        raise UsageError(
+            f"{named} holds an empty path, which would name the launcher's working directory: "
+            "give the path"
+        )
 
 
 def text(keyword: str, given: str) -> str:

@@ -10,10 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import session
+from helpers import cli, session, session_options
 
 import nsconfine
 from nsconfine import Bind, RunAs, UsageError
+
+
+class _BytesPath:
+    """An os.PathLike whose path is bytes, which no other keyword takes."""
+
+    def __fspath__(self) -> bytes:
+        return b"/usr"
+
+    def __repr__(self) -> str:
+        return "_BytesPath()"
 
 
 @pytest.mark.parametrize(
@@ -45,6 +55,12 @@ from nsconfine import Bind, RunAs, UsageError
         ("tool_socket", 3, "Session(tool_socket=...) is one path"),
         ("network_reason", ["why"], "Session(network_reason=...) is a str"),
         ("setenv", {"A": 1}, "--setenv A: the value is a str, not 1"),
+        # "" would name the launcher's working directory
+        ("ro", [""], "Session(ro=...) (--ro) holds an empty path"),
+        ("deny", [""], "Session(deny=...) (--deny) holds an empty path"),
+        ("mask", [Path("/usr"), ""], "Session(mask=...) (--mask) holds an empty path"),
+        ("credential", "", "Session(credential=...) (--credential) holds an empty path"),
+        ("ro", [_BytesPath()], "Session(ro=...) (--ro): b'/usr' is not a str path"),
     ],
 )
 def test_a_value_of_the_wrong_shape_is_refused_by_its_keyword(
@@ -131,3 +147,25 @@ def test_a_plan_of_the_wrong_shape_is_a_usage_error(
     deep in the plan's build)."""
     with pytest.raises(UsageError, match=re.escape(said)):
         plan.replace(**{field: value})
+
+
+@pytest.mark.parametrize("option", ["--ro", "--mask", "--deny"])
+def test_an_empty_path_on_the_command_line_runs_nothing(
+    ws_run: tuple[Path, Path], option: str
+) -> None:
+    """`--ro ""` would bind the launcher's working directory (and run the command with it
+    there): a usage error, and nothing runs."""
+    marker = ws_run[0] / "ran"
+    result = cli("run", *session_options(*ws_run), option, "", "--", "/usr/bin/touch", str(marker))
+    assert result.returncode == 64, result
+    assert "holds an empty path" in result.stderr, result.stderr
+    assert not marker.exists()
+
+
+def test_explain_and_a_bundle_refuse_an_empty_path(ws_run: tuple[Path, Path]) -> None:
+    """`explain ""` and `oci-bundle … ""` would take the working directory: usage errors."""
+    options = session_options(*ws_run)
+    for arguments in (["explain", "", *options], ["oci-bundle", *options, ""]):
+        result = cli(*arguments)
+        assert result.returncode == 64, result
+        assert "is empty, which would name the working directory" in result.stderr, result

@@ -457,6 +457,7 @@ def _bundle(arguments: Arguments) -> int:
     from nsconfine._export.oci import bundle_command
 
     command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
+    _refuse_empty(arguments.directory, "DIR")
     plan = _session(arguments).plan()
     return bundle_command(plan, arguments.subcommand, arguments.directory, command)
 
@@ -465,12 +466,18 @@ def _explain(arguments: Arguments) -> int:
     from nsconfine._policy.explain import explain
     from nsconfine._session import profiles_showing
 
+    _refuse_empty(arguments.path, "PATH")
     session = _session(arguments)
     visible, lines = explain(
         session.plan(), arguments.path, lambda path: profiles_showing(path, session)
     )
     print("\n".join(lines))
     return 0 if visible else 1
+
+
+def _refuse_empty(path: str, metavar: str) -> None:
+    if not path:  # "" would name the working directory
+        raise UsageError(f"{metavar} is empty, which would name the working directory: give it")
 
 
 _COMMANDS = {
