@@ -27,7 +27,7 @@ from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import SPAWN_SHIM_TIMEOUT_MS, hold_closed_stdio, stage
 from nsconfine._plan.model import Kind, Mode, Plan
 from nsconfine._plan.protect import refreshed
-from nsconfine._policy.lint import check_plan
+from nsconfine._policy.lint import check_plan, launch_rules
 from nsconfine._policy.pins import verify_pins
 from nsconfine._preflight.checks import (
     located_bwrap,
@@ -57,7 +57,7 @@ def lint(plan: Plan) -> dict[str, Identity | None]:
     """The plan's own checks: the policy lint and the harness pins; what the lint judged (each
     bind source's identity). A launch runs it while bwrap builds the sandbox (see stage), and
     hands the command over only once it has passed."""
-    judged = check_plan(plan)
+    judged = check_plan(plan, launch_rules(plan))
     verify_pins(plan)
     return judged
 

@@ -367,3 +367,21 @@ def test_the_launcher_s_records_do_not_use_up_the_look_for_other_names(
     os.link(secrets / "token", lib / "token")
     environ = {"HOME": str(standin_home), "XDG_CACHE_HOME": str(cache)}
     assert "token" in refusal(ws_run, environ, ro=[lib], deny=[secrets])
+
+
+@pytest.mark.confinement
+def test_the_launch_lint_keeps_the_default_rules_a_caller_dropped(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """Principle 2 holds whatever a plan's own deny set holds: the launch's lint judges every
+    bind by the default rules too, made afresh. A plan whose deny set a caller emptied
+    (plan.replace(deny=())) still cannot bind the host's SSH keys; the twin, the same plan
+    binding a harmless file, launches."""
+    from helpers import run
+
+    bare = session(*ws_run).plan().replace(deny=())
+    keys = p.ro_bind("/etc/ssh", "/mnt/ssh", "asked for")
+    with pytest.raises(PlanError, match="/etc/ssh"):
+        run(bare.replace(entries=(*bare.entries, keys)), ["/bin/true"])
+    harmless = p.ro_bind("/etc/hostname", "/mnt/hostname", "asked for")
+    assert run(bare.replace(entries=(*bare.entries, harmless)), ["/bin/true"])[0] == 0

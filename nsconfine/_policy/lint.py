@@ -273,6 +273,15 @@ def default_deny(
     return tuple(_unique(rules))
 
 
+def launch_rules(plan: Plan) -> tuple[DenyRule, ...]:
+    """The rules a launch judges plan by: its own deny set, which is its maker's to edit
+    (plan.replace(deny=...)), and the default set made afresh for the launcher's environment
+    and the plan's account, which is not: no plan binds a credential store or a home."""
+    own = {(rule.path, rule.inside) for rule in plan.deny}
+    defaults = default_deny(account=plan.user)
+    return (*plan.deny, *(rule for rule in defaults if (rule.path, rule.inside) not in own))
+
+
 def _store_paths(named: str, homes: Sequence[str]) -> list[str]:
     """The paths a store variable's value names: itself if absolute; with a leading ~ (a
     systemd unit does not expand it, the tool does), the same path in every home."""
@@ -556,12 +565,14 @@ def _refuse_host_proc_or_dev(
     )
 
 
-def check_plan(plan: Plan) -> dict[str, tuple[int, int] | None]:
-    """Refuse the plan (PlanError) if any bind's source is missing, is `/`, breaks a rule, or
-    would make writable what another entry binds read-only. Returns what it judged: each
-    source's (device, inode), None for a stub not made yet; the launch checks the files it
-    opens against it."""
-    judge = Judge(plan.deny)
+def check_plan(
+    plan: Plan, rules: Sequence[DenyRule] | None = None
+) -> dict[str, tuple[int, int] | None]:
+    """Refuse the plan (PlanError) if any bind's source is missing, is `/`, breaks a rule (of
+    rules: plan.deny if None), or would make writable what another entry binds read-only.
+    Returns what it judged: each source's (device, inode), None for a stub not made yet; the
+    launch checks the files it opens against it."""
+    judge = Judge(plan.deny if rules is None else rules)
     kernel_devices = _kernel_file_systems()
     judged: dict[str, tuple[int, int] | None] = {}
     writable: list[tuple[Entry, tuple[str, str]]] = []
