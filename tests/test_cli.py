@@ -474,6 +474,11 @@ def test_cli_exits_127_for_a_missing_command(ws_run: tuple[Path, Path]) -> None:
     assert result.returncode == 127, result.stderr
     assert "no-such-command" in result.stderr
     assert result.stderr.count("\n") == 1
+    # A name holding a newline and an escape sequence is shown escaped: still one line.
+    result = _cli_run(ws_run, "/x\nnsconfine: forged\x1b[31m")
+    assert result.returncode == 127, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "\x1b" not in result.stderr, result.stderr
 
 
 @pytest.mark.confinement

@@ -537,8 +537,9 @@ def test_limits_come_from_the_cli_and_profiles(ws_run: tuple[Path, Path], tmp_pa
 
 @pytest.mark.parametrize(
     "given",
-    ["bogus=1", "processes=0", "processes=many", "tmp=12Q", "ptys", "memory=1G"],
-)
+    ["bogus=1", "processes=0", "processes=many", "tmp=12Q", "ptys", "memory=1G",
+     "processes=" + "9" * 5000, "tmp=" + "9" * 5000 + "G"],  # past what int() takes from a text
+)  # fmt: skip
 def test_a_bad_limit_is_a_usage_error(ws_run: tuple[Path, Path], given: str) -> None:
     """A limit nsconfine does not know, or a value it cannot take (or, for memory, cannot
     enforce here), is refused on one line, exit 64, and nothing runs."""

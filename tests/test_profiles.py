@@ -271,6 +271,27 @@ def test_include_cycles_are_refused(ws_run: tuple[Path, Path], tmp_path: Path) -
         session(*ws_run, profile=[str(a)]).plan()
 
 
+def test_a_chain_of_includes_too_deep_is_refused(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """Profiles that include one another 1,000 deep are refused on one line, not followed
+    until Python's recursion limit; 32 deep are taken (the twin)."""
+    for depth in range(1000):
+        include = f'include = ["p{depth + 1}.toml"]\n' if depth < 999 else ""
+        write_profile(tmp_path, f'description = "p{depth}"\n{include}', f"p{depth}.toml")
+    with pytest.raises(nsconfine.UsageError, match="includes more than 32 deep"):
+        session(*ws_run, profile=[str(tmp_path / "p0.toml")]).plan()
+    assert session(*ws_run, profile=[str(tmp_path / "p968.toml")]).plan()
+
+
+def test_a_number_past_what_python_reads_is_a_usage_error(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A profile's integer of 5,000 digits (tomllib refuses it with a ValueError) is refused as
+    the profile's error."""
+    profile = write_profile(tmp_path, f'description = "d"\n[limits]\nprocesses = {"9" * 5000}\n')
+    with pytest.raises(nsconfine.UsageError, match="not valid TOML"):
+        session(*ws_run, profile=[str(profile)]).plan()
+
+
 # ------------------------------------------------------------------ the roles
 
 

@@ -169,3 +169,18 @@ def test_explain_and_a_bundle_refuse_an_empty_path(ws_run: tuple[Path, Path]) ->
         result = cli(*arguments)
         assert result.returncode == 64, result
         assert "is empty, which would name the working directory" in result.stderr, result
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["--user", "1" * 4301], ["--network", "proxy", "--allow-host", "pypi.org:" + "1" * 4301]],
+    ids=["uid", "port"],
+)
+def test_a_number_past_what_python_reads_is_a_usage_error(
+    ws_run: tuple[Path, Path], option: list[str]
+) -> None:
+    """Digits past what int() takes from a text (4,300) are refused on one line, exit 64."""
+    result = cli("plan", *session_options(*ws_run), *option)  # the last --user counts
+    assert result.returncode == 64, result
+    assert result.stderr.startswith("nsconfine: usage: "), result.stderr
+    assert "Traceback" not in result.stderr

@@ -405,8 +405,8 @@ def _run(arguments: Arguments) -> int:
                     raise  # (CredentialMissing is an OSError too)
                 # the command itself could not start
                 print(
-                    f"nsconfine: exec-failed: {command[0]} cannot be run in the sandbox: "
-                    f"{failed.strerror}",
+                    f"nsconfine: exec-failed: {printable(command[0])} cannot be run in the "
+                    f"sandbox: {failed.strerror}",
                     file=sys.stderr,
                 )
                 return EXEC_FAILED_STATUS

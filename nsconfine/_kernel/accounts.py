@@ -80,6 +80,8 @@ def run_as(user: str | int | None) -> RunAs:
     if user is None:
         return launcher_account()
     if isinstance(user, str) and is_decimal(user):
+        if len(user) > 10:  # past any uid (and, past 4,300 digits, what int() reads)
+            raise UsageError(f"--user {user[:20]}…: there is no such account")
         user = int(user)
     try:
         entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)

@@ -113,7 +113,7 @@ def ip_literal(host: str) -> IPAddress | None:
 
 
 def _port(text: str, whole: str) -> int:
-    if not is_decimal(text) or not 0 < int(text) < 65536 or len(text) > 5:
+    if not is_decimal(text) or len(text) > 5 or not 0 < int(text) < 65536:
         raise UsageError(f"destination {whole!r}: the port must be a number from 1 to 65535")
     return int(text)
 

@@ -186,15 +186,22 @@ def parse_value(name: str, value: object) -> int:
     if found is None or (found["unit"] and not LIMITS[name][3]):
         unit = "bytes, or a number with K, M, G or T" if LIMITS[name][3] else "a whole number"
         raise UsageError(f"limit {name}: {value!r} is not {unit}")
+    if len(found["number"]) > 20:  # past every limit (and, past 4,300 digits, what int() reads)
+        raise _out_of_range(name, value[:24] + "…")
     return _checked(name, int(found["number"]) * _UNITS[found["unit"].upper()])
 
 
 def _checked(name: str, value: int) -> int:
-    _, smallest, largest, is_size, _ = LIMITS[name]
+    _, smallest, largest, _, _ = LIMITS[name]
     if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= largest:
-        low, high = (size_text(smallest), size_text(largest)) if is_size else (smallest, largest)
-        raise UsageError(f"limit {name}: {value!r} is not between {low} and {high}")
+        raise _out_of_range(name, value)
     return value
+
+
+def _out_of_range(name: str, value: object) -> UsageError:
+    _, smallest, largest, is_size, _ = LIMITS[name]
+    low, high = (size_text(smallest), size_text(largest)) if is_size else (smallest, largest)
+    return UsageError(f"limit {name}: {value!r} is not between {low} and {high}")
 
 
 def size_text(value: int) -> str:

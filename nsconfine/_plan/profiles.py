@@ -214,8 +214,12 @@ def _refuse_untrusted(path: str, fd: int, info: os.stat_result) -> None:
         raise PlanError(f"profile {path}: it changed while it was read; nothing was run")
 
 
+MAX_INCLUDE_DEPTH = 32
+
+
 def chain(names: list[str]) -> list[Profile]:
-    """The profiles named, each after the ones it includes, each once; a cycle is refused."""
+    """The profiles named, each after the ones it includes, each once; a cycle, or includes
+    deeper than MAX_INCLUDE_DEPTH, are refused."""
     ordered: list[Profile] = []
     seen: set[str] = set()
 
@@ -224,6 +228,11 @@ def chain(names: list[str]) -> list[Profile]:
         if profile.path in stack:
             raise UsageError(
                 f"profile {profile.path}: it includes itself (through {' -> '.join(stack)})"
+            )
+        if len(stack) == MAX_INCLUDE_DEPTH:
+            raise UsageError(
+                f"profile {stack[0]} includes more than {MAX_INCLUDE_DEPTH} deep (to "
+                f"{profile.path}): include fewer levels"
             )
         if profile.path in seen:
             return
@@ -279,6 +288,8 @@ def _checked(label: str, path: str, text: str) -> Profile:
         found = re.search(r"line (\d+)", str(error))
         line = int(found.group(1)) if found else 1
         raise UsageError(f"profile {path}, line {line}: not valid TOML: {error}") from None
+    except ValueError as error:  # a number past what int() reads from a text (4,300 digits)
+        raise UsageError(f"profile {path}: not valid TOML: {error}") from None
     except RecursionError:  # tomllib's parser recurses once per nested array or table
         raise UsageError(f"profile {path}: not valid TOML: nested too deep") from None
     values: dict[str, Any] = {}
