@@ -227,6 +227,23 @@ def test_an_empty_harness_is_refused(ws_run: tuple[Path, Path]) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_a_harness_below_a_symlinked_directory_is_refused_by_name(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A harness reached through a symlinked directory (/bin/true, /bin linking to usr/bin)
+    would be bound where the link leads, and the launch refused as if bwrap did not confine:
+    the plan refuses it, naming the path to give; given that path (the twin), it plans."""
+    real = tmp_path / "real"
+    real.mkdir()
+    tool = real / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    (tmp_path / "link").symlink_to("real")
+    with pytest.raises(nsconfine.PlanError, match=r"lies below a symlink.* give .*/real/tool"):
+        session(*ws_run, harness=[str(tmp_path / "link" / "tool")]).plan()
+    assert session(*ws_run, harness=[str(tool)]).plan()
+
+
 # ------------------------------------------------------------------ explain
 
 

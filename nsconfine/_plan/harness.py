@@ -33,6 +33,16 @@ def harness_entries(path: str, sha256: str | None, writable: Sequence[str] = ())
         raise PlanError("a harness path is empty: name the harness executable (--harness PATH)")
     if not os.path.lexists(path):
         raise PlanError(f"the harness {printable(path)} does not exist")
+    # Bound at its path, through a linked directory it would land where the link leads (and
+    # the mount check would refuse the sandbox): name it by its directory's own path.
+    directory, name = os.path.split(os.path.abspath(path))
+    real_directory = realpath(directory)
+    if real_directory != directory:
+        through = printable(os.path.join(real_directory, name))
+        raise PlanError(
+            f"the harness {printable(path)} lies below a symlink ({printable(directory)} leads "
+            f"to {printable(real_directory)}): give {through}"
+        )
     try:
         target = realpath(path)
     except OSError:
