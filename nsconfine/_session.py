@@ -840,10 +840,11 @@ def _expand(
 
 def _expand_name(text: str, session: Session, environ: Mapping[str, str], where: str) -> str:
     """A profile's protect or unprotect name: one that begins with a placeholder
-    ({workspace}/deploy.yml) expanded as a path (then taken from the workspace, as an absolute
-    --protect is), any other as it is (a name relative to each repository, such as a
-    template's {{cookiecutter.name}}/deploy.yml, or a path). Left as it was, it named a
-    directory "{workspace}" in the workspace, and protected nothing the profile meant."""
+    ({workspace}/deploy.yml), a variable ($NAME/deploy.yml) or a ~ expanded as a path (then
+    taken from the workspace, as an absolute --protect is), any other as it is (a name
+    relative to each repository, such as a template's {{cookiecutter.name}}/deploy.yml, or a
+    path). Left as it was, it named a directory "{workspace}" in the workspace, and protected
+    nothing the profile meant."""
     if not text.startswith(_PLACES):
         return text
     expanded = _expand(text, session, environ, where)
@@ -854,7 +855,8 @@ def _expand_name(text: str, session: Session, environ: Mapping[str, str], where:
     return expanded
 
 
-_PLACES = ("{workspace}", "{run_dir}", "{home}", "{config}")  # as _TOKEN names them
+# As _TOKEN names them, then what _expand expands at the start of a path: $NAME, ${NAME}, ~.
+_PLACES = ("{workspace}", "{run_dir}", "{home}", "{config}", "$", "~")
 
 
 def _path(value: str | os.PathLike[str]) -> str:

@@ -160,17 +160,21 @@ def test_the_manifest_lists_each_protected_path_with_its_reason(repo: tuple[Path
     assert str(workspace / "Makefile") in dests
 
 
-@pytest.mark.parametrize("given_by", ["cli", "session", "profile", "profile {workspace}"])
+@pytest.mark.parametrize(
+    "given_by", ["cli", "session", "profile", "profile {workspace}", "profile $NAME"]
+)
 def test_an_absolute_protect_path_in_the_workspace_is_kept_read_only(
-    tmp_path: Path, given_by: str
+    tmp_path: Path, given_by: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--protect WORKSPACE/deploy.yml` protects that file, as `--protect deploy.yml` does, from
     the command line, Session and a profile alike (attackers' pass: its leading "/" was
     stripped and the rest taken from the workspace, WORKSPACE/tmp/.../deploy.yml, so the
     manifest showed an empty directory made at WORKSPACE/tmp and the session overwrote the
     host's deploy.yml). A profile's `{workspace}/deploy.yml` is that path too (it was taken
-    as a name, and an empty directory `{workspace}` made in the workspace)."""
+    as a name, and an empty directory `{workspace}` made in the workspace); so is one that
+    begins with a variable, `$NAME/deploy.yml` (it was taken as a name too)."""
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    monkeypatch.setenv("NSCONFINE_TEST_WORKSPACE", str(workspace))
     deploy = workspace / "deploy.yml"
     deploy.write_text("target: production\n")
     give_to_session_user(deploy)
@@ -184,7 +188,10 @@ def test_an_absolute_protect_path_in_the_workspace_is_kept_read_only(
             options: dict[str, Any] = {"protect": [str(deploy)]}
         else:
             profile = tmp_path / "deploy.toml"
-            named = "{workspace}/deploy.yml" if given_by == "profile {workspace}" else deploy
+            named = {
+                "profile {workspace}": "{workspace}/deploy.yml",
+                "profile $NAME": "$NSCONFINE_TEST_WORKSPACE/deploy.yml",
+            }.get(given_by, str(deploy))
             profile.write_text(f'description = "a deploy role"\nprotect = ["{named}"]\n')
             profile.chmod(0o644)
             options = {"profile": [str(profile)]}
