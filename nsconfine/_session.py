@@ -61,7 +61,17 @@ class Harness(Record):
     sha256: str | None
 
     def __init__(self, path: str, sha256: str | None = None) -> None:
-        self._set(path=path, sha256=sha256)
+        if not isinstance(path, str | os.PathLike) or not isinstance(os.fspath(path), str):
+            raise UsageError(f"Harness(path) is a path (str or os.PathLike), not {path!r}")
+        if sha256 is not None:
+            import re
+
+            if not isinstance(sha256, str) or not re.match(_DIGEST, sha256.lower()):
+                raise UsageError(
+                    f"Harness({os.fspath(path)!r}, {sha256!r}): the digest must be 64 hex digits"
+                )
+            sha256 = sha256.lower()
+        self._set(path=os.fspath(path), sha256=sha256)
 
     @classmethod
     def parse(cls, spec: str) -> Harness:
@@ -69,11 +79,12 @@ class Harness(Record):
         path, at, pin = spec.rpartition("@sha256:")
         if not at:
             return cls(spec)
-        import re
-
-        if not re.match(_DIGEST, pin.lower()):
-            raise UsageError(f"harness {spec!r}: the digest must be 64 hex digits after @sha256:")
-        return cls(path, pin.lower())
+        try:
+            return cls(path, pin)
+        except UsageError:
+            raise UsageError(
+                f"harness {spec!r}: the digest must be 64 hex digits after @sha256:"
+            ) from None
 
 
 class Session(Record):

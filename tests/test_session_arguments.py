@@ -163,12 +163,16 @@ def test_an_empty_path_on_the_command_line_runs_nothing(
 
 
 def test_explain_and_a_bundle_refuse_an_empty_path(ws_run: tuple[Path, Path]) -> None:
-    """`explain ""` and `oci-bundle … ""` would take the working directory: usage errors."""
+    """`explain ""` and `oci-bundle … ""` would take the working directory, and `selftest
+    --user ""` ran as nobody: usage errors."""
     options = session_options(*ws_run)
     for arguments in (["explain", "", *options], ["oci-bundle", *options, ""]):
         result = cli(*arguments)
         assert result.returncode == 64, result
         assert "is empty, which would name the working directory" in result.stderr, result
+    result = cli("selftest", "--user", "")
+    assert result.returncode == 64, result
+    assert "--user is empty" in result.stderr, result
 
 
 @pytest.mark.parametrize(
@@ -184,3 +188,28 @@ def test_a_number_past_what_python_reads_is_a_usage_error(
     assert result.returncode == 64, result
     assert result.stderr.startswith("nsconfine: usage: "), result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        (("/usr/bin/true", "zz"), "the digest must be 64 hex digits"),
+        (("/usr/bin/true", ""), "the digest must be 64 hex digits"),
+        (("/usr/bin/true", 5), "the digest must be 64 hex digits"),
+        ((1,), "Harness(path) is a path"),
+        ((b"/usr/bin/true",), "Harness(path) is a path"),
+    ],
+)
+def test_a_harness_of_the_wrong_shape_is_a_usage_error(fields: tuple[Any, ...], said: str) -> None:
+    """nsconfine.Harness checks its pin when made, as --harness PATH@sha256:HEX does (a bad
+    one was refused at launch as "the harness changed")."""
+    from nsconfine import Harness
+
+    with pytest.raises(UsageError, match=re.escape(said)):
+        Harness(*fields)
+
+
+def test_a_harness_pin_is_taken_in_either_case() -> None:
+    from nsconfine import Harness
+
+    assert Harness("/usr/bin/true", "AB" * 32).sha256 == "ab" * 32

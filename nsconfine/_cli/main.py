@@ -440,6 +440,8 @@ def _untrusted_config_warnings(paths: Sequence[str]) -> list[str]:
 def _selftest(arguments: Arguments) -> int:
     from nsconfine._selftest.report import run_selftest
 
+    if arguments.user == "":  # not "nobody", as no --user would be
+        raise UsageError("--user is empty: name the account the stand-in sessions run as")
     return run_selftest(as_json=arguments.json, user=arguments.user)
 
 
