@@ -534,7 +534,11 @@ def _copy_roots(
 
 # Passed from the launcher by default (terminal_env): how to draw and speak, never a secret.
 TERMINAL_VARIABLES = frozenset({"TERM", "COLORTERM", "LANG", "LANGUAGE", "TZ"})
-_IDENTITY = r"\s*(?P<name>[^<>\n\0]*[^<>\s])\s*<(?P<email>[^<>\s\0]+)>\s*\Z"
+# No control character: the identity is written into the session's .gitconfig.
+_IDENTITY = (
+    r"\s*(?P<name>[^<>\x00-\x1f\x7f]*[^<>\s\x00-\x1f\x7f])\s*"
+    r"<(?P<email>[^<>\s\x00-\x1f\x7f]+)>\s*\Z"
+)
 
 
 def _literal_values(

@@ -55,6 +55,10 @@ class _BytesPath:
         ("tool_socket", 3, "Session(tool_socket=...) is one path"),
         ("network_reason", ["why"], "Session(network_reason=...) is a str"),
         ("setenv", {"A": 1}, "--setenv A: the value is a str, not 1"),
+        # a control character would be written into the session's .gitconfig
+        ("git_identity", "A\0 <a@example.org>", "give it as 'Name <email@example.org>'"),
+        ("git_identity", "A\x1b[31m <a@example.org>", "give it as 'Name <email@example.org>'"),
+        ("git_identity", "A <a\x7f@example.org>", "give it as 'Name <email@example.org>'"),
         # "" would name the launcher's working directory
         ("ro", [""], "Session(ro=...) (--ro) holds an empty path"),
         ("deny", [""], "Session(deny=...) (--deny) holds an empty path"),
