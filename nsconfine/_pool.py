@@ -73,8 +73,8 @@ def check_options(size: int, idle_timeout: float, refill: str) -> None:
         or not 0.1 <= idle_timeout < 1e7
     ):
         raise UsageError(
-            "idle_timeout must be a number of seconds, 0.1 at least (a staged sandbox must "
-            "live long enough to be launched)"
+            f"idle_timeout must be a number of seconds from 0.1 (a staged sandbox must live "
+            f"long enough to be launched) to below 10,000,000, not {idle_timeout!r}"
         )
     if refill not in ("background", "inline"):
         raise UsageError('refill must be "background" or "inline"')

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -291,6 +292,10 @@ def test_a_pool_s_size_is_a_number_up_to_its_bound(plan: nsconfine.Plan, refill:
             nsconfine.Pool(unstageable, size=size, refill=refill)  # type: ignore[arg-type]
     with pytest.raises(nsconfine.UsageError, match="idle_timeout"):
         nsconfine.Pool(unstageable, idle_timeout=True, refill=refill)  # type: ignore[arg-type]
+    for timeout in (float("inf"), 1e308, float("nan")):  # said as what they are
+        said = re.escape(f"to below 10,000,000, not {timeout!r}")
+        with pytest.raises(nsconfine.UsageError, match=said):
+            nsconfine.Pool(unstageable, idle_timeout=timeout, refill=refill)  # type: ignore[arg-type]
     with pytest.raises(nsconfine.PlanError, match="exec shim"):  # the bound itself is taken
         nsconfine.Pool(unstageable, size=MAX_SIZE, refill=refill)  # type: ignore[arg-type]
 
