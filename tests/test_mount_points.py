@@ -807,3 +807,24 @@ def test_tokens_of_stubs_that_are_gone_are_removed(own_cache: Path, tmp_path: Pa
     _stub_records.forget_records()
     _stub_records.records()
     assert stale_again.is_symlink()
+
+
+def test_a_lock_table_too_long_to_read_keeps_the_stub(tmp_path: Path) -> None:
+    """Whether only this launcher holds a stub is read from /proc/locks, which lists every
+    lock on the host: a session can take 100,000 POSIX locks in half a second, and each read of
+    the table then took seconds (under the records lock, which every launch of the account
+    waits on; once per stub). Past LOCKS_READ_LIMIT bytes the table is not read through, and
+    the stub is taken as held (kept); a short table naming this launcher alone lets it go."""
+    from nsconfine._launch import sources
+
+    stub = tmp_path / "stub"
+    stub.touch()
+    info = os.stat(stub)
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    ours = f"1: FLOCK  ADVISORY  READ  {os.getpid()} {inode} 0 EOF\n"
+    other = "2: POSIX  ADVISORY  WRITE 1 00:01:1 0 0\n"
+    short, long = tmp_path / "short", tmp_path / "long"
+    short.write_text(other + ours)
+    long.write_text(other * (sources.LOCKS_READ_LIMIT // len(other) + 1) + ours)
+    assert sources.locked_by_this_launcher_alone(info, str(short))
+    assert not sources.locked_by_this_launcher_alone(info, str(long))

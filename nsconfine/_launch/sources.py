@@ -727,23 +727,38 @@ def _lock_exclusively(fd: int) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
-        return _locked_by_this_launcher_alone(os.fstat(fd))
+        return locked_by_this_launcher_alone(os.fstat(fd))
 
 
-def _locked_by_this_launcher_alone(info: os.stat_result) -> bool:
-    """Is every lock on the file this process's (/proc/locks names the process that took
+# /proc/locks lists every lock on the host, and a session can take 100,000 POSIX locks in half
+# a second, after which each read of the table took the kernel seconds (a stub's removal reads
+# it under the records lock, which every launch of the account waits on). Past this many
+# bytes (some 3,000 locks) it is not read through: the stub is taken as held, and kept.
+LOCKS_READ_LIMIT = 256 * 1024
+
+
+def locked_by_this_launcher_alone(info: os.stat_result, table: str = "/proc/locks") -> bool:
+    """Is every lock on the file this process's (the lock table names the process that took
     each; another launcher's sandbox holds its own)? Called only when this launcher holds
-    none of its stubs there any more."""
+    none of its stubs there any more; False if the table is past LOCKS_READ_LIMIT."""
     inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
-    holders = set()
     try:
-        with open("/proc/locks") as locks:
-            for line in locks:
-                fields = line.split()
-                if len(fields) >= 6 and fields[1] != "->" and fields[5] == inode:
-                    holders.add(fields[4])
+        fd = os.open(table, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = b""
+            while len(text) <= LOCKS_READ_LIMIT and (chunk := os.read(fd, 1 << 16)):
+                text += chunk
+        finally:
+            os.close(fd)
     except OSError:
         return False
+    if len(text) > LOCKS_READ_LIMIT:
+        return False
+    holders = set()
+    for line in text.decode(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] != "->" and fields[5] == inode:
+            holders.add(fields[4])
     return holders == {str(os.getpid())}
 
 
