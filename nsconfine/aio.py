@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import select
 import threading
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 from nsconfine import _pool
 from nsconfine._errors import UsageError
 from nsconfine._gate import spawn as _spawn
+from nsconfine._launch.sandbox import bytes_held
 
 if TYPE_CHECKING:
     from typing import IO, Unpack
@@ -85,7 +87,7 @@ class Process:
     stderr: asyncio.StreamReader | None
     _loop: asyncio.AbstractEventLoop
     _ended: asyncio.Future[None] | None
-    _read_fds: list[tuple[asyncio.StreamReader, int]]
+    _read_fds: list[tuple[asyncio.StreamReader, int, asyncio.ReadTransport]]
     _transports: list[asyncio.BaseTransport]
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
@@ -121,9 +123,10 @@ class Process:
     async def _reader(self, pipe: IO[bytes]) -> asyncio.StreamReader:
         reader = asyncio.StreamReader()
         protocol = asyncio.StreamReaderProtocol(reader)
-        self._read_fds.append((reader, pipe.fileno()))
+        fd = pipe.fileno()
         transport, _ = await self._loop.connect_read_pipe(lambda: protocol, pipe)
         self._transports.append(transport)
+        self._read_fds.append((reader, fd, transport))
         return reader
 
     def _close_streams(self) -> None:
@@ -188,19 +191,20 @@ class Process:
         self.stdin.close()
 
     async def _end_reads(self) -> None:
-        """Once the session has ended, end each reader whose pipe has given all it holds but
-        has no EOF coming: nothing of the session is left to write, so only a process
-        outside it holds the other end."""
+        """Once the session has ended, give each reader what its pipe holds then, and no
+        more, and close the pipe (its reader then sees EOF): nothing of the session is left
+        to write, so only a process outside it holds the other end, and could fill it for as
+        long as it liked."""
         await self.wait()
-        for reader, fd in self._read_fds:
-            while not reader.at_eof():
-                events = _poll_now(fd)
-                if events & (select.POLLHUP | select.POLLNVAL):
-                    break  # EOF is there for the transport to read (or was read)
-                if not events & select.POLLIN:
-                    reader.feed_eof()  # empty, and held outside: what is buffered is all
-                    break
-                await asyncio.sleep(0)  # the transport reads what the pipe holds
+        for reader, fd, transport in self._read_fds:
+            if reader.at_eof() or transport.is_closing():
+                continue
+            transport.pause_reading()
+            left = bytes_held(fd)
+            while left > 0 and (chunk := os.read(fd, min(left, 65536))):
+                reader.feed_data(chunk)
+                left -= len(chunk)
+            transport.close()  # (its protocol feeds the reader EOF)
 
     async def untrusted_config(self) -> list[str] | None:
         """The Sandbox's untrusted_config, made in the loop's executor (a rescan of the

@@ -232,6 +232,60 @@ def holder_socket(path: str) -> socket.socket:
     return server
 
 
+# Fills the pipe at fd argv[1] (raised to 1 MiB) a MiB at a time until its reader is gone, or
+# for two minutes at most.
+_FLOOD = """
+import fcntl, os, sys, time
+fd = int(sys.argv[1])
+fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ
+block, deadline = b"x" * (1 << 20), time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        os.write(fd, block)
+    except BrokenPipeError:
+        break
+"""
+
+
+class Flood:
+    """Processes outside a session that keep filling a pipe the session handed out (fd), four
+    at once (one alone leaves it empty now and then), until the pipe's reader is gone or
+    stop()."""
+
+    def __init__(self, fd: int, writers: int = 4) -> None:
+        argv = [sys.executable, "-c", _FLOOD, str(fd)]
+        self._writers = [
+            subprocess.Popen(argv, pass_fds=[fd], stdin=subprocess.DEVNULL) for _ in range(writers)
+        ]
+
+    def until_full(self, read_end: int) -> None:
+        """Wait until the pipe holds half its 1 MiB at least (the writers have started), a
+        minute at most."""
+        import fcntl
+        import termios
+
+        deadline = time.monotonic() + 60
+        held = 0
+        while held < 1 << 19 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            held = int.from_bytes(fcntl.ioctl(read_end, termios.FIONREAD, bytes(4)), "little")
+
+    def ended(self, within: float = 20) -> bool:
+        """Have the writers stopped (their pipe's reader gone) within that many seconds?"""
+        deadline = time.monotonic() + within
+        try:
+            for writer in self._writers:
+                writer.wait(max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def stop(self) -> None:
+        for writer in self._writers:
+            writer.kill()
+            writer.wait()
+
+
 def receive_fd(connection: socket.socket) -> int:
     """The one fd sent on connection (by HAND_OUT)."""
     import array

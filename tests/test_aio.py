@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import HAND_OUT, holder_socket, pids_with, receive_fd, wait_until_gone
+from helpers import HAND_OUT, Flood, holder_socket, pids_with, receive_fd, wait_until_gone
 
 import nsconfine
 import nsconfine.aio
@@ -287,6 +287,52 @@ def test_communicate_ends_a_pipe_held_outside_once_the_session_has_ended(
                     os.close(held)
 
     assert asyncio.run(main()) == (b"handed out\n", None)
+
+
+def test_communicate_takes_no_more_than_a_pipe_held_outside_held_at_the_end(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan
+) -> None:
+    """Process.communicate, as Sandbox.communicate: a process outside that keeps filling the
+    stdout the session handed it gets EPIPE once the session has ended and its output is
+    read, and the loop reports no error meanwhile (the transport was left reading after its
+    reader's EOF: each later chunk an AssertionError the loop logged, 87,670 in ten seconds
+    in an attacker's pass)."""
+    address = str(ws_run[0] / "holder.sock")
+    errors: list[dict[str, object]] = []
+
+    async def main() -> tuple[bytes | None, bytes | None]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        with holder_socket(address) as server:
+            server.setblocking(False)
+            argv = ["python3", "-c", HAND_OUT, address]
+            process = await nsconfine.aio.spawn(plan, argv, stdout=PIPE)
+            connection, _ = await loop.sock_accept(server)
+            with connection:
+                held = await loop.run_in_executor(None, receive_fd, connection)
+            flood = Flood(held)
+            try:
+                await process.wait()
+                assert process.sandbox.stdout is not None
+                read_end = process.sandbox.stdout.fileno()
+                await loop.run_in_executor(None, flood.until_full, read_end)
+                outputs = await asyncio.wait_for(process.communicate(), 60)
+                ended = await loop.run_in_executor(None, flood.ended)
+                assert ended, "communicate left its end of the pipe open"
+                await asyncio.sleep(0.2)  # what the loop would report, if anything
+                return outputs
+            finally:
+                flood.stop()
+                os.close(held)
+                await process.__aexit__(None, None, None)
+
+    stdout, _stderr = asyncio.run(main())
+    assert stdout is not None
+    assert stdout.startswith(b"handed out\n")
+    # What the pipe held at the end, and what the loop had read before (its reader pauses the
+    # transport past twice its 64 KiB limit; the transport reads 256 KiB at a time).
+    assert len(stdout) <= len(b"handed out\n") + (1 << 20) + (512 << 10), len(stdout)
+    assert errors == []
 
 
 def test_import_nsconfine_brings_no_asyncio_or_subprocess() -> None:

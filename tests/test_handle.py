@@ -10,6 +10,7 @@ import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ import pytest
 from helpers import (
     HAND_OUT,
     SESSION_USER,
+    Flood,
     holder_socket,
+    outcome_without_hanging,
     python_child,
     receive_fd,
     session,
@@ -341,6 +344,16 @@ def test_communicate_does_not_wait_on_a_pipe_held_outside(
     """A session that hands its stdout to a process outside it (over a socket it was given)
     ends; communicate() then returns what the session wrote, rather than wait for EOF from
     that process (the test itself here, which holds the copy throughout)."""
+    with _stdout_handed_out(ws_run, plan) as (sandbox, _held):
+        assert sandbox.communicate(timeout=60) == (b"handed out\n", None)
+
+
+@contextlib.contextmanager
+def _stdout_handed_out(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan
+) -> Iterator[tuple[nsconfine.Sandbox, int]]:
+    """A session that has handed its stdout (a pipe) to the test over a socket in its
+    workspace, and the test's copy of that pipe's write end."""
     address = str(ws_run[0] / "holder.sock")
     with holder_socket(address) as server:
         argv = ["python3", "-c", HAND_OUT, address]
@@ -348,10 +361,37 @@ def test_communicate_does_not_wait_on_a_pipe_held_outside(
             connection, _ = server.accept()
             with connection:
                 held = receive_fd(connection)
-                try:
-                    assert sandbox.communicate(timeout=60) == (b"handed out\n", None)
-                finally:
-                    os.close(held)
+            try:
+                yield sandbox, held
+            finally:
+                os.close(held)
+
+
+def test_communicate_takes_no_more_than_a_pipe_held_outside_held_at_the_end(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan
+) -> None:
+    """A process outside the session that keeps filling the stdout the session handed it
+    (another session of the workspace can, over a socket there): once the session has ended,
+    communicate() returns what it wrote and what the pipe held then (a pipe holds 1 MiB at
+    most), and closes its end (the writer gets EPIPE). It read for as long as the writer
+    wrote: an attacker's pass had it buffer 2 GiB."""
+    with _stdout_handed_out(ws_run, plan) as (sandbox, held):
+        flood = Flood(held)
+        try:
+            assert sandbox.wait(60) == 0
+            assert sandbox.stdout is not None
+            flood.until_full(sandbox.stdout.fileno())
+            outcome = outcome_without_hanging(
+                lambda: sandbox.communicate(timeout=60), "a pipe filled from outside"
+            )
+            assert flood.ended(), "communicate left its end of the pipe open"
+        finally:
+            flood.stop()
+    assert isinstance(outcome, tuple), outcome
+    stdout, _stderr = outcome
+    assert stdout is not None
+    assert stdout.startswith(b"handed out\n")
+    assert len(stdout) <= len(b"handed out\n") + (1 << 20), len(stdout)
 
 
 def test_communicate_input_needs_a_stdin_pipe(plan: nsconfine.Plan) -> None:

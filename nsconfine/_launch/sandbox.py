@@ -349,6 +349,8 @@ class _Exchange:
         # What is read from stdout and stderr (None: not a pipe), and each pipe still open.
         self.read: list[list[bytes] | None] = [None, None]
         self.open: dict[int, tuple[int, IO[bytes]]] = {}  # fd -> (0 stdin, 1 stdout, 2 stderr)
+        # Once the session has ended: what is left to read of each output pipe.
+        self.left: dict[int, int] = {}
         if self.stdin is not None:
             try:
                 self.stdin.flush()  # what the caller wrote itself goes first
@@ -370,15 +372,18 @@ class _Exchange:
     def run(self, sentinel: int, deadline: float | None) -> bool:
         """Feed and read the pipes until each is done; False if the deadline comes first.
         sentinel: the reaper's pidfd, or -1 once the session has been reaped. Once it has
-        ended, what its pipes hold is read and the rest closed: nothing of the session is
-        left to write, and only a process outside it could hold their other ends."""
+        ended, what its pipes hold then is read, and no more, and they are closed: nothing of
+        the session is left to write, and only a process outside it could hold their other
+        ends, and fill them for as long as it likes."""
         import select
 
         poller = select.poll()
         for fd, (number, _stream) in self.open.items():
             poller.register(fd, select.POLLOUT if number == 0 else select.POLLIN)
         ended = sentinel < 0
-        if not ended:
+        if ended:
+            self._take_what_is_held()
+        else:
             poller.register(sentinel, select.POLLIN)
         stdin = self.stdin if self.stdin is not None and not self.stdin.closed else None
         if stdin is not None:
@@ -395,6 +400,7 @@ class _Exchange:
                     if fd == sentinel:
                         ended = True
                         poller.unregister(fd)
+                        self._take_what_is_held()
                     elif self._move(fd):
                         poller.unregister(fd)
                         _close(self.open.pop(fd)[1])
@@ -406,9 +412,15 @@ class _Exchange:
         self.open.clear()
         return True
 
+    def _take_what_is_held(self) -> None:
+        for fd, (number, _stream) in self.open.items():
+            if number != 0 and fd not in self.left:
+                self.left[fd] = bytes_held(fd)
+
     def _move(self, fd: int) -> bool:
-        """Write the next part of the input to fd, or read what fd holds; whether that pipe is
-        done (all written, its reader gone, or EOF)."""
+        """Write the next part of the input to fd, or read what fd holds (once the session has
+        ended, up to what it held then); whether that pipe is done (all written, its reader
+        gone, EOF, or all it held at the end read)."""
         number = self.open[fd][0]
         if number == 0:
             try:
@@ -418,11 +430,23 @@ class _Exchange:
             except BrokenPipeError:  # the command stopped reading: the rest has no reader
                 return True
             return self.sent >= len(self.input)
-        chunk = os.read(fd, 65536)
+        left = self.left.get(fd)
+        chunk = os.read(fd, 65536 if left is None else min(left, 65536)) if left != 0 else b""
         chunks = self.read[number - 1]
         assert chunks is not None
         chunks.append(chunk)
-        return not chunk
+        if left is not None:
+            self.left[fd] = left - len(chunk)
+        return not chunk or self.left.get(fd) == 0
+
+
+def bytes_held(fd: int) -> int:
+    """How many bytes the pipe at fd holds (FIONREAD)."""
+    import fcntl
+    import sys
+    import termios
+
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), sys.byteorder)
 
 
 def _close(stream: IO[bytes]) -> None:
