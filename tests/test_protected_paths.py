@@ -1628,6 +1628,51 @@ def test_an_index_of_many_unscanned_gitlinks_is_named_once(repo: tuple[Path, Pat
     assert written == [str(workspace / ".git" / "index")], written
 
 
+def test_the_report_reads_git_s_answer_without_holding_it(repo: tuple[Path, Path]) -> None:
+    """git's answer on a session's index is read as it comes, never held whole: an index of
+    100,000 entries (a 6 MB answer) costs the launcher a few MB at most (a crafted one of
+    900,000 gitlinks cost it 391 MiB, three at once 1 GiB, in an attacker's pass)."""
+    import tracemalloc
+
+    workspace = repo[0]
+    script = (
+        f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; seq 100000 | sed "
+        "'s/^/100644 e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0\\tf/' | "
+        "git update-index --index-info"
+    )
+    made = nsconfine.spawn(session(*repo).plan(), ["/bin/sh", "-c", script])
+    assert made.wait() == 0
+    tracemalloc.start()
+    try:
+        written = made.untrusted_config
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert written == [], written
+    assert peak < 4 << 20, peak
+
+
+def test_an_index_of_more_gitlinks_than_are_read_is_named(
+    repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past _GITLINKS_MOST gitlinks (here made 3), the index is named, not its gitlinks read
+    on; below it (the twin), each place is."""
+    import nsconfine._plan.protect as protect
+
+    workspace = repo[0]
+    script = (
+        f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; for i in $(seq 5); do printf "
+        "'160000 1111111111111111111111111111111111111111 0\\tnode_modules/m%s\\n' $i; "
+        "done | git update-index --index-info"
+    )
+    monkeypatch.setattr(protect, "_GITLINKS_MOST", 3)
+    assert _reported_after(repo, script) == [str(workspace / ".git" / "index")]
+    monkeypatch.undo()
+    written = _reported_after(repo, script)
+    assert len(written) == 5, written
+    assert str(workspace / ".git" / "index") not in written
+
+
 def test_git_that_waits_on_something_is_given_up_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

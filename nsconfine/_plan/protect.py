@@ -570,8 +570,8 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
     order; by its end-of-index offset; by its offset table, as a host whose config sets
     index.threads does). None when that cannot be told: no git on the host, an index that is
     no regular file or is too large, more than _SHARED_INDEXES shared ones, one git refuses or
-    whose answer is past _GITLINKS_ANSWER, or reads that differ (a session wrote the index:
-    every way git might read it counts)."""
+    whose answer is past _GITLINKS_ANSWER or holds more than _GITLINKS_MOST gitlinks, or reads
+    that differ (a session wrote the index: every way git might read it counts)."""
     import shutil
 
     from nsconfine._kernel.accounts import scratch_directory
@@ -606,20 +606,18 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
         except OSError:
             return None
         answers: set[bytes] = set()
+        gitlinks: list[bytes] = []
         for threads in _READS:
             answer = _git_answer([limit, *_GIT_LIMITS, git], own, threads)
             if answer is None:
                 return None  # (the others would take as long to fail)
-            answers.add(answer)
+            digest, gitlinks = answer
+            answers.add(digest)
     finally:
         shutil.rmtree(own, ignore_errors=True)
     if len(answers) != 1:
         return None
-    return [
-        os.fsdecode(record.partition(b"\t")[2])
-        for record in answers.pop().split(b"\0")
-        if record.startswith(b"160000 ")
-    ]
+    return [os.fsdecode(name) for name in gitlinks]
 
 
 # How git is run on a session's index: within memory and time it cannot pass (a version 4
@@ -631,12 +629,14 @@ _GIT_LIMITS = ("--as=1073741824", "--cpu=3", "--")  # (git reads 600,000 entries
 _GIT_DEADLINE = 10.0  # seconds: a git blocked without using CPU is given up on
 _READS = ("1", "2", "3")
 _GITLINKS_ANSWER = 64 << 20  # the most of git's answer read; past it, the index is named
+_GITLINKS_MOST = 4096  # the most gitlinks of one index kept; past them, the index is named
 _SHARED_INDEXES = 16  # the most shared indexes a git directory may hold for its index to be read
 
 
-def _git_answer(command: list[str], own: str, threads: str) -> bytes | None:
+def _git_answer(command: list[str], own: str, threads: str) -> tuple[bytes, list[bytes]] | None:
     """What `git ls-files --stage -z` in the git directory own says, read as index.threads
-    says; None if it fails, or says more than _GITLINKS_ANSWER."""
+    says: its sha256, and the paths of its gitlinks; None if it fails, says more than
+    _GITLINKS_ANSWER, or names more than _GITLINKS_MOST gitlinks."""
     import subprocess
 
     environ = {
@@ -655,7 +655,7 @@ def _git_answer(command: list[str], own: str, threads: str) -> bytes | None:
         return None
     assert git.stdout is not None
     try:
-        answer = _read_until(git.stdout.fileno(), time.monotonic() + _GIT_DEADLINE)
+        answer = _read_gitlinks(git.stdout.fileno(), time.monotonic() + _GIT_DEADLINE)
         status = git.wait(timeout=1) if answer is not None else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -667,20 +667,34 @@ def _git_answer(command: list[str], own: str, threads: str) -> bytes | None:
     return answer if status == 0 else None
 
 
-def _read_until(fd: int, deadline: float) -> bytes | None:
-    """All fd gives until its end, by deadline (a time.monotonic()); None if it has not ended
-    by then, or gives more than _GITLINKS_ANSWER."""
-    chunks: list[bytes] = []
+def _read_gitlinks(fd: int, deadline: float) -> tuple[bytes, list[bytes]] | None:
+    """The sha256 of all fd gives until its end, by deadline (a time.monotonic()), and the
+    paths of the gitlink records (mode 160000) in it, read as it comes: a session's index
+    can make the answer 64 MB, which held whole (and split) cost the launcher hundreds of MB.
+    None if it has not ended by then, gives more than _GITLINKS_ANSWER, or names more than
+    _GITLINKS_MOST gitlinks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    gitlinks: list[bytes] = []
     size = 0
+    partial = b""  # the last record read, until its NUL comes
     while (left := deadline - time.monotonic()) > 0:
         if not _syscalls.wait_fd(fd, left):
             return None
         chunk = os.read(fd, 1 << 20)
         if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+            return digest.digest(), gitlinks
+        digest.update(chunk)
         size += len(chunk)
         if size > _GITLINKS_ANSWER:
+            return None
+        records = (partial + chunk).split(b"\0")
+        partial = records.pop()
+        for record in records:
+            if record.startswith(b"160000 "):
+                gitlinks.append(record.partition(b"\t")[2])
+        if len(gitlinks) > _GITLINKS_MOST:
             return None
     return None
 
