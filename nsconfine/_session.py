@@ -397,8 +397,13 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
     """The session's own paths: harness, runner files, tool socket, workspace, run dir, HOME."""
     entries: list[p.Entry] = []
     writable = (realpath(session.workspace), realpath(session.run_dir)) if session.harness else ()
+    # A harness link in a directory the plan binds as it is (/usr/bin/python3) shows there
+    # already, and bwrap could not make it in that read-only bind.
+    as_is = [e.dest for e in reserved if e.kind is Kind.BIND and e.source == e.dest]
     for harness in session.harness:
         for entry in harness_entries(harness.path, harness.sha256, writable):
+            if entry.kind is Kind.SYMLINK and any(within(entry.dest, d) for d in as_is):
+                continue
             if all(entry.dest != other.dest for other in entries):  # packages two share
                 entries.append(entry)
     if session.tool_socket is not None:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import cli, open_up, session, session_options, sh
+from helpers import cli, open_up, run, session, session_options, sh
 
 import nsconfine
 from nsconfine._plan.model import Kind
@@ -242,6 +242,19 @@ def test_a_harness_below_a_symlinked_directory_is_refused_by_name(
     with pytest.raises(nsconfine.PlanError, match=r"lies below a symlink.* give .*/real/tool"):
         session(*ws_run, harness=[str(tmp_path / "link" / "tool")]).plan()
     assert session(*ws_run, harness=[str(tool)]).plan()
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_harness_link_in_a_bound_system_directory_runs(ws_run: tuple[Path, Path]) -> None:
+    """--harness /usr/bin/python3 (a link to python3.11 in /usr, which the plan binds as it is):
+    the link shows there already, so the plan makes none (bwrap could not make one in the
+    read-only /usr: the launch was refused as if bwrap did not confine)."""
+    link = "/usr/bin/python3"
+    if not os.path.islink(link):
+        pytest.skip(f"{link} is no link on this host")
+    plan = session(*ws_run, harness=[link]).plan()
+    assert run(plan, [link, "-c", "print('ran')"]) == (0, "ran\n")
 
 
 # ------------------------------------------------------------------ explain
