@@ -277,9 +277,7 @@ def launch_rules(plan: Plan) -> tuple[DenyRule, ...]:
     """The rules a launch judges plan by: its own deny set, which is its maker's to edit
     (plan.replace(deny=...)), and the default set made afresh for the launcher's environment
     and the plan's account, which is not: no plan binds a credential store or a home."""
-    own = {(rule.path, rule.inside) for rule in plan.deny}
-    defaults = default_deny(account=plan.user)
-    return (*plan.deny, *(rule for rule in defaults if (rule.path, rule.inside) not in own))
+    return tuple(_unique((*plan.deny, *default_deny(account=plan.user))))
 
 
 def _store_paths(named: str, homes: Sequence[str]) -> list[str]:
