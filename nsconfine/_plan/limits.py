@@ -138,9 +138,7 @@ class Limits(Record):
         """System V shared memory's bound (kernel.shmall): shm's bytes in pages, rounded up; at
         most 2**30 (4 TiB of 4 KiB pages, no less than unlimited), which the reaper's parser
         takes."""
-        import os
-
-        return min(-(-self.shm // os.sysconf("SC_PAGE_SIZE")), 2**30)
+        return min(_pages(self.shm), 2**30)
 
     def lines(self) -> list[str]:
         """The manifest's lines for these limits."""
@@ -218,11 +216,19 @@ def tmpfs_shape(capacity: int) -> tuple[int, int]:
     so that empty files, which take no page (~1.3 KiB of the kernel's memory each), and the
     extended attributes that draw on the same count (~2 KiB each), hold no more than about
     half its size again."""
+    pages = _pages(capacity)
+    return pages * _page_size() // KiB, pages
+
+
+def _pages(size: int) -> int:
+    """size bytes in the kernel's pages, rounded up (as tmpfs's size= and shmall count)."""
+    return -(-size // _page_size())
+
+
+def _page_size() -> int:
     import os
 
-    page = os.sysconf("SC_PAGE_SIZE")
-    pages = -(-capacity // page)
-    return pages * page // KiB, pages
+    return os.sysconf("SC_PAGE_SIZE")
 
 
 _memory_note: str | None = None
