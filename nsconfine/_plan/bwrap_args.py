@@ -148,7 +148,7 @@ def bwrap_options(
     data_fd = FIRST_DATA_FD
     sized = 0  # the reaper's tmpfs taken so far
     for entry in plan.entries:
-        if limits_by_reaper and entry.kind is Kind.TMPFS and entry.capacity is not None:
+        if limits_by_reaper and _reaper_mounts(entry):
             arguments += ("--bind", f"{REAPER_TMPFS}/{sized}", entry.dest)
             sized += 1
             continue
@@ -184,8 +184,15 @@ def bwrap_command_line(bwrap: str, argv: Sequence[str]) -> list[str]:
 
 
 def sized_tmpfs(plan: Plan) -> list[int]:
-    """The capacity of each writable tmpfs of plan, in plan order: those the reaper mounts."""
-    return [e.capacity for e in plan.entries if e.kind is Kind.TMPFS and e.capacity is not None]
+    """The capacity of each writable tmpfs of plan, in plan order: those the reaper mounts,
+    the i-th of which bwrap_options binds from REAPER_TMPFS/i."""
+    sized = [entry for entry in plan.entries if _reaper_mounts(entry)]
+    return [entry.capacity for entry in sized if entry.capacity is not None]  # (all of them)
+
+
+def _reaper_mounts(entry: Entry) -> bool:
+    """Is entry a writable tmpfs (one the plan sizes), which a launch's reaper mounts?"""
+    return entry.kind is Kind.TMPFS and entry.capacity is not None
 
 
 def reaper_command_line(
