@@ -67,6 +67,8 @@ ROWS = {
     "launch.exit.naive",
     "launch.exit.process",
     "launch.exit.nsconfine-empty-workspace",
+    "launch.end.nsconfine",
+    "launch.end.floor",
     "pool.exec.warm",
     "pool.exit.cold",
     "layers.spawn.on",
@@ -109,6 +111,7 @@ ROWS = {
     "network.memory.threads.none",
 }
 TARGETS = {
+    "end-of-session",
     "pool-layers-p50",
     "spawn-exec-p50-vs-floor",
     "spawn-exec-p99-vs-floor",

@@ -58,6 +58,8 @@ SECTIONS: Final = (
 )
 EXEC_ARGV: Final = ("/bin/echo", "-n", "x")  # its first output is the proof that it exec'd
 TRUE_ARGV: Final = ("/bin/true",)
+# Its output is the wall clock as it exits (date writes at exit, then returns from main).
+END_ARGV: Final = ("/bin/date", "+%s%N")
 SLEEP_ARGV: Final = ("/bin/sleep", "1000")
 HIGH_FD: Final = 64  # posix_spawn sources are moved up here so no dup2 clobbers another source
 PR_SET_PDEATHSIG: Final = 1
@@ -505,6 +507,31 @@ def until_exec(start: Starter) -> Callable[[], int]:
         if first != b"x":
             raise BenchError(f"the exec payload wrote {first!r}, not b'x'")
         return ended - began
+
+    return sample
+
+
+def until_end(start: Starter) -> Callable[[], int]:
+    """Nanoseconds from the payload's exit (the wall clock it writes as it exits) to its exit
+    status, waited for: the end of a session, which the call's own start does not count in."""
+
+    def sample() -> int:
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            waiter = start(END_ARGV, write_end)
+            os.close(write_end)
+            write_end = -1
+            status = waiter()
+            ended = time.time_ns()
+            written = os.read(read_end, 64)
+        finally:
+            if write_end >= 0:
+                os.close(write_end)
+            os.close(read_end)
+        _check_status(status, "date")
+        if not written.strip().isdigit():
+            raise BenchError(f"date wrote {written!r}, not the time in nanoseconds")
+        return ended - int(written)
 
     return sample
 

@@ -33,6 +33,7 @@ from nsconfine.bench._core import (
     _now,
     _progress,
     interleave,
+    until_end,
     until_exec,
     until_exit,
     world,
@@ -62,6 +63,8 @@ def bench_launch(results: Results, w: World, config: Config) -> None:
         return nsconfine.spawn(empty, list(argv), stdout=stdout).wait
 
     tasks.append(Task(EMPTY_ROW, until_exit(in_empty, w.devnull), config.launches))
+    for name, start in variants[:2]:
+        tasks.append(Task(f"launch.end.{name}", until_end(start), config.launches))
     _progress(f"launch latency: {len(tasks)} variants x {config.launches} rounds")
     samples = interleave(tasks)
     notes = {
@@ -95,6 +98,21 @@ def bench_launch(results: Results, w: World, config: Config) -> None:
             "made and removed each launch",
         )
     )
+    end_notes = {
+        "nsconfine": "the payload's exit to wait() returning: the sandbox's last process gone",
+        "floor": "the payload's exit to bwrap's exit status",
+    }
+    for name in end_notes:
+        results.add(
+            Row(
+                "launch",
+                f"launch.end.{name}",
+                "ms",
+                _ms(samples[f"launch.end.{name}"]),
+                baseline="launch.end.floor" if name == "nsconfine" else None,
+                note=end_notes[name],
+            )
+        )
     for other in OTHER_SANDBOXES:
         found = shutil.which(other)
         reason = "not installed" if found is None else f"found at {found}; no row implemented"

@@ -77,6 +77,15 @@ def targets(results: Results) -> list[Target]:
                 1.10,
                 "x",
             )
+    end, end_floor = results.p("launch.end.nsconfine"), results.p("launch.end.floor")
+    goal(
+        "end-of-session",
+        "a session's end (the command's exit to wait() returning) p50 <= 0.5 ms over the "
+        "bwrap floor's",
+        None if end is None or end_floor is None else end - end_floor,
+        0.5,
+        "ms",
+    )
     goal(
         "pool-layers-p50",
         "Pool warm launch p50 with the layers <= 1.2x without them",
