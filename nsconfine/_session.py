@@ -112,7 +112,7 @@ class Session(Record):
     audit: str | None  # the file the proxy appends a JSON line to for each connection
     allow_nested_userns: str | None  # why it may make user namespaces (None: it may not)
     setenv: tuple[tuple[str, str], ...]  # literal, non-secret values
-    terminal_env: bool  # TERM, COLORTERM, LANG, LC_* and TZ from the launcher
+    terminal_env: bool  # TERM, COLORTERM, LANG, LANGUAGE, the LC_ locale names, TZ, passed
     home_mode: HomeMode | None  # "persist" (RUN/home, kept; None: the profile's, else persist)
     # or "fresh" (an empty tmpfs each launch)
     git_identity: str | None  # "Name <email>" for commits
@@ -538,7 +538,15 @@ def _copy_roots(
 
 
 # Passed from the launcher by default (terminal_env): how to draw and speak, never a secret.
-TERMINAL_VARIABLES = frozenset({"TERM", "COLORTERM", "LANG", "LANGUAGE", "TZ"})
+# The terminal's and the locale's variables: LC_ALL and the locale's categories (glibc's), by
+# name. Not any LC_ name: ssh's usual AcceptEnv LC_* makes LC_ a prefix that carries anything.
+# fmt: off
+TERMINAL_VARIABLES = frozenset({
+    "TERM", "COLORTERM", "LANG", "LANGUAGE", "TZ", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME",
+    "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES", "LC_PAPER", "LC_NAME", "LC_ADDRESS",
+    "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION",
+})
+# fmt: on
 # No control character: the identity is written into the session's .gitconfig.
 _IDENTITY = (
     r"\s*(?P<name>[^<>\x00-\x1f\x7f]*[^<>\s\x00-\x1f\x7f])\s*"
@@ -665,7 +673,7 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
     variables = {name: EnvVar(name, value, Origin.NSCONFINE) for name, value in chosen.items()}
     if session.terminal_env:
         for name, value in environ.items():
-            if name in TERMINAL_VARIABLES or (name.startswith("LC_") and is_env_name(name)):
+            if name in TERMINAL_VARIABLES:
                 variables[name] = EnvVar(name, value, Origin.TERMINAL)
     for name, value in session.setenv:
         variables[name] = EnvVar(name, value, Origin.SETENV)

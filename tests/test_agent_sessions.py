@@ -35,6 +35,20 @@ def test_terminal_and_locale_variables_pass_by_default(
     assert "TERM=xterm-256color" in plan.manifest()  # not secret: shown
 
 
+def test_only_the_locale_categories_pass_not_any_lc_name(
+    ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LC_ALL and the locale's categories pass; another name that starts with LC_ is any
+    variable (ssh's AcceptEnv LC_* carries such names, a token among them), and does not."""
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("LC_MESSAGES", "C")
+    monkeypatch.setenv("LC_SECRET_TOKEN", "ghp_not_for_the_session")
+    plan = session(*ws_run).plan()
+    _status, output = sh(plan, "echo $LC_ALL $LC_MESSAGES [$LC_SECRET_TOKEN]")
+    assert output.strip() == "C.UTF-8 C []", output
+    assert "ghp_not_for_the_session" not in plan.manifest()
+
+
 def test_terminal_variables_can_be_left_out(
     ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

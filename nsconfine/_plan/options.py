@@ -193,8 +193,9 @@ SESSION_OPTIONS = (
            "REASON"),
     Option("setenv", VALUES, (), "a literal, non-secret value (shown in the manifest)",
            "NAME=VALUE"),
-    Option("terminal_env", SWITCH, True, "TERM, COLORTERM, LANG, LANGUAGE, LC_* and TZ from "
-           "the launcher: passed unless turned off", old_keywords=("pass_terminal",),
+    Option("terminal_env", SWITCH, True, "TERM, COLORTERM, LANG, LANGUAGE, TZ, LC_ALL and the "
+           "locale's categories (LC_CTYPE ... LC_IDENTIFICATION; no other LC_ name) from the "
+           "launcher: passed unless turned off", old_keywords=("pass_terminal",),
            key=None, key_why="the launcher's terminal is the launcher's, not a kind of "
            "session's"),
     Option("home_mode", CHOICE, None, "persist: RUN/home, kept from launch to launch (the "
