@@ -130,6 +130,52 @@ def test_protected_paths_cannot_be_written_or_created(
             assert not target.exists() or "evil" not in target.read_text(), target
 
 
+# A directory kept read-only (a protected one, or an --ro one in the workspace) that holds a
+# repository, or what looks like one (objects/ and refs/): where the repository's own
+# protection went, a directory inside must stay as read-only as the one that holds it.
+REPOSITORIES_IN_READ_ONLY = {
+    "a cloned skill": (".claude/skills/my-skill", "git", None),
+    "a look-alike in .vscode": (".vscode/x", "look-alike", None),
+    "an --ro directory holding one": ("vendor/lib", "git", "vendor"),
+    "an --ro repository": ("vendor/lib", "git", "vendor/lib"),
+}
+
+
+@pytest.mark.parametrize("case", REPOSITORIES_IN_READ_ONLY)
+def test_a_repository_inside_a_read_only_directory_stays_read_only(
+    tmp_path: Path, case: str
+) -> None:
+    """Nothing in a repository inside a read-only directory can be written: not its files,
+    not its git directory, not a new file beside them. (The directories between the
+    workspace and a repository's protected files are bound writable, so that renaming them
+    cannot carry those files away; inside a read-only directory they must not be.)"""
+    relative, kind, read_only = REPOSITORIES_IN_READ_ONLY[case]
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    where = workspace / relative
+    where.mkdir(parents=True)
+    (where / "SKILL.md").write_text("trusted\n")
+    if kind == "git":
+        subprocess.run(["git", "init", "-q", str(where)], check=True)
+    else:
+        (where / "objects").mkdir()
+        (where / "refs").mkdir()
+    give_to_session_user(workspace)
+    ro = [str(workspace / read_only)] if read_only else []
+    plan = session(workspace, run_dir, ro=ro).plan()
+    head = where / ".git" / "HEAD"
+    head_before = head.read_bytes() if head.exists() else None
+    _, output = attempt(
+        plan,
+        f"cd {where} && (echo evil >> SKILL.md) 2>/dev/null && echo wrote-file; "
+        f"(echo evil > new.sh) 2>/dev/null && echo wrote-new; "
+        f"(echo evil > .git/HEAD) 2>/dev/null && echo wrote-head; true",
+    )
+    assert "wrote" not in output, output
+    assert (where / "SKILL.md").read_text() == "trusted\n"
+    assert not (where / "new.sh").exists()
+    assert (head.read_bytes() if head.exists() else None) == head_before
+
+
 def test_renaming_a_directory_cannot_carry_git_config_away(repo: tuple[Path, Path]) -> None:
     """`mv .git .git.old` and a fresh .git/config fail; the host's .git/config is unchanged."""
     workspace = repo[0]

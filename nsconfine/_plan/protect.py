@@ -237,10 +237,17 @@ def _protection(
         for e in entries
         if e.kind in (Kind.TMPFS, Kind.DATA) and any(inside(e.dest, d) for d, _ in trees)
     ]
+    # A read-only bind in a writable tree (a protected directory, an --ro one) keeps all it
+    # holds read-only: nothing inside it needs protecting, and nothing derived may be mounted
+    # there, as a repository's writable entries (the pins above its files) would make it
+    # writable below them.
+    read_only = _read_only_in([*entries, *found.values()], [dest for dest, _ in trees])
     protected = [
         entry
         for dest, entry in found.items()
-        if dest not in taken and not any(within(dest, cover) for cover in covers)
+        if dest not in taken
+        and not any(within(dest, cover) for cover in covers)
+        and not any(inside(dest, top) is not None for top in read_only)
     ]
     pins = pin_parents([*entries, *protected])
     derived = (*protected, *pins)
@@ -736,19 +743,39 @@ def _changed(observed: Iterable[tuple[str, tuple[int, int, int, int] | None]]) -
     return False
 
 
+def _read_only_in(entries: Iterable[p.Entry], trees: Sequence[str]) -> list[str]:
+    """The read-only binds of entries inside the writable trees: what each holds is kept
+    read-only by its mount, and a writable one inside it would undo that below itself."""
+    return [
+        e.dest
+        for e in entries
+        if e.kind is Kind.BIND
+        and e.mode is Mode.RO
+        and any(inside(e.dest, tree) is not None for tree in trees)
+    ]
+
+
 def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
     """A writable self-bind of every directory between a writable bind and an entry inside
     it: `mv lib lib.old` would otherwise take a read-only lib/config.py along and leave room
-    for a forged one. Only directories that exist (a missing one is an entry's own stub)."""
+    for a forged one. Only directories that exist (a missing one is an entry's own stub), and
+    none inside a read-only bind (which no rename there can leave, and which a writable one
+    would make writable)."""
     writable = [e.dest for e in entries if e.kind is Kind.BIND and e.mode is Mode.RW]
     taken = {entry.dest for entry in entries}
+    read_only = _read_only_in(entries, writable)
     pins: dict[str, p.Entry] = {}
     for entry in entries:
         for top in writable:
             if inside(entry.dest, top) is None:
                 continue
             parent = os.path.dirname(entry.dest)
-            while parent != top and parent not in taken and os.path.isdir(parent):
+            while (
+                parent != top
+                and parent not in taken
+                and not any(inside(parent, above) is not None for above in read_only)
+                and os.path.isdir(parent)
+            ):
                 pins.setdefault(parent, p.rw_bind(parent, parent, PIN_REASON))
                 parent = os.path.dirname(parent)
     return list(pins.values())
