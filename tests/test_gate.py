@@ -4,6 +4,7 @@ before anything runs; the refused command leaves no trace."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from helpers import (
     SESSION_USER,
     open_up,
+    outcome_without_hanging,
     python_child,
     running_world,
     session,
@@ -70,6 +72,37 @@ def test_a_pool_checks_pins_at_launch(tmp_path: Path) -> None:
         with pytest.raises(nsconfine.PlanError, match="sha256"):
             pool.launch([str(harness)]).wait(timeout=30)
     assert not marker.exists()
+
+
+def _pinned_harness_plan(tmp_path: Path) -> tuple[nsconfine.Plan, Path]:
+    import hashlib
+
+    workspace, run_dir, tools = session_dirs(tmp_path, "ws", "run", "tools")
+    harness = tools / "agent"
+    harness.write_text("#!/bin/sh\necho agent\n")
+    harness.chmod(0o755)
+    digest = hashlib.sha256(harness.read_bytes()).hexdigest()
+    return session(workspace, run_dir, harness=[f"{harness}@sha256:{digest}"]).plan(), harness
+
+
+def test_a_pinned_harness_made_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    """A FIFO where the pinned harness was (the place writable by whoever planted it) is
+    refused; the launcher does not wait on it for a writer."""
+    plan, harness = _pinned_harness_plan(tmp_path)
+    harness.unlink()
+    os.mkfifo(harness)
+    outcome = outcome_without_hanging(lambda: nsconfine.spawn(plan, [str(harness)]), "the pin")
+    assert isinstance(outcome, nsconfine.PlanError), outcome
+    assert "not a regular file" in str(outcome)
+
+
+def test_a_pinned_harness_grown_past_any_harness_is_refused_unread(tmp_path: Path) -> None:
+    """A pinned harness made a sparse file of 64 GiB is refused by its size, not hashed (at
+    ~1 GiB/s, a minute per launch; 16 TiB, hours)."""
+    plan, harness = _pinned_harness_plan(tmp_path)
+    os.truncate(harness, 64 << 30)
+    with pytest.raises(nsconfine.PlanError, match="larger than"):
+        nsconfine.spawn(plan, [str(harness)])
 
 
 @pytest.mark.root

@@ -8,24 +8,18 @@ hashed again whenever any of those change.
 from __future__ import annotations
 
 import os
+import stat
 
 from nsconfine._errors import PlanError
 from nsconfine._plan.model import Plan
+from nsconfine._text import printable
 
 _verified: dict[tuple[str, int, int, int, int, int], str] = {}
 
-
-def _identity(path: str) -> tuple[str, int, int, int, int, int]:
-    info = os.stat(path)
-    return (path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-
-def file_sha256(path: str) -> str:
-    """The hex sha256 of the file at path."""
-    import hashlib  # only plans with pinned harnesses need it
-
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
+# The largest file a pin hashes: past any agent's binary (Claude Code's is ~220 MiB), and a
+# bound on what a launch reads for one (~1 GiB/s here). A pinned file something could grow,
+# as a sparse one of 16 TiB, would otherwise cost every launch hours.
+MAX_PINNED_BYTES = 2 << 30
 
 
 def verify_pins(plan: Plan) -> None:
@@ -33,16 +27,59 @@ def verify_pins(plan: Plan) -> None:
     for entry in plan.entries:
         if entry.sha256 is None:
             continue
+        shown = printable(entry.source)
         try:
-            identity = _identity(entry.source)
-            if _verified.get(identity) == entry.sha256:
-                continue
-            actual = file_sha256(entry.source)
+            actual = _verified_sha256(entry.source, entry.sha256)
         except OSError as error:
-            raise PlanError(f"pinned {entry.source} cannot be read: {error.strerror}") from error
+            raise PlanError(f"pinned {shown} cannot be read: {error.strerror}") from error
         if actual != entry.sha256:
             raise PlanError(
-                f"{entry.source} has sha256 {actual}, not the pinned {entry.sha256}: the harness "
+                f"{shown} has sha256 {actual}, not the pinned {entry.sha256}: the harness "
                 "changed; re-pin it only if you trust the new one"
             )
+
+
+def _verified_sha256(path: str, pinned: str) -> str:
+    """path's sha256: pinned itself if the file is the one last found to have it, else hashed
+    (and remembered if it is pinned)."""
+    fd = _open_pinned(path)
+    try:
+        info = os.fstat(fd)
+        identity = (path, info.st_dev, info.st_ino, info.st_size,
+                    info.st_mtime_ns, info.st_ctime_ns)  # fmt: skip
+        if _verified.get(identity) == pinned:
+            return pinned
+        actual = _sha256(fd)
+    finally:
+        os.close(fd)
+    if actual == pinned:
         _verified[identity] = actual
+    return actual
+
+
+def _open_pinned(path: str) -> int:
+    """path opened for its hash: never waiting on a FIFO for a writer, refused (PlanError)
+    unless a regular file of at most MAX_PINNED_BYTES."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise PlanError(f"pinned {printable(path)} is not a regular file")
+        if info.st_size > MAX_PINNED_BYTES:
+            raise PlanError(
+                f"pinned {printable(path)} is larger than any harness "
+                f"({info.st_size} bytes; at most {MAX_PINNED_BYTES}): the harness changed"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _sha256(fd: int) -> str:
+    import hashlib  # only plans with pinned harnesses need it
+
+    digest = hashlib.sha256()
+    while chunk := os.read(fd, 1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
