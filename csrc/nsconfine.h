@@ -139,8 +139,10 @@ int nsc_open_path(const char *path, int force_walk, int *fd_out, int *stage_out)
 #define NSC_SECCOMP_SETID 1 /* no S_ISUID/S_ISGID by chmod, open, creat, mknod; no io_uring, openat2 */
 #define NSC_SECCOMP_KERNEL 2 /* keyrings, NUMA, acct, syslog, quotas, perf, bpf, userfaultfd, kexec,
                                 modules, personality, clone3, ptrace of pid 1, socket families,
-                                TIOCSTI and TIOCLINUX */
+                                socket filters, Linux AIO, TIOCSTI and TIOCLINUX */
 #define NSC_SECCOMP_NAMESPACES 4 /* no new namespace, no setns, no mount API */
+#define NSC_SECCOMP_OWN_NETWORK 8 /* no UDP socket: a network of the session's own has no UDP
+                                     destination, and the host's UDP memory is one count */
 int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_t *len_out,
                        int *stage_out);
 
@@ -151,8 +153,10 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
  * ALWAYS; ARG_IN: the low 32 bits of argument arg equal one of values; ARG_NOT_IN: they equal
  * none of them; ANY_BIT: argument arg has any bit of values[0]; BOTH_ANY_BIT: argument arg has
  * any bit of values[0] and argument arg2 any bit of values[1]; ARG_NOT_OR_ARG2_IN: the low 32
- * bits of argument arg are not values[0], or those of argument arg2 are values[1]. Everything
- * else is allowed.
+ * bits of argument arg are not values[0], or those of argument arg2 are values[1];
+ * ARG_IS_AND_ARG2_MASKED_IN: the low 32 bits of argument arg are values[0], and those of
+ * argument arg2, masked with values[1], are one of values[2..n_values-1]. Everything else is
+ * allowed.
  * nsc_seccomp_rules copies those of the groups in rules (NSC_SECCOMP_*), in the filter's order.
  */
 #define NSC_RULE_ALWAYS 0
@@ -161,6 +165,7 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
 #define NSC_RULE_ANY_BIT 3
 #define NSC_RULE_BOTH_ANY_BIT 4
 #define NSC_RULE_ARG_NOT_OR_ARG2_IN 5 /* arg is not values[0], or arg2 is values[1] */
+#define NSC_RULE_ARG_IS_AND_ARG2_MASKED_IN 6 /* arg is values[0], arg2 & values[1] in the rest */
 #define NSC_RULE_MAX_VALUES 4
 #define NSC_SECCOMP_MAX_RULES 128
 struct nsc_seccomp_rule {

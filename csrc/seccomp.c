@@ -173,6 +173,26 @@ static void refuse_unless_or_if(struct program *p, unsigned int nr, int arg, uns
     ret(p, SECCOMP_RET_ALLOW);
 }
 
+/* nr fails with err when the low 32 bits of argument arg are value, and those of argument arg2,
+ * masked with mask, are one of values (n of them): a socket of one family and type, an option
+ * of one level. Unlike the blocks above, one whose arguments do not match goes on to the next
+ * rule, the number loaded again: a call may have several such rules, before its last. */
+static void refuse_if_arg_and_masked(struct program *p, unsigned int nr, int arg,
+                                     unsigned int value, int arg2, unsigned int mask,
+                                     const unsigned int *values, unsigned char n, int err)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 6), nr);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 3), value);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg2));
+    emit(p, BPF_ALU | BPF_AND | BPF_K, 0, 0, mask);
+    for (unsigned char i = 0; i < n; i++)
+        emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - 1 - i), i == n - 1 ? 1 : 0,
+             values[i]);
+    ret(p, RET_ERRNO(err));
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr));
+}
+
 /* The rules, in the order the filter checks them. SYSCALL(name) gives the name (as libseccomp
  * and the OCI runtime spec spell it) and its number on this architecture. */
 #define SYSCALL(name) #name, __NR_##name
@@ -192,6 +212,13 @@ static void refuse_unless_or_if(struct program *p, unsigned int nr, int arg, uns
 #define PID_1(name, arg) ARG_IN(KERNEL, name, arg, EPERM, 1, 1)
 #define FAMILIES(name) \
     ARG_NOT_IN(KERNEL, name, 0, EAFNOSUPPORT, 4, AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
+#define ARG_IS_AND_MASKED(group, name, arg, value, arg2, mask, err, n, ...)                    \
+    { SYSCALL(name), group, err, NSC_RULE_ARG_IS_AND_ARG2_MASKED_IN, arg, arg2, (n) + 2,        \
+      { value, mask, __VA_ARGS__ } }
+#define SOCKET_OPTIONS(...) ARG_IS_AND_MASKED(KERNEL, setsockopt, 1, SOL_SOCKET, 2, ~0u, EPERM, 2, \
+                                              __VA_ARGS__)
+#define DATAGRAMS(family) \
+    ARG_IS_AND_MASKED(NSC_SECCOMP_OWN_NETWORK, socket, 0, family, 1, 0xfu, EPERM, 1, SOCK_DGRAM)
 
 /*
  * SETID. A file the session leaves with a set-id bit keeps it on the host, where the mount has
@@ -217,7 +244,13 @@ static void refuse_unless_or_if(struct program *p, unsigned int nr, int arg, uns
  * process_vm_* of it (the session's own programs stay debuggable; Landlock covers
  * /proc/1/mem); a CPU limit on pid 1 kills it (and the status with it), and its priority and
  * CPUs are the sandbox's own to keep (setpriority's who is its argument 1). Sockets: UNIX,
- * INET, INET6 and NETLINK only, by socket and socketpair alike. TIOCSTI and TIOCLINUX push
+ * INET, INET6 and NETLINK only, by socket and socketpair alike. Memory one count for the whole
+ * host, which one session could take: socket filters (each JIT-compiled into the host's
+ * budget for unprivileged programs, net.core.bpf_jit_limit: one session filled it, and every
+ * later launch's own filter failed) and io_setup (one call took fs.aio-max-nr, the host's
+ * whole); and, on a network of the session's own (OWN_NETWORK: none, proxy), UDP, whose
+ * buffers are one count for the host (net.ipv4.udp_mem: past it, every UDP socket on the
+ * host drops what it gets). TIOCSTI and TIOCLINUX push
  * input into a terminal, TIOCSETD swaps its line discipline (N_NULL leaves the caller's
  * terminal dead); the request is compared on its low 32 bits, as the kernel reads it.
  *
@@ -309,8 +342,13 @@ static const struct nsc_seccomp_rule RULES[] = {
     PID_1(sched_setscheduler, 0),
     PID_1(sched_setparam, 0),
     PID_1(sched_setattr, 0),
+    DATAGRAMS(AF_INET), /* before FAMILIES(socket), which ends socket's rules */
+    DATAGRAMS(AF_INET6),
     FAMILIES(socket),
     FAMILIES(socketpair),
+    SOCKET_OPTIONS(SO_ATTACH_FILTER, SO_ATTACH_BPF),
+    SOCKET_OPTIONS(SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF),
+    ALWAYS(KERNEL, io_setup, ENOSYS),
     ARG_IN(KERNEL, ioctl, 1, EPERM, 3, TIOCSTI_, TIOCLINUX_, TIOCSETD_),
 
     ALWAYS(NAMESPACES, mount, EPERM),
@@ -354,6 +392,10 @@ static void emit_rule(struct program *p, const struct nsc_seccomp_rule *r)
         break;
     case NSC_RULE_ARG_NOT_OR_ARG2_IN:
         refuse_unless_or_if(p, nr, r->arg, r->values[0], r->arg2, r->values[1], r->err);
+        break;
+    case NSC_RULE_ARG_IS_AND_ARG2_MASKED_IN:
+        refuse_if_arg_and_masked(p, nr, r->arg, r->values[0], r->arg2, r->values[1],
+                                 r->values + 2, (unsigned char)(r->n_values - 2), r->err);
         break;
     default:
         p->overflow = 1; /* a rule this generator cannot emit: refuse to build a filter */

@@ -87,6 +87,23 @@ for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_VSOCK", "AF_PAC
     fd = libc.socket(int(family), int(kind), 0)
     out["socket_" + name] = "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
     if fd >= 0: os.close(fd)
+for name, family in (("AF_INET", socket.AF_INET), ("AF_INET6", socket.AF_INET6)):
+    ctypes.set_errno(0)
+    fd = libc.socket(int(family), int(socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), 0)
+    out["udp_" + name] = "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
+    if fd >= 0: os.close(fd)
+context = ctypes.c_ulong(0)
+out["io_setup"] = call(206, 1, ctypes.addressof(context))
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+accept_all = (ctypes.c_uint64 * 1)(0x0000FFFF00000006)  # BPF_RET | BPF_K, k 0xffff
+program = Program(1, ctypes.addressof(accept_all))
+with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as unix:
+    for name, option in (("SO_ATTACH_FILTER", 26), ("SO_ATTACH_REUSEPORT_CBPF", 51)):
+        ctypes.set_errno(0)
+        r = libc.setsockopt(unix.fileno(), socket.SOL_SOCKET, option, ctypes.byref(program),
+                            ctypes.sizeof(program))
+        out["setsockopt_" + name] = "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
 null = os.open("/dev/null", os.O_RDWR)
 for name, request in (("TIOCSTI", termios.TIOCSTI), ("TIOCLINUX", 0x541C),
                       ("TIOCSTI_high_bits", termios.TIOCSTI | (1 << 32))):
@@ -119,7 +136,9 @@ REFUSED = {
     "setdomainname": "EPERM", "settimeofday": "EPERM", "clock_settime": "EPERM",
     "lookup_dcookie": "EPERM", "kcmp": "EPERM", "pidfd_getfd": "EPERM",
     "process_madvise": "EPERM", "open_by_handle_at": "EPERM", "fanotify_init": "EPERM",
-    "unshare_files": "EPERM",
+    "unshare_files": "EPERM", "udp_AF_INET": "EPERM", "udp_AF_INET6": "EPERM",
+    "io_setup": "ENOSYS", "setsockopt_SO_ATTACH_FILTER": "EPERM",
+    "setsockopt_SO_ATTACH_REUSEPORT_CBPF": "EPERM",
 }  # fmt: skip
 # Calls an account without capabilities gets EPERM for from the kernel too, whatever the
 # arguments (the capability check comes first): the filter's own answer is shown by
@@ -166,6 +185,15 @@ def test_without_the_filter_the_kernel_answers(
     unprovable = landlock_decides | KERNEL_AGREES
     same = [c for c in REFUSED if c not in unprovable and result[c] == REFUSED[c]]
     assert same == [], same
+
+
+def test_a_session_on_the_host_network_keeps_udp(ws_run: tuple[Path, Path]) -> None:
+    """UDP is refused only on a network of the session's own, which has no UDP destination:
+    on the host's network (DNS, QUIC) it works; socket filters stay refused there too."""
+    plan = session(*ws_run, network="host", network_reason="the test's UDP").plan()
+    result = filter_answers(plan)
+    assert (result["udp_AF_INET"], result["udp_AF_INET6"]) == ("ok", "ok"), result
+    assert result["setsockopt_SO_ATTACH_FILTER"] == "EPERM", result
 
 
 _ARCH = r"""

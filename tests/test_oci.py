@@ -73,36 +73,55 @@ def samples(rule: _syscalls.SeccompRule) -> list[tuple[int, ...]]:
         values |= {1 << bit for bit in range(32) if value >> bit & 1}
     values = {v & 0xFFFF_FFFF_FFFF_FFFF for v in values if v >= 0}
     calls = []
+    others: tuple[int, ...] = (0, *rule.values[1:2])
+    if rule.when == _syscalls.RULE_ARG_IS_AND_ARG2_MASKED_IN:  # flags above the mask too
+        masked = rule.values[2:]
+        others = (0, *masked, *(v + 1 for v in masked), *(v | 0o2004000 | 1 << 32 for v in masked))
     for value in sorted(values):
-        for other in (0, *rule.values[1:2]):
+        for other in others:
             args = [0] * 6
             args[rule.arg] = value
-            if rule.when in (_syscalls.RULE_BOTH_ANY_BIT, _syscalls.RULE_ARG_NOT_OR_ARG2_IN):
+            if rule.when in TWO_ARGUMENTS:
                 args[rule.arg2] = other
             calls.append(tuple(args))
     return calls
 
 
 MASK32 = 0xFFFF_FFFF
+TWO_ARGUMENTS = (
+    _syscalls.RULE_BOTH_ANY_BIT,
+    _syscalls.RULE_ARG_NOT_OR_ARG2_IN,
+    _syscalls.RULE_ARG_IS_AND_ARG2_MASKED_IN,
+)
 
 
-def plan_with(nested: str | None) -> Plan:
+def plan_with(nested: str | None, network: str = "none") -> Plan:
     return Plan(
-        [p.proc("/proc", "procfs"), p.remount_ro("/", "read-only root")], nested_userns=nested
+        [p.proc("/proc", "procfs"), p.remount_ro("/", "read-only root")],
+        nested_userns=nested,
+        network=network,
+        network_reason="the test's" if network == "host" else None,
     )
 
 
+ALL_RULES = _syscalls.SECCOMP_DEFAULT | _syscalls.SECCOMP_OWN_NETWORK
+
+
 @pytest.mark.skipif(not X86_64, reason="the BPF interpreter's cases use x86_64 numbers")
+@pytest.mark.parametrize("network", ["none", "host"])
 @pytest.mark.parametrize("nested", [None, "a harness that runs bwrap"])
-def test_the_oci_profile_answers_as_the_bpf_filter(nested: str | None) -> None:
+def test_the_oci_profile_answers_as_the_bpf_filter(nested: str | None, network: str) -> None:
     """For every rule of the C table, on and around each of its boundaries (and the BPF
-    tests' own cases), the JSON profile refuses exactly what the BPF program refuses."""
+    tests' own cases), the JSON profile refuses exactly what the BPF program refuses, on a
+    network of the session's own and on the host's."""
     rules = _syscalls.SECCOMP_DEFAULT if nested is None else _syscalls.SECCOMP_NESTED_USERNS
+    if network != "host":
+        rules |= _syscalls.SECCOMP_OWN_NETWORK
     program = _syscalls.seccomp_filter(rules)
-    profile = _oci.seccomp_profile(plan_with(nested))
-    names = {rule.nr: rule.name for rule in _syscalls.seccomp_rules(_syscalls.SECCOMP_DEFAULT)}
+    profile = _oci.seccomp_profile(plan_with(nested, network))
+    names = {rule.nr: rule.name for rule in _syscalls.seccomp_rules(ALL_RULES)}
     checked = 0
-    for rule in _syscalls.seccomp_rules(_syscalls.SECCOMP_DEFAULT):
+    for rule in _syscalls.seccomp_rules(ALL_RULES):
         for args in samples(rule):
             expected = run_filter(program, rule.nr, args)
             assert oci_action(profile, rule.name, args) == expected, (rule, args)

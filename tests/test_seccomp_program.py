@@ -146,6 +146,19 @@ CASES = [
     ("ioctl TIOCSETD", 16, (0, 0x5423), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("chmod plain", 90, (0, 0o755), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("x32 getpid", 0x40000000 + 39, (), SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_KILL_PROCESS),
+    ("io_setup", 206, (1,), errno_of(errno.ENOSYS), errno_of(errno.ENOSYS)),
+    ("setsockopt SO_ATTACH_FILTER", 54, (3, 1, 26), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("setsockopt SO_ATTACH_BPF", 54, (3, 1, 50), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("setsockopt SO_ATTACH_REUSEPORT_CBPF", 54, (3, 1, 51), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("setsockopt SO_ATTACH_REUSEPORT_EBPF", 54, (3, 1, 52), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("setsockopt SO_REUSEADDR", 54, (3, 1, 2), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("setsockopt IPV6_V6ONLY (26 at IPPROTO_IPV6)", 54, (3, 41, 26), SECCOMP_RET_ALLOW,
+     SECCOMP_RET_ALLOW),
+    ("socket inet datagram (a network not its own)", 41, (2, 2), SECCOMP_RET_ALLOW,
+     SECCOMP_RET_ALLOW),
 ]  # fmt: skip
 
 
@@ -158,6 +171,31 @@ def test_the_program_answers(
     """The default program, and the one for a session allowed nested user namespaces."""
     assert run_filter(DEFAULT, nr, args) == default, name
     assert run_filter(NESTED, nr, args) == nested, name
+
+
+OWN_NETWORK = _syscalls.seccomp_filter(_syscalls.SECCOMP_DEFAULT | _syscalls.SECCOMP_OWN_NETWORK)
+SOCK_NONBLOCK_CLOEXEC = 0o4000 | 0o2000000
+
+DATAGRAM_CASES = [
+    # (name, socket's arguments, action on a network of the session's own)
+    ("inet datagram", (2, 2), errno_of(errno.EPERM)),
+    ("inet6 datagram, nonblocking and close-on-exec", (10, 2 | SOCK_NONBLOCK_CLOEXEC),
+     errno_of(errno.EPERM)),
+    ("inet stream", (2, 1), SECCOMP_RET_ALLOW),
+    ("inet6 stream, nonblocking", (10, 1 | SOCK_NONBLOCK_CLOEXEC), SECCOMP_RET_ALLOW),
+    ("unix datagram", (1, 2), SECCOMP_RET_ALLOW),
+    ("netlink datagram", (16, 2), SECCOMP_RET_ALLOW),
+    ("packet datagram", (17, 2), errno_of(errno.EAFNOSUPPORT)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "action"), DATAGRAM_CASES, ids=[c[0] for c in DATAGRAM_CASES]
+)
+def test_a_network_of_its_own_has_no_udp(name: str, args: tuple[int, ...], action: int) -> None:
+    """On a network of the session's own (none, proxy) an INET or INET6 datagram socket is
+    refused whatever its flags; streams and other families' datagrams are not."""
+    assert run_filter(OWN_NETWORK, 41, args) == action, name
 
 
 def test_a_foreign_architecture_is_killed() -> None:

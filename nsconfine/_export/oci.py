@@ -88,7 +88,7 @@ def seccomp_profile(plan: Plan) -> dict[str, Any]:
     profile and podman's --security-opt seccomp= file)."""
     rules = (
         _syscalls.SECCOMP_DEFAULT if plan.nested_userns is None else _syscalls.SECCOMP_NESTED_USERNS
-    )
+    ) | (_syscalls.SECCOMP_OWN_NETWORK if has_own_network(plan.network) else 0)
     machine = os.uname().machine
     if machine not in ARCHITECTURES:
         raise PlanError(f"the seccomp filter is built for x86_64 and aarch64, not {machine}")
@@ -128,6 +128,9 @@ def _conditions(rule: _syscalls.SeccompRule) -> list[list[dict[str, Any]]]:
             for first in _bits(rule.values[0])
             for second in _bits(rule.values[1])
         ]
+    if rule.when == _syscalls.RULE_ARG_IS_AND_ARG2_MASKED_IN:
+        first, mask = _masked(rule.arg, MASK32, rule.values[0]), rule.values[1]
+        return [[first, _masked(rule.arg2, mask, value)] for value in rule.values[2:]]
     if rule.when == _syscalls.RULE_ARG_NOT_OR_ARG2_IN:
         others = complement_blocks(rule.values[:1])
         return [[_masked(rule.arg, m, v)] for m, v in others] + [

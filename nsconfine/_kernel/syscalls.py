@@ -49,7 +49,9 @@ SHIM_WIRE: Final[dict[str, int]] = {
 SECCOMP_SETID: Final[int] = lib.NSC_SECCOMP_SETID
 SECCOMP_KERNEL: Final[int] = lib.NSC_SECCOMP_KERNEL
 SECCOMP_NAMESPACES: Final[int] = lib.NSC_SECCOMP_NAMESPACES
-# Every session's filter, and the one for a session allowed user namespaces of its own.
+SECCOMP_OWN_NETWORK: Final[int] = lib.NSC_SECCOMP_OWN_NETWORK
+# Every session's filter, and the one for a session allowed user namespaces of its own; a
+# session on a network of its own (none, proxy) adds SECCOMP_OWN_NETWORK to either.
 SECCOMP_DEFAULT: Final[int] = SECCOMP_SETID | SECCOMP_KERNEL | SECCOMP_NAMESPACES
 SECCOMP_NESTED_USERNS: Final[int] = SECCOMP_SETID | SECCOMP_KERNEL
 
@@ -270,6 +272,7 @@ RULE_ARG_NOT_IN: Final[int] = lib.NSC_RULE_ARG_NOT_IN
 RULE_ANY_BIT: Final[int] = lib.NSC_RULE_ANY_BIT
 RULE_BOTH_ANY_BIT: Final[int] = lib.NSC_RULE_BOTH_ANY_BIT
 RULE_ARG_NOT_OR_ARG2_IN: Final[int] = lib.NSC_RULE_ARG_NOT_OR_ARG2_IN
+RULE_ARG_IS_AND_ARG2_MASKED_IN: Final[int] = lib.NSC_RULE_ARG_IS_AND_ARG2_MASKED_IN
 
 
 class SeccompRule:

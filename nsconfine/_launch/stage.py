@@ -421,6 +421,10 @@ def _lint_first(lint: Callable[[], object] | None) -> None:
         lint()
 
 
+def _seccomp_program(plan: Plan) -> bytes | None:
+    return _layers.seccomp_program(plan.nested_userns is not None, has_own_network(plan.network))
+
+
 def _fd_identity(fd: int) -> Identity:
     info = os.fstat(fd)
     return (info.st_dev, info.st_ino)
@@ -442,7 +446,7 @@ def _start(
     """Spawn the reaper with bwrap's fds in place (see the module's docstring), and after
     them the holds on the session's mount points, which the reaper keeps for the session's
     life (the caller still owns the launcher's copies)."""
-    seccomp = _layers.seccomp_program(plan.nested_userns is not None)
+    seccomp = _seccomp_program(plan)
     limits = _session_limits(plan)
     options = compiled_options(
         plan, seccomp is not None, bind_sources is not None, limits is not None
@@ -584,7 +588,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     staged.command_pid = shim
     staged.mark("built")  # bwrap has made every mount, and the shim is waiting
     # (the filter bwrap was given, as _start asked for it: cached, the very decision)
-    filtered = _layers.seccomp_program(plan.nested_userns is not None) is not None
+    filtered = _seccomp_program(plan) is not None
     check_shim(bwrap, child, shim, filtered)
     try:
         staged.mount_watch, mountinfo = watched_mountinfo(shim)

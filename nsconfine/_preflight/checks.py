@@ -550,7 +550,7 @@ def layer_checks() -> list[Check]:
             "a session on the host network reaches the host's abstract unix sockets, and pid 1 "
             "is kept from ptrace and process_vm_* by the filter only (its /proc/1/mem is not)"
         )
-    program = _syscalls.seccomp_filter(_syscalls.SECCOMP_DEFAULT)
+    program = _syscalls.seccomp_filter(_syscalls.SECCOMP_DEFAULT | _syscalls.SECCOMP_OWN_NETWORK)
     return [
         Check("landlock", True, landlock),
         Check(

@@ -34,7 +34,7 @@ from nsconfine._plan.bwrap_args import (
     bwrap_options,
     encode_options,
 )
-from nsconfine._plan.model import Plan
+from nsconfine._plan.model import Plan, has_own_network
 from nsconfine._plan.protect import refreshed
 from nsconfine._preflight.checks import proven_bwrap
 
@@ -260,7 +260,8 @@ class Launchers:
         # bwrap resolves each bind's path itself: its own cost, the floor's.
         self.options = without_info(bwrap_options(self.floor_plan, bind_fds=False))
         self.encoded = encode_options(self.options)
-        self.seccomp = _layers.seccomp_program(plan.nested_userns is not None) or b""
+        own_network = has_own_network(plan.network)
+        self.seccomp = _layers.seccomp_program(plan.nested_userns is not None, own_network) or b""
         # As root, bwrap runs as the session's account in every variant, as nsconfine runs it.
         self.ids = (plan.user.uid, plan.user.gid) if os.geteuid() == 0 else None
 
