@@ -613,6 +613,21 @@ def test_output_that_cannot_be_written_is_one_line_74(dirs: Dirs) -> None:
     ]
 
 
+def test_a_working_directory_removed_is_named_not_blamed_on_the_output(tmp_path: Path) -> None:
+    """Relative paths given from a working directory since removed: the line says so (exit
+    74), not that the output could not be written."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = subprocess.run(
+        ["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" -m nsconfine plan --workspace ws '
+         "--run-dir run", "sh", str(gone), sys.executable],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 74, done.stderr
+    assert "output-failed" not in done.stderr
+    assert "working directory" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("refused", ["usage", "no-such-account"])
 def test_a_refusal_that_cannot_be_written_is_74(dirs: Dirs, refused: str) -> None:
     """`nsconfine plan … --bogus 2> /dev/full`: the refusal's own line cannot be written. Exit

@@ -544,7 +544,12 @@ def main(argv: Sequence[str]) -> int:
     except OSError as error:  # every path a command meets is refused in its own words: this
         # is its output that could not be written (`> /dev/full`), or a file it could not use
         _output_to_devnull()
-        if error.filename is None:
+        if error.filename is None and not _working_directory_exists():
+            line = (
+                "io-error: the working directory was removed: run nsconfine from one that "
+                "exists, or give absolute paths"
+            )
+        elif error.filename is None:
             line = f"output-failed: cannot write its output: {error.strerror or error}"
         else:
             line = f"io-error: {error.strerror or error} ({printable(str(error.filename))})"
@@ -571,6 +576,16 @@ def _said(text: str) -> bool:
         print(text, file=sys.stderr, flush=True)
     except OSError:
         _output_to_devnull(2)
+        return False
+    return True
+
+
+def _working_directory_exists() -> bool:
+    """False when the working directory was removed: every relative path (os.path.abspath)
+    then fails with an OSError that names no file."""
+    try:
+        os.getcwd()
+    except OSError:
         return False
     return True
 
