@@ -1160,6 +1160,37 @@ def test_config_a_session_made_is_reported_after_it(tmp_path: Path) -> None:
     assert str(workspace / "app" / ".git" / "hooks") in written
 
 
+def test_agent_config_a_session_wrote_below_the_top_is_reported(tmp_path: Path) -> None:
+    """Agents and editors read their project config from the directory they are started in
+    (Claude Code's .claude, .mcp.json, .vscode), which may be any directory of a workspace:
+    below its top and outside any repository's root, where nothing is kept read-only, config
+    the session made or changed is named once it has ended; config it left alone, and a
+    session that wrote none, name nothing."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    app, lib, docs = workspace / "packages" / "app", workspace / "lib", workspace / "docs"
+    for directory in (app, lib / ".vscode", docs / ".vscode"):
+        directory.mkdir(parents=True)
+    (lib / ".vscode" / "tasks.json").write_text("{}\n")
+    (docs / ".vscode" / "tasks.json").write_text("{}\n")
+    give_to_session_user(workspace)
+    time.sleep(1.5)  # the config now predates the sessions by more than the report's slack
+    plan = session(workspace, run_dir).plan()
+    quiet = nsconfine.spawn(plan, ["/bin/true"])
+    quiet.wait()
+    assert quiet.untrusted_config == []
+    script = (
+        f"mkdir {app}/.claude && echo '{{}}' > {app}/.claude/settings.json && "
+        f"echo '{{}}' > {app}/.mcp.json && echo '{{\"x\": 1}}' > {lib}/.vscode/tasks.json"
+    )
+    wrote = nsconfine.spawn(plan, ["/bin/sh", "-c", script])
+    assert wrote.wait() == 0
+    written = wrote.untrusted_config or []
+    for path in (app / ".claude", app / ".mcp.json", lib / ".vscode"):
+        assert str(path) in written, (path, written)
+    assert str(docs / ".vscode") not in written, written
+
+
 def test_run_reports_config_the_session_made(tmp_path: Path) -> None:
     """`nsconfine run` says on stderr which host-executed config the session could write."""
     from helpers import cli, session_options

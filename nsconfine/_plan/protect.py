@@ -56,7 +56,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 
 from nsconfine._errors import PlanError, refuse_if_short_of_fds
 from nsconfine._kernel import syscalls as _syscalls
@@ -124,6 +124,23 @@ NOT_SCANNED = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox"}
 # Names inside a version control directory, protected only where that directory is (as git's
 # are): an empty read-only stand-in would stop `hg init`, and look like a repository.
 ONLY_WHERE_PRESENT = (".hg/",)
+# What the host's agents and editors read from the directory they are started in, which may
+# be any directory of a workspace (`cd packages/app && claude`). Below the top and outside a
+# repository's root nothing keeps it read-only (no stub can wait in every directory), so what
+# a session made or changed there is named once it has ended (written_config). Shell startup
+# files are read from HOME, not the working directory; git's and Mercurial's, at a root.
+_SHELL_STARTUP = frozenset(
+    {".bashrc", ".zshrc", ".profile", ".bash_profile", ".bash_login", ".bash_logout", ".zshenv",
+     ".zprofile", ".zlogin", ".zlogout"}
+)  # fmt: skip
+STARTED_IN = frozenset(
+    name.split("/", 1)[0]
+    for name, _kind, _reason in PROTECTED
+    if not name.startswith((".git", ".hg")) and name not in _SHELL_STARTUP
+)
+# How much of one such directory the report looks through for what changed (.claude/hooks/x
+# is two levels down); past it, the directory is named.
+_STARTED_IN_ENTRIES = 1_000
 # What a launch spends on a workspace: every protected path and pinned directory is a mount
 # point, bwrap's set-up time grows with the square of their number (bwrap reads its mount
 # table again after each), and a live session holds an fd on each. A score of repositories
@@ -345,7 +362,51 @@ def _written_config(
                 written.append(entry.source)  # replaced while the session ran
     written += _gitlinks_unscanned(scan, since)
     written += _links_unscanned(plan, scan, since)
+    written += _started_in_written(plan, scan, since)
     return list(dict.fromkeys(written))
+
+
+def _started_in_written(plan: Plan, scan: _Scan, since: float) -> list[str]:
+    """The config the host's tools read where they are started that the scan met below a
+    tree's top, not inside a read-only bind, made or changed since `since`: a directory of it
+    whose entries changed, two levels down, or that holds more than the report looks at."""
+    found = []
+    for path in scan.started_in:
+        named = scan.shown(path)
+        if named is None:
+            continue
+        covering = _innermost(plan, named[0])
+        if covering is not None and covering.mode is Mode.RO and covering.kind is Kind.BIND:
+            continue
+        if _written_since(path, since):
+            found.append(named[1])
+    return found
+
+
+def _written_since(path: str, since: float) -> bool:
+    """Did path, or what it holds two levels down, change since `since`? True past
+    _STARTED_IN_ENTRIES entries (what cannot be looked through is named)."""
+    pending, seen = [(path, 0)], 0
+    while pending:
+        where, depth = pending.pop()
+        try:
+            info = os.lstat(where)
+        except OSError:
+            continue  # gone: nothing for the host to read
+        if max(info.st_mtime, info.st_ctime) >= since:
+            return True
+        if depth == 2 or not stat.S_ISDIR(info.st_mode):
+            continue
+        try:
+            with os.scandir(where) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > _STARTED_IN_ENTRIES:
+                        return True
+                    pending.append((entry.path, depth + 1))
+        except OSError:
+            return True
+    return False
 
 
 # The most links made during a session that its end looks at, each resolved, and the most
@@ -799,6 +860,9 @@ class _Scan:
         self.indexes: list[tuple[str, str]] = []  # (working tree, its git directory)
         self.links: list[str] = []  # every symlink met (LINKS_KEPT at most), never followed
         self.links_left_out = False  # more were met than kept
+        # Config the host's tools read where they are started (STARTED_IN, those the plan
+        # protects), met below a tree's top outside a repository's root: never read-only.
+        self.started_in: list[str] = []
         self.listed: set[str] = set()  # every directory looked through
         self.seen = 0
         self.entries = 0
@@ -910,7 +974,8 @@ class _Scan:
                 why = f"{reason}: read-only, so the host never runs what a session wrote"
                 entries.append(p.ro_bind(named[1], named[0], why, stub=target[1]))
 
-        git_directories = self.scan(top, covered)
+        started_in = {name.split("/", 1)[0] for name, _, _ in tree_names} & STARTED_IN
+        git_directories = self.scan(top, covered, started_in)
         for directory in self.remembered(top, git_directories):
             git_directories.append(directory)
         for base in self.repositories:
@@ -933,12 +998,13 @@ class _Scan:
         self.remember(top, [g for g in git_directories if within(g, top)])
         return entries
 
-    def scan(self, top: str, covered: Sequence[str]) -> list[str]:
+    def scan(self, top: str, covered: Sequence[str], started_in: Set[str]) -> list[str]:
         """Look through the tree at top (real), not through symlinks, never below a covered
         path (another writable tree shows its own there): every repository (the top first,
         whose own trusted files are protected, repository or not) goes to self.repositories,
-        every .git pointer file to self.pointers; the git directories found as they are (a
-        .git directory, a bare one) are returned, to be looked into further."""
+        every .git pointer file to self.pointers, the config named in started_in found in any
+        other directory to self.started_in; the git directories found as they are (a .git
+        directory, a bare one) are returned, to be looked into further."""
         git_directories: list[str] = []
         pending = [top]
         while pending:
@@ -963,7 +1029,9 @@ class _Scan:
                     f"{printable(hg.path)} is a {_file_type(self.mode(hg.path))}: Mercurial on the "
                     "host follows it and runs the hooks of the hgrc it leads to; remove it"
                 )
-            if directory == top or dot_git is not None or hg is not None:
+            if directory != top and dot_git is None and hg is None:
+                self.started_in += [e.path for e in listing.config if e.name in started_in]
+            else:
                 self.repositories.append(directory)
                 if len(self.repositories) > MAX_REPOSITORIES:
                     raise PlanError(
@@ -1169,20 +1237,23 @@ _NOT_LOOKED_INTO = NOT_SCANNED | {".git", ".hg"}  # (a repository's own are look
 
 
 class _Listing:
-    """What the scan needs of one directory's entries: those named in _SIGNS, its
-    subdirectories and its symlinks; never every entry (a session may put millions of files
-    in one)."""
+    """What the scan needs of one directory's entries: those named in _SIGNS or STARTED_IN,
+    its subdirectories and its symlinks; never every entry (a session may put millions of
+    files in one)."""
 
-    __slots__ = ("directories", "links", "signs")
+    __slots__ = ("config", "directories", "links", "signs")
 
     def __init__(self) -> None:
         self.signs: dict[str, os.DirEntry[str]] = {}
+        self.config: list[os.DirEntry[str]] = []  # named in STARTED_IN
         self.directories: list[os.DirEntry[str]] = []  # not symlinks to one
         self.links: list[os.DirEntry[str]] = []
 
     def add(self, entry: os.DirEntry[str]) -> None:
         if entry.name in _SIGNS:
             self.signs[entry.name] = entry
+        elif entry.name in STARTED_IN:
+            self.config.append(entry)
         if entry.is_dir(follow_symlinks=False):
             self.directories.append(entry)
         elif entry.is_symlink():
