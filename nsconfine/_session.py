@@ -615,8 +615,13 @@ def network_environment(
     passed, and for each injected route its base URL on the relay and a placeholder where the
     credential file's key was (the key goes to the route, for the launcher's proxy); the routes;
     and the files its harnesses read to find a route, generated read-only in its HOME. With any
-    other network, env as it is, and neither routes nor files."""
-    if (session.network or "none") != "proxy":
+    other network, neither routes nor files, and env as it is but on none: no launcher's proxy
+    variable (passed by name, as the tls profile does), which names a proxy the session cannot
+    reach, with any password in it."""
+    network = session.network or "none"
+    if network == "none":
+        return [v for v in env if not _launcher_proxy(v)], (), []
+    if network != "proxy":
         return env, (), []
     credential = {v.name: v.value for v in env if v.origin is Origin.CREDENTIAL}
     injected = _network.injected(
@@ -634,6 +639,10 @@ def network_environment(
         files.append(p.data(text.encode(), os.path.join(session.home, path), reason))
     new = [EnvVar(n, value, Origin.NSCONFINE) for n, value in replaced.items()]
     return [*kept, *new], injected.routes, files
+
+
+def _launcher_proxy(variable: EnvVar) -> bool:
+    return variable.origin is Origin.LAUNCHER and variable.name in _network.LAUNCHER_PROXY_VARIABLES
 
 
 def _nested_userns_reason(allowed: bool | str | None) -> str | None:

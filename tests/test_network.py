@@ -429,6 +429,28 @@ def test_run_prints_each_refusal_on_stderr(
     ], result.stderr
 
 
+PROXY_WITH_PASSWORD = "http://user:hunter2@proxy.example:3128"
+
+
+@pytest.mark.parametrize("network", ["none", "proxy"])
+def test_the_launcher_s_proxy_and_its_password_stay_out_of_a_network_of_its_own(
+    ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, network: str
+) -> None:
+    """The launcher's proxy variables, passed by name (the tls profile passes them), name a
+    proxy a session on a network of its own cannot reach: with none they are left out, with
+    proxy the relay's replace them; the password in them reaches neither session nor
+    manifest. On the host's network (the twin) they pass, as asked."""
+    for name in ("HTTPS_PROXY", "ALL_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, PROXY_WITH_PASSWORD)
+    passed = ["HTTPS_PROXY", "ALL_PROXY", "http_proxy"]
+    plan = session(*ws_run, network=network, pass_env=passed).plan()
+    _status, output = run(plan, ["/bin/sh", "-c", "env"])
+    assert "hunter2" not in output, output
+    assert "hunter2" not in plan.manifest()
+    host = session(*ws_run, network="host", network_reason="the twin", pass_env=passed).plan()
+    assert "hunter2" in run(host, ["/bin/sh", "-c", "env"])[1]
+
+
 def test_allow_host_without_proxy_is_a_usage_error(ws_run: tuple[Path, Path]) -> None:
     """--allow-host with --network none (or host): refused, nothing runs."""
     result = cli(
