@@ -333,10 +333,12 @@ def test_a_deny_rule_judges_paths_not_prefixes() -> None:
     ],
 )
 def test_the_hosts_proc_and_dev_cannot_be_bound(
-    ws_run: tuple[Path, Path], source: str, dest: str, mode: str
+    ws_run: tuple[Path, Path], source: str, dest: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No session bind exposes the host's procfs or devices: the sandbox has its own /proc and
-    /dev; only the system's read-only covers of /proc's writable parts come from the host's."""
+    /dev; only the system's read-only covers of /proc's writable parts come from the host's.
+    (From a working directory of its own: /proc/self/cwd at / is refused as the whole host.)"""
+    monkeypatch.chdir(ws_run[0])
     bind = nsconfine.Bind(source, dest, mode, "asked for")
     with pytest.raises(PlanError, match=r"host's /proc|host's /dev"):
         session(*ws_run, binds=[bind]).plan()
