@@ -153,6 +153,19 @@ def probes(world: World) -> list[Probe]:
     return probes
 
 
+def _filtered(name: str, script: str, done: str) -> Probe:
+    """A probe of what the seccomp filter refuses: the Python script prints done (a word no
+    refusal prints) when the session got it done."""
+    return Probe(
+        name,
+        False,
+        f"python3 -c {shell_quoted(script)}",
+        lambda outcome: done in outcome.stdout,
+        lambda plan: plan,
+        layers_off=("seccomp",),
+    )
+
+
 def _layer_refusals(world: World) -> list[Probe]:
     """A probe per kernel layer this host has, each judged by what the session got done."""
     keyring = (
@@ -171,23 +184,26 @@ def _layer_refusals(world: World) -> list[Probe]:
         "while made < 200 and libc.semget(0, 250, 0o1600) >= 0:\n    made += 1\n"
         "print(made)"
     )
+    host_counts = (  # each once: what one session could repeat until the host has none left
+        "import ctypes, socket; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "accept = (ctypes.c_uint64 * 1)(0x0000FFFF00000006)  # BPF_RET | BPF_K, 0xffff\n"
+        "program = (ctypes.c_ushort * 4)(1, 0, 0, 0)\n"
+        "ctypes.memmove(ctypes.addressof(program) + 8, ctypes.byref(ctypes.c_void_p("
+        "ctypes.addressof(accept))), 8)\n"
+        "unix = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+        "if libc.setsockopt(unix.fileno(), 1, 26, program, 16) == 0:\n"
+        "    print('took a socket filter')\n"
+        "context = ctypes.c_ulong(0)\n"
+        "if libc.syscall(206, 1, ctypes.byref(context)) == 0: print('took Linux AIO')\n"
+        "try:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close(); print('took UDP')\n"
+        "except OSError:\n    pass"
+    )
     probes = [
-        Probe(
-            "make keys with the keyring syscalls",
-            False,
-            f"python3 -c {shell_quoted(keyring)}",
-            lambda outcome: outcome.stdout.strip() == "made",
-            lambda plan: plan,
-            layers_off=("seccomp",),
+        _filtered(
+            "take the host's counts of JIT memory, Linux AIO and UDP buffers", host_counts, "took"
         ),
-        Probe(
-            "open a socket family past UNIX, INET and NETLINK",
-            False,
-            f"python3 -c {shell_quoted(families)}",
-            lambda outcome: "opened" in outcome.stdout,
-            lambda plan: plan,
-            layers_off=("seccomp",),
-        ),
+        _filtered("make keys with the keyring syscalls", keyring, "made"),
+        _filtered("open a socket family past UNIX, INET and NETLINK", families, "opened"),
         Probe(
             "make a nested user namespace",
             False,
