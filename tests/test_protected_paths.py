@@ -176,6 +176,37 @@ def test_a_repository_inside_a_read_only_directory_stays_read_only(
     assert (head.read_bytes() if head.exists() else None) == head_before
 
 
+def test_a_repository_bound_writable_inside_a_read_only_directory_is_protected(
+    tmp_path: Path,
+) -> None:
+    """A writable bind inside a read-only one (`--ro sub`, then sub/inner writable: a build
+    directory) is writable again below it: a repository there keeps its config, hooks and
+    trusted files read-only, as anywhere the session writes."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    inner = workspace / "sub" / "inner"
+    inner.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(inner)], check=True)
+    give_to_session_user(workspace)
+    binds = [
+        nsconfine.Bind(str(workspace / "sub"), str(workspace / "sub"), "ro", "vendored"),
+        nsconfine.Bind(str(inner), str(inner), "rw", "its build directory"),
+    ]
+    plan = session(workspace, run_dir, binds=binds).plan()
+    config_before = (inner / ".git" / "config").read_bytes()
+    _, output = attempt(
+        plan,
+        f"cd {inner} && (echo '[core] fsmonitor = evil' >> .git/config) 2>/dev/null && "
+        "echo wrote-config; (echo evil > .git/hooks/post-checkout) 2>/dev/null && "
+        "echo wrote-hook; (echo evil > .envrc) 2>/dev/null && echo wrote-envrc; "
+        "(echo built > out.o) 2>/dev/null && echo wrote-build; true",
+    )
+    assert "wrote-build" in output, output  # the control: the bind is writable
+    for refused in ("wrote-config", "wrote-hook", "wrote-envrc"):
+        assert refused not in output, output
+    assert (inner / ".git" / "config").read_bytes() == config_before
+    assert not (inner / ".git" / "hooks" / "post-checkout").exists()
+
+
 def test_renaming_a_directory_cannot_carry_git_config_away(repo: tuple[Path, Path]) -> None:
     """`mv .git .git.old` and a fresh .git/config fail; the host's .git/config is unchanged."""
     workspace = repo[0]

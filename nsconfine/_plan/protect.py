@@ -254,18 +254,18 @@ def _protection(
         for e in entries
         if e.kind in (Kind.TMPFS, Kind.DATA) and any(inside(e.dest, d) for d, _ in trees)
     ]
-    # A read-only bind in a writable tree (a protected directory, an --ro one) keeps all it
-    # holds read-only: nothing inside it needs protecting, and nothing derived may be mounted
-    # there, as a repository's writable entries (the pins above its files) would make it
-    # writable below them.
-    read_only = _read_only_in([*entries, *found.values()], [dest for dest, _ in trees])
-    protected = [
+    kept = [
         entry
         for dest, entry in found.items()
-        if dest not in taken
-        and not any(within(dest, cover) for cover in covers)
-        and not any(inside(dest, top) is not None for top in read_only)
+        if dest not in taken and not any(within(dest, cover) for cover in covers)
     ]
+    # Where a read-only bind (a protected directory, an --ro one) is the innermost entry that
+    # holds a place, the place is read-only: nothing there needs protecting, and nothing
+    # derived may be mounted there, as a repository's writable entries (the pins above its
+    # files) would make it writable below them. A writable bind inside it makes its own
+    # places writable again, to be protected as any.
+    mounted = [*entries, *kept]
+    protected = [entry for entry in kept if not _read_only_place(mounted, entry.dest)]
     pins = pin_parents([*entries, *protected])
     derived = (*protected, *pins)
     if len(derived) > MAX_PROTECTED_MOUNTS:
@@ -804,16 +804,18 @@ def _changed(observed: Iterable[tuple[str, tuple[int, int, int, int] | None]]) -
     return False
 
 
-def _read_only_in(entries: Iterable[p.Entry], trees: Sequence[str]) -> list[str]:
-    """The read-only binds of entries inside the writable trees: what each holds is kept
-    read-only by its mount, and a writable one inside it would undo that below itself."""
-    return [
-        e.dest
-        for e in entries
-        if e.kind is Kind.BIND
-        and e.mode is Mode.RO
-        and any(inside(e.dest, tree) is not None for tree in trees)
-    ]
+def _read_only_place(entries: Sequence[p.Entry], place: str) -> bool:
+    """Is the innermost of entries that strictly holds place a read-only bind (its mount
+    keeps place read-only, whatever is mounted there)?"""
+    holder: p.Entry | None = None
+    for entry in entries:
+        if entry.kind is Kind.REMOUNT_RO or entry.kind is Kind.SYMLINK:
+            continue
+        if inside(place, entry.dest) is not None and (
+            holder is None or len(entry.dest) > len(holder.dest)
+        ):
+            holder = entry
+    return holder is not None and holder.kind is Kind.BIND and holder.mode is Mode.RO
 
 
 def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
@@ -824,7 +826,6 @@ def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
     would make writable)."""
     writable = [e.dest for e in entries if e.kind is Kind.BIND and e.mode is Mode.RW]
     taken = {entry.dest for entry in entries}
-    read_only = _read_only_in(entries, writable)
     pins: dict[str, p.Entry] = {}
     for entry in entries:
         for top in writable:
@@ -834,7 +835,7 @@ def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
             while (
                 parent != top
                 and parent not in taken
-                and not any(inside(parent, above) is not None for above in read_only)
+                and not _read_only_place(entries, parent)
                 and os.path.isdir(parent)
             ):
                 pins.setdefault(parent, p.rw_bind(parent, parent, PIN_REASON))
