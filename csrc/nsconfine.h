@@ -140,7 +140,8 @@ int nsc_open_path(const char *path, int force_walk, int *fd_out, int *stage_out)
 #define NSC_SECCOMP_KERNEL 2 /* keyrings, NUMA, acct, syslog, quotas, perf, bpf, userfaultfd, kexec,
                                 modules, personality, clone3, ptrace of pid 1, socket families,
                                 socket filters, Linux AIO, TIOCSTI and TIOCLINUX */
-#define NSC_SECCOMP_NAMESPACES 4 /* no new namespace, no setns, no mount API */
+#define NSC_SECCOMP_NAMESPACES 4 /* no new namespace, no setns, no mount API, no seccomp filter
+                                    of the session's own: what nested sandboxes need */
 #define NSC_SECCOMP_OWN_NETWORK 8 /* no UDP socket: a network of the session's own has no UDP
                                      destination, and the host's UDP memory is one count */
 int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_t *len_out,

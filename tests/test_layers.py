@@ -104,6 +104,11 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as unix:
         r = libc.setsockopt(unix.fileno(), socket.SOL_SOCKET, option, ctypes.byref(program),
                             ctypes.sizeof(program))
         out["setsockopt_" + name] = "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
+libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, which a filter of one's own needs
+allow_all = (ctypes.c_uint64 * 1)(0x7FFF000000000006)  # BPF_RET | BPF_K, SECCOMP_RET_ALLOW
+own = Program(1, ctypes.addressof(allow_all))  # every call allowed: harmless if installed
+out["seccomp_filter"] = call(317, 1, 0, ctypes.addressof(own))  # SECCOMP_SET_MODE_FILTER
+out["prctl_seccomp_filter"] = call(157, 22, 2, ctypes.addressof(own))  # PR_SET_SECCOMP
 null = os.open("/dev/null", os.O_RDWR)
 for name, request in (("TIOCSTI", termios.TIOCSTI), ("TIOCLINUX", 0x541C),
                       ("TIOCSTI_high_bits", termios.TIOCSTI | (1 << 32))):
@@ -138,7 +143,8 @@ REFUSED = {
     "process_madvise": "EPERM", "open_by_handle_at": "EPERM", "fanotify_init": "EPERM",
     "unshare_files": "EPERM", "udp_AF_INET": "EPERM", "udp_AF_INET6": "EPERM",
     "io_setup": "ENOSYS", "setsockopt_SO_ATTACH_FILTER": "EPERM",
-    "setsockopt_SO_ATTACH_REUSEPORT_CBPF": "EPERM",
+    "setsockopt_SO_ATTACH_REUSEPORT_CBPF": "EPERM", "seccomp_filter": "EINVAL",
+    "prctl_seccomp_filter": "EINVAL",
 }  # fmt: skip
 # Calls an account without capabilities gets EPERM for from the kernel too, whatever the
 # arguments (the capability check comes first): the filter's own answer is shown by

@@ -159,6 +159,12 @@ CASES = [
      SECCOMP_RET_ALLOW),
     ("socket inet datagram (a network not its own)", 41, (2, 2), SECCOMP_RET_ALLOW,
      SECCOMP_RET_ALLOW),
+    ("seccomp filter", 317, (1, 0, 0), errno_of(errno.EINVAL), SECCOMP_RET_ALLOW),
+    ("seccomp strict", 317, (0, 0, 0), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("seccomp get action", 317, (2, 0, 0), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("prctl PR_SET_SECCOMP filter", 157, (22, 2), errno_of(errno.EINVAL), SECCOMP_RET_ALLOW),
+    ("prctl PR_SET_SECCOMP strict", 157, (22, 1), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("prctl PR_SET_NAME", 157, (15, 2), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
 ]  # fmt: skip
 
 

@@ -185,14 +185,20 @@ def _layer_refusals(world: World) -> list[Probe]:
         "print(made)"
     )
     host_counts = (  # each once: what one session could repeat until the host has none left
-        "import ctypes, socket; libc = ctypes.CDLL(None, use_errno=True)\n"
-        "accept = (ctypes.c_uint64 * 1)(0x0000FFFF00000006)  # BPF_RET | BPF_K, 0xffff\n"
-        "program = (ctypes.c_ushort * 4)(1, 0, 0, 0)\n"
-        "ctypes.memmove(ctypes.addressof(program) + 8, ctypes.byref(ctypes.c_void_p("
-        "ctypes.addressof(accept))), 8)\n"
+        "import ctypes, socket; libc = ctypes.CDLL(None)\n"
+        "class Program(ctypes.Structure):\n"
+        "    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]\n"
+        "def program(k):  # BPF_RET | BPF_K, k\n"
+        "    one = (ctypes.c_uint64 * 1)(k << 32 | 6)\n"
+        "    return one, Program(1, ctypes.addressof(one))\n"
+        "accept, socket_filter = program(0xFFFF)\n"
         "unix = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
-        "if libc.setsockopt(unix.fileno(), 1, 26, program, 16) == 0:\n"
+        "if libc.setsockopt(unix.fileno(), 1, 26, ctypes.byref(socket_filter), 16) == 0:\n"
         "    print('took a socket filter')\n"
+        "libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS\n"
+        "allow, seccomp_filter = program(0x7FFF0000)  # SECCOMP_RET_ALLOW\n"
+        "if libc.prctl(22, 2, ctypes.byref(seccomp_filter), 0, 0) == 0:\n"
+        "    print('took a seccomp filter')\n"
         "context = ctypes.c_ulong(0)\n"
         "if libc.syscall(206, 1, ctypes.byref(context)) == 0: print('took Linux AIO')\n"
         "try:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close(); print('took UDP')\n"
@@ -200,7 +206,7 @@ def _layer_refusals(world: World) -> list[Probe]:
     )
     probes = [
         _filtered(
-            "take the host's counts of JIT memory, Linux AIO and UDP buffers", host_counts, "took"
+            "take host-wide counts: JIT (socket, seccomp filters), AIO, UDP", host_counts, "took"
         ),
         _filtered("make keys with the keyring syscalls", keyring, "made"),
         _filtered("open a socket family past UNIX, INET and NETLINK", families, "opened"),
