@@ -626,6 +626,18 @@ def test_a_working_directory_removed_is_named_not_blamed_on_the_output(tmp_path:
     assert done.returncode == 74, done.stderr
     assert "output-failed" not in done.stderr
     assert "working directory" in done.stderr, done.stderr
+    # An output that fails from there (absolute paths) is still the output's failure.
+    gone.mkdir()
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    with open("/dev/full", "w") as full:
+        failed = subprocess.run(
+            ["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),
+             sys.executable, "-m", "nsconfine", "plan", "--workspace", str(workspace),
+             "--run-dir", str(run_dir), *user_options()],
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert failed.returncode == 74, failed.stderr
+    assert "output-failed" in failed.stderr, failed.stderr
 
 
 @pytest.mark.parametrize("refused", ["usage", "no-such-account"])

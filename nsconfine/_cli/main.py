@@ -7,6 +7,7 @@ code's sysexits status; nothing runs and no traceback is shown.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -543,7 +544,11 @@ def main(argv: Sequence[str]) -> int:
     except OSError as error:  # every path a command meets is refused in its own words: this
         # is its output that could not be written (`> /dev/full`), or a file it could not use
         _output_to_devnull()
-        if error.filename is None and not _working_directory_exists():
+        if (
+            error.filename is None
+            and error.errno == errno.ENOENT
+            and not _working_directory_exists()
+        ):
             line = (
                 "io-error: the working directory was removed: run nsconfine from one that "
                 "exists, or give absolute paths"
@@ -581,7 +586,7 @@ def _said(text: str) -> bool:
 
 def _working_directory_exists() -> bool:
     """False when the working directory was removed: every relative path (os.path.abspath)
-    then fails with an OSError that names no file."""
+    then fails with an ENOENT that names no file."""
     try:
         os.getcwd()
     except OSError:
