@@ -105,6 +105,24 @@ def test_a_pinned_harness_grown_past_any_harness_is_refused_unread(tmp_path: Pat
         nsconfine.spawn(plan, [str(harness)])
 
 
+def test_a_pinned_harness_that_grows_as_it_is_hashed_is_refused(tmp_path: Path) -> None:
+    """A pin hashes the size it found on opening, and no more: a harness something keeps
+    growing (a writer of the place) is refused, not read for as long as it grows."""
+    from nsconfine._policy import pins
+
+    harness = tmp_path / "agent"
+    harness.write_bytes(b"x" * 10)
+    fd = pins._open_pinned(str(harness))
+    try:
+        found = os.fstat(fd).st_size
+        with open(harness, "ab") as writer:
+            writer.write(b"y" * 5)
+        with pytest.raises(nsconfine.PlanError, match="changed while"):
+            pins._sha256(fd, found, str(harness))
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.root
 def test_a_session_group_of_gid_0_is_refused_at_the_gate(ws_run: tuple[Path, Path]) -> None:
     """A plan whose account's group is gid 0, made past Session (whose run_as refuses such an

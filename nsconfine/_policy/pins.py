@@ -49,7 +49,7 @@ def _verified_sha256(path: str, pinned: str) -> str:
                     info.st_mtime_ns, info.st_ctime_ns)  # fmt: skip
         if _verified.get(identity) == pinned:
             return pinned
-        actual = _sha256(fd)
+        actual = _sha256(fd, info.st_size, path)
     finally:
         os.close(fd)
     if actual == pinned:
@@ -76,10 +76,16 @@ def _open_pinned(path: str) -> int:
     return fd
 
 
-def _sha256(fd: int) -> str:
+def _sha256(fd: int, size: int, path: str) -> str:
+    """The sha256 of the size bytes the file held when it was opened; PlanError if it holds
+    more (something writes it: a file kept growing would be read for as long as it grows)."""
     import hashlib  # only plans with pinned harnesses need it
 
     digest = hashlib.sha256()
-    while chunk := os.read(fd, 1 << 20):
+    left = size
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
         digest.update(chunk)
+        left -= len(chunk)
+    if os.read(fd, 1):
+        raise PlanError(f"pinned {printable(path)} changed while it was hashed")
     return digest.hexdigest()
