@@ -1200,10 +1200,14 @@ def test_agent_config_a_session_wrote_below_the_top_is_reported(tmp_path: Path) 
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     subprocess.run(["git", "init", "-q", str(workspace)], check=True)
     app, lib, docs = workspace / "packages" / "app", workspace / "lib", workspace / "docs"
-    for directory in (app, lib / ".vscode", docs / ".vscode"):
+    tool, tooling = workspace / "packages" / "tool", workspace / "tooling" / "vscode"
+    skill = tool / ".claude" / "skills" / "deploy"
+    for directory in (app, lib / ".vscode", docs / ".vscode", skill, tooling):
         directory.mkdir(parents=True)
-    (lib / ".vscode" / "tasks.json").write_text("{}\n")
-    (docs / ".vscode" / "tasks.json").write_text("{}\n")
+    for config in (lib / ".vscode", docs / ".vscode", tooling):
+        (config / "tasks.json").write_text("{}\n")
+    (skill / "SKILL.md").write_text("trusted\n")
+    (tool / ".vscode").symlink_to("../../tooling/vscode")  # config kept elsewhere, linked
     give_to_session_user(workspace)
     time.sleep(1.5)  # the config now predates the sessions by more than the report's slack
     plan = session(workspace, run_dir).plan()
@@ -1212,14 +1216,41 @@ def test_agent_config_a_session_wrote_below_the_top_is_reported(tmp_path: Path) 
     assert quiet.untrusted_config == []
     script = (
         f"mkdir {app}/.claude && echo '{{}}' > {app}/.claude/settings.json && "
-        f"echo '{{}}' > {app}/.mcp.json && echo '{{\"x\": 1}}' > {lib}/.vscode/tasks.json"
+        f"echo '{{}}' > {app}/.mcp.json && echo '{{\"x\": 1}}' > {lib}/.vscode/tasks.json && "
+        f"echo 'allowed-tools: Bash' >> {skill}/SKILL.md && echo x >> {tool}/.vscode/tasks.json"
     )
     wrote = nsconfine.spawn(plan, ["/bin/sh", "-c", script])
     assert wrote.wait() == 0
     written = wrote.untrusted_config or []
-    for path in (app / ".claude", app / ".mcp.json", lib / ".vscode"):
+    for path in (app / ".claude", app / ".mcp.json", lib / ".vscode", tool / ".claude"):
         assert str(path) in written, (path, written)
+    assert str(tool / ".vscode") in written, written  # through its link
     assert str(docs / ".vscode") not in written, written
+
+
+def test_agent_config_past_what_the_report_looks_through_names_the_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report looks through so many entries of such config in all (a session could plant
+    millions, and every later session's end would pay for them): past that, it names the
+    workspace, which it could not clear."""
+    from nsconfine._plan import protect
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    for package in range(3):
+        (workspace / f"p{package}" / ".vscode" / "many").mkdir(parents=True)
+        for name in range(4):
+            (workspace / f"p{package}" / ".vscode" / "many" / str(name)).write_text("{}")
+    give_to_session_user(workspace)
+    time.sleep(1.5)  # the config now predates the session by more than the report's slack
+    plan = session(workspace, run_dir).plan()
+    sandbox = nsconfine.spawn(plan, ["/bin/true"])
+    sandbox.wait()
+    assert sandbox.untrusted_config == []  # all of it looked through: nothing changed
+    monkeypatch.setattr(protect, "_STARTED_IN_ENTRIES", 10)
+    sandbox = nsconfine.spawn(plan, ["/bin/true"])
+    sandbox.wait()
+    assert sandbox.untrusted_config == [str(workspace)]
 
 
 def test_run_reports_config_the_session_made(tmp_path: Path) -> None:

@@ -431,8 +431,8 @@ def _untrusted_config_warnings(paths: Sequence[str]) -> list[str]:
     """A line for each file the host runs or trusts that the session could write (a
     repository it made, say): the user should read it before the host's git does."""
     return [
-        f"nsconfine: warning: {printable(path)} was writable by the session: the host runs or "
-        "trusts what it holds; read it before running git, an agent or an editor there"
+        f"nsconfine: warning: {printable(path)} could be written by the session, and the host "
+        "runs or trusts what it holds: read it before running git, an agent or an editor there"
         for path in paths
     ]
 

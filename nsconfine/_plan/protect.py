@@ -138,9 +138,10 @@ STARTED_IN = frozenset(
     for name, _kind, _reason in PROTECTED
     if not name.startswith((".git", ".hg")) and name not in _SHELL_STARTUP
 )
-# How much of one such directory the report looks through for what changed (.claude/hooks/x
-# is two levels down); past it, the directory is named.
-_STARTED_IN_ENTRIES = 1_000
+# How much of all such config the report looks through for what changed, at any depth
+# (.claude/skills/NAME/SKILL.md); past either, the writable trees are named.
+_STARTED_IN_ENTRIES = 20_000
+_STARTED_IN_SECONDS = 2.0
 # What a launch spends on a workspace: every protected path and pinned directory is a mount
 # point, bwrap's set-up time grows with the square of their number (bwrap reads its mount
 # table again after each), and a live session holds an fd on each. A score of repositories
@@ -368,8 +369,11 @@ def _written_config(
 
 def _started_in_written(plan: Plan, scan: _Scan, since: float) -> list[str]:
     """The config the host's tools read where they are started that the scan met below a
-    tree's top, not inside a read-only bind, made or changed since `since`: a directory of it
-    whose entries changed, two levels down, or that holds more than the report looks at."""
+    tree's top, not inside a read-only bind, made or changed since `since`, at any depth (a
+    link to it followed: what it leads to is the config). Past _STARTED_IN_ENTRIES entries
+    in all, or _STARTED_IN_SECONDS, the writable trees are named instead."""
+    assert plan.protection is not None
+    budget = _Budget(_STARTED_IN_ENTRIES, _STARTED_IN_SECONDS)
     found = []
     for path in scan.started_in:
         named = scan.shown(path)
@@ -378,34 +382,51 @@ def _started_in_written(plan: Plan, scan: _Scan, since: float) -> list[str]:
         covering = _innermost(plan, named[0])
         if covering is not None and covering.mode is Mode.RO and covering.kind is Kind.BIND:
             continue
-        if _written_since(path, since):
+        changed = _changed_within(path, since, budget)
+        if changed is None:
+            return [source for _dest, source in plan.protection.trees]
+        if changed:
             found.append(named[1])
     return found
 
 
-def _written_since(path: str, since: float) -> bool:
-    """Did path, or what it holds two levels down, change since `since`? True past
-    _STARTED_IN_ENTRIES entries (what cannot be looked through is named)."""
-    pending, seen = [(path, 0)], 0
+class _Budget:
+    """What a look through files may spend: entries and seconds, for all it looks at."""
+
+    def __init__(self, entries: int, seconds: float) -> None:
+        self.entries = entries
+        self.deadline = time.monotonic() + seconds
+
+    def spend(self) -> bool:
+        """One entry more; False once either is spent."""
+        self.entries -= 1
+        return self.entries >= 0 and time.monotonic() < self.deadline
+
+
+def _changed_within(path: str, since: float, budget: _Budget) -> bool | None:
+    """Did path, or anything below it, change since `since`? The path itself is followed if
+    a link (what it leads to is the config); nothing below it is. None once budget is spent."""
+    if not budget.spend():
+        return None
+    pending = [(path, True)]
     while pending:
-        where, depth = pending.pop()
+        where, follow = pending.pop()
         try:
-            info = os.lstat(where)
+            info = os.stat(where, follow_symlinks=follow)
         except OSError:
-            continue  # gone: nothing for the host to read
+            continue  # gone, or a link to nothing: nothing for the host to read
         if max(info.st_mtime, info.st_ctime) >= since:
             return True
-        if depth == 2 or not stat.S_ISDIR(info.st_mode):
+        if not stat.S_ISDIR(info.st_mode):
             continue
         try:
             with os.scandir(where) as entries:
                 for entry in entries:
-                    seen += 1
-                    if seen > _STARTED_IN_ENTRIES:
-                        return True
-                    pending.append((entry.path, depth + 1))
+                    if not budget.spend():
+                        return None
+                    pending.append((entry.path, False))
         except OSError:
-            return True
+            return True  # cannot be looked through: named
     return False
 
 
