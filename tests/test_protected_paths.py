@@ -1208,6 +1208,9 @@ def test_agent_config_a_session_wrote_below_the_top_is_reported(tmp_path: Path) 
         (config / "tasks.json").write_text("{}\n")
     (skill / "SKILL.md").write_text("trusted\n")
     (tool / ".vscode").symlink_to("../../tooling/vscode")  # config kept elsewhere, linked
+    stash = workspace / "stash"  # an earlier session's, by a name nothing reads
+    stash.mkdir()
+    (stash / "settings.json").write_text("{}\n")
     give_to_session_user(workspace)
     time.sleep(1.5)  # the config now predates the sessions by more than the report's slack
     plan = session(workspace, run_dir).plan()
@@ -1218,6 +1221,7 @@ def test_agent_config_a_session_wrote_below_the_top_is_reported(tmp_path: Path) 
         f"mkdir {app}/.claude && echo '{{}}' > {app}/.claude/settings.json && "
         f"echo '{{}}' > {app}/.mcp.json && echo '{{\"x\": 1}}' > {lib}/.vscode/tasks.json && "
         f"echo 'allowed-tools: Bash' >> {skill}/SKILL.md && echo x >> {tool}/.vscode/tasks.json"
+        f" && ln -s ../../stash {lib}/../packages/app/.cursor"
     )
     wrote = nsconfine.spawn(plan, ["/bin/sh", "-c", script])
     assert wrote.wait() == 0
@@ -1225,6 +1229,7 @@ def test_agent_config_a_session_wrote_below_the_top_is_reported(tmp_path: Path) 
     for path in (app / ".claude", app / ".mcp.json", lib / ".vscode", tool / ".claude"):
         assert str(path) in written, (path, written)
     assert str(tool / ".vscode") in written, written  # through its link
+    assert str(app / ".cursor") in written, written  # a link made now, to what is older
     assert str(docs / ".vscode") not in written, written
 
 

@@ -404,10 +404,14 @@ class _Budget:
 
 
 def _changed_within(path: str, since: float, budget: _Budget) -> bool | None:
-    """Did path, or anything below it, change since `since`? The path itself is followed if
-    a link (what it leads to is the config); nothing below it is. None once budget is spent."""
+    """Did path (a link itself, or what it leads to), or anything below it, change since
+    `since`? Nothing below path is followed. None once budget is spent."""
     if not budget.spend():
         return None
+    with contextlib.suppress(OSError):
+        info = os.lstat(path)  # a link made now, to what is older, is new config
+        if max(info.st_mtime, info.st_ctime) >= since:
+            return True
     pending = [(path, True)]
     while pending:
         where, follow = pending.pop()
