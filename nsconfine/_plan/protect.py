@@ -265,8 +265,8 @@ def _protection(
     # derived may be mounted there, as a repository's writable entries (the pins above its
     # files) would make it writable below them. A writable bind inside it makes its own
     # places writable again, to be protected as any.
-    mounted = [*entries, *kept]
-    protected = [entry for entry in kept if not _read_only_place(mounted, entry.dest)]
+    holders = _holders([*entries, *kept])
+    protected = [entry for entry in kept if not _read_only_place(holders, entry.dest)]
     pins = pin_parents([*entries, *protected])
     derived = (*protected, *pins)
     if len(derived) > MAX_PROTECTED_MOUNTS:
@@ -829,18 +829,25 @@ def _changed(observed: Iterable[tuple[str, tuple[int, int, int, int] | None]]) -
     return False
 
 
-def _read_only_place(entries: Sequence[p.Entry], place: str) -> bool:
-    """Is the innermost of entries that strictly holds place a read-only bind (its mount
-    keeps place read-only, whatever is mounted there)?"""
-    holder: p.Entry | None = None
+def _holders(entries: Iterable[p.Entry]) -> dict[str, p.Entry]:
+    """The entries that can hold a place (not a remount, not a link), by destination."""
+    holders: dict[str, p.Entry] = {}
     for entry in entries:
-        if entry.kind is Kind.REMOUNT_RO or entry.kind is Kind.SYMLINK:
-            continue
-        if inside(place, entry.dest) is not None and (
-            holder is None or len(entry.dest) > len(holder.dest)
-        ):
-            holder = entry
-    return holder is not None and holder.kind is Kind.BIND and holder.mode is Mode.RO
+        if entry.kind is not Kind.REMOUNT_RO and entry.kind is not Kind.SYMLINK:
+            holders.setdefault(entry.dest, entry)
+    return holders
+
+
+def _read_only_place(holders: Mapping[str, p.Entry], place: str) -> bool:
+    """Is the innermost of holders (_holders) that strictly holds place a read-only bind (its
+    mount keeps place read-only, whatever is mounted there)?"""
+    above = place
+    while above != "/":
+        above = os.path.dirname(above)
+        holder = holders.get(above)
+        if holder is not None:
+            return holder.kind is Kind.BIND and holder.mode is Mode.RO
+    return False
 
 
 def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
@@ -851,6 +858,7 @@ def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
     would make writable)."""
     writable = [e.dest for e in entries if e.kind is Kind.BIND and e.mode is Mode.RW]
     taken = {entry.dest for entry in entries}
+    holders = _holders(entries)
     pins: dict[str, p.Entry] = {}
     for entry in entries:
         for top in writable:
@@ -860,7 +868,7 @@ def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
             while (
                 parent != top
                 and parent not in taken
-                and not _read_only_place(entries, parent)
+                and not _read_only_place(holders, parent)
                 and os.path.isdir(parent)
             ):
                 pins.setdefault(parent, p.rw_bind(parent, parent, PIN_REASON))
