@@ -26,7 +26,12 @@ from nsconfine._plan.mask import mask_entries, mask_rules
 from nsconfine._plan.model import DenyRule, EnvVar, Kind, Mode, Origin, Plan
 from nsconfine._plan.options import OPTIONS
 from nsconfine._plan.profiles import Bind, chain
-from nsconfine._plan.protect import protected_names, protection, writable_trees
+from nsconfine._plan.protect import (
+    protected_names,
+    protection,
+    read_only_holder,
+    writable_trees,
+)
 from nsconfine._plan.system import RESOLVER, system_entries
 from nsconfine._policy.lint import (
     check_plan,
@@ -306,6 +311,7 @@ def _build_plan(
     )
     refuse_profiles_a_session_could_write(plan, profile_files)  # read now, not at launch
     _refuse_writable_above(session, plan)
+    _refuse_writable_binds_held_read_only(session, plan)
     if lint:
         check_plan(plan)
     _require_runnable(plan, len(session.ro))
@@ -1006,6 +1012,27 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
             entries.append(make(one_source, one_dest, bind.reason))
             taken[one_dest] = entries[-1]
     return entries
+
+
+def _refuse_writable_binds_held_read_only(session: Session, plan: Plan) -> None:
+    """PlanError for a writable bind the plan shows through a bind above it (and so gives no
+    entry of its own) where a read-only one holds it: one inside a protected directory would
+    not be writable, and is refused rather than dropped."""
+    dests = {entry.dest for entry in plan.entries}
+    for bind in session.binds:
+        if bind.mode != "rw":
+            continue
+        source = _literal(_path_text(bind.source))
+        places = [_path_text(bind.dest)] if source is not None else bind_sources(bind)
+        for place in places:
+            holder = None if place in dests else read_only_holder(plan.entries, place)
+            if holder is not None:
+                raise PlanError(
+                    f"the writable bind of {printable(place)} ({printable(bind.reason)}) lies "
+                    f"in {printable(holder.dest)}, which the plan keeps read-only "
+                    f"({printable(holder.reason)}): the session could not write there; bind "
+                    "another place, or --unprotect that name"
+                )
 
 
 def _make_bind_directory(path: str, session: Session) -> None:

@@ -207,6 +207,21 @@ def test_a_repository_bound_writable_inside_a_read_only_directory_is_protected(
     assert not (inner / ".git" / "hooks" / "post-checkout").exists()
 
 
+def test_a_writable_bind_inside_a_protected_directory_is_refused_not_dropped(
+    tmp_path: Path,
+) -> None:
+    """A writable bind asked for inside a directory the plan keeps read-only (a protected
+    .claude/skills) would not be writable: the plan is refused, saying which keeps it so,
+    rather than built without it."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    inner = workspace / ".claude" / "skills" / "tool" / "inner"
+    inner.mkdir(parents=True)
+    give_to_session_user(workspace)
+    bind = nsconfine.Bind(str(inner), str(inner), "rw", "the tool's scratch")
+    with pytest.raises(nsconfine.PlanError, match=r"read-only.*skills"):
+        session(workspace, run_dir, binds=[bind]).plan()
+
+
 def test_renaming_a_directory_cannot_carry_git_config_away(repo: tuple[Path, Path]) -> None:
     """`mv .git .git.old` and a fresh .git/config fail; the host's .git/config is unchanged."""
     workspace = repo[0]

@@ -266,7 +266,7 @@ def _protection(
     # files) would make it writable below them. A writable bind inside it makes its own
     # places writable again, to be protected as any.
     holders = _holders([*entries, *kept])
-    protected = [entry for entry in kept if not _read_only_place(holders, entry.dest)]
+    protected = [entry for entry in kept if _read_only_holder(holders, entry.dest) is None]
     pins = pin_parents([*entries, *protected])
     derived = (*protected, *pins)
     if len(derived) > MAX_PROTECTED_MOUNTS:
@@ -838,16 +838,20 @@ def _holders(entries: Iterable[p.Entry]) -> dict[str, p.Entry]:
     return holders
 
 
-def _read_only_place(holders: Mapping[str, p.Entry], place: str) -> bool:
-    """Is the innermost of holders (_holders) that strictly holds place a read-only bind (its
-    mount keeps place read-only, whatever is mounted there)?"""
+def read_only_holder(entries: Iterable[p.Entry], place: str) -> p.Entry | None:
+    """The innermost of entries strictly holding place, if it is a read-only bind (its mount
+    keeps place read-only, whatever is mounted there); else None."""
+    return _read_only_holder(_holders(entries), place)
+
+
+def _read_only_holder(holders: Mapping[str, p.Entry], place: str) -> p.Entry | None:
     above = place
     while above != "/":
         above = os.path.dirname(above)
         holder = holders.get(above)
         if holder is not None:
-            return holder.kind is Kind.BIND and holder.mode is Mode.RO
-    return False
+            return holder if holder.kind is Kind.BIND and holder.mode is Mode.RO else None
+    return None
 
 
 def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
@@ -868,7 +872,7 @@ def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
             while (
                 parent != top
                 and parent not in taken
-                and not _read_only_place(holders, parent)
+                and _read_only_holder(holders, parent) is None
                 and os.path.isdir(parent)
             ):
                 pins.setdefault(parent, p.rw_bind(parent, parent, PIN_REASON))
