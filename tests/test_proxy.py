@@ -653,6 +653,21 @@ def test_a_chunked_body_is_framed_the_same_whatever_its_pieces() -> None:
     assert b"".join(body.feed(sent[n : n + 1]) for n in range(len(sent))) == whole
 
 
+def test_a_chunked_body_of_tiny_chunks_is_refused() -> None:
+    """Each chunk is framed again in Python, on the launcher's threads: a body of one-byte
+    chunks made a session's uploads take a launcher core, stalling every other session's
+    launches. Past MIN_CHUNKS_CHECKED chunks, chunks averaging under MIN_AVERAGE_CHUNK bytes
+    are refused; the twin, chunks of a normal size, passes whole."""
+    from nsconfine._launch import proxy as _proxy
+
+    request = parse_head(b"POST http://web.test/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    tiny = b"1\r\nA\r\n" * (_proxy.MIN_CHUNKS_CHECKED * 2)
+    with pytest.raises(_proxy._Refusal, match="chunks"):
+        _RequestBody(request).feed(tiny)
+    normal = (b"400\r\n" + b"x" * 1024 + b"\r\n") * (_proxy.MIN_CHUNKS_CHECKED * 2)
+    assert _RequestBody(request).feed(normal + b"0\r\n\r\n") == normal + b"0\r\n\r\n"
+
+
 @pytest.mark.parametrize(
     ("framing", "body", "expected"),
     [

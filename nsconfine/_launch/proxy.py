@@ -69,6 +69,12 @@ CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut con
 _CONNECT_SLICE_MS = 100  # a connect under way looks this often whether its session has ended
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
 MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
+# Each chunk of a body is framed again here, on the launcher's threads: a session sending
+# one-byte chunks took a launcher core and stalled every other session's launches. Past
+# MIN_CHUNKS_CHECKED chunks, a body whose chunks average under MIN_AVERAGE_CHUNK bytes is
+# refused (clients chunk by their writes: kilobytes).
+MIN_CHUNKS_CHECKED = 1024
+MIN_AVERAGE_CHUNK = 128
 MAX_INTERIM_HEADS = 16  # 1xx heads of one response looked at (Connection rewritten after)
 # The methods of an HTTP API a route carries its key with (not TRACE, TRACK, CONNECT).
 _ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -254,21 +260,37 @@ class _RequestBody:
             "size" if self.chunked else "data" if self.left else "done"
         )
         self.partial_line = b""
+        self.chunks = 0  # and the bytes they held: see MIN_AVERAGE_CHUNK
+        self.chunked_bytes = 0
 
     def feed(self, data: bytes) -> bytes:
-        """What of data goes upstream (raises _Refusal on framing it cannot read)."""
+        """What of data goes upstream (raises _Refusal on framing it cannot read). Read by
+        offset, in one pass over data: a copy of the rest at each framing line cost the square
+        of a read of many small chunks."""
+        if self.partial_line:
+            data, self.partial_line = self.partial_line + data, b""
         out: list[bytes] = []
-        while data and self.state != "done":
+        at = 0
+        while at < len(data) and self.state != "done":
             if self.state == "data":
-                out.append(data[: self.left])
-                data = data[self.left :]
-                self.left -= len(out[-1])
+                taken = data[at : at + self.left]
+                out.append(taken)
+                at += len(taken)
+                self.left -= len(taken)
                 if not self.left:
                     self.state = "data-end" if self.chunked else "done"
                 continue
-            line, data = self._line(data)
-            if line is None:
+            end = data.find(b"\r\n", at, at + MAX_CHUNK_LINE + 2)
+            if end < 0:
+                if len(data) - at > MAX_CHUNK_LINE:
+                    raise _Refusal(
+                        400, f"a line of the chunked framing is over {MAX_CHUNK_LINE} bytes"
+                    )
+                self.partial_line = data[at:]  # until the line is whole
                 break
+            line, at = data[at:end], end + 2
+            if b"\r" in line or b"\n" in line:
+                raise _Refusal(400, "a bare CR or LF in the chunked framing")
             if self.state == "size":
                 out.append(self._chunk_size(line))
             elif line:  # after a chunk's data, or after the last chunk (a trailer)
@@ -279,26 +301,23 @@ class _RequestBody:
                 self.state = "size" if self.state == "data-end" else "done"
         return b"".join(out)
 
-    def _line(self, data: bytes) -> tuple[bytes | None, bytes]:
-        """A CRLF-ended line of the framing (or None until it is whole) and the rest of data."""
-        buffered = self.partial_line + data
-        end = buffered.find(b"\r\n")
-        if end < 0 and len(buffered) <= MAX_CHUNK_LINE:
-            self.partial_line = buffered
-            return None, b""
-        line, self.partial_line = buffered[:end], b""
-        if end < 0 or end > MAX_CHUNK_LINE:
-            raise _Refusal(400, f"a line of the chunked framing is over {MAX_CHUNK_LINE} bytes")
-        if b"\r" in line or b"\n" in line:
-            raise _Refusal(400, "a bare CR or LF in the chunked framing")
-        return line, buffered[end + 2 :]
-
     def _chunk_size(self, line: bytes) -> bytes:
         size = line.partition(b";")[0].rstrip(b" \t")  # (the extensions are dropped)
         if not 0 < len(size) <= 16 or not set(size) <= set(b"0123456789abcdefABCDEF"):
             raise _Refusal(400, "a chunk's size is not a hexadecimal number")
         self.left = int(size, 16)
         self.state = "data" if self.left else "trailer"
+        self.chunks += 1
+        self.chunked_bytes += self.left
+        if (
+            self.chunks >= MIN_CHUNKS_CHECKED
+            and self.chunked_bytes < self.chunks * MIN_AVERAGE_CHUNK
+        ):
+            raise _Refusal(
+                400,
+                f"the chunked body's chunks average under {MIN_AVERAGE_CHUNK} bytes: its "
+                "framing would cost the launcher more than its data",
+            )
         return b"%x\r\n" % self.left
 
 
