@@ -1192,6 +1192,32 @@ def test_a_route_injects_the_real_key(
     assert SECRET.decode() not in line
 
 
+def test_a_route_forwards_no_header_that_reroutes_a_request(
+    proxy: Proxy, http_upstream: Upstream
+) -> None:
+    """Headers by which common gateways override a request's method, path or host
+    (X-HTTP-Method-Override, X-Original-URL, X-Forwarded-Host, Forwarded, …) would take the
+    route's key past its method and path checks: a route drops them. The twin: another
+    header the session sends passes."""
+    upstream = f"http://127.0.0.1:{http_upstream.port}/prefix/"
+    path = proxy.add_session("s", [], [Route("anthropic", upstream, "x-api-key", SECRET)])
+    rerouting = (
+        "X-HTTP-Method-Override: TRACE\r\nX-HTTP-Method: TRACE\r\nX-Method-Override: TRACE\r\n"
+        "X-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\nX-Forwarded-Host: evil.test\r\n"
+        "X-Forwarded-Prefix: /admin\r\nForwarded: host=evil.test\r\nVia: 1.1 evil\r\n"
+        "X-Kept: yes\r\n"
+    )
+    request = route_request("anthropic", "/v1/messages").replace(
+        b"Content-Type:", rerouting.encode() + b"Content-Type:", 1
+    )
+    response = ask(path, request)
+    assert status(response) == 200
+    sent = {k.lower() for k, _ in body_json(response)["headers"]}  # type: ignore[attr-defined]
+    assert "x-kept" in sent
+    dropped = {line.split(":")[0].lower() for line in rerouting.split("\r\n") if line}
+    assert sent & (dropped - {"x-kept"}) == set(), sent
+
+
 @pytest.mark.parametrize("trusted", [True, False])
 def test_a_tls_route_verifies_with_the_launchers_ca(
     proxy: Proxy, tls_upstream: Upstream, test_ca: LocalCA, monkeypatch: pytest.MonkeyPatch,
@@ -1234,15 +1260,15 @@ def test_a_route_streams_events_as_they_come(proxy: Proxy, http_upstream: Upstre
     ("rest", "expected"),
     [("/../other", 400), ("/v1/%2e%2e/x", 400), ("/./v1", 400), ("/v1%2fx", 400),
      ("/v1%2Fx", 400), ("/v1%5cx", 400), ("/v1%5Cx", 400), ("/v1\\x", 400), ("//admin", 400),
-     ("/v1//x", 400), ("/v1/..;/x", 400), ("/v1;x", 400), ("/v1%3Bx", 400),
-     ("/v1/messages?to=a%2fb//c;d", 502)],  # (nothing listens on port 9)
+     ("/v1//x", 400), ("/v1/..;/x", 400), ("/v1;x", 400), ("/v1%3Bx", 400), ("/..#", 400),
+     ("/x/..#/admin", 400), ("/v1/messages?to=a%2fb//c;d", 502)],  # (nothing listens on 9)
 )  # fmt: skip
 def test_a_route_path_cannot_climb(proxy: Proxy, rest: str, expected: int) -> None:
     """A route's path with a '.' or '..' segment, an encoded slash or backslash, a backslash,
-    an empty segment or a ';' (`..;/`: Java servlet gateways drop path parameters, then
-    climb) is refused: an upstream may read any of them as another path of the API (found by
-    attackers' passes: all but the dots were forwarded). The twin: a plain path, whatever its
-    query holds, passes the check and is sent on."""
+    an empty segment, a ';' (`..;/`: Java servlet gateways drop path parameters, then climb)
+    or a '#' (`..#`: a gateway that parses URLs ends the path there) is refused: an upstream
+    may read any of them as another path of the API (found by attackers' passes). The twin:
+    a plain path, whatever its query holds, passes the check and is sent on."""
     route = Route("anthropic", "http://127.0.0.1:9/prefix", "x-api-key", SECRET)
     path = proxy.add_session("s", [], [route])
     assert status(ask(path, route_request("anthropic", rest))) == expected

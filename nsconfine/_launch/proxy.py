@@ -81,6 +81,14 @@ _ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OP
 # Headers that speak to this hop (or carry credentials to it), never forwarded as sent.
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization"})
 _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
+# Headers by which common gateways override a request's method, path or host: to a route's
+# upstream they would take its key past the route's method and path checks.
+_REROUTING_HEADERS = frozenset(
+    {"x-http-method-override", "x-http-method", "x-method-override", "x-original-url",
+     "x-rewrite-url", "x-original-uri", "x-forwarded-host", "x-forwarded-prefix",
+     "x-forwarded-proto", "x-forwarded-port", "x-forwarded-server", "x-forwarded-uri",
+     "x-forwarded-for", "forwarded", "via"}
+)  # fmt: skip
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _REASONS = {
     200: "OK",
@@ -919,6 +927,8 @@ class Proxy:
             # headers, back to the session; no API needs it, nor any method not listed.
             raise _Refusal(405, f"a route takes {', '.join(sorted(_ROUTE_METHODS))}")
         suffix = request.target[len(route.name) + 1 :]
+        if "#" in suffix:  # no client sends a fragment; a gateway ends the path there (`..#`)
+            raise _Refusal(400, "the route's target holds a '#'")
         path = suffix.split("?")[0]
         if "%2e" in path.lower() or any(seg in (".", "..") for seg in path.split("/")):
             raise _Refusal(400, "the route's path holds a '.' or '..' segment")
@@ -932,7 +942,8 @@ class Proxy:
         port = upstream.port or (443 if upstream.scheme == "https" else 80)
         record = connection.record
         record.update(route=route.name, host=upstream.hostname, port=port)
-        drop = _HOP_HEADERS | _CREDENTIAL_HEADERS | {"host", route.header.lower()}
+        drop = _HOP_HEADERS | _CREDENTIAL_HEADERS | _REROUTING_HEADERS
+        drop |= {"host", route.header.lower()}
         extra = [f"Host: {upstream.netloc}".encode(), route.header_line]
         head = request.head(upstream.path.rstrip("/") + suffix, drop, extra)
         body = _RequestBody(request)
