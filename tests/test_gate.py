@@ -112,9 +112,9 @@ def test_a_pinned_harness_that_grows_as_it_is_hashed_is_refused(tmp_path: Path) 
 
     harness = tmp_path / "agent"
     harness.write_bytes(b"x" * 10)
-    fd = pins._open_pinned(str(harness))
+    fd, opened = pins._open_pinned(str(harness))
     try:
-        found = os.fstat(fd).st_size
+        found = opened.st_size
         with open(harness, "ab") as writer:
             writer.write(b"y" * 5)
         with pytest.raises(nsconfine.PlanError, match="changed while"):

@@ -42,9 +42,8 @@ def verify_pins(plan: Plan) -> None:
 def _verified_sha256(path: str, pinned: str) -> str:
     """path's sha256: pinned itself if the file is the one last found to have it, else hashed
     (and remembered if it is pinned)."""
-    fd = _open_pinned(path)
+    fd, info = _open_pinned(path)
     try:
-        info = os.fstat(fd)
         identity = (path, info.st_dev, info.st_ino, info.st_size,
                     info.st_mtime_ns, info.st_ctime_ns)  # fmt: skip
         if _verified.get(identity) == pinned:
@@ -57,9 +56,9 @@ def _verified_sha256(path: str, pinned: str) -> str:
     return actual
 
 
-def _open_pinned(path: str) -> int:
-    """path opened for its hash: never waiting on a FIFO for a writer, refused (PlanError)
-    unless a regular file of at most MAX_PINNED_BYTES."""
+def _open_pinned(path: str) -> tuple[int, os.stat_result]:
+    """path opened for its hash, and what it is: never waiting on a FIFO for a writer,
+    refused (PlanError) unless a regular file of at most MAX_PINNED_BYTES."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
         info = os.fstat(fd)
@@ -73,7 +72,7 @@ def _open_pinned(path: str) -> int:
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, info
 
 
 def _sha256(fd: int, size: int, path: str) -> str:
