@@ -342,7 +342,12 @@ def written_config(
     try:
         return _written_config(plan, kept, bound or {}, since)
     except (PlanError, OSError):  # the report cannot be told: name what it would look through
-        return [source for _dest, source in kept.trees]
+        return _tree_sources(kept)
+
+
+def _tree_sources(kept: p.Protection) -> list[str]:
+    """The host paths of the writable trees: what a report names when it cannot say more."""
+    return [source for _dest, source in kept.trees]
 
 
 def _written_config(
@@ -350,12 +355,13 @@ def _written_config(
 ) -> list[str]:
     base = _base_entries(plan)
     fresh, scan = _protection(base, kept.trees, kept.names)
+    holders = _holders(plan.entries)
     written: list[str] = []
     for entry in fresh.entries:
         if entry.mode is not Mode.RO or not os.path.lexists(entry.source):
             continue
-        covering = _innermost(plan, entry.dest)
-        if covering is None or covering.mode is not Mode.RO or covering.kind is not Kind.BIND:
+        covering = _innermost(holders, entry.dest)
+        if covering is None or not _read_only_bind(covering):
             written.append(entry.source)
         elif bound and covering.dest == entry.dest and covering.dest in bound:
             info = os.lstat(entry.source)
@@ -363,28 +369,26 @@ def _written_config(
                 written.append(entry.source)  # replaced while the session ran
     written += _gitlinks_unscanned(scan, since)
     written += _links_unscanned(plan, scan, since)
-    written += _started_in_written(plan, scan, since)
+    written += _started_in_written(kept, holders, scan, since)
     return list(dict.fromkeys(written))
 
 
-def _started_in_written(plan: Plan, scan: _Scan, since: float) -> list[str]:
+def _started_in_written(
+    kept: p.Protection, holders: Mapping[str, p.Entry], scan: _Scan, since: float
+) -> list[str]:
     """The config the host's tools read where they are started that the scan met below a
     tree's top, not inside a read-only bind, made or changed since `since`, at any depth (a
     link to it followed: what it leads to is the config). Past _STARTED_IN_ENTRIES entries
     in all, or _STARTED_IN_SECONDS, the writable trees are named instead."""
-    assert plan.protection is not None
     budget = _Budget(_STARTED_IN_ENTRIES, _STARTED_IN_SECONDS)
     found = []
     for path in scan.started_in:
         named = scan.shown(path)
-        if named is None:
-            continue
-        covering = _innermost(plan, named[0])
-        if covering is not None and covering.mode is Mode.RO and covering.kind is Kind.BIND:
+        if named is None or _read_only_bind(_innermost(holders, named[0])):
             continue
         changed = _changed_within(path, since, budget)
         if changed is None:
-            return [source for _dest, source in plan.protection.trees]
+            return _tree_sources(kept)
         if changed:
             found.append(named[1])
     return found
@@ -455,7 +459,7 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
     whose way passes through /proc or /dev/fd. Past LINKS_LOOKED_AT new ones, or
     LINKS_SECONDS, the writable trees scanned instead."""
     assert plan.protection is not None
-    trees = [source for _dest, source in plan.protection.trees]
+    trees = _tree_sources(plan.protection)
     writable = [resolved for _dest, resolved, _written in scan.writable]
     ages = []
     for link in scan.links:
@@ -581,15 +585,17 @@ def _index_written_since(indexes: Sequence[os.DirEntry[str]], since: float) -> b
     return any(max(info.st_mtime, info.st_ctime) >= since for info in times)
 
 
-def _innermost(plan: Plan, dest: str) -> p.Entry | None:
-    """The entry that shows dest in the sandbox: the deepest whose destination holds it."""
-    best: p.Entry | None = None
-    for entry in plan.entries:
-        if entry.kind is Kind.REMOUNT_RO or entry.kind is Kind.SYMLINK:
-            continue
-        if within(dest, entry.dest) and (best is None or len(entry.dest) > len(best.dest)):
-            best = entry
-    return best
+def _innermost(holders: Mapping[str, p.Entry], place: str) -> p.Entry | None:
+    """The entry that shows place in the sandbox: the deepest of holders (_holders) whose
+    destination is place or holds it."""
+    above = place
+    while (holder := holders.get(above)) is None and above != "/":
+        above = os.path.dirname(above)
+    return holder
+
+
+def _read_only_bind(entry: p.Entry | None) -> bool:
+    return entry is not None and entry.kind is Kind.BIND and entry.mode is Mode.RO
 
 
 # The most of an index the report hands to git (some 600,000 files); a larger one is named.
@@ -845,13 +851,8 @@ def read_only_holder(entries: Iterable[p.Entry], place: str) -> p.Entry | None:
 
 
 def _read_only_holder(holders: Mapping[str, p.Entry], place: str) -> p.Entry | None:
-    above = place
-    while above != "/":
-        above = os.path.dirname(above)
-        holder = holders.get(above)
-        if holder is not None:
-            return holder if holder.kind is Kind.BIND and holder.mode is Mode.RO else None
-    return None
+    holder = None if place == "/" else _innermost(holders, os.path.dirname(place))
+    return holder if _read_only_bind(holder) else None
 
 
 def pin_parents(entries: Sequence[p.Entry]) -> list[p.Entry]:
