@@ -86,9 +86,7 @@ NOT_EXPRESSED = {
 def seccomp_profile(plan: Plan) -> dict[str, Any]:
     """The plan's seccomp filter in the OCI spec's JSON form (also a Kubernetes localhost
     profile and podman's --security-opt seccomp= file)."""
-    rules = (
-        _syscalls.SECCOMP_DEFAULT if plan.nested_userns is None else _syscalls.SECCOMP_NESTED_USERNS
-    ) | (_syscalls.SECCOMP_OWN_NETWORK if has_own_network(plan.network) else 0)
+    rules = _syscalls.seccomp_groups(plan.nested_userns is None, has_own_network(plan.network))
     machine = os.uname().machine
     if machine not in ARCHITECTURES:
         raise PlanError(f"the seccomp filter is built for x86_64 and aarch64, not {machine}")

@@ -108,23 +108,12 @@ def disables_userns(nested_userns: bool) -> bool:
     return _applies("no-nested-userns", nested_userns)
 
 
-def seccomp_rules(nested_userns: bool, own_network: bool) -> int:
-    """The filter's rule groups for a plan's sessions: the namespace rules unless it may make
-    user namespaces, the datagram rules on a network of its own."""
-    rules = (
-        _syscalls.SECCOMP_DEFAULT
-        if disables_userns(nested_userns)
-        else _syscalls.SECCOMP_NESTED_USERNS
-    )
-    return rules | (_syscalls.SECCOMP_OWN_NETWORK if own_network else 0)
-
-
 def seccomp_program(nested_userns: bool, own_network: bool) -> bytes | None:
     """The seccomp filter bwrap loads for a plan's sessions (each variant built once), or None
     in a test that switched it off."""
     if "seccomp" in DISABLED_FOR_TESTS:
         return None
-    rules = seccomp_rules(nested_userns, own_network)
+    rules = _syscalls.seccomp_groups(disables_userns(nested_userns), own_network)
     program = _filters.get(rules)
     if program is None:
         program = _filters[rules] = _syscalls.seccomp_filter(rules)

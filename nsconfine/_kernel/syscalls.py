@@ -55,6 +55,14 @@ SECCOMP_OWN_NETWORK: Final[int] = lib.NSC_SECCOMP_OWN_NETWORK
 SECCOMP_DEFAULT: Final[int] = SECCOMP_SETID | SECCOMP_KERNEL | SECCOMP_NAMESPACES
 SECCOMP_NESTED_USERNS: Final[int] = SECCOMP_SETID | SECCOMP_KERNEL
 
+
+def seccomp_groups(namespace_rules: bool, own_network: bool) -> int:
+    """The filter's rule groups: the namespace rules unless a session may make user
+    namespaces, the datagram rules on a network of its own."""
+    groups = SECCOMP_DEFAULT if namespace_rules else SECCOMP_NESTED_USERNS
+    return groups | (SECCOMP_OWN_NETWORK if own_network else 0)
+
+
 _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_PIPE: "pipe2",
     lib.NSC_STAGE_CLONE: "clone",
