@@ -164,12 +164,15 @@ def test_a_repository_inside_a_read_only_directory_stays_read_only(
     plan = session(workspace, run_dir, ro=ro).plan()
     head = where / ".git" / "HEAD"
     head_before = head.read_bytes() if head.exists() else None
-    _, output = attempt(
+    status, output = attempt(
         plan,
-        f"cd {where} && (echo evil >> SKILL.md) 2>/dev/null && echo wrote-file; "
+        f"echo control > {workspace}/control && cd {where} && "
+        f"(echo evil >> SKILL.md) 2>/dev/null && echo wrote-file; "
         f"(echo evil > new.sh) 2>/dev/null && echo wrote-new; "
         f"(echo evil > .git/HEAD) 2>/dev/null && echo wrote-head; true",
     )
+    assert status == 0, output  # the control: the session ran, and wrote where it may
+    assert (workspace / "control").exists(), output
     assert "wrote" not in output, output
     assert (where / "SKILL.md").read_text() == "trusted\n"
     assert not (where / "new.sh").exists()
