@@ -51,6 +51,26 @@ def test_no_stub_is_left_behind(repo: tuple[Path, Path]) -> None:
     assert after == before
 
 
+def test_the_last_of_one_launchers_sessions_to_end_removes_the_stubs(
+    repo: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Two sessions of one launcher bind the same stubs: the first to end leaves them to the
+    other (they still keep its protected paths), and the last one's end removes them."""
+    workspace = repo[0]
+    (run_b,) = session_dirs(tmp_path, "run-b")
+    before = {str(p) for p in workspace.rglob("*")}
+    first = nsconfine.spawn(session(*repo).plan(), ["sleep", "600"])
+    try:
+        made = {str(p) for p in workspace.rglob("*")} - before
+        assert made, "the workspace has no missing protected path to stub"
+        assert attempt(session(workspace, run_b).plan(), "true")[0] == 0
+        assert {str(p) for p in workspace.rglob("*")} - before == made
+    finally:
+        first.kill()
+        first.wait()
+    assert {str(p) for p in workspace.rglob("*")} == before
+
+
 def test_the_session_account_owns_nothing_new_outside(tmp_path: Path) -> None:
     """Stub creation never follows a planted symlink out of the workspace."""
     workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")

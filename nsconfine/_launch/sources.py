@@ -550,17 +550,24 @@ def remove(stubs: list[Stub]) -> None:
     # Let go of the holds first: that frees as many fds as the lock below needs, for a launch
     # refused for want of fds. Whether a stub is still held is decided by its own lock.
     release(stubs)
+    # A stub another sandbox of this launcher still holds is left to the last of them to end,
+    # without the records' lock, which a Pool's sessions would otherwise take in turn at each
+    # end; whether any other goes is decided under that lock (_remove_if_unused).
+    with _held_here_lock:
+        unheld = [stub for stub in stubs if stub.recorded and not _held_here[stub.identity]]
+    stubs.clear()
+    if not unheld:
+        return
     directories = _Directories()
     try:
         with _stub_records.records_locked() as records:
             companions = _bundle_companions(records)
-            for stub in reversed(stubs):  # what lies inside another stub first
+            for stub in reversed(unheld):  # what lies inside another stub first
                 _remove_if_unused(records, stub, directories, companions)
     except (OSError, SandboxUnavailable):
         pass  # the records are gone or out of reach: the next launch adopts the stubs
     finally:
         directories.close()
-    stubs.clear()
 
 
 def holds(stubs: list[Stub]) -> list[int]:
