@@ -8,6 +8,7 @@ that a runner file swapped for a FIFO after the plan was built is refused, not w
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from helpers import (
 )
 
 import nsconfine
-from nsconfine import _session
+from nsconfine import _gate, _session
 from nsconfine._plan import model as p
 from nsconfine._plan.model import Kind
 from nsconfine._selftest.report import run_script
@@ -168,3 +169,78 @@ def test_a_fifo_among_copied_runner_files_is_refused(tmp_path: Path) -> None:
         pytest.fail("spawn hung on the FIFO")
     assert out.startswith("plan-refused"), out + err
     assert "f7.py" in out
+
+
+@pytest.fixture
+def hostile_tree(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """Runner files to copy (COUNT of them, in a tree the session account owns: another
+    session's workspace, say), one in sub/, and a secret elsewhere, readable by the launcher
+    only: (tmp_path, the secret's directory, the listed files)."""
+    tree = session_dirs(tmp_path, "ws", "run", "tree")[2]
+    listed = []
+    for index in range(COUNT):
+        (tree / f"f{index}.py").write_text(f"print({index})\n")
+        listed.append(str(tree / f"f{index}.py"))
+    (tree / "sub").mkdir()
+    (tree / "sub" / "config").write_text("benign\n")
+    listed.append(str(tree / "sub" / "config"))
+    give_to_session_user(tree)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    (secrets / "config").write_text("SECRET\n")
+    return tmp_path, secrets, listed
+
+
+def _cat_copied_config(root: Path, plan: nsconfine.Plan) -> str:
+    """What a session of plan reads at tree/sub/config (or the refusal's code and message)."""
+    try:
+        sandbox = nsconfine.spawn(
+            plan, ["cat", str(root / "tree" / "sub" / "config")], stdout=subprocess.PIPE
+        )
+    except nsconfine.NsconfineError as refused:
+        return f"refused: {refused.code}: {refused.message}"
+    output = sandbox.communicate(timeout=60)[0] or b""
+    sandbox.wait()
+    return output.decode()
+
+
+def test_a_symlink_made_above_a_copied_runner_file_is_refused(
+    hostile_tree: tuple[Path, Path, list[str]],
+) -> None:
+    """A directory above a copied runner file replaced by a symlink after the plan was built
+    (by a session that can write where it lies) is refused at launch, as it is for a bind:
+    the launcher, perhaps root, never copies what lies where it leads (attackers' pass: the
+    copy was opened with O_NOFOLLOW, which refuses a symlink only as its last component, and
+    a kept plan copied in a root-only file)."""
+    root, secrets, listed = hostile_tree
+    plan = session(root / "ws", root / "run", ro=listed).plan()
+    assert _cat_copied_config(root, plan) == "benign\n"  # the control: copied, and shown
+    (root / "tree" / "sub").rename(root / "tree" / "sub.old")
+    (root / "tree" / "sub").symlink_to(secrets)
+    seen = _cat_copied_config(root, plan)
+    assert "SECRET" not in seen
+    assert seen.startswith("refused: sandbox-unavailable"), seen
+
+
+def test_a_copied_runner_file_must_be_the_file_the_lint_judged(
+    hostile_tree: tuple[Path, Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner file that is another file when the launch opens it than when the lint judges
+    it (a hard link to a denied file, swapped back meanwhile) is refused, as a bind is
+    (attackers' pass: copies were never compared with what the lint judged)."""
+    root, secrets, listed = hostile_tree
+    config = root / "tree" / "sub" / "config"
+    plan = session(root / "ws", root / "run", ro=listed, deny=[secrets]).plan()
+    assert _cat_copied_config(root, plan) == "benign\n"  # the control
+    config.rename(root / "tree" / "sub" / "benign")
+    os.link(secrets / "config", config)  # the launch opens the secret...
+    judge = _gate.lint
+
+    def lint_once_swapped_back(plan: nsconfine.Plan) -> object:
+        os.rename(root / "tree" / "sub" / "benign", config)  # ...the lint, the benign file
+        return judge(plan)
+
+    monkeypatch.setattr(_gate, "lint", lint_once_swapped_back)
+    seen = _cat_copied_config(root, plan)
+    assert "SECRET" not in seen
+    assert seen.startswith("refused: sandbox-unavailable"), seen

@@ -113,9 +113,10 @@ def _outermost_writable(plan: Plan) -> list[Entry]:
 
 def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
     """Walk, check and (where the plan says so) make every mount point inside the plan's
-    writable binds, then open every bind's source; the stubs held and dest -> an O_PATH fd of
-    each source (the caller closes them, removes the stubs once the sandbox is gone, and checks
-    the fds against what the lint judged: check_judged)."""
+    writable binds, then open every bind's and copy's source; the stubs held and dest -> an
+    fd of each source (O_PATH for a bind, for reading for a copy; the caller closes them,
+    removes the stubs once the sandbox is gone, and checks the fds against what the lint
+    judged: check_judged)."""
     tops = [(top, _resolved(top.source)) for top in _outermost_writable(plan)]
     inner = [
         (entry, top, resolved, relative)
@@ -141,6 +142,10 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
         for entry in plan.entries:
             if entry.kind is Kind.BIND and entry.dest not in fds:
                 fds[entry.dest] = _open_source(entry.source)
+            elif entry.kind is Kind.COPY:
+                source = entry.source
+                assert source is not None
+                fds[entry.dest] = _opened(source, open_copy_source, source)
         writable = [resolved for _top, resolved in tops]
         for entry, _top, _resolved_top, _relative in inner:
             if entry.kind is Kind.BIND and entry.mode is Mode.RO:
@@ -170,24 +175,48 @@ def _open_source(source: str) -> int:
     """An O_PATH fd of source resolved as the lint resolves it, with no symlink followed on
     the way; refused if a symlink appeared there since."""
     resolved = _syscalls.realpath(source) if os.path.lexists(source) else source
+    return _opened(source, _syscalls.open_no_symlinks, resolved)
+
+
+def _opened(source: str, open_it: Callable[[str], int], path: str) -> int:
+    """open_it(path), a launch's opening of source; its OSError a refusal of the launch."""
     try:
-        fd = _syscalls.open_no_symlinks(resolved)
+        return open_it(path)
     except OSError as error:
         refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
             f"{printable(source)} changed since its plan was checked ({error.strerror}): a "
             "symlink appeared on its way, or it is gone; nothing was run"
         ) from error
+
+
+def open_copy_source(source: str) -> int:
+    """A runner file to copy into the sandbox (or an OCI bundle), opened for reading with no
+    symlink followed on the way: its source is the real path its plan found (runner_entries),
+    and a symlink there now was swapped in since, by whoever can write where it lies, perhaps
+    a session. The launcher may be root, and would read through it what the session's
+    account may not. OSError then (ELOOP), or if it is gone; PlanError unless it is still a
+    regular file: a FIFO or device swapped in would hang the reader (it is opened without
+    waiting) or read a device."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW | os.O_NONBLOCK
+    parent = _syscalls.open_no_symlinks(os.path.dirname(source))
+    try:
+        fd = os.open(os.path.basename(source), flags, dir_fd=parent)
+    finally:
+        os.close(parent)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PlanError(f"{printable(source)} is no longer a regular file: refusing to copy it")
     return fd
 
 
 def check_judged(
     plan: Plan, opened: Mapping[str, Identity], judged: Mapping[str, Identity | None]
 ) -> None:
-    """Each bind's opened source (dest -> its identity) is the very file the lint judged
-    (None: a stub, judged by nobody)."""
+    """Each bind's and copy's opened source (dest -> its identity) is the very file the lint
+    judged (None: a stub, judged by nobody)."""
     for entry in plan.entries:
-        expected = judged.get(entry.source) if entry.kind is Kind.BIND else None
+        expected = judged.get(entry.source) if entry.is_host_bind else None
         if expected is not None and opened.get(entry.dest) != expected:
             raise SandboxUnavailable(
                 f"{printable(entry.source)} was replaced while it was checked: nothing was "

@@ -280,37 +280,26 @@ class Staged:
         return any(_syscalls.wait_fd(fd, 0) for fd in watched if fd >= 0)
 
 
-def open_entry_fds(plan: Plan, fds: list[int], bind_sources: dict[str, int] | None = None) -> None:
+def open_entry_fds(
+    plan: Plan, fds: list[int], opened: dict[str, int] | None = None, bind_fds: bool = False
+) -> None:
     """Append to fds, in fd order, a sealed memfd per data entry, the opened source per copy,
-    and (bind_sources given) each bind's opened source, moved out of bind_sources (so that a
-    launch holds each fd once); on failure the caller closes what was appended."""
-    entries = fd_entries(plan, bind_fds=bind_sources is not None)
+    and (bind_fds: bwrap takes --bind-fd) each bind's opened source. The sources the launch
+    opened (opened: dest -> fd, see sources.open_for_launch) are moved out of it, so that a
+    launch holds each fd once; a copy not among them is opened here (the bench's floor). On
+    failure the caller closes what was appended."""
+    entries = fd_entries(plan, bind_fds=bind_fds)
     _make_room_for(len(entries))
     for entry in entries:
         if entry.kind is Kind.DATA:
             assert entry.content is not None
             fds.append(_syscalls.memfd_sealed("nsconfine-data", entry.content))
-        elif entry.kind is Kind.BIND:
-            assert bind_sources is not None
-            fds.append(bind_sources.pop(entry.dest))
+        elif opened is not None and entry.dest in opened:
+            fds.append(opened.pop(entry.dest))
         else:
-            fds.append(_open_copy_source(entry.source))
-
-
-def _open_copy_source(path: str) -> int:
-    # Not through a symlink, and never blocking: a FIFO or device swapped in for a runner file
-    # would otherwise hang the launch (or read a device); only a regular file is copied.
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags)
-    except OSError as error:
-        raise PlanError(f"{path} cannot be copied: {error.strerror}") from error
-    import stat
-
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise PlanError(f"{path} is no longer a regular file: refusing to copy it")
-    return fd
+            assert entry.kind is Kind.COPY
+            assert entry.source is not None
+            fds.append(_sources.open_copy_source(entry.source))
 
 
 def _make_room_for(count: int) -> None:
@@ -355,12 +344,16 @@ def stage(
         _lint_first(lint)  # a refusal of the plan explains more than what it led to
         raise
     try:
+        # What the lint judged is checked against every source opened; the mount table
+        # against the binds' alone (a copy is a file of its own in the sandbox).
         identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
-        bound = {dest: _bound_identity(fd) for dest, fd in sources.items()}
+        binds = {e.dest for e in plan.entries if e.kind is Kind.BIND}
+        bound = {dest: _bound_identity(fd) for dest, fd in sources.items() if dest in binds}
         staged = _start(
             bwrap,
             plan,
-            sources if bind_fds else None,
+            sources,
+            bind_fds,
             _sources.holds(stubs),
             stderr,
             idle_timeout_ms,
@@ -384,7 +377,7 @@ def stage(
             staged.mark("linted")
         if egress is not None:
             egress.open_audit(plan.audit)  # once the lint has judged its path
-        _confirm(bwrap, plan, staged, identities)
+        _confirm(bwrap, plan, staged, {d: i for d, i in identities.items() if d in binds})
         if egress is not None:  # its relay's network, and no other, may use its socket
             egress.admit_only(_network_of(staged.command_pid, staged.command_pidfd))
     except SetupEnded as ended:
@@ -438,19 +431,19 @@ def _bound_identity(fd: int) -> tuple[int, int, int]:
 def _start(
     bwrap: str,
     plan: Plan,
-    bind_sources: dict[str, int] | None,
+    sources: dict[str, int],
+    bind_fds: bool,
     holds: list[int],
     stderr: int,
     idle_timeout_ms: int,
 ) -> Staged:
-    """Spawn the reaper with bwrap's fds in place (see the module's docstring), and after
-    them the holds on the session's mount points, which the reaper keeps for the session's
-    life (the caller still owns the launcher's copies)."""
+    """Spawn the reaper with bwrap's fds in place (see the module's docstring): the sources
+    the launch opened (each copy's, and with bind_fds each bind's, taken out of sources), and
+    after them the holds on the session's mount points, which the reaper keeps for the
+    session's life (the caller still owns the launcher's copies)."""
     seccomp = _seccomp_program(plan)
     limits = _session_limits(plan)
-    options = compiled_options(
-        plan, seccomp is not None, bind_sources is not None, limits is not None
-    )
+    options = compiled_options(plan, seccomp is not None, bind_fds, limits is not None)
     flags, uid, gid = _layers.spawn_flags(plan.user)
     shim = shim_command(
         idle_timeout_ms,
@@ -474,7 +467,7 @@ def _start(
         child_side.append(_syscalls.memfd_sealed("nsconfine-seccomp", seccomp or b""))
         child_side.append(shim_fd)
         child_side.append(_lifeline_read_end())
-        open_entry_fds(plan, child_side, bind_sources)
+        open_entry_fds(plan, child_side, sources, bind_fds)
         holds_fd = 3 + len(child_side) if holds else None  # pass_fds land at 3, 4, …
         command = reaper_command_line(REAPER_PATH, bwrap_argv, limits, holds_fd)
         started = time.perf_counter()
