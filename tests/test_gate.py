@@ -112,7 +112,7 @@ def test_a_pinned_harness_that_grows_as_it_is_hashed_is_refused(tmp_path: Path) 
 
     harness = tmp_path / "agent"
     harness.write_bytes(b"x" * 10)
-    fd, opened = pins._open_pinned(str(harness))
+    fd, opened = pins.open_pinned(str(harness))
     try:
         found = opened.st_size
         with open(harness, "ab") as writer:

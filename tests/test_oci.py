@@ -32,6 +32,7 @@ from helpers import (
     writable_by,
 )
 from test_limits import FILL, MAKE_FILES, OPEN_FILES, PTYS, SYSV_IPC
+from test_properties import no_hang
 from test_seccomp_program import CASES, SECCOMP_RET_ALLOW, errno_of, run_filter
 
 from nsconfine._cli.main import main
@@ -493,6 +494,57 @@ def test_a_refused_bundle_leaves_no_mount_point_in_the_workspace(
     options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
     assert main(["oci-bundle", *options, str(bundle)]) == 64
     assert sorted(os.listdir(workspace)) == []
+
+
+def _runner_files(tmp_path: Path) -> tuple[Plan, Path]:
+    """A session's plan that copies 20 runner files (a tree the session's account owns), and
+    the tree."""
+    workspace, run_dir, tree = session_dirs(tmp_path, "w", "r", "tree")
+    for index in range(20):
+        (tree / f"f{index}.py").write_text(f"print({index})\n")
+    plan = session(workspace, run_dir, ro=[str(f) for f in sorted(tree.iterdir())]).plan()
+    assert any(entry.kind is Kind.COPY for entry in plan.entries)
+    return plan, tree
+
+
+def test_a_fifo_swapped_in_for_a_copied_file_as_the_bundle_is_written_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner file replaced by a FIFO once the bundle's checks have passed, before its copy
+    is read: refused, never waited on (attackers' pass: 8 of 30 `oci-bundle` runs hung for
+    good, the copy being opened for reading without O_NONBLOCK)."""
+    from nsconfine._launch import sources as _sources
+
+    plan, tree = _runner_files(tmp_path)
+    checked = _sources.open_for_launch
+
+    def then_a_fifo(plan: Plan) -> Any:
+        opened = checked(plan)
+        (tree / "f7.py").unlink()
+        os.mkfifo(tree / "f7.py")
+        return opened
+
+    monkeypatch.setattr(_sources, "open_for_launch", then_a_fifo)
+    with pytest.raises(PlanError, match=r"f7\.py"), no_hang(20):  # a hang fails, not stalls
+        _oci.write_bundle(plan, str(tmp_path / "b"), ["true"])
+
+
+def test_a_symlink_made_above_a_copied_file_is_not_followed_into_the_bundle(
+    tmp_path: Path,
+) -> None:
+    """A directory above a copied runner file swapped for a symlink after the plan was built:
+    the bundle is refused, and what the link leads to is not copied (it was followed)."""
+    plan, tree = _runner_files(tmp_path)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    for index in range(20):
+        (secrets / f"f{index}.py").write_text("SECRET\n")
+    tree.rename(tmp_path / "tree.old")
+    tree.symlink_to(secrets)
+    with pytest.raises(NsconfineError):
+        _oci.write_bundle(plan, str(tmp_path / "b"), ["true"])
+    copied = list((tmp_path / "b").rglob("f*.py")) if (tmp_path / "b").exists() else []
+    assert not any("SECRET" in path.read_text() for path in copied)
 
 
 # ------------------------------------------------------------------ under runc

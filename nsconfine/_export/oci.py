@@ -42,7 +42,7 @@ from nsconfine._text import ancestors, inside, printable
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
+    from typing import Any, BinaryIO
 
 OCI_VERSION = "1.0.2"
 ANNOTATION = "org.nsconfine"
@@ -593,34 +593,46 @@ def _write_artifact(bundle: str, artifact: Artifact) -> None:
         else:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o444))
     else:
-        content = artifact.content if artifact.content is not None else _read(artifact)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as file:
-            file.write(content)
+            if artifact.content is not None:
+                file.write(artifact.content)
+            else:
+                _copy_host_file(artifact, file)
         os.chmod(path, artifact.perms)
 
 
-def _read(artifact: Artifact) -> bytes:
-    """A host file's content for a copy or a pinned file, read without following a symlink at
-    its last component; a pinned one's digest checked on what was read."""
+def _copy_host_file(artifact: Artifact, out: BinaryIO) -> None:
+    """Copy into out a host file for a copy, opened as a launch opens it (no symlink on its
+    way, a regular file, never waiting on a FIFO swapped in), or a pinned file, opened as the
+    pins are (a regular file of bounded size); either read up to the size it had then, and a
+    pinned one's digest checked on what was read."""
+    import hashlib
+
+    from nsconfine._launch.sources import open_copy_source
+    from nsconfine._policy.pins import open_pinned
+
+    source = artifact.source
     try:
-        fd = os.open(artifact.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as file:
-            content = file.read()
+        fd = open_copy_source(source) if artifact.sha256 is None else open_pinned(source)[0]
     except OSError as error:
         raise PlanError(
-            f"{printable(artifact.source)} cannot be copied into the bundle: {error.strerror}"
+            f"{printable(source)} cannot be copied into the bundle: {error.strerror}"
         ) from error
-    if artifact.sha256 is not None:
-        import hashlib
-
-        actual = hashlib.sha256(content).hexdigest()
-        if actual != artifact.sha256:
-            raise PlanError(
-                f"{printable(artifact.source)} has sha256 {actual}, not the pinned "
-                f"{artifact.sha256}: the harness changed; nothing was written"
-            )
-    return content
+    digest = hashlib.sha256()
+    try:
+        left = os.fstat(fd).st_size
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            digest.update(chunk)
+            out.write(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    if artifact.sha256 is not None and digest.hexdigest() != artifact.sha256:
+        raise PlanError(
+            f"{printable(source)} has sha256 {digest.hexdigest()}, not the pinned "
+            f"{artifact.sha256}: the harness changed; the bundle is incomplete, remove it"
+        )
 
 
 # ------------------------------------------------------------------ Kubernetes and podman

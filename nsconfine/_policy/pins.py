@@ -42,7 +42,7 @@ def verify_pins(plan: Plan) -> None:
 def _verified_sha256(path: str, pinned: str) -> str:
     """path's sha256: pinned itself if the file is the one last found to have it, else hashed
     (and remembered if it is pinned)."""
-    fd, info = _open_pinned(path)
+    fd, info = open_pinned(path)
     try:
         identity = (path, info.st_dev, info.st_ino, info.st_size,
                     info.st_mtime_ns, info.st_ctime_ns)  # fmt: skip
@@ -56,7 +56,7 @@ def _verified_sha256(path: str, pinned: str) -> str:
     return actual
 
 
-def _open_pinned(path: str) -> tuple[int, os.stat_result]:
+def open_pinned(path: str) -> tuple[int, os.stat_result]:
     """path opened for its hash, and what it is: never waiting on a FIFO for a writer,
     refused (PlanError) unless a regular file of at most MAX_PINNED_BYTES."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
