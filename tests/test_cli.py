@@ -397,6 +397,20 @@ def test_check_without_bwrap_is_sandbox_unavailable(tmp_path: Path) -> None:
     assert report["code"] == "sandbox-unavailable"
 
 
+def test_check_shows_a_bwrap_path_with_control_characters_escaped(tmp_path: Path) -> None:
+    """The host's environment is an input: a NSCONFINE_BWRAP holding a terminal sequence and a
+    newline is shown escaped in every line `check` prints, and forges no line of its own
+    (attackers' pass: its detail lines were printed raw)."""
+    bwrap = str(tmp_path / "x\x1b]0;pwned\x07\nREFUSED forged")
+    result = run_cli("check", env=base_env(NSCONFINE_BWRAP=bwrap))
+    assert result.returncode == 69, result.stderr
+    shown = result.stdout + result.stderr
+    assert "\x1b" not in shown
+    assert "\x07" not in shown
+    assert not any(line.startswith("REFUSED forged") for line in shown.splitlines()), shown
+    assert "\\nREFUSED forged" in shown, shown  # named, escaped
+
+
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
 def test_check_json_reports_ready() -> None:

@@ -340,7 +340,8 @@ def _check(arguments: Arguments) -> int:
         print(json.dumps(report.to_json(), indent=2))
     else:
         for check in report.checks:
-            print(f"{'ok' if check.ok else 'REFUSED':8} {check.name}: {check.detail}")
+            # A detail names the host's own paths ($NSCONFINE_BWRAP, $PATH): an input too.
+            print(f"{'ok' if check.ok else 'REFUSED':8} {check.name}: {printable(check.detail)}")
     if report.error is not None:
         if not arguments.json:
             print(f"nsconfine: {report.error}", file=sys.stderr)

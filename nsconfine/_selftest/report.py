@@ -26,6 +26,7 @@ from nsconfine._preflight.checks import canary_account
 from nsconfine._selftest.probes import Outcome, Probe, host_text, plan_for, probes, shell_quoted
 from nsconfine._selftest.world import PROBE_TIMEOUT_SECONDS, World
 from nsconfine._session import build_plan
+from nsconfine._text import printable
 
 if TYPE_CHECKING:
     from nsconfine._launch.stage import Stdio
@@ -415,7 +416,8 @@ def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
         width = max(len(row["check"]) for row in rows)
         print(f"{'CHECK'.ljust(width)}  EXPECTED  OBSERVED  RESULT")
         for row in rows:
-            verdict = "ok" if row["ok"] else f"FAIL {row.get('detail', '')}"
+            # (a detail is what a session printed: shown escaped, as all it writes)
+            verdict = "ok" if row["ok"] else f"FAIL {printable(row.get('detail', ''))}"
             print(
                 f"{row['check'].ljust(width)}  {row['expected']:8}  {row['observed']:8}  {verdict}"
             )
