@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import resource
 import secrets
 import shutil
@@ -384,6 +385,27 @@ def test_marker_command_runs_when_not_refused(dirs: Dirs) -> None:
     result = run_cli("run", *dirs.session, *dirs.marker_command)
     assert result.returncode == 0, result.stderr
     assert dirs.marker.exists()
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_many_written_config_files_are_warned_of_in_a_bounded_number_of_lines(
+    dirs: Dirs,
+) -> None:
+    """A session that makes config files by the thousand gets `run` a bounded number of
+    warning lines, the ones nearest the workspace's top first (a new repository's .git/config
+    among them), and a line that counts the rest (attackers' pass: 5,000 .mcp.json made 5,000
+    lines, 959 KB of stderr, burying the one that matters)."""
+    script = (
+        f"cd {dirs.workspace} && git init -q . && "
+        "for i in $(seq 300); do mkdir -p deep/d$i && : > deep/d$i/.mcp.json; done"
+    )
+    result = run_cli("run", *dirs.session, "--", "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) <= 25, len(warnings)
+    assert str(dirs.workspace / ".git" / "config") in warnings[0], warnings[:3]
+    assert re.search(r"\b2\d\d more\b", warnings[-1]), warnings[-1]
 
 
 def test_check_without_bwrap_is_sandbox_unavailable(tmp_path: Path) -> None:
