@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import (
@@ -244,3 +245,39 @@ def test_a_copied_runner_file_must_be_the_file_the_lint_judged(
     seen = _cat_copied_config(root, plan)
     assert "SECRET" not in seen
     assert seen.startswith("refused: sandbox-unavailable"), seen
+
+
+def test_a_runner_file_written_to_as_bwrap_copies_it_is_copied_as_measured(
+    hostile_tree: tuple[Path, Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a writer adds to a runner file once the launch has measured it (here: just before
+    bwrap starts) is not copied: bwrap copies a sealed snapshot (attackers' pass: bwrap read
+    the file to its end, and a file grown while it copied, by a session that can write where
+    it lies, filled the copy's tmpfs, half the host's memory)."""
+    from nsconfine._kernel import syscalls as _syscalls
+
+    root = hostile_tree[0]
+    config = root / "tree" / "sub" / "config"
+    plan = session(root / "ws", root / "run", ro=hostile_tree[2]).plan()
+    spawn = _syscalls.spawn
+
+    def grown_then_spawned(*args: Any, **kwargs: Any) -> Any:
+        with config.open("a") as grown:
+            grown.write("appended\n")
+        return spawn(*args, **kwargs)
+
+    monkeypatch.setattr(_syscalls, "spawn", grown_then_spawned)
+    assert _cat_copied_config(root, plan) == "benign\n"
+
+
+def test_runner_files_too_large_to_copy_are_refused(
+    hostile_tree: tuple[Path, Path, list[str]],
+) -> None:
+    """A runner file grown past what a launch copies (a sparse file of terabytes costs its
+    writer nothing) is refused, saying what to do, rather than copied into memory."""
+    root = hostile_tree[0]
+    plan = session(root / "ws", root / "run", ro=hostile_tree[2]).plan()
+    os.truncate(root / "tree" / "sub" / "config", 1 << 40)
+    seen = _cat_copied_config(root, plan)
+    assert seen.startswith("refused: plan-refused"), seen
+    assert "bind the directory" in seen, seen

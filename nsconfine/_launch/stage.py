@@ -41,6 +41,7 @@ from __future__ import annotations
 # The C module socket.py wraps: all a launch needs (a socketpair, SCM_RIGHTS), without
 # socket.py's start-up (its enums and selectors, ~3 ms of every CLI run).
 import _socket as socket
+import fcntl
 import os
 import select
 import signal
@@ -75,6 +76,7 @@ from nsconfine._plan.bwrap_args import (
 )
 from nsconfine._plan.limits import tmpfs_shape
 from nsconfine._plan.model import Kind, Plan, has_own_network
+from nsconfine._text import printable
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
 if TYPE_CHECKING:
@@ -283,23 +285,62 @@ class Staged:
 def open_entry_fds(
     plan: Plan, fds: list[int], opened: dict[str, int] | None = None, bind_fds: bool = False
 ) -> None:
-    """Append to fds, in fd order, a sealed memfd per data entry, the opened source per copy,
-    and (bind_fds: bwrap takes --bind-fd) each bind's opened source. The sources the launch
-    opened (opened: dest -> fd, see sources.open_for_launch) are moved out of it, so that a
-    launch holds each fd once; a copy not among them is opened here (the bench's floor). On
-    failure the caller closes what was appended."""
+    """Append to fds, in fd order, a sealed memfd per data entry, a sealed snapshot of each
+    copy's opened source, and (bind_fds: bwrap takes --bind-fd) each bind's opened source. The
+    sources the launch opened (opened: dest -> fd, see sources.open_for_launch) are taken out
+    of it, so that a launch holds each fd once; a copy not among them is opened here (the
+    bench's floor). On failure the caller closes what was appended."""
     entries = fd_entries(plan, bind_fds=bind_fds)
     _make_room_for(len(entries))
+    copied = 0
     for entry in entries:
         if entry.kind is Kind.DATA:
             assert entry.content is not None
             fds.append(_syscalls.memfd_sealed("nsconfine-data", entry.content))
-        elif opened is not None and entry.dest in opened:
+        elif entry.kind is Kind.BIND:
+            assert opened is not None
             fds.append(opened.pop(entry.dest))
         else:
-            assert entry.kind is Kind.COPY
             assert entry.source is not None
-            fds.append(_sources.open_copy_source(entry.source))
+            if opened is not None and entry.dest in opened:
+                source = opened.pop(entry.dest)
+            else:
+                source = _sources.open_copy_source(entry.source)
+            try:
+                size = os.fstat(source).st_size
+                copied += size
+                if copied > MAX_COPIED_BYTES:
+                    raise PlanError(
+                        f"the runner files to copy hold more than {MAX_COPIED_BYTES >> 20} MiB "
+                        f"with {printable(entry.source)} ({size} bytes): bind the directory "
+                        "that holds the large ones instead (--ro DIR)"
+                    )
+                fds.append(_sealed_copy(source, size))
+            finally:
+                os.close(source)
+
+
+# What a launch copies of its runner files, in all (a copy is held in memory): past it, the
+# launch is refused. A file a writer grew (sparse, terabytes cost it nothing) would be copied.
+MAX_COPIED_BYTES = 256 << 20
+
+
+def _sealed_copy(source: int, size: int) -> int:
+    """A memfd holding source's first size bytes (fewer, if it shrank), sealed, read from its
+    start: what bwrap copies into the sandbox is what the launch opened and measured, however a
+    writer of the file goes on (bwrap reads a file to its end)."""
+    copy = os.memfd_create("nsconfine-copy", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        offset = 0
+        while offset < size and (sent := os.sendfile(copy, source, offset, size - offset)):
+            offset += sent
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(copy, fcntl.F_ADD_SEALS, seals)
+        os.lseek(copy, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(copy)
+        raise
+    return copy
 
 
 def _make_room_for(count: int) -> None:
