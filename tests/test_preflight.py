@@ -291,6 +291,38 @@ except nsconfine.SandboxUnavailable as refused:
     assert out.strip() in ("0", "sandbox-unavailable"), err
 
 
+@pytest.mark.unprivileged  # as root, a file root owns is root's own
+def test_a_bwrap_on_path_the_launchers_own_account_owns_is_never_run(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A bwrap found on PATH must be one root controls: an unprivileged launcher's sessions
+    run as its own account, and one of them could have written a file that account owns (a
+    PATH entry in another session's workspace). A bwrap of the launcher's own is named with
+    NSCONFINE_BWRAP (attackers' pass: such a wrapper ran, outside any sandbox, and passed the
+    proof)."""
+    elsewhere = tmp_path / "other-session-workspace"
+    elsewhere.mkdir()
+    marker = tmp_path / "planted-bwrap-ran"
+    _planted_bwrap(elsewhere, marker)
+    code = r"""
+plan = session_plan(sys.argv[1], sys.argv[2], "")
+try:
+    print(nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30))
+except nsconfine.SandboxUnavailable as refused:
+    print(refused.code, refused.message)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "NSCONFINE_BWRAP"}
+    env["PATH"] = f"{elsewhere}:/usr/bin:/bin"
+    child = python_child(
+        code, str(ws_run[0]), str(ws_run[1]),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert not marker.exists(), out + err
+    assert out.startswith("sandbox-unavailable"), out + err
+    assert "NSCONFINE_BWRAP" in out, out
+
+
 def test_a_relative_nsconfine_bwrap_is_refused(
     plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
 ) -> None:

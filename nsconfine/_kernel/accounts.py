@@ -134,9 +134,10 @@ def access_problem(path: str, user: RunAs, bits: int) -> str | None:
         return f"{path}: {error.strerror}"
 
 
-def untrusted_reason(path: str) -> str | None:
-    """Why someone other than root (or, for an unprivileged launcher, the launcher itself)
-    could replace the file at path, or None. Each way it is reached by is judged: the path
+def untrusted_reason(path: str, *, own_account_trusted: bool = True) -> str | None:
+    """Why someone other than root (or, for an unprivileged launcher, the launcher itself,
+    unless not own_account_trusted) could replace the file at path, or None. Each way it is
+    reached by is judged: the path
     given, each symlink met on the way (and on the way of its target), and the real path. On
     each, the file and every directory above it must be owned by them, and writable by no other
     group than theirs (nor through an ACL), nor by all; a sticky directory writable by all
@@ -147,10 +148,11 @@ def untrusted_reason(path: str) -> str | None:
     # Every name the kernel looks up on the way (a directory left by `..` too: whoever may
     # change it may make it a symlink that `..` then leaves elsewhere), and where it ends.
     looked, real = lookups("/", os.path.abspath(path))
-    trusted_owners = {0, os.geteuid()}
+    trusted_owners = {0, os.geteuid()} if own_account_trusted else {0}
     # root's group; a user's own (a umask of 002), when no other account is in it
     egid = os.getegid()
-    trusted_groups = {0} | ({egid} if egid != 0 and _private_group(egid) else set())
+    own_group = own_account_trusted and egid != 0 and _private_group(egid)
+    trusted_groups = {0} | ({egid} if own_group else set())
     accepted: set[str] = set()  # directories judged, with all above them, within this call
     for way in dict.fromkeys([path, *looked, real]):
         reason = _replaceable_at(way, trusted_owners, trusted_groups, accepted)

@@ -467,7 +467,20 @@ def located_bwrap() -> str:
 
 
 def refuse_untrusted(path: str, what: str) -> None:
-    """Refuse to run a program (bwrap, nsconfine's own) that someone else could replace."""
+    """Refuse to run a program (bwrap, nsconfine's own) that someone else could replace. A
+    bwrap found on PATH must be root's: an unprivileged launcher's sessions run as its own
+    account, and one of them could have written a file of that account's (a PATH entry in
+    another session's workspace); a bwrap of its own is named with NSCONFINE_BWRAP."""
+    if what == "bwrap" and not os.environ.get("NSCONFINE_BWRAP"):
+        reason = untrusted_reason(path, own_account_trusted=False)
+        if reason is not None:
+            raise SandboxUnavailable(
+                f"the bwrap {path}, found on PATH, could be replaced by someone other than "
+                f"root ({reason}), a session of this account among them: install Debian's "
+                "bubblewrap (/usr/bin/bwrap), or name a bwrap only you can write with "
+                "NSCONFINE_BWRAP"
+            )
+        return
     reason = untrusted_reason(path)
     if reason is not None:
         raise SandboxUnavailable(
