@@ -203,6 +203,11 @@ def refusing_os_errors() -> Iterator[None]:
         yield
     except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
         raise
+    except ImportError as error:  # a module loaded late, when no fd was left to load it
+        raise SandboxUnavailable(
+            f"the launch was refused: a module it needs could not be loaded ({error}); "
+            "nothing was run: if the launcher is out of file descriptors, raise its limit"
+        ) from error
     except OSError as error:
         refuse_if_short_of_fds(error)
         where = f" ({printable(error.filename)})" if error.filename else ""

@@ -408,6 +408,27 @@ def test_many_written_config_files_are_warned_of_in_a_bounded_number_of_lines(
     assert re.search(r"\b2\d\d more\b", warnings[-1]), warnings[-1]
 
 
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_launcher_out_of_file_descriptors_is_refused_without_a_traceback(dirs: Dirs) -> None:
+    """Under every tiny fd limit `run` starts with, the launch is refused (69), or its output
+    fails (74), with nsconfine's line: never a traceback (attackers' pass: at `ulimit -n 7`
+    the import of a module the launch loads late failed with an ImportError)."""
+    import resource
+
+    for limit in range(5, 16):
+
+        def tiny_limit(limit: int = limit) -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        result = subprocess.run(
+            [sys.executable, "-m", "nsconfine", "run", *dirs.session, "--", "true"],
+            capture_output=True, text=True, env=base_env(), cwd="/", timeout=60,
+            preexec_fn=tiny_limit, check=False,
+        )  # fmt: skip
+        assert "Traceback" not in result.stderr, (limit, result.stderr)
+        assert result.returncode in (0, 69, 74), (limit, result.returncode, result.stderr)
+
+
 def test_check_without_bwrap_is_sandbox_unavailable(tmp_path: Path) -> None:
     """With NSCONFINE_BWRAP naming a missing file, `check` exits 69 with one refusal line."""
     env = base_env(NSCONFINE_BWRAP=str(tmp_path / "no-such-bwrap"))

@@ -174,9 +174,12 @@ def binary_identity(path: str) -> str:
 
 def _options_digest() -> str:
     """A short digest of the options a proven bwrap must list (REQUIRED_OPTIONS)."""
-    import zlib  # a checksum, not a secret: a proof's key only has to differ when they do
-
-    return f"{zlib.crc32(' '.join(sorted(REQUIRED_OPTIONS)).encode()):08x}"
+    # A checksum, not a secret: a proof's key only has to differ when they do. Computed here,
+    # not by a module loaded for it at the first launch: a launcher out of fds could not.
+    digest = 0
+    for byte in " ".join(sorted(REQUIRED_OPTIONS)).encode():
+        digest = (digest * 31 + byte) & 0xFFFF_FFFF
+    return f"{digest:08x}"
 
 
 # Options nsconfine uses where bwrap has them, and does without otherwise.
