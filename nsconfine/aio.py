@@ -174,6 +174,8 @@ class Process:
         asyncio.wait_for(), as asyncio's own communicate (what it had read is then lost)."""
         if input is not None and self.stdin is None:
             raise UsageError("communicate(input=...) needs a launch with stdin=PIPE")
+        if input is not None and not isinstance(input, bytes | bytearray | memoryview):
+            raise UsageError("communicate's input must be bytes")  # as Sandbox.communicate
         stdout, stderr, _fed, _ended = await asyncio.gather(
             _read_all(self.stdout), _read_all(self.stderr), self._feed(input), self._end_reads()
         )

@@ -260,6 +260,11 @@ def test_bad_arguments_are_a_usage_error_from_the_await(plan: nsconfine.Plan) ->
         async with await nsconfine.aio.spawn(plan, ["/bin/true"]) as process:
             with pytest.raises(nsconfine.UsageError, match="stdin=PIPE"):
                 await process.communicate(b"lost")
+        # input that is no bytes, as Sandbox.communicate refuses it (attackers' pass: an
+        # AssertionError from asyncio's transport, and `cat` left waiting for good)
+        async with await nsconfine.aio.spawn(plan, ["cat"], stdin=PIPE) as process:
+            with pytest.raises(nsconfine.UsageError, match="bytes"):
+                await process.communicate("text")  # type: ignore[arg-type]
 
     asyncio.run(main())
 
