@@ -163,6 +163,23 @@ def test_symlink_is_insecure(tmp_path: Path) -> None:
     assert str(link) in refused.value.message
 
 
+@pytest.mark.root  # a directory of another account's: the launcher must be root to make one
+def test_a_directory_above_it_another_account_can_change_is_insecure(tmp_path: Path) -> None:
+    """A credential file reached through a directory another account can write (a session's,
+    whose account may plant a symlink there) is refused: the launcher would read through the
+    link whichever of its own files the session chose (attackers' pass: a link to a root-only
+    directory gave the session root's KEY=VALUE file)."""
+    target = credential(tmp_path, "KEY=root-only\n")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "nsconfine").symlink_to(target.parent)
+    os.lchown(theirs, 65534, 65534)
+    os.lchown(theirs / "nsconfine", 65534, 65534)
+    with pytest.raises(CredentialInsecure, match="someone else") as refused:
+        read_credential(str(theirs / "nsconfine" / "session.env"))
+    assert "65534" in refused.value.message
+
+
 def test_directory_is_insecure(tmp_path: Path) -> None:
     """A directory in place of the credential file is refused as not a regular file."""
     path = tmp_path / "dir.env"

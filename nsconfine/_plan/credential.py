@@ -1,7 +1,8 @@
 """The session's credential: a KEY=VALUE file in systemd EnvironmentFile= syntax.
 
 The file must be a regular file (not a symlink) owned by the caller with no group or other
-permission bits, so that nothing but the caller (and root) can have put a value there or read it.
+permission bits, in directories only the caller (and root) can change, so that nothing but the
+caller (and root) can have put a value there, read it, or put another file in its place.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import stat
 
 from nsconfine._errors import CredentialInsecure, CredentialMissing
+from nsconfine._kernel.accounts import untrusted_reason
 from nsconfine._text import is_env_name
 
 _MAX_BYTES = 64 * 1024
@@ -39,6 +41,7 @@ def read_credential(path: str) -> dict[str, str]:
     try:
         info = os.fstat(fd)
         _check_ownership(path, info)
+        _check_way(path)
         raw = os.read(fd, _MAX_BYTES + 1)
     finally:
         os.close(fd)
@@ -65,6 +68,18 @@ def _check_ownership(path: str, info: os.stat_result) -> None:
         raise CredentialInsecure(
             f"credential file {path} has mode {stat.S_IMODE(info.st_mode):04o}, readable or "
             f"writable by others: run chmod 600 {path}"
+        )
+
+
+def _check_way(path: str) -> None:
+    # The directories above it too: one that another account can change (a session's, whose
+    # account may plant a symlink in it) would have the launcher read whichever file of its
+    # own that account chose, and hand its values to the session.
+    reason = untrusted_reason(path)
+    if reason is not None:
+        raise CredentialInsecure(
+            f"credential file {path} could be redirected or replaced by someone else "
+            f"({reason}): keep it in a directory only you (and root) can write"
         )
 
 

@@ -141,9 +141,12 @@ class World:
             self._give_to(self.user)
 
     def _give_to(self, user: RunAs) -> None:
+        # All of it but the root itself and the credential (the launcher's, mode 0600, which
+        # must lie where no other account can put another file in its place).
         os.chmod(self.root, 0o755)  # mkdtemp's 0700 would keep the session's account out
         for directory, names, files in walk(self.root):
-            os.chown(directory, user.uid, user.gid)
+            if directory != self.root:
+                os.chown(directory, user.uid, user.gid)
             for name in names + files:
                 path = os.path.join(directory, name)
                 if path != self.credential:  # the launcher's, mode 0600
