@@ -337,6 +337,17 @@ def test_a_dangling_tool_socket_is_a_clean_refusal(
     assert "tool.sock" in refusal(ws_run, {}, tool_socket=link)
 
 
+def test_the_records_are_denied_wherever_the_environment_puts_them() -> None:
+    """nsconfine's records are denied where this launcher keeps them: with HOME=/ (a unit's
+    home), /.cache/nsconfine, which no home's rules cover (attackers' pass: `--ro /.cache`
+    was accepted), and the fallback of an account with no writable home."""
+    from nsconfine._kernel.stub_records import FALLBACK_BASE
+
+    denied = {rule.path for rule in _lint.default_deny(environ={"HOME": "/"}) if rule.records}
+    assert "/.cache/nsconfine" in denied, denied
+    assert os.path.join(FALLBACK_BASE, f"nsconfine-{os.geteuid()}") in denied, denied
+
+
 def test_the_launcher_s_records_do_not_use_up_the_look_for_other_names(
     ws_run: tuple[Path, Path], standin_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

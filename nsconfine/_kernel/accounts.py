@@ -20,6 +20,7 @@ from nsconfine._text import ancestors, is_decimal
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 READ, WRITE, SEARCH = 0o4, 0o2, 0o1
@@ -276,14 +277,16 @@ def scratch_directory(prefix: str) -> str:
     )
 
 
-def records_directory(name: str) -> str:
-    """Where nsconfine keeps its records of kind name for this account:
-    $XDG_CACHE_HOME/nsconfine/name, else $HOME/.cache/nsconfine/name (both in every deny set).
-    A relative XDG_CACHE_HOME or HOME is ignored, as the XDG spec says: it would name a place
-    under the launcher's working directory, which may be a session's workspace."""
-    cache = os.environ.get("XDG_CACHE_HOME", "")
+def records_directory(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """Where nsconfine keeps its records of kind name for this account, by environ (default
+    the launcher's): $XDG_CACHE_HOME/nsconfine/name, else $HOME/.cache/nsconfine/name (in every
+    deny set, as the fallback is). A relative XDG_CACHE_HOME or HOME is ignored, as the XDG
+    spec says: it would name a place under the launcher's working directory, which may be a
+    session's workspace."""
+    environ = os.environ if environ is None else environ
+    cache = environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(cache):
-        home = os.environ.get("HOME", "")
+        home = environ.get("HOME", "")
         if not os.path.isabs(home):
             import pwd
 

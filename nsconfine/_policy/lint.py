@@ -31,7 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine._errors import PlanError
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.accounts import RunAs
+from nsconfine._kernel.accounts import RunAs, records_directory
+from nsconfine._kernel.stub_records import FALLBACK_BASE
 from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan
 from nsconfine._text import is_decimal, printable, within
 
@@ -243,16 +244,16 @@ def default_deny(
         for named in value.split(os.pathsep) if variable == "KUBECONFIG" else [value]:
             for path in _store_paths(named, [home for home, _ in every_home]):
                 rules.append(DenyRule(path, reason, origin=f"${variable}"))
-    cache = environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(cache):
-        rules.append(
-            DenyRule(
-                os.path.join(os.path.normpath(cache), "nsconfine"),
-                RECORDS_REASON,
-                origin="$XDG_CACHE_HOME",
-                records=True,
-            )
-        )
+    # nsconfine's records wherever this environment puts them (HOME=/ puts them at /.cache,
+    # which no home's rules cover), and where they go when the account has no writable home.
+    records = [
+        (records_directory("", environ), "where this launcher keeps them"),
+        (os.path.join(FALLBACK_BASE, f"nsconfine-{os.geteuid()}"), "an account with no home"),
+    ]
+    rules += [
+        DenyRule(os.path.normpath(path), RECORDS_REASON, origin=origin, records=True)
+        for path, origin in records
+    ]
     rules += [DenyRule(path, reason, origin="the host") for path, reason in SYSTEM_SECRETS]
     runtimes = [(f"/run/user/{os.getuid()}", "the launcher's runtime directory")]
     if environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
