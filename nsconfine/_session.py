@@ -483,6 +483,7 @@ def runner_entries(paths: Sequence[str], others: Sequence[p.Entry]) -> list[p.En
             raise PlanError(
                 f"the read-only path {path} does not exist or cannot be used: {error.strerror}"
             ) from error
+    _refuse_links_already_shown(paths, others)
     files = [path for path, mode in modes.items() if stat.S_ISREG(mode)]
     if len(files) <= COPY_FILES_ABOVE:
         return [p.ro_bind(path, path, "a file the runner loads (read-only)") for path in paths]
@@ -515,6 +516,23 @@ def runner_entries(paths: Sequence[str], others: Sequence[p.Entry]) -> list[p.En
         entries.append(p.remount_ro(root, "the copied runner files are read-only"))
     entries += [p.ro_bind(path, path, "a file the runner loads (read-only)") for path in leftover]
     return entries
+
+
+def _refuse_links_already_shown(paths: Sequence[str], others: Sequence[p.Entry]) -> None:
+    """Refuse a read-only path that is a symlink inside a directory the plan already binds
+    (`--ro /usr/bin/python3`): the session sees the link there already, and bwrap cannot
+    bind onto a symlink (it follows it, and then refuses the launch as a race)."""
+    binds = [entry.dest for entry in others if entry.kind is Kind.BIND] + list(paths)
+    for path in paths:
+        if not os.path.islink(path):
+            continue
+        holder = next((dest for dest in binds if dest != path and within(path, dest)), None)
+        if holder is not None:
+            raise PlanError(
+                f"{printable(path)} is a symlink inside {printable(holder)}, which the session "
+                "already sees (the link with it): drop it from the read-only paths, or give "
+                f"the file it leads to ({printable(realpath(path))})"
+            )
 
 
 def _copy_roots(

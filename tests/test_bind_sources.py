@@ -105,6 +105,20 @@ def test_a_hardlinked_read_only_runner_file_is_refused(tmp_path: Path) -> None:
         nsconfine.spawn(session(workspace, run_dir, ro=[runner]).plan(), ["/bin/true"]).wait()
 
 
+def test_a_read_only_symlink_inside_another_bind_is_refused_when_planned(tmp_path: Path) -> None:
+    """A --ro path that is a symlink inside a directory the plan already binds (`--ro
+    /usr/bin/python3`) is bad input, refused when the plan is built and saying what to give
+    (attackers' pass: it passed the plan, and bwrap's "Race condition binding dirfd" then
+    refused the launch as if bwrap could not confine)."""
+    workspace, run_dir, tools = session_dirs(tmp_path, "ws", "run", "tools")
+    (tools / "python3.11").write_text("")
+    (tools / "python3").symlink_to("python3.11")
+    with pytest.raises(nsconfine.PlanError, match=r"python3 is a symlink") as refused:
+        session(workspace, run_dir, ro=[tools, tools / "python3"]).plan()
+    assert "python3.11" in refused.value.message
+    assert session(workspace, run_dir, ro=[tools, tools / "python3.11"]).plan()  # no symlink
+
+
 def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None:
     """A workspace named through a legitimate symlink (made by the host) launches."""
     session_dirs(tmp_path / "real", "ws", "run")
