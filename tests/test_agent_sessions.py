@@ -351,6 +351,30 @@ def test_explain_follows_a_link_to_where_the_session_cannot_see(
     assert os.readlink(link) in given.stdout, given.stdout
 
 
+def test_explain_answers_for_a_host_file_a_symlinked_bind_shows(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A --ro path given through a symlink: bwrap binds what it leads to, as a directory, at
+    the link's path. explain says the host's file is visible there (by its own path or the
+    link's), and the manifest names where the link leads, as a session indeed sees it
+    (attackers' pass: explain said "not visible" of a file the session read)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "notes.txt").write_text("seen\n")
+    (link := tmp_path / "link").symlink_to(real)
+    open_up(real)
+    (real / "notes.txt").chmod(0o644)
+    options = [*session_options(*ws_run), "--ro", str(link)]
+    _status, output = sh(session(*ws_run, ro=[link]).plan(), f"cat {link}/notes.txt")
+    assert output == "seen\n", output  # what explain must answer for
+    for asked in (real / "notes.txt", link / "notes.txt"):
+        result = cli("explain", str(asked), *options)
+        assert result.returncode == 0, result.stdout
+        assert f"{link}/notes.txt" in result.stdout, result.stdout
+    manifest = cli("plan", *options).stdout
+    assert any(str(link) in row and str(real) in row for row in manifest.splitlines()), manifest
+
+
 @pytest.mark.parametrize("name", ["{outside}", "../other-package", "@scope/../../other-package"])
 def test_a_dependency_name_cannot_reach_outside_node_modules(
     ws_run: tuple[Path, Path], npm_package: Path, tmp_path: Path, name: str

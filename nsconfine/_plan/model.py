@@ -9,6 +9,7 @@ deny rules that no bind may break (checked by nsconfine._policy.lint before ever
 from __future__ import annotations
 
 import enum
+import os
 import posixpath
 from collections.abc import Iterable, Sequence
 
@@ -451,6 +452,18 @@ def _sized(entries: Sequence[Entry], limits: Limits) -> list[Entry]:
     return sized
 
 
+def _shown_source(entry: Entry) -> str:
+    """An entry's source for the manifest's reader: a bind's with where it leads now, when that
+    is elsewhere (bwrap binds what a source resolves to at launch)."""
+    if entry.kind is not Kind.BIND:
+        return entry.source_label
+    try:
+        resolved = os.path.realpath(entry.source, strict=True)
+    except (OSError, ValueError):
+        return entry.source_label  # missing: its label says what a launch does then
+    return entry.source_label if resolved == entry.source else f"{entry.source} (-> {resolved})"
+
+
 class Plan(Record):
     """Entries in execution order, the session's environment, its working directory, the deny
     rules its binds are checked against before every launch, the account it runs as, its
@@ -623,7 +636,7 @@ class Plan(Record):
         """The manifest as a table a reviewer reads, then the environment and deny rules."""
         rows = [("KIND", "MODE", "DEST", "SOURCE", "REASON")]
         rows += [
-            (str(e.kind), str(e.mode), e.dest, printable(e.source_label), printable(e.reason))
+            (str(e.kind), str(e.mode), e.dest, printable(_shown_source(e)), printable(e.reason))
             for e in self.entries
         ]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]

@@ -15,7 +15,7 @@ import urllib.parse
 from nsconfine._plan.model import Entry, Kind, Plan
 from nsconfine._plan.network import route_base_url
 from nsconfine._policy.lint import Judge, resolve
-from nsconfine._text import printable, within
+from nsconfine._text import inside, printable, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -42,7 +42,11 @@ def explain(
     entry = _covering(plan, reached)
     visible = entry is not None and _shows_the_host(entry, reached)
     shown = printable(reached)
-    if entry is None:
+    elsewhere = None if visible else _shown_elsewhere(plan, resolve(path))
+    if elsewhere is not None:
+        visible = True
+        lines.append(f"{printable(path)}: {elsewhere}")
+    elif entry is None:
         lines.append(f"{shown}: not visible: nothing in the plan grants it")
     else:
         lines.append(f"{shown}: {_through(entry, reached)}")
@@ -132,8 +136,8 @@ def _link_target(plan: Plan, path: str) -> str | None:
         return None
     if entry.kind is Kind.SYMLINK:
         return entry.source if entry.dest == path else None
-    if entry.kind is not Kind.BIND:
-        return None
+    if entry.kind is not Kind.BIND or entry.dest == path:
+        return None  # (bwrap binds what a bind's source leads to: never a link at its dest)
     try:
         return os.readlink(entry.source + path[len(entry.dest) :])
     except (OSError, ValueError):  # no link, or no such path on the host
@@ -164,6 +168,29 @@ def _follow(plan: Plan, path: str) -> tuple[str, list[tuple[str, str]]]:
         if target.startswith("/"):
             reached = "/"
     return reached, links
+
+
+def _shown_elsewhere(plan: Plan, host: str) -> str | None:
+    """Where a bind shows the host's file host (resolved) at another path than its own (a
+    bind whose source leads elsewhere: bwrap binds what it resolves to), and through which
+    entry; None if none does."""
+    best: tuple[str, Entry, str] | None = None
+    for entry in plan.entries:
+        if entry.kind is not Kind.BIND:
+            continue
+        source = resolve(entry.source)
+        below = "" if host == source else inside(host, source)
+        if below is not None and (best is None or len(source) > len(best[0])):
+            best = (source, entry, below)
+    if best is None:
+        return None
+    source, entry, below = best
+    at = os.path.join(entry.dest, below) if below else entry.dest
+    return (
+        f"the host's file is visible at {printable(at)}, through the bind entry at "
+        f"{printable(entry.dest)} ({entry.mode}) of {printable(entry.source)}, which leads to "
+        f"{printable(source)}: {printable(entry.reason)}"
+    )
 
 
 def _shows_the_host(entry: Entry, path: str) -> bool:
