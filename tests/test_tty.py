@@ -219,6 +219,33 @@ def _run_tty(
     return subprocess.Popen(argv if closed is None else without_fd(argv, closed), cwd="/", **popen)
 
 
+@pytest.mark.parametrize(
+    ("given", "script", "expected"),
+    [
+        (b"", "cat; echo done", b"done"),
+        (b"x\n", "cat; echo done", b"x\r\ndone"),
+        (b"no newline", "cat; echo; echo done", b"no newline\r\ndone"),
+    ],
+    ids=["nothing", "a line", "a partial line"],
+)
+def test_the_end_of_stdin_that_is_no_terminal_reaches_the_command(
+    ws_run: tuple[Path, Path], given: bytes, script: str, expected: bytes
+) -> None:
+    """`nsconfine run --tty -- cat </dev/null`, `echo x | nsconfine run --tty …`: the end of
+    a stdin that is no terminal reaches the command as its terminal's end of file, as
+    `script` passes it (attackers' pass: cat waited for good)."""
+    cli = _run_tty(ws_run, script, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        out, err = cli.communicate(given, timeout=30)
+    except subprocess.TimeoutExpired:
+        cli.kill()
+        cli.communicate()
+        pytest.fail("the command never saw the end of its input")
+    assert cli.returncode == 0, err
+    assert expected in out, out
+
+
 def test_every_byte_the_session_wrote_reaches_stdout(ws_run: tuple[Path, Path]) -> None:
     """`nsconfine run --tty` copies all the session wrote, up to the end of its terminal: the
     last bytes could still sit in the terminal's buffers when the session ended (4095 of

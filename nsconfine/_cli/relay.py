@@ -155,6 +155,7 @@ class _Terminal:
         self.open = True  # until the session's side of its terminal is closed
         self.reading_stdin = True
         self.pending = b""  # input read from stdin, not yet taken by the session's terminal
+        self.line_ended = True  # the input so far ends with a whole line (or is none)
         self.saved = termios.tcgetattr(0) if os.isatty(0) else None
         self.raw()
         self.resize()
@@ -213,9 +214,25 @@ class _Terminal:
         self.pending = os.read(0, _CHUNK)
         if not self.pending:
             self.reading_stdin = False
+            if self.saved is None:
+                self.pending = self._end_of_file()
         else:
+            self.line_ended = self.pending.endswith((b"\n", b"\r"))
             self._note_suspend(self.pending)
         self.to_session()
+
+    def _end_of_file(self) -> bytes:
+        """The end of a stdin that is no terminal, as the session's terminal takes it: its EOF
+        character (Ctrl-D), twice after a partial line (the first ends the line), as `script`
+        passes it on; a terminal can be told no other way."""
+        import termios
+
+        try:
+            eof = termios.tcgetattr(self.controller)[6][termios.VEOF]
+        except (OSError, termios.error):
+            return b""  # the session's end is gone
+        eof = eof if isinstance(eof, bytes) and eof != b"\0" else b"\x04"
+        return eof if self.line_ended else eof * 2
 
     def _note_suspend(self, data: bytes) -> None:
         """If data holds the session's terminal's suspend character (Ctrl-Z) and the command's
