@@ -593,16 +593,23 @@ TUI_MODES = "\033[?1049h\033[?1000h\033[?1006h\033[?1004h\033[?2004h\033[?25l\03
 TERMINAL_QUERIES = "\033[c\033[6n\033[>c"  # device attributes, cursor position, version
 
 
-@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
+@pytest.mark.parametrize(
+    ("tty", "stdin"),
+    [(True, ""), (False, ""), (True, " </dev/null"), (False, " </dev/null")],
+    ids=["tty", "relayed-terminal", "tty-stdin-elsewhere", "relayed-terminal-stdin-elsewhere"],
+)
 def test_a_tty_session_leaves_no_replies_and_no_modes_behind(
-    ws_run: tuple[Path, Path], tmp_path: Path, tty: bool
+    ws_run: tuple[Path, Path], tmp_path: Path, tty: bool, stdin: str
 ) -> None:
     """Under tmux, `nsconfine run --tty` whose command turns on a TUI's modes (the alternate
     screen, mouse reporting, focus events, bracketed paste, a hidden cursor, application keys)
     and asks the terminal questions, then exits: the caller's shell reads no reply and the
     terminal is out of those modes (replies were typed into the shell, modes stayed on).
     Likewise without --tty, where the session's output reaches the caller's terminal through
-    the pipe `run` relays: the same bytes there left the same modes and replies behind."""
+    the pipe `run` relays: the same bytes there left the same modes and replies behind. And
+    with run's stdin elsewhere (</dev/null), the replies are read from the terminal all the
+    same (attackers' pass: they reached the shell, and a terminal that echoes a request's text
+    back typed a whole command line)."""
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (apt-get install tmux)")
     socket = str(tmp_path / "tmux.sock")
@@ -612,7 +619,7 @@ def test_a_tty_session_leaves_no_replies_and_no_modes_behind(
            "/bin/sh", "-c", f"printf '{TUI_MODES}{TERMINAL_QUERIES}'"]  # fmt: skip
     reader = [sys.executable, "-c", NEXT_READER, str(typed)]
     tmux(socket, "new-session", "-d", "-x", "80", "-y", "24", "-c", "/",
-          f"{shlex.join(cli)}; {shlex.join(reader)}; sleep 60")  # fmt: skip
+          f"{shlex.join(cli)}{stdin}; {shlex.join(reader)}; sleep 60")  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while "reader-ready" not in tmux(socket, "capture-pane", "-p"):

@@ -103,43 +103,71 @@ def leave_tui_modes(out: int) -> None:
     """Turn off the modes a TUI may have left on in the terminal at fd out (the caller's), and
     read the answers still coming to the queries it sent, up to the answer to a query of our
     own (answers come in order), so that none is typed into the caller's shell. The answers
-    are read only where fd 0 is that terminal, echo and line editing off meanwhile (a cooked
-    terminal holds a partial line back; its echo would print them)."""
-    import termios
-
-    if not os.isatty(out) or not _in_foreground():
+    are read from fd 0 where it is that terminal, else from that terminal opened again
+    (run's stdin elsewhere: </dev/null, a pipe), echo and line editing off meanwhile (a
+    cooked terminal holds a partial line back; its echo would print them). A launcher in the
+    background can do neither: the answers then reach the job that reads the terminal."""
+    if not os.isatty(out) or not _in_foreground(out):
         return
     _write_all(out, TUI_RESET)
-    if not os.isatty(0) or os.fstat(0).st_rdev != os.fstat(out).st_rdev:
-        return  # the answers go to a terminal the launcher does not read
-    saved = termios.tcgetattr(0)
-    quiet = termios.tcgetattr(0)
+    reader = _reader_of(out)
+    if reader < 0:
+        return  # the answers go to a terminal the launcher cannot read
+    try:
+        _drop_answers(out, reader)
+    finally:
+        if reader != 0:
+            os.close(reader)
+
+
+def _reader_of(out: int) -> int:
+    """An fd to read the terminal at out from: 0 if it is that terminal, else the terminal
+    opened again by its name (the caller closes it); -1 if it cannot be."""
+    terminal = os.fstat(out).st_rdev
+    if os.isatty(0) and os.fstat(0).st_rdev == terminal:
+        return 0
+    try:
+        reader = os.open(os.ttyname(out), os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    if os.fstat(reader).st_rdev != terminal:  # (renamed meanwhile: not the one)
+        os.close(reader)
+        return -1
+    return reader
+
+
+def _drop_answers(out: int, reader: int) -> None:
+    import termios
+
+    saved = termios.tcgetattr(reader)
+    quiet = termios.tcgetattr(reader)
     quiet[3] &= ~(termios.ICANON | termios.ECHO)
     quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 1, 0
-    termios.tcsetattr(0, termios.TCSANOW, quiet)
+    termios.tcsetattr(reader, termios.TCSANOW, quiet)
     try:
         _write_all(out, STATUS_QUERY)
         seen = b""
         deadline = time.monotonic() + ANSWER_SECONDS
         while STATUS_ANSWER not in seen:
-            if not wait_fd(0, deadline - time.monotonic()):
-                termios.tcflush(0, termios.TCIFLUSH)  # no answer: what is on its way goes
+            if not wait_fd(reader, deadline - time.monotonic()):
+                termios.tcflush(reader, termios.TCIFLUSH)  # no answer: what is on its way goes
                 return
             try:
-                chunk = os.read(0, 4096)
+                chunk = os.read(reader, 4096)
             except OSError:
                 return
             if not chunk:
                 return
             seen = seen[-len(STATUS_ANSWER) :] + chunk  # an answer may come split
     finally:
-        termios.tcsetattr(0, termios.TCSANOW, saved)
+        termios.tcsetattr(reader, termios.TCSANOW, saved)
 
 
-def _in_foreground() -> bool:
-    """Is the launcher its terminal's foreground job (so that reading fd 0 stops no one)?"""
+def _in_foreground(fd: int = 0) -> bool:
+    """Is the launcher the foreground job of the terminal at fd (so that reading it, or
+    writing to it, stops no one)?"""
     try:
-        return os.tcgetpgrp(0) == os.getpgrp()
+        return os.tcgetpgrp(fd) == os.getpgrp()
     except OSError:  # not its controlling terminal: no job control applies
         return True
 
