@@ -8,6 +8,7 @@ program of the launch that a session could have written, refuses the launch.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -211,7 +212,16 @@ def refusing_os_errors() -> Iterator[None]:
     except OSError as error:
         refuse_if_short_of_fds(error)
         where = f" ({printable(error.filename)})" if error.filename else ""
-        raise SandboxUnavailable(
-            f"the launch was refused: {error.strerror or error}{where} changed while it was "
-            "checked or built; nothing was run, launch again"
+        if error.errno in _RACES:
+            raise SandboxUnavailable(
+                f"the launch was refused: {error.strerror or error}{where} changed while it "
+                "was checked or built; nothing was run, launch again"
+            ) from error
+        raise SandboxUnavailable(  # the host's (a limit, a read-only or full file system)
+            f"the launch was refused: {error.strerror or error}{where}; nothing was run"
         ) from error
+
+
+# What a path that changed under the launch's checks gives (a hostile workspace's race);
+# another error is the host's, and launching again does not help.
+_RACES = frozenset({errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE, errno.EISDIR})

@@ -429,6 +429,27 @@ def test_a_launcher_out_of_file_descriptors_is_refused_without_a_traceback(dirs:
         assert result.returncode in (0, 69, 74), (limit, result.returncode, result.stderr)
 
 
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_launch_failing_for_a_limit_does_not_blame_a_race(dirs: Dirs) -> None:
+    """A launch refused for an error of the host's (a file size limit the launcher's memfds
+    exceed) says what failed, not that something "changed while it was checked", with "launch
+    again", which never helps (attackers' pass)."""
+    import resource
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (10 * 1024, 10 * 1024))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "run", *dirs.session, *dirs.marker_command],
+        capture_output=True, text=True, env=base_env(), cwd="/", timeout=60,
+        preexec_fn=small_files, check=False,
+    )  # fmt: skip
+    assert result.returncode == 69, result.stderr
+    assert "File too large" in result.stderr, result.stderr
+    assert "changed while" not in result.stderr, result.stderr
+    assert not dirs.marker.exists()
+
+
 def test_check_without_bwrap_is_sandbox_unavailable(tmp_path: Path) -> None:
     """With NSCONFINE_BWRAP naming a missing file, `check` exits 69 with one refusal line."""
     env = base_env(NSCONFINE_BWRAP=str(tmp_path / "no-such-bwrap"))
