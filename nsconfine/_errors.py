@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from nsconfine._text import printable
 
 
@@ -84,5 +86,17 @@ def path_refusal(error: OSError, what: str) -> PlanError:
     or made unreadable, one too long or too deep) as the refusal it is: one line naming the
     path. A launcher out of file descriptors is told so instead (SandboxUnavailable)."""
     refuse_if_short_of_fds(error)
+    if error.filename is None and not working_directory_exists():
+        raise error  # a relative path from a working directory since removed: the CLI says so
     where = f" ({printable(str(error.filename))})" if error.filename else ""
     return PlanError(f"{what} was refused: {error.strerror or error}{where}; nothing was run")
+
+
+def working_directory_exists() -> bool:
+    """False when the working directory was removed: every relative path (os.path.abspath)
+    then fails with an ENOENT that names no file."""
+    try:
+        os.getcwd()
+    except OSError:
+        return False
+    return True

@@ -704,9 +704,20 @@ def test_a_working_directory_removed_is_named_not_blamed_on_the_output(tmp_path:
     assert done.returncode == 74, done.stderr
     assert "output-failed" not in done.stderr
     assert "working directory" in done.stderr, done.stderr
-    # An output that fails from there (absolute paths) is still the output's failure.
+    # A relative profile, given with absolute directories, likewise (it was plan-refused,
+    # "No such file or directory", naming nothing: attackers' pass).
     gone.mkdir()
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    profiled = subprocess.run(
+        ["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),
+         sys.executable, "-m", "nsconfine", "plan", "--workspace", str(workspace),
+         "--run-dir", str(run_dir), *user_options(), "--profile", "mine.toml"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert profiled.returncode == 74, profiled.stderr
+    assert "working directory" in profiled.stderr, profiled.stderr
+    # An output that fails from there (absolute paths) is still the output's failure.
+    gone.mkdir()
     with open("/dev/full", "w") as full:
         failed = subprocess.run(
             ["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),

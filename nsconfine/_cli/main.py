@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from nsconfine._errors import NsconfineError, UsageError
+from nsconfine._errors import NsconfineError, UsageError, working_directory_exists
 from nsconfine._plan.options import REQUIRED, SESSION_OPTIONS, SWITCH, Option, help_text
 from nsconfine._text import printable
 
@@ -560,7 +560,7 @@ def main(argv: Sequence[str]) -> int:
         if (
             error.filename is None
             and error.errno == errno.ENOENT
-            and not _working_directory_exists()
+            and not working_directory_exists()
         ):
             line = (
                 "io-error: the working directory was removed: run nsconfine from one that "
@@ -593,16 +593,6 @@ def _said(text: str) -> bool:
         print(text, file=sys.stderr, flush=True)
     except OSError:
         _output_to_devnull(2)
-        return False
-    return True
-
-
-def _working_directory_exists() -> bool:
-    """False when the working directory was removed: every relative path (os.path.abspath)
-    then fails with an ENOENT that names no file."""
-    try:
-        os.getcwd()
-    except OSError:
         return False
     return True
 
