@@ -194,10 +194,13 @@ def hostile_tree(tmp_path: Path) -> tuple[Path, Path, list[str]]:
 
 def _cat_copied_config(root: Path, plan: nsconfine.Plan) -> str:
     """What a session of plan reads at tree/sub/config (or the refusal's code and message)."""
+    return _cat(plan, root / "tree" / "sub" / "config")
+
+
+def _cat(plan: nsconfine.Plan, path: Path) -> str:
+    """What a session of plan reads at path (or the refusal's code and message)."""
     try:
-        sandbox = nsconfine.spawn(
-            plan, ["cat", str(root / "tree" / "sub" / "config")], stdout=subprocess.PIPE
-        )
+        sandbox = nsconfine.spawn(plan, ["cat", str(path)], stdout=subprocess.PIPE)
     except nsconfine.NsconfineError as refused:
         return f"refused: {refused.code}: {refused.message}"
     output = sandbox.communicate(timeout=60)[0] or b""
@@ -281,3 +284,26 @@ def test_runner_files_too_large_to_copy_are_refused(
     seen = _cat_copied_config(root, plan)
     assert seen.startswith("refused: plan-refused"), seen
     assert "bind the directory" in seen, seen
+
+
+@pytest.mark.root  # a file the session's account may not read, the launcher may
+def test_a_runner_file_the_session_may_no_longer_read_is_not_copied(tmp_path: Path) -> None:
+    """A runner file made unreadable to the session's account after the plan was built (a
+    kept plan, a Pool) is refused at launch, as a bind of it would show it unreadable: the
+    launcher, root, reads it for the copy (hostile review: a file made 0600 after the plan
+    was copied in as the session's own, mode 0644)."""
+    workspace, run_dir, tool = session_dirs(tmp_path, "ws", "run", "tool")
+    os.chown(tool, 0, 0)
+    files = []
+    for index in range(COUNT):
+        (path := tool / f"f{index}.txt").write_text(f"{index}\n")
+        path.chmod(0o644)
+        files.append(str(path))
+    plan = session(workspace, run_dir, ro=files).plan()
+    secret = tool / "f0.txt"
+    secret.write_text("ROOT-ONLY\n")
+    secret.chmod(0o600)
+    seen = _cat(plan, secret)
+    assert "ROOT-ONLY" not in seen
+    assert seen.startswith("refused: plan-refused"), seen
+    assert "f0.txt" in seen, seen

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
 from nsconfine._kernel import stub_records as _stub_records
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.accounts import RunAs
+from nsconfine._kernel.accounts import READ, RunAs, access_problem
 from nsconfine._plan.model import COMMONDIR_STUB, Entry, Kind, Mode, Plan
 from nsconfine._text import inside, printable, within
 
@@ -146,6 +146,7 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
                 source = entry.source
                 assert source is not None
                 fds[entry.dest] = _opened(source, open_copy_source, source)
+                _refuse_unreadable_copy(source, plan.user)
         writable = [resolved for _top, resolved in tops]
         for entry, _top, _resolved_top, _relative in inner:
             if entry.kind is Kind.BIND and entry.mode is Mode.RO:
@@ -208,6 +209,18 @@ def open_copy_source(source: str) -> int:
         os.close(fd)
         raise PlanError(f"{printable(source)} is no longer a regular file: refusing to copy it")
     return fd
+
+
+def _refuse_unreadable_copy(source: str, user: RunAs) -> None:
+    """Refuse a runner file the session's account may not read (now: its plan found it could,
+    and a kept plan's launches come later). The launcher reads it for the copy, perhaps as
+    root, and the copy is the session's; a bind would show it unreadable."""
+    problem = access_problem(source, user, READ)
+    if problem is not None:
+        raise PlanError(
+            f"{printable(source)} cannot be copied into the session: {problem}; let "
+            f"{user.name} read it, or drop it from the read-only paths"
+        )
 
 
 def check_judged(
