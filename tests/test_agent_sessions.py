@@ -373,6 +373,14 @@ def test_explain_answers_for_a_host_file_a_symlinked_bind_shows(
         assert f"{link}/notes.txt" in result.stdout, result.stdout
     manifest = cli("plan", *options).stdout
     assert any(str(link) in row and str(real) in row for row in manifest.splitlines()), manifest
+    # masked where the bind shows it: not visible (hostile review: explain said it was)
+    masked = [*options, "--mask", str(real / "notes.txt")]
+    _status, output = sh(session(*ws_run, ro=[link], mask=[real / "notes.txt"]).plan(),
+                         f"cat {link}/notes.txt")  # fmt: skip
+    assert "seen" not in output, output
+    for asked in (real / "notes.txt", link / "notes.txt"):
+        result = cli("explain", str(asked), *masked)
+        assert result.returncode == 1, result.stdout
 
 
 @pytest.mark.parametrize("name", ["{outside}", "../other-package", "@scope/../../other-package"])

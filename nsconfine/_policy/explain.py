@@ -173,24 +173,25 @@ def _follow(plan: Plan, path: str) -> tuple[str, list[tuple[str, str]]]:
 def _shown_elsewhere(plan: Plan, host: str) -> str | None:
     """Where a bind shows the host's file host (resolved) at another path than its own (a
     bind whose source leads elsewhere: bwrap binds what it resolves to), and through which
-    entry; None if none does."""
-    best: tuple[str, Entry, str] | None = None
+    entry; None if none does, or another entry covers the place it would (a mask)."""
+    found = []
     for entry in plan.entries:
         if entry.kind is not Kind.BIND:
             continue
         source = resolve(entry.source)
         below = "" if host == source else inside(host, source)
-        if below is not None and (best is None or len(source) > len(best[0])):
-            best = (source, entry, below)
-    if best is None:
-        return None
-    source, entry, below = best
-    at = os.path.join(entry.dest, below) if below else entry.dest
-    return (
-        f"the host's file is visible at {printable(at)}, through the bind entry at "
-        f"{printable(entry.dest)} ({entry.mode}) of {printable(entry.source)}, which leads to "
-        f"{printable(source)}: {printable(entry.reason)}"
-    )
+        if below is not None:
+            found.append((len(source), source, entry, below))
+    for _length, source, entry, below in sorted(found, key=lambda f: f[0], reverse=True):
+        at = os.path.join(entry.dest, below) if below else entry.dest
+        if _covering(plan, at) is not entry:
+            continue  # something else is there: a mask's cover, another bind
+        return (
+            f"the host's file is visible at {printable(at)}, through the bind entry at "
+            f"{printable(entry.dest)} ({entry.mode}) of {printable(entry.source)}, which leads "
+            f"to {printable(source)}: {printable(entry.reason)}"
+        )
+    return None
 
 
 def _shows_the_host(entry: Entry, path: str) -> bool:
