@@ -398,14 +398,16 @@ def test_many_written_config_files_are_warned_of_in_a_bounded_number_of_lines(
     lines, 959 KB of stderr, burying the one that matters)."""
     script = (
         f"cd {dirs.workspace} && git init -q . && "
-        "for i in $(seq 300); do mkdir -p deep/d$i && : > deep/d$i/.mcp.json; done"
+        "for i in $(seq 300); do mkdir -p deep/d$i && : > deep/d$i/.mcp.json; done && "
+        # decoys as near the top, sorting before .git (hostile review: they hid it)
+        "for i in $(seq -w 0 24); do mkdir -p .a$i && : > .a$i/.mcp.json; done"
     )
     result = run_cli("run", *dirs.session, "--", "sh", "-c", script)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert len(warnings) <= 25, len(warnings)
     assert str(dirs.workspace / ".git" / "config") in warnings[0], warnings[:3]
-    assert re.search(r"\b2\d\d more\b", warnings[-1]), warnings[-1]
+    assert re.search(r"\b3\d\d more\b", warnings[-1]), warnings[-1]
 
 
 @pytest.mark.usefixtures("sandbox_ready")
