@@ -323,6 +323,24 @@ except nsconfine.SandboxUnavailable as refused:
     assert "NSCONFINE_BWRAP" in out, out
 
 
+@pytest.mark.unprivileged  # as root, a file root owns is root's own
+def test_a_bwrap_on_path_the_launchers_own_account_owns_is_never_proven(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """proven_bwrap() with no bwrap given (the bench's world, nsconfine.preflight) refuses a
+    bwrap found on PATH that root does not control before running it (hostile review: the
+    bench ran the wrapper three times, its proof, outside any sandbox)."""
+    from nsconfine._preflight import checks
+
+    marker = tmp_path / "planted-bwrap-ran"
+    _planted_bwrap(tmp_path, marker)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.delenv("NSCONFINE_BWRAP", raising=False)
+    with pytest.raises(nsconfine.SandboxUnavailable, match="NSCONFINE_BWRAP"):
+        checks.proven_bwrap()
+    assert not marker.exists()
+
+
 def test_a_relative_nsconfine_bwrap_is_refused(
     plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -496,7 +496,10 @@ def refuse_untrusted(path: str, what: str) -> None:
 def proven_bwrap(bwrap: str | None = None) -> str:
     """bwrap (default: located_bwrap()), proved once per binary identity: the per-launch
     fast path is one stat()."""
-    bwrap = located_bwrap() if bwrap is None else bwrap
+    if bwrap is None:  # (the gate judges the one it passes, with nsconfine's own programs)
+        bwrap = located_bwrap()
+        if os.path.exists(bwrap):  # a missing one: binary_identity says how to install one
+            refuse_untrusted(bwrap, "bwrap")
     identity = binary_identity(bwrap)
     if identity not in _proven:
         features = _recalled(identity)
