@@ -193,11 +193,16 @@ class Process:
         self.stdin.close()
 
     async def _end_reads(self) -> None:
-        """Once the session has ended, give each reader what its pipe holds then, and no
-        more, and close the pipe (its reader then sees EOF): nothing of the session is left
-        to write, so only a process outside it holds the other end, and could fill it for as
-        long as it liked."""
+        """Once the session has ended, stop feeding its stdin, and give each reader what its
+        pipe holds then, and no more, and close the pipe (its reader then sees EOF): nothing of
+        the session is left to write, so only a process outside it holds the other end, and
+        could fill it for as long as it liked."""
         await self.wait()
+        if self.stdin is not None and not self.stdin.is_closing():
+            # Nothing of the session reads its stdin now: the input not yet taken is dropped
+            # (its feed ends), as Sandbox.communicate stops writing, or a process outside
+            # that holds the pipe and reads nothing would hold communicate for good.
+            self.stdin.transport.abort()
         for reader, fd, transport in self._read_fds:
             if reader.at_eof() or transport.is_closing():
                 continue

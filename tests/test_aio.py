@@ -294,6 +294,34 @@ def test_communicate_ends_a_pipe_held_outside_once_the_session_has_ended(
     assert asyncio.run(main()) == (b"handed out\n", None)
 
 
+def test_communicate_stops_feeding_a_stdin_held_outside_once_the_session_has_ended(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan
+) -> None:
+    """Process.communicate(input=...), as Sandbox.communicate: a session that hands its stdin
+    to a process outside (which keeps it, reading nothing) and ends: the input left unwritten
+    is dropped once the session has ended, and communicate returns (attackers' pass: it
+    waited on the full pipe for as long as the holder lived)."""
+    address = str(ws_run[0] / "holder.sock")
+    hand_out_stdin = HAND_OUT.replace('array.array("i", [1])', 'array.array("i", [0])')
+    assert hand_out_stdin != HAND_OUT
+
+    async def main() -> tuple[bytes | None, bytes | None]:
+        with holder_socket(address) as server:
+            server.setblocking(False)
+            argv = ["python3", "-c", hand_out_stdin, address]
+            process = await nsconfine.aio.spawn(plan, argv, stdin=PIPE, stdout=PIPE)
+            loop = asyncio.get_running_loop()
+            connection, _ = await loop.sock_accept(server)
+            with connection:
+                held = await loop.run_in_executor(None, receive_fd, connection)
+                try:
+                    return await asyncio.wait_for(process.communicate(b"z" * (1 << 20)), 20)
+                finally:
+                    os.close(held)
+
+    assert asyncio.run(main()) == (b"handed out\n", None)
+
+
 def test_communicate_takes_no_more_than_a_pipe_held_outside_held_at_the_end(
     ws_run: tuple[Path, Path], plan: nsconfine.Plan
 ) -> None:
