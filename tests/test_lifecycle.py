@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 from subprocess import PIPE
+from typing import Any
 
 import pytest
 from helpers import (
@@ -127,6 +128,49 @@ def test_a_launch_that_fails_leaves_no_pipe_open(plan: nsconfine.Plan) -> None:
     with pytest.raises(nsconfine.NsconfineError):
         nsconfine.spawn(refused, ["/bin/true"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def _children() -> list[int]:
+    """This process's children (every thread's), zombies included."""
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as listed:
+            found += [int(pid) for pid in listed.read().split()]
+    return found
+
+
+@pytest.mark.parametrize("where", ["as spawn returns", "after spawn"])
+def test_a_launch_interrupted_by_ctrl_c_leaves_no_reaper_and_no_fd(
+    plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A KeyboardInterrupt that lands as the reaper has just been started (on the return from
+    the C call, or at the launcher's next step) ends it and leaves the launcher no child and
+    no fd (attackers' pass: a Ctrl-C there left a zombie reaper and its fds for good, the pid
+    lost with the exception)."""
+    from nsconfine._kernel import syscalls as _syscalls
+
+    nsconfine.spawn(plan, ["/bin/true"]).wait()  # warm: the proof, the lifeline
+    before = (sorted(os.listdir("/proc/self/fd")), _children())
+    interrupted: list[bool] = []
+
+    def once(real: Any) -> Any:
+        def then_interrupted(*args: Any) -> Any:
+            result = real(*args)
+            if not interrupted:
+                interrupted.append(True)
+                raise KeyboardInterrupt
+            return result
+
+        return then_interrupted
+
+    if where == "as spawn returns":
+        monkeypatch.setattr(_syscalls, "_nsc_spawn", once(_syscalls._nsc_spawn))
+    else:
+        monkeypatch.setattr(os, "sched_yield", once(os.sched_yield))
+    with pytest.raises(KeyboardInterrupt):
+        nsconfine.spawn(plan, ["/bin/true"])
+    assert interrupted
+    assert (sorted(os.listdir("/proc/self/fd")), _children()) == before
 
 
 def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -> None:

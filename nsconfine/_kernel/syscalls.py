@@ -158,13 +158,16 @@ def spawn(
     pdeathsig: int = 0,
     exec_fd: int = -1,
     landlock_fd: int = -1,
+    result: Any = None,
 ) -> int:
     """Exec path with argv, exactly env and only the given fds; return the pid once exec worked.
 
     flags (SPAWN_*) say what the child does first: a new process group, the ids uid/gid,
     no capabilities, no new privileges, a fresh session keyring; landlock_fd >= 0 (a ruleset)
     then restricts it. exec_fd >= 0 runs that open file (a program in a memfd) instead of path,
-    which then only names it in errors."""
+    which then only names it in errors. result: a spawn_result() of the caller's, where the
+    pid lands as the exec succeeds (-1 otherwise): a caller whose call is interrupted as it
+    returns (a KeyboardInterrupt) still has the child to end."""
     if not argv:
         raise ValueError("argv must not be empty")
     if b"\0" in path:
@@ -175,7 +178,7 @@ def spawn(
     c_argv, _argv_buffer = _cstring_array(argv)
     c_env, _env_buffer = _cstring_array(env)
     fds = tuple(pass_fds)
-    out = _new("int[2]")
+    out = spawn_result() if result is None else result
     err = _nsc_spawn(
         path,
         exec_fd,
@@ -198,6 +201,13 @@ def spawn(
         stage = out[1]
         raise _error(err, stage, os.fsdecode(path) if stage == _STAGE_EXEC else None)
     return int(out[0])
+
+
+def spawn_result() -> Any:
+    """Where spawn puts the pid it started ([0]) and the stage that failed ([1])."""
+    result = _new("int[2]")
+    result[0] = -1
+    return result
 
 
 def memfd_sealed(name: str, data: bytes) -> int:

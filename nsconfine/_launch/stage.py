@@ -384,6 +384,7 @@ def stage(
             egress.close()
         _lint_first(lint)  # a refusal of the plan explains more than what it led to
         raise
+    spawned = _syscalls.spawn_result()  # the reaper's pid, however _start is interrupted
     try:
         # What the lint judged is checked against every source opened; the mount table
         # against the binds' alone (a copy is a file of its own in the sandbox).
@@ -398,8 +399,10 @@ def stage(
             _sources.holds(stubs),
             stderr,
             idle_timeout_ms,
+            spawned,
         )
     except BaseException:
+        _end_unwatched(spawned)
         _sources.remove(stubs)
         if egress is not None:
             egress.close()
@@ -477,11 +480,14 @@ def _start(
     holds: list[int],
     stderr: int,
     idle_timeout_ms: int,
+    spawned: Any,
 ) -> Staged:
     """Spawn the reaper with bwrap's fds in place (see the module's docstring): the sources
     the launch opened (each copy's, and with bind_fds each bind's, taken out of sources), and
     after them the holds on the session's mount points, which the reaper keeps for the
-    session's life (the caller still owns the launcher's copies)."""
+    session's life (the caller still owns the launcher's copies). The reaper's pid lands in
+    spawned (a spawn_result()) until the Staged returned watches it: an interrupted launch
+    ends it from there (_end_unwatched)."""
     seccomp = _seccomp_program(plan)
     limits = _session_limits(plan)
     options = compiled_options(plan, seccomp is not None, bind_fds, limits is not None)
@@ -525,6 +531,7 @@ def _start(
             gid=gid,
             exec_fd=reaper_fd,
             landlock_fd=_layers.landlock_ruleset(),
+            result=spawned,
         )
     except _syscalls.SyscallError as error:
         if info_read >= 0:
@@ -550,26 +557,37 @@ def _start(
     # first, which then builds the sandbox alongside the lint: a cold launch took 1.0-1.4 ms
     # less on a 2-CPU VM. Free when nothing waits; after the fds above are closed, so that
     # launches from other threads never find them all still open.
-    os.sched_yield()
     try:
+        os.sched_yield()
         reaper_pidfd = os.pidfd_open(reaper)
-    except OSError as error:
-        # Unwatched, the session must not go on: the reaper is this launcher's child, not yet
-        # waited for, so its pid is still its own; SIGTERM has it kill bwrap and all below.
-        os.kill(reaper, signal.SIGTERM)
-        os.waitpid(reaper, 0)
+        staged = Staged(plan, reaper, reaper_pidfd, launcher_end)
+    except BaseException as error:  # (a KeyboardInterrupt too: the reaper must not be left)
+        _end_unwatched(spawned)
         os.close(info_read)
         launcher_end.close()
-        raise SandboxUnavailable(
-            f"cannot watch the sandbox: pidfd_open: {error.strerror}; nothing was run "
-            "(nsconfine needs pidfds: Linux 5.3 or later, with no seccomp filter refusing them)"
-        ) from error
-    staged = Staged(plan, reaper, reaper_pidfd, launcher_end)
+        if isinstance(error, OSError):
+            raise SandboxUnavailable(
+                f"cannot watch the sandbox: pidfd_open: {error.strerror}; nothing was run "
+                "(nsconfine needs pidfds: Linux 5.3 or later, with no seccomp filter refusing "
+                "them)"
+            ) from error
+        raise
+    spawned[0] = -1  # watched now: the Staged ends it
     staged.started = started
     staged.stderr = stderr
     staged.info_fd = info_read
     staged.mark("started")
     return staged
+
+
+def _end_unwatched(spawned: Any) -> None:
+    """End the reaper a launch started and does not watch yet (its pid in spawned; -1: none):
+    it is this launcher's child, not yet waited for, so its pid is still its own; SIGTERM has
+    it kill bwrap and all below. Reaped here, and forgotten."""
+    reaper, spawned[0] = spawned[0], -1
+    if reaper > 0:
+        os.kill(reaper, signal.SIGTERM)
+        os.waitpid(reaper, 0)
 
 
 def _devnull_above_stdio() -> int:
