@@ -348,6 +348,45 @@ def test_communicate_does_not_wait_on_a_pipe_held_outside(
         assert sandbox.communicate(timeout=60) == (b"handed out\n", None)
 
 
+@pytest.mark.parametrize("how", ["communicate", "with"])
+def test_what_the_caller_wrote_to_a_stdin_held_outside_never_holds_the_launcher(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan, how: str
+) -> None:
+    """A session hands its stdin to a process outside (the test, which reads nothing) and
+    ends, while the caller's own writes fill that pipe and leave some in stdin's buffer:
+    communicate(timeout=3), and the end of `with sandbox:`, return rather than wait for room
+    that never comes (attackers' pass: both flushed stdin blocking, for good)."""
+    import threading
+
+    address = str(ws_run[0] / "holder.sock")
+    hand_out_stdin = HAND_OUT.replace('array.array("i", [1])', 'array.array("i", [0])')
+    with holder_socket(address) as server:
+        argv = ["python3", "-c", hand_out_stdin, address]
+        sandbox = nsconfine.spawn(plan, argv, stdin=PIPE, stdout=PIPE)
+        connection, _ = server.accept()
+        with connection:
+            held = receive_fd(connection)
+        try:
+            sandbox.wait(timeout=60)
+            assert sandbox.stdin is not None
+            sandbox.stdin.write(b"x" * 65536)  # straight to the pipe: fills it
+            sandbox.stdin.write(b"tail")  # stays in the buffer
+            done = threading.Event()
+
+            def finish() -> None:
+                if how == "communicate":
+                    sandbox.communicate(timeout=3)
+                else:
+                    with sandbox:
+                        pass
+                done.set()
+
+            threading.Thread(target=finish, daemon=True).start()
+            assert done.wait(20), f"{how} waited on the pipe held outside"
+        finally:
+            os.close(held)  # (frees a thread still waiting, if the test failed)
+
+
 @contextlib.contextmanager
 def _stdout_handed_out(
     ws_run: tuple[Path, Path], plan: nsconfine.Plan

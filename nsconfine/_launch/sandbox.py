@@ -351,12 +351,13 @@ class _Exchange:
         self.open: dict[int, tuple[int, IO[bytes]]] = {}  # fd -> (0 stdin, 1 stdout, 2 stderr)
         # Once the session has ended: what is left to read of each output pipe.
         self.left: dict[int, int] = {}
+        # What the caller wrote to stdin itself goes first, as the pipe takes it: all of it
+        # now, or from run() (a full pipe a process outside holds never takes it: waiting for
+        # room that never comes would hold the launcher for good).
+        self.flushed = True
         if self.stdin is not None:
-            try:
-                self.stdin.flush()  # what the caller wrote itself goes first
-            except BrokenPipeError:
-                pass
-            if self.input:
+            self.flushed = _flush_now(self.stdin)
+            if self.input or not self.flushed:
                 self.open[self.stdin.fileno()] = (0, self.stdin)
             else:
                 _close(self.stdin)
@@ -421,9 +422,12 @@ class _Exchange:
         """Write the next part of the input to fd, or read what fd holds (once the session has
         ended, up to what it held then); whether that pipe is done (all written, its reader
         gone, EOF, or all it held at the end read)."""
-        number = self.open[fd][0]
+        number, stream = self.open[fd]
         if number == 0:
             try:
+                if not self.flushed:
+                    stream.flush()  # (non-blocking here: what fits, the rest kept)
+                    self.flushed = True
                 self.sent += os.write(fd, self.input[self.sent : self.sent + 65536])
             except BlockingIOError:
                 return False
@@ -449,8 +453,28 @@ def bytes_held(fd: int) -> int:
     return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), sys.byteorder)
 
 
+def _flush_now(stream: IO[bytes]) -> bool:
+    """Write what stream (stdin) buffers as far as its pipe takes it now; whether all went
+    (or its reader is gone)."""
+    os.set_blocking(stream.fileno(), False)
+    try:
+        stream.flush()
+    except BlockingIOError:
+        return False
+    except BrokenPipeError:
+        pass
+    finally:
+        os.set_blocking(stream.fileno(), True)
+    return True
+
+
 def _close(stream: IO[bytes]) -> None:
+    """Close stream; what a writer (stdin) still buffers goes as far as its pipe takes it
+    now, and the rest is dropped: its reader is gone, or a process outside the session holds
+    the pipe and may never read (the pipe is closed all the same)."""
+    if not stream.closed and stream.writable():
+        os.set_blocking(stream.fileno(), False)
     try:
         stream.close()
-    except BrokenPipeError:  # stdin's buffer had no reader left (it is closed all the same)
+    except (BrokenPipeError, BlockingIOError):
         pass
