@@ -24,6 +24,7 @@ import pytest
 from helpers import (
     SESSION_USER,
     catalogue_probe,
+    give_to_session_user,
     open_up,
     running_world,
     session,
@@ -423,6 +424,41 @@ def test_a_bundle_inside_a_writable_bind_through_a_bind_mount_is_refused(tmp_pat
     assert done.returncode == 64, done
     assert "which the session can write" in done.stderr
     assert not (workspace / "bundle").exists()
+
+
+@pytest.mark.root  # another account's directory: the launcher must be root to find one
+@pytest.mark.parametrize("where", ["its own empty directory", "below one of its own", "an alias"])
+def test_a_bundle_where_the_session_s_account_can_change_it_is_refused(
+    tmp_path: Path, where: str
+) -> None:
+    """A bundle in a directory the session's account owns (an empty one it made first, one
+    below a directory of its own, a bind mount of a directory inside its workspace named
+    elsewhere): the account could swap in a config.json of its own, which a root runtime runs
+    as root (attackers' pass: `runc run` then gave uid 0 and the host's /etc/shadow). Refused,
+    and nothing is written there."""
+    workspace, run_dir, theirs = session_dirs(tmp_path, "w", "r", "theirs")
+    options = ["--workspace", str(workspace), "--run-dir", str(run_dir), *user_options()]
+    command = [sys.executable, "-m", "nsconfine", "oci-bundle", *options]
+    if where == "its own empty directory":
+        done = subprocess.run([*command, str(theirs)], capture_output=True, text=True,
+                              cwd="/", check=False)  # fmt: skip
+    elif where == "below one of its own":
+        done = subprocess.run([*command, str(theirs / "bundle")], capture_output=True,
+                              text=True, cwd="/", check=False)  # fmt: skip
+    else:
+        (workspace / "sub").mkdir()
+        give_to_session_user(workspace / "sub")
+        (alias := tmp_path / "alias").mkdir()
+        script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+             str(workspace / "sub"), str(alias), *command, str(alias / "bundle")],
+            capture_output=True, text=True, cwd="/", check=False,
+        )  # fmt: skip
+    assert done.returncode == 64, done
+    assert "someone" in done.stderr, done.stderr
+    assert not list(theirs.rglob("config.json"))
+    assert not list(workspace.rglob("config.json"))
 
 
 def test_podman_args_refuse_a_path_its_mount_syntax_would_split(

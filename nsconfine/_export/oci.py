@@ -35,6 +35,7 @@ import posixpath
 
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._kernel.accounts import untrusted_reason
 from nsconfine._plan.limits import SYSV_MESSAGE_QUEUES, SYSV_SEMAPHORES, tmpfs_shape
 from nsconfine._plan.model import Entry, Kind, Mode, Plan, has_own_network
 from nsconfine._text import ancestors, inside, printable
@@ -553,18 +554,32 @@ def _write_bundle_files(plan: Plan, bundle: str, argv: Sequence[str], exported: 
 
 
 def _make_bundle_directory(bundle: str) -> None:
+    made = False
     try:
         os.mkdir(bundle, 0o700)
+        made = True
     except FileExistsError:
         if not os.path.isdir(bundle) or os.path.islink(bundle) or os.listdir(bundle):
             raise UsageError(
                 f"{printable(bundle)} exists and is not an empty directory: give a new one"
             ) from None
-        os.chmod(bundle, 0o700)
     except OSError as error:
         raise UsageError(
             f"the bundle {printable(bundle)} cannot be made: {error.strerror}"
         ) from error
+    # Its directory and every one above it, each way it is reached (a bind mount of a session's
+    # directory named elsewhere too): whoever else may change them may swap in a config.json
+    # of their own, which a root runtime runs as root.
+    reason = untrusted_reason(bundle)
+    if reason is not None:
+        if made:
+            os.rmdir(bundle)
+        raise UsageError(
+            f"the bundle {printable(bundle)} could be changed by someone other than root or "
+            f"you ({reason}), a session's account among them: its config.json would run as "
+            "they wrote it; give a directory only you can write"
+        )
+    os.chmod(bundle, 0o700)
     os.mkdir(os.path.join(bundle, "rootfs"), 0o755)
     os.chmod(os.path.join(bundle, "rootfs"), 0o755)  # whatever the umask
 
