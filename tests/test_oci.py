@@ -476,6 +476,27 @@ def test_podman_args_refuse_a_path_its_mount_syntax_would_split(
     assert _oci.podman_args(oci_plan, _oci.export(oci_plan, bundle), bundle)  # the control
 
 
+@pytest.mark.parametrize("network", ["none", "host"])
+def test_podman_args_read_as_podman_reads_them(
+    oci_plan: Plan, tmp_path: Path, network: str
+) -> None:
+    """podman's `--rootfs` is a flag, whose rootfs is the first argument after the options
+    (attackers' pass: given `--rootfs PATH` first, podman 4.3.1 took every option after it for
+    the command); it passes the launcher's proxy variables in unless told not to (one held a
+    password); and it refuses `--dns` with `--network none`. (podman cannot start a container
+    on this host, so the arguments' shape is what is checked here.)"""
+    plan = oci_plan.replace(
+        network=network, network_reason="the twin" if network == "host" else None
+    )
+    bundle = str(tmp_path / "bundle")
+    arguments = _oci.podman_args(plan, _oci.export(plan, bundle), bundle, ["/bin/true"])
+    assert arguments[-3:] == ["--", f"{bundle}/rootfs", "/bin/true"], arguments[-3:]
+    assert "--rootfs" in arguments[: arguments.index("--")]
+    assert arguments[arguments.index("--rootfs") + 1].startswith("--")  # a flag, no value
+    assert "--http-proxy=false" in arguments
+    assert ("--dns=none" in arguments) == (network == "host")
+
+
 def test_a_bundle_whose_parent_is_missing_is_a_clear_refusal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -783,10 +783,15 @@ def podman_args(
             "run the bundle with runc instead"
         )
     config = exported.config
+    own_network = has_own_network(plan.network)
+    # --rootfs is a flag: the rootfs is the first argument after the options (below). podman
+    # refuses --dns with --network none, and passes the launcher's proxy variables in unless
+    # told not to: the session gets exactly the plan's environment.
     arguments = [
-        "podman", "run", "--rm", "--rootfs", f"{bundle}/rootfs",
-        "--read-only", "--read-only-tmpfs=false", "--no-hosts", "--dns=none",
-        "--network", "none" if has_own_network(plan.network) else "host",
+        "podman", "run", "--rm", "--rootfs", "--http-proxy=false",
+        "--read-only", "--read-only-tmpfs=false", "--no-hosts",
+        *(() if own_network else ("--dns=none",)),
+        "--network", "none" if own_network else "host",
         "--user", f"{plan.user.uid}:{plan.user.gid}",
         "--cap-drop", "all", "--security-opt", "no-new-privileges", *_ulimits(plan),
         "--shm-size", str(plan.limits.shm),
@@ -813,7 +818,7 @@ def podman_args(
         else:
             options = ",".join(o for o in mount["options"] if o != "nodev")
             arguments += ["--tmpfs", f"{dest}:rw,nodev,{options}"]
-    return [*arguments, "--", *argv]
+    return [*arguments, "--", f"{bundle}/rootfs", *argv]
 
 
 # ------------------------------------------------------------------ the CLI's side
