@@ -115,7 +115,6 @@ class Pool:
         # a whole bwrap build, and on a busy machine it took the CPU the hand-offs of a burst
         # of launches needed (32 at once: p50 13-18 ms with the refill waiting, 23-26 without).
         self._launching = 0
-        self._last_launched = 0.0  # when the last launch ended (time.monotonic())
         self._refiller = _Background(self) if refill == "background" else _Inline(self)
         try:
             self._refiller.start()
@@ -170,7 +169,6 @@ class Pool:
         finally:
             with self._cond:
                 self._launching -= 1
-                self._last_launched = time.monotonic()
                 if not self._launching:
                     self._cond.notify_all()
         self._refiller.launched()
@@ -310,12 +308,6 @@ class _Inline:
         pass
 
 
-# The background refill stages once no launch is under way and none has ended for this long:
-# the launches of a burst come a thread's wake-up apart, and a refill begun between two of
-# them takes the CPU (and the interpreter) the rest of the burst needs.
-REFILL_GAP_SECONDS = 0.002
-
-
 class _Background:
     """refill="background": a thread of the pool's own keeps `size` staged while payloads run,
     and reaps those that expire."""
@@ -353,21 +345,16 @@ class _Background:
                     expired = pool._expired_locked()
                     if expired or pool._closed:
                         break
-                    now = time.monotonic()
-                    gap = None  # until the launches have left a gap to stage in
                     if (
                         pool._fill
                         and pool._error is None
                         and len(pool._staged) < pool.size
                         and not pool._launching
                     ):
-                        gap = pool._last_launched + REFILL_GAP_SECONDS - now
-                        if gap <= 0:
-                            break
+                        break
                     next_expiry = min((s.usable_until for s in pool._staged), default=None)
-                    expiry = None if next_expiry is None else next_expiry - now
-                    waits = [wait for wait in (gap, expiry) if wait is not None]
-                    pool._cond.wait(max(min(waits), 0) if waits else None)
+                    wait = None if next_expiry is None else max(next_expiry - time.monotonic(), 0)
+                    pool._cond.wait(wait)
                 closed = pool._closed
             for one in expired:
                 teardown(one)
