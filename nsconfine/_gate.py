@@ -34,6 +34,7 @@ from nsconfine._preflight.checks import (
     located_bwrap,
     proven_bwrap,
     refuse_untrusted,
+    refuse_unusable_bwrap,
     takes_bind_fds,
 )
 from nsconfine._text import printable, within
@@ -106,12 +107,11 @@ def gate(plan: Plan) -> Cleared:
     # Before bwrap is first run (its proof runs it): a planted one must never run at all.
     programs = {"bwrap": bwrap, "reaper": REAPER_PATH, "shim": SHIM_PATH}
     _refuse_writable_programs(plan, programs)
-    if os.path.exists(bwrap):
-        for name, path in programs.items():
-            refuse_untrusted(path, name)
-    # (A missing bwrap is left to proven_bwrap, which says how to install one.)
+    refuse_unusable_bwrap(bwrap)
+    refuse_untrusted(REAPER_PATH, "reaper")
+    refuse_untrusted(SHIM_PATH, "shim")
     problem = access_problem(os.path.realpath(bwrap), plan.user, SEARCH)
-    if problem is not None and os.path.exists(bwrap):
+    if problem is not None:
         raise SandboxUnavailable(
             f"bwrap {bwrap} cannot be run by {plan.user.name}, who runs the session ({problem}): "
             "install bubblewrap where that account can run it (Debian's /usr/bin/bwrap)"

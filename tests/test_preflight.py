@@ -341,6 +341,33 @@ def test_a_bwrap_on_path_the_launchers_own_account_owns_is_never_proven(
     assert not marker.exists()
 
 
+@pytest.mark.unprivileged  # as root, a file root owns is root's own
+@pytest.mark.parametrize("caller", ["spawn", "proven_bwrap"])
+def test_a_planted_bwrap_briefly_gone_at_its_check_is_never_run(
+    plan: nsconfine.Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caller: str
+) -> None:
+    """A session renaming its planted bwrap away and back (hostile review: 485 launches ran
+    it): at the moment its check looks, the file is gone, and the check was skipped for a
+    missing bwrap, which then ran all the same. Here the check's look finds it gone."""
+    from nsconfine._preflight import checks
+
+    marker = tmp_path / "planted-bwrap-ran"
+    planted = str(_planted_bwrap(tmp_path, marker))
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.delenv("NSCONFINE_BWRAP", raising=False)
+    exists = os.path.exists
+    monkeypatch.setattr(os.path, "exists", lambda path: path != planted and exists(path))
+
+    def call() -> object:
+        if caller == "spawn":
+            return nsconfine.spawn(plan, ["/bin/true"]).wait()
+        return checks.proven_bwrap()
+
+    with pytest.raises(nsconfine.SandboxUnavailable):
+        call()
+    assert not marker.exists()
+
+
 def test_a_relative_nsconfine_bwrap_is_refused(
     plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
 ) -> None:

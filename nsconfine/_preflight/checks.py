@@ -469,6 +469,15 @@ def located_bwrap() -> str:
     return bwrap
 
 
+def refuse_unusable_bwrap(bwrap: str) -> None:
+    """Refuse a bwrap that is not there (saying how to install one) or that someone else could
+    replace. Judged every time, never skipped for a file briefly gone: a session renaming its
+    planted bwrap away and back would have the next step run it."""
+    if not os.path.lexists(bwrap):
+        raise SandboxUnavailable(f"bwrap {bwrap} cannot be used: it is not there: {INSTALL_HINT}")
+    refuse_untrusted(bwrap, "bwrap")
+
+
 def refuse_untrusted(path: str, what: str) -> None:
     """Refuse to run a program (bwrap, nsconfine's own) that someone else could replace. A
     bwrap found on PATH must be root's: an unprivileged launcher's sessions run as its own
@@ -498,8 +507,7 @@ def proven_bwrap(bwrap: str | None = None) -> str:
     fast path is one stat()."""
     if bwrap is None:  # (the gate judges the one it passes, with nsconfine's own programs)
         bwrap = located_bwrap()
-        if os.path.exists(bwrap):  # a missing one: binary_identity says how to install one
-            refuse_untrusted(bwrap, "bwrap")
+        refuse_unusable_bwrap(bwrap)
     identity = binary_identity(bwrap)
     if identity not in _proven:
         features = _recalled(identity)
@@ -686,7 +694,7 @@ def host_report(fresh: bool) -> PreflightReport:
     try:
         report.bwrap = located_bwrap()
         identity = binary_identity(report.bwrap)
-        refuse_untrusted(report.bwrap, "bwrap")
+        refuse_unusable_bwrap(report.bwrap)
         report.checks.append(Check("bwrap", True, report.bwrap))
         proof = None if fresh else _recalled_proof(identity)
         if proof is not None and proof[1] is not None:
