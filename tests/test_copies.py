@@ -307,3 +307,39 @@ def test_a_runner_file_the_session_may_no_longer_read_is_not_copied(tmp_path: Pa
     assert "ROOT-ONLY" not in seen
     assert seen.startswith("refused: plan-refused"), seen
     assert "f0.txt" in seen, seen
+
+
+def _deny_by_acl(path: Path, uid: int) -> None:
+    """Give path an access ACL that denies uid everything (user::rw-, user:uid:---, group::r--,
+    mask::r--, other::r--), written as the kernel's xattr (no setfacl needed)."""
+    import struct
+
+    entries = [(0x01, 6, 0xFFFFFFFF), (0x02, 0, uid), (0x04, 4, 0xFFFFFFFF),
+               (0x10, 4, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF)]  # fmt: skip
+    value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    os.setxattr(path, "system.posix_acl_access", value)
+
+
+@pytest.mark.root  # a file the session's account may not read, the launcher may
+def test_a_runner_file_an_acl_keeps_from_the_session_is_not_copied(tmp_path: Path) -> None:
+    """A runner file whose ACL denies the session's account (mode 0644 all the same) is not
+    copied by the launcher, root, for the session: nsconfine does not judge ACLs, and a file
+    with one is refused for a copy (hostile review of this stop: the session read it, as its
+    own 0644 copy, where a bind of it showed Permission denied)."""
+    from helpers import session_uid
+
+    workspace, run_dir, tool = session_dirs(tmp_path, "ws", "run", "tool")
+    os.chown(tool, 0, 0)
+    files = []
+    for index in range(COUNT):
+        (path := tool / f"f{index}.txt").write_text(f"{index}\n")
+        path.chmod(0o644)
+        files.append(str(path))
+    secret = tool / "f0.txt"
+    secret.write_text("ACL-DENIED\n")
+    _deny_by_acl(secret, session_uid())
+    plan = session(workspace, run_dir, ro=files).plan()
+    seen = _cat(plan, secret)
+    assert "ACL-DENIED" not in seen
+    assert seen.startswith("refused: plan-refused"), seen
+    assert "ACL" in seen, seen

@@ -182,7 +182,7 @@ def _replaceable_at(
             return f"{current}: {error.strerror}"
         writable_by_others = not stat.S_ISLNK(info.st_mode) and (
             info.st_mode & 0o002
-            or (info.st_mode & 0o020 and (info.st_gid not in trusted_groups or _has_acl(current)))
+            or (info.st_mode & 0o020 and (info.st_gid not in trusted_groups or has_acl(current)))
         )
         sticky_and_below_is_ours = (
             stat.S_ISDIR(info.st_mode)
@@ -233,7 +233,7 @@ def _no_other_member(gid: int) -> bool:
     return (members | others) <= {me}
 
 
-def _has_acl(path: str) -> bool:
+def has_acl(path: str) -> bool:
     """Has path an access ACL (whose named users and groups its group bits, the mask, let
     write: the bits alone do not say who)?"""
     try:

@@ -47,9 +47,9 @@ from collections.abc import Callable, Mapping
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
 from nsconfine._kernel import stub_records as _stub_records
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.accounts import READ, RunAs, access_problem
+from nsconfine._kernel.accounts import READ, RunAs, access_problem, has_acl
 from nsconfine._plan.model import COMMONDIR_STUB, Entry, Kind, Mode, Plan
-from nsconfine._text import inside, printable, within
+from nsconfine._text import ancestors, inside, printable, within
 
 Identity = tuple[int, int]
 
@@ -220,6 +220,18 @@ def _refuse_unreadable_copy(source: str, user: RunAs) -> None:
         raise PlanError(
             f"{printable(source)} cannot be copied into the session: {problem}; let "
             f"{user.name} read it, or drop it from the read-only paths"
+        )
+    if user.uid == os.geteuid():
+        return  # the launcher reads only what the session's account may
+    # The mode bits are all access_problem judges; an ACL may deny the account what they
+    # allow, and the launcher would read it for the session all the same.
+    with_acl = next((path for path in ancestors(source) if has_acl(path)), None)
+    if with_acl is not None:
+        raise PlanError(
+            f"{printable(source)} cannot be copied into the session: {printable(with_acl)} has "
+            "an ACL, which nsconfine does not judge (it may keep the file from "
+            f"{user.name}); bind the directory that holds it instead (--ro DIR), or remove "
+            "the ACL"
         )
 
 
