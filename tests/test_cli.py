@@ -387,26 +387,42 @@ def test_marker_command_runs_when_not_refused(dirs: Dirs) -> None:
     assert dirs.marker.exists()
 
 
+# Decoys a session makes to push what matters out of run's bounded warnings (hostile review):
+# twenty at the top's depth that sort before .git, and nested repositories' files, deeper.
+_DECOYS = {
+    "same depth, sorting first": (
+        "for i in $(seq -w 0 24); do mkdir -p .a$i && : > .a$i/.mcp.json; done"
+    ),
+    "nested repositories": (
+        "for i in $(seq 0 9); do mkdir -p z$i/.git/hooks && : > z$i/.git/config; done"
+    ),
+}
+
+
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.parametrize("decoys", list(_DECOYS))
 def test_many_written_config_files_are_warned_of_in_a_bounded_number_of_lines(
-    dirs: Dirs,
+    dirs: Dirs, decoys: str
 ) -> None:
     """A session that makes config files by the thousand gets `run` a bounded number of
-    warning lines, the ones nearest the workspace's top first (a new repository's .git/config
-    among them), and a line that counts the rest (attackers' pass: 5,000 .mcp.json made 5,000
-    lines, 959 KB of stderr, burying the one that matters)."""
+    warning lines, the ones nearest the workspace's top first, a new repository's .git/config
+    first at its depth, and a line that counts the rest (attackers' pass: 5,000 .mcp.json made
+    5,000 lines, 959 KB of stderr, burying the one that matters). Decoys named to sort first
+    at the same depth, or nested repositories deeper, do not hide the top's .git/config, nor
+    b/.envrc (their kind hid each)."""
     script = (
         f"cd {dirs.workspace} && git init -q . && "
         "for i in $(seq 300); do mkdir -p deep/d$i && : > deep/d$i/.mcp.json; done && "
-        # decoys as near the top, sorting before .git (hostile review: they hid it)
-        "for i in $(seq -w 0 24); do mkdir -p .a$i && : > .a$i/.mcp.json; done"
+        f"{_DECOYS[decoys]} && mkdir -p b && : > b/.envrc"
     )
     result = run_cli("run", *dirs.session, "--", "sh", "-c", script)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert len(warnings) <= 25, len(warnings)
     assert str(dirs.workspace / ".git" / "config") in warnings[0], warnings[:3]
+    if decoys == "nested repositories":  # (b sorts after .a00: those hide it, as documented)
+        assert any(str(dirs.workspace / "b" / ".envrc") in line for line in warnings), warnings
     assert re.search(r"\b3\d\d more\b", warnings[-1]), warnings[-1]
 
 

@@ -428,16 +428,16 @@ def _run(arguments: Arguments) -> int:
     return 74 if relay.failed and status == 0 else status  # EX_IOERR, as a shell's own
 
 
-# A session can make config files by the thousand: past these many, a repository's files
-# first (git runs what they say), then the ones nearest the workspace's top (which the host's
-# tools read first) are named, and the rest counted.
+# A session can make config files by the thousand: past these many, the ones nearest the
+# workspace's top (which the host's tools read first), a repository's first at each depth (git
+# runs what they say), are named, and the rest counted.
 WARNINGS_SHOWN = 20
 
 
 def _untrusted_config_warnings(paths: Sequence[str]) -> list[str]:
     """A line for each file the host runs or trusts that the session could write (a
     repository it made, say): the user should read it before the host's git does."""
-    first = sorted(paths, key=lambda path: (".git" not in path.split("/"), path.count("/"), path))
+    first = sorted(paths, key=lambda path: (path.count("/"), ".git" not in path.split("/"), path))
     lines = [
         f"nsconfine: warning: {printable(path)} could be written by the session, and the host "
         "runs or trusts what it holds: read it before running git, an agent or an editor there"
