@@ -139,7 +139,7 @@ def _children() -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("where", ["as spawn returns", "after spawn"])
+@pytest.mark.parametrize("where", ["as spawn returns", "after spawn", "at the hand-over"])
 def test_a_launch_interrupted_by_ctrl_c_leaves_no_reaper_and_no_fd(
     plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
@@ -165,8 +165,12 @@ def test_a_launch_interrupted_by_ctrl_c_leaves_no_reaper_and_no_fd(
 
     if where == "as spawn returns":
         monkeypatch.setattr(_syscalls, "_nsc_spawn", once(_syscalls._nsc_spawn))
-    else:
+    elif where == "after spawn":
         monkeypatch.setattr(os, "sched_yield", once(os.sched_yield))
+    else:  # of the mount points' holds, once the launch has its sandbox (hostile review)
+        from nsconfine._launch import sources as _sources
+
+        monkeypatch.setattr(_sources, "hand_over", once(_sources.hand_over))
     with pytest.raises(KeyboardInterrupt):
         nsconfine.spawn(plan, ["/bin/true"])
     assert interrupted

@@ -384,38 +384,34 @@ def stage(
             egress.close()
         _lint_first(lint)  # a refusal of the plan explains more than what it led to
         raise
-    spawned = _syscalls.spawn_result()  # the reaper's pid, however _start is interrupted
+    # Until a Staged watches the reaper, its pid is in spawned: whatever interrupts the launch
+    # (a KeyboardInterrupt on any line) ends it from there, or by teardown once there is one.
+    spawned = _syscalls.spawn_result()
+    staged: Staged | None = None
     try:
-        # What the lint judged is checked against every source opened; the mount table
-        # against the binds' alone (a copy is a file of its own in the sandbox).
-        identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
-        binds = {e.dest for e in plan.entries if e.kind is Kind.BIND}
-        bound = {dest: _bound_identity(fd) for dest, fd in sources.items() if dest in binds}
-        staged = _start(
-            bwrap,
-            plan,
-            sources,
-            bind_fds,
-            _sources.holds(stubs),
-            stderr,
-            idle_timeout_ms,
-            spawned,
-        )
-    except BaseException:
-        _end_unwatched(spawned)
-        _sources.remove(stubs)
-        if egress is not None:
-            egress.close()
-        _lint_first(lint)
-        raise
-    finally:
-        for fd in sources.values():
-            os.close(fd)
-    _sources.hand_over(stubs)  # the reaper holds them now
-    staged.stubs = stubs
-    staged.egress = egress
-    staged.bound = bound
-    try:
+        try:
+            # What the lint judged is checked against every source opened; the mount table
+            # against the binds' alone (a copy is a file of its own in the sandbox).
+            identities = {dest: _fd_identity(fd) for dest, fd in sources.items()}
+            binds = {e.dest for e in plan.entries if e.kind is Kind.BIND}
+            bound = {dest: _bound_identity(fd) for dest, fd in sources.items() if dest in binds}
+            staged = _start(
+                bwrap,
+                plan,
+                sources,
+                bind_fds,
+                _sources.holds(stubs),
+                stderr,
+                idle_timeout_ms,
+                spawned,
+            )
+        finally:
+            for fd in sources.values():
+                os.close(fd)
+        staged.stubs = stubs
+        staged.egress = egress
+        staged.bound = bound
+        _sources.hand_over(stubs)  # the reaper holds them now
         if lint is not None:  # bwrap is building the sandbox meanwhile
             _sources.check_judged(plan, identities, lint())
             staged.mark("linted")
@@ -425,16 +421,26 @@ def stage(
         if egress is not None:  # its relay's network, and no other, may use its socket
             egress.admit_only(_network_of(staged.command_pid, staged.command_pidfd))
     except SetupEnded as ended:
+        assert staged is not None  # (raised only once there is one)
         status = teardown(staged)
         raise SandboxUnavailable(
             f"the sandbox {ended} (bwrap's status {status}); bwrap's message is on the "
             "session's stderr, and `nsconfine check --fresh` explains what to fix"
         ) from None
     except BaseException:
-        teardown(staged)
+        if staged is not None:
+            staged.stubs, staged.egress = stubs, egress  # (however far it got)
+            teardown(staged)
+        else:
+            _end_unwatched(spawned)
+            _sources.remove(stubs)
+            if egress is not None:
+                egress.close()
+            _lint_first(lint)
         raise
     finally:
-        os.close(staged.info_fd)
+        if staged is not None:
+            os.close(staged.info_fd)
     staged.mark("confirmed")
     staged.usable_until = time.monotonic() + idle_timeout_ms / 1000 * 0.9
     return staged
@@ -486,8 +492,8 @@ def _start(
     the launch opened (each copy's, and with bind_fds each bind's, taken out of sources), and
     after them the holds on the session's mount points, which the reaper keeps for the
     session's life (the caller still owns the launcher's copies). The reaper's pid lands in
-    spawned (a spawn_result()) until the Staged returned watches it: an interrupted launch
-    ends it from there (_end_unwatched)."""
+    spawned (a spawn_result()): a launch interrupted before it has the Staged returned ends
+    the reaper from there (_end_unwatched)."""
     seccomp = _seccomp_program(plan)
     limits = _session_limits(plan)
     options = compiled_options(plan, seccomp is not None, bind_fds, limits is not None)
@@ -572,7 +578,6 @@ def _start(
                 "them)"
             ) from error
         raise
-    spawned[0] = -1  # watched now: the Staged ends it
     staged.started = started
     staged.stderr = stderr
     staged.info_fd = info_read
