@@ -165,7 +165,7 @@ def binary_identity(path: str) -> str:
         )
     # What the proof proved goes in its key too: the options required of bwrap (a release of
     # nsconfine that requires one more never takes an older proof for one of its own).
-    required = _options_digest()
+    required = _OPTIONS_DIGEST
     return (
         f"v{CANARY_VERSION}-{required}-uid{os.geteuid()}-{info.st_dev}-{info.st_ino}"
         f"-{info.st_size}-{info.st_mtime_ns}-{info.st_ctime_ns}"
@@ -180,6 +180,9 @@ def _options_digest() -> str:
     for byte in " ".join(sorted(REQUIRED_OPTIONS)).encode():
         digest = (digest * 31 + byte) & 0xFFFF_FFFF
     return f"{digest:08x}"
+
+
+_OPTIONS_DIGEST: Final = _options_digest()  # once (~20 us), not at every launch's two keys
 
 
 # Options nsconfine uses where bwrap has them, and does without otherwise.
