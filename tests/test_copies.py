@@ -343,3 +343,51 @@ def test_a_runner_file_an_acl_keeps_from_the_session_is_not_copied(tmp_path: Pat
     assert "ACL-DENIED" not in seen
     assert seen.startswith("refused: plan-refused"), seen
     assert "ACL" in seen, seen
+
+
+@pytest.mark.root  # a file the session's account may not read, the launcher may
+def test_a_runner_file_swapped_after_its_opening_is_judged_as_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's account may not read the file the launch opened; by the time the file's
+    path is looked at again it leads to a decoy it may read, and back to the file by the time
+    the lint judges it (a session that can rename where it lies, exchanging the two in a loop:
+    hostile review, 17 of 200 launches copied the file in). The file is judged as opened."""
+    from nsconfine._launch import sources as _sources
+
+    workspace, run_dir, tool = session_dirs(tmp_path, "ws", "run", "tool")
+    files = []
+    for index in range(COUNT):
+        (path := tool / f"f{index}.txt").write_text(f"{index}\n")
+        files.append(str(path))
+    give_to_session_user(tool)
+    secret, decoy = tool / "f0.txt", tool / "decoy"
+    plan = session(workspace, run_dir, ro=files).plan()
+    secret.write_text("ROOT-ONLY\n")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o600)
+    decoy.write_text("decoy\n")
+    give_to_session_user(decoy)
+
+    def exchange() -> None:
+        os.rename(secret, tool / "swap")
+        os.rename(decoy, secret)
+        os.rename(tool / "swap", decoy)
+
+    opener, judge = _sources._open_regular, _gate.lint
+
+    def opened_then_exchanged(parent: int, source: str) -> int:
+        fd = opener(parent, source)
+        if source == str(secret):
+            exchange()  # the path now leads to the decoy...
+        return fd
+
+    def exchanged_back_then_judged(plan: nsconfine.Plan) -> object:
+        exchange()  # ...and back to the file when the lint looks
+        return judge(plan)
+
+    monkeypatch.setattr(_sources, "_open_regular", opened_then_exchanged)
+    monkeypatch.setattr(_gate, "lint", exchanged_back_then_judged)
+    seen = _cat(plan, secret)
+    assert "ROOT-ONLY" not in seen
+    assert seen.startswith("refused: plan-refused"), seen

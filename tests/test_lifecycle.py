@@ -139,7 +139,9 @@ def _children() -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("where", ["as spawn returns", "after spawn", "at the hand-over"])
+@pytest.mark.parametrize(
+    "where", ["as spawn returns", "after spawn", "at the hand-over", "at the confirmation"]
+)
 def test_a_launch_interrupted_by_ctrl_c_leaves_no_reaper_and_no_fd(
     plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
@@ -167,10 +169,22 @@ def test_a_launch_interrupted_by_ctrl_c_leaves_no_reaper_and_no_fd(
         monkeypatch.setattr(_syscalls, "_nsc_spawn", once(_syscalls._nsc_spawn))
     elif where == "after spawn":
         monkeypatch.setattr(os, "sched_yield", once(os.sched_yield))
-    else:  # of the mount points' holds, once the launch has its sandbox (hostile review)
+    elif where == "at the hand-over":  # of the mount points' holds (hostile review)
         from nsconfine._launch import sources as _sources
 
         monkeypatch.setattr(_sources, "hand_over", once(_sources.hand_over))
+    else:  # the sandbox checked, its mark set (hostile review: outside every handler)
+        from nsconfine._launch.stage import Staged
+
+        mark = Staged.mark
+
+        def marked(staged: Staged, step: str) -> None:
+            mark(staged, step)
+            if step == "confirmed" and not interrupted:
+                interrupted.append(True)
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(Staged, "mark", marked)
     with pytest.raises(KeyboardInterrupt):
         nsconfine.spawn(plan, ["/bin/true"])
     assert interrupted

@@ -106,7 +106,8 @@ def run_as(user: str | int | None) -> RunAs:
     return RunAs(entry.pw_name, entry.pw_uid, gid)
 
 
-def _allows(info: os.stat_result, user: RunAs, bits: int) -> bool:
+def allows(info: os.stat_result, user: RunAs, bits: int) -> bool:
+    """Do the mode bits of what info describes let user use it with bits (ACLs not read)?"""
     if info.st_uid == user.uid:
         shift = 6
     elif info.st_gid == user.gid:
@@ -122,11 +123,11 @@ def access_problem(path: str, user: RunAs, bits: int) -> str | None:
     if user.uid == os.geteuid():
         return None
     try:
-        if not _allows(os.stat(path), user, bits):
+        if not allows(os.stat(path), user, bits):
             return f"{user.name} (uid {user.uid}) has no {_words(bits)} permission on {path}"
         parent = os.path.dirname(os.path.abspath(path))
         while True:
-            if not _allows(os.stat(parent), user, SEARCH):
+            if not allows(os.stat(parent), user, SEARCH):
                 return f"{user.name} (uid {user.uid}) cannot search {parent}"
             if parent == "/":
                 return None
@@ -231,6 +232,15 @@ def _no_other_member(gid: int) -> bool:
         return False
     others = {entry.pw_name for entry in pwd.getpwall() if entry.pw_gid == gid}
     return (members | others) <= {me}
+
+
+def has_acl_at(fd: int) -> bool:
+    """Has the file open at fd (an O_PATH fd too) an access ACL?"""
+    try:
+        os.getxattr(f"/proc/self/fd/{fd}", "system.posix_acl_access")
+    except OSError:
+        return False
+    return True
 
 
 def has_acl(path: str) -> bool:

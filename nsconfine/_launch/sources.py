@@ -47,9 +47,9 @@ from collections.abc import Callable, Mapping
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
 from nsconfine._kernel import stub_records as _stub_records
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.accounts import READ, RunAs, access_problem, has_acl
+from nsconfine._kernel.accounts import READ, SEARCH, RunAs, allows, has_acl_at
 from nsconfine._plan.model import COMMONDIR_STUB, Entry, Kind, Mode, Plan
-from nsconfine._text import ancestors, inside, printable, within
+from nsconfine._text import inside, printable, within
 
 Identity = tuple[int, int]
 
@@ -128,6 +128,7 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
     stubs: list[Stub] = []
     fds: dict[str, int] = {}
     directories = _Directories()
+    copies = _CopySources(plan.user)
     try:
         if inner:
             with _stub_records.records_locked() as records:
@@ -145,8 +146,7 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
             elif entry.kind is Kind.COPY:
                 source = entry.source
                 assert source is not None
-                fds[entry.dest] = _opened(source, open_copy_source, source)
-                _refuse_unreadable_copy(source, plan.user)
+                fds[entry.dest] = _opened(source, copies.open, source)
         writable = [resolved for _top, resolved in tops]
         for entry, _top, _resolved_top, _relative in inner:
             if entry.kind is Kind.BIND and entry.mode is Mode.RO:
@@ -155,9 +155,11 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
         for fd in fds.values():
             os.close(fd)
         directories.close()
+        copies.close()
         remove(stubs)
         raise
     directories.close()
+    copies.close()
     return stubs, fds
 
 
@@ -199,40 +201,92 @@ def open_copy_source(source: str) -> int:
     account may not. OSError then (ELOOP), or if it is gone; PlanError unless it is still a
     regular file: a FIFO or device swapped in would hang the reader (it is opened without
     waiting) or read a device."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW | os.O_NONBLOCK
     parent = _syscalls.open_no_symlinks(os.path.dirname(source))
     try:
-        fd = os.open(os.path.basename(source), flags, dir_fd=parent)
+        return _open_regular(parent, source)
     finally:
         os.close(parent)
+
+
+def _open_regular(parent: int, source: str) -> int:
+    """source's file in the directory open at parent, for reading, not through a symlink,
+    never waiting; PlanError unless it is a regular file."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW | os.O_NONBLOCK
+    fd = os.open(os.path.basename(source), flags, dir_fd=parent)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise PlanError(f"{printable(source)} is no longer a regular file: refusing to copy it")
     return fd
 
 
-def _refuse_unreadable_copy(source: str, user: RunAs) -> None:
-    """Refuse a runner file the session's account may not read (now: its plan found it could,
-    and a kept plan's launches come later). The launcher reads it for the copy, perhaps as
-    root, and the copy is the session's; a bind would show it unreadable."""
-    problem = access_problem(source, user, READ)
-    if problem is not None:
-        raise PlanError(
-            f"{printable(source)} cannot be copied into the session: {problem}; let "
-            f"{user.name} read it, or drop it from the read-only paths"
-        )
-    if user.uid == os.geteuid():
-        return  # the launcher reads only what the session's account may
-    # The mode bits are all access_problem judges; an ACL may deny the account what they
-    # allow, and the launcher would read it for the session all the same.
-    with_acl = next((path for path in ancestors(source) if has_acl(path)), None)
-    if with_acl is not None:
-        raise PlanError(
-            f"{printable(source)} cannot be copied into the session: {printable(with_acl)} has "
-            "an ACL, which nsconfine does not judge (it may keep the file from "
-            f"{user.name}); bind the directory that holds it instead (--ro DIR), or remove "
-            "the ACL"
-        )
+class _CopySources:
+    """Opens a launch's runner files to copy (open_copy_source's way), and, when the launcher
+    is not the session's account (root), judges each as it opens it: the file by its fd, and
+    each directory on its way as it is walked, one component at a time from /, by its fd too,
+    kept for the launch's other copies. What the account may not read (now: its plan found it
+    could, and a kept plan's launches come later) is refused, as a bind would show it
+    unreadable; so is what has an ACL, which nsconfine does not judge. A path judged apart
+    from the opening could be another file or directory by then (a session that can rename
+    where they lie exchanging them)."""
+
+    def __init__(self, user: RunAs) -> None:
+        self.user = user
+        self.judged = user.uid != os.geteuid()  # else it reads only what the account may
+        self.directories: dict[str, int] = {}
+
+    def open(self, source: str) -> int:
+        if not self.judged:
+            return open_copy_source(source)
+        fd = _open_regular(self._directory(os.path.dirname(source)), source)
+        try:
+            self._judge(fd, source, READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _directory(self, path: str) -> int:
+        """An O_PATH fd of the directory path, walked to from the nearest one opened before,
+        each directory judged for search as it is opened."""
+        missing = []
+        while path not in self.directories and path != "/":
+            missing.append(os.path.basename(path))
+            path = os.path.dirname(path)
+        if path not in self.directories:
+            self.directories["/"] = fd = os.open("/", _DIRECTORY_FLAGS)
+            self._judge(fd, "/", SEARCH)
+        for name in reversed(missing):
+            below = os.path.join(path, name)
+            fd = os.open(name, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=self.directories[path])
+            self.directories[below] = fd
+            self._judge(fd, below, SEARCH)
+            path = below
+        return self.directories[path]
+
+    def _judge(self, fd: int, path: str, bits: int) -> None:
+        user = self.user
+        if not allows(os.fstat(fd), user, bits):
+            how = "read" if bits == READ else "search"
+            raise PlanError(
+                f"{printable(path)} cannot be copied into the session: {user.name} (uid "
+                f"{user.uid}) may not {how} it; let {user.name} read it, or drop it from the "
+                "read-only paths"
+            )
+        if has_acl_at(fd):
+            raise PlanError(
+                f"{printable(path)} has an ACL, which nsconfine does not judge (it may keep a "
+                f"runner file from {user.name}): a runner file below it cannot be copied into "
+                "the session; bind the directory that holds it instead (--ro DIR), or remove "
+                "the ACL"
+            )
+
+    def close(self) -> None:
+        for fd in self.directories.values():
+            os.close(fd)
+        self.directories.clear()
+
+
+_DIRECTORY_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def check_judged(

@@ -420,6 +420,8 @@ def stage(
         _confirm(bwrap, plan, staged, {d: i for d, i in identities.items() if d in binds})
         if egress is not None:  # its relay's network, and no other, may use its socket
             egress.admit_only(_network_of(staged.command_pid, staged.command_pidfd))
+        staged.mark("confirmed")
+        staged.usable_until = time.monotonic() + idle_timeout_ms / 1000 * 0.9
     except SetupEnded as ended:
         assert staged is not None  # (raised only once there is one)
         status = teardown(staged)
@@ -441,8 +443,6 @@ def stage(
     finally:
         if staged is not None:
             os.close(staged.info_fd)
-    staged.mark("confirmed")
-    staged.usable_until = time.monotonic() + idle_timeout_ms / 1000 * 0.9
     return staged
 
 

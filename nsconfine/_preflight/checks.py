@@ -696,8 +696,8 @@ def host_report(fresh: bool) -> PreflightReport:
     report = PreflightReport()
     try:
         report.bwrap = located_bwrap()
-        identity = binary_identity(report.bwrap)
         refuse_unusable_bwrap(report.bwrap)
+        identity = binary_identity(report.bwrap)
         report.checks.append(Check("bwrap", True, report.bwrap))
         proof = None if fresh else _recalled_proof(identity)
         if proof is not None and proof[1] is not None:
