@@ -197,6 +197,12 @@ def _cat_copied_config(root: Path, plan: nsconfine.Plan) -> str:
     return _cat(plan, root / "tree" / "sub" / "config")
 
 
+def _assert_refused(seen: str, secret: str, code: str) -> None:
+    """What _cat gave is a refusal with code, and shows nothing of secret."""
+    assert secret not in seen
+    assert seen.startswith(f"refused: {code}"), seen
+
+
 def _cat(plan: nsconfine.Plan, path: Path) -> str:
     """What a session of plan reads at path (or the refusal's code and message)."""
     try:
@@ -222,8 +228,7 @@ def test_a_symlink_made_above_a_copied_runner_file_is_refused(
     (root / "tree" / "sub").rename(root / "tree" / "sub.old")
     (root / "tree" / "sub").symlink_to(secrets)
     seen = _cat_copied_config(root, plan)
-    assert "SECRET" not in seen
-    assert seen.startswith("refused: sandbox-unavailable"), seen
+    _assert_refused(seen, "SECRET", "sandbox-unavailable")
 
 
 def test_a_copied_runner_file_must_be_the_file_the_lint_judged(
@@ -246,8 +251,7 @@ def test_a_copied_runner_file_must_be_the_file_the_lint_judged(
 
     monkeypatch.setattr(_gate, "lint", lint_once_swapped_back)
     seen = _cat_copied_config(root, plan)
-    assert "SECRET" not in seen
-    assert seen.startswith("refused: sandbox-unavailable"), seen
+    _assert_refused(seen, "SECRET", "sandbox-unavailable")
 
 
 def test_a_runner_file_written_to_as_bwrap_copies_it_is_copied_as_measured(
@@ -304,8 +308,7 @@ def test_a_runner_file_the_session_may_no_longer_read_is_not_copied(tmp_path: Pa
     secret.write_text("ROOT-ONLY\n")
     secret.chmod(0o600)
     seen = _cat(plan, secret)
-    assert "ROOT-ONLY" not in seen
-    assert seen.startswith("refused: plan-refused"), seen
+    _assert_refused(seen, "ROOT-ONLY", "plan-refused")
     assert "f0.txt" in seen, seen
 
 
@@ -340,8 +343,7 @@ def test_a_runner_file_an_acl_keeps_from_the_session_is_not_copied(tmp_path: Pat
     _deny_by_acl(secret, session_uid())
     plan = session(workspace, run_dir, ro=files).plan()
     seen = _cat(plan, secret)
-    assert "ACL-DENIED" not in seen
-    assert seen.startswith("refused: plan-refused"), seen
+    _assert_refused(seen, "ACL-DENIED", "plan-refused")
     assert "ACL" in seen, seen
 
 
@@ -389,5 +391,4 @@ def test_a_runner_file_swapped_after_its_opening_is_judged_as_opened(
     monkeypatch.setattr(_sources, "_open_regular", opened_then_exchanged)
     monkeypatch.setattr(_gate, "lint", exchanged_back_then_judged)
     seen = _cat(plan, secret)
-    assert "ROOT-ONLY" not in seen
-    assert seen.startswith("refused: plan-refused"), seen
+    _assert_refused(seen, "ROOT-ONLY", "plan-refused")
