@@ -634,16 +634,17 @@ def _copy_host_file(artifact: Artifact, out: BinaryIO) -> None:
         raise PlanError(
             f"{printable(source)} cannot be copied into the bundle: {error.strerror}"
         ) from error
-    digest = hashlib.sha256()
+    digest = None if artifact.sha256 is None else hashlib.sha256()  # (a pinned file's only)
     try:
         left = os.fstat(fd).st_size
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-            digest.update(chunk)
+            if digest is not None:
+                digest.update(chunk)
             out.write(chunk)
             left -= len(chunk)
     finally:
         os.close(fd)
-    if artifact.sha256 is not None and digest.hexdigest() != artifact.sha256:
+    if digest is not None and digest.hexdigest() != artifact.sha256:
         raise PlanError(
             f"{printable(source)} has sha256 {digest.hexdigest()}, not the pinned "
             f"{artifact.sha256}: the harness changed; the bundle is incomplete, remove it"

@@ -139,12 +139,12 @@ def access_problem(path: str, user: RunAs, bits: int) -> str | None:
 def untrusted_reason(path: str, *, own_account_trusted: bool = True) -> str | None:
     """Why someone other than root (or, for an unprivileged launcher, the launcher itself,
     unless not own_account_trusted) could replace the file at path, or None. Each way it is
-    reached by is judged: the path
-    given, each symlink met on the way (and on the way of its target), and the real path. On
-    each, the file and every directory above it must be owned by them, and writable by no other
-    group than theirs (nor through an ACL), nor by all; a sticky directory writable by all
-    (/tmp) is fine when what lies in it is theirs. A symlink's own mode says nothing (the
-    directory holding it decides who may change it); where it leads is judged as a way."""
+    reached by is judged: the path given, each symlink met on the way (and on the way of its
+    target), and the real path. On each, the file and every directory above it must be owned
+    by them, and writable by no other group than theirs (nor through an ACL), nor by all; a
+    sticky directory writable by all (/tmp) is fine when what lies in it is theirs. A
+    symlink's own mode says nothing (the directory holding it decides who may change it);
+    where it leads is judged as a way."""
     from nsconfine._kernel.syscalls import lookups
 
     # Every name the kernel looks up on the way (a directory left by `..` too: whoever may
