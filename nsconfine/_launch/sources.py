@@ -177,6 +177,11 @@ def _resolved(path: str) -> str:
 def _open_source(source: str) -> int:
     """An O_PATH fd of source resolved as the lint resolves it, with no symlink followed on
     the way; refused if a symlink appeared there since."""
+    try:  # a path with no symlink on it is its own resolution (the host's, as a rule)
+        return _syscalls.open_no_symlinks(source)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            refuse_if_short_of_fds(error)
     resolved = _syscalls.realpath(source) if os.path.lexists(source) else source
     return _opened(source, _syscalls.open_no_symlinks, resolved)
 

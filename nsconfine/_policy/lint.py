@@ -323,13 +323,27 @@ class _Places:
         from nsconfine._kernel.mountinfo import mount_roots, read_mountinfo
 
         self.mounts = mount_roots(read_mountinfo("self"))  # point -> (device, root), topmost
+        # path -> the nearest mount point above (or at) it, "" for none: a check places a
+        # hundred paths, most of them in a few directories.
+        self._points: dict[str, str] = {}
+
+    def _point(self, path: str) -> str:
+        walked = []  # (a loop: a path may have thousands of components)
+        while path not in self._points:
+            if path in self.mounts or path == "/":
+                self._points[path] = path if path in self.mounts else ""
+                break
+            walked.append(path)
+            path = _parent(path)
+        point = self._points[path]
+        for below in walked:
+            self._points[below] = point
+        return point
 
     def of(self, resolved: str) -> tuple[str, str]:
-        point = resolved
-        while point not in self.mounts:  # the nearest mount point above (or at) the path
-            if point == "/":
-                return "", resolved
-            point = _parent(point)
+        point = self._point(resolved)
+        if not point:
+            return "", resolved
         device, root = self.mounts[point]
         rest = resolved[len(point) :] if point != "/" else resolved
         return device, os.path.normpath(root.rstrip("/") + "/" + rest.lstrip("/"))
@@ -405,6 +419,17 @@ class Judge:
 
     def violated(self, source: str) -> tuple[DenyRule, str] | None:
         """The rule a bind of the (resolved) source would break, and how; or None."""
+        found = self.violated_by_path(source)
+        if found is not None:
+            return found
+        try:
+            info = os.stat(source)
+        except OSError:
+            return None
+        return self.violated_by_file(source, info)
+
+    def violated_by_path(self, source: str) -> tuple[DenyRule, str] | None:
+        """The rule the (resolved) source breaks by its path or its place in a file system."""
         if self.everything is not None:
             return self.everything, "lies inside"
         found = self.by_path.violated(source)
@@ -412,13 +437,11 @@ class Judge:
             return found
         device, place = self.places.of(source)
         index = self.by_place.get(device)
-        found = index.violated(place) if index is not None else None
-        if found is not None:
-            return found
-        try:
-            info = os.stat(source)
-        except OSError:
-            return None
+        return index.violated(place) if index is not None else None
+
+    def violated_by_file(self, source: str, info: os.stat_result) -> tuple[DenyRule, str] | None:
+        """The rule the (resolved) source breaks as the file it is, info its stat: a denied
+        file's other name, a directory that holds one or shows a denied mount."""
         rule = self.identities.get((info.st_dev, info.st_ino))
         if rule is not None:
             return rule, "is (the same file as)"
@@ -538,16 +561,14 @@ def _refuse_host_proc_or_dev(
 ) -> None:
     # Judged as resolved, and as written: /proc/self/cwd resolves to the launcher's directory,
     # and a destination in /proc lies in the sandbox's own, which changes with each process.
-    top = kernel_devices.get(device) or next(
-        (
-            top
-            for top in _KERNEL_FILE_SYSTEMS
-            if any(within(path, top) for path in (resolved, entry.source, entry.dest))
-        ),
-        None,
-    )
-    if top is None:
-        return
+    top = kernel_devices.get(device)
+    if top is None:  # (a loop, not any() of a generator: a launch judges ~50 binds)
+        for named in _KERNEL_FILE_SYSTEMS:
+            if within(resolved, named) or within(entry.source, named) or within(entry.dest, named):
+                top = named
+                break
+        else:
+            return
     from nsconfine._plan.system import PROC_READ_ONLY
 
     if (
@@ -594,10 +615,16 @@ def check_plan(
             raise PlanError(
                 f"{printable(entry.source)} resolves to / and would expose the whole host"
             )
-        identity = _syscalls.identity(resolved)
-        device = -1 if identity is None else identity[0]
+        try:
+            info: os.stat_result | None = os.stat(resolved)
+        except OSError:
+            info = None
+        identity = None if info is None else (info.st_dev, info.st_ino)
+        device = -1 if info is None else info.st_dev
         _refuse_host_proc_or_dev(entry, resolved, device, kernel_devices)
-        found = judge.violated(resolved)
+        found = judge.violated_by_path(resolved)
+        if found is None and info is not None:  # (stat just taken: not taken again)
+            found = judge.violated_by_file(resolved, info)
         if found is not None:
             rule, relation = found
             shown = printable(entry.source)
@@ -617,7 +644,7 @@ def check_plan(
             read_only.append((entry, place))
     _refuse_writable_aliases(writable, read_only)
     _refuse_audit_in_writable(plan, judge.places, writable)
-    _refuse_symlinks_in_writable(plan)
+    _refuse_symlinks_in_writable(plan, {entry.source: real for entry, real in binds})
     _refuse_shown_masks(plan, judge.places, binds)
     return judged
 
@@ -732,13 +759,18 @@ def _refuse_inside_writable(
             )
 
 
-def _refuse_symlinks_in_writable(plan: Plan) -> None:
+def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> None:
     """A source that lies inside a writable bind must be reached without a symlink below
     that bind: the session may have planted one there, to lead a later read-only bind (or a
     runner file) to any file its account can read. And a writable bind itself must not be a
-    symlink (a session may have put one where the broker will put the next workspace)."""
+    symlink (a session may have put one where the broker will put the next workspace).
+    resolved: sources this check has just resolved, each to its real path."""
+
+    def real(source: str) -> str:
+        return resolved.get(source) or _syscalls.realpath(source)
+
     tops = [
-        (entry.source.rstrip("/"), _syscalls.realpath(entry.source))
+        (entry.source.rstrip("/"), real(entry.source))
         for entry in plan.entries
         if entry.kind is Kind.BIND and entry.mode is Mode.RW and os.path.exists(entry.source)
     ]
@@ -750,14 +782,16 @@ def _refuse_symlinks_in_writable(plan: Plan) -> None:
                 "given by its real path, so that no session can plant one where the next "
                 "workspace goes"
             )
-        if not entry.is_host_bind or not os.path.lexists(entry.source):
+        if not entry.is_host_bind:
+            continue
+        if entry.source not in resolved and not os.path.lexists(entry.source):
             continue
         for top, resolved_top in tops:
             if entry.source == top or not entry.source.startswith(top + "/"):
                 continue
             expected = resolved_top.rstrip("/") + entry.source[len(top) :]
             try:
-                actual = _syscalls.realpath(entry.source)
+                actual = real(entry.source)
             except OSError:  # a symlink to nothing
                 actual = ""
             if actual != expected:
