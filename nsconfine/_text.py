@@ -29,7 +29,7 @@ def has_control(text: str) -> bool:
     return any(character < " " or character == "\x7f" for character in text)
 
 
-_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
 # Unicode categories a terminal may act on instead of showing: controls (C0, C1), format
 # characters (bidi overrides and isolates, zero-width ones), line and paragraph separators; and
 # surrogates (a non-UTF-8 byte of a path), which a UTF-8 terminal cannot be sent at all.
@@ -83,10 +83,11 @@ def is_hidden(character: str) -> bool:
 def printable(text: str) -> str:
     """text with control and format characters written as escapes: what a person reads (a
     manifest row, a refusal) cannot be forged by a newline, a C1 control, a bidi override or a
-    terminal sequence inside a path."""
-    if text.isascii() and text.isprintable():  # only printable ASCII: nothing to look at
+    terminal sequence inside a path; a backslash is doubled, so that no name reads as one
+    escaped (a literal backslash and n, as a newline)."""
+    if text.isascii() and text.isprintable() and "\\" not in text:  # nothing to look at
         return text
-    return "".join(_escaped(c) if is_hidden(c) else c for c in text)
+    return "".join(_escaped(c) if c == "\\" or is_hidden(c) else c for c in text)
 
 
 def _escaped(character: str) -> str:

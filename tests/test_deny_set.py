@@ -329,6 +329,15 @@ def test_unicode_controls_are_escaped(character: str) -> None:
     assert character not in printable(f"x{character}y")
 
 
+def test_a_backslash_is_escaped_so_that_no_name_reads_as_another() -> None:
+    """A name holding a backslash and an n is shown apart from one holding a newline, which
+    reads \\n (noticed at stop 31: the two were shown alike)."""
+    literal, newline = "x\\ny", "x\ny"
+    assert printable(literal) != printable(newline)
+    assert printable(literal) == "x\\\\ny"
+    assert printable("plain/path") == "plain/path"
+
+
 def test_a_dangling_tool_socket_is_a_clean_refusal(
     ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
