@@ -207,13 +207,17 @@ def oci_plan(tmp_path: Path) -> Plan:
 
 
 def test_the_config_states_every_entry(oci_plan: Plan, tmp_path: Path) -> None:
-    """Binds with their modes, /proc's read-only parts, the read-only root, the copies in a
-    read-only tree, no capabilities, no_new_privs, the user, and each entry's reason."""
+    """Binds with their modes, /proc's read-only and emptied parts, the read-only root, the
+    copies in a read-only tree, no capabilities, no_new_privs, the user, and each entry's
+    reason."""
     config = _oci.export(oci_plan, str(tmp_path / "bundle")).config
     mounts = {m["destination"]: m for m in config["mounts"]}
     for entry in oci_plan.entries:
         if entry.kind is Kind.BIND and entry.dest.startswith("/proc/"):
             assert entry.dest in config["linux"]["readonlyPaths"]
+        elif entry.kind is Kind.DATA and entry.dest.startswith("/proc/"):
+            assert entry.dest in config["linux"]["maskedPaths"]  # (runc binds nothing there)
+            assert entry.dest not in mounts
         elif entry.kind is Kind.BIND and entry.sha256 is None:
             mount = mounts[entry.dest]
             assert mount["source"] == entry.source

@@ -113,3 +113,59 @@ def test_cpu_topology_is_visible(ws_run: tuple[Path, Path]) -> None:
     assert "CPU(s):" in output, output
     assert str(os.cpu_count()) in output
     assert "Read-only" in output or "Permission denied" in output
+
+
+_ADD_KEY = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+# add_key("user", name, payload, 6, KEY_SPEC_USER_KEYRING): the account's own keyring
+serial = libc.syscall(248, b"user", sys.argv[1].encode(), b"secret", 6, ctypes.c_int(-4))
+print(serial if serial > 0 else -ctypes.get_errno())
+"""
+_DROP_KEY = r"""
+import ctypes, sys
+ctypes.CDLL(None).syscall(250, 21, int(sys.argv[1]))  # keyctl(KEYCTL_INVALIDATE, key)
+"""
+
+
+def _as_session_account(code: str, *arguments: str) -> str:
+    """Run code in /usr/bin/python3 as the sessions' account (the launcher's own, unless
+    root); its output."""
+    import subprocess
+
+    from helpers import session_gid, session_uid
+
+    as_root = os.geteuid() == 0
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", code, *arguments],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        user=session_uid() if as_root else None,
+        group=session_gid() if as_root else None,
+    )
+    return done.stdout.strip()
+
+
+def test_the_accounts_keys_are_not_listed_in_a_session(plan: nsconfine.Plan) -> None:
+    """/proc/keys and /proc/key-users show a session nothing: the kernel lists there, by name,
+    every key its account may view (a token a tool of the host put in the account's keyring)
+    and every other session's keyring (attacker's pass, stop 32). The twin, without the
+    entries that cover them, shows the key, so the check can fail."""
+    import uuid
+
+    name = f"nsconfine-test-key-{uuid.uuid4().hex[:12]}"
+    serial = _as_session_account(_ADD_KEY, name)
+    assert int(serial) > 0, f"add_key failed: errno {serial}"
+    try:
+        script = "cat /proc/keys /proc/key-users 2>&1; echo listed"
+        status, output = sh(plan, script)
+        assert status == 0, output
+        assert "listed" in output, output
+        assert name not in output, output
+        assert "_ses" not in output, output
+        weakened = plan.without("/proc/keys").without("/proc/key-users")
+        assert name in sh(weakened, script)[1]
+    finally:
+        _as_session_account(_DROP_KEY, serial)

@@ -4,7 +4,8 @@ runs it, podman's arguments and a Kubernetes Pod.
 Each entry is stated the way the OCI spec can state it, never wider:
 
 - a bind is a bind (`rbind`, `nosuid`, `nodev`, and `ro` with `rro` where read-only), a
-  `/proc` part the plan covers read-only is one of `linux.readonlyPaths`, a tmpfs is a tmpfs
+  `/proc` part the plan covers read-only is one of `linux.readonlyPaths` (one it covers with
+  an empty file, one of `linux.maskedPaths`: runc binds nothing else there), a tmpfs is a tmpfs
   the session's account owns, /proc a new procfs, /dev the runtime's minimal one;
 - what OCI has no operation for is made expressible in the bundle: a generated (data) file is
   written into it and bound read-only, a tmpfs the plan remounts read-only (with its copies,
@@ -236,6 +237,7 @@ def export(
     trees: dict[str, str] = {}  # a tmpfs the plan remounts read-only -> its bundle directory
     mounts: list[dict[str, Any]] = []
     read_only_paths: list[str] = []
+    masked_paths: list[str] = []
     files = 0
 
     def note(entry: Entry, how: str) -> None:
@@ -296,6 +298,9 @@ def export(
             case Kind.BIND if entry.dest.startswith("/proc/") and entry.source == entry.dest:
                 read_only_paths.append(entry.dest)
                 note(entry, "linux.readonlyPaths (the container's own /proc, read-only)")
+            case Kind.DATA if entry.dest.startswith("/proc/") and not entry.content:
+                masked_paths.append(entry.dest)
+                note(entry, "linux.maskedPaths (the container's own /proc: empty)")
             case Kind.BIND if entry.sha256 is not None:
                 copied = bundle_file(entry, source=entry.source, perms=0o555, sha256=entry.sha256)
                 mounts.append(_bind(f"{bundle}/{copied}", entry.dest, Mode.RO))
@@ -387,7 +392,7 @@ def export(
         "linux": {
             "namespaces": namespaces,
             "readonlyPaths": read_only_paths,
-            "maskedPaths": [],
+            "maskedPaths": masked_paths,
             "seccomp": result.seccomp,
             "resources": {"pids": {"limit": plan.limits.processes}},
             "sysctl": ipc_sysctls(plan),
@@ -710,6 +715,8 @@ def pod_spec(
         f"{K8S_ANNOTATION}/image-must-provide": "; ".join(root_made),
         f"{K8S_ANNOTATION}/proc-read-only": ", ".join(exported.config["linux"]["readonlyPaths"])
         + ": left to the runtime's default read-only and masked /proc paths (procMount Default)",
+        f"{K8S_ANNOTATION}/proc-masked": ", ".join(exported.config["linux"]["maskedPaths"])
+        + ": left to the runtime's default masked /proc paths (procMount Default)",
     }
     for number, (entry, how) in enumerate(exported.notes):
         annotations[f"{K8S_ANNOTATION}/entry-{number:04d}"] = (

@@ -68,6 +68,14 @@ PROC_READ_ONLY: tuple[tuple[str, str], ...] = (
     ("/proc/driver", "driver controls (the RTC among them)"),
 )
 
+# The parts of procfs that list what the session's account holds beyond the sandbox, covered
+# by an empty file: the kernel shows every key the account may view (a token a host tool put in
+# its keyring, by name) and every other session's keyring, and the account's key count.
+PROC_EMPTY: tuple[tuple[str, str], ...] = (
+    ("/proc/keys", "the kernel lists every key the account may view, by name, there"),
+    ("/proc/key-users", "the kernel shows the account's key count there (its live sessions)"),
+)
+
 _cache: dict[tuple[object, ...], tuple[p.Entry, ...]] = {}
 
 
@@ -109,6 +117,9 @@ def _system_entries(user: RunAs, home: str) -> list[p.Entry]:
         p.ro_bind(path, path, f"read-only: {reason}")
         for path, reason in PROC_READ_ONLY
         if _world_readable(path)
+    ]
+    entries += [
+        p.data(b"", path, f"empty: {reason}") for path, reason in PROC_EMPTY if os.path.exists(path)
     ]
     entries += [
         p.ro_bind(path, path, f"read-only: {reason}")
