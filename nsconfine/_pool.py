@@ -317,7 +317,14 @@ class _Background:
         self.thread = threading.Thread(target=self._run, name="nsconfine-pool", daemon=True)
 
     def start(self) -> None:
-        self.thread.start()
+        try:
+            self.thread.start()
+        except RuntimeError:  # the launcher at its process or thread limit
+            raise SandboxUnavailable(
+                "the pool cannot start its refill thread (the launcher is at its process or "
+                "thread limit, which its sessions may share): raise the limit, or use "
+                'refill="inline"'
+            ) from None
 
     def wait_staged(self, timeout: float | None) -> bool:
         pool = self.pool

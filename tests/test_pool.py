@@ -83,6 +83,26 @@ def wait_gone(pids: list[int], *, zombies_count_as_gone: bool) -> list[int]:
         time.sleep(0.05)
 
 
+def test_a_pool_whose_refill_thread_cannot_start_is_refused_cleanly(
+    plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background pool whose thread cannot start (the launcher at its process limit, which
+    its sessions may share) is refused with SandboxUnavailable, saying what to do, not a bare
+    RuntimeError (attacker's pass on the proxy's threads, stop 32)."""
+    import threading
+
+    start = threading.Thread.start
+
+    def refused_start(thread: threading.Thread) -> None:
+        if thread.name == "nsconfine-pool":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refused_start)
+    with pytest.raises(nsconfine.SandboxUnavailable, match="refill thread"):
+        nsconfine.Pool(plan, refill="background")
+
+
 def test_warm_launch_runs_the_callers_argv_and_env(pool: nsconfine.Pool) -> None:
     """The payload gets the argv and extra variables of the launch over the plan's env."""
     script = 'printf "%s|%s|%s|%s" "$0" "$1" "$FOO" "$HOME"'

@@ -28,7 +28,7 @@ from typing import Literal
 import pytest
 from helpers import LocalCA, make_local_ca
 
-from nsconfine._errors import UsageError
+from nsconfine._errors import SandboxUnavailable, UsageError
 from nsconfine._launch.proxy import (
     MAX_INTERIM_HEADS,
     Proxy,
@@ -870,6 +870,59 @@ def test_the_session_cap_refuses_at_once(audited: Audited, echo: _TcpServer) -> 
         else:
             raise AssertionError("a closed connection did not free its place")
         held[1][0].close()
+
+
+class _ThreadsRefused:
+    """threading.Thread.start failing, as it does when the launcher is at its process limit (a
+    session of its own account can put it there), for threads whose name holds marker."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, marker: str) -> None:
+        self.refusing = True
+        start = threading.Thread.start
+
+        def refused_start(thread: threading.Thread) -> None:
+            if self.refusing and marker in thread.name:
+                raise RuntimeError("can't start new thread")
+            start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", refused_start)
+
+
+def test_a_connection_whose_thread_cannot_start_is_refused_and_the_next_is_served(
+    proxy: Proxy, echo: _TcpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection the proxy has no thread for is answered 503 at once, and the session's
+    proxy serves the next (attacker's pass: the failed start ended the session's accept loop
+    for good, every later connection hung in its backlog, and the session's end waited 5 s
+    for the connection it had counted)."""
+    target = f"echo.test:{echo.port}"
+    path = proxy.add_session("s", [dest(f"{target}=127.0.0.1")], [])
+    threads = _ThreadsRefused(monkeypatch, "-conn")
+    assert connect_status(path, target) == 503
+    threads.refusing = False
+    assert connect_status(path, target) == 200
+    started = time.monotonic()
+    proxy.remove_session("s")
+    assert time.monotonic() - started < 2
+
+
+def test_a_session_whose_proxy_thread_cannot_start_is_refused_cleanly(
+    proxy: Proxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session whose accept thread cannot start is refused (SandboxUnavailable, saying what
+    to do) and leaves nothing behind: no session, no socket directory, and close() works
+    (attacker's pass: a bare RuntimeError, a session left registered, and close() failing on
+    its unstarted thread, leaving every other session's socket)."""
+    threads = _ThreadsRefused(monkeypatch, "nsconfine-proxy-")
+    with pytest.raises(SandboxUnavailable, match="thread"):
+        proxy.add_session("refused", [], [])
+    threads.refusing = False
+    other = proxy.add_session("other", [], [])
+    assert os.listdir(os.path.dirname(os.path.dirname(other))) == [
+        os.path.basename(os.path.dirname(other))
+    ]
+    proxy.close()
+    assert not os.path.exists(other)
 
 
 def test_sessions_that_fill_the_proxy_leave_a_quiet_session_its_share(

@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from nsconfine._errors import UsageError
+from nsconfine._errors import SandboxUnavailable, UsageError
 from nsconfine._kernel.accounts import make_own_directory
 from nsconfine._plan.allowlist import (
     Decision,
@@ -545,7 +545,18 @@ class Proxy:
         )
         with self._lock:
             self._sessions[name] = session
-        session.thread.start()
+        try:
+            session.thread.start()
+        except RuntimeError:  # the launcher at its process or thread limit
+            with self._lock:
+                self._sessions.pop(name, None)
+            listener.close()
+            shutil.rmtree(directory, ignore_errors=True)
+            raise SandboxUnavailable(
+                f"session {name}: the launcher cannot start its proxy's thread (it is at its "
+                "process or thread limit, which its sessions may share): nothing was run; "
+                "raise the limit, or launch again once fewer processes run"
+            ) from None
         return str(path)
 
     def launcher_directory(self) -> str:
@@ -664,12 +675,19 @@ class Proxy:
             if refusal:
                 self._refuse_at_once(connection, refusal)
                 continue
-            threading.Thread(
+            serving = threading.Thread(
                 target=self._serve,
                 args=(session, connection),
                 name=f"nsconfine-proxy-{session.name}-conn",
                 daemon=True,
-            ).start()
+            )
+            try:
+                serving.start()
+            except RuntimeError:  # at the process limit, which a session may have reached
+                with self._connection_ended:
+                    session.connections.discard(connection)
+                    self._connection_ended.notify_all()
+                self._refuse_at_once(connection, "the launcher cannot start a thread now")
 
     def _connection_caps(self) -> tuple[int, int]:
         """(the connections the proxy admits, past which a session gets only its guaranteed
