@@ -20,6 +20,7 @@ from nsconfine._errors import (
     UsageError,
     refuse_if_short_of_fds,
 )
+from nsconfine._interrupts import CtrlCHeld
 from nsconfine._kernel.accounts import SEARCH, access_problem
 from nsconfine._kernel.syscalls import child_statuses_discarded, realpath
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
@@ -159,16 +160,19 @@ def spawn(
     the handle's tty). OSError if argv[0] cannot be executed there."""
     if not isinstance(plan, Plan):
         raise UsageError(f"spawn takes a Plan (Session(...).plan()), not {type(plan).__name__}")
-    # A refused command never has a sandbox built for it; a failed launch closes its pipes.
-    with prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch:
+    # A refused command never has a sandbox built for it; a failed launch closes its pipes;
+    # a Ctrl-C is held until the launch is whole, which it then ends.
+    with CtrlCHeld() as held, prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch:
         staged = checked_stage(plan, stderr=launch.bwrap_stderr)
         try:
-            return hand_off(staged, launch)  # OSError from here on: the command could not start
+            sandbox = hand_off(staged, launch)  # OSError from here: the command could not start
         except StagedGone:
             raise SandboxUnavailable(
                 "the sandbox ended before its command started (its bwrap was killed); nothing "
                 "was run, launch again"
             ) from None
+        held.undo(sandbox.__exit__)  # (kill, wait, close its pipes)
+    return sandbox
 
 
 def checked_stage(

@@ -34,6 +34,7 @@ from nsconfine._gate import (
     refuse_if_statuses_discarded,
     refusing_os_errors,
 )
+from nsconfine._interrupts import CtrlCHeld
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import Staged, hold_closed_stdio, teardown
@@ -116,11 +117,13 @@ class Pool:
         # of launches needed (32 at once: p50 13-18 ms with the refill waiting, 23-26 without).
         self._launching = 0
         self._refiller = _Background(self) if refill == "background" else _Inline(self)
-        try:
-            self._refiller.start()
-        except BaseException:
-            self.close()
-            raise
+        with CtrlCHeld() as held:  # (an inline refill stages here)
+            held.undo(self.close)
+            try:
+                self._refiller.start()
+            except BaseException:
+                self.close()
+                raise
 
     def __repr__(self) -> str:
         return f"<Pool size={self.size} staged={len(self._staged)} closed={self._closed}>"
@@ -162,16 +165,18 @@ class Pool:
         this call), an fd, a file object, subprocess.PIPE or subprocess.DEVNULL, and stderr
         may be subprocess.STDOUT, as spawn takes them. OSError if argv[0] cannot be
         executed."""
-        with self._cond:
-            self._launching += 1
-        try:
-            sandbox = self._launch(argv, env, (stdin, stdout, stderr), tty)
-        finally:
+        with CtrlCHeld() as held:  # a Ctrl-C ends the launch once it is whole
             with self._cond:
-                self._launching -= 1
-                if not self._launching:
-                    self._cond.notify_all()
-        self._refiller.launched()
+                self._launching += 1
+            try:
+                sandbox = self._launch(argv, env, (stdin, stdout, stderr), tty)
+            finally:
+                with self._cond:
+                    self._launching -= 1
+                    if not self._launching:
+                        self._cond.notify_all()
+            held.undo(sandbox.__exit__)  # (kill, wait, close its pipes)
+            self._refiller.launched()
         return sandbox
 
     def _launch(

@@ -14,6 +14,7 @@ LAYERS = (
     "_text",
     "_errors",
     "_timeout",
+    "_interrupts",
     "_record",
     "_kernel",
     "_plan",

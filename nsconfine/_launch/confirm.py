@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 
 from nsconfine._errors import SandboxUnavailable
+from nsconfine._interrupts import WAIT_TICK_SECONDS, stop_if_interrupted
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.mountinfo import parse_mountinfo, read_mountinfo
 from nsconfine._plan.limits import tmpfs_shape
@@ -73,7 +74,11 @@ def read_info(bwrap: str, info_fd: int, shim_sock: int) -> dict[str, Any]:
     received = b""
     deadline = time.monotonic() + INFO_TIMEOUT_SECONDS
     while True:
-        events = dict(poller.poll(max(deadline - time.monotonic(), 0) * 1000))
+        left = deadline - time.monotonic()
+        events = dict(poller.poll(min(max(left, 0), WAIT_TICK_SECONDS) * 1000))
+        if not events and left > 0:
+            stop_if_interrupted()  # (a Ctrl-C held: stage's handler ends the sandbox)
+            continue
         if info_fd not in events:
             if events:
                 raise SandboxUnavailable(
@@ -162,11 +167,12 @@ def await_shim(sock: socket.socket, reaper_pidfd: int) -> int:
     deadline = time.monotonic() + SETUP_TIMEOUT_SECONDS
     while True:
         left = deadline - time.monotonic()
-        events = dict(poller.poll(max(left, 0) * 1000))
+        events = dict(poller.poll(min(max(left, 0), WAIT_TICK_SECONDS) * 1000))
         if sock.fileno() in events:
             break
         if events:
             raise SetupEnded("failed to set up")
+        stop_if_interrupted()  # (a Ctrl-C held: stage's handler ends the sandbox)
         if left <= 0:
             raise SandboxUnavailable(
                 f"bwrap did not finish building the sandbox within {SETUP_TIMEOUT_SECONDS:g} s"

@@ -1,0 +1,94 @@
+"""A Ctrl-C during a launch: held until the launch is whole, then the launch is undone and the
+KeyboardInterrupt raised.
+
+A launch opens ~70 fds, makes mount points in the workspace, starts a reaper and hands each
+over from one owner to the next; a KeyboardInterrupt is raised between any two bytecodes of
+the main thread, and at many of them it left a reaper, fds or a stub behind (the handlers that
+cover each step cannot cover the steps between them, nor the loops that close fds). So, in the
+main thread and under Python's own SIGINT handler (which raises KeyboardInterrupt), a launch
+runs with a handler that only notes the signal; once the launch has ended either way, a launch
+that succeeded is ended (the caller never gets its handle) and the KeyboardInterrupt is
+raised, as if it had landed at the call. A wait that may last (bwrap's build, git reading a
+session's index) looks at the note as it waits, and stops where its own handler cleans up
+(stop_if_interrupted), so that a Ctrl-C at a hung launch is not held for its whole timeout.
+Another handler (the caller's own, asyncio's) is left as it is, and so is a launch in another
+thread, where no KeyboardInterrupt is raised.
+"""
+
+from __future__ import annotations
+
+import signal
+from _thread import get_ident
+from collections.abc import Callable
+from types import FrameType
+
+# How often a long wait looks for a held Ctrl-C (the signal's handler only notes it).
+WAIT_TICK_SECONDS = 0.05
+
+_held: int | None = None  # the thread whose CtrlCHeld has SIGINT's handler (the main thread)
+_came = False  # and a Ctrl-C came since
+
+
+def _note(number: int, frame: FrameType | None) -> None:
+    global _came
+    _came = True
+
+
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt if a Ctrl-C came during the held launch: for a wait that may
+    last, at a point where its own handler ends what it holds (in the held launch's thread
+    alone: another thread's launch goes on)."""
+    if _came and _held == get_ident():
+        raise KeyboardInterrupt
+
+
+class CtrlCHeld:
+    """`with CtrlCHeld() as held:` runs the block with a Ctrl-C held; held.undo(f) names what
+    ends what the block made, run once, before the KeyboardInterrupt, if a Ctrl-C came."""
+
+    __slots__ = ("_holds", "_undo")
+
+    def __init__(self) -> None:
+        self._holds = False
+        self._undo: Callable[[], object] | None = None
+
+    def undo(self, end: Callable[[], object]) -> None:
+        self._undo = end
+
+    def __enter__(self) -> CtrlCHeld:
+        global _held, _came
+        # (Not when another holds it already: this launch is part of that one.)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            _came = False
+            try:
+                signal.signal(signal.SIGINT, _note)
+            except ValueError:  # not the main thread, where no KeyboardInterrupt is raised
+                return self
+            _held, self._holds = get_ident(), True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Undo the launch and raise KeyboardInterrupt if a Ctrl-C came (over any error the
+        launch raised); give SIGINT its handler back."""
+        global _held
+        if not self._holds:
+            return
+        came = _came
+        try:
+            if came:
+                self._end()  # (while a second Ctrl-C is still held)
+        finally:
+            _held = None
+            try:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                came = _came
+            except KeyboardInterrupt:  # one came as the handler went back
+                came = True
+        if came:
+            self._end()
+            raise KeyboardInterrupt
+
+    def _end(self) -> None:
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            undo()
