@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -291,3 +292,53 @@ def test_a_floor_killed_as_it_starts_leaves_nothing_running(
     for pid in leaked:
         os.kill(pid, signal.SIGKILL)
     assert leaked == []
+
+
+@pytest.mark.parametrize("planted", ["at the file", "at its directory"])
+def test_the_bench_world_is_made_without_following_a_planted_symlink(
+    tmp_path: Path, planted: str
+) -> None:
+    """The bench's world belongs to the sessions' account, which can plant a symlink in it
+    at any moment; a bench run as root made its files and gave them away by path, so a
+    symlink at a bind file (or at a directory above one) had root empty a file anywhere,
+    write it and chown it to that account (attacker's pass on the root launcher, stop 32).
+    The world is made without following one now: it refuses, and the target is untouched."""
+    from nsconfine.bench._core import World
+
+    root = tmp_path / "world"
+    root.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    victim.chmod(0o600)
+    if planted == "at the file":
+        (root / "binds").mkdir()
+        (root / "binds" / "f0001").symlink_to(victim)
+    else:
+        (root / "binds").symlink_to(tmp_path)
+    owner = (65534, 65534) if os.geteuid() == 0 else None
+    w = World(str(root), "", "", [], -1, "bwrap", owner)
+    with pytest.raises(FileExistsError):  # (O_EXCL, or the directory's mkdir)
+        w.make("binds/victim" if planted != "at the file" else "binds/f0001", "1\n")
+    assert victim.read_text() == "root's own\n"
+    assert victim.stat().st_uid == os.geteuid()
+    assert not (tmp_path / "victim" / "x").exists()
+
+
+def test_the_floors_mount_points_are_made_without_following_a_planted_symlink(
+    tmp_path: Path,
+) -> None:
+    """The floor makes the empty protected files nsconfine makes at launch, in the bench's
+    workspace (the sessions' account's): a symlink planted at a directory above one had root
+    make a file where it led and chown it (the same pass). It refuses now."""
+    from nsconfine._plan import model as p
+    from nsconfine.bench._core import _make_stubs
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (workspace / ".claude").symlink_to(elsewhere)
+    settings = str(workspace / ".claude" / "settings.json")
+    with pytest.raises(OSError, match="no symlinks"):
+        _make_stubs(nsconfine.Plan([p.ro_bind(settings, settings, "a stub", stub="file")]))
+    assert os.listdir(elsewhere) == []

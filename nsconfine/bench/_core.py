@@ -211,14 +211,36 @@ def floor_plan(plan: Plan) -> Plan:
 
 
 def _make_stubs(plan: Plan) -> None:
+    owner = (plan.user.uid, plan.user.gid) if os.geteuid() == 0 else None
     for entry in plan.entries:
         if entry.stub is not None and not os.path.lexists(entry.source):
-            if entry.stub == "dir":
-                os.mkdir(entry.source)
-            else:
-                open(entry.source, "x").close()
-            if os.geteuid() == 0:
-                os.chown(entry.source, plan.user.uid, plan.user.gid)
+            make_owned(entry.source, None if entry.stub == "dir" else "", owner)
+
+
+def make_owned(path: str, content: str | None, owner: tuple[int, int] | None) -> None:
+    """Make the directory (content None) or the file at path, whose parent is there, and give
+    it to owner: with no symlink followed on the way or at it (the bench, run as root, makes
+    its world in directories the sessions' account owns, which can plant one at any moment;
+    by path, root wrote and chowned where it led). OSError if something is in the way."""
+    parent = _syscalls.open_no_symlinks(os.path.dirname(path))
+    try:
+        name = os.path.basename(path)
+        if content is None:
+            os.mkdir(name, 0o755, dir_fd=parent)
+            flags = os.O_RDONLY | os.O_DIRECTORY
+        else:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        made = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent)
+        try:
+            if content:
+                with open(made, "w", closefd=False) as file:
+                    file.write(content)
+            if owner is not None:
+                os.fchown(made, *owner)
+        finally:
+            os.close(made)
+    finally:
+        os.close(parent)
 
 
 def without_info(options: Sequence[str]) -> list[str]:
@@ -594,17 +616,11 @@ class World:
         """A directory (or, given content, a file) at relative under the root, with its
         missing parents, owned by the sessions' account; its path."""
         path = os.path.join(self.root, relative)
-        if content is None and os.path.isdir(path):
+        if content is None and os.path.isdir(path) and not os.path.islink(path):
             return path
         if os.path.dirname(relative):
             self.make(os.path.dirname(relative))
-        if content is None:
-            os.mkdir(path)
-        else:
-            with open(path, "w") as file:
-                file.write(content)
-        if self.owner is not None:
-            os.chown(path, *self.owner)
+        make_owned(path, content, self.owner)
         return path
 
 

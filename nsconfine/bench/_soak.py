@@ -38,6 +38,7 @@ from nsconfine.bench._core import (
     World,
     _progress,
     live,
+    make_owned,
     sleeper,
 )
 from nsconfine.bench._faults import Fault, Faults
@@ -136,17 +137,16 @@ def isolation(root: str, count: int, control: bool = False) -> list[str]:
     user = SESSION_USER if os.geteuid() == 0 else None
     spaces = [os.path.join(root, f"ws{i:02d}") for i in range(count)]
     secrets = [f"secret {i} {os.urandom(8).hex()}\n" for i in range(count)]
-    for space, secret in zip(spaces, secrets, strict=True):
-        os.mkdir(space)
-        os.mkdir(space + ".run")
-        with open(os.path.join(space, "secret"), "w") as file:
-            file.write(secret)
-        if user is not None:  # the session's account owns its workspace
-            import pwd
+    owner = None
+    if user is not None:  # the session's account owns its workspace
+        import pwd
 
-            entry = pwd.getpwnam(user)
-            for path in (space, space + ".run", os.path.join(space, "secret")):
-                os.chown(path, entry.pw_uid, entry.pw_gid)
+        entry = pwd.getpwnam(user)
+        owner = (entry.pw_uid, entry.pw_gid)
+    for space, secret in zip(spaces, secrets, strict=True):
+        make_owned(space, None, owner)
+        make_owned(space + ".run", None, owner)
+        make_owned(os.path.join(space, "secret"), secret, owner)
     problems: list[str] = []
     started: list[tuple[nsconfine.Sandbox, int, int]] = []
     try:
