@@ -261,3 +261,44 @@ def test_a_stopped_world_leaves_no_server_behind(tmp_path: Path) -> None:
     for port in ports:
         with socket.socket() as client, pytest.raises(ConnectionRefusedError):
             client.connect(("127.0.0.1", port))
+
+
+@pytest.mark.root  # only a root launcher gives the world away
+def test_the_selftest_world_is_given_away_deepest_first_and_by_no_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The selftest's world, made by root, is given to the sessions' account deepest first,
+    each file without following a link: when one is given away, every directory above it is
+    still root's, so that account cannot swap a name on its way (attacker's pass on the root
+    launcher, stop 32: given top-down, a directory the account owned already had its child
+    swapped for a symlink, and root chowned where it led); the tool socket, in the account's
+    directory, is given away without following a link either."""
+    from nsconfine._kernel.accounts import run_as
+    from nsconfine._selftest import world as _world
+
+    account = run_as(os.environ.get("NSCONFINE_TEST_USER") or "nobody")
+    given: list[tuple[str, bool]] = []
+    real_chown = os.chown
+
+    building = [True]
+
+    def chown(path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> None:
+        above = os.path.dirname(path)
+        while building[0] and above.startswith(str(tmp_path) + "/world"):
+            assert os.lstat(above).st_uid != account.uid, f"{above} was given before {path}"
+            above = os.path.dirname(above)
+        given.append((path, follow_symlinks))
+        real_chown(path, uid, gid, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(os, "chown", chown)  # (the world module calls os.chown and lchown)
+    monkeypatch.setattr(
+        os, "lchown", lambda path, uid, gid: chown(path, uid, gid, follow_symlinks=False)
+    )
+    root = tmp_path / "world"
+    root.mkdir()
+    world = _world.World(str(root), account)
+    building[0] = False  # (the socket is made in the account's directory: by no link)
+    with world.running():
+        pass
+    assert len(given) > 10
+    assert all(not follows for _, follows in given), given

@@ -142,15 +142,19 @@ class World:
 
     def _give_to(self, user: RunAs) -> None:
         # All of it but the root itself and the credential (the launcher's, mode 0600, which
-        # must lie where no other account can put another file in its place).
+        # must lie where no other account can put another file in its place). Deepest first,
+        # and no link followed: as each is given away, every directory above it is still
+        # root's, so the account cannot swap a name on its way for a link (given top-down, a
+        # directory it owned already had a child swapped, and root chowned where it led).
         os.chmod(self.root, 0o755)  # mkdtemp's 0700 would keep the session's account out
-        for directory, names, files in walk(self.root):
-            if directory != self.root:
-                os.chown(directory, user.uid, user.gid)
-            for name in names + files:
-                path = os.path.join(directory, name)
-                if path != self.credential:  # the launcher's, mode 0600
-                    os.lchown(path, user.uid, user.gid)
+        paths = [
+            os.path.join(directory, name)
+            for directory, names, files in walk(self.root)
+            for name in names + files
+        ]
+        for path in reversed(paths):  # (walk lists a directory before what it holds)
+            if path != self.credential:  # the launcher's, mode 0600
+                os.lchown(path, user.uid, user.gid)
 
     def session(self) -> Session:
         """The coder session, as a launcher would describe it."""
@@ -191,7 +195,8 @@ class World:
         server.bind(self.tool_socket)
         server.listen(8)
         if os.geteuid() == 0:  # connecting takes write permission on the socket
-            os.chown(self.tool_socket, self.user.uid, self.user.gid)
+            # (not through a link the account, whose directory this is, put in its place)
+            os.lchown(self.tool_socket, self.user.uid, self.user.gid)
         # A service on the host's loopback (a broker's API, a database): no session reaches it.
         loopback = socket.create_server(("127.0.0.1", 0))
         self.loopback_port = loopback.getsockname()[1]
