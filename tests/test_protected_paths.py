@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -1849,7 +1850,7 @@ def test_git_that_waits_on_something_is_given_up_on(
     waiter.write_text("#!/bin/sh\nexec sleep 600\n")
     waiter.chmod(0o755)
     began = time.monotonic()
-    assert protect._git_answer([str(waiter)], str(tmp_path), "1") is None
+    assert protect._git_answer([str(waiter)], str(tmp_path), "1", ()) is None
     assert time.monotonic() - began < 60  # (not a speed check: sleep 600 was not waited for)
     assert not pids_with(str(waiter))
 
@@ -2013,3 +2014,27 @@ def _is_record_of(record: Path, trees: Sequence[Path]) -> bool:
     return any(
         record.name == f"{info.st_dev}-{info.st_ino}" for info in (tree.stat() for tree in trees)
     )
+
+
+def test_git_reads_the_index_it_was_given_not_one_swapped_in_by_a_link(tmp_path: Path) -> None:
+    """The index git reads for the report is the file found, opened without following a
+    link: a running session of the workspace that swapped .git/index for a symlink between the
+    listing and git's read had the launcher's git (root's) read what it led to, a FIFO or a
+    device among them (attacker's pass on the root launcher, stop 32). Now that index cannot
+    be told (None: it is named), and what the link leads to is never read."""
+    from nsconfine._plan import protect
+
+    gitdir = tmp_path / "ws" / ".git"
+    gitdir.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    writer = tmp_path / "writer.py"
+    writer.write_text(_INDEX_WRITER)
+    for where, name in ((gitdir / "index", "own/sub"), (elsewhere / "index", "secret/sub")):
+        run = subprocess.run([sys.executable, str(writer), "plain", name, str(where)], check=False)
+        assert run.returncode == 0
+    listed = protect._index_files(str(gitdir))  # the index, a regular file, as listed
+    assert protect._gitlinks(str(gitdir), listed) == ["own/sub"]  # (git reads it)
+    (gitdir / "index").unlink()
+    (gitdir / "index").symlink_to(elsewhere / "index")  # swapped in after the listing
+    assert protect._gitlinks(str(gitdir), listed) is None

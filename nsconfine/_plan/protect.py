@@ -686,13 +686,23 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
         own = scratch_directory("nsconfine-index-")
     except OSError:
         return None
+    opened: list[int] = []  # the index files, as git is given them
     try:
         try:
-            for entry in indexes:
-                if entry.is_file(follow_symlinks=False) and entry.stat().st_size <= _INDEX_READ:
-                    os.symlink(entry.path, os.path.join(own, entry.name))
-                elif entry.name == "index":
-                    return None  # git follows a symlink, waits on a FIFO: not for the report
+            # Each opened as found, no link followed (a running session of the workspace may
+            # swap one for a symlink at any moment: git, root's perhaps, would follow it, to
+            # a FIFO or a device too); git reads it through its own fd (/proc/self/fd).
+            gitdir_fd = _syscalls.open_no_symlinks(gitdir)
+            try:
+                for entry in indexes:
+                    fd = _opened_index(gitdir_fd, entry.name)
+                    if fd is not None:
+                        opened.append(fd)
+                        os.symlink(f"/proc/self/fd/{fd}", os.path.join(own, entry.name))
+                    elif entry.name == "index":
+                        return None  # not a regular file, or too large: not for the report
+            finally:
+                os.close(gitdir_fd)
             for name in ("objects", "refs", "work"):
                 os.mkdir(os.path.join(own, name))
             with open(os.path.join(own, "HEAD"), "w") as head:
@@ -707,13 +717,15 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
         answers: set[bytes] = set()
         gitlinks: list[bytes] = []
         for threads in _READS:
-            answer = _git_answer([limit, *_GIT_LIMITS, git], own, threads)
+            answer = _git_answer([limit, *_GIT_LIMITS, git], own, threads, opened)
             if answer is None:
                 return None  # (the others would take as long to fail)
             digest, gitlinks = answer
             answers.add(digest)
     finally:
         shutil.rmtree(own, ignore_errors=True)
+        for fd in opened:
+            os.close(fd)
     if len(answers) != 1:
         return None
     return [os.fsdecode(name) for name in gitlinks]
@@ -732,10 +744,28 @@ _GITLINKS_MOST = 4096  # the most gitlinks of one index kept; past them, the ind
 _SHARED_INDEXES = 16  # the most shared indexes a git directory may hold for its index to be read
 
 
-def _git_answer(command: list[str], own: str, threads: str) -> tuple[bytes, list[bytes]] | None:
+def _opened_index(gitdir_fd: int, name: str) -> int | None:
+    """An fd of the index file name in the git directory open at gitdir_fd, opened without
+    following a link or waiting; None unless it is a regular file of at most _INDEX_READ."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=gitdir_fd)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > _INDEX_READ:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _git_answer(
+    command: list[str], own: str, threads: str, fds: Sequence[int]
+) -> tuple[bytes, list[bytes]] | None:
     """What `git ls-files --stage -z` in the git directory own says, read as index.threads
     says: its sha256, and the paths of its gitlinks; None if it fails, says more than
-    _GITLINKS_ANSWER, or names more than _GITLINKS_MOST gitlinks."""
+    _GITLINKS_ANSWER, or names more than _GITLINKS_MOST gitlinks. fds: the index files the
+    git directory's links lead to (git keeps them, at their numbers)."""
     import subprocess
 
     environ = {
@@ -748,7 +778,7 @@ def _git_answer(command: list[str], own: str, threads: str) -> tuple[bytes, list
         git = subprocess.Popen(
             [*command, *arguments, "ls-files", "--stage", "-z"],
             env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, pass_fds=fds,
         )  # fmt: skip
     except OSError:
         return None
