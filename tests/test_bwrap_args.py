@@ -55,6 +55,7 @@ def test_golden_options_of_a_small_plan() -> None:
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",
+        "--hostname", "localhost",
         "--die-with-parent",
         "--new-session",
         "--cap-drop",

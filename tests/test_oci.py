@@ -226,6 +226,7 @@ def test_the_config_states_every_entry(oci_plan: Plan, tmp_path: Path) -> None:
         elif entry.kind is Kind.COPY:
             assert entry.dest not in mounts  # inside the tree
         assert any(entry.reason in value for value in config["annotations"].values()), entry
+    assert config["hostname"] == "localhost"  # (the session's, not the host's)
     copies = {e.dest.rsplit("/", 1)[0] for e in oci_plan.entries if e.kind is Kind.COPY}
     assert copies
     assert all("ro" in mounts[tree]["options"] for tree in copies)

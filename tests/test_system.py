@@ -169,3 +169,18 @@ def test_the_accounts_keys_are_not_listed_in_a_session(plan: nsconfine.Plan) -> 
         assert name in sh(weakened, script)[1]
     finally:
         _as_session_account(_DROP_KEY, serial)
+
+
+def test_the_session_has_a_hostname_of_its_own(plan: nsconfine.Plan) -> None:
+    """The session's host name is `localhost` (which /etc/hosts resolves, as tools expect of
+    their host's name), not the host's, which names the machine, as its machine id would
+    (attacker's pass, stop 32: the UTS namespace was the session's own, its name the host's)."""
+    import socket
+
+    if socket.gethostname() == "localhost":
+        pytest.skip("this host is named localhost")
+    script = "name=$(cat /proc/sys/kernel/hostname); echo $name; getent hosts $name"
+    status, output = sh(plan, script)
+    assert status == 0, output
+    assert output.split()[0] == "localhost", output
+    assert socket.gethostname() not in output.split(), output

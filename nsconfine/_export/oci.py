@@ -37,6 +37,7 @@ import posixpath
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import untrusted_reason
+from nsconfine._plan.bwrap_args import SESSION_HOSTNAME
 from nsconfine._plan.limits import SYSV_MESSAGE_QUEUES, SYSV_SEMAPHORES, tmpfs_shape
 from nsconfine._plan.model import Entry, Kind, Mode, Plan, has_own_network
 from nsconfine._text import ancestors, inside, printable
@@ -388,6 +389,7 @@ def export(
             ],
         },
         "root": {"path": "rootfs", "readonly": "/" in remounted},
+        "hostname": SESSION_HOSTNAME,  # (a new UTS namespace's, as bwrap is given it)
         "mounts": mounts,
         "linux": {
             "namespaces": namespaces,

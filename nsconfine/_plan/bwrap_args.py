@@ -39,7 +39,12 @@ NAMESPACE_OPTIONS = (
     "--unshare-uts",
     "--unshare-cgroup-try",
 )
+# The UTS namespace's name: one /etc/hosts resolves, as tools expect of their host's (the JVM's
+# getLocalHost fails on one it cannot), not the host's, which names the machine.
+SESSION_HOSTNAME = "localhost"
 PROCESS_OPTIONS = (
+    "--hostname",
+    SESSION_HOSTNAME,
     "--die-with-parent",  # the sandbox dies with bwrap (bwrap itself with the reaper)
     "--new-session",  # no TIOCSTI into the launcher's terminal
     "--cap-drop",
@@ -52,6 +57,7 @@ REQUIRED_OPTIONS = (
     "--args",
     *NAMESPACE_OPTIONS,
     "--disable-userns",
+    "--hostname",
     "--unshare-net",
     "--die-with-parent",
     "--new-session",
