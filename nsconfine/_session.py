@@ -641,10 +641,11 @@ def network_environment(
     and the files its harnesses read to find a route, generated read-only in its HOME. With any
     other network, neither routes nor files, and env as it is but on none: no launcher's proxy
     variable (passed by name, as the tls profile does), which names a proxy the session cannot
-    reach, with any password in it."""
+    reach, with any password in it, nor any launcher's value holding a URL with a credential."""
     network = session.network or "none"
-    if network == "none":
-        return [v for v in env if not _launcher_proxy(v)], (), []
+    if network == "none":  # (nor a launcher's URL with a credential in it)
+        kept = [v for v in env if not _launcher_proxy(v) and not _launcher_url_credential(v)]
+        return kept, (), []
     if network != "proxy":
         return env, (), []
     credential = {v.name: v.value for v in env if v.origin is Origin.CREDENTIAL}
@@ -667,6 +668,20 @@ def network_environment(
 
 def _launcher_proxy(variable: EnvVar) -> bool:
     return variable.origin is Origin.LAUNCHER and variable.name in _network.LAUNCHER_PROXY_VARIABLES
+
+
+def _launcher_url_credential(variable: EnvVar) -> bool:
+    """A launcher's value holding a URL with a user or password in it (a private index's or
+    registry's token, which the python and node profiles pass): on `none` it names a place
+    the session cannot reach, and a session that held it could still write it where the host
+    takes it from."""
+    if variable.origin is not Origin.LAUNCHER:
+        return False
+    for word in variable.value.replace(",", " ").split():
+        _scheme, found, rest = word.partition("://")
+        if found and "@" in rest.split("/", 1)[0]:
+            return True
+    return False
 
 
 def _nested_userns_reason(allowed: bool | str | None) -> str | None:

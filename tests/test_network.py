@@ -451,6 +451,26 @@ def test_the_launcher_s_proxy_and_its_password_stay_out_of_a_network_of_its_own(
     assert "hunter2" in run(host, ["/bin/sh", "-c", "env"])[1]
 
 
+def test_a_launcher_url_holding_a_credential_stays_out_of_a_session_without_network(
+    ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value the launcher passes (the python and node profiles pass its index and registry)
+    that holds a URL with a user or password in it reaches no session on `none`: it names a
+    place that session cannot reach, and a session holding the token could still write it
+    where the host takes it from (attacker's pass, stop 32). A value without one passes, and
+    on the host's network (the twin) the token passes, as asked."""
+    monkeypatch.setenv("PIP_INDEX_URL", "https://u:PIPTOKEN@idx.corp.example/simple")
+    monkeypatch.setenv("NPM_CONFIG_REGISTRY", "https://NPMTOKEN@npm.corp.example/")
+    monkeypatch.setenv("PIP_FIND_LINKS", "file:///srv/wheels https://idx.corp.example/links")
+    passed = ["PIP_INDEX_URL", "NPM_CONFIG_REGISTRY", "PIP_FIND_LINKS"]
+    plan = session(*ws_run, pass_env=passed).plan()
+    _status, output = run(plan, ["/bin/sh", "-c", "env"])
+    assert "TOKEN" not in output, output
+    assert "PIP_FIND_LINKS=file:///srv/wheels" in output, output
+    host = session(*ws_run, network="host", network_reason="the twin", pass_env=passed).plan()
+    assert "PIPTOKEN" in run(host, ["/bin/sh", "-c", "env"])[1]
+
+
 def test_allow_host_without_proxy_is_a_usage_error(ws_run: tuple[Path, Path]) -> None:
     """--allow-host with --network none (or host): refused, nothing runs."""
     result = cli(
