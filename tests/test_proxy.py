@@ -726,9 +726,31 @@ def test_a_name_resolving_to_a_private_address_is_refused(
         return
     assert status(response) == 403
     assert b"pin it" in response
+    address = FAKE_DNS[name][0].encode()
+    assert address not in response  # (the launcher's answer: for its log, not the session)
     [record] = audited.wait_for("refused")
     assert record["host"] == name
     assert "resolves to" in str(record["reason"])
+    assert FAKE_DNS[name][0] in str(record["reason"])
+
+
+def test_an_unreachable_destination_is_told_without_its_address(
+    proxy: Proxy, audited: Audited
+) -> None:
+    """A listed name the proxy cannot reach is refused without the address the launcher's
+    resolver gave (attacker's pass, stop 32: a wildcard listing let a session learn the
+    private addresses of internal names from the refusals); the audit record keeps it."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    path = proxy.add_session("s", [dest(f"far.test:{port}=127.0.0.1")], [])
+    response = ask(path, f"CONNECT far.test:{port} HTTP/1.1\r\n\r\n".encode())
+    assert status(response) == 502, response
+    assert b"far.test" in response
+    assert b"127.0.0.1" not in response
+    [record] = audited.wait_for("refused")
+    assert "127.0.0.1" in str(record["reason"])
 
 
 @pytest.mark.parametrize("rule_port", ["", ":{port}"])

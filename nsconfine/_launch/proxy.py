@@ -105,10 +105,14 @@ _REASONS = {
 
 
 class _Refusal(Exception):
-    def __init__(self, status: int, reason: str) -> None:
+    """A request refused: reason as the session is told it; logged, as the audit records it
+    (with what the launcher learned and the session must not: a resolved address)."""
+
+    def __init__(self, status: int, reason: str, logged: str | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.logged = reason if logged is None else logged
 
 
 @dataclass
@@ -748,7 +752,7 @@ class Proxy:
             allowed_reason = self._dispatch(session, connection, request, rest)
         except _Refusal as refusal:
             self._send_quietly(connection.client, _response(refusal.status, refusal.reason))
-            self._emit(record, False, refusal.reason)
+            self._emit(record, False, refusal.logged)
         except Exception as error:  # never a traceback for what a session sent
             reason = f"the proxy failed on this request ({type(error).__name__})"
             self._send_quietly(connection.client, _response(502, reason))
@@ -847,23 +851,23 @@ class Proxy:
         decision = judge(host, port, session.destinations, self._resolver, host_addresses)
         record["host"] = printable(decision.host[:300])
         if not decision.allowed:
-            raise _Refusal(403, decision.reason)
+            raise _Refusal(403, decision.told, decision.reason)
         return decision
 
     def _connect(self, connection: _Connection, decision: Decision) -> socket.socket:
         """A TCP connection to the first judged address that answers (never re-resolved)."""
-        failure, status = "no address", 502
+        failure, address, status = "no address", "", 502
         for address in decision.addresses:
             try:
                 return self._open(connection, address, decision.port)
             except TimeoutError:
-                failure = f"{address} did not answer within {self.connect_timeout:g} s"
+                failure = f"no answer within {self.connect_timeout:g} s"
                 status = 504
             except OSError as error:
-                failure, status = f"{address}: {error.strerror or error}", 502
-        raise _Refusal(
-            status if decision.addresses else 502, f"cannot reach {decision.host}: {failure}"
-        )
+                failure, status = str(error.strerror or error), 502
+        told = f"cannot reach {decision.host}: {failure}"  # (the address is the launcher's)
+        logged = f"cannot reach {decision.host}: {address}: {failure}" if address else told
+        raise _Refusal(status if decision.addresses else 502, told, logged)
 
     def _open(self, connection: _Connection, address: str, port: int) -> socket.socket:
         """A TCP connection to address (an IP literal), given up on after connect_timeout or

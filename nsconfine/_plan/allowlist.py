@@ -217,20 +217,35 @@ def canonical_or_none(text: str) -> str | None:
 
 class Decision(Record):
     """The judge's answer. allowed: connect to `addresses` (in order) on port; reason: the
-    rule's reason, or why the destination was refused."""
+    rule's reason, or why the destination was refused; told: that reason as the session is
+    told it (without what the launcher's resolver answered: the address of an internal name)."""
 
-    FIELDS = ("allowed", "reason", "host", "port", "addresses")
+    FIELDS = ("allowed", "reason", "host", "port", "addresses", "told")
     __slots__ = FIELDS
     allowed: bool
     reason: str
     host: str
     port: int
     addresses: tuple[str, ...]
+    told: str
 
     def __init__(
-        self, allowed: bool, reason: str, host: str, port: int, addresses: tuple[str, ...] = ()
+        self,
+        allowed: bool,
+        reason: str,
+        host: str,
+        port: int,
+        addresses: tuple[str, ...] = (),
+        told: str | None = None,
     ) -> None:
-        self._set(allowed=allowed, reason=reason, host=host, port=port, addresses=addresses)
+        self._set(
+            allowed=allowed,
+            reason=reason,
+            host=host,
+            port=port,
+            addresses=addresses,
+            told=reason if told is None else told,
+        )
 
     @property
     def address(self) -> str | None:
@@ -319,8 +334,8 @@ def judge(
     except HostRefused as problem:
         return Decision(False, str(problem), host_text, port)
 
-    def refused(reason: str) -> Decision:
-        return Decision(False, reason, host, port)
+    def refused(reason: str, told: str | None = None) -> Decision:
+        return Decision(False, reason, host, port, told=told)
 
     literal = ip_literal(host)
     named = [rule for rule in destinations if rule.matches_name(host)]
@@ -353,7 +368,9 @@ def judge(
         if not is_public(address) or address in own:
             return refused(
                 f"{host} resolves to {address}, a private, local or reserved address: "
-                f"pin it ({host}={address}) if that is meant"
+                f"pin it ({host}={address}) if that is meant",
+                f"{host} resolves to a private, local or reserved address: the launcher may "
+                f"pin it ({host}=ADDRESS) if that is meant",
             )
     return Decision(True, rule.reason, host, port, tuple(resolved))
 
