@@ -38,7 +38,7 @@ from nsconfine._interrupts import CtrlCHeld
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import Staged, hold_closed_stdio, teardown
-from nsconfine._plan.model import Plan
+from nsconfine._plan.model import RELAY_DIRECTORY, Plan
 from nsconfine._plan.protect import refreshed
 from nsconfine._policy.pins import verify_pins
 
@@ -207,20 +207,24 @@ class Pool:
 
     def close(self) -> None:
         """Tear down every staged sandbox (launched ones keep running). Idempotent."""
-        with self._cond:
-            self._closed = True
-            staged = list(self._staged)
-            self._staged.clear()
-            self._cond.notify_all()
-        for one in staged:
-            teardown(one)
-        self._refiller.stop()
+        with CtrlCHeld():  # (a Ctrl-C as they go would leave the rest, until their timeout)
+            with self._cond:
+                self._closed = True
+                staged = list(self._staged)
+                self._staged.clear()
+                self._cond.notify_all()
+            for one in staged:
+                teardown(one)
+            self._refiller.stop()
 
     # ------------------------------------------------------------ taking and refilling
 
     def _stage_one(self) -> Staged:
         staged = checked_stage(self.plan, idle_timeout_ms=int(self.idle_timeout * 1000))
-        self.plan = staged.plan  # later launches compare with what this one found
+        # Later launches compare with what this one found (its protected paths), each with a
+        # proxy socket of its own: not this sandbox's, which goes when its session ends.
+        found = staged.plan
+        self.plan = found if staged.egress is None else found.without(RELAY_DIRECTORY)
         return staged
 
     def _current(self, staged: Staged) -> Staged:
