@@ -8,11 +8,15 @@ cover each step cannot cover the steps between them, nor the loops that close fd
 main thread and under Python's own SIGINT handler (which raises KeyboardInterrupt), a launch
 runs with a handler that only notes the signal; once the launch has ended either way, a launch
 that succeeded is ended (the caller never gets its handle) and the KeyboardInterrupt is
-raised, as if it had landed at the call. A wait that may last (bwrap's build, git reading a
-session's index) looks at the note as it waits, and stops where its own handler cleans up
+raised, as if it had landed at the call. A wait that may last (bwrap's report and build)
+looks at the note as it waits, and stops where its own handler cleans up
 (stop_if_interrupted), so that a Ctrl-C at a hung launch is not held for its whole timeout.
 Another handler (the caller's own, asyncio's) is left as it is, and so is a launch in another
 thread, where no KeyboardInterrupt is raised.
+
+What is left: a Ctrl-C in the instant after the handler is given back, as the call returns,
+loses the handle (as it would a subprocess.Popen's); the session runs on until it ends, and a
+later launch reaps it (nsconfine._launch.sandbox._abandoned).
 """
 
 from __future__ import annotations
@@ -25,20 +29,21 @@ from types import FrameType
 # How often a long wait looks for a held Ctrl-C (the signal's handler only notes it).
 WAIT_TICK_SECONDS = 0.05
 
-_held: int | None = None  # the thread whose CtrlCHeld has SIGINT's handler (the main thread)
-_came = False  # and a Ctrl-C came since
+_noted = 0  # the Ctrl-Cs noted while held: only the handler changes it, never reset
+_held: tuple[int, int] | None = None  # the holding thread (the main one), and _noted then
 
 
 def _note(number: int, frame: FrameType | None) -> None:
-    global _came
-    _came = True
+    global _noted
+    _noted += 1
 
 
 def stop_if_interrupted() -> None:
     """Raise KeyboardInterrupt if a Ctrl-C came during the held launch: for a wait that may
     last, at a point where its own handler ends what it holds (in the held launch's thread
     alone: another thread's launch goes on)."""
-    if _came and _held == get_ident():
+    held = _held
+    if held is not None and held[0] == get_ident() and _noted != held[1]:
         raise KeyboardInterrupt
 
 
@@ -46,34 +51,35 @@ class CtrlCHeld:
     """`with CtrlCHeld() as held:` runs the block with a Ctrl-C held; held.undo(f) names what
     ends what the block made, run once, before the KeyboardInterrupt, if a Ctrl-C came."""
 
-    __slots__ = ("_holds", "_undo")
+    __slots__ = ("_since", "_undo")
 
     def __init__(self) -> None:
-        self._holds = False
+        self._since: int | None = None  # _noted as it began holding (None: it does not)
         self._undo: Callable[[], object] | None = None
 
     def undo(self, end: Callable[[], object]) -> None:
         self._undo = end
 
     def __enter__(self) -> CtrlCHeld:
-        global _held, _came
+        global _held
         # (Not when another holds it already: this launch is part of that one.)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            _came = False
+            since = _noted
             try:
                 signal.signal(signal.SIGINT, _note)
             except ValueError:  # not the main thread, where no KeyboardInterrupt is raised
                 return self
-            _held, self._holds = get_ident(), True
+            self._since = since
+            _held = (get_ident(), since)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         """Undo the launch and raise KeyboardInterrupt if a Ctrl-C came (over any error the
         launch raised); give SIGINT its handler back."""
         global _held
-        if not self._holds:
+        if self._since is None:
             return
-        came = _came
+        came = _noted != self._since
         try:
             if came:
                 self._end()  # (while a second Ctrl-C is still held)
@@ -81,7 +87,7 @@ class CtrlCHeld:
             _held = None
             try:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                came = _came
+                came = _noted != self._since
             except KeyboardInterrupt:  # one came as the handler went back
                 came = True
         if came:

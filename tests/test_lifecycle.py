@@ -310,6 +310,41 @@ def test_a_held_ctrl_c_stops_the_wait_for_a_sandbox_that_is_not_built() -> None:
     assert handler_after is signal.default_int_handler
 
 
+def test_a_launch_in_another_thread_does_not_swallow_a_held_ctrl_c(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C held by the main thread's launch is raised at its end even when a launch in
+    another thread begins just as the main thread gives SIGINT its handler back (hostile
+    review, stop 32: that launch reset the note, and the main thread's launch returned a
+    sandbox it had killed, with no KeyboardInterrupt)."""
+    import signal
+    import threading
+
+    from nsconfine._interrupts import CtrlCHeld
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (see above)
+    real_signal = signal.signal
+
+    def giving_back(number: int, handler: Any) -> Any:
+        given = real_signal(number, handler)
+        if handler is signal.default_int_handler:  # a worker's launch begins right then
+            worker = threading.Thread(target=CtrlCHeld().__enter__)
+            worker.start()
+            worker.join()
+        return given
+
+    def held() -> None:
+        with CtrlCHeld():
+            os.kill(os.getpid(), signal.SIGINT)  # held: noted, not raised
+
+    monkeypatch.setattr(signal, "signal", giving_back)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            held()
+    finally:
+        real_signal(signal.SIGINT, previous)
+
+
 def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -> None:
     """The launcher's own inheritable fds, at any number, are closed in the session."""
     fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]

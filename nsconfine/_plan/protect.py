@@ -808,12 +808,9 @@ def _read_gitlinks(fd: int, deadline: float) -> tuple[bytes, list[bytes]] | None
     gitlinks: list[bytes] = []
     size = 0
     partial = b""  # the last record read, until its NUL comes
-    from nsconfine._interrupts import WAIT_TICK_SECONDS, stop_if_interrupted
-
     while (left := deadline - time.monotonic()) > 0:
-        if not _syscalls.wait_fd(fd, min(left, WAIT_TICK_SECONDS)):
-            stop_if_interrupted()  # (a Ctrl-C held by a launch: git is killed as it goes)
-            continue
+        if not _syscalls.wait_fd(fd, left):
+            return None
         chunk = os.read(fd, 1 << 20)
         if not chunk:
             return digest.digest(), gitlinks
