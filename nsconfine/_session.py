@@ -32,7 +32,7 @@ from nsconfine._plan.protect import (
     read_only_holder,
     writable_trees,
 )
-from nsconfine._plan.system import RESOLVER, system_entries
+from nsconfine._plan.system import HOSTS, RESOLVER, own_hosts, system_entries
 from nsconfine._policy.lint import (
     check_plan,
     default_deny,
@@ -285,8 +285,12 @@ def _build_plan(
                     f"{printable(rule.path)}/work/<session>"
                 )
     system = system_entries(user, session.home)
-    if (session.network or "none") != "host":
-        system = tuple(entry for entry in system if entry.dest != RESOLVER)
+    if (session.network or "none") != "host":  # (no resolver, and no host's names)
+        system = tuple(
+            own_hosts() if entry.dest == HOSTS else entry
+            for entry in system
+            if entry.dest != RESOLVER
+        )
     own = session_entries(session, reserved=system)
     protected = session_protection(session, [*system, *own])
     _require_reachable(session, user)
@@ -671,17 +675,13 @@ def _launcher_proxy(variable: EnvVar) -> bool:
 
 
 def _launcher_url_credential(variable: EnvVar) -> bool:
-    """A launcher's value holding a URL with a user or password in it (a private index's or
-    registry's token, which the python and node profiles pass): on `none` it names a place
-    the session cannot reach, and a session that held it could still write it where the host
-    takes it from."""
-    if variable.origin is not Origin.LAUNCHER:
-        return False
-    for word in variable.value.replace(",", " ").split():
-        _scheme, found, rest = word.partition("://")
-        if found and "@" in rest.split("/", 1)[0]:
-            return True
-    return False
+    """A launcher's value that may hold a URL with a user or password in it (a private
+    index's or registry's token, which the python and node profiles pass): an @ anywhere after
+    a "://" (however the URLs are separated, a password holding a "/" too). On `none` such a
+    value names a place the session cannot reach, so nothing it needs is lost; and a session
+    that held the token could still write it where the host takes it from."""
+    _before, found, after = variable.value.partition("://")
+    return variable.origin is Origin.LAUNCHER and bool(found) and "@" in after
 
 
 def _nested_userns_reason(allowed: bool | str | None) -> str | None:

@@ -462,7 +462,11 @@ def test_a_launcher_url_holding_a_credential_stays_out_of_a_session_without_netw
     monkeypatch.setenv("PIP_INDEX_URL", "https://u:PIPTOKEN@idx.corp.example/simple")
     monkeypatch.setenv("NPM_CONFIG_REGISTRY", "https://NPMTOKEN@npm.corp.example/")
     monkeypatch.setenv("PIP_FIND_LINKS", "file:///srv/wheels https://idx.corp.example/links")
-    passed = ["PIP_INDEX_URL", "NPM_CONFIG_REGISTRY", "PIP_FIND_LINKS"]
+    # Other ways URLs are run together, and a password holding a "/" (hostile review)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://h/simple|https://u:PIPE/TOKEN@h2/simple")
+    monkeypatch.setenv("NODE_OPTIONS", "--x=https://h/a;https://u:SEMITOKEN@h2")
+    passed = ["PIP_INDEX_URL", "NPM_CONFIG_REGISTRY", "PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL"]
+    passed.append("NODE_OPTIONS")
     plan = session(*ws_run, pass_env=passed).plan()
     _status, output = run(plan, ["/bin/sh", "-c", "env"])
     assert "TOKEN" not in output, output

@@ -174,12 +174,13 @@ def test_the_accounts_keys_are_not_listed_in_a_session(plan: nsconfine.Plan) -> 
 def test_the_session_has_a_hostname_of_its_own(plan: nsconfine.Plan) -> None:
     """The session's host name is `localhost` (which /etc/hosts resolves, as tools expect of
     their host's name), not the host's, which names the machine, as its machine id would
-    (attacker's pass, stop 32: the UTS namespace was the session's own, its name the host's)."""
+    (attacker's pass, stop 32: the UTS namespace was the session's own, its name the host's);
+    nor does its /etc/hosts name the machine (hostile review: the host's was bound)."""
     import socket
 
     if socket.gethostname() == "localhost":
         pytest.skip("this host is named localhost")
-    script = "name=$(cat /proc/sys/kernel/hostname); echo $name; getent hosts $name"
+    script = "name=$(cat /proc/sys/kernel/hostname); echo $name; getent hosts $name; cat /etc/hosts"
     status, output = sh(plan, script)
     assert status == 0, output
     assert output.split()[0] == "localhost", output

@@ -24,12 +24,17 @@ USR_MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # there is no resolver to reach; behind the proxy, the proxy resolves names).
 RESOLVER: Final = "/etc/resolv.conf"
 
+# The static host names: the host's, on the host's network; on a network of the session's own,
+# localhost alone, which is the session's host name too (the host's file names the machine).
+HOSTS: Final = "/etc/hosts"
+OWN_HOSTS: Final = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
 # Of /etc, only what the harness and its tools need, each for a stated reason.
 ETC_NEEDS: tuple[tuple[str, str], ...] = (
     ("/etc/ld.so.cache", "the dynamic linker's library index, so programs start"),
     ("/etc/alternatives", "Debian's alternatives links that /usr/bin commands go through"),
     ("/etc/nsswitch.conf", "how libc looks up users, groups and hosts"),
-    ("/etc/hosts", "static host names (localhost)"),
+    (HOSTS, "static host names, for the shared network (--network host only)"),
     (RESOLVER, "the DNS resolver, for the shared network (--network host only)"),
     ("/etc/host.conf", "resolver options read by libc"),
     ("/etc/gai.conf", "getaddrinfo's address ordering"),
@@ -171,6 +176,16 @@ def _etc_entry(path: str, reason: str) -> list[p.Entry]:
             return [p.symlink(target, path, reason)]
         return [p.ro_bind(resolved, path, reason)]
     return [p.ro_bind(path, path, reason)]
+
+
+def own_hosts() -> p.Entry:
+    """/etc/hosts of a session on a network of its own: localhost, its host name, alone."""
+    return p.data(
+        OWN_HOSTS,
+        HOSTS,
+        "localhost alone, the session's host name: a network of its own has no other host, and "
+        "the host's file names the machine",
+    )
 
 
 def machine_id(home: str) -> p.Entry:
