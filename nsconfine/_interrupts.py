@@ -21,9 +21,12 @@ later launch reaps it (nsconfine._launch.sandbox._abandoned).
 
 from __future__ import annotations
 
-import signal
+# signal's own C module: signal.signal and getsignal make an enum of each handler and number
+# they pass, three times per launch (~7 of the ~8 us a held launch cost with them).
+import _signal  # type: ignore[import-not-found]
 from _thread import get_ident
 from collections.abc import Callable
+from signal import SIGINT, default_int_handler
 from types import FrameType
 
 # How often a long wait looks for a held Ctrl-C (the signal's handler only notes it).
@@ -63,10 +66,10 @@ class CtrlCHeld:
     def __enter__(self) -> CtrlCHeld:
         global _held
         # (Not when another holds it already: this launch is part of that one.)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        if _signal.getsignal(SIGINT) is default_int_handler:
             since = _noted
             try:
-                signal.signal(signal.SIGINT, _note)
+                _signal.signal(SIGINT, _note)
             except ValueError:  # not the main thread, where no KeyboardInterrupt is raised
                 return self
             self._since = since
@@ -86,7 +89,7 @@ class CtrlCHeld:
         finally:
             _held = None
             try:
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+                _signal.signal(SIGINT, default_int_handler)
                 came = _noted != self._since
             except KeyboardInterrupt:  # one came as the handler went back
                 came = True

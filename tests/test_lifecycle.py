@@ -320,29 +320,34 @@ def test_a_launch_in_another_thread_does_not_swallow_a_held_ctrl_c(
     import signal
     import threading
 
+    from nsconfine import _interrupts
     from nsconfine._interrupts import CtrlCHeld
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (see above)
-    real_signal = signal.signal
+    set_handler, get_handler, default = signal.signal, signal.getsignal, signal.default_int_handler
 
-    def giving_back(number: int, handler: Any) -> Any:
-        given = real_signal(number, handler)
-        if handler is signal.default_int_handler:  # a worker's launch begins right then
-            worker = threading.Thread(target=CtrlCHeld().__enter__)
-            worker.start()
-            worker.join()
-        return given
+    class GivingBack:  # the handlers _interrupts sets, a worker's launch begun as it gives back
+        getsignal = staticmethod(get_handler)
+
+        @staticmethod
+        def signal(number: int, handler: Any) -> Any:
+            given = set_handler(number, handler)
+            if handler is default:
+                worker = threading.Thread(target=CtrlCHeld().__enter__)
+                worker.start()
+                worker.join()
+            return given
 
     def held() -> None:
         with CtrlCHeld():
             os.kill(os.getpid(), signal.SIGINT)  # held: noted, not raised
 
-    monkeypatch.setattr(signal, "signal", giving_back)
+    monkeypatch.setattr(_interrupts, "_signal", GivingBack)
     try:
         with pytest.raises(KeyboardInterrupt):
             held()
     finally:
-        real_signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_leaked_fd_number_is_not_reused_in_the_session(plan: nsconfine.Plan) -> None:
