@@ -57,7 +57,7 @@ NO_VALUE = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
             "--unshare-net", "--disable-userns")  # fmt: skip
 ONE_VALUE = ("--cap-drop", "--info-fd", "--seccomp", "--tmpfs", "--dir", "--proc", "--dev",
-             "--remount-ro", "--chdir", "--perms", "--size")  # fmt: skip
+             "--remount-ro", "--chdir", "--perms", "--size", "--hostname")  # fmt: skip
 TWO_VALUES = ("--setenv", "--bind", "--ro-bind", "--bind-fd", "--ro-bind-fd", "--symlink",
               "--ro-bind-data", "--file", "--dev-bind")  # fmt: skip
 ARITY = {
