@@ -21,6 +21,7 @@ replaced, whose bind the kernel then detached).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -102,6 +103,7 @@ class Pool:
             lint(plan)  # refused here exactly as spawn would refuse it
             gate(plan)
         self.plan = plan
+        self._owner = os.getpid()  # whose children its sandboxes are
         self.size = size
         self.idle_timeout = float(idle_timeout)
         self.refill: Refill = refill
@@ -164,7 +166,13 @@ class Pool:
         variables added or replacing the plan's. Each stdio is None (the launcher's own fd at
         this call), an fd, a file object, subprocess.PIPE or subprocess.DEVNULL, and stderr
         may be subprocess.STDOUT, as spawn takes them. OSError if argv[0] cannot be
-        executed."""
+        executed; RuntimeError in a process forked from the pool's, which could not wait for
+        its sandboxes (their reapers are the pool's process's children)."""
+        if os.getpid() != self._owner:
+            raise RuntimeError(
+                f"this pool was made by process {self._owner}: a forked child cannot launch "
+                "from it (it could not wait for the session); make a Pool in the child"
+            )
         with CtrlCHeld() as held:  # a Ctrl-C ends the launch once it is whole
             with self._cond:
                 self._launching += 1
@@ -228,17 +236,18 @@ class Pool:
         return staged
 
     def _current(self, staged: Staged) -> Staged:
-        """staged, if its protected paths are still those its workspace needs and its mounts
-        those checked; else (a repository made since it was staged, by a payload of this pool
-        or anyone; a file the host replaced) a sandbox staged now for what the workspace
-        holds."""
+        """staged, if its protected paths are still those its workspace needs, its mounts those
+        checked and its writable binds' paths still its directories; else (a repository made
+        since it was staged, by a payload of this pool or anyone; a file the host replaced; a
+        workspace moved away and a fresh one put at its path) a sandbox staged now for what
+        the workspace holds."""
         try:
             with refusing_os_errors():
                 fresh = refreshed(staged.plan)
         except BaseException:  # the workspace is refused now: what was staged goes too
             teardown(staged)
             raise
-        if fresh is staged.plan and staged.mounts_unchanged():
+        if fresh is staged.plan and staged.mounts_unchanged() and staged.writable_binds_unchanged():
             return staged
         teardown(staged)
         return self._stage_one()

@@ -149,6 +149,53 @@ def test_a_ctrl_c_as_a_pool_closes_leaves_none_of_its_sandboxes(
     assert wait_gone(staged, zombies_count_as_gone=False) == []
 
 
+@pytest.mark.parametrize("replaced", ["workspace", "run directory"])
+def test_a_pool_session_runs_in_the_directory_its_path_names_at_launch(
+    ws_run: tuple[Path, Path], replaced: str
+) -> None:
+    """A broker that moves a task's workspace (or run directory) away and puts a fresh one
+    at its path gets a session of the fresh one from its Pool, never of the one moved away
+    (broker's pass, stop 32: the staged sandbox kept the old directory bound, so the next
+    session read the last task's files and wrote into the archive)."""
+    from helpers import give_to_session_user
+
+    workspace, run_dir = ws_run
+    plan = session(workspace, run_dir).plan()
+    with nsconfine.Pool(plan, refill="inline") as pool:
+        assert pool.launch(["/bin/true"]).wait(timeout=60) == 0
+        moved = workspace if replaced == "workspace" else run_dir
+        moved.rename(moved.with_name(moved.name + ".task1"))
+        moved.mkdir()
+        (moved / "fresh").write_text("the fresh one\n")
+        give_to_session_user(moved, moved / "fresh")
+        status, output = status_and_output(
+            pool.launch, ["/bin/sh", "-c", f"cat {moved}/fresh && echo new > {moved}/made"]
+        )
+    assert status == 0, output
+    assert "the fresh one" in output
+    assert (moved / "made").exists()
+    assert not (moved.with_name(moved.name + ".task1") / "made").exists()
+
+
+def test_a_forked_child_cannot_launch_from_its_parents_pool(plan: nsconfine.Plan) -> None:
+    """A pool's sandboxes are its launcher's children: a forked child that launched from it
+    could never wait for its reaper, and reported every session's status as 0 (broker's
+    pass, stop 32: a pre-fork server's failing jobs passed). It is refused, as a forked
+    child's poll() is."""
+    with nsconfine.Pool(plan, refill="inline") as pool:
+        child = os.fork()
+        if child == 0:  # (the child reports by its exit status alone)
+            try:
+                pool.launch(["/bin/sh", "-c", "exit 7"])
+            except RuntimeError:
+                os._exit(0)
+            except BaseException:
+                os._exit(2)
+            os._exit(1)
+        _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_warm_launch_runs_the_callers_argv_and_env(pool: nsconfine.Pool) -> None:
     """The payload gets the argv and extra variables of the launch over the plan's env."""
     script = 'printf "%s|%s|%s|%s" "$0" "$1" "$FOO" "$HOME"'

@@ -75,7 +75,7 @@ from nsconfine._plan.bwrap_args import (
     sized_tmpfs,
 )
 from nsconfine._plan.limits import tmpfs_shape
-from nsconfine._plan.model import Kind, Plan, has_own_network
+from nsconfine._plan.model import Kind, Mode, Plan, has_own_network
 from nsconfine._text import printable
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
@@ -267,6 +267,21 @@ class Staged:
         watcher = select.poll()
         watcher.register(self.mount_watch, select.POLLPRI)
         return not watcher.poll(0)
+
+    def writable_binds_unchanged(self) -> bool:
+        """Does each writable bind's path still name the directory this sandbox binds? A broker
+        may move a task's workspace (or run directory) away and put a fresh one at its path:
+        the sandbox would show the one moved away, and its mount table would not change."""
+        for entry in self.plan.entries:
+            if entry.kind is Kind.BIND and entry.mode is Mode.RW:
+                bound = self.bound.get(entry.dest)
+                try:
+                    info = os.stat(entry.source)
+                except OSError:
+                    return False
+                if bound is None or (info.st_dev, info.st_ino) != bound[:2]:
+                    return False
+        return True
 
     def stop_watching_mounts(self) -> None:
         """Close the mountinfo fd (at the hand-off: a live session holds none)."""
