@@ -49,8 +49,17 @@ class Record:
         )
         return f"{type(self).__name__}({shown})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copied, deep-copied and pickled as its fields, rebuilt through __init__ (so checked
+        again), as replace() makes one."""
+        return (_rebuilt, (type(self), {name: getattr(self, name) for name in self.FIELDS}))
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
+
+
+def _rebuilt(kind: type[Record], values: dict[str, Any]) -> Record:
+    return kind(**values)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -253,3 +254,20 @@ def test_secret_environment_values_are_hidden() -> None:
         assert "credential-value-9c2e" not in text
     assert "  TOKEN=(hidden)  [credential]" in plan.manifest().splitlines()
     assert "  HOME=/srv/ws/home  [nsconfine]" in plan.manifest().splitlines()
+
+
+def test_plans_and_sessions_copy_and_pickle(ws_run: tuple[Any, Any]) -> None:
+    """A Plan, a Session and their records copy, deep-copy and pickle, each rebuilt through its
+    own checks, equal to the original (broker's pass, stop 32: a broker handing a plan to a
+    worker process, or deep-copying its configuration, got "Plan is immutable")."""
+    import copy
+    import pickle
+
+    from helpers import session
+
+    made = session(*ws_run)
+    plan = made.plan()
+    for value in (plan, made, plan.entries[0]):
+        assert copy.copy(value) == value
+        assert copy.deepcopy(value) == value
+        assert pickle.loads(pickle.dumps(value)) == value
