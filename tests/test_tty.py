@@ -795,3 +795,23 @@ def test_a_slow_reader_gets_the_end_of_a_tty_session_s_output(ws_run: tuple[Path
     os.close(controller)
     assert received.count(b"x") == 30000
     assert b"END" in received
+
+
+def test_a_tty_sessions_output_is_there_to_read_after_it_is_reaped(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """What a terminal session wrote before it ended can be read from its controller after
+    wait() has reaped it, as an event loop reads it once the end is seen (broker's pass, stop
+    32: the end closed the controller, under aio's reader, losing the output and freeing the
+    fd number for another session's); the handle closes it as it goes (`with`, or dropped)."""
+    plan = session(*ws_run).plan()
+    with nsconfine.spawn(plan, ["/bin/sh", "-c", "echo written-before-the-end"], tty=True) as box:
+        assert box.wait(timeout=60) == 0
+        controller = box.tty
+        output = b""
+        with contextlib.suppress(OSError):  # EIO once it is drained: the session is gone
+            while chunk := os.read(controller, 4096):
+                output += chunk
+        assert b"written-before-the-end" in output
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(controller)  # closed by the handle's end

@@ -670,7 +670,7 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRela
     terminal = _Terminal(sandbox.tty, sandbox.command_pid) if sandbox.tty >= 0 else None
     try:
         _relay(sandbox, terminal, relay, grace, wake_read)
-        # before the handle reaps the session, which closes its terminal
+        # what the session wrote last, up to its end
         limit = DrainLimit(wake_read)
         relay.drain(limit)
         relay.leave_tui_modes()

@@ -17,7 +17,8 @@
                  poll or event loop (as multiprocessing.Process.sentinel); wait() then reaps
     tty          for a launch with tty=True: the controller of the command's terminal (a pty of
                  the sandbox's own, its controlling terminal), which the caller reads and
-                 writes; -1 otherwise. Closed once the handle has reaped the session.
+                 writes; -1 otherwise. It stays open after the session's end (what it wrote
+                 last is read then) until the handle's `with` ends or the handle is dropped.
     timings      seconds from the launch's start to each stage: "started" (bwrap's reaper
                  running), "linted" (the plan's checks passed, while bwrap builds),
                  "namespaces" (checked), "built" (bwrap done, the shim waiting), "confirmed"
@@ -267,14 +268,24 @@ class Sandbox:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        """Kill the session, wait for it, and close its pipes."""
+        """Kill the session, wait for it, and close its pipes and its terminal."""
         self.kill()
         self.wait()
         for stream in (self.stdout, self.stderr, self.stdin):
             if stream is not None:
                 _close(stream)
+        self._close_tty()
+
+    def _close_tty(self) -> None:
+        # The terminal's controller outlives the session (what it wrote last is read after
+        # its end is seen, as an event loop reads it): it goes with the handle.
+        tty, self.tty = getattr(self, "tty", -1), -1
+        if tty >= 0:
+            with contextlib.suppress(OSError):
+                os.close(tty)
 
     def __del__(self) -> None:
+        self._close_tty()  # (nobody can read it now)
         # Dropped unwaited: reaped by a later launch (_abandoned), not here. A finalizer runs
         # in whichever thread the collector does, the proxy's own among them, perhaps holding
         # a lock that the end of a session (its stubs, its proxy socket) takes.
@@ -294,13 +305,11 @@ class Sandbox:
 
     def _ended(self, status: int) -> None:
         # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
-        # the empty mount points made for the launch are removed.
+        # the empty mount points made for the launch are removed (the session's own terminal
+        # stays, for what it wrote last: _close_tty).
         self.returncode = status
         for fd in (self._reaper_pidfd, self._init_pidfd, self._command_pidfd):
             os.close(fd)
-        if self.tty >= 0:
-            os.close(self.tty)
-            self.tty = -1
         _terminal.restore(self._terminals)
         self._terminals = []
         _sources.remove(self._stubs)
