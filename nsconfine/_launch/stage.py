@@ -275,11 +275,7 @@ class Staged:
         for entry in self.plan.entries:
             if entry.kind is Kind.BIND and entry.mode is Mode.RW:
                 bound = self.bound.get(entry.dest)
-                try:
-                    info = os.stat(entry.source)
-                except OSError:
-                    return False
-                if bound is None or (info.st_dev, info.st_ino) != bound[:2]:
+                if bound is None or _syscalls.identity(entry.source) != bound[:2]:
                     return False
         return True
 
