@@ -290,12 +290,9 @@ def test_runner_files_too_large_to_copy_are_refused(
     assert "bind the directory" in seen, seen
 
 
-@pytest.mark.root  # a file the session's account may not read, the launcher may
-def test_a_runner_file_the_session_may_no_longer_read_is_not_copied(tmp_path: Path) -> None:
-    """A runner file made unreadable to the session's account after the plan was built (a
-    kept plan, a Pool) is refused at launch, as a bind of it would show it unreadable: the
-    launcher, root, reads it for the copy (hostile review: a file made 0600 after the plan
-    was copied in as the session's own, mode 0644)."""
+def _root_owned_runner_files(tmp_path: Path) -> tuple[Path, Path, Path, list[str]]:
+    """The session's directories, and COUNT runner files (mode 0644) in a directory of root's:
+    (workspace, run_dir, that directory, the files)."""
     workspace, run_dir, tool = session_dirs(tmp_path, "ws", "run", "tool")
     os.chown(tool, 0, 0)
     files = []
@@ -303,6 +300,16 @@ def test_a_runner_file_the_session_may_no_longer_read_is_not_copied(tmp_path: Pa
         (path := tool / f"f{index}.txt").write_text(f"{index}\n")
         path.chmod(0o644)
         files.append(str(path))
+    return workspace, run_dir, tool, files
+
+
+@pytest.mark.root  # a file the session's account may not read, the launcher may
+def test_a_runner_file_the_session_may_no_longer_read_is_not_copied(tmp_path: Path) -> None:
+    """A runner file made unreadable to the session's account after the plan was built (a
+    kept plan, a Pool) is refused at launch, as a bind of it would show it unreadable: the
+    launcher, root, reads it for the copy (hostile review: a file made 0600 after the plan
+    was copied in as the session's own, mode 0644)."""
+    workspace, run_dir, tool, files = _root_owned_runner_files(tmp_path)
     plan = session(workspace, run_dir, ro=files).plan()
     secret = tool / "f0.txt"
     secret.write_text("ROOT-ONLY\n")
@@ -331,13 +338,7 @@ def test_a_runner_file_an_acl_keeps_from_the_session_is_not_copied(tmp_path: Pat
     own 0644 copy, where a bind of it showed Permission denied)."""
     from helpers import session_uid
 
-    workspace, run_dir, tool = session_dirs(tmp_path, "ws", "run", "tool")
-    os.chown(tool, 0, 0)
-    files = []
-    for index in range(COUNT):
-        (path := tool / f"f{index}.txt").write_text(f"{index}\n")
-        path.chmod(0o644)
-        files.append(str(path))
+    workspace, run_dir, tool, files = _root_owned_runner_files(tmp_path)
     secret = tool / "f0.txt"
     secret.write_text("ACL-DENIED\n")
     _deny_by_acl(secret, session_uid())
