@@ -28,11 +28,12 @@ class Record:
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
+    def _fields(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed (through __init__, so it is checked again)."""
-        values = {name: getattr(self, name) for name in self.FIELDS}
-        values.update(changes)
-        return type(self)(**values)
+        return type(self)(**{**self._fields(), **changes})
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -52,7 +53,7 @@ class Record:
     def __reduce__(self) -> tuple[Any, ...]:
         """Copied, deep-copied and pickled as its fields, rebuilt through __init__ (so checked
         again), as replace() makes one."""
-        return (_rebuilt, (type(self), {name: getattr(self, name) for name in self.FIELDS}))
+        return (_rebuilt, (type(self), self._fields()))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
