@@ -1112,6 +1112,44 @@ def test_a_repository_made_while_the_workspace_is_scanned_is_found_by_the_next_l
     assert config in {entry.dest for entry in protect.refreshed(plan).entries}
 
 
+def test_a_stub_removed_while_the_workspace_is_scanned_is_judged_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another session's .claude stub is removed as that session ends, after the scan has
+    seen .claude as a directory and before it asks whether it is a stub. The plan must be
+    the one a missing .claude gives, as it is a moment later; it took .claude for a plain
+    directory and the stub directory came with another name's reason, so a Pool whose refill
+    staged then restaged at its next launch (its fresh look gave the first reason). Found
+    profiling Pool.launch (about 1 in 100 refills), stopped at the right moment here."""
+    from nsconfine._kernel.stub_records import is_stub
+    from nsconfine._plan import protect
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    plan = session(workspace, run_dir).plan()
+    claude = f"{workspace}/.claude"
+    first = nsconfine.spawn(plan, ["sleep", "60"])  # holds the .claude stub
+    try:
+        assert os.path.isdir(claude)
+
+        def is_stub_after_the_session_ends(path: str) -> bool:
+            if path == claude and first.returncode is None:
+                first.kill()
+                first.wait()
+                assert not os.path.lexists(claude)  # its session's end removed the stub
+            return is_stub(path)
+
+        monkeypatch.setattr(protect, "is_stub", is_stub_after_the_session_ends)
+        raced = protect.refreshed(plan)
+    finally:
+        first.kill()
+        first.wait()
+
+    def claude_entries(plan: nsconfine.Plan) -> set[tuple[str, str | None, str]]:
+        return {(e.dest, e.stub, e.reason) for e in plan.entries if "/.claude" in e.dest}
+
+    assert claude_entries(raced) == claude_entries(plan)  # as built with no .claude there
+
+
 def test_a_pool_protects_what_each_launch_finds(tmp_path: Path) -> None:
     """A Pool's sandboxes were staged before the repository existed: each launch still
     protects the repositories its workspace holds when it is handed its command."""

@@ -1221,8 +1221,10 @@ class _Scan:
                 )
             if not last and not stat.S_ISDIR(mode):
                 return path, "file"  # in the way of the directory: kept, so none can be made
-            if not last and is_stub(path):
-                return path, "dir"  # another session's stub: judged as the missing one it is
+            if not last and (is_stub(path) or not self.mode(path)):
+                # Another session's stub, or one its session's end removed since the look
+                # above: judged as the missing one it is (and now is).
+                return path, "dir"
         return path, kind
 
     # ------------------------------------------------------------ remembered git directories
