@@ -658,7 +658,11 @@ def network_environment(
     )
     replaced = {**injected.environment, **_network.PROXY_VARIABLES}
     kept = [
-        v for v in env if v.name not in replaced and v.name not in _network.LAUNCHER_PROXY_VARIABLES
+        v
+        for v in env
+        if v.name not in replaced
+        and v.name not in _network.LAUNCHER_PROXY_VARIABLES
+        and not _launcher_proxy(v)  # (a JVM's: it would take the JVM past the relay)
     ]
     files: list[p.Entry] = []
     for path, (text, reason) in injected.home_files.items():
@@ -671,7 +675,11 @@ def network_environment(
 
 
 def _launcher_proxy(variable: EnvVar) -> bool:
-    return variable.origin is Origin.LAUNCHER and variable.name in _network.LAUNCHER_PROXY_VARIABLES
+    """A launcher's proxy setting: a proxy variable, or a value that sets a JVM's proxy."""
+    return variable.origin is Origin.LAUNCHER and (
+        variable.name in _network.LAUNCHER_PROXY_VARIABLES
+        or _network.sets_jvm_proxy(variable.value)
+    )
 
 
 def _launcher_url_credential(variable: EnvVar) -> bool:

@@ -442,13 +442,36 @@ def test_the_launcher_s_proxy_and_its_password_stay_out_of_a_network_of_its_own(
     manifest. On the host's network (the twin) they pass, as asked."""
     for name in ("HTTPS_PROXY", "ALL_PROXY", "http_proxy"):
         monkeypatch.setenv(name, PROXY_WITH_PASSWORD)
-    passed = ["HTTPS_PROXY", "ALL_PROXY", "http_proxy"]
+    _kept_out_yet_passed_on_the_host_s(ws_run, network, ["HTTPS_PROXY", "ALL_PROXY", "http_proxy"])
+
+
+def _kept_out_yet_passed_on_the_host_s(
+    ws_run: tuple[Path, Path], network: str, passed: list[str], secret: str = "hunter2"
+) -> None:
+    """The launcher's variables passed, whose values hold secret: in neither the session's
+    environment nor the manifest on network, and in the session's on the host's network."""
     plan = session(*ws_run, network=network, pass_env=passed).plan()
     _status, output = run(plan, ["/bin/sh", "-c", "env"])
-    assert "hunter2" not in output, output
-    assert "hunter2" not in plan.manifest()
+    assert secret not in output, output
+    assert secret not in plan.manifest()
     host = session(*ws_run, network="host", network_reason="the twin", pass_env=passed).plan()
-    assert "hunter2" in run(host, ["/bin/sh", "-c", "env"])[1]
+    assert secret in run(host, ["/bin/sh", "-c", "env"])[1]
+
+
+@pytest.mark.parametrize("network", ["none", "proxy"])
+def test_a_launcher_s_jvm_proxy_and_its_password_stay_out_of_a_network_of_its_own(
+    ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, network: str
+) -> None:
+    """A JVM reads no proxy variable: its proxy, and the proxy's password, come in system
+    properties, which the jvm profile's JAVA_TOOL_OPTIONS and MAVEN_OPTS carry from the
+    launcher. On a network of its own the session gets neither (the proxy is one it cannot
+    reach, and would take the JVM past the relay); on the host's (the twin) they pass, as
+    asked. Attacker's pass, stop 33."""
+    monkeypatch.setenv(
+        "JAVA_TOOL_OPTIONS", "-Dhttps.proxyHost=proxy.corp -Dhttps.proxyPassword=hunter2"
+    )
+    monkeypatch.setenv("MAVEN_OPTS", "-Xmx1g -Dhttp.proxyPassword=hunter2")
+    _kept_out_yet_passed_on_the_host_s(ws_run, network, ["JAVA_TOOL_OPTIONS", "MAVEN_OPTS"])
 
 
 def test_a_launcher_url_holding_a_credential_stays_out_of_a_session_without_network(

@@ -8,6 +8,7 @@ key stays in the launcher's proxy (nsconfine._launch.egress attaches a launch to
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from nsconfine._errors import CredentialMissing, UsageError
@@ -34,6 +35,17 @@ PROXY_VARIABLES: Final = {
 LAUNCHER_PROXY_VARIABLES: Final = frozenset(
     {*PROXY_VARIABLES, "ALL_PROXY", "all_proxy", "FTP_PROXY", "ftp_proxy"}
 )
+# A JVM reads none of those variables: its proxy, and the proxy's password, come as system
+# properties (-Dhttps.proxyHost, -Dhttps.proxyPassword, -DsocksProxyHost) in JAVA_TOOL_OPTIONS
+# or MAVEN_OPTS, which the jvm profile passes.
+_JVM_PROXY_PROPERTY: Final = re.compile(r"-D[\w.]*proxy", re.IGNORECASE)
+
+
+def sets_jvm_proxy(value: str) -> bool:
+    """Whether value (a launcher's variable) sets a JVM's proxy."""
+    return _JVM_PROXY_PROPERTY.search(value) is not None
+
+
 # What the session holds where its key would be: a harness wants one, the proxy replaces it.
 PLACEHOLDER: Final = "nsconfine-placeholder-the-proxy-holds-the-key"
 
