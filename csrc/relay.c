@@ -15,9 +15,10 @@
  *     never sees an extra child (a wait() for all its children would never return), and the
  *     sandbox still ends when the command does (bwrap's monitor exits when its first child
  *     does; the pid namespace's init dies with it, and the relay with the namespace).
- *   - A session and a process group of its own, fds 0-2 on /dev/null, every other fd closed:
- *     it holds neither the launcher's channel nor the caller's stdio or terminal (no pipe
- *     waits on it for EOF; no ^C of the terminal's foreground group reaches it).
+ *   - A session and a process group of its own, fds 0-2 on /dev/null, every other fd closed
+ *     before the shim goes on to exec the command (which may stop the relay and open its
+ *     fds): it holds neither the launcher's channel nor the caller's stdio or terminal (no
+ *     pipe waits on it for EOF; no ^C of the terminal's foreground group reaches it).
  *   - A process per connection (auto-reaped: SIGCHLD ignored): a connection that fails, or
  *     never reads, stops only itself. Each shuttles both ways through a bounded pipe per
  *     direction (splice(2): the bytes stay in the kernel) with ppoll, and passes a half-close
@@ -250,14 +251,26 @@ static void back_off(void)
     (void)SYS2(__NR_nanosleep, &pause, 0);
 }
 
-__attribute__((noreturn)) static void relay_main(int listener, const char *socket_path)
+/* Close every fd from 3 up but keep_low and keep_high (keep_low < keep_high, both >= 3). */
+static void close_all_but(unsigned int keep_low, unsigned int keep_high)
+{
+    if (keep_low > 3)
+        (void)sys_close_range(3, keep_low - 1, 0);
+    if (keep_high > keep_low + 1)
+        (void)sys_close_range(keep_low + 1, keep_high - 1, 0);
+    (void)sys_close_range(keep_high + 1, ~0U, 0);
+}
+
+/* ready: the write end of the shim's pipe, closed last: the shim waits for its EOF. */
+__attribute__((noreturn)) static void relay_main(int listener, int ready, const char *socket_path)
 {
     (void)SYS0(__NR_setsid); /* out of the command's session and process group */
 
     /* Only the listener stays; stdio goes to /dev/null (closed if the sandbox has none). */
-    if (listener > 3)
-        (void)sys_close_range(3, (unsigned int)listener - 1, 0);
-    (void)sys_close_range((unsigned int)listener + 1, ~0U, 0);
+    if (listener < ready)
+        close_all_but((unsigned int)listener, (unsigned int)ready);
+    else
+        close_all_but((unsigned int)ready, (unsigned int)listener);
     long null = SYS4(__NR_openat, AT_FDCWD_, "/dev/null", O_RDWR | O_CLOEXEC, 0);
     for (int target = 0; target < 3; target++) {
         if (null < 0)
@@ -267,6 +280,7 @@ __attribute__((noreturn)) static void relay_main(int listener, const char *socke
     }
     if (null > 2)
         (void)SYS1(__NR_close, null);
+    (void)SYS1(__NR_close, ready); /* the shim may exec the command now */
 
     reset_signal_dispositions();
     struct ksigaction ignore = { SIG_IGN, 0, 0, 0 };
@@ -313,13 +327,30 @@ long start_relay(long port, const char *socket_path)
     long r = SYS3(__NR_bind, listener, &loopback, sizeof loopback);
     if (r == 0)
         r = SYS2(__NR_listen, listener, LISTEN_BACKLOG);
+    int ready[2] = { -1, -1 };
+    if (r == 0)
+        r = SYS2(__NR_pipe2, ready, O_CLOEXEC);
     if (r == 0) {
         /* CLONE_PARENT: pid 1's child, the command's sibling. Its exit signal is the shim's
          * own (SIGCHLD), so pid 1 reaps it. */
         r = SYS5(__NR_clone, CLONE_PARENT_, 0, 0, 0, 0);
         if (r == 0)
-            relay_main((int)listener, socket_path);
+            relay_main((int)listener, ready[1], socket_path);
     }
+    if (ready[1] >= 0)
+        (void)SYS1(__NR_close, ready[1]);
+    if (r > 0) {
+        /* The command may stop the relay, and open its fds (its own account's), once it
+         * runs: wait until the relay holds nothing but its listener and /dev/null (the error
+         * pipe, bwrap's stderr, the launcher's socket and the caller's stdio all closed). Its
+         * last close, or its death, ends the pipe; nothing else in the sandbox can reach it
+         * before the command runs. */
+        char byte;
+        while (RETRY(sys_read(ready[0], &byte, 1)) > 0)
+            ;
+    }
+    if (ready[0] >= 0)
+        (void)SYS1(__NR_close, ready[0]);
     (void)SYS1(__NR_close, listener);
     return r < 0 ? r : 0;
 }

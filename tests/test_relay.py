@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import textwrap
 import threading
 import time
@@ -351,6 +352,65 @@ def test_the_relay_ends_with_the_command_and_holds_no_stdio(
     while (left := sandbox_processes(namespace)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == [], f"processes of the sandbox outlived it: {left}"
+
+
+# The command's first act: stop its sibling (the relay: neither pid 1 nor itself), list what
+# the relay holds, let it go. Compiled, static: a Python would start too slowly to reach the
+# relay before it runs.
+FIRST_ACT = r"""
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(void) {
+    DIR *proc = opendir("/proc");
+    struct dirent *entry;
+    while ((entry = readdir(proc))) {
+        int pid = atoi(entry->d_name);
+        if (pid <= 1 || pid == getpid() || kill(pid, SIGSTOP))
+            continue;
+        char path[64], target[256];
+        for (int fd = 0; fd < 64; fd++) {
+            snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+            ssize_t n = readlink(path, target, sizeof target - 1);
+            if (n > 0)
+                printf("%d %.*s\n", fd, (int)n, target);
+        }
+        kill(pid, SIGCONT);
+    }
+    return 0;
+}
+"""
+
+
+def test_the_relay_holds_nothing_of_the_launcher_s_when_the_command_starts(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """The shim starts the relay before it places the command's stdio and execs it. The
+    relay, a sibling the command may stop and whose fds it may open (its own account's,
+    neither pid 1), must by then hold only its listener and /dev/null: it held the shim's
+    error pipe (the command could keep spawn from returning, or forge an exec failure), the
+    launcher's socket, the shim's memfd and bwrap's stderr (a Pool's: the launcher's own,
+    which the command then wrote into). The launcher runs on one CPU, where the command
+    always reached the relay first (attacker's pass, stop 33); the check fails on that code."""
+    source = ws_run[0] / "first-act.c"
+    source.write_text(FIRST_ACT)
+    program = ws_run[0] / "first-act"
+    compiler = ["gcc", "-O1", "-static", "-o", str(program), str(source)]
+    assert subprocess.run(compiler, check=False).returncode == 0, "gcc is needed"
+    program.chmod(0o755)
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        status, output = run(proxy_plan(ws_run, proxy_directory), [str(program)])
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert status == 0, output
+    held = dict(line.split(" ", 1) for line in output.splitlines())
+    assert held, output  # the relay was found and stopped
+    others = {fd: what for fd, what in held.items() if not what.startswith("socket:[")}
+    assert others == {"0": "/dev/null", "1": "/dev/null", "2": "/dev/null"}, output
 
 
 def test_a_missing_or_refusing_socket_resets_that_connection_and_the_next_is_served(
