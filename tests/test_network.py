@@ -429,6 +429,23 @@ def test_run_prints_each_refusal_on_stderr(
     ], result.stderr
 
 
+@pytest.mark.unprivileged  # root's sockets are in /run/nsconfine
+@pytest.mark.parametrize("runtime", ["/nonexistent/run/user/1", "/", "relative"])
+def test_a_runtime_directory_not_the_launcher_s_own_is_passed_over(
+    ws_run: tuple[Path, Path], runtime: str
+) -> None:
+    """A launcher's XDG_RUNTIME_DIR that is missing (left by su or sudo -u: /run/user/0), not
+    its account's, or relative: its proxy sockets go where they would with none set, and the
+    proxy session runs. Every one was refused, missing told as a race to retry (attacker's
+    pass, stop 33)."""
+    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+    result = cli(
+        "run", *session_options(*ws_run), "--allow-host", "pypi.org", "--", "echo", "ran",
+        env=env,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
+
+
 PROXY_WITH_PASSWORD = "http://user:hunter2@proxy.example:3128"
 
 

@@ -28,6 +28,7 @@ import select
 import shutil
 import socket
 import ssl
+import stat
 import struct
 import sys
 import tempfile
@@ -370,10 +371,11 @@ def _sockets_parent() -> str:
     account's own, 0711 (a session's account passes through it to its socket, and lists
     nothing: the names are random). /run/nsconfine for root, else the launcher's runtime
     directory, else /tmp's."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     if os.geteuid() == 0:
         parent = "/run/nsconfine"
-    elif os.environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
-        parent = os.path.join(os.environ["XDG_RUNTIME_DIR"], "nsconfine")
+    elif _own_runtime_directory(runtime):
+        parent = os.path.join(runtime, "nsconfine")
     else:
         parent = f"/tmp/nsconfine-{os.geteuid()}-proxy"
     if not make_own_directory(parent, 0o711, 0o066):
@@ -382,6 +384,22 @@ def _sockets_parent() -> str:
             "read or write (it holds the sessions' proxy sockets): remove it"
         )
     return parent
+
+
+def _own_runtime_directory(path: str) -> bool:
+    """Is path a runtime directory of this account's, as systemd makes it (absolute, a
+    directory it owns that no one else may write)? One left by su or sudo -u (/run/user/0),
+    missing, or another's is passed over, not refused."""
+    try:
+        info = os.stat(path) if path.startswith("/") else None
+    except OSError:
+        return False
+    return (
+        info is not None
+        and stat.S_ISDIR(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & 0o022
+    )
 
 
 def _still_at(fd: int, path: str) -> bool:
