@@ -8,6 +8,7 @@ can fail: it is the rule that refuses, not a broken path."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.server
 import ipaddress
 import json
@@ -16,8 +17,10 @@ import resource
 import socket
 import ssl
 import stat
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +34,7 @@ from helpers import LocalCA, make_local_ca
 from nsconfine._errors import SandboxUnavailable, UsageError
 from nsconfine._launch.proxy import (
     MAX_INTERIM_HEADS,
+    UPSTREAM_RECEIVE_BYTES,
     Proxy,
     _RequestBody,
     _ResponseHeadRewriter,
@@ -1202,6 +1206,50 @@ def test_a_client_that_never_reads_blocks_nobody(proxy: Proxy, http_upstream: Up
         assert flood.blocked.wait(30)
         assert status(ask(path, get("web.test", http_upstream.port))) == 200
     flood.close()
+
+
+def _sockets_to(port: int) -> list[socket.socket]:
+    """This process's TCP sockets connected to 127.0.0.1:port (the proxy's upstream ones: it
+    is a thread of the test's), each a copy of its own."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if sock.family == socket.AF_INET and sock.getpeername() == ("127.0.0.1", port):
+                found.append(sock)
+                continue
+        except OSError:
+            pass
+        sock.close()
+    return found
+
+
+def test_a_client_that_never_reads_pins_little_of_the_host_s_tcp_memory(proxy: Proxy) -> None:
+    """A download whose client stopped reading: the proxy's upstream socket holds at most
+    UPSTREAM_RECEIVE_BYTES (the kernel counts twice that) however large the host lets TCP
+    grow a receive buffer. Left to grow (tcp_rmem's maximum: 32 MiB here, 6 MiB Debian's),
+    each of a session's 32 connections pinned ~16 MiB of the host's TCP memory in the
+    launcher's sockets: four sessions took the host past its TCP memory pressure mark
+    (attacker's pass, stop 33)."""
+    flood = _TcpServer("flood")
+    path = proxy.add_session("s", [dest(f"flood.test:{flood.port}=127.0.0.1")], [])
+    stuck, head = tunnel(path, f"flood.test:{flood.port}")
+    with stuck:
+        assert status(head) == 200
+        read = 0
+        while read < 256 * 1024 * 1024:  # fast, at first: the kernel grows its buffers
+            read += len(stuck.recv(1024 * 1024))
+        assert flood.blocked.wait(30)  # then not at all
+        (upstream,) = _sockets_to(flood.port)
+        with upstream:
+            kept = upstream.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            queued = struct.unpack("i", fcntl.ioctl(upstream, termios.FIONREAD, b"\0" * 4))[0]
+    flood.close()
+    assert kept <= 2 * UPSTREAM_RECEIVE_BYTES, kept
+    assert queued <= 2 * UPSTREAM_RECEIVE_BYTES, queued
 
 
 def test_a_tunnel_relays_when_the_launchers_fds_pass_1024(proxy: Proxy, echo: _TcpServer) -> None:

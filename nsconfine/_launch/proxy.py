@@ -64,6 +64,10 @@ MAX_HEADER_LINES = 100
 MAX_RESPONSE_HEAD = 64 * 1024
 CHUNK = 64 * 1024
 SPLICE_BYTES = 1024 * 1024  # a spliced connection's pipe: what it holds in flight
+# An upstream socket's receive buffer, fixed (the kernel counts twice it): left to the kernel's
+# tuning, one whose client stopped reading grew to tcp_rmem's maximum (6 MiB on Debian, 32 MiB
+# on some hosts), host-wide TCP memory held by the launcher for a session, 32 connections each.
+UPSTREAM_RECEIVE_BYTES = 1024 * 1024
 # What a connection costs the launcher at most: its two sockets and its splice pipe's two ends.
 FDS_PER_CONNECTION = 4
 CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut connections
@@ -895,6 +899,7 @@ class Proxy:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UPSTREAM_RECEIVE_BYTES)
             sock.setblocking(False)
             error = sock.connect_ex((address, port))
             deadline = time.monotonic() + self.connect_timeout
