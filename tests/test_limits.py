@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -597,23 +598,49 @@ def test_the_largest_limits_still_launch(ws_run: tuple[Path, Path]) -> None:
 # ------------------------------------------------------------------ failing to take them
 
 
+def _reachable_reaper(tmp_path: Path) -> Path:
+    """A copy of the reaper the session's account can reach wherever the package is installed
+    (CI's clone may sit where no other account can look)."""
+    import shutil
+
+    from nsconfine._launch.programs import REAPER_PATH
+
+    reaper = tmp_path / "tools" / "reaper"
+    reaper.parent.mkdir()
+    shutil.copy(REAPER_PATH, reaper)
+    open_up(reaper.parent)
+    return reaper
+
+
+def _refusal_of(report: bytes) -> str:
+    """The launcher's refusal of a launch whose reaper reported report on its info fd."""
+    import socket
+
+    from nsconfine._launch.confirm import read_info
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, report)
+    os.close(write_end)
+    quiet, other = socket.socketpair()
+    try:
+        with pytest.raises(nsconfine.SandboxUnavailable) as refused:
+            read_info("/usr/bin/bwrap", read_end, quiet.fileno())
+    finally:
+        os.close(read_end)
+        quiet.close()
+        other.close()
+    return str(refused.value)
+
+
 def test_the_reaper_reports_a_limit_it_cannot_take(
     ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """Where the session's own user namespace cannot be made (here: inside a session, whose
     filter refuses one), the reaper reports the failed step on its info fd and starts nothing;
     told to take no limits, the same reaper starts its command (the twin)."""
-    import shutil
-
     from nsconfine._kernel import syscalls as _syscalls
-    from nsconfine._launch.programs import REAPER_PATH
 
-    # A copy the session's account can reach wherever the package is installed (CI's clone may
-    # sit where no other account can look).
-    reaper = tmp_path / "tools" / "reaper"
-    reaper.parent.mkdir()
-    shutil.copy(REAPER_PATH, reaper)
-    open_up(reaper.parent)
+    reaper = _reachable_reaper(tmp_path)
     plan = session(*ws_run, ro=[reaper]).plan()
     # Its lifeline is the session's stderr (a pipe's write end: never readable, so never EOF).
     status, output = sh(plan, f"{reaper} 2 1 64,4,4,64,16 - /bin/echo started")
@@ -626,18 +653,21 @@ def test_the_reaper_reports_a_limit_it_cannot_take(
 
 def test_a_limit_step_that_failed_is_a_clear_refusal() -> None:
     """The launcher turns the reaper's report into a refusal naming the step."""
-    import socket
+    refusal = _refusal_of(b'{"reaper-errno": 1, "reaper-stage": 29}\n')
+    assert re.search(r"limits: unshare.*not permitted", refusal), refusal
 
-    from nsconfine._launch.confirm import read_info
 
-    read_end, write_end = os.pipe()
-    os.write(write_end, b'{"reaper-errno": 1, "reaper-stage": 29}\n')
-    os.close(write_end)
-    quiet, other = socket.socketpair()
-    try:
-        with pytest.raises(nsconfine.SandboxUnavailable, match=r"limits: unshare.*not permitted"):
-            read_info("/usr/bin/bwrap", read_end, quiet.fileno())
-    finally:
-        os.close(read_end)
-        quiet.close()
-        other.close()
+def test_bwrap_not_started_at_the_account_s_process_limit_is_not_blamed_on_bwrap(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A reaper whose account is at its process limit (a session of the launcher's account
+    forked to it) cannot start bwrap: the refusal says so, and not "reinstall bubblewrap"
+    (attacker's pass, stop 33). The report is a real reaper's, run where it cannot fork."""
+    reaper = _reachable_reaper(tmp_path)
+    plan = session(*ws_run, ro=[reaper]).plan()
+    status, output = sh(plan, f"prlimit --nproc=1 {reaper} 2 1 - - /bin/echo started")
+    assert status == 127, output
+    assert json.loads(output)["reaper-errno"] == errno.EAGAIN
+    refusal = _refusal_of(output.encode())
+    assert "process limit" in refusal, refusal
+    assert "reinstall" not in refusal, refusal

@@ -14,8 +14,10 @@ compares device and inode with the source's.
 
 from __future__ import annotations
 
-# The C module socket.py wraps (see nsconfine/_launch/stage.py).
 import _socket as socket
+
+# The C module socket.py wraps (see nsconfine/_launch/stage.py).
+import errno
 import os
 import time
 from collections.abc import Mapping
@@ -105,13 +107,24 @@ def read_info(bwrap: str, info_fd: int, shim_sock: int) -> dict[str, Any]:
                 "limits this host enforces"
             )
         if isinstance(info, dict) and isinstance(info.get("reaper-errno"), int):
-            raise SandboxUnavailable(
-                f"cannot run {bwrap}: {os.strerror(info['reaper-errno'])}; reinstall "
-                "bubblewrap or point NSCONFINE_BWRAP at a working one"
-            )
+            raise SandboxUnavailable(_bwrap_not_started(bwrap, info["reaper-errno"]))
         if not isinstance(info, dict) or not isinstance(info.get("child-pid"), int):
             raise SandboxUnavailable(f"{bwrap} reported no sandbox pid: it is not bubblewrap")
         return info
+
+
+def _bwrap_not_started(bwrap: str, error: int) -> str:
+    """Why the reaper could not start bwrap (fork, or exec, failed with error), and what to do."""
+    if error in (errno.EAGAIN, errno.ENOMEM):  # no process, or no memory, for it: not bwrap's fault
+        return (
+            f"cannot start {bwrap}: {os.strerror(error)}: the session's account is at its "
+            "process limit (RLIMIT_NPROC), or the host is short of memory; nothing was run, "
+            "launch again once fewer processes run"
+        )
+    return (
+        f"cannot run {bwrap}: {os.strerror(error)}; reinstall bubblewrap or point "
+        "NSCONFINE_BWRAP at a working one"
+    )
 
 
 def _stat_fields(pid: int) -> list[bytes]:
