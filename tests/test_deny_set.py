@@ -252,7 +252,45 @@ def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
     lib = tmp_path / "checkout" / "lib"
     lib.mkdir(parents=True)
     os.link(standin_home / ".ssh" / "id_ed25519", lib / "key")
-    assert "id_ed25519" in refusal(ws_run, {"HOME": str(standin_home)}, ro=[lib])
+    message = refusal(ws_run, {"HOME": str(standin_home)}, ro=[lib])
+    assert f"holds {lib / 'key'}, another name of {standin_home}/.ssh/id_ed25519" in message
+
+
+def test_a_denied_file_s_other_name_outside_every_bind_refuses_nothing(
+    ws_run: tuple[Path, Path], standin_home: Path, tmp_path: Path
+) -> None:
+    """A file of the launcher's config with a second name elsewhere (a backup made with ln),
+    on the file system of /usr: its other name is looked for in the binds that could hold it,
+    not in /usr, which only root writes (a name of a secret there is root's making, as a copy
+    would be). /usr was looked through, found too large, and every launch of the account
+    refused, blaming /usr (attacker's pass, stop 33). The twin: the other name inside a bound
+    directory is refused (the test before)."""
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    os.link(standin_home / ".config" / "app" / "secrets", backup / "secrets")
+    assert os.stat(backup).st_dev == os.stat("/usr").st_dev  # where /usr is looked at
+    checked_plan(ws_run, {"HOME": str(standin_home)})
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_session_s_own_hardlink_in_a_denied_workspace_refuses_no_other_session(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Another session's workspace, denied to this one, in which that session made a file
+    two names: both are in the denied directory, so there is no third to look for, and this
+    session's launches go on. They were refused (/usr too large to look through) for as long
+    as the link stayed (attacker's pass, stop 33). The twin: a second name outside it, in a
+    bound directory, is refused."""
+    from helpers import session, session_dirs, sh
+
+    other = session_dirs(tmp_path, "other-ws", "other-run")
+    assert sh(session(*other).plan(), "echo x > a && ln a b") == (0, "")
+    checked_plan(ws_run, {}, deny=[other[0]])
+    lib = tmp_path / "checkout" / "lib"
+    lib.mkdir(parents=True)
+    os.link(other[0] / "a", lib / "a")
+    assert f"another name of {other[0]}" in refusal(ws_run, {}, ro=[lib], deny=[other[0]])
 
 
 @pytest.mark.parametrize(

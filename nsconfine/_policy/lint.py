@@ -34,6 +34,7 @@ from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import RunAs, records_directory
 from nsconfine._kernel.stub_records import FALLBACK_BASE
 from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan
+from nsconfine._plan.system import USR_MERGED_LINKS
 from nsconfine._text import is_decimal, printable, within
 
 # Credential stores under a home directory, each with why it must stay out of every session.
@@ -89,6 +90,10 @@ STORE_VARIABLES: tuple[tuple[str, str], ...] = (
 LINKED_DEPTH = 3
 LINKED_SCAN = 5_000
 BOUND_SCAN = 50_000
+# Not looked through for other names: the system's program directories, which only root writes
+# (a second name of a user's secret there is root's making, as a copy there would be, and no
+# lint finds a copy). /usr holds too much to look through at each launch.
+ROOT_S_TREES = ("/usr", *USR_MERGED_LINKS)
 
 SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
     ("/etc/shadow", "the host's password hashes"),
@@ -450,7 +455,10 @@ class Judge:
             if named is not None:
                 return named[0], f"is another name (a hardlink) of {printable(named[1])}, in"
         if stat.S_ISDIR(info.st_mode):
-            return self._mounted_below(source) or self._linked_below(source, info.st_dev)
+            found = self._mounted_below(source)
+            if found is None and not any(within(source, tree) for tree in ROOT_S_TREES):
+                found = self._linked_below(source, info.st_dev)
+            return found
         return None
 
     def _mounted_below(self, source: str) -> tuple[DenyRule, str] | None:
@@ -472,6 +480,8 @@ class Judge:
             self.linked = {
                 (info.st_dev, info.st_ino): (rule, path) for rule, path, info in self.linked_files
             }
+            # Every name found of each, in the rules and the denied directories.
+            names = {(i.st_dev, i.st_ino): {path} for _, path, i in self.linked_files}
             budget = LINKED_SCAN
             for rule, directory in self.denied_dirs:
                 try:
@@ -480,6 +490,10 @@ class Judge:
                     continue
                 for device, inode, path in found:
                     self.linked.setdefault((device, inode), (rule, path))
+                    names.setdefault((device, inode), set()).add(path)
+            for identity, paths in names.items():
+                if _every_name(identity, paths):
+                    del self.linked[identity]
         return self.linked
 
     def _linked_below(self, source: str, device: int) -> tuple[DenyRule, str] | None:
@@ -514,6 +528,17 @@ class Judge:
                     "has several, on the same file system), in"
                 )
         return None
+
+
+def _every_name(identity: tuple[int, int], paths: set[str]) -> bool:
+    """Are paths (found in denied directories) every name the file has? Then it has none
+    elsewhere that a bind could show (a session's own link in its workspace, denied to
+    another session: both names are in that workspace)."""
+    try:
+        info = os.lstat(next(iter(paths)))
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == identity and info.st_nlink <= len(paths)
 
 
 def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result | None]:
