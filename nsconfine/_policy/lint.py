@@ -90,9 +90,11 @@ STORE_VARIABLES: tuple[tuple[str, str], ...] = (
 LINKED_DEPTH = 3
 LINKED_SCAN = 5_000
 BOUND_SCAN = 50_000
-# Not looked through for other names: the system's program directories, which only root writes
-# (a second name of a user's secret there is root's making, as a copy there would be, and no
-# lint finds a copy). /usr holds too much to look through at each launch.
+# Not looked through for other names: the system's program directories, which root and its
+# package manager fill (a second name of a user's secret there is root's making, as a copy there
+# would be, and no lint finds a copy; the few directories there another account may write, such
+# as staff's /usr/local/share/fonts, hold none by any accident). /usr holds too much to look
+# through at each launch.
 ROOT_S_TREES = ("/usr", *USR_MERGED_LINKS)
 
 SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
