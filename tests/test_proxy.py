@@ -672,6 +672,52 @@ def test_a_chunked_body_of_tiny_chunks_is_refused() -> None:
     assert _RequestBody(request).feed(normal + b"0\r\n\r\n") == normal + b"0\r\n\r\n"
 
 
+def test_a_sessions_chunk_framing_is_paced() -> None:
+    """A session's connections frame at most CHUNKS_PER_SECOND chunks a second between them
+    (after CHUNKS_AT_ONCE at once); one over it sleeps its share, off the interpreter's lock.
+    Framing is Python on the launcher's threads: 32 connections sending 128-byte chunks (the
+    smallest average allowed) held a core and stalled the launcher's other launches for 6-9 s
+    (attacker's pass, stop 33). Here on a clock of the test's: no time passes."""
+    from nsconfine._launch import proxy as _proxy
+
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    pace = _proxy._Pace(clock=lambda: now[0], sleep=sleep)
+    pace.take(_proxy.CHUNKS_AT_ONCE)
+    assert slept == []
+    pace.take(_proxy.CHUNKS_PER_SECOND * 3)
+    assert slept == [pytest.approx(3.0)]
+    now[0] += 1.0  # a quiet second refills that much
+    pace.take(_proxy.CHUNKS_PER_SECOND)
+    assert slept == [pytest.approx(3.0)]
+
+
+@pytest.mark.parametrize("via", ["plain http", "route"])
+def test_each_chunk_a_session_sends_is_paced(
+    proxy: Proxy, recorder: _TcpServer, via: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every chunk of a session's chunked body, through a destination or a route, is taken
+    from its session's pace (the twin: a body of Content-Length takes none)."""
+    from nsconfine._launch import proxy as _proxy
+
+    taken: list[int] = []
+    monkeypatch.setattr(_proxy._Pace, "take", lambda _pace, count: taken.append(count))
+    path, head = _first_request(proxy, via, recorder.port, "Transfer-Encoding: chunked\r\n")
+    chunks = b"400\r\n" + b"x" * 1024 + b"\r\n"
+    assert status(_through(path, head + chunks * 3000 + b"0\r\n\r\n")) == 200
+    assert sum(taken) == 3001
+    taken.clear()
+    proxy.remove_session("s")
+    path, head = _first_request(proxy, via, recorder.port, "Content-Length: 5\r\n")
+    assert status(_through(path, head + b"hello")) == 200
+    assert sum(taken) == 0
+
+
 @pytest.mark.parametrize(
     ("framing", "body", "expected"),
     [

@@ -80,6 +80,12 @@ MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its exte
 # refused (clients chunk by their writes: kilobytes).
 MIN_CHUNKS_CHECKED = 1024
 MIN_AVERAGE_CHUNK = 128
+# And a session's connections frame this many chunks a second between them (after this many at
+# once); past it, each waits its share, asleep: 32 connections of 128-byte chunks still held a
+# core and stalled other launches for seconds (each launch waits for the interpreter's lock at
+# each of its system calls). Clients chunk by kilobytes: 20,000 a second is 160 MB/s at 8 KiB.
+CHUNKS_PER_SECOND = 20_000
+CHUNKS_AT_ONCE = 20_000
 MAX_INTERIM_HEADS = 16  # 1xx heads of one response looked at (Connection rewritten after)
 # The methods of an HTTP API a route carries its key with (not TRACE, TRACK, CONNECT).
 _ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -264,7 +270,8 @@ class _RequestBody:
     framing read and re-sent plainly (sizes in bare hex, extensions dropped: no framing for an
     upstream to read otherwise than this). What follows the body is never returned."""
 
-    def __init__(self, request: _Request) -> None:
+    def __init__(self, request: _Request, pace: _Pace | None = None) -> None:
+        self.pace = pace  # the session's, which each chunk framed is taken from
         codings = request.values("transfer-encoding")
         if len(codings) > 1:
             raise _Refusal(400, "Transfer-Encoding is stated twice")
@@ -286,6 +293,14 @@ class _RequestBody:
         of a read of many small chunks."""
         if self.partial_line:
             data, self.partial_line = self.partial_line + data, b""
+        chunks = self.chunks
+        try:
+            return self._frame(data)
+        finally:
+            if self.pace is not None and self.chunks > chunks:
+                self.pace.take(self.chunks - chunks)
+
+    def _frame(self, data: bytes) -> bytes:
         out: list[bytes] = []
         at = 0
         while at < len(data) and self.state != "done":
@@ -338,6 +353,33 @@ class _RequestBody:
         return b"%x\r\n" % self.left
 
 
+class _Pace:
+    """One session's chunk framing, CHUNKS_PER_SECOND a second (CHUNKS_AT_ONCE at once) between
+    its connections: a token bucket each takes what it framed from, a connection that leaves it
+    owing sleeping until its share is paid (off the interpreter's lock)."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tokens = float(CHUNKS_AT_ONCE)
+        self._last = clock()
+
+    def take(self, count: int) -> None:
+        with self._lock:
+            now = self._clock()
+            refill = (now - self._last) * CHUNKS_PER_SECOND
+            self._tokens = min(float(CHUNKS_AT_ONCE), self._tokens + refill) - count
+            self._last = now
+            owed = -self._tokens / CHUNKS_PER_SECOND
+        if owed > 0:
+            self._sleep(owed)
+
+
 @dataclass(eq=False)  # held in a set, by identity
 class _Connection:
     session: str
@@ -365,6 +407,7 @@ class _Session:
     destinations: tuple[Destination, ...]
     routes: dict[str, Route]
     connections: set[_Connection] = field(default_factory=set)
+    pace: _Pace = field(default_factory=_Pace)  # of its connections' chunked bodies
     stopping: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     network: int | None = None  # its sandbox's network namespace (inode), once built
@@ -854,7 +897,7 @@ class Proxy:
             raise _Refusal(400, "for https, CONNECT host:443 and speak TLS through the tunnel")
         for route in session.routes.values():
             if request.target.startswith(f"/{route.name}/"):
-                return self._route(connection, route, request, rest)
+                return self._route(session, connection, route, request, rest)
         raise _Refusal(403, self._what_is_allowed(session))
 
     @staticmethod
@@ -960,13 +1003,20 @@ class Proxy:
         if port != 80:
             host_line += f":{port}"
         head = request.head(path, _HOP_HEADERS | {"host"}, [f"Host: {host_line}".encode()])
-        body = _RequestBody(request)
+        body = _RequestBody(request, session.pace)
         first = head + body.feed(rest)
         connection.upstream = self._connect(connection, decision)
         self._relay(connection, first, rewriter=_ResponseHeadRewriter(), body=body)
         return decision.reason
 
-    def _route(self, connection: _Connection, route: Route, request: _Request, rest: bytes) -> str:
+    def _route(
+        self,
+        session: _Session,
+        connection: _Connection,
+        route: Route,
+        request: _Request,
+        rest: bytes,
+    ) -> str:
         if request.method not in _ROUTE_METHODS:
             # TRACE: an upstream that answers it echoes the request, the key among its
             # headers, back to the session; no API needs it, nor any method not listed.
@@ -991,7 +1041,7 @@ class Proxy:
         drop |= {"host", route.header.lower()}
         extra = [f"Host: {upstream.netloc}".encode(), route.header_line]
         head = request.head(upstream.path.rstrip("/") + suffix, drop, extra)
-        body = _RequestBody(request)
+        body = _RequestBody(request, session.pace)
         first = head + body.feed(rest)
         try:
             raw = self._open_by_name(connection, upstream.hostname, port)
