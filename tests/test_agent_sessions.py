@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import cli, open_up, run, session, session_options, sh
+from helpers import cli, give_to_session_user, open_up, run, session, session_options, sh
 
 import nsconfine
 from nsconfine._plan.model import Kind
@@ -320,6 +320,26 @@ def test_explain_answers_for_a_host_file_under_the_session_s_own_tmp(
     generated = cli("explain", "/etc/passwd", *session_options(*ws_run))
     assert generated.returncode == 1, generated.stdout
     assert "not visible" in generated.stdout, generated.stdout
+
+
+def test_explain_answers_for_a_host_file_in_a_kept_home(ws_run: tuple[Path, Path]) -> None:
+    """A kept HOME (--home-mode persist, the default) is a directory the sandbox makes inside
+    the run directory's writable bind: the host's files there are the session's to read and
+    write, and explain says so. It said "not visible" (the directory entry taken for the
+    sandbox's own) while the session read and rewrote the file (attacker's pass, stop 33).
+    The twin: a fresh HOME is a tmpfs of the sandbox's own, and the same file is not seen."""
+    home_file = ws_run[1] / "home" / "hostfile"
+    home_file.parent.mkdir(exist_ok=True)
+    home_file.write_text("host-wrote\n")
+    give_to_session_user(home_file.parent)
+    give_to_session_user(home_file)
+    result = cli("explain", str(home_file), *session_options(*ws_run))
+    assert result.returncode == 0, result.stdout
+    assert "showing the host's" in result.stdout, result.stdout
+    assert sh(session(*ws_run).plan(), "cat ~/hostfile") == (0, "host-wrote\n")
+    fresh = cli("explain", str(home_file), *session_options(*ws_run), "--home-mode", "fresh")
+    assert fresh.returncode == 1, fresh.stdout
+    assert sh(session(*ws_run, home_mode="fresh").plan(), "cat ~/hostfile")[0] != 0
 
 
 def test_explain_names_the_profile_that_would_show_a_path(ws_run: tuple[Path, Path]) -> None:

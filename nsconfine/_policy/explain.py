@@ -118,14 +118,20 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
 
 def _covering(plan: Plan, path: str) -> Entry | None:
     """The entry whose destination is path or the nearest directory above it; None for the
-    sandbox's own empty, read-only root."""
+    sandbox's own empty, read-only root. A directory entry covers only where no other entry
+    does: bwrap makes it inside what is mounted there (in a bind, the host's own directory,
+    as a kept HOME in the run directory is), and shows what that holds."""
     best: Entry | None = None
+    made: Entry | None = None  # the nearest directory entry
     for entry in plan.entries:
-        if entry.kind is Kind.REMOUNT_RO or entry.dest == "/":
+        if entry.kind is Kind.REMOUNT_RO or entry.dest == "/" or not within(path, entry.dest):
             continue
-        if within(path, entry.dest) and (best is None or len(entry.dest) > len(best.dest)):
+        if entry.kind is Kind.DIR:
+            if made is None or len(entry.dest) > len(made.dest):
+                made = entry
+        elif best is None or len(entry.dest) > len(best.dest):
             best = entry
-    return best
+    return best or made
 
 
 def _link_target(plan: Plan, path: str) -> str | None:
