@@ -10,6 +10,7 @@ plan bwrap could not run is refused when it is built.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -217,6 +218,76 @@ def test_a_bind_mount_view_of_ssh_is_refused(
     assert ".ssh" in result.stdout
 
 
+# Lints, in a private mount namespace, a plan that binds argv[4] with argv[2] bind-mounted at
+# argv[3], the deny rules those of a home at argv[1] and of the environment in argv[5] (JSON).
+_LINT_WITH_A_MOUNT = r"""
+import json, subprocess, sys
+from nsconfine._plan import model as p
+from nsconfine._policy import lint as _lint
+from nsconfine._errors import PlanError
+home, source, target, bound, environ = sys.argv[1:6]
+subprocess.run(["mount", "--bind", source, target], check=True)
+rules = _lint.default_deny(homes=[home], environ=json.loads(environ))
+plan = p.Plan([p.ro_bind(bound, bound, "a system or runner directory")], deny=rules)
+try:
+    _lint.check_plan(plan)
+    print("allowed")
+except PlanError as refused:
+    print("refused", refused.message)
+"""
+
+
+def _linted_with_a_mount(
+    home: Path, source: Path, target: str, bound: str, environ: dict[str, str] | None = None
+) -> str:
+    """What the lint says of a plan binding bound while source is mounted at target (in a
+    private mount namespace: as root, or in a user namespace)."""
+    unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
+    result = subprocess.run(
+        [*unshare, sys.executable, "-c", _LINT_WITH_A_MOUNT, str(home), str(source), target,
+         bound, json.dumps(environ or {})],
+        capture_output=True, text=True, cwd="/", timeout=120, check=False,
+    )  # fmt: skip
+    assert result.stdout.startswith(("refused", "allowed")), result.stdout + result.stderr
+    return result.stdout
+
+
+def test_a_secret_s_other_name_mounted_below_usr_is_refused(
+    standin_home: Path, tmp_path: Path
+) -> None:
+    """A directory holding another name of a denied key, mounted below /usr (a user's own
+    directory at /usr/local/src): the system's /usr bind carries it into the sandbox, so /usr
+    is looked through as any bound directory is. This stop's first version skipped /usr by its
+    path and showed the key to every session (hostile review, stop 33); it is refused."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    os.link(standin_home / ".ssh" / "id_ed25519", project / "key.bak")
+    said = _linted_with_a_mount(standin_home, project, "/usr/local/src", "/usr")
+    assert said.startswith("refused"), said
+    assert "id_ed25519" in said, said
+
+
+def test_names_seen_through_a_view_of_a_denied_directory_are_counted_once(
+    standin_home: Path, tmp_path: Path
+) -> None:
+    """A denied file whose every name lies in denied directories has none elsewhere to look
+    for; a name seen through two denied directories that show one place (~/.config and a
+    bind-mount view of it named by XDG_CONFIG_HOME) is one name. Counted by path, it made
+    the file's other name, in a bound directory, look accounted for, and the secret was shown
+    (hostile review, stop 33); it is refused."""
+    secrets = standin_home / ".config" / "app" / "secrets"
+    project = tmp_path / "proj"
+    project.mkdir()
+    os.link(secrets, project / "secrets.orig")
+    view = tmp_path / "config-view"
+    view.mkdir()
+    environ = {"XDG_CONFIG_HOME": str(view)}
+    said = _linted_with_a_mount(standin_home, standin_home / ".config", str(view), str(project),
+                                environ)  # fmt: skip
+    assert said.startswith("refused"), said
+    assert "secrets.orig" in said, said
+
+
 @pytest.mark.parametrize("socket_name", ["docker.sock", "podman/podman.sock", "bus"])
 def test_user_daemon_sockets_are_refused(
     ws_run: tuple[Path, Path], tmp_path: Path, socket_name: str
@@ -252,24 +323,31 @@ def test_a_hardlinked_key_inside_a_bound_directory_is_refused(
     lib = tmp_path / "checkout" / "lib"
     lib.mkdir(parents=True)
     os.link(standin_home / ".ssh" / "id_ed25519", lib / "key")
-    message = refusal(ws_run, {"HOME": str(standin_home)}, ro=[lib])
-    assert f"holds {lib / 'key'}, another name of {standin_home}/.ssh/id_ed25519" in message
+    assert "id_ed25519" in refusal(ws_run, {"HOME": str(standin_home)}, ro=[lib])
+    # Found in lib itself (a session's plan binds /usr, on this file system, which is too
+    # large to look through: it alone is refused first).
+    rules = _lint.default_deny(homes=[str(standin_home)], environ={})
+    with pytest.raises(PlanError) as refused:
+        _lint.check_plan(Plan([p.ro_bind(str(lib), "/lib-view", "a runner directory")], deny=rules))
+    key = standin_home / ".ssh" / "id_ed25519"
+    assert f"holds {lib / 'key'}, another name of {key}" in refused.value.message
 
 
-def test_a_denied_file_s_other_name_outside_every_bind_refuses_nothing(
+def test_a_denied_file_s_other_name_elsewhere_is_refused_saying_how_to_find_it(
     ws_run: tuple[Path, Path], standin_home: Path, tmp_path: Path
 ) -> None:
     """A file of the launcher's config with a second name elsewhere (a backup made with ln),
-    on the file system of /usr: its other name is looked for in the binds that could hold it,
-    not in /usr, which only root writes (a name of a secret there is root's making, as a copy
-    would be). /usr was looked through, found too large, and every launch of the account
-    refused, blaming /usr (attacker's pass, stop 33). The twin: the other name inside a bound
-    directory is refused (the test before)."""
+    on the file system of /usr: /usr, bound in every plan, is too large to look through for
+    that name, so the launch is refused (a mount below /usr may hold it: the test below); the
+    refusal names the `find` that lists the file's names, not only "bind a narrower path",
+    which /usr cannot be (attacker's pass, stop 33)."""
     backup = tmp_path / "backup"
     backup.mkdir()
-    os.link(standin_home / ".config" / "app" / "secrets", backup / "secrets")
+    secrets = standin_home / ".config" / "app" / "secrets"
+    os.link(secrets, backup / "secrets")
     assert os.stat(backup).st_dev == os.stat("/usr").st_dev  # where /usr is looked at
-    checked_plan(ws_run, {"HOME": str(standin_home)})
+    message = refusal(ws_run, {"HOME": str(standin_home)})
+    assert f"find / -xdev -samefile {secrets}" in message, message
 
 
 @pytest.mark.confinement

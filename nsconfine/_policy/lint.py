@@ -34,7 +34,6 @@ from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import RunAs, records_directory
 from nsconfine._kernel.stub_records import FALLBACK_BASE
 from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan
-from nsconfine._plan.system import USR_MERGED_LINKS
 from nsconfine._text import is_decimal, printable, within
 
 # Credential stores under a home directory, each with why it must stay out of every session.
@@ -90,12 +89,6 @@ STORE_VARIABLES: tuple[tuple[str, str], ...] = (
 LINKED_DEPTH = 3
 LINKED_SCAN = 5_000
 BOUND_SCAN = 50_000
-# Not looked through for other names: the system's program directories, which root and its
-# package manager fill (a second name of a user's secret there is root's making, as a copy there
-# would be, and no lint finds a copy; the few directories there another account may write, such
-# as staff's /usr/local/share/fonts, hold none by any accident). /usr holds too much to look
-# through at each launch.
-ROOT_S_TREES = ("/usr", *USR_MERGED_LINKS)
 
 SYSTEM_SECRETS: tuple[tuple[str, str], ...] = (
     ("/etc/shadow", "the host's password hashes"),
@@ -457,10 +450,7 @@ class Judge:
             if named is not None:
                 return named[0], f"is another name (a hardlink) of {printable(named[1])}, in"
         if stat.S_ISDIR(info.st_mode):
-            found = self._mounted_below(source)
-            if found is None and not any(within(source, tree) for tree in ROOT_S_TREES):
-                found = self._linked_below(source, info.st_dev)
-            return found
+            return self._mounted_below(source) or self._linked_below(source, info.st_dev)
         return None
 
     def _mounted_below(self, source: str) -> tuple[DenyRule, str] | None:
@@ -482,8 +472,11 @@ class Judge:
             self.linked = {
                 (info.st_dev, info.st_ino): (rule, path) for rule, path, info in self.linked_files
             }
-            # Every name found of each, in the rules and the denied directories.
-            names = {(i.st_dev, i.st_ino): {path} for _, path, i in self.linked_files}
+            # Every name found of each, in the rules and the denied directories, by its place
+            # in its file system: one seen through two views of a directory is one name.
+            names = {
+                (i.st_dev, i.st_ino): {self.places.of(path)} for _, path, i in self.linked_files
+            }
             budget = LINKED_SCAN
             for rule, directory in self.denied_dirs:
                 try:
@@ -492,9 +485,9 @@ class Judge:
                     continue
                 for device, inode, path in found:
                     self.linked.setdefault((device, inode), (rule, path))
-                    names.setdefault((device, inode), set()).add(path)
-            for identity, paths in names.items():
-                if _every_name(identity, paths):
+                    names.setdefault((device, inode), set()).add(self.places.of(path))
+            for identity, places in names.items():
+                if _every_name(identity, places, self.linked[identity][1]):
                     del self.linked[identity]
         return self.linked
 
@@ -527,20 +520,21 @@ class Judge:
                 rule, key = next(iter(wanted.values()))
                 return rule, (
                     f"is too large to look through for another name of {printable(key)} (it "
-                    "has several, on the same file system), in"
+                    "has several on this file system: `find / -xdev -samefile "
+                    f"{printable(key)}` lists them; remove those not needed), in"
                 )
         return None
 
 
-def _every_name(identity: tuple[int, int], paths: set[str]) -> bool:
-    """Are paths (found in denied directories) every name the file has? Then it has none
-    elsewhere that a bind could show (a session's own link in its workspace, denied to
-    another session: both names are in that workspace)."""
+def _every_name(identity: tuple[int, int], places: set[tuple[str, str]], path: str) -> bool:
+    """Are places (found in denied directories, each a name's place in its file system) every
+    name the file at path has? Then it has none elsewhere that a bind could show (a session's
+    own link in its workspace, denied to another session: both names are in that workspace)."""
     try:
-        info = os.lstat(next(iter(paths)))
+        info = os.lstat(path)
     except OSError:
         return False
-    return (info.st_dev, info.st_ino) == identity and info.st_nlink <= len(paths)
+    return (info.st_dev, info.st_ino) == identity and info.st_nlink <= len(places)
 
 
 def _resolve_with(path: str, memo: dict[str, str]) -> tuple[str, os.stat_result | None]:
