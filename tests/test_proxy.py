@@ -697,6 +697,32 @@ def test_a_sessions_chunk_framing_is_paced() -> None:
     assert slept == [pytest.approx(3.0)]
 
 
+def test_a_connection_owing_its_pace_ends_with_its_session(
+    proxy: Proxy, recorder: _TcpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection asleep for its session's pace wakes when the session ends: its end waits
+    for its connections (CONNECTIONS_END_SECONDS at most), which would have found this one
+    still asleep, holding its fds past the session's end (hostile review, stop 33: a
+    connection could owe 16 s)."""
+    from nsconfine._launch import proxy as _proxy
+
+    monkeypatch.setattr(_proxy, "CHUNKS_PER_SECOND", 1)  # each chunk past the first: 1 s owed
+    monkeypatch.setattr(_proxy, "CHUNKS_AT_ONCE", 1)
+    path, head = _first_request(
+        proxy, "plain http", recorder.port, "Transfer-Encoding: chunked\r\n"
+    )
+    client = connect(path)
+    client.sendall(head + b"1\r\nx\r\n" * 600)  # 10 minutes owed
+    session = proxy._sessions["s"]
+    for _ in range(400):  # (its thread has taken the chunks, and sleeps)
+        if session.connections:
+            break
+        time.sleep(0.025)
+    proxy.remove_session("s")
+    assert not session.connections
+    client.close()
+
+
 @pytest.mark.parametrize("via", ["plain http", "route"])
 def test_each_chunk_a_session_sends_is_paced(
     proxy: Proxy, recorder: _TcpServer, via: str, monkeypatch: pytest.MonkeyPatch

@@ -361,7 +361,7 @@ class _Pace:
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self._clock = clock
         self._sleep = sleep
@@ -407,10 +407,14 @@ class _Session:
     destinations: tuple[Destination, ...]
     routes: dict[str, Route]
     connections: set[_Connection] = field(default_factory=set)
-    pace: _Pace = field(default_factory=_Pace)  # of its connections' chunked bodies
     stopping: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     network: int | None = None  # its sandbox's network namespace (inode), once built
+    pace: _Pace = field(init=False)  # of its connections' chunked bodies
+
+    def __post_init__(self) -> None:
+        # A connection asleep for the pace wakes when the session ends, whose end waits for it.
+        self.pace = _Pace(sleep=self.stopping.wait)
 
 
 def _sockets_parent() -> str:
