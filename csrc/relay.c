@@ -330,6 +330,11 @@ long start_relay(long port, const char *socket_path)
     int ready[2] = { -1, -1 };
     if (r == 0)
         r = SYS2(__NR_pipe2, ready, O_CLOEXEC);
+    for (int i = 0; r == 0 && i < 2; i++) { /* above 0-2, which the relay points at /dev/null */
+        long moved = above_stdio(ready[i]);
+        ready[i] = (int)moved;
+        r = moved < 0 ? moved : 0;
+    }
     if (r == 0) {
         /* CLONE_PARENT: pid 1's child, the command's sibling. Its exit signal is the shim's
          * own (SIGCHLD), so pid 1 reaps it. */
