@@ -722,7 +722,7 @@ def _require_exists(path: str, what: str) -> None:
 
 def session_environment(session: Session, user: RunAs, environ: Mapping[str, str]) -> list[EnvVar]:
     """HOME, PATH, USER and LOGNAME; the terminal's and locale's variables; the literal values;
-    the allowlisted variables; then the credential's."""
+    the allowlisted variables; the credential's; then PWD."""
     harness_dirs = dict.fromkeys(os.path.dirname(h.path) for h in session.harness)
     path = ":".join([*harness_dirs, DEFAULT_PATH])
     chosen = {"HOME": session.home, "PATH": path, "USER": user.name, "LOGNAME": user.name}
@@ -745,6 +745,9 @@ def session_environment(session: Session, user: RunAs, environ: Mapping[str, str
             if name == "HOME":
                 raise PlanError("the credential file cannot set HOME")
             variables[name] = EnvVar(name, value, Origin.CREDENTIAL)
+    # bwrap sets PWD to the directory it starts the command in (the workspace), over any
+    # value given: listed, as the session has it.
+    variables["PWD"] = EnvVar("PWD", session.workspace, Origin.NSCONFINE)
     return list(variables.values())
 
 

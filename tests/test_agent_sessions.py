@@ -22,6 +22,17 @@ pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 # ------------------------------------------------------------------ the environment
 
 
+def test_the_session_s_environment_is_the_manifest_s(ws_run: tuple[Path, Path]) -> None:
+    """Every variable the command gets is one the plan lists, with its value: the manifest's
+    environment is the whole of it. PWD, which bwrap sets to the directory the command starts
+    in, was the one the plan left out (attacker's pass, stop 33)."""
+    plan = session(*ws_run).plan()
+    status, output = sh(plan, "env -0")
+    assert status == 0, output
+    got = dict(item.split("=", 1) for item in output.split("\0") if item)
+    assert got == {variable.name: variable.value for variable in plan.env}
+
+
 def test_terminal_and_locale_variables_pass_by_default(
     ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

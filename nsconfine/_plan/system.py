@@ -133,7 +133,11 @@ def _system_entries(user: RunAs, home: str) -> list[p.Entry]:
     ]
     entries += own_cgroup()
     entries += [
-        p.dev("/dev", "null, zero, random, tty and pts only: no host devices"),
+        p.dev(
+            "/dev",
+            "null, zero, full, random, urandom, tty, its own pts and shm, and the fd and std* "
+            "links only: no host devices",
+        ),
         p.devpts("the session's own terminals, from a devpts of its own that holds its ptys limit"),
         p.tmpfs("/dev/shm", "POSIX shared memory of the session's own, of its shm limit"),
         p.remount_ro(
