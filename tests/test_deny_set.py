@@ -218,15 +218,18 @@ def test_a_bind_mount_view_of_ssh_is_refused(
     assert ".ssh" in result.stdout
 
 
-# Lints, in a private mount namespace, a plan that binds argv[4] with argv[2] bind-mounted at
-# argv[3], the deny rules those of a home at argv[1] and of the environment in argv[5] (JSON).
+# Lints, in a private mount namespace, a plan that binds argv[3] with the bind mounts of
+# argv[2] made (JSON: [source, target] each, in order), the deny rules those of a home at
+# argv[1] and of the environment in argv[4] (JSON).
 _LINT_WITH_A_MOUNT = r"""
 import json, subprocess, sys
 from nsconfine._plan import model as p
 from nsconfine._policy import lint as _lint
 from nsconfine._errors import PlanError
-home, source, target, bound, environ = sys.argv[1:6]
-subprocess.run(["mount", "--bind", source, target], check=True)
+home, mounts, bound, environ = sys.argv[1:5]
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+for source, target in json.loads(mounts):
+    subprocess.run(["mount", "--bind", source, target], check=True)
 rules = _lint.default_deny(homes=[home], environ=json.loads(environ))
 plan = p.Plan([p.ro_bind(bound, bound, "a system or runner directory")], deny=rules)
 try:
@@ -242,9 +245,17 @@ def _linted_with_a_mount(
 ) -> str:
     """What the lint says of a plan binding bound while source is mounted at target (in a
     private mount namespace: as root, or in a user namespace)."""
+    return _linted_with_mounts(home, [(str(source), target)], bound, environ)
+
+
+def _linted_with_mounts(
+    home: Path, mounts: list[tuple[str, str]], bound: str, environ: dict[str, str] | None = None
+) -> str:
+    """What the lint says of a plan binding bound once mounts (source, target: bind mounts,
+    in order) are made in a private mount namespace (as root, or in a user namespace)."""
     unshare = ["unshare", "-m"] if IS_ROOT else ["unshare", "-Urm"]
     result = subprocess.run(
-        [*unshare, sys.executable, "-c", _LINT_WITH_A_MOUNT, str(home), str(source), target,
+        [*unshare, sys.executable, "-c", _LINT_WITH_A_MOUNT, str(home), json.dumps(mounts),
          bound, json.dumps(environ or {})],
         capture_output=True, text=True, cwd="/", timeout=120, check=False,
     )  # fmt: skip
@@ -286,6 +297,25 @@ def test_names_seen_through_a_view_of_a_denied_directory_are_counted_once(
                                 environ)  # fmt: skip
     assert said.startswith("refused"), said
     assert "secrets.orig" in said, said
+
+
+def test_a_view_of_ssh_is_placed_by_the_mount_seen_not_one_hidden(
+    standin_home: Path, tmp_path: Path
+) -> None:
+    """A mount at ~/.ssh hidden by a later bind over the home (mountinfo lists it still, but
+    no path reaches it), then a bind-mount view of the real ~/.ssh: the view is ~/.ssh, and
+    binding the key through it is refused. Placed through the hidden mount's root, the view
+    was taken for another place and the key shown (hostile review, stop 33; the placing is
+    older than this stop, the hidden mount the host's own doing)."""
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    view = tmp_path / "view"
+    view.mkdir()
+    home = str(standin_home)
+    mounts = [(str(other), f"{home}/.ssh"), (home, home), (f"{home}/.ssh", str(view))]
+    said = _linted_with_mounts(standin_home, mounts, str(view / "id_ed25519"))
+    assert said.startswith("refused"), said
+    assert ".ssh" in said, said
 
 
 @pytest.mark.parametrize("socket_name", ["docker.sock", "podman/podman.sock", "bus"])

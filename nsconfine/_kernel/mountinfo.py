@@ -44,16 +44,59 @@ def parse_mountinfo(text: str) -> dict[str, Mount]:
     return points
 
 
-def mount_roots(text: str) -> dict[str, tuple[str, str]]:
-    """Mount point -> (device "major:minor", the mount's root inside its file system), the
-    topmost at each point winning: where a path lies in its file system, whatever mount (a
-    bind-mount view among them) it is reached through."""
-    roots: dict[str, tuple[str, str]] = {}
-    for line in text.split("\n"):  # as parse_mountinfo
-        fields = line.split(" ")
-        if len(fields) >= 5:
-            roots[_unescape(fields[4])] = (fields[2], _unescape(fields[3]))
-    return roots
+class MountTree:
+    """A mount table as a tree: which mount a path is seen through, and so where the path lies
+    in its file system, whatever mount (a bind-mount view among them) it is reached through.
+
+    A path is walked from the root mount, directory by directory, into the mount attached at
+    each (the last of those stacked there): a mount listed below a directory that another mount
+    was later made over (a bind over a parent) is hidden, and no path reaches it."""
+
+    def __init__(self, text: str) -> None:
+        # id -> (mount point, device "major:minor", the mount's root inside its file system)
+        self.mounts: dict[str, tuple[str, str, str]] = {}
+        self._attached: dict[tuple[str, str], str] = {}  # (parent id, point) -> id, the last
+        parents: dict[str, str] = {}
+        for line in text.split("\n"):  # as parse_mountinfo
+            fields = line.split(" ")
+            if len(fields) >= 5:
+                point = _unescape(fields[4])
+                self.mounts[fields[0]] = (point, fields[2], _unescape(fields[3]))
+                self._attached[(fields[1], point)] = fields[0]
+                parents[fields[0]] = fields[1]
+        # The root: the mount whose parent is not in the table (the namespace's, or above the
+        # process's root), and then whatever is stacked on it.
+        root = next(
+            (
+                m
+                for m, parent in parents.items()
+                if parent not in self.mounts and self.mounts[m][0] == "/"
+            ),
+            "",
+        )
+        self._seen: dict[str, str] = {"/": self._on_top(root, "/")} if root else {}
+
+    def _on_top(self, mount: str, point: str) -> str:
+        """The mount seen at point, mount the one found there first: the last stacked on it."""
+        seen: set[str] = set()  # (a table naming a loop of parents is read no further)
+        while (mount, point) in self._attached and mount not in seen:
+            seen.add(mount)
+            mount = self._attached[(mount, point)]
+        return mount
+
+    def seen_at(self, path: str) -> tuple[str, str, str] | None:
+        """(mount point, device, root) of the mount an absolute, normalized path lies on; None
+        for a table without a root mount."""
+        if "/" not in self._seen:
+            return None
+        walked = []  # (a loop: a path may have thousands of components)
+        while path not in self._seen:
+            walked.append(path)
+            path = path[: path.rfind("/")] or "/"
+        mount = self._seen[path]
+        for below in reversed(walked):
+            mount = self._seen[below] = self._on_top(mount, below)
+        return self.mounts[mount]
 
 
 def watched_mountinfo(pid: int | str) -> tuple[int, str]:

@@ -320,31 +320,16 @@ class _Places:
     launcher's mount table, read once per check."""
 
     def __init__(self) -> None:
-        from nsconfine._kernel.mountinfo import mount_roots, read_mountinfo
+        from nsconfine._kernel.mountinfo import MountTree, read_mountinfo
 
-        self.mounts = mount_roots(read_mountinfo("self"))  # point -> (device, root), topmost
-        # path -> the nearest mount point above (or at) it, "" for none: a check places a
-        # hundred paths, most of them in a few directories.
-        self._points: dict[str, str] = {}
-
-    def _point(self, path: str) -> str:
-        walked = []  # (a loop: a path may have thousands of components)
-        while path not in self._points:
-            if path in self.mounts or path == "/":
-                self._points[path] = path if path in self.mounts else ""
-                break
-            walked.append(path)
-            path = _parent(path)
-        point = self._points[path]
-        for below in walked:
-            self._points[below] = point
-        return point
+        self.tree = MountTree(read_mountinfo("self"))
+        self.mounts = list(self.tree.mounts.values())  # (point, device, root), hidden ones too
 
     def of(self, resolved: str) -> tuple[str, str]:
-        point = self._point(resolved)
-        if not point:
+        seen = self.tree.seen_at(resolved)
+        if seen is None:
             return "", resolved
-        device, root = self.mounts[point]
+        point, device, root = seen
         rest = resolved[len(point) :] if point != "/" else resolved
         return device, os.path.normpath(root.rstrip("/") + "/" + rest.lstrip("/"))
 
@@ -457,7 +442,7 @@ class Judge:
         """A host mount below source that shows a denied place (bwrap binds recursively, so a
         bind-mount view of ~/.ssh inside a bound directory would come along)."""
         prefix = source.rstrip("/") + "/"
-        for point, (device, root) in self.places.mounts.items():
+        for point, device, root in self.places.mounts:
             index = self.by_place.get(device)
             if index is not None and point.startswith(prefix):
                 found = index.violated(root)
