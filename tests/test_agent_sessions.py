@@ -353,6 +353,22 @@ def test_explain_answers_for_a_host_file_in_a_kept_home(ws_run: tuple[Path, Path
     assert sh(session(*ws_run, home_mode="fresh").plan(), "cat ~/hostfile")[0] != 0
 
 
+def test_explain_follows_no_link_a_session_planted_at_its_kept_home(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A symlink at RUN/home, where the plan makes the kept HOME (a session can plant one in
+    its run directory): every launch is refused, and explain follows it nowhere (it answered
+    "visible" through it once a directory entry let the run directory's bind cover the path:
+    hostile review, stop 33)."""
+    elsewhere = ws_run[0] / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".gitconfig").write_text("[user]\n")
+    (ws_run[1] / "home").symlink_to(elsewhere)
+    result = cli("explain", str(ws_run[1] / "home" / ".gitconfig"), *session_options(*ws_run))
+    assert "a symlink to" not in result.stdout, result.stdout
+    assert cli("run", *session_options(*ws_run), "--", "true").returncode != 0
+
+
 def test_explain_names_the_profile_that_would_show_a_path(ws_run: tuple[Path, Path]) -> None:
     """A path the plan does not show, but a built-in profile's bind would: explain names the
     profile (`--profile jvm`)."""

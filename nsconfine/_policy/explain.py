@@ -138,8 +138,8 @@ def _link_target(plan: Plan, path: str) -> str | None:
     """What path is a symlink to inside the sandbox (a symlink entry's target, or the host's
     link a bind shows), or None when it is no symlink there."""
     entry = _covering(plan, path)
-    if entry is None:
-        return None
+    if entry is None or any(e.kind is Kind.DIR and e.dest == path for e in plan.entries):
+        return None  # (where the plan makes a directory, a symlink refuses the launch)
     if entry.kind is Kind.SYMLINK:
         return entry.source if entry.dest == path else None
     if entry.kind is not Kind.BIND or entry.dest == path:
