@@ -12,10 +12,11 @@ nsconfine.Pool's, through the same gate. How the loop is never stalled:
 - The blocking part of a launch (staging: the gate's checks while bwrap builds the sandbox and
   the launcher checks it, tens of ms; or a pool's hand-off, a few ms, and its inline refill)
   runs in the loop's default executor (loop.run_in_executor), as do a Pool's start and close.
-- A running session holds no thread: its end is awaited with loop.add_reader on the handle's
-  sentinel (the reaper's pidfd, readable once the session has ended), after which reaping it
-  does not block; its pipes are the loop's own pipe transports, as asyncio.StreamWriter
-  (stdin) and asyncio.StreamReader (stdout, stderr).
+- A running session holds no thread: its end is awaited with loop.add_reader on a copy of the
+  handle's sentinel (the reaper's pidfd, readable once the session has ended), and it is then
+  reaped in the executor (its mount points removed under a lock its account's launchers share,
+  its proxy session ended); its pipes are the loop's own pipe transports, as
+  asyncio.StreamWriter (stdin) and asyncio.StreamReader (stdout, stderr).
 What stall is left is the executor threads' turns at the GIL (the Python half of staging):
 benchmarks/bench_aio.py measures the loop's worst stall with launches made either way.
 
@@ -76,6 +77,7 @@ class Process:
         "_loop",
         "_read_fds",
         "_transports",
+        "_watched",
         "sandbox",
         "stderr",
         "stdin",
@@ -87,6 +89,7 @@ class Process:
     stderr: asyncio.StreamReader | None
     _loop: asyncio.AbstractEventLoop
     _ended: asyncio.Future[None] | None
+    _watched: int  # the loop's copy of the sentinel, while it watches it (-1: none)
     _read_fds: list[tuple[asyncio.StreamReader, int, asyncio.ReadTransport]]
     _transports: list[asyncio.BaseTransport]
 
@@ -100,6 +103,7 @@ class Process:
         self.sandbox = sandbox
         self._loop = asyncio.get_running_loop()
         self._ended = None
+        self._watched = -1
         self._read_fds = []
         self._transports = []  # the loop's, which own the pipes from here on
         self.stdin = self.stdout = self.stderr = None
@@ -153,18 +157,37 @@ class Process:
         if self.sandbox.returncode is None:
             if self._ended is None:
                 self._ended = self._loop.create_future()
-                self._loop.add_reader(self.sandbox.sentinel, self._end_seen)
+                try:
+                    # A copy: the handle closes its sentinel when it reaps the session, which
+                    # the caller may make it do meanwhile (sandbox.poll()); the loop must never
+                    # watch a closed fd, nor a later one that took its number.
+                    self._watched = os.dup(self.sandbox.sentinel)
+                except OSError:  # reaped by another thread just now
+                    self._ended.set_result(None)
+                else:
+                    self._loop.add_reader(self._watched, self._end_seen)
             await asyncio.shield(self._ended)  # a cancelled wait leaves the watch to others
-        return self.sandbox.wait()  # the reaper has exited: this reaps it, at once
+        return self.sandbox.wait()  # reaped by _end_seen: at once
 
     def _end_seen(self) -> None:
-        # Before the sentinel is closed (by the reap that follows), so that the loop never
-        # watches a closed fd, nor later one that took its number.
-        self._loop.remove_reader(self.sandbox.sentinel)
-        self.sandbox.poll()  # reaped now: a waiter cancelled since must not leave it a zombie
+        self._loop.remove_reader(self._watched)
+        os.close(self._watched)
+        self._watched = -1
+        # Reaped in the executor, whatever waits (a waiter cancelled since must not leave a
+        # zombie): a session's end removes its mount points, under a lock its account's
+        # launchers share, and ends its proxy session, which waits for its connections.
+        # Milliseconds, or seconds, that would stall every other session of the loop.
+        reaped = self._loop.run_in_executor(None, self.sandbox.poll)
+        reaped.add_done_callback(self._reaped)
+
+    def _reaped(self, reaped: asyncio.Future[int | None]) -> None:
         assert self._ended is not None
         if not self._ended.done():
-            self._ended.set_result(None)
+            error = reaped.exception()
+            if error is None:
+                self._ended.set_result(None)
+            else:
+                self._ended.set_exception(error)
 
     async def communicate(self, input: bytes | None = None) -> tuple[bytes | None, bytes | None]:
         """Send input to stdin (then close it), read stdout and stderr to their end, wait for
@@ -239,10 +262,12 @@ class Process:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        """Kill the session, wait for it, and close its streams."""
+        """Kill the session, wait for it, and close its streams and its terminal's controller
+        (as `with` a Sandbox does)."""
         self.kill()
         await self.wait()
         self._close_streams()
+        self.sandbox.close_tty()
 
 
 class Pool:

@@ -383,3 +383,90 @@ def test_import_nsconfine_brings_no_asyncio_or_subprocess() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", check=True
     )
     assert result.stdout.split("\n")[:2] == ["[]", "['asyncio', 'subprocess']"]
+
+
+def test_a_session_s_end_is_reaped_off_the_loop(plan: nsconfine.Plan) -> None:
+    """A session's end takes the lock of its account's mount-point records (its stubs go) and
+    ends its proxy session (which waits for its connections): seconds, if another launcher of
+    the account holds that lock or a connection is stuck in a name lookup. It is reaped in the
+    executor, and the loop runs on meanwhile: here a ticker, ticking while another holder has
+    the lock, is what lets it go. Reaped on the loop, the end stalled it for as long as the
+    lock was held (attacker's pass, stop 33: 2.1 s; 7.7 s for two proxy sessions' ends)."""
+    from nsconfine._kernel import stub_records
+
+    held, let_go = threading.Event(), threading.Event()
+    released: list[bool] = []
+
+    def holder() -> None:
+        with stub_records.records_locked():
+            held.set()
+            released.append(let_go.wait(30))  # (the ticker lets it go, if the loop runs)
+
+    async def main() -> tuple[int, int]:
+        process = await nsconfine.aio.spawn(plan, ["/bin/true"])
+        thread = threading.Thread(target=holder)
+        thread.start()
+        held.wait(30)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while ticks < 20:
+                await asyncio.sleep(0.01)
+                ticks += 1
+            let_go.set()
+
+        ticking = asyncio.ensure_future(ticker())
+        status = await process.wait()
+        await ticking
+        thread.join()
+        return status, ticks
+
+    assert asyncio.run(main()) == (0, 20)
+    assert released == [True], "the loop stood still until the lock's holder gave up"
+
+
+def test_a_sandbox_reaped_under_a_pending_wait_leaves_that_wait_and_the_next_whole(
+    plan: nsconfine.Plan,
+) -> None:
+    """The caller reaps the session itself (sandbox.poll(), or untrusted_config) while a
+    wait() watches its sentinel: that wait returns the status, and the next session's, whose
+    sentinel takes the same fd number, does too. The loop watched the closed fd: both waits
+    hung for good (attacker's pass, stop 33)."""
+
+    async def main() -> tuple[int, int]:
+        process = await nsconfine.aio.spawn(plan, ["/bin/sh", "-c", "exit 7"])
+        waiting = asyncio.ensure_future(process.wait())
+        await asyncio.sleep(0)  # (the watch is set)
+        assert process.sandbox.wait(30) == 7  # (blocking the loop: reaped under the watch)
+        first = await asyncio.wait_for(waiting, 30)
+        second = await nsconfine.aio.spawn(plan, ["/bin/sh", "-c", "exit 5"])
+        return first, await asyncio.wait_for(second.wait(), 30)
+
+    assert asyncio.run(main()) == (7, 5)
+
+
+def test_async_with_closes_the_session_s_terminal(plan: nsconfine.Plan) -> None:
+    """`async with` a tty session's Process ends with the terminal's controller closed, as
+    `with` a Sandbox does: a broker keeping its sessions' handles kept one fd each (attacker's
+    pass, stop 33)."""
+
+    def controllers() -> int:
+        fds = os.listdir("/proc/self/fd")
+        return sum(1 for fd in fds if _link(f"/proc/self/fd/{fd}").endswith("ptmx"))
+
+    async def main() -> nsconfine.aio.Process:
+        async with await nsconfine.aio.spawn(plan, ["/bin/true"], tty=True) as process:
+            assert process.sandbox.tty >= 0
+        return process  # (kept, as a broker keeps its sessions' records)
+
+    before = controllers()
+    kept = asyncio.run(main())
+    assert controllers() == before, kept
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""

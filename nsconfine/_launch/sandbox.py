@@ -274,18 +274,19 @@ class Sandbox:
         for stream in (self.stdout, self.stderr, self.stdin):
             if stream is not None:
                 _close(stream)
-        self._close_tty()
+        self.close_tty()
 
-    def _close_tty(self) -> None:
-        # The terminal's controller outlives the session (what it wrote last is read after
-        # its end is seen, as an event loop reads it): it goes with the handle.
+    def close_tty(self) -> None:
+        """Close the terminal's controller (tty=True), if it is still open; `with` does. It
+        outlives the session (what the session wrote last is read after its end is seen, as an
+        event loop reads it), and goes with the handle otherwise."""
         tty, self.tty = getattr(self, "tty", -1), -1
         if tty >= 0:
             with contextlib.suppress(OSError):
                 os.close(tty)
 
     def __del__(self) -> None:
-        self._close_tty()  # (nobody can read it now)
+        self.close_tty()  # (nobody can read it now)
         # Dropped unwaited: reaped by a later launch (_abandoned), not here. A finalizer runs
         # in whichever thread the collector does, the proxy's own among them, perhaps holding
         # a lock that the end of a session (its stubs, its proxy socket) takes.
@@ -306,7 +307,7 @@ class Sandbox:
     def _ended(self, status: int) -> None:
         # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
         # the empty mount points made for the launch are removed (the session's own terminal
-        # stays, for what it wrote last: _close_tty).
+        # stays, for what it wrote last: close_tty).
         self.returncode = status
         for fd in (self._reaper_pidfd, self._init_pidfd, self._command_pidfd):
             os.close(fd)
