@@ -51,11 +51,20 @@ if TYPE_CHECKING:
 __all__ = ["Pool", "Process", "spawn"]
 
 
-async def spawn(plan: Plan, argv: Sequence[str], **options: Unpack[LaunchOptions]) -> Process:
+# What a stream reader buffers at most, as asyncio.subprocess's: readline() refuses a longer
+# line (ValueError); limit= raises it (an agent's JSON event lines run longer).
+STREAM_LIMIT = 2**16
+
+
+async def spawn(
+    plan: Plan, argv: Sequence[str], *, limit: int = STREAM_LIMIT, **options: Unpack[LaunchOptions]
+) -> Process:
     """nsconfine.spawn for asyncio: run argv confined by plan, return once it has exec'd.
     The keywords are spawn's (env, stdin, stdout, stderr, tty); a stdio given as PIPE
-    (subprocess's or asyncio.subprocess's) is the handle's stream."""
-    return await _launched(functools.partial(_spawn, plan, argv, **options))
+    (subprocess's or asyncio.subprocess's) is the handle's stream, whose buffer limit is limit
+    (as asyncio.create_subprocess_exec's)."""
+    limit = _checked_limit(limit)
+    return await _launched(functools.partial(_spawn, plan, argv, **options), limit)
 
 
 class Process:
@@ -97,7 +106,7 @@ class Process:
         raise TypeError("Process handles come from nsconfine.aio.spawn or Pool.launch")
 
     @classmethod
-    async def _connected(cls, sandbox: Sandbox) -> Process:
+    async def _connected(cls, sandbox: Sandbox, limit: int) -> Process:
         """The handle of a launched sandbox, its pipes connected to the running loop."""
         self = object.__new__(cls)
         self.sandbox = sandbox
@@ -116,16 +125,16 @@ class Process:
                 self._transports.append(transport)
                 self.stdin = asyncio.StreamWriter(transport, protocol, None, self._loop)
             if sandbox.stdout is not None:
-                self.stdout = await self._reader(sandbox.stdout)
+                self.stdout = await self._reader(sandbox.stdout, limit)
             if sandbox.stderr is not None:
-                self.stderr = await self._reader(sandbox.stderr)
+                self.stderr = await self._reader(sandbox.stderr, limit)
         except BaseException:
             self._close_streams()
             raise
         return self
 
-    async def _reader(self, pipe: IO[bytes]) -> asyncio.StreamReader:
-        reader = asyncio.StreamReader()
+    async def _reader(self, pipe: IO[bytes], limit: int) -> asyncio.StreamReader:
+        reader = asyncio.StreamReader(limit)
         protocol = asyncio.StreamReaderProtocol(reader)
         fd = pipe.fileno()
         transport, _ = await self._loop.connect_read_pipe(lambda: protocol, pipe)
@@ -309,13 +318,17 @@ class Pool:
         """How many sandboxes are staged right now."""
         return 0 if self._pool is None else self._pool.staged
 
-    async def launch(self, argv: Sequence[str], **options: Unpack[LaunchOptions]) -> Process:
+    async def launch(
+        self, argv: Sequence[str], *, limit: int = STREAM_LIMIT, **options: Unpack[LaunchOptions]
+    ) -> Process:
         """nsconfine.Pool.launch for asyncio: run argv in a staged sandbox, return once it
-        has exec'd (the keywords are Pool.launch's: env, stdin, stdout, stderr, tty)."""
+        has exec'd (the keywords are Pool.launch's: env, stdin, stdout, stderr, tty; limit:
+        as aio.spawn's)."""
+        limit = _checked_limit(limit)
         pool = await self._opened()
         if pool is None:
             raise UsageError("the pool is closed")  # as a closed nsconfine.Pool's launch
-        return await _launched(functools.partial(pool.launch, argv, **options))
+        return await _launched(functools.partial(pool.launch, argv, **options), limit)
 
     async def wait_staged(self, timeout: float | None = None) -> bool:
         """Wait until `size` sandboxes are staged; False on timeout, a staging failure or close."""
@@ -370,8 +383,16 @@ def _poll_now(fd: int) -> int:
     return next((events for _fd, events in poller.poll(0)), 0)
 
 
-async def _launched(call: Callable[[], Sandbox]) -> Process:
-    """Run a blocking launch in the loop's executor; its handle for the loop."""
+def _checked_limit(limit: object) -> int:
+    """limit, checked before anything is launched."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise UsageError(f"limit is a stream buffer's size in bytes, at least 1, not {limit!r}")
+    return limit
+
+
+async def _launched(call: Callable[[], Sandbox], limit: int) -> Process:
+    """Run a blocking launch in the loop's executor; its handle for the loop (its stream
+    readers' buffer limit: limit)."""
     loop = asyncio.get_running_loop()
     handover = _Handover(call)
     try:
@@ -380,7 +401,7 @@ async def _launched(call: Callable[[], Sandbox]) -> Process:
         handover.abandon(loop)
         raise
     try:
-        return await Process._connected(sandbox)
+        return await Process._connected(sandbox, limit)
     except BaseException:
         loop.run_in_executor(None, _discard, sandbox)
         raise

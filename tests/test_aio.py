@@ -470,3 +470,32 @@ def _link(path: str) -> str:
         return os.readlink(path)
     except OSError:
         return ""
+
+
+def test_limit_sets_what_a_stream_reads_in_a_line(plan: nsconfine.Plan) -> None:
+    """A line longer than asyncio's 64 KiB default (an agent's JSON event, say) is read whole
+    with limit= raised, from aio.spawn and from an aio.Pool's launch, as from asyncio's own
+    create_subprocess_exec; a limit that is no size is a usage error, and nothing runs
+    (attacker's pass, stop 33: there was no limit=, and every readline() of such a line
+    raised ValueError)."""
+    line = ["python3", "-c", "print('x' * 300_000)"]
+
+    async def main() -> tuple[int, int]:
+        spawned = await nsconfine.aio.spawn(plan, line, stdout=PIPE, limit=1 << 20)
+        assert spawned.stdout is not None
+        first = len(await spawned.stdout.readline())
+        await spawned.wait()
+        async with nsconfine.aio.Pool(plan) as pool:
+            launched = await pool.launch(line, stdout=PIPE, limit=1 << 20)
+            assert launched.stdout is not None
+            second = len(await launched.stdout.readline())
+            await launched.wait()
+            for bad in (0, -1, "big", True):
+                with pytest.raises(nsconfine.UsageError, match="limit"):
+                    await pool.launch(line, limit=bad)  # type: ignore[arg-type]
+        with pytest.raises(nsconfine.UsageError, match="limit"):
+            await nsconfine.aio.spawn(plan, ["touch", "ran"], limit=0)
+        return first, second
+
+    assert asyncio.run(main()) == (300_001, 300_001)
+    assert not os.path.exists(os.path.join(plan.chdir, "ran"))
