@@ -31,6 +31,7 @@ import asyncio
 import functools
 import os
 import select
+import signal
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -82,6 +83,7 @@ class Process:
     """
 
     __slots__ = (
+        "_end_seen_at",
         "_ended",
         "_loop",
         "_read_fds",
@@ -98,7 +100,8 @@ class Process:
     stderr: asyncio.StreamReader | None
     _loop: asyncio.AbstractEventLoop
     _ended: asyncio.Future[None] | None
-    _watched: int  # the loop's copy of the sentinel, while it watches it (-1: none)
+    _watched: _Watch | None  # the loop's copy of the sentinel, while it watches it
+    _end_seen_at: bool  # the loop has seen the session's end (it is being reaped, or was)
     _read_fds: list[tuple[asyncio.StreamReader, int, asyncio.ReadTransport]]
     _transports: list[asyncio.BaseTransport]
 
@@ -112,7 +115,8 @@ class Process:
         self.sandbox = sandbox
         self._loop = asyncio.get_running_loop()
         self._ended = None
-        self._watched = -1
+        self._watched = None
+        self._end_seen_at = False
         self._read_fds = []
         self._transports = []  # the loop's, which own the pipes from here on
         self.stdin = self.stdout = self.stderr = None
@@ -170,23 +174,32 @@ class Process:
                     # A copy: the handle closes its sentinel when it reaps the session, which
                     # the caller may make it do meanwhile (sandbox.poll()); the loop must never
                     # watch a closed fd, nor a later one that took its number.
-                    self._watched = os.dup(self.sandbox.sentinel)
+                    self._watched = _Watch(os.dup(self.sandbox.sentinel))
                 except OSError:  # reaped by another thread just now
                     self._ended.set_result(None)
                 else:
-                    self._loop.add_reader(self._watched, self._end_seen)
+                    self._loop.add_reader(self._watched.fd, self._end_seen)
             await asyncio.shield(self._ended)  # a cancelled wait leaves the watch to others
         return self.sandbox.wait()  # reaped by _end_seen: at once
 
     def _end_seen(self) -> None:
-        self._loop.remove_reader(self._watched)
-        os.close(self._watched)
-        self._watched = -1
+        assert self._watched is not None
+        self._loop.remove_reader(self._watched.fd)
+        self._watched.close()
+        self._watched = None
+        self._end_seen_at = True
         # Reaped in the executor, whatever waits (a waiter cancelled since must not leave a
         # zombie): a session's end removes its mount points, under a lock its account's
         # launchers share, and ends its proxy session, which waits for its connections.
         # Milliseconds, or seconds, that would stall every other session of the loop.
-        reaped = self._loop.run_in_executor(None, self.sandbox.poll)
+        try:
+            reaped = self._loop.run_in_executor(None, self.sandbox.poll)
+        except RuntimeError:  # the loop is shutting its executor down: reaped here, then
+            reaped = self._loop.create_future()
+            try:
+                reaped.set_result(self.sandbox.poll())
+            except Exception as error:
+                reaped.set_exception(error)
         reaped.add_done_callback(self._reaped)
 
     def _reaped(self, reaped: asyncio.Future[int | None]) -> None:
@@ -255,17 +268,23 @@ class Process:
             await self.wait()  # ended: reaped as wait() does, the loop's watch undone first
         return await self._loop.run_in_executor(None, lambda: self.sandbox.untrusted_config)
 
+    # Once the loop has seen the session's end, there is nothing to signal; and the reap in
+    # the executor holds the handle's lock, for as long as the mount points' removal and the
+    # proxy session's end take, which a signal would wait for on the loop.
+
     def send_signal(self, number: int) -> None:
         """Send signal number to the command (nothing once the session has ended)."""
-        self.sandbox.send_signal(number)
+        if not self._end_seen_at:
+            self.sandbox.send_signal(number)
 
     def terminate(self) -> None:
         """SIGTERM to the command."""
-        self.sandbox.terminate()
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         """End the whole sandbox now (as Sandbox.kill)."""
-        self.sandbox.kill()
+        if not self._end_seen_at:
+            self.sandbox.kill()
 
     async def __aenter__(self) -> Process:
         return self
@@ -277,6 +296,25 @@ class Process:
         await self.wait()
         self._close_streams()
         self.sandbox.close_tty()
+
+
+class _Watch:
+    """The copy of a session's sentinel a loop watches: closed once the loop has seen it,
+    or with its Process (a loop closed while it watched, as asyncio.run after a timed-out
+    wait leaves it: nothing else would ever close it)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class Pool:

@@ -499,3 +499,74 @@ def test_limit_sets_what_a_stream_reads_in_a_line(plan: nsconfine.Plan) -> None:
 
     assert asyncio.run(main()) == (300_001, 300_001)
     assert not os.path.exists(os.path.join(plan.chdir, "ran"))
+
+
+def test_kill_while_an_end_is_reaped_does_not_stall_the_loop(plan: nsconfine.Plan) -> None:
+    """The session has ended and its end is being reaped in the executor (waiting for the
+    records' lock another launcher holds): kill(), which a caller whose wait_for timed out
+    calls next, returns at once (the session has ended: nothing to signal). It waited for the
+    handle's lock, which the reap holds, on the loop (hostile review, stop 33); here a ticker
+    that lets the lock's holder go must get to run."""
+    from nsconfine._kernel import stub_records
+
+    held, let_go = threading.Event(), threading.Event()
+    released: list[bool] = []
+
+    def holder() -> None:
+        with stub_records.records_locked():
+            held.set()
+            released.append(let_go.wait(30))
+
+    async def main() -> int:
+        process = await nsconfine.aio.spawn(plan, ["/bin/true"])
+        thread = threading.Thread(target=holder)
+        thread.start()
+        held.wait(30)
+        waiting = asyncio.ensure_future(process.wait())
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(waiting), 0.5)  # (its reap waits: the lock)
+        process.kill()
+        process.terminate()
+        process.send_signal(15)
+
+        async def ticker() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+            let_go.set()
+
+        await ticker()
+        status = await waiting
+        thread.join()
+        return status
+
+    assert asyncio.run(main()) == 0
+    assert released == [True], "the loop stood still until the lock's holder gave up"
+
+
+def test_a_loop_closed_while_it_watched_a_session_keeps_no_fd_of_it(
+    plan: nsconfine.Plan,
+) -> None:
+    """A loop per job, whose wait timed out and which killed its session and closed: the copy
+    of the sentinel it watched goes with the handle, and a session ending as the loop shuts
+    its executor down is reaped all the same, without a traceback. Each such job kept a pidfd
+    for good (hostile review, stop 33)."""
+
+    def pidfds() -> int:
+        fds = os.listdir("/proc/self/fd")
+        return sum(1 for fd in fds if _link(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]")
+
+    async def one() -> None:
+        process = await nsconfine.aio.spawn(plan, ["/bin/sleep", "0.5"])
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(process.wait(), 0.1)
+        process.kill()
+
+    before = pidfds()
+    for _ in range(5):
+        asyncio.run(one())
+    import gc
+
+    gc.collect()
+    nsconfine.spawn(plan, ["/bin/true"]).wait()  # (reaps the handles dropped unwaited)
+    gc.collect()
+    assert pidfds() == before
