@@ -83,7 +83,7 @@ class Process:
     """
 
     __slots__ = (
-        "_end_seen_at",
+        "_end_was_seen",
         "_ended",
         "_loop",
         "_read_fds",
@@ -101,7 +101,7 @@ class Process:
     _loop: asyncio.AbstractEventLoop
     _ended: asyncio.Future[None] | None
     _watched: _Watch | None  # the loop's copy of the sentinel, while it watches it
-    _end_seen_at: bool  # the loop has seen the session's end (it is being reaped, or was)
+    _end_was_seen: bool  # the loop has seen the session's end (it is being reaped, or was)
     _read_fds: list[tuple[asyncio.StreamReader, int, asyncio.ReadTransport]]
     _transports: list[asyncio.BaseTransport]
 
@@ -116,7 +116,7 @@ class Process:
         self._loop = asyncio.get_running_loop()
         self._ended = None
         self._watched = None
-        self._end_seen_at = False
+        self._end_was_seen = False
         self._read_fds = []
         self._transports = []  # the loop's, which own the pipes from here on
         self.stdin = self.stdout = self.stderr = None
@@ -187,7 +187,7 @@ class Process:
         self._loop.remove_reader(self._watched.fd)
         self._watched.close()
         self._watched = None
-        self._end_seen_at = True
+        self._end_was_seen = True
         # Reaped in the executor, whatever waits (a waiter cancelled since must not leave a
         # zombie): a session's end removes its mount points, under a lock its account's
         # launchers share, and ends its proxy session, which waits for its connections.
@@ -274,7 +274,7 @@ class Process:
 
     def send_signal(self, number: int) -> None:
         """Send signal number to the command (nothing once the session has ended)."""
-        if not self._end_seen_at:
+        if not self._end_was_seen:
             self.sandbox.send_signal(number)
 
     def terminate(self) -> None:
@@ -283,7 +283,7 @@ class Process:
 
     def kill(self) -> None:
         """End the whole sandbox now (as Sandbox.kill)."""
-        if not self._end_seen_at:
+        if not self._end_was_seen:
             self.sandbox.kill()
 
     async def __aenter__(self) -> Process:
