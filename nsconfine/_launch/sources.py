@@ -438,7 +438,11 @@ def _removable_kind(parent_fd: int, name: str, info: os.stat_result) -> str | No
     except OSError:
         return "dir"  # judged by its lock, as before
     try:
-        return None if os.listdir(fd) else "dir"
+        # Its first entry at most: this runs under the records' lock, which every launcher of
+        # the account waits for, and a session can fill the directory (a pinned .git) with as
+        # many names as it likes, which a whole listing would read.
+        with os.scandir(fd) as entries:
+            return None if next(entries, None) is not None else "dir"
     finally:
         os.close(fd)
 
