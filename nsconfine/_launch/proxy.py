@@ -430,9 +430,11 @@ def _sockets_parent() -> str:
     else:
         parent = f"/tmp/nsconfine-{os.geteuid()}-proxy"
     if not make_own_directory(parent, 0o711, 0o066):
-        raise UsageError(
+        # (in /tmp, another account may have made it first, and this one cannot remove it)
+        raise SandboxUnavailable(
             f"{printable(parent)} must be a directory of this account's that no one else can "
-            "read or write (it holds the sessions' proxy sockets): remove it"
+            "read or write (it holds the sessions' proxy sockets): remove it, or set "
+            "XDG_RUNTIME_DIR to a directory of this account's (mode 0700) for the sockets"
         )
     return parent
 
