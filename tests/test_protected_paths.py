@@ -2050,8 +2050,31 @@ def test_only_trees_with_git_directories_are_remembered(tmp_path: Path) -> None:
 
 def _is_record_of(record: Path, trees: Sequence[Path]) -> bool:
     return any(
-        record.name == f"{info.st_dev}-{info.st_ino}" for info in (tree.stat() for tree in trees)
+        record.name.startswith(f"{info.st_dev}-{info.st_ino}-")
+        for info in (tree.stat() for tree in trees)
     )
+
+
+def test_remembered_git_directories_stay_with_their_workspace_s_path(tmp_path: Path) -> None:
+    """A tree's remembered git directories are its own: another workspace that takes its
+    inode (ext4 gives a freed one out again at once: rm -rf a task's workspace, mkdir the
+    next's) at another path is not protected by them. Named by device and inode alone, a
+    hostile session's bare-looking directories, removed again, made the next tenant's src/
+    read-only and its symlinked src/config refused every launch (attacker's pass on shared
+    state, stop 33). Moved to another path here, the inode is the very same."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    make = "mkdir -p src/objects src/refs && echo 'ref: refs/heads/main' > src/HEAD"
+    assert attempt(session(workspace, run_dir).plan(), f"cd {workspace} && {make}")[0] == 0
+    config = f"{workspace}/src/config"
+    assert config in {e.dest for e in session(workspace, run_dir).plan().entries}  # remembered
+    shutil.rmtree(workspace / "src" / "objects")
+    shutil.rmtree(workspace / "src" / "refs")
+    (workspace / "src" / "HEAD").unlink()
+    assert config in {e.dest for e in session(workspace, run_dir).plan().entries}  # still
+    other = tmp_path / "next-task"
+    workspace.rename(other)
+    (other / "src" / "config").write_text("x = 1\n")
+    assert f"{other}/src/config" not in {e.dest for e in session(other, run_dir).plan().entries}
 
 
 def test_git_reads_the_index_it_was_given_not_one_swapped_in_by_a_link(tmp_path: Path) -> None:

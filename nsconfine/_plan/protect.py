@@ -1365,8 +1365,12 @@ MAX_REPOSITORIES = 64  # the scan stops counting here: far past what MAX_PROTECT
 
 
 def _record_path(top: str) -> str | None:
-    """Where the git directories of the tree at top are remembered (named by its device and
-    inode, in the launcher's own records), or None where there are no records to keep."""
+    """Where the git directories of the tree at top are remembered (named by its device,
+    inode and path, in the launcher's own records), or None where there are no records to
+    keep. The path too: a file system gives a freed inode out again at once, and the next
+    task's workspace must not be protected by what a session planted in the last one's."""
+    import hashlib
+
     from nsconfine._kernel.accounts import (
         make_private_directory,
         records_directory,
@@ -1380,7 +1384,8 @@ def _record_path(top: str) -> str | None:
         info = os.stat(top)
     except OSError:
         return None
-    return os.path.join(directory, f"{info.st_dev}-{info.st_ino}")
+    where = hashlib.sha256(os.fsencode(top)).hexdigest()[:16]
+    return os.path.join(directory, f"{info.st_dev}-{info.st_ino}-{where}")
 
 
 def _resolved(path: str) -> str:
