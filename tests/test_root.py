@@ -195,3 +195,31 @@ def test_the_canary_world_goes_to_its_account_last(
     _checks.canary_plan(str(world), _checks.canary_account(), "token")
     assert victim.stat().st_uid == 0
     assert (world / "runner").is_symlink()  # the swap did happen
+
+
+@pytest.mark.root  # only a root launcher gives what it makes away
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_kept_home_a_killed_launcher_left_root_s_is_given_to_the_session(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A root launcher killed between making RUN/home and giving it to the session's account
+    left it root's and empty: every later session ran with a HOME it could not write, and
+    nothing said why (attacker's pass on shared state, stop 33: SIGKILL on the mkdir). The
+    next launch gives it, as the killed one would have; a HOME with something in it stays as
+    it is (the twin: root's own, never taken)."""
+    home = ws_run[1] / "home"
+    home.mkdir()
+    assert home.stat().st_uid == 0
+    plan = session(*ws_run).plan()
+    with nsconfine.spawn(plan, ["/bin/sh", "-c", 'echo x > "$HOME/f"']) as sandbox:
+        assert sandbox.wait(60) == 0
+    assert home.stat().st_uid == session_uid()
+    other = ws_run[1] / "other-run"
+    other.mkdir()
+    give_to_session_user(other)
+    (other / "home").mkdir()
+    (other / "home" / "root-s").write_text("kept\n")
+    with nsconfine.spawn(session(ws_run[0], other).plan(), ["/bin/true"]) as sandbox:
+        assert sandbox.wait(60) == 0
+    assert (other / "home").stat().st_uid == 0

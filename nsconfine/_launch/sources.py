@@ -384,6 +384,8 @@ def _mount_point(
             return _made_stub(records, parent, resolved, parts, made)
     if stat.S_ISLNK(info.st_mode):
         raise PlanError(_refusal(entry.dest, None))
+    if entry.kind is Kind.DIR and stat.S_ISDIR(info.st_mode):
+        _give_kept_directory(parent, name, info, user)
     # Held by what is found, whatever this entry would have made: another launch's stub (the
     # .mcp.json this --ro binds, a .vscode a mask covers, a commondir), from these records or
     # another's, is removed by the last launch that holds it, and its removal would detach
@@ -404,6 +406,28 @@ def _mount_point(
         os.close(hold)
         raise
     return Stub(resolved, parts, kind, identity, recorded, hold)
+
+
+def _give_kept_directory(parent_fd: int, name: str, info: os.stat_result, user: RunAs) -> None:
+    """A directory the session keeps (its HOME) that is root's and empty: a root launcher
+    killed between making it and giving it to the session's account left it so, and every
+    later session would run with a HOME it cannot write. Given now, as that launch would have;
+    one with anything in it is root's own, and stays."""
+    if os.geteuid() != 0 or user.uid == 0 or info.st_uid != 0:
+        return
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=parent_fd)
+    except OSError:
+        return  # changed since: judged as it is by what follows
+    try:
+        now = os.fstat(fd)
+        with os.scandir(fd) as entries:
+            empty = next(entries, None) is None
+        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino) and now.st_uid == 0 and empty:
+            os.fchown(fd, user.uid, user.gid)
+    finally:
+        os.close(fd)
 
 
 def _made_stub(records: str, parent: int, resolved: str, parts: list[str], made: _Made) -> Stub:
