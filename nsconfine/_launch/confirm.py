@@ -14,9 +14,7 @@ compares device and inode with the source's.
 
 from __future__ import annotations
 
-import _socket as socket
-
-# The C module socket.py wraps (see nsconfine/_launch/stage.py).
+import _socket as socket  # the C module socket.py wraps (see nsconfine/_launch/stage.py)
 import errno
 import os
 import time
