@@ -422,12 +422,20 @@ def _give_kept_directory(parent_fd: int, name: str, info: os.stat_result, user: 
         return  # changed since: judged as it is by what follows
     try:
         now = os.fstat(fd)
-        with os.scandir(fd) as entries:
-            empty = next(entries, None) is None
-        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino) and now.st_uid == 0 and empty:
+        same = (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
+        if same and now.st_uid == 0 and _empty(fd):
             os.fchown(fd, user.uid, user.gid)
     finally:
         os.close(fd)
+
+
+def _empty(directory_fd: int) -> bool:
+    """Does the directory open at directory_fd hold nothing? Read to its first entry at most:
+    a session can fill a directory it writes (a pinned .git) with as many names as it likes,
+    which a whole listing would read, under the records' lock that every launcher of the
+    account waits for."""
+    with os.scandir(directory_fd) as entries:
+        return next(entries, None) is None
 
 
 def _made_stub(records: str, parent: int, resolved: str, parts: list[str], made: _Made) -> Stub:
@@ -462,11 +470,7 @@ def _removable_kind(parent_fd: int, name: str, info: os.stat_result) -> str | No
     except OSError:
         return "dir"  # judged by its lock, as before
     try:
-        # Its first entry at most: this runs under the records' lock, which every launcher of
-        # the account waits for, and a session can fill the directory (a pinned .git) with as
-        # many names as it likes, which a whole listing would read.
-        with os.scandir(fd) as entries:
-            return None if next(entries, None) is not None else "dir"
+        return "dir" if _empty(fd) else None
     finally:
         os.close(fd)
 
