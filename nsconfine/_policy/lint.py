@@ -454,14 +454,13 @@ class Judge:
         """Denied files with more than one name: named by a rule, or in a denied directory
         (LINKED_DEPTH deep, LINKED_SCAN entries in all). Looked for once per check."""
         if self.linked is None:
-            self.linked = {
-                (info.st_dev, info.st_ino): (rule, path) for rule, path, info in self.linked_files
-            }
+            self.linked = {}
             # Every name found of each, in the rules and the denied directories, by its place
             # in its file system: one seen through two views of a directory is one name.
-            names = {
-                (i.st_dev, i.st_ino): {self.places.of(path)} for _, path, i in self.linked_files
-            }
+            names: dict[tuple[int, int], set[tuple[str, str]]] = {}
+            for rule, path, info in self.linked_files:
+                self.linked[(info.st_dev, info.st_ino)] = (rule, path)
+                names[(info.st_dev, info.st_ino)] = {self.places.of(path)}
             budget = LINKED_SCAN
             for rule, directory in self.denied_dirs:
                 try:
