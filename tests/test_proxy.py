@@ -646,6 +646,58 @@ def test_one_request_goes_upstream_and_nothing_after_it(
     assert received.partition(b"\r\n\r\n")[2] == forwarded
 
 
+@pytest.mark.parametrize(
+    ("framing", "body", "upstream_framing"),
+    [
+        ("Content-Length: 0005\r\n", b"hello", b"Content-Length: 5"),
+        ("Transfer-Encoding: CHUNKED\r\n", b"5\r\nhello\r\n0\r\n\r\n",
+         b"Transfer-Encoding: chunked"),
+    ],
+    ids=["content-length", "chunked"],
+)  # fmt: skip
+@pytest.mark.parametrize("via", ["plain http", "route"])
+def test_the_upstream_is_told_the_framing_the_proxy_read(
+    proxy: Proxy, recorder: _TcpServer, via: str, framing: str, body: bytes,
+    upstream_framing: bytes,
+) -> None:  # fmt: skip
+    """The body's length goes upstream as the proxy read it, in one canonical spelling: the
+    client's own (leading zeros, a coding's case) is for an upstream to read otherwise, and
+    take what follows the body for a request of its own. Found by an attacker's pass."""
+    path, head = _first_request(proxy, via, recorder.port, framing)
+    response = _through(path, head + body)
+    assert status(response) == 200, response
+    upstream_head = response.partition(b"\r\n\r\n")[2].partition(b"\r\n\r\n")[0]
+    framing_lines = [
+        line
+        for line in upstream_head.split(b"\r\n")[1:]
+        if line.split(b":")[0].lower() in (b"content-length", b"transfer-encoding")
+    ]
+    assert framing_lines == [upstream_framing]
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        "Content-Length: 18446744073709551621\r\n",  # 2**64 + 5: 5 to a parser that wraps
+        "Content-Length: 40\r\nTransfer_Encoding: chunked\r\n",  # CGI reads TRANSFER_ENCODING
+        "Content_Length: 40\r\n",
+    ],
+    ids=["a length past 2**63", "Transfer_Encoding", "Content_Length"],
+)
+@pytest.mark.parametrize("via", ["plain http", "route"])
+def test_a_body_length_an_upstream_could_read_otherwise_is_refused(
+    proxy: Proxy, recorder: _TcpServer, via: str, framing: str
+) -> None:
+    """A length no 64-bit parser holds, or a framing header spelled with '_' (which CGI-style
+    servers read as its '-' spelling), would have an upstream find a second request in the
+    body, one the proxy never judged: refused before anything goes upstream. Found by an
+    attacker's pass: both went on as sent."""
+    path, head = _first_request(proxy, via, recorder.port, framing)
+    response = _through(path, head + b"0\r\n\r\n" + PIPELINED)
+    assert status(response) == 400, response
+    assert not recorder.peers
+
+
 def test_a_chunked_body_is_framed_the_same_whatever_its_pieces() -> None:
     """Chunked framing read a byte at a time (each line split anywhere) gives the same bytes
     upstream as read whole, and nothing of what follows it."""
@@ -920,6 +972,18 @@ def test_the_403_says_what_is_allowed(proxy: Proxy) -> None:
     assert b"pypi.org:443/80" in response
     assert b"/anthropic/" in response
     assert SECRET not in response
+
+
+def test_a_refusal_does_not_tell_a_destination_s_pinned_address(proxy: Proxy) -> None:
+    """A pin is the launcher's knowledge, as the resolver's answer is (which a refusal never
+    tells): the session is told the listed names and ports, not where they lead. Found by an
+    attacker's pass: the 403s listed `web.test:8080=10.1.2.3`."""
+    path = proxy.add_session("s", [dest("web.test:8080=10.1.2.3")], [])
+    for request in (b"GET /elsewhere HTTP/1.1\r\n\r\n", b"CONNECT web.test:80 HTTP/1.1\r\n\r\n"):
+        response = ask(path, request)
+        assert status(response) == 403
+        assert b"web.test:8080" in response
+        assert b"10.1.2.3" not in response, response
 
 
 # -- limits ---------------------------------------------------------------------------------
@@ -1411,6 +1475,31 @@ def test_a_route_forwards_no_header_that_reroutes_a_request(
     assert "x-kept" in sent
     dropped = {line.split(":")[0].lower() for line in rerouting.split("\r\n") if line}
     assert sent & (dropped - {"x-kept"}) == set(), sent
+
+
+def test_a_route_forwards_no_header_a_gateway_reads_as_a_rerouting_one(
+    proxy: Proxy, recorder: _TcpServer
+) -> None:
+    """The other spellings of the headers above: any X-Forwarded-*, the host overrides
+    gateways read (X-Original-Host, X-Host, X-HTTP-Host-Override, X-Original-Method), and any
+    name with an '_', which CGI-style servers (PHP, some WSGI) read as its '-' spelling. Found
+    by an attacker's pass: all of these reached the route's upstream, beside the key."""
+    route = Route("anthropic", f"http://127.0.0.1:{recorder.port}", "x-api-key", SECRET)
+    path = proxy.add_session("s", [], [route])
+    rerouting = [
+        "X-Forwarded-Path: /admin", "X-Forwarded-Scheme: http", "X-Forwarded-Url: http://e/",
+        "X_Forwarded_Host: evil.test", "X_Original_URL: /admin", "x_http_method_override: PUT",
+        "X-Original-Host: evil.test", "X-Host: evil.test", "X-HTTP-Host-Override: evil.test",
+        "X-Original-Method: TRACE", "X_Kept: no",
+    ]  # fmt: skip
+    head = "GET /anthropic/v1/models HTTP/1.1\r\n" + "".join(f"{h}\r\n" for h in rerouting)
+    response = _through(path, (head + "X-Kept: yes\r\n\r\n").encode())
+    assert status(response) == 200, response
+    upstream_head = response.partition(b"\r\n\r\n")[2].partition(b"\r\n\r\n")[0].decode()
+    names = {line.split(":")[0] for line in upstream_head.split("\r\n")[1:]}
+    assert "X-Kept" in names
+    assert "x-api-key" in {name.lower() for name in names}
+    assert names & {h.split(":")[0] for h in rerouting} == set(), names
 
 
 @pytest.mark.parametrize("trusted", [True, False])

@@ -74,6 +74,7 @@ CONNECTIONS_END_SECONDS = 5.0  # how long a session's end waits for its shut con
 _CONNECT_SLICE_MS = 100  # a connect under way looks this often whether its session has ended
 MAX_DRAINED = 1024 * 1024  # what a refused peer may still send before it is cut off
 MAX_CHUNK_LINE = 1024  # a line of a chunked body's framing (a size and its extensions)
+MAX_CONTENT_LENGTH = 2**63 - 1  # what every upstream's parser holds in its integer
 # Each chunk of a body is framed again here, on the launcher's threads: a session sending
 # one-byte chunks took a launcher core and stalled every other session's launches. Past
 # MIN_CHUNKS_CHECKED chunks, a body whose chunks average under MIN_AVERAGE_CHUNK bytes is
@@ -92,14 +93,20 @@ _ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OP
 # Headers that speak to this hop (or carry credentials to it), never forwarded as sent.
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization"})
 _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
-# Headers by which common gateways override a request's method, path or host: to a route's
-# upstream they would take its key past the route's method and path checks.
+# The body's framing: sent upstream as the proxy read it, never as the client spelled it.
+_FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})
+# Headers by which common gateways override a request's method, path or host (and every
+# X-Forwarded*): to a route's upstream they would take its key past the route's method and
+# path checks.
 _REROUTING_HEADERS = frozenset(
-    {"x-http-method-override", "x-http-method", "x-method-override", "x-original-url",
-     "x-rewrite-url", "x-original-uri", "x-forwarded-host", "x-forwarded-prefix",
-     "x-forwarded-proto", "x-forwarded-port", "x-forwarded-server", "x-forwarded-uri",
-     "x-forwarded-for", "forwarded", "via"}
+    {"x-http-method-override", "x-http-method", "x-method-override", "x-original-method",
+     "x-original-url", "x-rewrite-url", "x-original-uri", "x-original-host", "x-host",
+     "x-http-host-override", "forwarded", "via"}
 )  # fmt: skip
+_REROUTING_PREFIX = "x-forwarded"
+# What never goes upstream as the client sent it: to a listed host, and to a route's.
+_PLAIN_HTTP_DROPPED = _HOP_HEADERS | _FRAMING_HEADERS | {"host"}
+_ROUTE_DROPPED = _PLAIN_HTTP_DROPPED | _CREDENTIAL_HEADERS | _REROUTING_HEADERS
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _REASONS = {
     200: "OK",
@@ -136,9 +143,10 @@ class _Request:
     def values(self, name: str) -> list[str]:
         return [value for key, value in self.headers if key.lower() == name]
 
-    def head(self, target: str, drop: frozenset[str], extra: Sequence[bytes]) -> bytes:
+    def head(self, target: str, dropped: Callable[[str], bool], extra: Sequence[bytes]) -> bytes:
+        """The head sent upstream: the headers whose names dropped() refuses left out."""
         lines = [f"{self.method} {target} HTTP/1.1".encode()]
-        lines += [f"{k}: {v}".encode() for k, v in self.headers if k.lower() not in drop]
+        lines += [f"{k}: {v}".encode() for k, v in self.headers if not dropped(k)]
         lines += [*extra, b"Connection: close"]
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
@@ -171,12 +179,19 @@ def parse_head(head: bytes) -> _Request:
         if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in value):
             raise _Refusal(400, "a header value holds a control character")
         headers.append((name, value.strip(" \t")))
+    names_with_underscore = [name for name, _ in headers if "_" in name]
     request = _Request(method, target, version, headers)
+    # CGI-style servers (PHP, some WSGI) read a name's '_' as '-': this would be framing
+    # to them, and not to the proxy.
+    if any(name.lower().replace("_", "-") in _FRAMING_HEADERS for name in names_with_underscore):
+        raise _Refusal(400, "a header spells Content-Length or Transfer-Encoding with '_'")
     lengths = request.values("content-length")
     if len(lengths) > 1 or (lengths and request.values("transfer-encoding")):
         raise _Refusal(400, "the request's body length is stated twice")
     if lengths and not is_decimal(lengths[0]):
         raise _Refusal(400, "Content-Length is not a number")
+    if lengths and int(lengths[0]) > MAX_CONTENT_LENGTH:  # (a parser that wraps reads less)
+        raise _Refusal(400, f"Content-Length is over {MAX_CONTENT_LENGTH}")
     return request
 
 
@@ -280,6 +295,11 @@ class _RequestBody:
         lengths = request.values("content-length")  # (parse_head checked it is one number)
         self.chunked = bool(codings)
         self.left = int(lengths[0]) if lengths else 0  # of the body, or of the current chunk
+        # The framing as read, for the head sent upstream.
+        self.header_lines = (
+            [b"Transfer-Encoding: chunked"] if self.chunked
+            else [b"Content-Length: %d" % self.left] if lengths else []
+        )  # fmt: skip
         self.state: Literal["size", "data", "data-end", "trailer", "done"] = (
             "size" if self.chunked else "data" if self.left else "done"
         )
@@ -909,7 +929,7 @@ class Proxy:
     @staticmethod
     def _what_is_allowed(session: _Session) -> str:
         routes = ", ".join(f"/{name}/..." for name in session.routes) or "none"
-        hosts = ", ".join(str(d) for d in session.destinations) or "none"
+        hosts = ", ".join(d.told() for d in session.destinations) or "none"
         return (
             f"not a proxy request: CONNECT host:port or GET http://host/... to a listed "
             f"destination ({hosts}), or a route ({routes})"
@@ -1008,8 +1028,9 @@ class Proxy:
         host_line = decision.host if ":" not in decision.host else f"[{decision.host}]"
         if port != 80:
             host_line += f":{port}"
-        head = request.head(path, _HOP_HEADERS | {"host"}, [f"Host: {host_line}".encode()])
         body = _RequestBody(request, session.pace)
+        extra = [f"Host: {host_line}".encode(), *body.header_lines]
+        head = request.head(path, lambda name: name.lower() in _PLAIN_HTTP_DROPPED, extra)
         first = head + body.feed(rest)
         connection.upstream = self._connect(connection, decision)
         self._relay(connection, first, rewriter=_ResponseHeadRewriter(), body=body)
@@ -1043,11 +1064,20 @@ class Proxy:
         port = upstream.port or (443 if upstream.scheme == "https" else 80)
         record = connection.record
         record.update(route=route.name, host=upstream.hostname, port=port)
-        drop = _HOP_HEADERS | _CREDENTIAL_HEADERS | _REROUTING_HEADERS
-        drop |= {"host", route.header.lower()}
-        extra = [f"Host: {upstream.netloc}".encode(), route.header_line]
-        head = request.head(upstream.path.rstrip("/") + suffix, drop, extra)
+        own_header = route.header.lower()
+
+        def dropped(name: str) -> bool:
+            name = name.lower()
+            return (
+                name in _ROUTE_DROPPED
+                or name == own_header
+                or name.startswith(_REROUTING_PREFIX)
+                or "_" in name  # (read as '-' by CGI-style servers: any of the above)
+            )
+
         body = _RequestBody(request, session.pace)
+        extra = [f"Host: {upstream.netloc}".encode(), route.header_line, *body.header_lines]
+        head = request.head(upstream.path.rstrip("/") + suffix, dropped, extra)
         first = head + body.feed(rest)
         try:
             raw = self._open_by_name(connection, upstream.hostname, port)

@@ -202,10 +202,15 @@ class Destination(Record):
         return port in DEFAULT_PORTS if self.port is None else port == self.port
 
     def __str__(self) -> str:
+        pinned = f"={self.address}" if self.address else ""
+        return f"{self.told()}{pinned}"
+
+    def told(self) -> str:
+        """host:ports, as a session is told it: without the address it is pinned to (the
+        launcher's knowledge, as its resolver's answers are)."""
         host = f"[{self.pattern}]" if ":" in self.pattern else self.pattern
         ports = "443/80" if self.port is None else str(self.port)
-        pinned = f"={self.address}" if self.address else ""
-        return f"{host}:{ports}{pinned}"
+        return f"{host}:{ports}"
 
 
 def canonical_or_none(text: str) -> str | None:
@@ -345,7 +350,7 @@ def judge(
         return refused(f"{host} is not on this session's allowlist")
     rules = [rule for rule in named if rule.allows_port(port)]
     if not rules:
-        listed = ", ".join(str(rule) for rule in named)
+        listed = ", ".join(rule.told() for rule in named)
         return refused(f"port {port} of {host} is not allowed (listed: {listed})")
     # An exact name is more specific than a wildcard: its pin (or its lack of one) applies.
     rule = min(rules, key=lambda r: r.pattern.startswith("*."))
