@@ -1545,13 +1545,16 @@ def test_a_route_streams_events_as_they_come(proxy: Proxy, http_upstream: Upstre
     [("/../other", 400), ("/v1/%2e%2e/x", 400), ("/./v1", 400), ("/v1%2fx", 400),
      ("/v1%2Fx", 400), ("/v1%5cx", 400), ("/v1%5Cx", 400), ("/v1\\x", 400), ("//admin", 400),
      ("/v1//x", 400), ("/v1/..;/x", 400), ("/v1;x", 400), ("/v1%3Bx", 400), ("/..#", 400),
-     ("/x/..#/admin", 400), ("/v1/messages?to=a%2fb//c;d", 502)],  # (nothing listens on 9)
+     ("/x/..#/admin", 400), ("/v1/%252e%252e/x", 400), ("/v1/%c0%ae%c0%ae/x", 400),
+     ("/v1/%C1%9C/x", 400), ("/v1/messages?to=a%2fb//c;d", 502)],  # (nothing listens on 9)
 )  # fmt: skip
 def test_a_route_path_cannot_climb(proxy: Proxy, rest: str, expected: int) -> None:
     """A route's path with a '.' or '..' segment, an encoded slash or backslash, a backslash,
     an empty segment, a ';' (`..;/`: Java servlet gateways drop path parameters, then climb)
-    or a '#' (`..#`: a gateway that parses URLs ends the path there) is refused: an upstream
-    may read any of them as another path of the API (found by attackers' passes). The twin:
+    a '#' (`..#`: a gateway that parses URLs ends the path there), an encoded '%' (decoded
+    twice, `%252e` is '.') or an overlong UTF-8 lead byte (`%c0%ae`, '.' to an old decoder) is
+    refused: an upstream may read any of them as another path of the API (found by attackers'
+    passes). The twin:
     a plain path, whatever its query holds, passes the check and is sent on."""
     route = Route("anthropic", "http://127.0.0.1:9/prefix", "x-api-key", SECRET)
     path = proxy.add_session("s", [], [route])

@@ -107,6 +107,8 @@ _REROUTING_PREFIX = "x-forwarded"
 # What never goes upstream as the client sent it: to a listed host, and to a route's.
 _PLAIN_HTTP_DROPPED = _HOP_HEADERS | _FRAMING_HEADERS | {"host"}
 _ROUTE_DROPPED = _PLAIN_HTTP_DROPPED | _CREDENTIAL_HEADERS | _REROUTING_HEADERS
+# In a route's path (lowered): what an upstream may read as another path (see _route).
+_ROUTE_PATH_REFUSED = ("%2f", "%5c", "\\", "//", ";", "%3b", "%25", "%c0", "%c1")
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _REASONS = {
     200: "OK",
@@ -1056,9 +1058,14 @@ class Proxy:
             raise _Refusal(400, "the route's path holds a '.' or '..' segment")
         # An upstream (or a gateway before it) may read these as a separator, collapse them,
         # or (a ';', Java servlets' path parameter) drop what follows in a segment, `..;`
-        # becoming `..`: another path of the API than the one the route's prefix names.
-        if any(bad in path.lower() for bad in ("%2f", "%5c", "\\", "//", ";", "%3b")):
-            raise _Refusal(400, "the route's path holds an encoded slash, a backslash, '//' or ';'")
+        # becoming `..`: another path of the API than the one the route's prefix names. So may
+        # one that decodes twice (`%252e`) or reads overlong UTF-8 (`%c0%ae`).
+        if any(bad in path.lower() for bad in _ROUTE_PATH_REFUSED):
+            raise _Refusal(
+                400,
+                "the route's path holds an encoded slash, '%' or overlong UTF-8, a backslash, "
+                "'//' or ';'",
+            )
         upstream = urllib.parse.urlsplit(route.upstream)
         assert upstream.hostname is not None  # Route checked it
         port = upstream.port or (443 if upstream.scheme == "https" else 80)
