@@ -22,7 +22,7 @@ from helpers import (
 
 import nsconfine
 import nsconfine._launch.programs
-from nsconfine._kernel.accounts import run_as
+from nsconfine._kernel.accounts import SEARCH, RunAs, access_problem, run_as
 from nsconfine._plan import model as p
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
@@ -228,3 +228,16 @@ def test_a_program_reached_through_a_link_another_account_controls_is_untrusted(
     reason = untrusted_reason(str(ours / "link"))
     assert reason is not None
     assert "uid 65534" in reason
+
+
+def test_a_file_the_session_cannot_run_is_said_to_lack_execute_permission(tmp_path: Path) -> None:
+    """The bit that lets an account search a directory runs a file: a bwrap the session's
+    account cannot run is "no execute permission", not "no search permission" (which read,
+    of NSCONFINE_BWRAP=/etc/passwd, as a path problem; found by a fuzzing pass)."""
+    program = tmp_path / "bwrap"
+    program.write_bytes(b"")
+    program.chmod(0o644)
+    stranger = RunAs("stranger", os.geteuid() + 4242, os.getegid() + 4242)
+    assert access_problem(str(program), stranger, SEARCH) == (
+        f"stranger (uid {stranger.uid}) has no execute permission on {program}"
+    )

@@ -123,8 +123,10 @@ def access_problem(path: str, user: RunAs, bits: int) -> str | None:
     if user.uid == os.geteuid():
         return None
     try:
-        if not allows(os.stat(path), user, bits):
-            return f"{user.name} (uid {user.uid}) has no {_words(bits)} permission on {path}"
+        info = os.stat(path)
+        if not allows(info, user, bits):
+            words = _words(bits, directory=stat.S_ISDIR(info.st_mode))
+            return f"{user.name} (uid {user.uid}) has no {words} permission on {path}"
         parent = os.path.dirname(os.path.abspath(path))
         while True:
             if not allows(os.stat(parent), user, SEARCH):
@@ -253,9 +255,11 @@ def has_acl(path: str) -> bool:
     return True
 
 
-def _words(bits: int) -> str:
+def _words(bits: int, directory: bool) -> str:
+    """bits as permissions are named: the bit that searches a directory executes a file."""
+    execute = "search" if directory else "execute"
     return "+".join(
-        word for bit, word in ((READ, "read"), (WRITE, "write"), (SEARCH, "search")) if bits & bit
+        word for bit, word in ((READ, "read"), (WRITE, "write"), (SEARCH, execute)) if bits & bit
     )
 
 
