@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from nsconfine._errors import UsageError
 from nsconfine._plan.options import OPTIONS
+from nsconfine._text import path_too_long
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -100,6 +101,9 @@ def _text_path(keyword: str, given: str | os.PathLike[str]) -> None:
             f"{named} holds an empty path, which would name the launcher's working directory: "
             "give the path"
         )
+    too_long = path_too_long(text)
+    if too_long is not None:
+        raise UsageError(f"{named} {too_long}")
 
 
 def text(keyword: str, given: str) -> str:

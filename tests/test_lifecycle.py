@@ -619,8 +619,8 @@ def test_a_non_executable_command_raises_oserror(
 
 
 def test_a_refused_argv_leaves_nothing_staged(ws_run: tuple[Path, Path]) -> None:
-    """A launch refused for its argv or environment (a NUL byte, a bad name) leaves no pidfd
-    and no process behind, from spawn as from a pool."""
+    """A launch refused for its argv or environment (a NUL byte, a bad name, a character no
+    command line holds) leaves no pidfd and no process behind, from spawn as from a pool."""
     plan = session(*ws_run).plan()
     with nsconfine.Pool(plan, refill="inline") as pool:
         pool.launch(["/bin/true"]).wait(timeout=30)
@@ -632,4 +632,10 @@ def test_a_refused_argv_leaves_nothing_staged(ws_run: tuple[Path, Path]) -> None
                 pool.launch(["/bin/true"], env={"BAD=NAME": "x"})
             with pytest.raises(nsconfine.UsageError):
                 nsconfine.spawn(plan, ["/bin/true", "a\0b"])
+            # a lone surrogate no command line holds (a UnicodeEncodeError, found by a fuzzing
+            # pass)
+            with pytest.raises(nsconfine.UsageError, match="argument 1"):
+                nsconfine.spawn(plan, ["/bin/true", "\ud800"])
+            with pytest.raises(nsconfine.UsageError, match="environment variable 'A'"):
+                pool.launch(["/bin/true"], env={"A": "\ud800"})
         assert len(open_fds()) <= len(before) + 1

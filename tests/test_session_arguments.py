@@ -5,6 +5,7 @@ value for any keyword is a clear error or a correct plan is tests/test_propertie
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,12 @@ class _BytesPath:
         ("mask", [Path("/usr"), ""], "Session(mask=...) (--mask) holds an empty path"),
         ("credential", "", "Session(credential=...) (--credential) holds an empty path"),
         ("ro", [_BytesPath()], "Session(ro=...) (--ro): b'/usr' is not a str path"),
+        # past what the kernel resolves; each component cost the rules' lint more (a deny of
+        # 50,000 took 10 s and 7 GB)
+        ("deny", ["/" + "a/" * 2048], "Session(deny=...) (--deny) holds a path of 4,097 bytes"),
+        ("ro", ["/" + "é" * 2048], "holds a path of 4,097 bytes"),
+        # U+212A, KELVIN SIGN, is 'k' to a case-blind match and no unit (a KeyError)
+        ("limits", ["tmp=1\u212a"], "limit tmp: '1\u212a' is not bytes"),
     ],
 )
 def test_a_value_of_the_wrong_shape_is_refused_by_its_keyword(
@@ -142,13 +149,24 @@ def test_a_run_as_of_the_wrong_shape_is_a_usage_error(fields: tuple[Any, ...], s
     [
         ("user", "nobody", "user is a RunAs (nsconfine.RunAs(name, uid, gid)), not 'nobody'"),
         ("entries", ("x",), "a Plan's entries are Entry records, not 'x'"),
+        ("env", [b"/usr"], "a Plan's env is EnvVar records, not b'/usr'"),
+        ("deny", ["0"], "a Plan's deny is DenyRule records, not '0'"),
+        (
+            "chdir",
+            Bind("/usr", "/usr", "ro", "tools"),
+            "a Plan's chdir is an absolute path (str), not Bind(",
+        ),
+        ("chdir", "usr", "a Plan's chdir is an absolute path (str), not 'usr'"),
+        ("nested_userns", 999, "a Plan's nested_userns is a reason (str) or None, not 999"),
+        ("audit", 3, "a Plan's audit is a path (str) or None, not 3"),
+        ("limits", {"tmp": 1}, "a Plan's limits is a Limits record, not {'tmp': 1}"),
     ],
 )
 def test_a_plan_of_the_wrong_shape_is_a_usage_error(
     plan: nsconfine.Plan, field: str, value: object, said: str
 ) -> None:
     """Plan.replace checks what it is given (an AttributeError came from the gate, or from
-    deep in the plan's build)."""
+    deep in the plan's build, or from a launch's staging: found again by a fuzzing pass)."""
     with pytest.raises(UsageError, match=re.escape(said)):
         plan.replace(**{field: value})
 
@@ -177,6 +195,39 @@ def test_explain_and_a_bundle_refuse_an_empty_path(ws_run: tuple[Path, Path]) ->
     result = cli("selftest", "--user", "")
     assert result.returncode == 64, result
     assert "--user is empty" in result.stderr, result
+
+
+@pytest.mark.parametrize("columns", ["\u00b2", "\u0663"])  # SUPERSCRIPT TWO, ARABIC-INDIC 3
+def test_a_width_in_columns_that_is_no_number_is_not_taken(columns: str) -> None:
+    """COLUMNS is the host's, an input like any other: '²' is a digit to str.isdigit(), and not
+    to int(), and the help and every usage error of the argparse commands ended in a
+    traceback (found by a fuzzing pass). Such a width is not taken."""
+    environment = {**os.environ, "COLUMNS": columns}
+    result = cli("profiles", "--help", env=environment)
+    assert result.returncode == 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    result = cli("explain", env=environment)
+    assert result.returncode == 64, result
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_explain_refuses_a_path_the_kernel_would_not_take(ws_run: tuple[Path, Path]) -> None:
+    """`explain PATH`, PATH past what the kernel resolves (4,095 bytes): a usage error (40,000
+    components took explain past 20 s, found by a fuzzing pass)."""
+    result = cli("explain", "/" + "a/" * 2048, *session_options(*ws_run))
+    assert result.returncode == 64, result
+    assert "holds a path of 4,097 bytes" in result.stderr, result.stderr
+
+
+def test_explain_says_port_0_is_no_port(ws_run: tuple[Path, Path]) -> None:
+    """A URL's port 0 is not its scheme's default port (explain said pypi.org:0 was reachable,
+    as pypi.org:443, found by a fuzzing pass)."""
+    options = ["--network", "proxy", "--allow-host", "pypi.org"]
+    result = cli("explain", "https://pypi.org:0/", *session_options(*ws_run), *options)
+    assert result.returncode == 1, result
+    assert "not reachable: port 0" in result.stdout, result.stdout
+    result = cli("explain", "https://pypi.org/", *session_options(*ws_run), *options)
+    assert result.returncode == 0, result
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import os
 import sys
 
 from nsconfine._errors import UsageError
+from nsconfine._text import is_decimal
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ class HelpFormatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         columns = os.environ.get("COLUMNS", "")
         try:
-            width = int(columns) if columns.isdigit() else os.get_terminal_size(1).columns
+            width = int(columns) if is_decimal(columns) else os.get_terminal_size(1).columns
         except OSError:  # not a terminal
             width = 80
         super().__init__(prog, width=max(width - 2, 20))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from nsconfine._errors import NsconfineError, UsageError, working_directory_exists
 from nsconfine._plan.options import REQUIRED, SESSION_OPTIONS, SWITCH, Option, help_text
-from nsconfine._text import printable
+from nsconfine._text import path_too_long, printable
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -473,7 +473,7 @@ def _bundle(arguments: Arguments) -> int:
     from nsconfine._export.oci import bundle_command
 
     command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
-    _refuse_empty(arguments.directory, "DIR")
+    _refuse_unusable(arguments.directory, "DIR")
     plan = _session(arguments).plan()
     return bundle_command(plan, arguments.subcommand, arguments.directory, command)
 
@@ -482,7 +482,7 @@ def _explain(arguments: Arguments) -> int:
     from nsconfine._policy.explain import explain
     from nsconfine._session import profiles_showing
 
-    _refuse_empty(arguments.path, "PATH")
+    _refuse_unusable(arguments.path, "PATH")
     session = _session(arguments)
     visible, lines = explain(
         session.plan(), arguments.path, lambda path: profiles_showing(path, session)
@@ -491,9 +491,13 @@ def _explain(arguments: Arguments) -> int:
     return 0 if visible else 1
 
 
-def _refuse_empty(path: str, metavar: str) -> None:
-    if not path:  # "" would name the working directory
+def _refuse_unusable(path: str, metavar: str) -> None:
+    """Refuse a path that is empty ("" would name the working directory) or too long."""
+    if not path:
         raise UsageError(f"{metavar} is empty, which would name the working directory: give it")
+    too_long = path_too_long(path)
+    if too_long is not None:
+        raise UsageError(f"{metavar} {too_long}")
 
 
 _COMMANDS = {

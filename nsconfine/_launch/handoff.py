@@ -42,7 +42,7 @@ from nsconfine._launch.programs import (
 )
 from nsconfine._launch.sandbox import Sandbox, reap_abandoned
 from nsconfine._launch.stage import Staged, hold_closed_stdio, launcher_lacks, stdio_fd, teardown
-from nsconfine._text import is_env_name
+from nsconfine._text import encodable, is_env_name
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -215,10 +215,22 @@ def prepare_launch(
         raise UsageError("argv must be a non-empty list of strings, the command and its args")
     if env is not None and not isinstance(env, Mapping):
         raise UsageError(f"env must be a mapping of names to values, not {type(env).__name__}")
-    items = [os.fsencode(arg) for arg in argv]
+    items = []
+    for number, arg in enumerate(argv):
+        try:
+            items.append(os.fsencode(arg))
+        except UnicodeEncodeError:  # a lone surrogate, which surrogateescape did not make
+            raise UsageError(
+                f"argument {number} holds a character no command line can hold: {arg!r}"
+            ) from None
     for name, value in (env or {}).items():
         if not is_env_name(name) or not isinstance(value, str) or "\0" in value:
             raise UsageError(f"environment variable {name!r} has an invalid name or value")
+        if not encodable(value):
+            raise UsageError(
+                f"environment variable {name!r}: its value holds a character no environment "
+                "can hold (a lone surrogate)"
+            )
         items.append(os.fsencode(f"{name}={value}"))
     body = b"\0".join(items) + b"\0"
     if body.count(0) != len(items):

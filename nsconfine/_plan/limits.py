@@ -180,7 +180,8 @@ def parse_value(name: str, value: object) -> int:
         return _checked(name, value)
     import re  # here: a launch with no limit given as a text does without it
 
-    found = re.match(_SIZE, value.strip(), re.IGNORECASE)
+    # ASCII: a case-blind match otherwise takes U+212A, KELVIN SIGN, for a 'k'.
+    found = re.match(_SIZE, value.strip(), re.IGNORECASE | re.ASCII)
     if found is None or (found["unit"] and not LIMITS[name][3]):
         unit = "bytes, or a number with K, M, G or T" if LIMITS[name][3] else "a whole number"
         raise UsageError(f"limit {name}: {value!r} is not {unit}")

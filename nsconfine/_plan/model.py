@@ -399,6 +399,14 @@ NETWORKS = {
 }
 
 
+def _require_records(field: str, given: tuple[object, ...], kind: type) -> None:
+    """Refuse a Plan field's item that is not a kind record (one read later, as such, failed
+    with an AttributeError deep in a launch)."""
+    for item in given:
+        if not isinstance(item, kind):
+            raise UsageError(f"a Plan's {field} is {kind.__name__} records, not {item!r}")
+
+
 def require_network_reason(network: str, reason: str | None) -> str | None:
     """The reason a session shares the host's network, which only that network has and
     which it must have: it opens every service the launcher reaches."""
@@ -537,8 +545,27 @@ class Plan(Record):
                 f"a Plan's user is a RunAs (nsconfine.RunAs(name, uid, gid)), not {user!r} "
                 "(it is Session(user=...) that takes an account's name)"
             )
+        env, deny = tuple(env), tuple(deny)
         destinations, routes = tuple(destinations), tuple(routes)
+        _require_records("env", env, EnvVar)
+        _require_records("deny", deny, DenyRule)
+        if not isinstance(chdir, str) or not chdir.startswith("/"):
+            raise UsageError(f"a Plan's chdir is an absolute path (str), not {chdir!r}")
+        for field, value, what in (
+            ("nested_userns", nested_userns, "a reason (str)"),
+            ("network_reason", network_reason, "a reason (str)"),
+            ("audit", audit, "a path (str)"),
+            ("credential_needed", credential_needed, "a path (str)"),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise UsageError(f"a Plan's {field} is {what} or None, not {value!r}")
         limits = Limits() if limits is None else limits
+        if not isinstance(limits, Limits):
+            raise UsageError(f"a Plan's limits is a Limits record, not {limits!r}")
+        if protection is not None and not isinstance(protection, Protection):
+            raise UsageError(
+                f"a Plan's protection is a Protection record or None, not {protection!r}"
+            )
         if network != "proxy" and (destinations or routes or audit is not None):
             raise UsageError(
                 "destinations, routes and an audit file are for --network proxy, not "
@@ -556,9 +583,9 @@ class Plan(Record):
             raise UsageError("nested user namespaces are allowed only with a reason")
         self._set(
             entries=ordered,
-            env=tuple(env),
+            env=env,
             chdir=chdir,
-            deny=tuple(deny),
+            deny=deny,
             user=user,
             network=network,
             network_reason=network_reason,

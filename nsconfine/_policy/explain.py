@@ -71,10 +71,12 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
     shown = printable(url)
     try:
         parts = urllib.parse.urlsplit(url)
-        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+        port = _DEFAULT_PORTS.get(parts.scheme) if parts.port is None else parts.port
         host = canonical_host(parts.hostname or "")
     except (ValueError, HostRefused) as problem:
         return False, [f"{shown}: not reachable: not a URL the proxy judges ({problem})"]
+    if port == 0:
+        return False, [f"{shown}: not reachable: port 0 is no port a connection reaches"]
     if port is None:
         return False, [f"{shown}: not reachable: say the port of a {parts.scheme}: URL"]
     if plan.network == "none":
