@@ -134,7 +134,8 @@ def resolve(path: str) -> str:
 def _resolve_missing(path: str, memo: dict[str, str]) -> str:
     """path, which realpath could not resolve: its nearest ancestor that resolves, resolved,
     and the rest as written. Iterative (a path of thousands of components costs no stack);
-    memo holds the resolved ancestors of missing paths (many rules share a home)."""
+    memo holds the resolved ancestors of missing paths (many rules share a home), the first
+    _MEMO_DEPTH below what resolves."""
     below: list[tuple[str, str]] = []  # (directory, name) from path upwards
     current = path
     while True:
@@ -151,10 +152,17 @@ def _resolve_missing(path: str, memo: dict[str, str]) -> str:
             break
         except OSError:
             current = parent
-    for parent, name in reversed(below):
-        memo.setdefault(parent, resolved)
+    for depth, (parent, name) in enumerate(reversed(below)):
+        if depth < _MEMO_DEPTH:
+            memo.setdefault(parent, resolved)
         resolved = os.path.join(resolved, name)
     return resolved
+
+
+# The directories _resolve_missing remembers below what resolves: those rules share (~/.config,
+# ~/.config/gcloud), not every parent of a deep path, whose names would take the square of
+# its length.
+_MEMO_DEPTH = 4
 
 
 # Where sudo, doas and pkexec name the account that ran them (pkexec by uid).
