@@ -201,6 +201,9 @@ static void refuse_if_arg_and_masked(struct program *p, unsigned int nr, int arg
 #define ANY_BIT(group, name, arg, mask, err) \
     { SYSCALL(name), group, err, NSC_RULE_ANY_BIT, arg, 0, 1, { mask } }
 #define SETID_MODE(name, arg) ANY_BIT(NSC_SECCOMP_SETID, name, arg, SETID_BITS, EPERM)
+/* mknod's mode: set-id bits, or a device's type (S_IFCHR's bit, which S_IFBLK holds too, and
+ * S_IFLNK, which mknod refuses anyway; not S_IFIFO, S_IFSOCK or S_IFREG). */
+#define NODE_MODE(name, arg) ANY_BIT(NSC_SECCOMP_SETID, name, arg, SETID_BITS | S_IFCHR, EPERM)
 #define SETID_CREATE(name, flags_arg, mode_arg)                                          \
     { SYSCALL(name), NSC_SECCOMP_SETID, EPERM, NSC_RULE_BOTH_ANY_BIT, flags_arg, mode_arg, 2, \
       { O_CREAT | __O_TMPFILE, SETID_BITS } }
@@ -227,7 +230,8 @@ static void refuse_if_arg_and_masked(struct program *p, unsigned int nr, int arg
  * bit on a file is covered; io_uring (which can create files with its own opcodes, out of the
  * filter's sight) and openat2 (whose mode sits in a struct the filter cannot read; ENOSYS, so
  * callers fall back to openat) are refused whole. mq_open: a queue file, copied up by an
- * overlay.
+ * overlay. Nor a device node: the one mknod makes without a capability, a character device
+ * 0:0, is an overlay's whiteout to the host's tools, and its cp -a and rsync -a carry it.
  *
  * KERNEL. Kernel surface no session needs, what flatpak's list and Docker's default profile
  * refuse (README, "Kernel layers", compares them call by call): the keyrings (the launcher's
@@ -271,13 +275,13 @@ static const struct nsc_seccomp_rule RULES[] = {
     SETID_MODE(fchmod, 1),
     SETID_MODE(fchmodat, 2),
     SETID_MODE(fchmodat2, 2),
-    SETID_MODE(mknodat, 2),
+    NODE_MODE(mknodat, 2),
     SETID_CREATE(openat, 2, 3),
     SETID_CREATE(mq_open, 1, 2),
 #ifdef __NR_chmod /* the legacy calls that aarch64 never had */
     SETID_MODE(chmod, 1),
     SETID_MODE(creat, 1),
-    SETID_MODE(mknod, 1),
+    NODE_MODE(mknod, 1),
     SETID_CREATE(open, 1, 2),
 #endif
     ALWAYS(NSC_SECCOMP_SETID, openat2, ENOSYS),
