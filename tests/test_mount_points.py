@@ -848,3 +848,37 @@ def test_a_lock_table_too_long_to_read_keeps_the_stub(tmp_path: Path) -> None:
     long.write_text(other * (sources.LOCKS_READ_LIMIT // len(other) + 1) + ours)
     assert sources.locked_by_this_launcher_alone(info, str(short))
     assert not sources.locked_by_this_launcher_alone(info, str(long))
+
+
+def test_a_directory_renamed_over_a_stub_as_it_is_made_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory stub is made empty: one holding anything when it is opened was renamed
+    over it (a session racing a launch, which a root launcher's chown would then give it,
+    another tenant's root-owned directory and what it holds). Refused, and left as it is.
+    Found by an attacker's pass (the race widened with strace's delay injection; here, the
+    rename is made between the mkdir and the open)."""
+    parent = tmp_path / "ws"
+    parent.mkdir()
+    other = parent / "other"
+    other.mkdir()
+    (other / "held").write_text("another's\n")
+    before = other.stat()
+    real_mkdir = os.mkdir
+
+    def mkdir_then_swap(name: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(name, mode, dir_fd=dir_fd)
+        os.rename("other", name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_swap)
+    parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(nsconfine.PlanError, match="replaced while it was made"):
+            _sources._make_directory(parent_fd, ".stub", (before.st_uid + 1, before.st_gid + 1))
+    finally:
+        os.close(parent_fd)
+    swapped = (parent / ".stub").stat()
+    assert (swapped.st_ino, swapped.st_uid, swapped.st_gid) == (
+        before.st_ino, before.st_uid, before.st_gid
+    )  # fmt: skip
+    assert (parent / ".stub" / "held").read_text() == "another's\n"

@@ -577,7 +577,7 @@ def _make_directory(parent_fd: int, name: str, owner: tuple[int, int] | None) ->
     """An empty directory, and an fd of it opened at once without following a symlink (its
     hold): what is recorded and chowned is what that fd shows, never a name a session could
     have renamed its own directory to in between (as root, one not the launcher's is
-    refused)."""
+    refused, and so is one not empty)."""
     os.mkdir(name, 0o755, dir_fd=parent_fd)
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -586,6 +586,16 @@ def _make_directory(parent_fd: int, name: str, owner: tuple[int, int] | None) ->
         with contextlib.suppress(OSError):
             os.rmdir(name, dir_fd=parent_fd)  # made a moment ago (refused if no longer empty)
         raise
+    # Made empty: one holding anything now was renamed over it (another root-owned directory
+    # the session's directory held, which the chown below would give it, with what it holds).
+    try:
+        replaced = not _empty(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if replaced:
+        os.close(fd)
+        raise PlanError("a mount point was replaced while it was made; nothing was run")
     return "dir", _owned(fd, owner, lambda: os.rmdir(name, dir_fd=parent_fd)), fd
 
 
