@@ -36,6 +36,7 @@ from helpers import (
 )
 
 import nsconfine
+from nsconfine._kernel.accounts import launcher_account
 from nsconfine._plan.model import Kind
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
@@ -1888,7 +1889,7 @@ def test_git_that_waits_on_something_is_given_up_on(
     waiter.write_text("#!/bin/sh\nexec sleep 600\n")
     waiter.chmod(0o755)
     began = time.monotonic()
-    assert protect._git_answer([str(waiter)], str(tmp_path), "1", ()) is None
+    assert protect._git_answer([str(waiter)], str(tmp_path), "1", (), None) is None
     assert time.monotonic() - began < 60  # (not a speed check: sleep 600 was not waited for)
     assert not pids_with(str(waiter))
 
@@ -2095,7 +2096,35 @@ def test_git_reads_the_index_it_was_given_not_one_swapped_in_by_a_link(tmp_path:
         run = subprocess.run([sys.executable, str(writer), "plain", name, str(where)], check=False)
         assert run.returncode == 0
     listed = protect._index_files(str(gitdir))  # the index, a regular file, as listed
-    assert protect._gitlinks(str(gitdir), listed) == ["own/sub"]  # (git reads it)
+    launcher = launcher_account()
+    assert protect._gitlinks(str(gitdir), listed, launcher) == ["own/sub"]  # (git reads it)
     (gitdir / "index").unlink()
     (gitdir / "index").symlink_to(elsewhere / "index")  # swapped in after the listing
-    assert protect._gitlinks(str(gitdir), listed) is None
+    assert protect._gitlinks(str(gitdir), listed, launcher) is None
+
+
+@pytest.mark.root  # only a root launcher runs git as another account
+def test_a_root_launcher_reads_a_session_s_index_with_git_as_the_session_s_account(
+    repo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's git reads the index a session wrote (its gitlinks, for the report), a file
+    of attacker bytes for git's C parser: as the session's account, never as root with every
+    capability (found by an attacker's pass). A git standing in for the host's says whose it
+    ran as."""
+    from nsconfine._plan import protect
+
+    place = Path(tempfile.mkdtemp(prefix="nsconfine-git-"))
+    try:
+        place.chmod(0o777)  # (the stand-in writes here as the session's account)
+        (place / "prlimit").symlink_to(shutil.which("prlimit") or "/usr/bin/prlimit")
+        git = place / "git"
+        git.write_text(f"#!/bin/sh\n/usr/bin/id -u >> {place}/ran-as\nexit 1\n")
+        git.chmod(0o755)
+        monkeypatch.setattr(protect, "_SYSTEM_PATH", str(place))
+        written = _reported_after(repo, "export GIT_CONFIG_NOSYSTEM=1; : > a && git add a")
+        assert str(repo[0] / ".git" / "index") in written  # git failed: the index is named
+        ran_as = (place / "ran-as").read_text().split()
+        assert ran_as, "the stand-in git did not run"
+        assert set(ran_as) == {str(session(*repo).plan().user.uid)}
+    finally:
+        shutil.rmtree(place)

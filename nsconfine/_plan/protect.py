@@ -60,6 +60,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 
 from nsconfine._errors import PlanError, refuse_if_short_of_fds
 from nsconfine._kernel import syscalls as _syscalls
+from nsconfine._kernel.accounts import RunAs
 from nsconfine._kernel.stub_records import is_stub
 from nsconfine._plan import model as p
 from nsconfine._plan.model import Kind, Mode, Plan, Protection
@@ -367,7 +368,7 @@ def _written_config(
             info = os.lstat(entry.source)
             if (info.st_dev, info.st_ino, info.st_ctime_ns) != bound[covering.dest]:
                 written.append(entry.source)  # replaced while the session ran
-    written += _gitlinks_unscanned(scan, since)
+    written += _gitlinks_unscanned(scan, since, plan.user)
     written += _links_unscanned(plan, scan, since)
     written += _started_in_written(kept, holders, scan, since)
     return list(dict.fromkeys(written))
@@ -604,7 +605,7 @@ _INDEX_READ = 64 << 20
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def _gitlinks_unscanned(scan: _Scan, since: float) -> list[str]:
+def _gitlinks_unscanned(scan: _Scan, since: float, user: RunAs) -> list[str]:
     """What the gitlinks of the indexes written since `since` lead the host's git into that
     the scan does not see: a repository it did not find (in node_modules: its config), the
     place of one not made yet where the scan does not look (a later session could make it),
@@ -622,7 +623,7 @@ def _gitlinks_unscanned(scan: _Scan, since: float) -> list[str]:
             continue  # gone, or no directory: no index for the host's git
         if not any(e.name == "index" for e in indexes) or not _index_written_since(indexes, since):
             continue
-        gitlinks = _gitlinks(gitdir, indexes) if time.monotonic() < deadline else None
+        gitlinks = _gitlinks(gitdir, indexes, user) if time.monotonic() < deadline else None
         tree = trees.get(gitdir)
         if gitlinks is None or tree is None:
             if gitlinks != []:  # none to tell, or none that a tree here resolves
@@ -661,7 +662,7 @@ def _gitlink_places(gitlinks: Sequence[str], tree: str, scan: _Scan) -> list[str
     return places
 
 
-def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | None:
+def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]], user: RunAs) -> list[str] | None:
     """The paths gitdir's index records as gitlinks (mode 0160000: a submodule the host's git
     status enters), as git itself reads them: git's own ls-files, on a git directory of
     nsconfine's that links to the index and its shared indexes (indexes: _index_files), so no
@@ -670,7 +671,9 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
     index.threads does). None when that cannot be told: no git on the host, an index that is
     no regular file or is too large, more than _SHARED_INDEXES shared ones, one git refuses or
     whose answer is past _GITLINKS_ANSWER or holds more than _GITLINKS_MOST gitlinks, or reads
-    that differ (a session wrote the index: every way git might read it counts)."""
+    that differ (a session wrote the index: every way git might read it counts). git runs as
+    user, the session's account: the index is attacker bytes for its C parser, never for a
+    root launcher's capabilities."""
     import shutil
 
     from nsconfine._kernel.accounts import scratch_directory
@@ -686,6 +689,7 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
         own = scratch_directory("nsconfine-index-")
     except OSError:
         return None
+    as_user = os.geteuid() == 0 and user.uid != 0
     opened: list[int] = []  # the index files, as git is given them
     try:
         try:
@@ -712,12 +716,17 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]]) -> list[str] | N
                     "[core]\n\trepositoryformatversion = 1\n[extensions]\n\tobjectformat = "
                     f"{'sha256' if sha256 else 'sha1'}\n"
                 )
+            if as_user:  # its git directory is the account's (whatever the launcher's umask)
+                for name in ("", "objects", "refs", "work", "HEAD", "config"):
+                    os.chown(os.path.join(own, name), user.uid, user.gid)
         except OSError:
             return None
         answers: set[bytes] = set()
         gitlinks: list[bytes] = []
         for threads in _READS:
-            answer = _git_answer([limit, *_GIT_LIMITS, git], own, threads, opened)
+            answer = _git_answer(
+                [limit, *_GIT_LIMITS, git], own, threads, opened, user if as_user else None
+            )
             if answer is None:
                 return None  # (the others would take as long to fail)
             digest, gitlinks = answer
@@ -760,12 +769,13 @@ def _opened_index(gitdir_fd: int, name: str) -> int | None:
 
 
 def _git_answer(
-    command: list[str], own: str, threads: str, fds: Sequence[int]
+    command: list[str], own: str, threads: str, fds: Sequence[int], user: RunAs | None
 ) -> tuple[bytes, list[bytes]] | None:
     """What `git ls-files --stage -z` in the git directory own says, read as index.threads
     says: its sha256, and the paths of its gitlinks; None if it fails, says more than
     _GITLINKS_ANSWER, or names more than _GITLINKS_MOST gitlinks. fds: the index files the
-    git directory's links lead to (git keeps them, at their numbers)."""
+    git directory's links lead to (git keeps them, at their numbers). user: the account git
+    runs as, with no supplementary group (None: the launcher's)."""
     import subprocess
 
     environ = {
@@ -779,6 +789,8 @@ def _git_answer(
             [*command, *arguments, "ls-files", "--stage", "-z"],
             env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, pass_fds=fds,
+            user=None if user is None else user.uid, group=None if user is None else user.gid,
+            extra_groups=None if user is None else [],
         )  # fmt: skip
     except OSError:
         return None
