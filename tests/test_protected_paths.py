@@ -2128,3 +2128,13 @@ def test_a_root_launcher_reads_a_session_s_index_with_git_as_the_session_s_accou
         assert set(ran_as) == {str(session(*repo).plan().user.uid)}
     finally:
         shutil.rmtree(place)
+
+
+def test_a_name_gone_as_it_was_looked_at_is_not_called_a_device() -> None:
+    """A .git a racing session removed between the scan's listing and its look at the name's
+    mode (0: none) is told as that, not as a planted device (an attacker's pass met it 100
+    times in a race)."""
+    from nsconfine._plan import protect
+
+    assert protect._file_type(0) == "name that changed as it was looked at (gone, or replaced)"
+    assert protect._file_type(0o020644) == "device"

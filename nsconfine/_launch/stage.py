@@ -672,7 +672,9 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     if problems:
         raise SandboxUnavailable(
             f"{bwrap} built a sandbox whose mounts differ from the plan ({'; '.join(problems)}): "
-            "nothing was run; this bwrap cannot be trusted, reinstall it"
+            "nothing was run. A session changing a bound place while the sandbox was built does "
+            "this (launch again); if every launch is refused so, this bwrap cannot be trusted: "
+            "reinstall it"
         )
 
 

@@ -1408,7 +1408,10 @@ def _resolved(path: str) -> str:
 
 
 def _file_type(mode: int) -> str:
-    """What a file that is neither a regular file nor a directory is, for a refusal."""
+    """What a file that is neither a regular file nor a directory is, for a refusal (mode 0:
+    it was gone when its mode was asked for)."""
+    if not mode:
+        return "name that changed as it was looked at (gone, or replaced)"
     if stat.S_ISLNK(mode):
         return "symlink"
     if stat.S_ISFIFO(mode):
