@@ -1481,24 +1481,27 @@ def test_a_route_forwards_no_header_a_gateway_reads_as_a_rerouting_one(
     proxy: Proxy, recorder: _TcpServer
 ) -> None:
     """The other spellings of the headers above: any X-Forwarded-*, the host overrides
-    gateways read (X-Original-Host, X-Host, X-HTTP-Host-Override, X-Original-Method), and any
-    name with an '_', which CGI-style servers (PHP, some WSGI) read as its '-' spelling. Found
-    by an attacker's pass: all of these reached the route's upstream, beside the key."""
+    gateways read (X-Original-Host, X-Host, X-HTTP-Host-Override, X-Original-Method), and each
+    of them, or of the key's own header, with an '_', which CGI-style servers (PHP, some WSGI)
+    read as its '-' spelling. Found by an attacker's pass: all of these reached the route's
+    upstream, beside the key. The twin: a header of an '_' that is none of them (Codex sends
+    session_id) passes."""
     route = Route("anthropic", f"http://127.0.0.1:{recorder.port}", "x-api-key", SECRET)
     path = proxy.add_session("s", [], [route])
     rerouting = [
         "X-Forwarded-Path: /admin", "X-Forwarded-Scheme: http", "X-Forwarded-Url: http://e/",
         "X_Forwarded_Host: evil.test", "X_Original_URL: /admin", "x_http_method_override: PUT",
         "X-Original-Host: evil.test", "X-Host: evil.test", "X-HTTP-Host-Override: evil.test",
-        "X-Original-Method: TRACE", "X_Kept: no",
+        "X-Original-Method: TRACE", "X_Api_Key: session-fake", "Proxy_Authorization: x",
     ]  # fmt: skip
     head = "GET /anthropic/v1/models HTTP/1.1\r\n" + "".join(f"{h}\r\n" for h in rerouting)
-    response = _through(path, (head + "X-Kept: yes\r\n\r\n").encode())
+    response = _through(path, (head + "X-Kept: yes\r\nsession_id: s1\r\n\r\n").encode())
     assert status(response) == 200, response
     upstream_head = response.partition(b"\r\n\r\n")[2].partition(b"\r\n\r\n")[0].decode()
     names = {line.split(":")[0] for line in upstream_head.split("\r\n")[1:]}
-    assert "X-Kept" in names
+    assert {"X-Kept", "session_id"} <= names
     assert "x-api-key" in {name.lower() for name in names}
+    assert b"session-fake" not in response
     assert names & {h.split(":")[0] for h in rerouting} == set(), names
 
 

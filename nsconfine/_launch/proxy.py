@@ -1074,12 +1074,9 @@ class Proxy:
         own_header = route.header.lower()
 
         def dropped(name: str) -> bool:
-            name = name.lower()
+            name = name.lower().replace("_", "-")  # as CGI-style servers read it
             return (
-                name in _ROUTE_DROPPED
-                or name == own_header
-                or name.startswith(_REROUTING_PREFIX)
-                or "_" in name  # (read as '-' by CGI-style servers: any of the above)
+                name in _ROUTE_DROPPED or name == own_header or name.startswith(_REROUTING_PREFIX)
             )
 
         body = _RequestBody(request, session.pace)
