@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
+#include <linux/fs.h> /* RENAME_WHITEOUT */
 #include <linux/seccomp.h>
 #include <stddef.h>
 #include <string.h>
@@ -231,7 +232,8 @@ static void refuse_if_arg_and_masked(struct program *p, unsigned int nr, int arg
  * filter's sight) and openat2 (whose mode sits in a struct the filter cannot read; ENOSYS, so
  * callers fall back to openat) are refused whole. mq_open: a queue file, copied up by an
  * overlay. Nor a device node: the one mknod makes without a capability, a character device
- * 0:0, is an overlay's whiteout to the host's tools, and its cp -a and rsync -a carry it.
+ * 0:0, is an overlay's whiteout to the host's tools, and its cp -a and rsync -a carry it;
+ * renameat2's RENAME_WHITEOUT leaves one where the name was, also without a capability.
  *
  * KERNEL. Kernel surface no session needs, what flatpak's list and Docker's default profile
  * refuse (README, "Kernel layers", compares them call by call): the keyrings (the launcher's
@@ -276,6 +278,7 @@ static const struct nsc_seccomp_rule RULES[] = {
     SETID_MODE(fchmodat, 2),
     SETID_MODE(fchmodat2, 2),
     NODE_MODE(mknodat, 2),
+    ANY_BIT(NSC_SECCOMP_SETID, renameat2, 4, RENAME_WHITEOUT, EPERM),
     SETID_CREATE(openat, 2, 3),
     SETID_CREATE(mq_open, 1, 2),
 #ifdef __NR_chmod /* the legacy calls that aarch64 never had */

@@ -301,6 +301,16 @@ for name, mode in (("whiteout", stat.S_IFCHR), ("block", stat.S_IFBLK),
         print(name, "made")
     except OSError as error:
         print(name, "refused", error.errno)
+# renameat2(RENAME_WHITEOUT) leaves a whiteout where the name was, no capability needed
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+open("renamed", "w").close()
+if libc.renameat2(-100, b"renamed", -100, b"renamed-to", 4) == 0:
+    print("renamed-whiteout made")
+else:
+    print("renamed-whiteout refused", ctypes.get_errno())
+os.rename("plain", "plain-renamed")  # a plain rename stays allowed
+print("rename made")
 """
 
 
@@ -312,21 +322,22 @@ def _devices(workspace: Path) -> list[str]:
 def test_no_device_node_can_be_planted(plan: nsconfine.Plan, ws_run: tuple[Path, Path]) -> None:
     """A character device 0:0 (an overlay's whiteout) needs no capability to make: one left in
     the workspace is carried by the host's cp -a and rsync -a, and read as a whiteout by
-    overlay tools. mknod of a device is refused; a FIFO, a socket and a plain file are made.
-    Found by a syscall sweep."""
+    overlay tools. mknod of a device, and renameat2's RENAME_WHITEOUT (which leaves one where
+    the name was), are refused; a FIFO, a socket and a plain file are made, and renamed.
+    Found by a syscall sweep, and the rename by the review of its fix."""
     _status, output = run(plan, ["python3", "-c", _PLANT_DEVICE])
     assert _devices(ws_run[0]) == [], output
-    for made in ("fifo made", "plain made", "sock made"):
+    for made in ("fifo made", "plain made", "sock made", "rename made"):
         assert made in output, output
 
 
 def test_without_seccomp_a_device_node_is_planted(
     plan: nsconfine.Plan, ws_run: tuple[Path, Path], without: Callable[..., None]
 ) -> None:
-    """The twin: with the seccomp layer off, the 0:0 character device is made."""
+    """The twin: with the seccomp layer off, the 0:0 character devices are made."""
     without("seccomp")
     run(plan, ["python3", "-c", _PLANT_DEVICE])
-    assert _devices(ws_run[0]) == ["whiteout"]
+    assert _devices(ws_run[0]) == ["renamed", "whiteout"]
 
 
 _MQ_SETGID = r"""
