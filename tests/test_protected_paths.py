@@ -2109,8 +2109,8 @@ def test_a_root_launcher_reads_a_session_s_index_with_git_as_the_session_s_accou
 ) -> None:
     """The host's git reads the index a session wrote (its gitlinks, for the report), a file
     of attacker bytes for git's C parser: as the session's account, never as root with every
-    capability (found by an attacker's pass). A git standing in for the host's says whose it
-    ran as."""
+    capability (found by an attacker's pass), in a git directory that stays root's. A git
+    standing in for the host's says whose it ran as, and whose its git directory is."""
     from nsconfine._plan import protect
 
     place = Path(tempfile.mkdtemp(prefix="nsconfine-git-"))
@@ -2118,7 +2118,12 @@ def test_a_root_launcher_reads_a_session_s_index_with_git_as_the_session_s_accou
         place.chmod(0o777)  # (the stand-in writes here as the session's account)
         (place / "prlimit").symlink_to(shutil.which("prlimit") or "/usr/bin/prlimit")
         git = place / "git"
-        git.write_text(f"#!/bin/sh\n/usr/bin/id -u >> {place}/ran-as\nexit 1\n")
+        git.write_text(
+            f"#!/bin/sh\n/usr/bin/id -u >> {place}/ran-as\n"
+            f'/usr/bin/stat -c %u "$GIT_DIR" "$GIT_DIR/config" "$GIT_DIR/HEAD" >> {place}/owners\n'
+            f'/usr/bin/touch "$GIT_DIR/planted" 2>/dev/null && echo planted >> {place}/owners\n'
+            "exit 1\n"
+        )
         git.chmod(0o755)
         monkeypatch.setattr(protect, "_SYSTEM_PATH", str(place))
         written = _reported_after(repo, "export GIT_CONFIG_NOSYSTEM=1; : > a && git add a")
@@ -2126,6 +2131,10 @@ def test_a_root_launcher_reads_a_session_s_index_with_git_as_the_session_s_accou
         ran_as = (place / "ran-as").read_text().split()
         assert ran_as, "the stand-in git did not run"
         assert set(ran_as) == {str(session(*repo).plan().user.uid)}
+        # its git directory stays root's: another process of the account could swap a name in
+        # it for a symlink between chowns of root's, and be given what it leads to (the review
+        # of the first version of this change)
+        assert set((place / "owners").read_text().split()) == {"0"}
     finally:
         shutil.rmtree(place)
 
