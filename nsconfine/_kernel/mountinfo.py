@@ -75,6 +75,10 @@ class MountTree:
             "",
         )
         self._seen: dict[str, str] = {"/": self._on_top(root, "/")} if root else {}
+        # Where a mount may be attached: the only places a walk can change mounts at, and so
+        # the only ones remembered (every parent of a deep path would take the square of its
+        # length).
+        self._points = {point for _parent, point in self._attached}
 
     def _on_top(self, mount: str, point: str) -> str:
         """The mount seen at point, mount the one found there first: the last stacked on it."""
@@ -95,7 +99,8 @@ class MountTree:
             path = path[: path.rfind("/")] or "/"
         mount = self._seen[path]
         for below in reversed(walked):
-            mount = self._seen[below] = self._on_top(mount, below)
+            if below in self._points:
+                mount = self._seen[below] = self._on_top(mount, below)
         return self.mounts[mount]
 
 
