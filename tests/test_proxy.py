@@ -681,8 +681,9 @@ def test_the_upstream_is_told_the_framing_the_proxy_read(
         "Content-Length: 18446744073709551621\r\n",  # 2**64 + 5: 5 to a parser that wraps
         "Content-Length: 40\r\nTransfer_Encoding: chunked\r\n",  # CGI reads TRANSFER_ENCODING
         "Content_Length: 40\r\n",
+        "Content-Length: " + "9" * 5000 + "\r\n",  # (past the digits int() reads)
     ],
-    ids=["a length past 2**63", "Transfer_Encoding", "Content_Length"],
+    ids=["a length past 2**63", "Transfer_Encoding", "Content_Length", "5,000 digits"],
 )
 @pytest.mark.parametrize("via", ["plain http", "route"])
 def test_a_body_length_an_upstream_could_read_otherwise_is_refused(
@@ -1549,13 +1550,16 @@ def test_a_route_streams_events_as_they_come(proxy: Proxy, http_upstream: Upstre
      ("/v1%2Fx", 400), ("/v1%5cx", 400), ("/v1%5Cx", 400), ("/v1\\x", 400), ("//admin", 400),
      ("/v1//x", 400), ("/v1/..;/x", 400), ("/v1;x", 400), ("/v1%3Bx", 400), ("/..#", 400),
      ("/x/..#/admin", 400), ("/v1/%252e%252e/x", 400), ("/v1/%c0%ae%c0%ae/x", 400),
-     ("/v1/%C1%9C/x", 400), ("/v1/messages?to=a%2fb//c;d", 502)],  # (nothing listens on 9)
+     ("/v1/%C1%9C/x", 400),
+     ("/v1/%e0%80%ae%e0%80%ae/x", 400), ("/v1/%F0%80%80%AE/x", 400), ("/v1/%u002e%u002e/x", 400),
+     ("/v1/%C3%A9t%C3%A9", 400), ("/v1/messages?to=a%2fb//c;d", 502)],  # (nothing listens on 9)
 )  # fmt: skip
 def test_a_route_path_cannot_climb(proxy: Proxy, rest: str, expected: int) -> None:
     """A route's path with a '.' or '..' segment, an encoded slash or backslash, a backslash,
     an empty segment, a ';' (`..;/`: Java servlet gateways drop path parameters, then climb)
     a '#' (`..#`: a gateway that parses URLs ends the path there), an encoded '%' (decoded
-    twice, `%252e` is '.') or an overlong UTF-8 lead byte (`%c0%ae`, '.' to an old decoder) is
+    twice, `%252e` is '.'), an encoded byte past ASCII (overlong UTF-8, `%c0%ae` or
+    `%e0%80%ae`, is '.' to an old decoder; an API's path needs none) or IIS's `%u` is
     refused: an upstream may read any of them as another path of the API (found by attackers'
     passes). The twin:
     a plain path, whatever its query holds, passes the check and is sent on."""

@@ -108,7 +108,10 @@ _REROUTING_PREFIX = "x-forwarded"
 _PLAIN_HTTP_DROPPED = _HOP_HEADERS | _FRAMING_HEADERS | {"host"}
 _ROUTE_DROPPED = _PLAIN_HTTP_DROPPED | _CREDENTIAL_HEADERS | _REROUTING_HEADERS
 # In a route's path (lowered): what an upstream may read as another path (see _route).
-_ROUTE_PATH_REFUSED = ("%2f", "%5c", "\\", "//", ";", "%3b", "%25", "%c0", "%c1")
+_ROUTE_PATH_REFUSED = (
+    *("%2f", "%5c", "\\", "//", ";", "%3b", "%25", "%u"),
+    *(f"%{digit}" for digit in "89abcdef"),  # an encoded byte of 0x80 or more
+)
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _REASONS = {
     200: "OK",
@@ -192,7 +195,8 @@ def parse_head(head: bytes) -> _Request:
         raise _Refusal(400, "the request's body length is stated twice")
     if lengths and not is_decimal(lengths[0]):
         raise _Refusal(400, "Content-Length is not a number")
-    if lengths and int(lengths[0]) > MAX_CONTENT_LENGTH:  # (a parser that wraps reads less)
+    # (a parser that wraps reads less; past 19 digits, no int() is needed to tell)
+    if lengths and (len(lengths[0]) > 19 or int(lengths[0]) > MAX_CONTENT_LENGTH):
         raise _Refusal(400, f"Content-Length is over {MAX_CONTENT_LENGTH}")
     return request
 
@@ -1059,12 +1063,14 @@ class Proxy:
         # An upstream (or a gateway before it) may read these as a separator, collapse them,
         # or (a ';', Java servlets' path parameter) drop what follows in a segment, `..;`
         # becoming `..`: another path of the API than the one the route's prefix names. So may
-        # one that decodes twice (`%252e`) or reads overlong UTF-8 (`%c0%ae`).
-        if any(bad in path.lower() for bad in _ROUTE_PATH_REFUSED):
+        # one that decodes twice (`%252e`), reads overlong UTF-8 (`%c0%ae`, `%e0%80%ae`: any
+        # encoded byte past ASCII is refused, an API's path needs none) or IIS's `%u002e`.
+        lowered = path.lower()
+        if any(bad in lowered for bad in _ROUTE_PATH_REFUSED):
             raise _Refusal(
                 400,
-                "the route's path holds an encoded slash, '%' or overlong UTF-8, a backslash, "
-                "'//' or ';'",
+                "the route's path holds an encoded slash, '%', byte past ASCII or %u, a "
+                "backslash, '//' or ';'",
             )
         upstream = urllib.parse.urlsplit(route.upstream)
         assert upstream.hostname is not None  # Route checked it
