@@ -4,6 +4,7 @@ errors, the plan and the kernel layer all use it, and it uses none of them."""
 
 from __future__ import annotations
 
+import os
 import posixpath
 
 # No regular expressions: importing re and compiling patterns would cost every `nsconfine run`
@@ -69,7 +70,10 @@ def path_too_long(text: str) -> str | None:
     """Why the kernel would take no path of text (its length), or None. Refused where it is
     given: each of its components costs the rules' lint and explain more, past measure (a
     deny of 50,000 components took 10 s and 7 GB)."""
-    size = len(text.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(os.fsencode(text))  # as the kernel gets it
+    except UnicodeEncodeError:  # a lone surrogate, refused where it is given
+        size = len(text.encode("utf-8", "surrogatepass"))
     if size < PATH_MAX:
         return None
     return f"holds a path of {size:,} bytes: the kernel resolves none of {PATH_MAX:,} or more"

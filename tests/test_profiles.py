@@ -748,3 +748,16 @@ def test_a_deny_rule_that_matches_nothing_says_so(
     assert rules["$NSC_T15_UNSET/token"]["matches_now"] is False
     assert rules[f"{tmp_path}/absent/token"]["matches_now"] is False
     assert rules[str(present)]["matches_now"] is True
+
+
+@pytest.mark.parametrize("key", ["deny", "mask", "protect"])
+def test_a_profile_s_path_past_what_the_kernel_resolves_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, key: str
+) -> None:
+    """A profile's path of 4,096 bytes or more is refused as the Session's own are (a deny of
+    20,000 components was taken, at a cost growing with the square of its depth: found by the
+    review of the Session's check)."""
+    deep = "/x" + "/a" * 2100 if key != "protect" else "xx" + "/a" * 2100  # (names: relative)
+    profile = write_profile(tmp_path, f'description = "deep"\n{key} = ["{deep}"]\n')
+    with pytest.raises(nsconfine.UsageError, match="holds a path of 4,202 bytes"):
+        session(*ws_run, profile=[str(profile)]).plan()

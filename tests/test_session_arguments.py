@@ -197,7 +197,9 @@ def test_explain_and_a_bundle_refuse_an_empty_path(ws_run: tuple[Path, Path]) ->
     assert "--user is empty" in result.stderr, result
 
 
-@pytest.mark.parametrize("columns", ["\u00b2", "\u0663"])  # SUPERSCRIPT TWO, ARABIC-INDIC 3
+@pytest.mark.parametrize(
+    "columns", ["\u00b2", "\u0663", "9" * 5000]
+)  # SUPERSCRIPT TWO, ARABIC-INDIC 3, past the digits int() reads
 def test_a_width_in_columns_that_is_no_number_is_not_taken(columns: str) -> None:
     """COLUMNS is the host's, an input like any other: '²' is a digit to str.isdigit(), and not
     to int(), and the help and every usage error of the argparse commands ended in a
@@ -209,6 +211,15 @@ def test_a_width_in_columns_that_is_no_number_is_not_taken(columns: str) -> None
     result = cli("explain", env=environment)
     assert result.returncode == 64, result
     assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_path_of_bytes_that_are_no_utf_8_is_measured_in_bytes(ws_run: tuple[Path, Path]) -> None:
+    """A path's length is its bytes as the kernel gets them: a byte that is no UTF-8, held as a
+    surrogate escape, is one byte (counted as three, a path of 1,413 bytes was refused as
+    4,237: found by the review of the check)."""
+    path = "/" + "\udcff" * 1412
+    plan = session(*ws_run, deny=[path]).plan()
+    assert any(rule.path == path for rule in plan.deny)
 
 
 def test_explain_refuses_a_path_the_kernel_would_not_take(ws_run: tuple[Path, Path]) -> None:

@@ -24,7 +24,12 @@ class HelpFormatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         columns = os.environ.get("COLUMNS", "")
         try:
-            width = int(columns) if is_decimal(columns) else os.get_terminal_size(1).columns
+            # (a width of 6 digits or more is none a terminal has, nor int() may read)
+            width = (
+                int(columns)
+                if is_decimal(columns) and len(columns) < 6
+                else os.get_terminal_size(1).columns
+            )
         except OSError:  # not a terminal
             width = 80
         super().__init__(prog, width=max(width - 2, 20))

@@ -40,7 +40,7 @@ from nsconfine._plan import options as o
 from nsconfine._plan.allowlist import Destination
 from nsconfine._plan.limits import parse_value
 from nsconfine._record import Record
-from nsconfine._text import is_env_name
+from nsconfine._text import is_env_name, path_too_long
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ _SCALARS: dict[str, type] = {
 _LISTS = tuple(key for key, option in _OPTION_KEYS.items() if option.shape in _STRING_LISTS)
 _CHOICES = {key: option.choices for key, option in _OPTION_KEYS.items() if option.choices}
 _PATH_KEYS = tuple(key for key, option in _OPTION_KEYS.items() if option.shape in _PATH_SHAPES)
+# Names relative to each repository (or paths): as long as a path may be, no longer.
+_NAME_KEYS = ("protect", "unprotect")
 # A key an option had before: refused, naming the key it has now.
 _RENAMED = {old: option.key for option in o.SESSION_OPTIONS for old in option.old_keys}
 # What a profile's path may start with: each is expanded (nsconfine._session), and a path that is
@@ -303,6 +305,9 @@ def _checked(label: str, path: str, text: str) -> Profile:
             lines[key] = line
             for text in value if isinstance(value, list) else [value]:
                 _check_path_form(where, line, key, text)
+        if key in _NAME_KEYS and isinstance(value, list):
+            for text in value:
+                _check_length(where, line, key, text)
         if key in _SCALARS:
             if not isinstance(value, _SCALARS[key]):
                 raise where.error(line, key, f"must be a {_SCALARS[key].__name__}")
@@ -374,6 +379,14 @@ def _check_path_form(where: _Where, line: int, key: str, text: object) -> None:
             f"{text!r} is a relative path: give it absolute, or from ~, $NAME, {{workspace}}, "
             "{run_dir}, {home} or {config}",
         )
+    _check_length(where, line, key, text)
+
+
+def _check_length(where: _Where, line: int, key: str, text: object) -> None:
+    """Refuse a path or name past what the kernel resolves (as the Session's own are)."""
+    too_long = path_too_long(text) if isinstance(text, str) else None
+    if too_long is not None:
+        raise where.error(line, key, too_long)
 
 
 def _checked_bind(where: _Where, line: int, table: object) -> Bind:
