@@ -817,3 +817,56 @@ def test_a_tty_sessions_output_is_there_to_read_after_it_is_reaped(
         assert b"written-before-the-end" in output
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(controller)  # closed by the handle's end
+
+
+def test_a_tty_run_sent_to_the_background_and_back_goes_on(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run --tty` stopped (Ctrl-Z), continued in the background (`bg`: stopped
+    again by the terminal as it sets its modes) and then in the foreground (`fg`): the command
+    goes on reading the terminal. The continue interrupted the launcher's setting of the
+    terminal's modes (EINTR, which termios does not retry): a traceback, and the session
+    killed (found by an attacker's pass)."""
+    shell = HostShell()
+    try:
+        shell.type(_cli_line(ws_run, "--tty", script="echo ready-$((1+1)); cat"))
+        assert shell.expect(b"ready-2"), shell.screen
+        shell.type(b"\x1a")
+        assert shell.expect(b"Stopped"), shell.screen
+        shell.type("bg\n")
+        assert shell.expect(b"$ "), shell.screen
+        shell.type("fg\n")
+        shell.wait_for_a_job()
+        shell.type("hello-$((5))\r")
+        assert shell.expect(b"hello-$((5))"), shell.screen
+        shell.type(b"\x04")
+        assert shell.expect(b"$ "), shell.screen
+        shell.type("echo status-$?-$((2+2))\n")
+        assert shell.expect(b"status-0-4"), shell.screen
+        assert b"Traceback" not in shell.screen, shell.screen
+    finally:
+        shell.close(str(ws_run[0]))
+
+
+def test_a_tty_run_whose_terminal_hangs_up_passes_the_hangup_on(ws_run: tuple[Path, Path]) -> None:
+    """The caller's terminal closing under `nsconfine run --tty` (its SIGHUP comes with a
+    SIGCONT): the command gets the hangup, its trap runs, and run exits with its status. The
+    launcher set the gone terminal's modes (EIO) and killed the session, exit 1 (found by an
+    attacker's pass)."""
+    controller, terminal = os.openpty()
+    script = 'trap "echo got-hup > hup; exit 5" HUP; echo ready; sleep 30 & wait'
+    argv = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run),
+            "--", "/bin/sh", "-c", script]  # fmt: skip
+    launcher = subprocess.Popen(
+        ["setsid", "-c", *argv], stdin=terminal, stdout=terminal, stderr=terminal, cwd="/"
+    )
+    os.close(terminal)
+    try:
+        assert b"ready" in read_until(controller, b"ready"), "the session did not start"
+        os.close(controller)  # the terminal hangs up
+        controller = -1
+        assert launcher.wait(timeout=60) == 5
+        assert (ws_run[0] / "hup").read_text() == "got-hup\n"
+    finally:
+        if controller >= 0:
+            os.close(controller)
+        kill_all(pids_with(str(ws_run[0])))
+        launcher.wait()

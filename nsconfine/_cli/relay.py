@@ -45,20 +45,25 @@ is held until the kernel's collector frees it (the reaper starts one), never for
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import select
 import signal
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from nsconfine._kernel.syscalls import poll_ms, wait_fd
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
     from nsconfine._launch.sandbox import Sandbox
+
+    T = TypeVar("T")
 
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
@@ -172,8 +177,35 @@ def _in_foreground(fd: int = 0) -> bool:
         return True
 
 
+class _TerminalGone(Exception):
+    """The caller's terminal hung up (closed under the launcher)."""
+
+
+# What a call on a terminal that hung up fails with.
+_HUNG_UP = frozenset({errno.EIO, errno.ENXIO, errno.ENOTTY, errno.EBADF})
+
+
+def _on_terminal(call: Callable[..., T], *args: object) -> T:
+    """call(*args), a termios call on the caller's terminal, again when a signal interrupts it
+    (termios does not retry: a launcher continued by `fg` while `bg` had it stopped setting
+    the terminal's modes); _TerminalGone once that terminal has hung up."""
+    import termios
+
+    while True:
+        try:
+            return call(*args)
+        except termios.error as error:
+            if error.args[0] == errno.EINTR:
+                continue
+            if error.args[0] in _HUNG_UP:
+                raise _TerminalGone from None
+            raise
+
+
 class _Terminal:
-    """The copying between the launcher's stdin/stdout and the session's terminal."""
+    """The copying between the launcher's stdin/stdout and the session's terminal. Once the
+    caller's terminal has hung up, the session's output goes nowhere and its input has ended
+    (the hangup itself is passed on, as a signal)."""
 
     def __init__(self, controller: int, command_pid: int) -> None:
         import termios
@@ -184,7 +216,13 @@ class _Terminal:
         self.reading_stdin = True
         self.pending = b""  # input read from stdin, not yet taken by the session's terminal
         self.line_ended = True  # the input so far ends with a whole line (or is none)
-        self.saved = termios.tcgetattr(0) if os.isatty(0) else None
+        self.caller_gone = False  # the caller's terminal hung up
+        self.saved: list[Any] | None = None  # its modes, to put back
+        if os.isatty(0):
+            try:
+                self.saved = _on_terminal(termios.tcgetattr, 0)
+            except _TerminalGone:
+                self._hung_up()
         self.raw()
         self.resize()
         try:  # the command's state, as the kernel shows it (it is not the launcher's child)
@@ -201,7 +239,16 @@ class _Terminal:
         import tty
 
         if self.saved is not None:
-            tty.setraw(0, termios.TCSANOW)
+            try:
+                _on_terminal(tty.setraw, 0, termios.TCSANOW)
+            except _TerminalGone:
+                self._hung_up()
+
+    def _hung_up(self) -> None:
+        self.caller_gone = True
+        self.saved = None  # (nothing to put back)
+        self.reading_stdin = False
+        self.pending = b""
 
     def resize(self) -> None:
         """The launcher's window size, onto the session's terminal."""
@@ -239,7 +286,13 @@ class _Terminal:
             self.open = self.reading_stdin = False
 
     def from_stdin(self) -> None:
-        self.pending = os.read(0, _CHUNK)
+        try:
+            self.pending = os.read(0, _CHUNK)
+        except OSError as error:
+            if error.errno not in _HUNG_UP:
+                raise
+            self._hung_up()
+            return
         if not self.pending:
             self.reading_stdin = False
             if self.saved is None:
@@ -302,7 +355,13 @@ class _Terminal:
             return False
         if not data:
             return False
-        _write_all(1, data)
+        if not self.caller_gone:
+            try:
+                _write_all(1, data)
+            except OSError as error:
+                if error.errno not in _HUNG_UP:
+                    raise
+                self._hung_up()
         return True
 
     def check_due(self) -> float:
@@ -381,13 +440,17 @@ class _Terminal:
     def leave_tui_modes(self) -> None:
         """Turn off the modes a TUI may have left on in the caller's terminal, and drop the
         answers still coming to the queries it sent (see leave_tui_modes)."""
-        leave_tui_modes(1)
+        if not self.caller_gone:
+            leave_tui_modes(1)
 
     def restore(self) -> None:
         import termios
 
         if self.saved is not None:
-            termios.tcsetattr(0, termios.TCSADRAIN, self.saved)
+            try:
+                _on_terminal(termios.tcsetattr, 0, termios.TCSADRAIN, self.saved)
+            except _TerminalGone:
+                self._hung_up()
 
     def close(self) -> None:
         if self.command_stat >= 0:
