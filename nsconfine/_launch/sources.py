@@ -590,8 +590,10 @@ def _make_directory(parent_fd: int, name: str, owner: tuple[int, int] | None) ->
     # the session's directory held, which the chown below would give it, with what it holds).
     try:
         replaced = not _empty(fd)
-    except BaseException:
+    except BaseException:  # (short of fds: scandir takes one more)
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=parent_fd)  # made a moment ago (refused if no longer empty)
         raise
     if replaced:
         os.close(fd)
