@@ -870,3 +870,48 @@ def test_a_tty_run_whose_terminal_hangs_up_passes_the_hangup_on(ws_run: tuple[Pa
             os.close(controller)
         kill_all(pids_with(str(ws_run[0])))
         launcher.wait()
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
+def test_a_run_whose_output_nobody_reads_still_ends_at_a_second_signal(
+    ws_run: tuple[Path, Path], tty: bool
+) -> None:
+    """A session flooding its output to a caller that no longer reads it (a pager paused, a
+    stalled log pipe): the launcher waits to write, and still hears its signals; at a second
+    TERM the whole session is killed and run exits 137. The launcher sat in its write for
+    good, deaf to both (found by an attacker's pass)."""
+    controller, terminal = os.openpty()
+    reader, writer = os.pipe()
+    if tty:  # stdin a terminal, the session's output to a pipe nobody reads
+        stdin, stdout, stalled = terminal, writer, reader
+    else:  # the caller's terminal relayed, its reader gone quiet
+        stdin, stdout, stalled = subprocess.DEVNULL, terminal, controller
+    script = 'trap "" TERM; exec yes flood'  # (TERM stays ignored through the exec)
+    argv = [sys.executable, "-m", "nsconfine", "run", *(["--tty"] if tty else []),
+            "--grace", "600", *session_options(*ws_run), "--", "/bin/sh", "-c", script]  # fmt: skip
+    launcher = subprocess.Popen(
+        argv, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL, cwd="/",
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(terminal)
+    os.close(writer)
+    try:
+        deadline = time.monotonic() + 60
+        held = bytearray(4)
+        while fcntl.ioctl(stalled, termios.FIONREAD, held) or struct.unpack("i", held)[0] < 2048:
+            assert time.monotonic() < deadline, "the session's output never came"
+            time.sleep(0.05)
+        time.sleep(0.5)  # (every buffer on the way full)
+        launcher.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert launcher.poll() is None  # ignored by the command; the grace is long
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 137
+        assert not pids_with(str(ws_run[0]))
+    finally:
+        kill_all(pids_with(str(ws_run[0])))
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+        os.close(controller)
+        os.close(reader)

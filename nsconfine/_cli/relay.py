@@ -38,9 +38,15 @@ suspend character.) When the session ends, the modes a TUI sets (mouse reporting
 screen, …) are turned off, the answers to queries the session left on their way are read and
 dropped, and the terminal's settings are put back.
 
+What the session wrote is copied to the caller's fds without waiting on them (_Output): a
+reader that stops (a pager paused, a stalled log pipe) holds the session's output back, never
+the loop, which goes on hearing signals: the second ending one, or the grace period over, kills
+the session and ends run (what the caller had not taken by then is dropped).
+
 Once the session has ended, what it wrote is copied to the end of each pipe and of its terminal,
 or until nothing came for DRAIN_IDLE_SECONDS: an end the session left in flight in a unix socket
-is held until the kernel's collector frees it (the reaper starts one), never for good.
+is held until the kernel's collector frees it (the reaper starts one), never for good. A slow
+reader of the caller's gets all of it, until an ending signal comes.
 """
 
 from __future__ import annotations
@@ -104,7 +110,7 @@ STATUS_ANSWER = b"\033[0n"
 _ESCAPES = re.compile(rb"[\x05\x1b\x90\x9b-\x9f]")
 
 
-def leave_tui_modes(out: int) -> None:
+def leave_tui_modes(out: int, limit: DrainLimit) -> None:
     """Turn off the modes a TUI may have left on in the terminal at fd out (the caller's), and
     read the answers still coming to the queries it sent, up to the answer to a query of our
     own (answers come in order), so that none is typed into the caller's shell. The answers
@@ -114,12 +120,12 @@ def leave_tui_modes(out: int) -> None:
     background can do neither: the answers then reach the job that reads the terminal."""
     if not os.isatty(out) or not _in_foreground(out):
         return
-    _write_all(out, TUI_RESET)
+    _write_all(out, TUI_RESET, limit)
     reader = _reader_of(out)
     if reader < 0:
         return  # the answers go to a terminal the launcher cannot read
     try:
-        _drop_answers(out, reader)
+        _drop_answers(out, reader, limit)
     finally:
         if reader != 0:
             os.close(reader)
@@ -141,7 +147,7 @@ def _reader_of(out: int) -> int:
     return reader
 
 
-def _drop_answers(out: int, reader: int) -> None:
+def _drop_answers(out: int, reader: int, limit: DrainLimit) -> None:
     import termios
 
     saved = termios.tcgetattr(reader)
@@ -150,7 +156,7 @@ def _drop_answers(out: int, reader: int) -> None:
     quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 1, 0
     termios.tcsetattr(reader, termios.TCSANOW, quiet)
     try:
-        _write_all(out, STATUS_QUERY)
+        _write_all(out, STATUS_QUERY, limit)
         seen = b""
         deadline = time.monotonic() + ANSWER_SECONDS
         while STATUS_ANSWER not in seen:
@@ -217,6 +223,7 @@ class _Terminal:
         self.pending = b""  # input read from stdin, not yet taken by the session's terminal
         self.line_ended = True  # the input so far ends with a whole line (or is none)
         self.caller_gone = False  # the caller's terminal hung up
+        self.output = _Output(1)  # what the session wrote that stdout has not taken yet
         self.saved: list[Any] | None = None  # its modes, to put back
         if os.isatty(0):
             try:
@@ -249,6 +256,7 @@ class _Terminal:
         self.saved = None  # (nothing to put back)
         self.reading_stdin = False
         self.pending = b""
+        self.output.pending = b""
 
     def resize(self) -> None:
         """The launcher's window size, onto the session's terminal."""
@@ -267,7 +275,9 @@ class _Terminal:
         """What to wait for: the session's output (and room for pending input) while its
         terminal is open; more input only once the session has taken what was read."""
         wanted = {}
-        if self.open:
+        if self.output.pending:  # its terminal is looked at again once stdout took that
+            wanted[1] = select.POLLOUT
+        elif self.open:
             wanted[self.controller] = select.POLLIN | (select.POLLOUT if self.pending else 0)
         if self.reading_stdin and not self.pending:
             wanted[0] = select.POLLIN
@@ -276,6 +286,8 @@ class _Terminal:
     def handle(self, events: dict[int, int]) -> None:
         if events.get(0, 0) & (select.POLLIN | select.POLLHUP):
             self.from_stdin()
+        if 1 in events:
+            self.flush()
         if events.get(self.controller, 0) & select.POLLOUT:
             self.to_session()
         if self.controller in events:
@@ -356,13 +368,18 @@ class _Terminal:
         if not data:
             return False
         if not self.caller_gone:
-            try:
-                _write_all(1, data)
-            except OSError as error:
-                if error.errno not in _HUNG_UP:
-                    raise
-                self._hung_up()
+            self.output.pending += data
+            self.flush()
         return True
+
+    def flush(self) -> None:
+        """What stdout takes now of what the session wrote."""
+        try:
+            self.output.write_some()
+        except OSError as error:
+            if error.errno not in _HUNG_UP:
+                raise  # (EPIPE: run ends as a writer to a closed pipe does)
+            self._hung_up()
 
     def check_due(self) -> float:
         """Seconds until the command's state is to be looked at next."""
@@ -434,14 +451,21 @@ class _Terminal:
         """What the session wrote before it ended, to the end of its terminal: once no process
         holds the session's side, a read gives what is left and then EIO; within limit (a side
         left in flight in a unix socket, or held by another session)."""
-        while self.open and limit.ready([self.controller]):
-            self.copy_out()
+        while True:
+            if self.output.pending:
+                if not limit.writable(1):
+                    return
+                self.flush()
+            elif self.open and limit.ready([self.controller]):
+                self.copy_out()
+            else:
+                return
 
-    def leave_tui_modes(self) -> None:
+    def leave_tui_modes(self, limit: DrainLimit) -> None:
         """Turn off the modes a TUI may have left on in the caller's terminal, and drop the
         answers still coming to the queries it sent (see leave_tui_modes)."""
         if not self.caller_gone:
-            leave_tui_modes(1)
+            leave_tui_modes(1, limit)
 
     def restore(self) -> None:
         import termios
@@ -473,6 +497,7 @@ class StdioRelay:
         self.stdin_pipe = -1  # the launcher's end of the session's stdin
         self.pending = b""  # input read from the terminal, not yet taken by the pipe
         self.outputs: dict[int, int] = {}  # the launcher's read end -> the fd it copies to
+        self.writers: dict[int, _Output] = {}  # that fd -> what it has not taken yet
         self.in_background = False  # not reading stdin for it: looked at again every second
         self.escaped: set[int] = set()  # the terminals among 1 and 2 a session wrote an escape to
         terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
@@ -500,6 +525,7 @@ class StdioRelay:
                     read_end, self.given[fd] = os.pipe2(os.O_CLOEXEC)
                     os.set_blocking(read_end, False)
                     self.outputs[read_end] = fd
+                    self.writers[fd] = _Output(fd)
             if owner is not None:
                 for given in {fd for fd in self.given if fd is not None}:
                     os.fchown(given, *owner)
@@ -515,7 +541,12 @@ class StdioRelay:
         self.given = [None, None, None]
 
     def events(self) -> dict[int, int]:
-        wanted = dict.fromkeys(self.outputs, select.POLLIN)
+        wanted: dict[int, int] = {}
+        for read_end, target in self.outputs.items():
+            if self.writers[target].pending:  # read again once the target took that
+                wanted[target] = select.POLLOUT
+            else:
+                wanted[read_end] = select.POLLIN
         self.in_background = False
         if self.stdin_pipe >= 0:
             if self.pending:
@@ -531,8 +562,11 @@ class StdioRelay:
             self.from_stdin()
         if self.stdin_pipe in events:
             self.to_session()
-        for read_end in [fd for fd in self.outputs if fd in events]:
-            self.copy_out(read_end)
+        for read_end, target in list(self.outputs.items()):
+            if target in events:
+                self.flush(read_end)
+            elif read_end in events:
+                self.copy_out(read_end)
 
     def from_stdin(self) -> None:
         try:
@@ -569,34 +603,49 @@ class StdioRelay:
                 self.escaped.add(target)
             if target in self.failed:
                 return  # read and dropped: the session is not killed by a SIGPIPE for it
-            try:
-                _write_all(target, data)
-                return
-            except OSError as error:
-                if target not in self.terminals:  # a file (a full disk): said at the end
-                    self.failed[target] = error
-                    return
-                # the terminal is gone (EIO): the session's writes now fail too
+            self.writers[target].pending += data
+            self.flush(read_end)
+            return
         os.close(read_end)
         del self.outputs[read_end]
+
+    def flush(self, read_end: int) -> None:
+        """What the target of read_end takes now of what the session wrote to it."""
+        target = self.outputs[read_end]
+        try:
+            self.writers[target].write_some()
+        except OSError as error:
+            self.writers[target].pending = b""
+            if target not in self.terminals:  # a file (a full disk): said at the end
+                self.failed[target] = error
+                return
+            # the terminal is gone (EIO): the session's writes now fail too
+            os.close(read_end)
+            del self.outputs[read_end]
 
     def drain(self, limit: DrainLimit) -> None:
         """What the session wrote, to the end of each pipe, within limit (a write end left in
         flight in a unix socket, or held by another session)."""
         while self.outputs:
+            waiting = [r for r, target in self.outputs.items() if self.writers[target].pending]
+            if waiting:
+                if not limit.writable(self.outputs[waiting[0]]):
+                    return
+                self.flush(waiting[0])
+                continue
             ready = limit.ready(list(self.outputs))
             if not ready:
                 return
             for read_end in ready:
                 self.copy_out(read_end)
 
-    def leave_tui_modes(self) -> None:
+    def leave_tui_modes(self, limit: DrainLimit) -> None:
         """A session's output reaches the caller's terminal through these pipes as it would
         from a terminal of its own: the modes it turned on there go off, and the answers to its
         queries are dropped, as for --tty (only where it wrote an escape: a plain session's
         output costs no query)."""
         for fd in sorted(self.escaped):
-            leave_tui_modes(fd)
+            leave_tui_modes(fd, limit)
         self.escaped.clear()
 
     def close(self) -> None:
@@ -632,13 +681,42 @@ def _is_file(fd: int) -> bool:
         return False
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
+class _Output:
+    """What the session wrote that one of the caller's fds has not taken yet. Written without
+    waiting (the fd's O_NONBLOCK set only for the write: the file is the caller's), so that a
+    reader that stopped stops neither the launcher's loop nor the signals it hears; the
+    session's side is read again once this is empty."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pending = b""
+
+    def write_some(self) -> None:
+        """As much of pending as the fd takes now; OSError as os.write raises it (EPIPE, EIO)."""
+        if not self.pending:
+            return
+        blocking = os.get_blocking(self.fd)
+        if blocking:
+            os.set_blocking(self.fd, False)
         try:
-            view = view[os.write(fd, view) :]
+            written = os.write(self.fd, self.pending)
         except BlockingIOError:
-            wait_fd(fd, None, writable=True)
+            written = 0
+        finally:
+            if blocking:
+                os.set_blocking(self.fd, True)
+        self.pending = self.pending[written:]
+
+
+def _write_all(fd: int, data: bytes, limit: DrainLimit) -> None:
+    """data to the caller's fd, waiting for room while limit allows (an ending signal gives
+    up what is left)."""
+    output = _Output(fd)
+    output.pending = data
+    while True:
+        output.write_some()
+        if not output.pending or not limit.writable(fd):
+            return
 
 
 @contextmanager
@@ -693,11 +771,32 @@ class DrainLimit:
     a byte, DRAIN_SECONDS of waiting for bytes in all, DRAIN_MOST_SECONDS in all, or one of the
     ENDING_SIGNALS comes (on wake_read, from held_signals(); -1 for none)."""
 
-    def __init__(self, wake_read: int = -1) -> None:
+    def __init__(self, wake_read: int = -1, wait_for_the_caller: bool = True) -> None:
         self.wake_read = wake_read
         self.waiting_left = DRAIN_SECONDS
         self.deadline = time.monotonic() + DRAIN_MOST_SECONDS
         self.reached = False
+        # Whether a caller's fd that takes nothing now is waited for (not once the launcher
+        # has killed the session: its second signal, or the grace period over, ends run).
+        self.wait_for_the_caller = wait_for_the_caller
+
+    def writable(self, fd: int) -> bool:
+        """Does the caller's fd take more now? Waited for as long as it takes (the time a
+        slow reader takes is not counted), until one of the ENDING_SIGNALS comes."""
+        while not self.reached:
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            if self.wake_read >= 0:
+                poller.register(self.wake_read, select.POLLIN)
+            events = dict(poller.poll(None if self.wait_for_the_caller else 0))
+            if self.wake_read in events:
+                signals = os.read(self.wake_read, 64)
+                self.reached = any(number in ENDING_SIGNALS for number in signals)
+            elif fd not in events:
+                return False
+            if fd in events and not self.reached:
+                return True
+        return False
 
     def ready(self, fds: list[int]) -> list[int]:
         """Those of fds with something to read (or at their end); none once the limit is
@@ -732,14 +831,14 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRela
     copying through relay (and its terminal, if it has one); its status."""
     terminal = _Terminal(sandbox.tty, sandbox.command_pid) if sandbox.tty >= 0 else None
     try:
-        _relay(sandbox, terminal, relay, grace, wake_read)
+        killed = _relay(sandbox, terminal, relay, grace, wake_read)
         # what the session wrote last, up to its end
-        limit = DrainLimit(wake_read)
+        limit = DrainLimit(wake_read, wait_for_the_caller=not killed)
         relay.drain(limit)
-        relay.leave_tui_modes()
+        relay.leave_tui_modes(limit)
         if terminal is not None:
             terminal.drain(limit)
-            terminal.leave_tui_modes()
+            terminal.leave_tui_modes(limit)
     except BaseException:  # the launcher is leaving (its stdout gone): the session goes first
         sandbox.kill()
         sandbox.wait()
@@ -753,11 +852,12 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRela
 
 def _relay(
     sandbox: Sandbox, terminal: _Terminal | None, relay: StdioRelay, grace: float, wake_read: int
-) -> None:
+) -> bool:
     """Until the session has ended (its sentinel readable; not yet reaped): signals passed
-    on, the grace period kept, the caller's terminals relayed and its own terminal copied."""
+    on, the grace period kept, the caller's terminals relayed and its own terminal copied.
+    Whether the launcher killed it (a second signal, or the grace period over)."""
     deadline: float | None = None
-    signalled = False
+    signalled = killed = False
     while True:
         poller = select.poll()
         poller.register(sandbox.sentinel, select.POLLIN)
@@ -773,10 +873,10 @@ def _relay(
             waits.append(STATE_CHECK_SECONDS)
         events = dict(poller.poll(poll_ms(min(waits)) if waits else None))
         if sandbox.sentinel in events:
-            return
+            return killed
         if deadline is not None and time.monotonic() >= deadline:  # the grace period is over
             sandbox.kill()
-            deadline = None
+            killed, deadline = True, None
             continue
         relay.handle(events)
         if terminal is not None:
@@ -797,7 +897,7 @@ def _relay(
                 sandbox.send_signal(received)  # passed on, nothing more
             elif signalled:
                 sandbox.kill()
-                deadline = None
+                killed, deadline = True, None
             else:
                 signalled = True
                 sandbox.send_signal(received)
