@@ -915,3 +915,90 @@ def test_a_run_whose_output_nobody_reads_still_ends_at_a_second_signal(
         launcher.wait()
         os.close(controller)
         os.close(reader)
+
+
+def _answering_terminal(controller: int, answered: list[bytes]) -> None:
+    """A terminal that answers each status query (ESC [ 5 n) and title report request
+    (ESC [ 21 t) it is sent, in order, 0.1 s after the one before; the title it reports is
+    one the session would have typed into the shell. Until three are answered."""
+    import re
+
+    seen = b""
+    while len(answered) < 3:
+        if not select.select([controller], [], [], 30)[0]:
+            return
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:
+            return
+        seen += chunk
+        for query in re.findall(rb"\033\[5n|\033\[21t", seen)[len(answered) :]:
+            time.sleep(0.1)
+            answer = b"\033[0n" if query == b"\033[5n" else b"\033]lrm -rf ~\033\\"
+            os.write(controller, answer)
+            answered.append(answer)
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
+def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
+    ws_run: tuple[Path, Path], tty: bool
+) -> None:
+    """The answers a session's queries left on their way to the caller's terminal are read
+    and dropped up to the answer to run's own status query; a session that asked the same
+    question (ESC [ 5 n) before another one answered with text it chose (a title report)
+    had run stop at its answer, and the text reached the shell (found by an attacker's
+    pass). run counts the session's status queries and waits for one answer more."""
+    import threading
+
+    controller, terminal = os.openpty()
+    keep = os.dup(terminal)  # the shell's side, read after run
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    script = r"printf '\033[5n\033[21t'"  # a status query, then a title report's
+    argv = [sys.executable, "-m", "nsconfine", "run", *(["--tty"] if tty else []),
+            *session_options(*ws_run), "--", "/bin/sh", "-c", script]  # fmt: skip
+    answered: list[bytes] = []
+    answering = threading.Thread(target=_answering_terminal, args=(controller, answered))
+    answering.start()
+    launcher = subprocess.Popen(
+        argv, stdin=terminal, stdout=terminal, stderr=terminal, cwd="/", preexec_fn=own_terminal
+    )
+    os.close(terminal)
+    try:
+        assert launcher.wait(timeout=60) == 0
+        answering.join(timeout=30)
+        assert len(answered) == 3, answered
+        termios.tcsetattr(keep, termios.TCSANOW, _raw(termios.tcgetattr(keep)))
+        left = b""
+        while select.select([keep], [], [], 0.5)[0]:
+            left += os.read(keep, 4096)
+        assert b"rm -rf" not in left, left
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        os.close(keep)
+        os.close(controller)
+        answering.join(timeout=30)
+
+
+def _raw(modes: list[Any]) -> list[Any]:
+    """modes with line editing and echo off (what a shell's line editor reads in)."""
+    modes[3] &= ~(termios.ICANON | termios.ECHO)
+    return modes
+
+
+def test_status_queries_are_counted_however_the_output_is_split() -> None:
+    """Every status query in a session's output (7-bit ESC [ 5 n and 8-bit CSI 5 n) counts
+    once, however the reads split it, a byte at a time among them."""
+    from nsconfine._cli.relay import STATUS_QUERY, _Occurrences
+
+    stream = b"a\033[5nb\x9b5n\033[5n\x9b5n\x9b5\033[5n" * 3
+    for size in (1, 2, 3, 4, 5, 7, len(stream)):
+        counted = _Occurrences(STATUS_QUERY)
+        for at in range(0, len(stream), size):
+            counted.see(stream[at : at + size])
+        assert counted.count == 15, size

@@ -105,15 +105,32 @@ STATUS_QUERY = b"\033[5n"
 STATUS_ANSWER = b"\033[0n"
 
 
+class _Occurrences:
+    """How many times a short sequence (in its 7-bit form ESC [ ... and its 8-bit one, CSI
+    ...) came in a stream read in pieces, one split between two pieces counted too."""
+
+    def __init__(self, seven_bit: bytes) -> None:
+        self.forms = (seven_bit, b"\x9b" + seven_bit[2:])
+        self.count = 0
+        self.tail = b""  # the last bytes seen, too few to hold a whole 7-bit form
+
+    def see(self, data: bytes) -> None:
+        joined = self.tail + data
+        for form in self.forms:  # (one wholly in the tail was counted with it)
+            self.count += joined.count(form) - self.tail.count(form)
+        self.tail = joined[-(len(self.forms[0]) - 1) :]
+
+
 # What may turn a mode on or ask the terminal a question in what a session wrote: ESC, the
 # 8-bit introducers (DCS, CSI, ST, OSC, PM, APC) and ENQ (answered with an answerback message).
 _ESCAPES = re.compile(rb"[\x05\x1b\x90\x9b-\x9f]")
 
 
-def leave_tui_modes(out: int, limit: DrainLimit) -> None:
+def leave_tui_modes(out: int, limit: DrainLimit, queries: int) -> None:
     """Turn off the modes a TUI may have left on in the terminal at fd out (the caller's), and
     read the answers still coming to the queries it sent, up to the answer to a query of our
-    own (answers come in order), so that none is typed into the caller's shell. The answers
+    own (answers come in order; queries: the session's own status queries, whose answers come
+    first), so that none is typed into the caller's shell. The answers
     are read from fd 0 where it is that terminal, else from that terminal opened again
     (run's stdin elsewhere: </dev/null, a pipe), echo and line editing off meanwhile (a
     cooked terminal holds a partial line back; its echo would print them). A launcher in the
@@ -125,7 +142,7 @@ def leave_tui_modes(out: int, limit: DrainLimit) -> None:
     if reader < 0:
         return  # the answers go to a terminal the launcher cannot read
     try:
-        _drop_answers(out, reader, limit)
+        _drop_answers(out, reader, limit, queries + 1)
     finally:
         if reader != 0:
             os.close(reader)
@@ -147,7 +164,9 @@ def _reader_of(out: int) -> int:
     return reader
 
 
-def _drop_answers(out: int, reader: int, limit: DrainLimit) -> None:
+def _drop_answers(out: int, reader: int, limit: DrainLimit, expected: int) -> None:
+    """Read and drop what the terminal at reader sends until the expected-th status answer
+    (the last one run's own), or ANSWER_SECONDS pass."""
     import termios
 
     saved = termios.tcgetattr(reader)
@@ -157,9 +176,9 @@ def _drop_answers(out: int, reader: int, limit: DrainLimit) -> None:
     termios.tcsetattr(reader, termios.TCSANOW, quiet)
     try:
         _write_all(out, STATUS_QUERY, limit)
-        seen = b""
+        answers = _Occurrences(STATUS_ANSWER)
         deadline = time.monotonic() + ANSWER_SECONDS
-        while STATUS_ANSWER not in seen:
+        while answers.count < expected:
             if not wait_fd(reader, deadline - time.monotonic()):
                 termios.tcflush(reader, termios.TCIFLUSH)  # no answer: what is on its way goes
                 return
@@ -169,7 +188,7 @@ def _drop_answers(out: int, reader: int, limit: DrainLimit) -> None:
                 return
             if not chunk:
                 return
-            seen = seen[-len(STATUS_ANSWER) :] + chunk  # an answer may come split
+            answers.see(chunk)
     finally:
         termios.tcsetattr(reader, termios.TCSANOW, saved)
 
@@ -224,6 +243,7 @@ class _Terminal:
         self.line_ended = True  # the input so far ends with a whole line (or is none)
         self.caller_gone = False  # the caller's terminal hung up
         self.output = _Output(1)  # what the session wrote that stdout has not taken yet
+        self.status_queries = _Occurrences(STATUS_QUERY)  # the session's, to the caller's
         self.saved: list[Any] | None = None  # its modes, to put back
         if os.isatty(0):
             try:
@@ -368,6 +388,7 @@ class _Terminal:
         if not data:
             return False
         if not self.caller_gone:
+            self.status_queries.see(data)
             self.output.pending += data
             self.flush()
         return True
@@ -465,7 +486,7 @@ class _Terminal:
         """Turn off the modes a TUI may have left on in the caller's terminal, and drop the
         answers still coming to the queries it sent (see leave_tui_modes)."""
         if not self.caller_gone:
-            leave_tui_modes(1, limit)
+            leave_tui_modes(1, limit, self.status_queries.count)
 
     def restore(self) -> None:
         import termios
@@ -500,6 +521,7 @@ class StdioRelay:
         self.writers: dict[int, _Output] = {}  # that fd -> what it has not taken yet
         self.in_background = False  # not reading stdin for it: looked at again every second
         self.escaped: set[int] = set()  # the terminals among 1 and 2 a session wrote an escape to
+        self.status_queries: dict[int, _Occurrences] = {}  # the session's, to each of them
         terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
         self.terminals = set(terminals)
         # An output file handed over as it is would be the session's to re-open through
@@ -599,8 +621,11 @@ class StdioRelay:
             return
         target = self.outputs[read_end]
         if data:
-            if target in self.terminals and _ESCAPES.search(data):
-                self.escaped.add(target)
+            if target in self.terminals:
+                queries = self.status_queries.setdefault(target, _Occurrences(STATUS_QUERY))
+                queries.see(data)
+                if _ESCAPES.search(data):
+                    self.escaped.add(target)
             if target in self.failed:
                 return  # read and dropped: the session is not killed by a SIGPIPE for it
             self.writers[target].pending += data
@@ -645,7 +670,7 @@ class StdioRelay:
         queries are dropped, as for --tty (only where it wrote an escape: a plain session's
         output costs no query)."""
         for fd in sorted(self.escaped):
-            leave_tui_modes(fd, limit)
+            leave_tui_modes(fd, limit, self.status_queries[fd].count)
         self.escaped.clear()
 
     def close(self) -> None:
