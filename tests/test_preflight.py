@@ -506,3 +506,26 @@ def test_a_bwrap_whose_own_library_path_others_can_write_is_refused(
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
     assert str(libs) in refused.value.message
     assert not trace_file.exists()
+
+
+def test_a_bwrap_s_libraries_are_read_within_a_small_address_space(tmp_path: Path) -> None:
+    """Reading a bwrap's dynamic section takes what the file holds, not a 64 MiB buffer: a
+    launcher under a small RLIMIT_AS (88 MiB here) ended in a MemoryError traceback (found by
+    an attacker's pass on a broken launcher environment). Run in an interpreter of its own,
+    without the sanitizer runtime (which an address-space limit stops)."""
+    bwrap, libs, _library = _bwrap_loading_a_library(tmp_path)
+    probe = (
+        "import resource, sys\n"
+        "from nsconfine._preflight.libraries import loaded_from_own_path\n"
+        "with open('/proc/self/status') as status:\n"
+        "    size = next(int(l.split()[1]) for l in status if l.startswith('VmSize:')) * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + (32 << 20), resource.RLIM_INFINITY))\n"
+        "print(loaded_from_own_path(sys.argv[1]))\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "ASAN_"))}
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(bwrap)], capture_output=True, text=True,
+        env=environment, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert str(libs) in result.stdout

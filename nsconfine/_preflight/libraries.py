@@ -53,7 +53,13 @@ def _dynamic(path: str) -> tuple[list[str], list[str]]:
     file at path; nothing for a file that is none (or not one this reads)."""
     try:
         with open(path, "rb") as file:
-            data = file.read(_READ_AT_MOST)
+            size = os.fstat(file.fileno()).st_size
+            if size > _READ_AT_MOST:  # (its library path unread: judged as one that names any)
+                raise SandboxUnavailable(
+                    f"{printable(path)} is over {_READ_AT_MOST >> 20} MiB: no bwrap (nor a "
+                    "library of one) is; install Debian's bubblewrap (/usr/bin/bwrap)"
+                )
+            data = file.read(size)  # (what it holds: a buffer of _READ_AT_MOST would be taken)
     except OSError:
         return [], []
     if data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01" or len(data) < 64:
