@@ -882,3 +882,57 @@ def test_a_directory_renamed_over_a_stub_as_it_is_made_is_refused(
         before.st_ino, before.st_uid, before.st_gid
     )  # fmt: skip
     assert (parent / ".stub" / "held").read_text() == "another's\n"
+
+
+def test_a_bundles_record_that_is_no_directory_stops_no_stub_s_removal(
+    own_cache: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """The records' `bundles` (the OCI bundles' companions) made a file: a session's stubs are
+    still removed at its end. They were all left, each launch's, with no word (found by an
+    attacker's pass on a broken launcher environment)."""
+    records = Path(_stub_records.records())
+    (records / _stub_records.BUNDLES).write_text("")
+    workspace = ws_run[0]
+    before = sorted(os.listdir(workspace))
+    assert nsconfine.spawn(session(*ws_run).plan(), ["/bin/true"]).wait() == 0
+    assert sorted(os.listdir(workspace)) == before
+
+
+@pytest.mark.parametrize("planted", ["a directory", "a dangling symlink", "a FIFO"])
+def test_a_records_lock_that_is_no_file_is_refused_saying_what_to_remove(
+    own_cache: Path, tmp_path: Path, planted: str
+) -> None:
+    """The records' `.lock` made something else than a file refuses each launch with a
+    message that names it and says to remove it (it said "launch again", which never helps),
+    and never makes a file where a symlink there leads (found by an attacker's pass on a
+    broken launcher environment)."""
+    lock = Path(_stub_records.records()) / ".lock"
+    with contextlib.suppress(FileNotFoundError):
+        lock.unlink()
+    target = tmp_path / "led-to"
+    if planted == "a directory":
+        lock.mkdir()
+    elif planted == "a dangling symlink":
+        lock.symlink_to(target)
+    else:
+        os.mkfifo(lock)
+    locking = _stub_records.records_locked()
+    with pytest.raises(nsconfine.SandboxUnavailable, match="remove it") as refused:
+        locking.__enter__()
+    assert str(lock) in refused.value.message
+    assert not target.exists()
+
+
+def test_records_made_under_a_umask_that_denies_all_are_the_account_s_to_use(
+    own_cache: Path,
+) -> None:
+    """Under umask 777 the directories nsconfine makes for its records are 0700 all the
+    same: they were made mode 000, the account's whole cache unusable after (found by an
+    attacker's pass on a broken launcher environment)."""
+    old = os.umask(0o777)
+    try:
+        records = _stub_records.records()
+    finally:
+        os.umask(old)
+    for path in (records, os.path.dirname(records)):
+        assert os.stat(path).st_mode & 0o777 == 0o700, path

@@ -2147,3 +2147,59 @@ def test_a_name_gone_as_it_was_looked_at_is_not_called_a_device() -> None:
 
     assert protect._file_type(0) == "name that changed as it was looked at (gone, or replaced)"
     assert protect._file_type(0o020644) == "device"
+
+
+def test_git_directories_are_remembered_where_the_mount_points_are_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An account with no cache it can write (a system account's HOME=/nonexistent, a unit's
+    read-only home) keeps its records of mount points in /tmp/nsconfine-UID, and its
+    remembered git directories with them: a repository a session hid between two launches
+    stays protected. They had no such place, and were forgotten without a word (found by an
+    attacker's pass on a broken launcher environment)."""
+    from nsconfine._kernel import stub_records
+
+    base = tmp_path / "tmp"
+    base.mkdir()
+    monkeypatch.setattr(stub_records, "FALLBACK_BASE", str(base))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "missing" / "cache"))
+    stub_records.forget_records()
+    try:
+        workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+        make = "mkdir -p src/objects src/refs && echo 'ref: refs/heads/main' > src/HEAD"
+        assert attempt(session(workspace, run_dir).plan(), f"cd {workspace} && {make}")[0] == 0
+        config = f"{workspace}/src/config"
+        assert config in {e.dest for e in session(workspace, run_dir).plan().entries}
+        shutil.rmtree(workspace / "src" / "objects")
+        shutil.rmtree(workspace / "src" / "refs")
+        (workspace / "src" / "HEAD").unlink()
+        assert config in {e.dest for e in session(workspace, run_dir).plan().entries}
+        assert (base / f"nsconfine-{os.geteuid()}" / "git-directories").is_dir()
+    finally:
+        stub_records.forget_records()
+
+
+def test_a_record_of_git_directories_that_cannot_be_written_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full cache (ENOSPC as the record is written) leaves no half-written temporary file
+    in the records: each launch left one more (found by an attacker's pass on a broken
+    launcher environment)."""
+    import errno
+
+    from nsconfine._kernel.accounts import records_directory
+
+    records = Path(records_directory("git-directories"))
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(records)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    monkeypatch.setattr(os, "write", full)
+    session(workspace, run_dir).plan()
+    monkeypatch.undo()
+    assert not [path for path in records.iterdir() if path.name.endswith(f".{os.getpid()}")]

@@ -375,9 +375,9 @@ def make_own_directory(path: str, mode: int, others_may_not: int) -> bool:
 
 
 def make_private_directory(path: str) -> None:
-    """Make path and the directory holding it, where missing, 0700 whatever the umask (makedirs
-    gives its mode to the last one only): records directories are refused if another account,
-    or the group, could write them or the directory above (a umask of 002 would). Above them
+    """Make path and the directory holding it, where missing, 0700 whatever the umask (777
+    would leave them unusable): records directories are refused if another account, or the
+    group, could write them or the directory above (a umask of 002 would). Above them
     only the cache directory itself is made ($XDG_CACHE_HOME, $HOME/.cache): never a home that
     is not there (a system account's /nonexistent, which root would make its own, and which
     then stops being denied as that account's home). FileNotFoundError then; Replaceable,
@@ -391,5 +391,9 @@ def make_private_directory(path: str) -> None:
     # through (a root launcher given a HOME in that account's home): checked before, not only
     # after (require_private), when it would already have been made.
     _require_unreplaceable(cache if os.path.isdir(cache) else above_cache)
-    os.makedirs(holder, mode=0o700, exist_ok=True)
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    for directory in (cache, holder, path):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(directory, 0o700)  # (mkdir's mode passes the umask: 777 would leave 000)

@@ -184,7 +184,28 @@ def records_locked() -> Iterator[str]:
 
 
 def _open_lock(directory: str) -> int:
-    return os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """The records' lock file, made if missing; never through a symlink, nor one that is no
+    regular file (SandboxUnavailable, naming it: every launch would be refused until it is
+    removed). FileNotFoundError if directory is gone."""
+    path = os.path.join(directory, ".lock")
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        raise
+    except OSError as error:  # a directory, a symlink (ELOOP), unreadable
+        raise _unusable_lock(path, error.strerror or str(error)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _unusable_lock(path, "not a regular file")
+    return fd
+
+
+def _unusable_lock(path: str, why: str) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"{printable(path)}, the lock of nsconfine's records of the mount points it makes, "
+        f"cannot be used ({why}): remove it (it is made again)"
+    )
 
 
 def _require_writable(directory: str) -> None:

@@ -786,7 +786,7 @@ def _bundle_companions(records: str) -> frozenset[str]:
     """The names of the bundle companions there are (read once a batch: usually none)."""
     try:
         return frozenset(os.listdir(os.path.join(records, _stub_records.BUNDLES)))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a file there: no bundle kept any)
         return frozenset()
 
 

@@ -58,7 +58,7 @@ import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence, Set
 
-from nsconfine._errors import PlanError, refuse_if_short_of_fds
+from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import RunAs
 from nsconfine._kernel.stub_records import is_stub
@@ -1294,10 +1294,15 @@ class _Scan:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
                 fd = os.open(temporary, flags, 0o600)
                 try:
-                    os.write(fd, data)
-                finally:
-                    os.close(fd)
-                os.replace(temporary, record)
+                    try:
+                        os.write(fd, data)
+                    finally:
+                        os.close(fd)
+                    os.replace(temporary, record)
+                except OSError:  # (a full cache): no half-written file left behind
+                    with contextlib.suppress(OSError):
+                        os.unlink(temporary)
+                    raise
             self.stat(record)
         except (OSError, PlanError):
             return
@@ -1387,18 +1392,17 @@ def _record_path(top: str) -> str | None:
     task's workspace must not be protected by what a session planted in the last one's."""
     import hashlib
 
-    from nsconfine._kernel.accounts import (
-        make_private_directory,
-        records_directory,
-        require_private,
-    )
+    from nsconfine._kernel.accounts import make_private_directory, require_private
+    from nsconfine._kernel.stub_records import records
 
-    directory = records_directory("git-directories")
     try:
+        # Beside the records of mount points, wherever they are kept (the account's cache,
+        # or /tmp/nsconfine-UID for an account with no cache it can write)
+        directory = os.path.join(os.path.dirname(records()), "git-directories")
         make_private_directory(directory)
         require_private(directory)
         info = os.stat(top)
-    except OSError:
+    except (OSError, SandboxUnavailable):
         return None
     where = hashlib.sha256(os.fsencode(top)).hexdigest()[:16]
     return os.path.join(directory, f"{info.st_dev}-{info.st_ino}-{where}")
