@@ -1002,3 +1002,74 @@ def test_status_queries_are_counted_however_the_output_is_split() -> None:
         for at in range(0, len(stream), size):
             counted.see(stream[at : at + size])
         assert counted.count == 15, size
+
+
+@pytest.mark.parametrize("kind", ["pipe", "terminal", "socket"])
+def test_the_callers_output_is_written_without_making_its_description_nonblocking(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The copy of a session's output to a caller's fd waits for nothing, yet never sets
+    O_NONBLOCK on the caller's file description: that flag is every sharer's (the shell's,
+    while a background run is stopped in its write by SIGTTOU; another writer to the same log
+    pipe, which then met EAGAIN). Set around each write, it was (found by the review of that
+    change). The write is made through a description of the launcher's own."""
+    import socket
+
+    from nsconfine._cli.relay import _Output
+
+    if kind == "pipe":
+        reader, caller = os.pipe()
+    elif kind == "terminal":
+        reader, caller = os.openpty()
+    else:
+        reader_socket, caller_socket = socket.socketpair()
+        reader, caller = reader_socket.detach(), caller_socket.detach()
+    seen: list[bool] = []
+    real_write = os.write
+
+    def watched_write(fd: int, data: bytes) -> int:
+        seen.append(os.get_blocking(caller))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", watched_write)
+    output = _Output(caller)
+    try:
+        output.pending = b"y" * (1 << 20)  # more than the pipe, terminal or socket holds
+        output.write_some()
+        assert output.pending, "all of it was taken: nothing was shown"
+        seen.append(os.get_blocking(caller))
+        assert all(seen), seen
+    finally:
+        output.close()
+        monkeypatch.setattr(os, "write", real_write)
+        os.close(reader)
+        os.close(caller)
+
+
+def test_the_time_a_slow_caller_takes_is_not_counted_against_the_drain() -> None:
+    """Waiting for a caller's output to take what the session wrote (a pager paged slowly)
+    takes nothing of the time the drain gives the session's side: after such a wait, what the
+    session still holds is copied. Counted, a reader slower than the drain's 30 s lost the
+    end of the output (found by the review of the change that made the wait)."""
+    import threading
+
+    from nsconfine._cli.relay import DrainLimit
+
+    limit = DrainLimit()
+    limit.deadline = time.monotonic() + 0.2
+    reader, writer = os.pipe()
+    os.set_blocking(writer, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(writer, b"x" * 65536)
+    taken = threading.Timer(0.5, lambda: os.read(reader, 1 << 20))
+    taken.start()
+    try:
+        assert limit.writable(writer)
+        session_read, session_write = os.pipe()
+        os.write(session_write, b"more")
+        assert limit.ready([session_read]) == [session_read]
+    finally:
+        taken.join()
+        for fd in (reader, writer, session_read, session_write):
+            os.close(fd)

@@ -51,6 +51,7 @@ reader of the caller's gets all of it, until an ending signal comes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -65,6 +66,7 @@ from nsconfine._kernel.syscalls import poll_ms, wait_fd
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
+    import socket
     from typing import Any, TypeVar
 
     from nsconfine._launch.sandbox import Sandbox
@@ -501,6 +503,7 @@ class _Terminal:
         if self.command_stat >= 0:
             os.close(self.command_stat)
             self.command_stat = -1
+        self.output.close()
 
 
 class StdioRelay:
@@ -679,6 +682,9 @@ class StdioRelay:
         for read_end in self.outputs:
             os.close(read_end)
         self.outputs = {}
+        for writer in self.writers.values():
+            writer.close()
+        self.writers = {}
 
 
 def _signal_group(sandbox: Sandbox, number: int) -> None:
@@ -707,30 +713,54 @@ def _is_file(fd: int) -> bool:
 
 
 class _Output:
-    """What the session wrote that one of the caller's fds has not taken yet. Written without
-    waiting (the fd's O_NONBLOCK set only for the write: the file is the caller's), so that a
-    reader that stopped stops neither the launcher's loop nor the signals it hears; the
-    session's side is read again once this is empty."""
+    """What the session wrote that one of the caller's fds has not taken yet, written without
+    waiting (a reader that stopped stops neither the launcher's loop nor the signals it
+    hears; the session's side is read again once this is empty). Written through a file
+    description of the launcher's own, O_NONBLOCK: the flag belongs to the description, and
+    set on the caller's it would be every sharer's (the shell's, while a background run
+    stopped in its write by SIGTTOU), and other writers to it would meet EAGAIN."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.pending = b""
+        self._own = -1  # the launcher's own description of what fd writes to, O_NONBLOCK
+        self._socket: socket.socket | None = None  # or, for a socket, sent MSG_DONTWAIT
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISSOCK(mode):
+            import socket
+
+            self._socket = socket.socket(fileno=os.dup(fd))
+        elif not stat.S_ISREG(mode):  # (a regular file's writes never wait)
+            flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+            with contextlib.suppress(OSError):  # (no reader left, or not ours to open: as is)
+                self._own = os.open(f"/proc/self/fd/{fd}", flags)
 
     def write_some(self) -> None:
         """As much of pending as the fd takes now; OSError as os.write raises it (EPIPE, EIO)."""
         if not self.pending:
             return
-        blocking = os.get_blocking(self.fd)
-        if blocking:
-            os.set_blocking(self.fd, False)
         try:
-            written = os.write(self.fd, self.pending)
+            if self._socket is not None:
+                written = self._socket.send(self.pending, self._socket_flags())
+            else:
+                written = os.write(self._own if self._own >= 0 else self.fd, self.pending)
         except BlockingIOError:
             written = 0
-        finally:
-            if blocking:
-                os.set_blocking(self.fd, True)
         self.pending = self.pending[written:]
+
+    @staticmethod
+    def _socket_flags() -> int:
+        import socket
+
+        return socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
+    def close(self) -> None:
+        if self._own >= 0:
+            os.close(self._own)
+            self._own = -1
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
 
 def _write_all(fd: int, data: bytes, limit: DrainLimit) -> None:
@@ -738,10 +768,13 @@ def _write_all(fd: int, data: bytes, limit: DrainLimit) -> None:
     up what is left)."""
     output = _Output(fd)
     output.pending = data
-    while True:
-        output.write_some()
-        if not output.pending or not limit.writable(fd):
-            return
+    try:
+        while True:
+            output.write_some()
+            if not output.pending or not limit.writable(fd):
+                return
+    finally:
+        output.close()
 
 
 @contextmanager
@@ -813,7 +846,9 @@ class DrainLimit:
             poller.register(fd, select.POLLOUT)
             if self.wake_read >= 0:
                 poller.register(self.wake_read, select.POLLIN)
+            began = time.monotonic()
             events = dict(poller.poll(None if self.wait_for_the_caller else 0))
+            self.deadline += time.monotonic() - began  # (the caller's time is not counted)
             if self.wake_read in events:
                 signals = os.read(self.wake_read, 64)
                 self.reached = any(number in ENDING_SIGNALS for number in signals)
