@@ -529,3 +529,36 @@ def test_a_bwrap_s_libraries_are_read_within_a_small_address_space(tmp_path: Pat
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert str(libs) in result.stdout
+
+
+def test_a_library_path_is_followed_as_the_loader_follows_it(tmp_path: Path) -> None:
+    """What the loader may map for a bwrap, as glibc finds it: a library's needs in the
+    program's own library path too (liba, with none of its own, needs libb beside it); a
+    directory the path names that is missing judged by the nearest one that is there (who
+    may make it); and an ELF file this cannot read (32-bit) refused, not passed as naming
+    no library (found by the review of the library check)."""
+    from nsconfine._preflight.libraries import loaded_from_own_path
+
+    place = tmp_path / "wheel"
+    (place / "bin").mkdir(parents=True)
+    (place / "libs").mkdir()
+    (place / "b.c").write_text("int b(void) { return 0; }\n")
+    (place / "a.c").write_text("int b(void);\nint a(void) { return b(); }\n")
+    (place / "main.c").write_text("int a(void);\nint main(void) { return a(); }\n")
+    libs, program = place / "libs", place / "bin" / "program"
+    for command in (
+        ["gcc", "-shared", "-fPIC", "-o", str(libs / "libb.so"), str(place / "b.c")],
+        ["gcc", "-shared", "-fPIC", "-o", str(libs / "liba.so"), str(place / "a.c"),
+         f"-L{libs}", "-lb"],
+        ["gcc", "-o", str(program), str(place / "main.c"), f"-L{libs}", "-la",
+         "-Wl,--disable-new-dtags,-rpath,$ORIGIN/../libs:$ORIGIN/../not-made/yet"],
+    ):  # fmt: skip
+        subprocess.run(command, check=True)
+    loaded = loaded_from_own_path(str(program))
+    assert str(libs / "libb.so") in loaded, loaded
+    assert str(place) in loaded, loaded  # where not-made/yet would be made
+    assert not any("not-made" in path for path in loaded), loaded
+    thirty_two = tmp_path / "bwrap32"
+    thirty_two.write_bytes(b"\x7fELF\x01\x01\x01" + b"\0" * 57)
+    with pytest.raises(nsconfine.SandboxUnavailable, match="64-bit"):
+        loaded_from_own_path(str(thirty_two))

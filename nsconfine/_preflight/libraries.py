@@ -24,28 +24,35 @@ _MOST_LIBRARIES = 64  # the most libraries followed from one program (each judge
 
 def loaded_from_own_path(program: str) -> list[str]:
     """The directories the library paths of program, and of the libraries found there, name
-    (each one the loader searches for every library needed, libc too), then the libraries
-    found in them: all that someone able to write them could have the loader run. Raises
-    SandboxUnavailable for a library path the gate cannot tell (a relative one, $LIB,
-    $PLATFORM)."""
-    found: list[str] = []
+    (each one the loader searches for every library needed, libc too; one missing is judged
+    by the nearest directory that is there: who may make it), then the libraries found in
+    them: all that someone able to write there could have the loader run. Every need of
+    every object is looked for in every such directory (glibc also searches the program's
+    DT_RPATH for its libraries' needs). Raises SandboxUnavailable for a library path the gate
+    cannot tell (relative, $LIB, $PLATFORM) or an ELF file it cannot read."""
+    directories: list[str] = []
+    libraries: list[str] = []
+    needs: set[str] = set()
+    # The program by its real path (the kernel gives the loader that one, for its $ORIGIN);
+    # each library by the name it is found at (its $ORIGIN is that name's directory).
     pending = [os.path.realpath(program)]
-    seen = set(pending)
-    while pending and len(seen) <= _MOST_LIBRARIES:
-        needed, directories = _dynamic(pending.pop(0))
+    while pending and len(libraries) < _MOST_LIBRARIES:
+        needed, named = _dynamic(pending.pop(0))
+        directories += [d for d in named if d not in directories]
+        needs.update(needed)
         for directory in directories:
-            if directory not in found:
-                found.append(directory)
-        for name in needed:
-            for directory in directories:
-                candidate = os.path.realpath(os.path.join(directory, name))
-                if os.path.isfile(candidate):
-                    if candidate not in seen:
-                        seen.add(candidate)
-                        found.append(candidate)
-                        pending.append(candidate)
-                    break
-    return found
+            for name in sorted(needs):
+                candidate = os.path.join(directory, name)
+                if candidate not in libraries and os.path.isfile(candidate):
+                    libraries.append(candidate)
+                    pending.append(candidate)
+    return [*dict.fromkeys(_nearest_existing(d) for d in directories), *libraries]
+
+
+def _nearest_existing(directory: str) -> str:
+    while not os.path.isdir(directory) and directory != "/":
+        directory = os.path.dirname(directory)
+    return directory
 
 
 def _dynamic(path: str) -> tuple[list[str], list[str]]:
@@ -62,8 +69,14 @@ def _dynamic(path: str) -> tuple[list[str], list[str]]:
             data = file.read(size)  # (what it holds: a buffer of _READ_AT_MOST would be taken)
     except OSError:
         return [], []
-    if data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01" or len(data) < 64:
-        return [], []
+    if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
+        return [], []  # a script, or nothing the kernel runs (the proof says so)
+    if data[4:6] != b"\x02\x01" or len(data) < 64:  # 32-bit, big-endian
+        raise SandboxUnavailable(
+            f"{printable(path)} is no 64-bit little-endian ELF file: nsconfine cannot read "
+            "which libraries the loader maps for it; install Debian's bubblewrap "
+            "(/usr/bin/bwrap)"
+        )
     program_headers, entry_size, count = (
         struct.unpack_from("<Q", data, 0x20)[0],
         *(struct.unpack_from("<HH", data, 0x36)),
