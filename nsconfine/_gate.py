@@ -215,7 +215,9 @@ def refusing_os_errors() -> Iterator[None]:
         ) from error
     except OSError as error:
         refuse_if_short_of_fds(error)
-        where = f" ({printable(error.filename)})" if error.filename else ""
+        # (a symlink made, or a rename: the second name is where it was made)
+        named = error.filename2 or error.filename
+        where = f" ({printable(named)})" if named else ""
         if error.errno in _RACES:
             raise SandboxUnavailable(
                 f"the launch was refused: {error.strerror or error}{where} changed while it "

@@ -936,3 +936,23 @@ def test_records_made_under_a_umask_that_denies_all_are_the_account_s_to_use(
         os.umask(old)
     for path in (records, os.path.dirname(records)):
         assert os.stat(path).st_mode & 0o777 == 0o700, path
+
+
+def test_a_full_cache_is_named_where_a_token_could_not_be_made(
+    own_cache: Path, ws_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch refused because a stub's token could not be made (a full cache) names the
+    records, where the space is missing: it named the token's target, a workspace file, as
+    symlink()'s error gives it first (found by an attacker's pass on a broken launcher
+    environment)."""
+    plan = session(*ws_run).plan()
+    records = _stub_records.records()
+
+    def full(target: str, path: str) -> None:  # as the kernel's refusal comes
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target, None, path)
+
+    monkeypatch.setattr(os, "symlink", full)
+    with pytest.raises(nsconfine.SandboxUnavailable, match="No space left") as refused:
+        nsconfine.spawn(plan, ["/bin/true"])
+    monkeypatch.undo()
+    assert records in refused.value.message, refused.value.message
