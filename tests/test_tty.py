@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from helpers import (
     SESSION_USER,
+    give_to_session_user,
     kill_all,
     pids_with,
     python_child,
@@ -992,16 +993,17 @@ def _raw(modes: list[Any]) -> list[Any]:
 
 
 def test_status_queries_are_counted_however_the_output_is_split() -> None:
-    """Every status query in a session's output (7-bit ESC [ 5 n and 8-bit CSI 5 n) counts
-    once, however the reads split it, a byte at a time among them."""
+    """Every status query in a session's output (ESC [ 5 n) counts once, however the reads
+    split it, a byte at a time among them; the 8-bit CSI byte, which UTF-8 text holds
+    ("\u011b5n" is C4 9B 35 6E), counts for none."""
     from nsconfine._cli.relay import STATUS_QUERY, _Occurrences
 
-    stream = b"a\033[5nb\x9b5n\033[5n\x9b5n\x9b5\033[5n" * 3
+    stream = b"a\033[5nb\x9b5n\033[5n" + "\u011b5n".encode() + b"\033\033[5n" * 3
     for size in (1, 2, 3, 4, 5, 7, len(stream)):
         counted = _Occurrences(STATUS_QUERY)
         for at in range(0, len(stream), size):
             counted.see(stream[at : at + size])
-        assert counted.count == 15, size
+        assert counted.count == 5, size
 
 
 @pytest.mark.parametrize("kind", ["pipe", "terminal", "socket"])
@@ -1073,3 +1075,91 @@ def test_the_time_a_slow_caller_takes_is_not_counted_against_the_drain() -> None
         taken.join()
         for fd in (reader, writer, session_read, session_write):
             os.close(fd)
+
+
+ASKER = """
+import os, tty
+if os.isatty(0):
+    tty.setraw(0)
+os.write(1, b"\\033[5n")  # a status query, its answer read here (a TUI asking the terminal)
+got = b""
+while not got.endswith(b"n"):
+    got += os.read(0, 1)
+"""
+
+
+def test_a_status_answer_the_session_read_is_not_waited_for_again(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A --tty session that asked the terminal's status and read the answer itself (through
+    run's stdin, the caller's terminal raw): at its end run waits for the answer to its own
+    query alone, and what the user types next is the shell's. (Without --tty the caller's
+    terminal stays cooked: an answer, no line, reaches no session.) run waited for one answer
+    more, half a second, reading and dropping the type-ahead, then flushed the rest (found by
+    the final read of the change that counts the session's queries)."""
+    import threading
+
+    asker = ws_run[0] / "asker.py"
+    asker.write_text(ASKER)
+    give_to_session_user(asker)
+    controller, terminal = os.openpty()
+    keep = os.dup(terminal)
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    def answer_then_type() -> None:
+        seen, answered = b"", 0
+        while answered < 2:
+            if not select.select([controller], [], [], 30)[0]:
+                return
+            seen += os.read(controller, 4096)
+            while seen.count(b"\033[5n") > answered:
+                os.write(controller, b"\033[0n")
+                answered += 1
+        time.sleep(0.2)  # (run, done with its own answer, has given the terminal back)
+        os.write(controller, b"keep-me")
+
+    argv = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
+            "python3", str(asker)]  # fmt: skip
+    typing = threading.Thread(target=answer_then_type)
+    typing.start()
+    launcher = subprocess.Popen(
+        argv, stdin=terminal, stdout=terminal, stderr=terminal, cwd="/", preexec_fn=own_terminal
+    )
+    os.close(terminal)
+    try:
+        assert launcher.wait(timeout=60) == 0
+        typing.join(timeout=30)
+        termios.tcsetattr(keep, termios.TCSANOW, _raw(termios.tcgetattr(keep)))
+        left = b""
+        while select.select([keep], [], [], 0.5)[0]:
+            left += os.read(keep, 4096)
+        assert left == b"keep-me", left
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        typing.join(timeout=30)
+        os.close(keep)
+        os.close(controller)
+
+
+def test_output_to_a_terminal_s_controller_reaches_that_terminal() -> None:
+    """A caller whose stdout is a pty's controller gets the session's output on that pty:
+    opened again to write without waiting, the controller's device made a new pty, and the
+    output went nowhere (found by the final read of the change)."""
+    from nsconfine._cli.relay import _Output
+
+    controller, terminal = os.openpty()
+    termios.tcsetattr(terminal, termios.TCSANOW, _raw(termios.tcgetattr(terminal)))
+    output = _Output(controller)
+    try:
+        output.pending = b"to-this-terminal"
+        output.write_some()
+        assert read_until(terminal, b"terminal", timeout=5) == b"to-this-terminal"
+    finally:
+        output.close()
+        os.close(controller)
+        os.close(terminal)

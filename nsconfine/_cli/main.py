@@ -402,7 +402,7 @@ def _run(arguments: Arguments) -> int:
                 )
             except BaseException as failed:
                 relay.launched()
-                relay.drain(DrainLimit())  # bwrap's own messages, before nsconfine's
+                relay.drain(DrainLimit(signals))  # bwrap's own messages, before nsconfine's
                 if not isinstance(failed, OSError) or isinstance(failed, NsconfineError):
                     raise  # (CredentialMissing is an OSError too)
                 # the command itself could not start

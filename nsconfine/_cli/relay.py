@@ -18,9 +18,10 @@ the shell next was the session's. Input is read only while the launcher is in th
 stopped or in the background, it leaves what is typed to the shell. Output to a regular file is
 relayed too (a pipe each, or one for both): handed over as it was, the session could re-open it
 through /proc/self/fd, to read a log's earlier lines, and truncate it. Pipes, FIFOs, sockets
-and input that is no terminal are handed over as they are (a write to a pipe may block this
-loop). What the session wrote to a terminal is the terminal's to act on, so when it wrote an
-escape, its modes go off and its queries' answers are dropped at its end, as for --tty. With
+and input that is no terminal are handed over as they are (nothing of run's stands between
+the session and them). What the session wrote to a terminal is the terminal's to act on, so
+when it wrote an escape, its modes go off and its queries' answers are dropped at its end, as
+for --tty. With
 --tty, only bwrap's stderr is relayed (the command has its own terminal).
 
 With --tty the command has a terminal of its own (a pty of the sandbox's, its controlling
@@ -51,7 +52,6 @@ reader of the caller's gets all of it, until an ending signal comes.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
@@ -108,19 +108,19 @@ STATUS_ANSWER = b"\033[0n"
 
 
 class _Occurrences:
-    """How many times a short sequence (in its 7-bit form ESC [ ... and its 8-bit one, CSI
-    ...) came in a stream read in pieces, one split between two pieces counted too."""
+    """How many times a sequence came in a stream read in pieces, one split between two
+    pieces counted too. (Its 7-bit form only: a UTF-8 terminal takes no 8-bit CSI, and the
+    byte is in UTF-8 text: "ě5n".)"""
 
-    def __init__(self, seven_bit: bytes) -> None:
-        self.forms = (seven_bit, b"\x9b" + seven_bit[2:])
+    def __init__(self, sequence: bytes) -> None:
+        self.sequence = sequence
         self.count = 0
-        self.tail = b""  # the last bytes seen, too few to hold a whole 7-bit form
+        self.tail = b""  # the last bytes seen, too few to hold a whole sequence
 
     def see(self, data: bytes) -> None:
         joined = self.tail + data
-        for form in self.forms:  # (one wholly in the tail was counted with it)
-            self.count += joined.count(form) - self.tail.count(form)
-        self.tail = joined[-(len(self.forms[0]) - 1) :]
+        self.count += joined.count(self.sequence)
+        self.tail = joined[-(len(self.sequence) - 1) :]
 
 
 # What may turn a mode on or ask the terminal a question in what a session wrote: ESC, the
@@ -245,15 +245,22 @@ class _Terminal:
         self.line_ended = True  # the input so far ends with a whole line (or is none)
         self.caller_gone = False  # the caller's terminal hung up
         self.output = _Output(1)  # what the session wrote that stdout has not taken yet
-        self.status_queries = _Occurrences(STATUS_QUERY)  # the session's, to the caller's
+        # The status queries the session wrote to the caller's terminal, and the answers that
+        # reached it through stdin: those left are answered before run's own.
+        self.status_queries = _Occurrences(STATUS_QUERY)
+        self.status_answers = _Occurrences(STATUS_ANSWER)
         self.saved: list[Any] | None = None  # its modes, to put back
-        if os.isatty(0):
-            try:
-                self.saved = _on_terminal(termios.tcgetattr, 0)
-            except _TerminalGone:
-                self._hung_up()
-        self.raw()
-        self.resize()
+        try:
+            if os.isatty(0):
+                try:
+                    self.saved = _on_terminal(termios.tcgetattr, 0)
+                except _TerminalGone:
+                    self._hung_up()
+            self.raw()
+            self.resize()
+        except BaseException:
+            self.output.close()
+            raise
         try:  # the command's state, as the kernel shows it (it is not the launcher's child)
             self.command_stat = os.open(f"/proc/{command_pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # already gone
@@ -267,15 +274,16 @@ class _Terminal:
         import termios
         import tty
 
-        if self.saved is not None:
+        if self.saved is not None and not self.caller_gone:
             try:
                 _on_terminal(tty.setraw, 0, termios.TCSANOW)
             except _TerminalGone:
                 self._hung_up()
 
     def _hung_up(self) -> None:
+        # (its modes are still put back if it takes them: EIO also comes to an orphaned
+        # background job, the terminal alive)
         self.caller_gone = True
-        self.saved = None  # (nothing to put back)
         self.reading_stdin = False
         self.pending = b""
         self.output.pending = b""
@@ -332,6 +340,7 @@ class _Terminal:
             if self.saved is None:
                 self.pending = self._end_of_file()
         else:
+            self.status_answers.see(self.pending)
             self.line_ended = self.pending.endswith((b"\n", b"\r"))
             self._note_suspend(self.pending)
         self.to_session()
@@ -488,7 +497,8 @@ class _Terminal:
         """Turn off the modes a TUI may have left on in the caller's terminal, and drop the
         answers still coming to the queries it sent (see leave_tui_modes)."""
         if not self.caller_gone:
-            leave_tui_modes(1, limit, self.status_queries.count)
+            answered = self.status_answers.count if _same_file(0, 1) else 0
+            leave_tui_modes(1, limit, max(self.status_queries.count - answered, 0))
 
     def restore(self) -> None:
         import termios
@@ -524,7 +534,10 @@ class StdioRelay:
         self.writers: dict[int, _Output] = {}  # that fd -> what it has not taken yet
         self.in_background = False  # not reading stdin for it: looked at again every second
         self.escaped: set[int] = set()  # the terminals among 1 and 2 a session wrote an escape to
-        self.status_queries: dict[int, _Occurrences] = {}  # the session's, to each of them
+        # The status queries the session wrote to each of them, and the answers that reached
+        # it through stdin (the terminal at fd 0): those left are answered before run's own.
+        self.status_queries: dict[int, _Occurrences] = {}
+        self.status_answers = _Occurrences(STATUS_ANSWER)
         terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
         self.terminals = set(terminals)
         # An output file handed over as it is would be the session's to re-open through
@@ -599,6 +612,7 @@ class StdioRelay:
         except OSError:  # EIO: the terminal hung up
             self.pending = b""
         if self.pending:
+            self.status_answers.see(self.pending)
             self.to_session()
         else:  # the end of input (Ctrl-D): the session's too
             self._close_stdin()
@@ -673,7 +687,8 @@ class StdioRelay:
         queries are dropped, as for --tty (only where it wrote an escape: a plain session's
         output costs no query)."""
         for fd in sorted(self.escaped):
-            leave_tui_modes(fd, limit, self.status_queries[fd].count)
+            answered = self.status_answers.count if _same_file(0, fd) else 0
+            leave_tui_modes(fd, limit, max(self.status_queries[fd].count - answered, 0))
         self.escaped.clear()
 
     def close(self) -> None:
@@ -704,6 +719,17 @@ def _same_file(first: int, second: int) -> bool:
     return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
 
 
+def _is_terminal_side(fd: int) -> bool:
+    """Is fd a terminal's own side (a pty's /dev/pts/N, a console), not a pty's controller?"""
+    try:
+        return os.isatty(fd) and os.readlink(f"/proc/self/fd/{fd}") not in _CONTROLLERS
+    except OSError:
+        return False
+
+
+_CONTROLLERS = ("/dev/ptmx", "/dev/pts/ptmx")  # what a pty's controller is opened as
+
+
 def _is_file(fd: int) -> bool:
     """Is fd a regular file (which /proc/self/fd opens anew, and a write to never blocks)?"""
     try:
@@ -725,15 +751,25 @@ class _Output:
         self.pending = b""
         self._own = -1  # the launcher's own description of what fd writes to, O_NONBLOCK
         self._socket: socket.socket | None = None  # or, for a socket, sent MSG_DONTWAIT
-        mode = os.fstat(fd).st_mode
+        self._send_flags = 0
+        self._may_wait = False  # writes to fd itself may wait: a little at a time, when ready
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:  # (closed: its writes fail as they come)
+            return
         if stat.S_ISSOCK(mode):
             import socket
 
             self._socket = socket.socket(fileno=os.dup(fd))
-        elif not stat.S_ISREG(mode):  # (a regular file's writes never wait)
+            self._send_flags = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+        elif stat.S_ISFIFO(mode) or _is_terminal_side(fd):
+            # Opened again, the same pipe or terminal. (Not a terminal's controller, whose
+            # device, opened again, is a new terminal; nor a device whose writes never wait.)
             flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-            with contextlib.suppress(OSError):  # (no reader left, or not ours to open: as is)
+            try:
                 self._own = os.open(f"/proc/self/fd/{fd}", flags)
+            except OSError:  # (not ours to open: another account's terminal)
+                self._may_wait = True
 
     def write_some(self) -> None:
         """As much of pending as the fd takes now; OSError as os.write raises it (EPIPE, EIO)."""
@@ -741,18 +777,20 @@ class _Output:
             return
         try:
             if self._socket is not None:
-                written = self._socket.send(self.pending, self._socket_flags())
+                written = self._socket.send(self.pending, self._send_flags)
+            elif self._own >= 0:
+                written = os.write(self._own, self.pending)
+            elif self._may_wait:  # what a pipe takes whole once it says it has room
+                written = (
+                    os.write(self.fd, self.pending[: select.PIPE_BUF])
+                    if wait_fd(self.fd, 0, writable=True)
+                    else 0
+                )
             else:
-                written = os.write(self._own if self._own >= 0 else self.fd, self.pending)
+                written = os.write(self.fd, self.pending)
         except BlockingIOError:
             written = 0
         self.pending = self.pending[written:]
-
-    @staticmethod
-    def _socket_flags() -> int:
-        import socket
-
-        return socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
     def close(self) -> None:
         if self._own >= 0:
@@ -826,8 +864,10 @@ def _wake_only(_number: int, _frame: object) -> None:
 
 class DrainLimit:
     """How long an ended session's output is still copied: until DRAIN_IDLE_SECONDS pass without
-    a byte, DRAIN_SECONDS of waiting for bytes in all, DRAIN_MOST_SECONDS in all, or one of the
-    ENDING_SIGNALS comes (on wake_read, from held_signals(); -1 for none)."""
+    a byte, DRAIN_SECONDS of waiting for bytes in all, DRAIN_MOST_SECONDS in all (the time
+    spent waiting for the caller to take output, writable(), not counted), or one of the
+    ENDING_SIGNALS comes (on wake_read, from held_signals(); -1 for none). The caller is not
+    waited for at all once run has killed the session (wait_for_the_caller False)."""
 
     def __init__(self, wake_read: int = -1, wait_for_the_caller: bool = True) -> None:
         self.wake_read = wake_read
@@ -889,8 +929,10 @@ class DrainLimit:
 def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRelay) -> int:
     """Wait for the session, passing on the signals held_signals() collects on wake_read,
     copying through relay (and its terminal, if it has one); its status."""
-    terminal = _Terminal(sandbox.tty, sandbox.command_pid) if sandbox.tty >= 0 else None
+    terminal = None
     try:
+        if sandbox.tty >= 0:
+            terminal = _Terminal(sandbox.tty, sandbox.command_pid)
         killed = _relay(sandbox, terminal, relay, grace, wake_read)
         # what the session wrote last, up to its end
         limit = DrainLimit(wake_read, wait_for_the_caller=not killed)

@@ -188,6 +188,7 @@ def _open_lock(directory: str) -> int:
     regular file (SandboxUnavailable, naming it: every launch would be refused until it is
     removed). FileNotFoundError if directory is gone."""
     path = os.path.join(directory, ".lock")
+    # (O_NONBLOCK: a FIFO there is never waited on, it is refused below)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
