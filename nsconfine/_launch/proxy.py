@@ -110,7 +110,8 @@ _ROUTE_DROPPED = _PLAIN_HTTP_DROPPED | _CREDENTIAL_HEADERS | _REROUTING_HEADERS
 # In a route's path (lowered): what an upstream may read as another path (see _route).
 _ROUTE_PATH_REFUSED = (
     *("%2f", "%5c", "\\", "//", ";", "%3b", "%25", "%u"),
-    *(f"%{digit}" for digit in "89abcdef"),  # an encoded byte of 0x80 or more
+    # an encoded byte of 0x80 or more, or a control character (NUL, CR, LF: %00 to %1f)
+    *(f"%{high_nibble}" for high_nibble in "0189abcdef"),
 )
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _REASONS = {
@@ -1069,21 +1070,19 @@ class Proxy:
         if any(bad in lowered for bad in _ROUTE_PATH_REFUSED):
             raise _Refusal(
                 400,
-                "the route's path holds an encoded slash, '%', byte past ASCII or %u, a "
-                "backslash, '//' or ';'",
+                "the route's path holds an encoded slash, '%', control character, byte past "
+                "ASCII or %u, a backslash, '//' or ';'",
             )
         upstream = urllib.parse.urlsplit(route.upstream)
         assert upstream.hostname is not None  # Route checked it
         port = upstream.port or (443 if upstream.scheme == "https" else 80)
         record = connection.record
         record.update(route=route.name, host=upstream.hostname, port=port)
-        own_header = route.header.lower()
 
+        # (the route's own header is one of _CREDENTIAL_HEADERS: Route allows no other)
         def dropped(name: str) -> bool:
             name = name.lower().replace("_", "-")  # as CGI-style servers read it
-            return (
-                name in _ROUTE_DROPPED or name == own_header or name.startswith(_REROUTING_PREFIX)
-            )
+            return name in _ROUTE_DROPPED or name.startswith(_REROUTING_PREFIX)
 
         body = _RequestBody(request, session.pace)
         extra = [f"Host: {upstream.netloc}".encode(), route.header_line, *body.header_lines]
