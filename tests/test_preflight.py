@@ -502,7 +502,9 @@ def test_a_bwrap_whose_own_library_path_others_can_write_is_refused(
     monkeypatch.setenv("NSCONFINE_BWRAP", str(bwrap))
     assert nsconfine.spawn(plan, ["/bin/true"]).wait() == 0  # the twin: all trusted
     (libs if writable == "the library directory" else library).chmod(0o777)
-    with pytest.raises(nsconfine.SandboxUnavailable, match="loads from") as refused:
+    with pytest.raises(
+        nsconfine.SandboxUnavailable, match="on the library path of the bwrap"
+    ) as refused:
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"])
     assert str(libs) in refused.value.message
     assert not trace_file.exists()
@@ -562,3 +564,21 @@ def test_a_library_path_is_followed_as_the_loader_follows_it(tmp_path: Path) -> 
     thirty_two.write_bytes(b"\x7fELF\x01\x01\x01" + b"\0" * 57)
     with pytest.raises(nsconfine.SandboxUnavailable, match="64-bit"):
         loaded_from_own_path(str(thirty_two))
+
+
+def test_a_bwrap_whose_libraries_cannot_be_told_is_refused(tmp_path: Path) -> None:
+    """A bwrap cut short (its program headers past its end), or one that needs a library by
+    a path (loaded from the working directory), is refused: it was taken as naming no
+    library, and passed (found by the final read of the library check)."""
+    from nsconfine._preflight.libraries import loaded_from_own_path
+
+    cut = tmp_path / "cut"
+    cut.write_bytes(Path(os.path.realpath(REAL_BWRAP)).read_bytes()[:200])
+    with pytest.raises(nsconfine.SandboxUnavailable, match="program headers"):
+        loaded_from_own_path(str(cut))
+    (tmp_path / "b.c").write_text("int b(void) { return 0; }\n")
+    (tmp_path / "main.c").write_text("int b(void);\nint main(void) { return b(); }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", "libb.so", "b.c"], cwd=tmp_path, check=True)
+    subprocess.run(["gcc", "-o", "program", "main.c", "./libb.so"], cwd=tmp_path, check=True)
+    with pytest.raises(nsconfine.SandboxUnavailable, match="by a path"):
+        loaded_from_own_path(str(tmp_path / "program"))

@@ -489,24 +489,29 @@ def refuse_untrusted(path: str, what: str) -> None:
     written a file of that account's (a PATH entry in another session's workspace); a bwrap
     of its own is named with NSCONFINE_BWRAP."""
     on_path = what == "bwrap" and not os.environ.get("NSCONFINE_BWRAP")
-    ways = [path, *(_loaded_by(path) if what == "bwrap" else ())]
-    for way in ways:
-        reason = untrusted_reason(way, own_account_trusted=not on_path)
-        if reason is None:
-            continue
-        named = f"{what} {path}" if way == path else f"{what} {path} loads from {way}, which"
-        if on_path:
-            raise SandboxUnavailable(
-                f"the {named}, found on PATH, could be replaced by someone other than root "
-                f"({reason}), a session of this account among them: install Debian's "
-                "bubblewrap (/usr/bin/bwrap), or name a bwrap only you can write with "
-                "NSCONFINE_BWRAP"
-            )
+    _refuse_replaceable(path, f"the {what} {path}", on_path)
+    if what == "bwrap":  # (read only once judged: a file someone else could write is not)
+        for way in _loaded_by(path):
+            named = f"{way}, on the library path of the bwrap {path},"
+            _refuse_replaceable(way, named, on_path)
+
+
+def _refuse_replaceable(path: str, named: str, on_path: bool) -> None:
+    reason = untrusted_reason(path, own_account_trusted=not on_path)
+    if reason is None:
+        return
+    if on_path:
         raise SandboxUnavailable(
-            f"the {named} could be replaced by someone else ({reason}): nsconfine runs only "
-            "programs (and their libraries) that root (or this launcher's own account) "
-            "controls; install it where only they can write"
+            f"{named} could be replaced by someone other than root ({reason}), a session of "
+            "this account among them (the bwrap was found on PATH): install Debian's "
+            "bubblewrap (/usr/bin/bwrap), or name a bwrap only you can write with "
+            "NSCONFINE_BWRAP"
         )
+    raise SandboxUnavailable(
+        f"{named} could be replaced by someone else ({reason}): nsconfine runs only programs "
+        "(and their libraries) that root (or this launcher's own account) controls; install "
+        "it where only they can write"
+    )
 
 
 # The directories and libraries each bwrap's own library path leads to, by what its file is

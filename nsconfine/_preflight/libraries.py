@@ -29,7 +29,8 @@ def loaded_from_own_path(program: str) -> list[str]:
     them: all that someone able to write there could have the loader run. Every need of
     every object is looked for in every such directory (glibc also searches the program's
     DT_RPATH for its libraries' needs). Raises SandboxUnavailable for a library path the gate
-    cannot tell (relative, $LIB, $PLATFORM) or an ELF file it cannot read."""
+    cannot tell (relative, $LIB, $PLATFORM), an ELF file it cannot read or make out, or more
+    than _MOST_LIBRARIES libraries."""
     directories: list[str] = []
     libraries: list[str] = []
     needs: set[str] = set()
@@ -46,6 +47,11 @@ def loaded_from_own_path(program: str) -> list[str]:
                 if candidate not in libraries and os.path.isfile(candidate):
                     libraries.append(candidate)
                     pending.append(candidate)
+    if pending:  # (what the rest would load stays unjudged)
+        raise SandboxUnavailable(
+            f"{printable(program)} loads over {_MOST_LIBRARIES} libraries by its own library "
+            "path: no bwrap does; install Debian's bubblewrap (/usr/bin/bwrap)"
+        )
     return [*dict.fromkeys(_nearest_existing(d) for d in directories), *libraries]
 
 
@@ -57,7 +63,8 @@ def _nearest_existing(directory: str) -> str:
 
 def _dynamic(path: str) -> tuple[list[str], list[str]]:
     """(DT_NEEDED names, DT_RPATH/DT_RUNPATH directories with $ORIGIN expanded) of the ELF
-    file at path; nothing for a file that is none (or not one this reads)."""
+    file at path; nothing for a static one, or one that is no ELF file (a script; garbage,
+    which the proof refuses). SandboxUnavailable for one that cannot be read, or told."""
     try:
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
@@ -67,8 +74,10 @@ def _dynamic(path: str) -> tuple[list[str], list[str]]:
                     "library of one) is; install Debian's bubblewrap (/usr/bin/bwrap)"
                 )
             data = file.read(size)  # (what it holds: a buffer of _READ_AT_MOST would be taken)
-    except OSError:
-        return [], []
+    except FileNotFoundError:
+        return [], []  # (binary_identity says it is missing)
+    except OSError as error:
+        raise _untold(path, error.strerror or str(error)) from None
     if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
         return [], []  # a script, or nothing the kernel runs (the proof says so)
     if data[4:6] != b"\x02\x01" or len(data) < 64:  # 32-bit, big-endian
@@ -86,7 +95,7 @@ def _dynamic(path: str) -> tuple[list[str], list[str]]:
     for index in range(count):
         at = program_headers + index * entry_size
         if at + 56 > len(data):
-            return [], []
+            raise _untold(path, "its program headers end past the file")
         kind, _flags, offset, address, _physical, size = struct.unpack_from("<IIQQQQ", data, at)
         if kind == _PT_LOAD:
             loads.append((address, offset, size))
@@ -104,7 +113,7 @@ def _dynamic(path: str) -> tuple[list[str], list[str]]:
     table = next((value for tag, value in tags if tag == _DT_STRTAB), None)
     strings = None if table is None else _file_offset(loads, table)
     if strings is None:
-        return [], []
+        raise _untold(path, "its dynamic section names no string table in the file")
 
     def text(value: int) -> str:
         start = strings + value
@@ -112,6 +121,8 @@ def _dynamic(path: str) -> tuple[list[str], list[str]]:
         return os.fsdecode(data[start : end if end >= 0 else len(data)])
 
     needed = [text(value) for tag, value in tags if tag == _DT_NEEDED]
+    if any("/" in name for name in needed):  # (loaded by that path, from the working directory)
+        raise _untold(path, "it needs a library by a path")
     origin = os.path.dirname(path)
     directories = [
         _expanded(entry, origin, path)
@@ -121,6 +132,13 @@ def _dynamic(path: str) -> tuple[list[str], list[str]]:
         if entry
     ]
     return needed, directories
+
+
+def _untold(path: str, why: str) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"which libraries the loader maps for {printable(path)} cannot be told ({why}): "
+        "install Debian's bubblewrap (/usr/bin/bwrap)"
+    )
 
 
 def _file_offset(loads: list[tuple[int, int, int]], address: int) -> int | None:
