@@ -203,7 +203,8 @@ static void refuse_if_arg_and_masked(struct program *p, unsigned int nr, int arg
     { SYSCALL(name), group, err, NSC_RULE_ANY_BIT, arg, 0, 1, { mask } }
 #define SETID_MODE(name, arg) ANY_BIT(NSC_SECCOMP_SETID, name, arg, SETID_BITS, EPERM)
 /* mknod's mode: set-id bits, or a device's type (S_IFCHR's bit, which S_IFBLK holds too, and
- * S_IFLNK, which mknod refuses anyway; not S_IFIFO, S_IFSOCK or S_IFREG). */
+ * S_IFLNK, which mknod refuses anyway; not S_IFIFO, S_IFSOCK or S_IFREG). In the SETID group,
+ * as renameat2's whiteout: what the session leaves in its files that the host then trusts. */
 #define NODE_MODE(name, arg) ANY_BIT(NSC_SECCOMP_SETID, name, arg, SETID_BITS | S_IFCHR, EPERM)
 #define SETID_CREATE(name, flags_arg, mode_arg)                                          \
     { SYSCALL(name), NSC_SECCOMP_SETID, EPERM, NSC_RULE_BOTH_ANY_BIT, flags_arg, mode_arg, 2, \

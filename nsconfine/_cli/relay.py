@@ -890,13 +890,17 @@ class DrainLimit:
             events = dict(poller.poll(None if self.wait_for_the_caller else 0))
             self.deadline += time.monotonic() - began  # (the caller's time is not counted)
             if self.wake_read in events:
-                signals = os.read(self.wake_read, 64)
-                self.reached = any(number in ENDING_SIGNALS for number in signals)
+                self._take_signals()
             elif fd not in events:
                 return False
             if fd in events and not self.reached:
                 return True
         return False
+
+    def _take_signals(self) -> None:
+        """The signals held_signals() collected: an ending one reaches the limit."""
+        signals = os.read(self.wake_read, 64)
+        self.reached = any(number in ENDING_SIGNALS for number in signals)
 
     def ready(self, fds: list[int]) -> list[int]:
         """Those of fds with something to read (or at their end); none once the limit is
@@ -917,8 +921,7 @@ class DrainLimit:
             self.waiting_left -= waited
             if self.wake_read in events:
                 del events[self.wake_read]
-                signals = os.read(self.wake_read, 64)
-                self.reached = any(number in ENDING_SIGNALS for number in signals)
+                self._take_signals()
             elif not events:
                 break
             if events and not self.reached:

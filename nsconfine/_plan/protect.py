@@ -707,7 +707,7 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]], user: RunAs) -> 
                         return None  # not a regular file, or too large: not for the report
             finally:
                 os.close(gitdir_fd)
-            for name in _SCRATCH_DIRS[1:]:
+            for name in _SCRATCH_DIRECTORIES:
                 os.mkdir(os.path.join(own, name))
             with open(os.path.join(own, "HEAD"), "w") as head:
                 head.write("ref: refs/heads/main\n")
@@ -720,8 +720,11 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]], user: RunAs) -> 
                 # The account reads its git directory, which stays the launcher's: given to the
                 # account, another process of it could swap a name there for a symlink between
                 # two chowns, and be given what it leads to. (Modes set whatever the umask.)
-                for name in (*_SCRATCH_DIRS, "HEAD", "config"):
-                    os.chmod(os.path.join(own, name), 0o755 if name in _SCRATCH_DIRS else 0o644)
+                os.chmod(own, 0o755)
+                for name in (*_SCRATCH_DIRECTORIES, "HEAD", "config"):
+                    os.chmod(
+                        os.path.join(own, name), 0o755 if name in _SCRATCH_DIRECTORIES else 0o644
+                    )
         except OSError:
             return None
         answers: set[bytes] = set()
@@ -748,7 +751,7 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]], user: RunAs) -> 
 # read as each index.threads value reads it (1: in order; 2: extensions by the end-of-index
 # offset; 3: entries by the offset table too, with the fewest threads that do: a large index
 # read with 64 of them would pass the memory limit).
-_SCRATCH_DIRS = ("", "objects", "refs", "work")  # (of the git directory _gitlinks makes)
+_SCRATCH_DIRECTORIES = ("objects", "refs", "work")  # in the git directory _gitlinks makes
 _GIT_LIMITS = ("--as=1073741824", "--cpu=3", "--")  # (git reads 600,000 entries in 0.5 s)
 _GIT_DEADLINE = 10.0  # seconds: a git blocked without using CPU is given up on
 _READS = ("1", "2", "3")
