@@ -418,7 +418,9 @@ class HostShell:
         command line and is out of line editing)."""
         deadline = time.monotonic() + timeout
         while os.tcgetpgrp(self.controller) == self.process.pid:
-            assert time.monotonic() < deadline, "no job took the terminal"
+            if time.monotonic() >= deadline:
+                self.expect(b"\0", timeout=1)  # (what the shell said meanwhile, for the message)
+                raise AssertionError(f"no job took the terminal: {self.screen[-2000:]!r}")
             time.sleep(0.02)
 
     def close(self, marker: str) -> None:
