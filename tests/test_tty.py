@@ -774,13 +774,9 @@ def test_a_slow_reader_gets_the_end_of_a_tty_session_s_output(ws_run: tuple[Path
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
 
-    def own_terminal() -> None:
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
     cli = _run_tty(
         ws_run, "head -c 30000 /dev/zero | tr '\\0' x; echo; echo END",
-        stdin=terminal, stdout=write_end, stderr=terminal, preexec_fn=own_terminal,
+        stdin=terminal, stdout=write_end, stderr=terminal, preexec_fn=_take_the_terminal,
     )  # fmt: skip
     os.close(write_end)
     os.close(terminal)
@@ -956,10 +952,6 @@ def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
     controller, terminal = os.openpty()
     keep = os.dup(terminal)  # the shell's side, read after run
 
-    def own_terminal() -> None:
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
     script = r"printf '\033[5n\033[21t'"  # a status query, then a title report's
     argv = [sys.executable, "-m", "nsconfine", "run", *(["--tty"] if tty else []),
             *session_options(*ws_run), "--", "/bin/sh", "-c", script]  # fmt: skip
@@ -967,17 +959,19 @@ def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
     answering = threading.Thread(target=_answering_terminal, args=(controller, answered))
     answering.start()
     launcher = subprocess.Popen(
-        argv, stdin=terminal, stdout=terminal, stderr=terminal, cwd="/", preexec_fn=own_terminal
+        argv,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        cwd="/",
+        preexec_fn=_take_the_terminal,
     )
     os.close(terminal)
     try:
         assert launcher.wait(timeout=60) == 0
         answering.join(timeout=30)
         assert len(answered) == 3, answered
-        termios.tcsetattr(keep, termios.TCSANOW, _raw(termios.tcgetattr(keep)))
-        left = b""
-        while select.select([keep], [], [], 0.5)[0]:
-            left += os.read(keep, 4096)
+        left = _what_the_shell_reads_next(keep)
         assert b"rm -rf" not in left, left
     finally:
         if launcher.poll() is None:
@@ -986,6 +980,23 @@ def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
         os.close(keep)
         os.close(controller)
         answering.join(timeout=30)
+
+
+def _take_the_terminal() -> None:
+    """(In the launcher's child) lead a session of its own whose controlling terminal is its
+    stdin, as a login shell's job is."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _what_the_shell_reads_next(keep: int) -> bytes:
+    """What is left for the reader of the terminal at keep (the shell's side) once run is
+    done, read as a line editor reads it."""
+    termios.tcsetattr(keep, termios.TCSANOW, _raw(termios.tcgetattr(keep)))
+    left = b""
+    while select.select([keep], [], [], 0.5)[0]:
+        left += os.read(keep, 4096)
+    return left
 
 
 def _raw(modes: list[Any]) -> list[Any]:
@@ -1107,10 +1118,6 @@ def test_a_status_answer_the_session_read_is_not_waited_for_again(
     controller, terminal = os.openpty()
     keep = os.dup(terminal)
 
-    def own_terminal() -> None:
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
     def answer_then_type() -> None:
         seen, answered = b"", 0
         while answered < 2:
@@ -1128,16 +1135,18 @@ def test_a_status_answer_the_session_read_is_not_waited_for_again(
     typing = threading.Thread(target=answer_then_type)
     typing.start()
     launcher = subprocess.Popen(
-        argv, stdin=terminal, stdout=terminal, stderr=terminal, cwd="/", preexec_fn=own_terminal
+        argv,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        cwd="/",
+        preexec_fn=_take_the_terminal,
     )
     os.close(terminal)
     try:
         assert launcher.wait(timeout=60) == 0
         typing.join(timeout=30)
-        termios.tcsetattr(keep, termios.TCSANOW, _raw(termios.tcgetattr(keep)))
-        left = b""
-        while select.select([keep], [], [], 0.5)[0]:
-            left += os.read(keep, 4096)
+        left = _what_the_shell_reads_next(keep)
         assert left == b"keep-me", left
     finally:
         if launcher.poll() is None:
