@@ -7,7 +7,8 @@
  * The sandbox is already built (namespaces, mounts, environment, working
  * directory) when this runs; what is missing is the caller's command. The
  * shim writes one byte 'R' on its socket (the launcher's sign that the
- * sandbox is built; the kernel attaches the shim's pid to it), then waits for
+ * sandbox is built; the kernel attaches the shim's pid to it; 'U' instead if
+ * nsconfine's seccomp filter does not answer, below), then waits for
  * ONE launch message (nsconfine/_launch/handoff.py writes it; the numbers are
  * NSC_SHIM_* in nsconfine.h):
  *
@@ -380,8 +381,15 @@ int helper_main(int argc, char **argv, char **envp)
         return 3;
     }
 
-    /* Built: the launcher waits for this before it checks the sandbox. */
-    if (sys_write_all((int)sock, "R", 1) != 1)
+    /*
+     * Built: the launcher waits for this before it checks the sandbox. 'R' also says that
+     * nsconfine's seccomp filter answers here: kcmp refused with EPERM, as every filter it
+     * builds refuses it (its KERNEL rules); 'U' that none does (kcmp of no process: ESRCH).
+     * The kernel shows only that some filter is there, and a bwrap that loaded another
+     * filter than the one it was given must not pass for one that loaded it.
+     */
+    long probe = SYS5(__NR_kcmp, -1, -1, 0, 0, 0);
+    if (sys_write_all((int)sock, probe == -EPERM ? "R" : "U", 1) != 1)
         return 0;
     if (wait_readable((int)sock, timeout_ms) < 0)
         return 0;

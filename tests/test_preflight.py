@@ -20,10 +20,12 @@ from helpers import (
     give_to_session_user,
     open_up,
     python_child,
+    session,
 )
 
 import nsconfine
 import nsconfine._launch.programs
+from nsconfine._kernel.mountinfo import parse_mountinfo, read_mountinfo
 from nsconfine._preflight.checks import find_bwrap
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
@@ -75,6 +77,21 @@ FAKES = {
         exec @SHIM@ "$@" """,
     # A real bwrap, its options read and passed on without the seccomp filter's.
     "unfiltered": _passing_on("/^--seccomp$/{N;d}"),
+    # The same, its filter swapped for one that allows every call (one BPF_RET of ALLOW): the
+    # kernel shows a filter all the same.
+    "refiltered": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        filter=$(sed -z -n '/^--seccomp$/{{n;p}}' < /proc/self/fd/$2 | tr -d '\\0')
+        allowing=$(mktemp); printf '\\006\\000\\000\\000\\000\\000\\377\\177' > $allowing
+        eval "exec $filter< $allowing"; rm $allowing
+        exec {REAL_BWRAP} "$@" """,
+    # The same with --cap-add ALL for --cap-drop ALL: the command keeps every capability of
+    # its user namespace.
+    "capable": _passing_on("s/^--cap-drop$/--cap-add/"),
+    # The same with the host's / bound inside the sandbox's new /dev, or its new /proc, where
+    # bwrap makes mounts of its own (the devices, the covers of /proc's writable parts).
+    "exposing-in-dev": _passing_on(r"/^--dev$/{n;s#$#\x00--ro-bind\x00/\x00/dev/host#}"),
+    "exposing-in-proc": _passing_on(r"/^--proc$/{n;s#$#\x00--ro-bind\x00/\x00/proc/tty#}"),
     # The same without --new-session: the sandbox in the caller's session and terminal.
     "in-the-callers-session": _passing_on("/^--new-session$/d"),
     # An old bwrap without the options nsconfine needs.
@@ -95,13 +112,18 @@ EXPECTED_REASONS = {
     "lying": "not its child",
     "old": "lacks --unshare-user",
     "unfiltered": "no seccomp filter",
+    "refiltered": "not nsconfine's seccomp filter",
+    "capable": "capabilities",
+    "exposing-in-dev": "/dev/host is mounted, and no plan entry accounts for it",
+    "exposing-in-proc": "/proc/tty is mounted, and no plan entry accounts for it",
     "in-the-callers-session": "session of its own",
     "broken": "does not run",
 }
 
 
-def _fake(tmp_path: Path, name: str) -> Path:
-    script = FAKES[name]
+def _fake(tmp_path: Path, name: str, script: str | None = None) -> Path:
+    """The fake bwrap FAKES names (or script, under that name) in tmp_path."""
+    script = FAKES[name] if script is None else script
     path = tmp_path / f"bwrap-{name}"
     # The fakes that run the command exec a copy of the shim (@SHIM@): a root launcher runs
     # bwrap, and so the fake, as the canary's account, which may not be able to reach the
@@ -135,6 +157,30 @@ def test_a_bad_bwrap_is_refused_and_runs_nothing(
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()
     assert refused.value.code == "sandbox-unavailable"
     assert EXPECTED_REASONS[name] in refused.value.message
+    assert not trace_file.exists()
+
+
+def test_a_bwrap_that_mounts_over_a_host_mount_a_bind_carries_is_refused(
+    tmp_path: Path, ws_run: tuple[Path, Path], trace_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host mount below a bound directory (a cgroup controller below /sys/fs/cgroup) comes
+    into the sandbox with its bind, recursive as bwrap's are. A bwrap that mounts the host's
+    /tmp, writable, at that point instead is refused: the mount there must be the host's own
+    (its device, its root, its type), and read-only as the bind that carries it."""
+    bound = "/sys/fs/cgroup"
+    carried = sorted(
+        p for p in parse_mountinfo(read_mountinfo("self")) if p.startswith(bound + "/")
+    )
+    if not carried:
+        pytest.skip(f"this host has no mount below {bound}")
+    plan = session(*ws_run, ro=[Path(bound)]).plan()
+    assert nsconfine.spawn(plan, ["/bin/true"]).wait() == 0  # the control: an honest bwrap
+    after_its_bind = bound.replace("/", r"\/")  # sed's address: the plan's bind of it
+    swapped = _passing_on(rf"/^{after_its_bind}$/{{s#$#\x00--bind\x00/tmp\x00{carried[0]}#}}")
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, "over-a-carried-mount", swapped)))
+    with pytest.raises(nsconfine.SandboxUnavailable) as refused:
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()
+    assert f"{carried[0]} is not the host's mount there" in refused.value.message
     assert not trace_file.exists()
 
 

@@ -11,12 +11,21 @@ import os
 class Mount:
     """One line of mountinfo, as far as the check needs it."""
 
-    __slots__ = ("fstype", "mode", "options")
+    __slots__ = ("device", "fstype", "mode", "options", "root")
 
-    def __init__(self, mode: str, fstype: str, options: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        mode: str,
+        fstype: str,
+        options: frozenset[str] = frozenset(),
+        device: str = "",
+        root: str = "/",
+    ) -> None:
         self.mode = mode  # "ro" or "rw"
         self.fstype = fstype
         self.options = options  # the file system's own (super) options: size=…k, max=…
+        self.device = device  # "major:minor" of its file system
+        self.root = root  # the directory of that file system it shows (a bind's source there)
 
 
 def _unescape(field: str) -> str:
@@ -40,7 +49,9 @@ def parse_mountinfo(text: str) -> dict[str, Mount]:
         fstype = fields[dash + 1]
         mode = "ro" if "ro" in fields[5].split(",") else "rw"
         options = frozenset(fields[dash + 3].split(",")) if len(fields) > dash + 3 else frozenset()
-        points[_unescape(fields[4])] = Mount(mode, fstype, options)
+        points[_unescape(fields[4])] = Mount(
+            mode, fstype, options, device=fields[2], root=_unescape(fields[3])
+        )
     return points
 
 

@@ -1,15 +1,18 @@
 """The whole-truth check: does a sandbox's mount table hold exactly the plan's mounts?
 
 Run on every launch, before the command may exec, against /proc/<pid>/mountinfo of the process
-that will become the command. Every mount point must be one the plan sets up (or lie below a
-new /proc or /dev, whose inner mounts bwrap makes itself, or be a mount the host has below a
-bound directory, which a recursive bind carries in); every mount the plan sets up must be there;
-each must be read-only or writable as the plan says; and each must be what the plan says: a new
-tmpfs or proc (a tmpfs of the size the plan gives it), the session's own devpts (holding the
-ptys the plan allows, and not the host's: a devpts bound in from the launcher's namespace would
-show the host's terminals), or, for a bind, the very file or directory of its source: the
-launcher looks at the destination through the sandbox's own root (/proc/<pid>/root) and
-compares device and inode with the source's.
+that will become the command. Every mount point must be one the plan sets up, or one of two
+kinds the plan implies, each judged by what it is: a mount bwrap makes itself inside a new /dev
+(the host's null, zero, full, random, urandom and tty, each the host's very device; a devpts of
+its own at pts) or a new /proc (a read-only cover of sys, sysrq-trigger, irq or bus, from that
+/proc itself); or a mount the host has below a bound directory, which a recursive bind carries
+in (the host's very mount there: its device, root and type, and read-only under a read-only
+bind). Every mount the plan sets up must be there; each must be read-only or writable as the
+plan says; and each must be what the plan says: a new tmpfs or proc (a tmpfs of the size the
+plan gives it), the session's own devpts (holding the ptys the plan allows, and not the host's:
+a devpts bound in from the launcher's namespace would show the host's terminals), or, for a
+bind, the very file or directory of its source: the launcher looks at the destination through
+the sandbox's own root (/proc/<pid>/root) and compares device and inode with the source's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping
 from nsconfine._errors import SandboxUnavailable
 from nsconfine._interrupts import WAIT_TICK_SECONDS, stop_if_interrupted
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.mountinfo import parse_mountinfo, read_mountinfo
+from nsconfine._kernel.mountinfo import Mount, parse_mountinfo, read_mountinfo
 from nsconfine._plan.limits import tmpfs_shape
 from nsconfine._plan.model import Entry, Kind, Plan
 from nsconfine._text import inside
@@ -167,8 +170,9 @@ def check_init(bwrap: str, reaper: int, child: int, info: dict[str, Any], own_ne
     return bwrap_pid
 
 
-def await_shim(sock: socket.socket, reaper_pidfd: int) -> int:
-    """The shim's pid, from the kernel, once it says it is ready (the mounts are done)."""
+def await_shim(sock: socket.socket, reaper_pidfd: int) -> tuple[int, bool]:
+    """The shim's pid, from the kernel, once it says it is ready (the mounts are done); and
+    whether nsconfine's seccomp filter answered it (its 'R', not 'U': csrc/shim.c)."""
     import select
     import struct
 
@@ -194,20 +198,26 @@ def await_shim(sock: socket.socket, reaper_pidfd: int) -> int:
             "the exec shim could not take the Landlock domain that keeps the command away from "
             "the sandbox's pid 1: nothing was run; `nsconfine check` shows this kernel's layers"
         )
-    if data != b"R":
+    if data not in (b"R", b"U"):
         raise SetupEnded("failed to set up")
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
             pid, _uid, _gid = struct.unpack("iII", payload[:12])
-            return int(pid)
+            return int(pid), data == b"R"
     raise SandboxUnavailable("the exec shim's message carried no sender: cannot check it")
 
 
-def check_shim(bwrap: str, init: int, shim: int, filtered: bool) -> None:
+# Each capability set /proc/<pid>/status shows: bwrap's --cap-drop ALL empties every one (the
+# bounding and ambient sets too, so that no exec can gain any).
+_CAPABILITY_SETS: Final = (b"CapInh", b"CapPrm", b"CapEff", b"CapBnd", b"CapAmb")
+
+
+def check_shim(bwrap: str, init: int, shim: int, filtered: bool, filter_answered: bool) -> None:
     """The process that will become the command is the sandbox init's child, in its
     namespaces (read now: bwrap enters a second user namespace after it reports the first),
-    in the session the init leads (--new-session), with no terminal, no_new_privs set, and,
-    if filtered, under a seccomp filter (--seccomp)."""
+    in the session the init leads (--new-session), with no terminal, no capability
+    (--cap-drop ALL), no_new_privs set, and, if filtered, under a seccomp filter (--seccomp)
+    that answered the shim as nsconfine's does (filter_answered)."""
     try:
         fields = _stat_fields(shim)
         parent, session, terminal = int(fields[1]), int(fields[3]), int(fields[4])
@@ -218,6 +228,7 @@ def check_shim(bwrap: str, init: int, shim: int, filtered: bool) -> None:
             )
         no_new_privs = status[b"NoNewPrivs"].strip() == b"1"
         seccomp = status.get(b"Seccomp", b"").strip() == b"2"  # SECCOMP_MODE_FILTER
+        capable = any(int(status[name], 16) for name in _CAPABILITY_SETS)
     except (OSError, ValueError, IndexError, KeyError):
         raise SetupEnded("ended before its command could start") from None
     if parent != init or not same:
@@ -231,10 +242,21 @@ def check_shim(bwrap: str, init: int, shim: int, filtered: bool) -> None:
             "command could type into the caller's terminal; nothing was run, this bwrap cannot "
             "be trusted"
         )
+    if capable:
+        raise SandboxUnavailable(
+            f"{bwrap} left the sandbox's command with capabilities (--cap-drop ALL): nothing "
+            "was run, this bwrap cannot be trusted"
+        )
     if not no_new_privs or (filtered and not seccomp):
         raise SandboxUnavailable(
             f"{bwrap} left the sandbox with no seccomp filter (--seccomp) or without "
             "no_new_privs: nothing was run, this bwrap cannot be trusted"
+        )
+    if filtered and not filter_answered:
+        raise SandboxUnavailable(
+            f"{bwrap} put the sandbox under a seccomp filter that is not nsconfine's seccomp "
+            "filter (it lets a call through that nsconfine's refuses): nothing was run, this "
+            "bwrap cannot be trusted"
         )
 
 
@@ -292,10 +314,11 @@ def mount_table_problems(
     off the step that mounts them so, nsconfine._kernel.layers.session_limits_taken)."""
     expected = _expected(plan, tmpfs_files)
     observed = parse_mountinfo(mountinfo)
-    made_by_bwrap = [e.dest for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)]
+    made_by_bwrap = {e.dest: e.kind for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)}
     binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
+    devices: dict[str, str] = {}  # bwrap's binds of the host's devices: point -> host path
     problems = []
-    host_points: set[str] | None = None
+    host: dict[str, Mount] | None = None
     for point, mount in observed.items():
         want = expected.get(point)
         if want is not None:
@@ -308,23 +331,77 @@ def mount_table_problems(
                 shown = ", ".join(options)
                 problems.append(f"{point} is not mounted with {shown}, as the plan says")
             continue
-        if any(point.startswith(tree + "/") for tree in made_by_bwrap):
-            continue
         carried = _host_path_below_bind(point, binds)
         if carried is not None:
-            if host_points is None:
-                host_points = set(parse_mountinfo(host_mountinfo or read_mountinfo("self")))
-            if carried in host_points:
+            if host is None:
+                host = parse_mountinfo(host_mountinfo or read_mountinfo("self"))
+            host_path, bound = carried
+            if host_path in host:
+                if not _is_carried(mount, host[host_path], read_only=expected[bound][0] == "ro"):
+                    problems.append(
+                        f"{point} is not the host's mount there, which the bind of {bound} "
+                        f"carries in: a {mount.fstype} mount ({mount.mode}) of {mount.root}"
+                    )
                 continue
-        problems.append(f"{point} is mounted, and no plan entry accounts for it")
+        for tree, kind in made_by_bwrap.items():
+            name = inside(point, tree)
+            if name is None:
+                continue
+            if kind is Kind.DEV and name in _BWRAP_DEVICES:
+                devices[point] = f"/dev/{name}"  # the host's, as bwrap binds it: looked at below
+                break
+            if _is_bwrap_own(kind, name, mount, observed.get(tree)):
+                break
+        else:
+            problems.append(f"{point} is mounted, and no plan entry accounts for it")
     problems += [
         f"{point} is not mounted, though the plan sets it up"
         for point in expected
         if point not in observed
     ]
     if root is not None:
-        problems += _shown_problems(plan, root, binds, sources)
+        problems += _shown_problems(plan, root, binds, sources, devices)
     return problems
+
+
+# What bwrap mounts inside a new /dev (--dev) of its own accord: each of these host devices,
+# bound from the host's /dev, and a devpts of its own at pts (under the plan's devpts, where the
+# plan has one). A new /proc (--proc) gets read-only covers of its parts a process could write,
+# each bound onto itself, where the sandbox's account could write them.
+_BWRAP_DEVICES: Final = frozenset({"null", "zero", "full", "random", "urandom", "tty"})
+_BWRAP_PROC_COVERS: Final = frozenset({"sys", "sysrq-trigger", "irq", "bus"})
+
+
+def _is_bwrap_own(kind: Kind, name: str, mount: Mount, tree: Mount | None) -> bool:
+    """Whether mount, at name inside a new /dev or /proc (kind) mounted as tree, is one bwrap
+    makes there itself (the devices apart: compared with the host's through the root)."""
+    if kind is Kind.DEV:
+        return name == "pts" and mount.fstype == "devpts" and mount.device != _host_ptys()
+    return (
+        name in _BWRAP_PROC_COVERS
+        and mount.fstype == "proc"
+        and mount.mode == "ro"
+        and tree is not None
+        and mount.device == tree.device
+        and mount.root == f"/{name}"
+    )
+
+
+def _host_ptys() -> str:
+    """The host's devpts as mountinfo names a device ("major:minor"); "" if it has none."""
+    try:
+        device = os.stat("/dev/pts").st_dev
+    except OSError:
+        return ""
+    return f"{os.major(device)}:{os.minor(device)}"
+
+
+def _is_carried(mount: Mount, host: Mount, read_only: bool) -> bool:
+    """Whether mount is host's own, carried in by a bind (read-only, if read_only, as bwrap
+    makes every mount below a read-only bind)."""
+    if (mount.device, mount.root, mount.fstype) != (host.device, host.root, host.fstype):
+        return False
+    return mount.mode == "ro" if read_only else mount.mode == host.mode
 
 
 def _shown_problems(
@@ -332,14 +409,19 @@ def _shown_problems(
     root: str,
     binds: Mapping[str, str],
     sources: Mapping[str, tuple[int, int] | None] | None,
+    devices: Mapping[str, str],
 ) -> list[str]:
     """What the sandbox's files, looked at through root, show that the plan does not: each
-    bind's destination another file than its source, a devpts the host's. Looked up from one
-    fd of root (its magic link, and the access check on it, resolved once, not per file)."""
+    bind's destination another file than its source, a device bwrap bound another than the
+    host's (devices: point -> host path), a devpts the host's. Looked up from one fd of root
+    (its magic link, and the access check on it, resolved once, not per file)."""
     if sources is None:
         sources = {
             e.dest: _syscalls.identity(e.source) for e in plan.entries if e.kind is Kind.BIND
         }
+    if devices:
+        sources = {**sources, **{point: _syscalls.identity(d) for point, d in devices.items()}}
+        binds = {**binds, **devices}
     try:
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as error:
@@ -361,12 +443,12 @@ def _shown_problems(
     return problems
 
 
-def _host_path_below_bind(point: str, binds: dict[str, str]) -> str | None:
-    """The host path that point shows, if it lies below a bound directory."""
+def _host_path_below_bind(point: str, binds: dict[str, str]) -> tuple[str, str] | None:
+    """The host path that point shows, and the bind it lies below, if it lies below one."""
     best = ""
     for dest in binds:
         if inside(point, dest) is not None and len(dest) > len(best):
             best = dest
     if not best:
         return None
-    return binds[best].rstrip("/") + point[len(best.rstrip("/")) :]
+    return binds[best].rstrip("/") + point[len(best.rstrip("/")) :], best

@@ -648,7 +648,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     except ProcessLookupError:
         raise SetupEnded("ended during set-up") from None
     staged.mark("namespaces")
-    shim = await_shim(staged.sock, staged.reaper_pidfd)
+    shim, filter_answered = await_shim(staged.sock, staged.reaper_pidfd)
     try:
         staged.command_pidfd = os.pidfd_open(shim)
     except ProcessLookupError:
@@ -657,7 +657,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
     staged.mark("built")  # bwrap has made every mount, and the shim is waiting
     # (the filter bwrap was given, as _start asked for it: cached, the very decision)
     filtered = _seccomp_program(plan) is not None
-    check_shim(bwrap, child, shim, filtered)
+    check_shim(bwrap, child, shim, filtered, filter_answered)
     try:
         staged.mount_watch, mountinfo = watched_mountinfo(shim)
     except OSError:
