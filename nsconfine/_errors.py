@@ -69,13 +69,18 @@ def checked_timeout(timeout: float | None) -> float | None:
     return timeout
 
 
+class ShortOfFds(SandboxUnavailable):
+    """The launcher ran out of file descriptors: its own to fix, whatever it launched (bwrap's
+    proof passes this on as it is, not as bwrap's failure)."""
+
+
 def refuse_if_short_of_fds(error: OSError) -> None:
     """A launcher out of file descriptors is told so, whichever step ran out first (not that
     a path changed, or that a source could not be opened)."""
     import errno
 
     if error.errno in (errno.EMFILE, errno.ENFILE):
-        raise SandboxUnavailable(
+        raise ShortOfFds(
             f"the launcher ran out of file descriptors ({error.strerror}); nothing was run: "
             "close some, or raise its RLIMIT_NOFILE"
         ) from None

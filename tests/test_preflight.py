@@ -282,6 +282,31 @@ def test_check_proves_bwrap_whatever_the_callers_layout(tmp_path: Path, layout: 
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("limit", [24, 40])
+def test_a_canary_short_of_the_launchers_fds_blames_the_launcher_not_bwrap(
+    tmp_path: Path, limit: int
+) -> None:
+    """A launcher that runs out of file descriptors during bwrap's proof is told so, as any
+    launch is: not that bwrap failed its canary or printed nothing, which sends the user to
+    reinstall a working bwrap (the launcher's-environment pass, stop 34: 24 fds ran out while
+    the canary's sources were opened, 40 while its stdio was)."""
+    import resource
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # a fresh proof
+
+    def few_fds() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "check"], env=env, capture_output=True, text=True,
+        timeout=120, cwd="/", preexec_fn=few_fds, check=False,
+    )  # fmt: skip
+    assert done.returncode == 69, done.stdout + done.stderr
+    assert "the launcher ran out of file descriptors" in done.stderr, done.stderr
+    assert "canary" not in done.stderr, done.stderr
+    assert "bwrap" not in done.stderr, done.stderr
+
+
 def test_a_planted_symlink_among_the_bwrap_proofs_is_never_written_through(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,7 +50,7 @@ import time
 from _thread import allocate_lock
 from collections.abc import Callable, Mapping
 
-from nsconfine._errors import PlanError, SandboxUnavailable, UsageError
+from nsconfine._errors import PlanError, SandboxUnavailable, UsageError, refuse_if_short_of_fds
 from nsconfine._kernel import layers as _layers
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.mountinfo import watched_mountinfo
@@ -554,6 +554,7 @@ def _start(
         if info_read >= 0:
             os.close(info_read)
         launcher_end.close()
+        refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
             f"cannot start bwrap as {plan.user.name}: {error.strerror} ({error.syscall})"
         ) from None

@@ -13,7 +13,12 @@ from __future__ import annotations
 import os
 import stat
 
-from nsconfine._errors import NsconfineError, SandboxUnavailable
+from nsconfine._errors import (
+    NsconfineError,
+    SandboxUnavailable,
+    ShortOfFds,
+    refuse_if_short_of_fds,
+)
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import RunAs, launcher_account, untrusted_reason
 from nsconfine._plan import model as p
@@ -400,6 +405,8 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
                 raise SandboxUnavailable(f"bwrap {bwrap}'s canary session hung") from None
             output = _read_all(out_read)
             errors = _read_all(err_read)
+        except ShortOfFds:
+            raise
         except SandboxUnavailable as refused:
             errors = _read_all(err_read)
             raise SandboxUnavailable(
@@ -407,6 +414,7 @@ def prove_bwrap(bwrap: str, bind_fds: bool = True) -> None:
                 f"(launch: {refused.message})"
             ) from None
         except OSError as error:
+            refuse_if_short_of_fds(error)
             raise SandboxUnavailable(
                 f"bwrap {bwrap}'s canary session could not run /bin/sh: {error}"
             ) from error
