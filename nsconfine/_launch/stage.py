@@ -438,7 +438,9 @@ def stage(
         status = teardown(staged)
         raise SandboxUnavailable(
             f"the sandbox {ended} (bwrap's status {status}); bwrap's message is on the "
-            "session's stderr, and `nsconfine check --fresh` explains what to fix"
+            "session's stderr: \"Can't fork\" there means the session's account (or the "
+            "launcher's service, by its TasksMax) is at its process limit, and a launch once "
+            "fewer run succeeds; for anything else `nsconfine check --fresh` explains what to fix"
         ) from None
     except BaseException:
         if staged is not None:
