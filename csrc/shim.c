@@ -165,6 +165,7 @@ static int read_exact(int sock, void *buf, size_t len, int *fds, int *n_fds)
 }
 
 #define TIOCSCTTY_ 0x540e
+#define TIOCSTI_ 0x5412 /* the filter's probe (below) */
 #define TIOCSPTLCK_ 0x40045431
 #define TIOCGPTPEER_ 0x5441
 
@@ -383,12 +384,14 @@ int helper_main(int argc, char **argv, char **envp)
 
     /*
      * Built: the launcher waits for this before it checks the sandbox. 'R' also says that
-     * nsconfine's seccomp filter answers here: kcmp refused with EPERM, as every filter it
-     * builds refuses it (its KERNEL rules); 'U' that none does (kcmp of no process: ESRCH).
-     * The kernel shows only that some filter is there, and a bwrap that loaded another
-     * filter than the one it was given must not pass for one that loaded it.
+     * nsconfine's seccomp filter answers here: TIOCSTI refused with EPERM, as every filter it
+     * builds refuses it (its KERNEL rules), before the kernel finds that fd -1 is no file;
+     * 'U' that none does (EBADF). The kernel shows only that some filter is there, and a
+     * bwrap that loaded another filter than the one it was given must not pass for one that
+     * loaded it. (Not kcmp: Docker's filter, which a launcher may run under, refuses kcmp
+     * with EPERM itself, and a systemd SystemCallFilter= may kill it.)
      */
-    long probe = SYS5(__NR_kcmp, -1, -1, 0, 0, 0);
+    long probe = SYS3(__NR_ioctl, -1, TIOCSTI_, 0);
     if (sys_write_all((int)sock, probe == -EPERM ? "R" : "U", 1) != 1)
         return 0;
     if (wait_readable((int)sock, timeout_ms) < 0)

@@ -88,6 +88,26 @@ FAKES = {
     # The same with --cap-add ALL for --cap-drop ALL: the command keeps every capability of
     # its user namespace.
     "capable": _passing_on("s/^--cap-drop$/--cap-add/"),
+    # The same with the workspace bound again over itself, last: the plan's binds inside it
+    # (the protected paths kept read-only) are still listed, hidden under the new one.
+    "hiding": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        fd=$2; shift 2; kept=$(mktemp)
+        cat /proc/self/fd/$fd > $kept
+        workspace=$(sed -z -n '/^--chdir$/{{n;p}}' < $kept | tr -d '\\0')
+        printf -- '--bind\\0%s\\0%s\\0' "$workspace" "$workspace" >> $kept
+        eval "exec $fd< $kept"; rm $kept
+        exec {REAL_BWRAP} --args $fd "$@" """,
+    # The same with its first writable bind made by --dev-bind: no nodev, so that a device
+    # node the session finds there works.
+    "device-binding": f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        fd=$2; shift 2; kept=$(mktemp)
+        perl -0 -ne 'if (!$done && $_ eq "--bind-fd\\0") {{
+            $done = 1; my $from = <>; print "--dev-bind\\0/proc/self/fd/$from"; next }}
+            print' < /proc/self/fd/$fd > $kept
+        eval "exec $fd< $kept"; rm $kept
+        exec {REAL_BWRAP} --args $fd "$@" """,
     # The same with the host's / bound inside the sandbox's new /dev, or its new /proc, where
     # bwrap makes mounts of its own (the devices, the covers of /proc's writable parts).
     "exposing-in-dev": _passing_on(r"/^--dev$/{n;s#$#\x00--ro-bind\x00/\x00/dev/host#}"),
@@ -114,6 +134,8 @@ EXPECTED_REASONS = {
     "unfiltered": "no seccomp filter",
     "refiltered": "not nsconfine's seccomp filter",
     "capable": "capabilities",
+    "hiding": "is hidden under another mount",
+    "device-binding": "is not mounted nodev",
     "exposing-in-dev": "/dev/host is mounted, and no plan entry accounts for it",
     "exposing-in-proc": "/proc/tty is mounted, and no plan entry accounts for it",
     "in-the-callers-session": "session of its own",
@@ -182,6 +204,86 @@ def test_a_bwrap_that_mounts_over_a_host_mount_a_bind_carries_is_refused(
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()
     assert f"{carried[0]} is not the host's mount there" in refused.value.message
     assert not trace_file.exists()
+
+
+# A launcher under a filter of its own, as in a container whose filter refuses kcmp (as
+# Docker's does) and TIOCSTI with EPERM, as nsconfine's does, and allows the rest: it installs
+# the filter (no_new_privs first, as an unprivileged process must), then runs `nsconfine run`.
+_UNDER_A_FILTER = r"""
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def op(code, k, jt=0, jf=0):
+    return struct.pack("HBBI", code, jt, jf, k)
+program = b"".join([
+    op(0x20, 0),  # A = the call's number
+    op(0x15, 312, 3, 0),  # kcmp: refused
+    op(0x15, 16, 0, 3),  # ioctl?
+    op(0x20, 24),  # A = its request (low 32 bits)
+    op(0x15, 0x5412, 0, 1),  # TIOCSTI: refused
+    op(0x06, 0x00050000 | 1),  # ERRNO(EPERM)
+    op(0x06, 0x7FFF0000),  # ALLOW
+])
+code = ctypes.create_string_buffer(program)
+fprog = struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(code))
+fprog_buffer = ctypes.create_string_buffer(fprog)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.c_void_p(ctypes.addressof(fprog_buffer)), 0, 0) == 0
+os.execv(sys.executable, [sys.executable, "-m", "nsconfine", "run", *sys.argv[1:]])
+"""
+
+
+@pytest.mark.parametrize("bwrap", ["real", "unfiltered"])
+def test_a_launcher_under_a_filter_of_its_own_still_proves_bwrap_s(
+    tmp_path: Path, ws_run: tuple[Path, Path], trace_file: Path, bwrap: str
+) -> None:
+    """A launcher that runs under a seccomp filter (a container's) passes it to bwrap and the
+    session: the kernel shows a filter there, and one that refuses kcmp and TIOCSTI, with or
+    without bwrap's. A bwrap that left nsconfine's out is refused all the same (hostile review: the
+    launcher's own filter answered both checks); a real one runs."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    if bwrap != "real":
+        env["NSCONFINE_BWRAP"] = str(_fake(tmp_path, bwrap))
+    user = ["--user", SESSION_USER] if SESSION_USER else []
+    session_dirs = ["--workspace", str(ws_run[0]), "--run-dir", str(ws_run[1])]
+    done = subprocess.run(
+        [sys.executable, "-c", _UNDER_A_FILTER, *user, *session_dirs, "--",
+         "/bin/sh", "-c", f"touch {trace_file}"],
+        env=env, capture_output=True, text=True, timeout=120, cwd="/", check=False,
+    )  # fmt: skip
+    if bwrap == "real":
+        assert done.returncode == 0, done.stderr
+        assert trace_file.exists()
+    else:
+        assert done.returncode == 69, done.stderr
+        assert EXPECTED_REASONS[bwrap] in done.stderr, done.stderr
+        assert not trace_file.exists()
+
+
+@pytest.mark.root  # it mounts, in a mount namespace of its own
+def test_a_host_mount_bwrap_cannot_reach_below_a_read_only_bind_is_no_refusal(
+    tmp_path: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """A host mount below a read-only bind, in a directory the session's account cannot
+    search, stays as the host has it (writable): bwrap remounts read-only only the mounts it
+    can reach, and the session cannot reach that one either. The launch runs (hostile review:
+    the first version of the carried-mount check refused it)."""
+    tree = tmp_path / "tree"
+    (tree / "private" / "mounted").mkdir(parents=True)
+    open_up(tmp_path)
+    tree.chmod(0o755)
+    (tree / "private").chmod(0o700)  # root's: the session's account cannot search it
+    user = ["--user", SESSION_USER] if SESSION_USER else []
+    session_dirs = ["--workspace", str(ws_run[0]), "--run-dir", str(ws_run[1])]
+    launch = " ".join(
+        [sys.executable, "-m", "nsconfine", "run", *user, *session_dirs, "--ro", str(tree),
+         "--", "/bin/true"]
+    )  # fmt: skip
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs -o size=1m tmpfs {tree}/private/mounted && {launch}"],
+        capture_output=True, text=True, timeout=120, cwd="/", check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_real_bwrap_runs_the_command(plan: nsconfine.Plan, trace_file: Path) -> None:

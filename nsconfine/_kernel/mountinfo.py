@@ -11,7 +11,7 @@ import os
 class Mount:
     """One line of mountinfo, as far as the check needs it."""
 
-    __slots__ = ("device", "fstype", "mode", "options", "root")
+    __slots__ = ("device", "flags", "fstype", "mode", "mount_id", "options", "root")
 
     def __init__(
         self,
@@ -20,12 +20,16 @@ class Mount:
         options: frozenset[str] = frozenset(),
         device: str = "",
         root: str = "/",
+        flags: frozenset[str] = frozenset(),
+        mount_id: str = "",
     ) -> None:
         self.mode = mode  # "ro" or "rw"
         self.fstype = fstype
         self.options = options  # the file system's own (super) options: size=…k, max=…
         self.device = device  # "major:minor" of its file system
         self.root = root  # the directory of that file system it shows (a bind's source there)
+        self.flags = flags  # the mount's own: ro or rw, nosuid, nodev, noexec, relatime, …
+        self.mount_id = mount_id  # the table's id of it (MountTree's)
 
 
 def _unescape(field: str) -> str:
@@ -47,10 +51,16 @@ def parse_mountinfo(text: str) -> dict[str, Mount]:
             continue
         dash = fields.index("-", 6)
         fstype = fields[dash + 1]
-        mode = "ro" if "ro" in fields[5].split(",") else "rw"
+        flags = frozenset(fields[5].split(","))
         options = frozenset(fields[dash + 3].split(",")) if len(fields) > dash + 3 else frozenset()
         points[_unescape(fields[4])] = Mount(
-            mode, fstype, options, device=fields[2], root=_unescape(fields[3])
+            "ro" if "ro" in flags else "rw",
+            fstype,
+            options,
+            device=fields[2],
+            root=_unescape(fields[3]),
+            flags=flags,
+            mount_id=fields[0],
         )
     return points
 
@@ -102,6 +112,12 @@ class MountTree:
     def seen_at(self, path: str) -> tuple[str, str, str] | None:
         """(mount point, device, root) of the mount an absolute, normalized path lies on; None
         for a table without a root mount."""
+        mount = self.mount_seen_at(path)
+        return None if mount is None else self.mounts[mount]
+
+    def mount_seen_at(self, path: str) -> str | None:
+        """The id of the mount an absolute, normalized path lies on; None for a table without
+        a root mount."""
         if "/" not in self._seen:
             return None
         walked = []  # (a loop: a path may have thousands of components)
@@ -112,7 +128,7 @@ class MountTree:
         for below in reversed(walked):
             if below in self._points:
                 mount = self._seen[below] = self._on_top(mount, below)
-        return self.mounts[mount]
+        return mount
 
 
 def watched_mountinfo(pid: int | str) -> tuple[int, str]:

@@ -6,9 +6,11 @@ kinds the plan implies, each judged by what it is: a mount bwrap makes itself in
 (the host's null, zero, full, random, urandom and tty, each the host's very device; a devpts of
 its own at pts) or a new /proc (a read-only cover of sys, sysrq-trigger, irq or bus, from that
 /proc itself); or a mount the host has below a bound directory, which a recursive bind carries
-in (the host's very mount there: its device, root and type, and read-only under a read-only
-bind). Every mount the plan sets up must be there; each must be read-only or writable as the
-plan says; and each must be what the plan says: a new tmpfs or proc (a tmpfs of the size the
+in (showing what the host's mount there shows: its device, root and type; read-only below a
+read-only bind where bwrap could reach it). Every mount the plan sets up must be there, and be
+the mount a path there reaches (not hidden under a mount made later over a directory above
+it); each must be read-only or writable as the plan says, nosuid, and nodev but for a devpts;
+and each must be what the plan says: a new tmpfs or proc (a tmpfs of the size the
 plan gives it), the session's own devpts (holding the ptys the plan allows, and not the host's:
 a devpts bound in from the launcher's namespace would show the host's terminals), or, for a
 bind, the very file or directory of its source: the launcher looks at the destination through
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from nsconfine._errors import SandboxUnavailable
 from nsconfine._interrupts import WAIT_TICK_SECONDS, stop_if_interrupted
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.mountinfo import Mount, parse_mountinfo, read_mountinfo
+from nsconfine._kernel.mountinfo import Mount, MountTree, parse_mountinfo, read_mountinfo
 from nsconfine._plan.limits import tmpfs_shape
 from nsconfine._plan.model import Entry, Kind, Plan
 from nsconfine._text import inside
@@ -207,6 +209,23 @@ def await_shim(sock: socket.socket, reaper_pidfd: int) -> tuple[int, bool]:
     raise SandboxUnavailable("the exec shim's message carried no sender: cannot check it")
 
 
+_own_filters: int | None = None
+
+
+def _own_seccomp_filters() -> int:
+    """How many seccomp filters the launcher runs under (a container's, a service's), read
+    once: every process it starts runs under them too. (A launcher that takes one more later
+    is compared with the fewer, which never refuses a sandbox that has its own.)"""
+    global _own_filters
+    if _own_filters is None:
+        _own_filters = 0
+        with open("/proc/self/status", "rb") as status_file:
+            for line in status_file:
+                if line.startswith(b"Seccomp_filters:"):
+                    _own_filters = int(line.split(b":", 1)[1])
+    return _own_filters
+
+
 # Each capability set /proc/<pid>/status shows: bwrap's --cap-drop ALL empties every one (the
 # bounding and ambient sets too, so that no exec can gain any).
 _CAPABILITY_SETS: Final = (b"CapInh", b"CapPrm", b"CapEff", b"CapBnd", b"CapAmb")
@@ -227,7 +246,12 @@ def check_shim(bwrap: str, init: int, shim: int, filtered: bool, filter_answered
                 line.split(b":", 1) for line in status_file.read().splitlines() if b":" in line
             )
         no_new_privs = status[b"NoNewPrivs"].strip() == b"1"
-        seccomp = status.get(b"Seccomp", b"").strip() == b"2"  # SECCOMP_MODE_FILTER
+        # SECCOMP_MODE_FILTER, with a filter more than the launcher runs under: bwrap's (a
+        # kernel before 5.9 does not count them)
+        filters = status.get(b"Seccomp_filters")
+        seccomp = status.get(b"Seccomp", b"").strip() == b"2" and (
+            filters is None or int(filters) > _own_seccomp_filters()
+        )
         capable = any(int(status[name], 16) for name in _CAPABILITY_SETS)
     except (OSError, ValueError, IndexError, KeyError):
         raise SetupEnded("ended before its command could start") from None
@@ -255,7 +279,7 @@ def check_shim(bwrap: str, init: int, shim: int, filtered: bool, filter_answered
     if filtered and not filter_answered:
         raise SandboxUnavailable(
             f"{bwrap} put the sandbox under a seccomp filter that is not nsconfine's seccomp "
-            "filter (it lets a call through that nsconfine's refuses): nothing was run, this "
+            "filter (it did not refuse TIOCSTI, as nsconfine's does): nothing was run, this "
             "bwrap cannot be trusted"
         )
 
@@ -314,13 +338,22 @@ def mount_table_problems(
     off the step that mounts them so, nsconfine._kernel.layers.session_limits_taken)."""
     expected = _expected(plan, tmpfs_files)
     observed = parse_mountinfo(mountinfo)
+    tree = MountTree(mountinfo)
     made_by_bwrap = {e.dest: e.kind for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)}
     binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
     devices: dict[str, str] = {}  # bwrap's binds of the host's devices: point -> host path
+    ptys = [e.dest for e in plan.entries if e.kind is Kind.DEVPTS]  # each: not the host's
     problems = []
     host: dict[str, Mount] | None = None
     for point, mount in observed.items():
         want = expected.get(point)
+        if tree.mount_seen_at(point) != mount.mount_id:
+            # Hidden under a mount made later over a directory above it (or stacked under
+            # another at its point): no path reaches it, and what a path there reaches is not
+            # what the plan set up.
+            if want is not None:
+                problems.append(f"{point} is hidden under another mount")
+            continue
         if want is not None:
             mode, what, options = want
             if mount.mode != mode:
@@ -330,6 +363,7 @@ def mount_table_problems(
             elif not mount.options.issuperset(options):
                 shown = ", ".join(options)
                 problems.append(f"{point} is not mounted with {shown}, as the plan says")
+            problems += _flag_problems(point, mount, devices_allowed=what == "devpts")
             continue
         carried = _host_path_below_bind(point, binds)
         if carried is not None:
@@ -343,14 +377,20 @@ def mount_table_problems(
                         f"carries in: a {mount.fstype} mount ({mount.mode}) of {mount.root}"
                     )
                 continue
-        for tree, kind in made_by_bwrap.items():
-            name = inside(point, tree)
+        for made, kind in made_by_bwrap.items():
+            name = inside(point, made)
             if name is None:
                 continue
             if kind is Kind.DEV and name in _BWRAP_DEVICES:
                 devices[point] = f"/dev/{name}"  # the host's, as bwrap binds it: looked at below
+                problems += _flag_problems(point, mount, devices_allowed=True)
                 break
-            if _is_bwrap_own(kind, name, mount, observed.get(tree)):
+            if kind is Kind.DEV and name == "pts" and mount.fstype == "devpts":
+                ptys.append(point)
+                problems += _flag_problems(point, mount, devices_allowed=True)
+                break
+            if kind is Kind.PROC and _is_proc_cover(name, mount, observed.get(made)):
+                problems += _flag_problems(point, mount, devices_allowed=False)
                 break
         else:
             problems.append(f"{point} is mounted, and no plan entry accounts for it")
@@ -360,7 +400,7 @@ def mount_table_problems(
         if point not in observed
     ]
     if root is not None:
-        problems += _shown_problems(plan, root, binds, sources, devices)
+        problems += _shown_problems(root, binds, sources, devices, ptys)
     return problems
 
 
@@ -372,53 +412,49 @@ _BWRAP_DEVICES: Final = frozenset({"null", "zero", "full", "random", "urandom", 
 _BWRAP_PROC_COVERS: Final = frozenset({"sys", "sysrq-trigger", "irq", "bus"})
 
 
-def _is_bwrap_own(kind: Kind, name: str, mount: Mount, tree: Mount | None) -> bool:
-    """Whether mount, at name inside a new /dev or /proc (kind) mounted as tree, is one bwrap
-    makes there itself (the devices apart: compared with the host's through the root)."""
-    if kind is Kind.DEV:
-        return name == "pts" and mount.fstype == "devpts" and mount.device != _host_ptys()
+def _is_proc_cover(name: str, mount: Mount, proc: Mount | None) -> bool:
+    """Whether mount, at name inside a new /proc mounted as proc, is a cover bwrap makes: that
+    proc's own directory of that name, bound read-only onto itself."""
     return (
         name in _BWRAP_PROC_COVERS
         and mount.fstype == "proc"
         and mount.mode == "ro"
-        and tree is not None
-        and mount.device == tree.device
+        and proc is not None
+        and mount.device == proc.device
         and mount.root == f"/{name}"
     )
 
 
-def _host_ptys() -> str:
-    """The host's devpts as mountinfo names a device ("major:minor"); "" if it has none."""
-    try:
-        device = os.stat("/dev/pts").st_dev
-    except OSError:
-        return ""
-    return f"{os.major(device)}:{os.minor(device)}"
+def _flag_problems(point: str, mount: Mount, devices_allowed: bool) -> list[str]:
+    """What a mount bwrap made misses of the flags it gives every mount: nosuid, and nodev but
+    where devices are its point (its device binds, a devpts)."""
+    wanted = ("nosuid",) if devices_allowed else ("nosuid", "nodev")
+    return [f"{point} is not mounted {flag}" for flag in wanted if flag not in mount.flags]
 
 
 def _is_carried(mount: Mount, host: Mount, read_only: bool) -> bool:
-    """Whether mount is host's own, carried in by a bind (read-only, if read_only, as bwrap
-    makes every mount below a read-only bind)."""
+    """Whether mount shows what host does (its device, root and type), carried in by a bind:
+    read-only as the host's is, or made so below a read-only bind (bwrap remounts each mount
+    below one read-only, but leaves one it cannot reach, in a directory the session's account
+    cannot search either, as the host has it)."""
     if (mount.device, mount.root, mount.fstype) != (host.device, host.root, host.fstype):
         return False
-    return mount.mode == "ro" if read_only else mount.mode == host.mode
+    return mount.mode == host.mode or (read_only and mount.mode == "ro")
 
 
 def _shown_problems(
-    plan: Plan,
     root: str,
     binds: Mapping[str, str],
     sources: Mapping[str, tuple[int, int] | None] | None,
     devices: Mapping[str, str],
+    ptys: list[str],
 ) -> list[str]:
     """What the sandbox's files, looked at through root, show that the plan does not: each
     bind's destination another file than its source, a device bwrap bound another than the
-    host's (devices: point -> host path), a devpts the host's. Looked up from one fd of root
-    (its magic link, and the access check on it, resolved once, not per file)."""
+    host's (devices: point -> host path), a devpts at one of ptys the host's. Looked up from
+    one fd of root (its magic link, and the access check on it, resolved once, not per file)."""
     if sources is None:
-        sources = {
-            e.dest: _syscalls.identity(e.source) for e in plan.entries if e.kind is Kind.BIND
-        }
+        sources = {dest: _syscalls.identity(source) for dest, source in binds.items()}
     if devices:
         sources = {**sources, **{point: _syscalls.identity(d) for point, d in devices.items()}}
         binds = {**binds, **devices}
@@ -433,11 +469,10 @@ def _shown_problems(
             if seen is None or seen != source:
                 problems.append(f"{dest} does not show {binds[dest]}")
         host_ptys = _syscalls.identity("/dev/pts")
-        for entry in plan.entries:
-            if entry.kind is Kind.DEVPTS:
-                seen = _syscalls.identity(entry.dest.lstrip("/") or ".", root_fd)
-                if seen is None or (host_ptys is not None and seen[0] == host_ptys[0]):
-                    problems.append(f"{entry.dest} is not the session's own devpts")
+        for point in ptys:
+            seen = _syscalls.identity(point.lstrip("/") or ".", root_fd)
+            if seen is None or (host_ptys is not None and seen[0] == host_ptys[0]):
+                problems.append(f"{point} is not the session's own devpts")
     finally:
         os.close(root_fd)
     return problems
