@@ -292,6 +292,71 @@ def test_without_seccomp_a_setuid_file_is_planted(
     assert set(_setid_files(ws_run[0])) >= {"by-chmod", "by-open", "by-mknod"}
 
 
+# Every other call that can leave a set-id bit on a file, each by its raw syscall number
+# (x86_64's), so that no libc wrapper swaps in another call: fchmod, fchmodat2 (which glibc's
+# fchmodat never reaches without flags), openat2 (its mode in a struct open_how), and the legacy
+# open and creat (glibc's open is openat).
+_PLANT_SETUID_RAW = r"""
+import ctypes, errno, os, shutil, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+AT_FDCWD, CREATE, MODE = -100, os.O_CREAT | os.O_WRONLY, 0o4755
+os.umask(0)
+def call(name, nr, *args, returns_fd=True):
+    ctypes.set_errno(0)
+    words = [a if isinstance(a, bytes) else ctypes.c_long(a) for a in args]
+    r = libc.syscall(ctypes.c_long(nr), *words)
+    print(name, "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()])
+    if r >= 0 and returns_fd:
+        os.close(r)
+shutil.copy("/bin/sh", "by-fchmod")
+fd = os.open("by-fchmod", os.O_RDONLY)
+call("by-fchmod", 91, fd, MODE, returns_fd=False)
+os.close(fd)
+shutil.copy("/bin/sh", "by-fchmodat2")
+call("by-fchmodat2", 452, AT_FDCWD, b"by-fchmodat2", MODE, 0, returns_fd=False)
+how = ctypes.create_string_buffer(struct.pack("<QQQ", CREATE, MODE, 0))
+call("by-openat2", 437, AT_FDCWD, b"by-openat2", ctypes.addressof(how), len(how.raw))
+call("by-open", 2, b"by-open", CREATE, MODE)
+call("by-creat", 85, b"by-creat", MODE)
+"""
+_RAW_REFUSALS = {
+    "by-fchmod": "EPERM", "by-fchmodat2": "EPERM", "by-openat2": "ENOSYS", "by-open": "EPERM",
+    "by-creat": "EPERM",
+}  # fmt: skip
+
+
+def _raw_answers(output: str) -> dict[str, str]:
+    return dict(line.split() for line in output.splitlines() if line.startswith("by-"))
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's syscall numbers")
+def test_no_setuid_file_can_be_planted_by_the_other_calls(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path]
+) -> None:
+    """fchmod, fchmodat2, openat2 (O_CREAT, its mode in a struct open_how), the legacy open and
+    creat, each asking for mode 4755 on a file in the workspace: each is refused, and nothing
+    there keeps a set-id bit on the host (where the mount has no nosuid). Mutation pass, stop
+    35: dropping any one of these five rules from csrc/seccomp.c's RULES left every test
+    passing; each drop fails this test."""
+    status, output = run(plan, ["python3", "-c", _PLANT_SETUID_RAW])
+    assert status == 0, output
+    assert _setid_files(ws_run[0]) == [], output
+    assert _raw_answers(output) == _RAW_REFUSALS, output
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's syscall numbers")
+def test_without_seccomp_the_other_calls_plant_setuid_files(
+    plan: nsconfine.Plan, ws_run: tuple[Path, Path], without: Callable[..., None]
+) -> None:
+    """The twin: with the seccomp layer off each of the five calls leaves a setuid file."""
+    without("seccomp")
+    status, output = run(plan, ["python3", "-c", _PLANT_SETUID_RAW])
+    assert status == 0, output
+    assert sorted(_setid_files(ws_run[0])) == sorted(_RAW_REFUSALS), output
+    assert set(_raw_answers(output).values()) == {"ok"}, output
+
+
 _PLANT_DEVICE = r"""
 import os, stat
 for name, mode in (("whiteout", stat.S_IFCHR), ("block", stat.S_IFBLK),

@@ -74,6 +74,12 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNS = 0x00020000
 CLONE_FILES = 0x00000400
 TIOCSTI = 0x5412
+AT_FDCWD = 0xFFFFFFFFFFFFFF9C  # -100 in a 64-bit register
+O_WRONLY = 0o1
+O_CREAT = 0o100
+O_TMPFILE = 0o20000000 | 0o200000  # __O_TMPFILE | O_DIRECTORY
+IOPRIO_WHO_PROCESS = 1
+IOPRIO_WHO_PGRP = 2
 
 CASES = [
     # (name, nr, args, action by default, action with nested user namespaces allowed)
@@ -165,6 +171,35 @@ CASES = [
     ("prctl PR_SET_SECCOMP filter", 157, (22, 2), errno_of(errno.EINVAL), SECCOMP_RET_ALLOW),
     ("prctl PR_SET_SECCOMP strict", 157, (22, 1), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("prctl PR_SET_NAME", 157, (15, 2), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    # Mutation pass, stop 35: each rule below could be dropped with every test passing.
+    ("fchmod setuid", 91, (3, 0o4755), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("fchmod setgid", 91, (3, 0o2755), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("fchmod plain", 91, (3, 0o755), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("fchmodat2 setuid", 452, (AT_FDCWD, 0, 0o4755, 0), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("fchmodat2 plain", 452, (AT_FDCWD, 0, 0o755, 0), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("openat2", 437, (AT_FDCWD, 0, 0, 24), errno_of(errno.ENOSYS), errno_of(errno.ENOSYS)),
+    ("open O_CREAT setuid", 2, (0, O_CREAT | O_WRONLY, 0o4755), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("open O_TMPFILE setgid", 2, (0, O_TMPFILE | O_WRONLY, 0o2755), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("open O_CREAT plain", 2, (0, O_CREAT | O_WRONLY, 0o755), SECCOMP_RET_ALLOW,
+     SECCOMP_RET_ALLOW),
+    ("open read, set-id bits in an unused mode", 2, (0, 0, 0o4755), SECCOMP_RET_ALLOW,
+     SECCOMP_RET_ALLOW),
+    ("creat setuid", 85, (0, 0o4755), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("creat plain", 85, (0, 0o755), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("sched_setscheduler pid 1", 144, (1, 0, 0), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("sched_setscheduler self", 144, (0, 0, 0), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("ioprio_set pid 1", 251, (IOPRIO_WHO_PROCESS, 1, 0), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("ioprio_set a process group", 251, (IOPRIO_WHO_PGRP, 0, 0), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("ioprio_set self", 251, (IOPRIO_WHO_PROCESS, 0, 0), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("sched_setattr pid 1", 314, (1, 0, 0), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("sched_setattr self", 314, (0, 0, 0), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("quotactl_fd", 443, (3, 0, 0, 0), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("io_uring_enter", 426, (3, 1, 0, 0, 0, 0), errno_of(errno.EPERM), errno_of(errno.EPERM)),
 ]  # fmt: skip
 
 
