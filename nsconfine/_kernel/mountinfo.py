@@ -41,27 +41,33 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
+def _mount(fields: list[str]) -> Mount | None:
+    """The mount one line of mountinfo (split at spaces) describes; None for a line cut short."""
+    if len(fields) < 7 or "-" not in fields[6:]:
+        return None
+    dash = fields.index("-", 6)
+    flags = frozenset(fields[5].split(","))
+    options = frozenset(fields[dash + 3].split(",")) if len(fields) > dash + 3 else frozenset()
+    return Mount(
+        "ro" if "ro" in flags else "rw",
+        fields[dash + 1],
+        options,
+        device=fields[2],
+        root=_unescape(fields[3]),
+        flags=flags,
+        mount_id=fields[0],
+    )
+
+
 def parse_mountinfo(text: str) -> dict[str, Mount]:
     """Mount point -> its mount, the topmost at each point winning."""
     points: dict[str, Mount] = {}
     for line in text.split("\n"):  # the kernel's only line break (str.splitlines breaks at
         # U+2028, U+0085 and others, which a mount point's name may hold as they are)
         fields = line.split(" ")
-        if len(fields) < 7 or "-" not in fields[6:]:
-            continue
-        dash = fields.index("-", 6)
-        fstype = fields[dash + 1]
-        flags = frozenset(fields[5].split(","))
-        options = frozenset(fields[dash + 3].split(",")) if len(fields) > dash + 3 else frozenset()
-        points[_unescape(fields[4])] = Mount(
-            "ro" if "ro" in flags else "rw",
-            fstype,
-            options,
-            device=fields[2],
-            root=_unescape(fields[3]),
-            flags=flags,
-            mount_id=fields[0],
-        )
+        mount = _mount(fields)
+        if mount is not None:
+            points[_unescape(fields[4])] = mount
     return points
 
 
@@ -76,6 +82,7 @@ class MountTree:
     def __init__(self, text: str) -> None:
         # id -> (mount point, device "major:minor", the mount's root inside its file system)
         self.mounts: dict[str, tuple[str, str, str]] = {}
+        self.points: dict[str, Mount] = {}  # as parse_mountinfo's, from the same pass
         self._attached: dict[tuple[str, str], str] = {}  # (parent id, point) -> id, the last
         parents: dict[str, str] = {}
         for line in text.split("\n"):  # as parse_mountinfo
@@ -85,6 +92,9 @@ class MountTree:
                 self.mounts[fields[0]] = (point, fields[2], _unescape(fields[3]))
                 self._attached[(fields[1], point)] = fields[0]
                 parents[fields[0]] = fields[1]
+                mount = _mount(fields)
+                if mount is not None:
+                    self.points[point] = mount
         # The root: the mount whose parent is not in the table (the namespace's, or above the
         # process's root), and then whatever is stacked on it.
         root = next(

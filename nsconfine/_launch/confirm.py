@@ -337,12 +337,18 @@ def mount_table_problems(
     tmpfs_files: each writable tmpfs must show its number of files (not in a test that switched
     off the step that mounts them so, nsconfine._kernel.layers.session_limits_taken)."""
     expected = _expected(plan, tmpfs_files)
-    observed = parse_mountinfo(mountinfo)
     tree = MountTree(mountinfo)
+    observed = tree.points
     made_by_bwrap = {e.dest: e.kind for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)}
     binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
     devices: dict[str, str] = {}  # bwrap's binds of the host's devices: point -> host path
     ptys = [e.dest for e in plan.entries if e.kind is Kind.DEVPTS]  # each: not the host's
+    proc_covers = {
+        f"{made.rstrip('/')}/{name}"
+        for made, kind in made_by_bwrap.items()
+        if kind is Kind.PROC
+        for name in _BWRAP_PROC_COVERS
+    }
     problems = []
     host: dict[str, Mount] | None = None
     for point, mount in observed.items():
@@ -365,6 +371,9 @@ def mount_table_problems(
                 problems.append(f"{point} is not mounted with {shown}, as the plan says")
             problems += _flag_problems(point, mount, devices_allowed=what == "devpts")
             continue
+        if _is_bwrap_own(point, mount, made_by_bwrap, observed, devices, ptys):
+            problems += _flag_problems(point, mount, devices_allowed=point not in proc_covers)
+            continue
         carried = _host_path_below_bind(point, binds)
         if carried is not None:
             if host is None:
@@ -377,23 +386,7 @@ def mount_table_problems(
                         f"carries in: a {mount.fstype} mount ({mount.mode}) of {mount.root}"
                     )
                 continue
-        for made, kind in made_by_bwrap.items():
-            name = inside(point, made)
-            if name is None:
-                continue
-            if kind is Kind.DEV and name in _BWRAP_DEVICES:
-                devices[point] = f"/dev/{name}"  # the host's, as bwrap binds it: looked at below
-                problems += _flag_problems(point, mount, devices_allowed=True)
-                break
-            if kind is Kind.DEV and name == "pts" and mount.fstype == "devpts":
-                ptys.append(point)
-                problems += _flag_problems(point, mount, devices_allowed=True)
-                break
-            if kind is Kind.PROC and _is_proc_cover(name, mount, observed.get(made)):
-                problems += _flag_problems(point, mount, devices_allowed=False)
-                break
-        else:
-            problems.append(f"{point} is mounted, and no plan entry accounts for it")
+        problems.append(f"{point} is mounted, and no plan entry accounts for it")
     problems += [
         f"{point} is not mounted, though the plan sets it up"
         for point in expected
@@ -410,6 +403,32 @@ def mount_table_problems(
 # each bound onto itself, where the sandbox's account could write them.
 _BWRAP_DEVICES: Final = frozenset({"null", "zero", "full", "random", "urandom", "tty"})
 _BWRAP_PROC_COVERS: Final = frozenset({"sys", "sysrq-trigger", "irq", "bus"})
+
+
+def _is_bwrap_own(
+    point: str,
+    mount: Mount,
+    made_by_bwrap: Mapping[str, Kind],
+    observed: Mapping[str, Mount],
+    devices: dict[str, str],
+    ptys: list[str],
+) -> bool:
+    """Whether mount, at point, is one bwrap makes of its own accord inside a new /dev or
+    /proc (made_by_bwrap: where, and which); a device is added to devices, a devpts to ptys,
+    to be looked at through the sandbox's root."""
+    for made, kind in made_by_bwrap.items():
+        name = inside(point, made)
+        if name is None:
+            continue
+        if kind is Kind.DEV and name in _BWRAP_DEVICES:
+            devices[point] = f"/dev/{name}"  # the host's, as bwrap binds it
+            return True
+        if kind is Kind.DEV and name == "pts" and mount.fstype == "devpts":
+            ptys.append(point)
+            return True
+        if kind is Kind.PROC and _is_proc_cover(name, mount, observed.get(made)):
+            return True
+    return False
 
 
 def _is_proc_cover(name: str, mount: Mount, proc: Mount | None) -> bool:
