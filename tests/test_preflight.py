@@ -45,6 +45,19 @@ def _passing_on(sed_program: str) -> str:
         exec {REAL_BWRAP} --args $fd "$@" """
 
 
+def _lying_past_the_canary(sed_program: str) -> str:
+    """As _passing_on, but options that hold the canary's world (a directory named
+    nsconfine-canary-…) are passed on unchanged: bwrap's proof is an honest one, and only the
+    checks of each launch stand between the lie and the command."""
+    return f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        fd=$2; shift 2; kept=$(mktemp)
+        if grep -qa nsconfine-canary- /proc/self/fd/$fd; then cat; else sed -z '{sed_program}'
+        fi < /proc/self/fd/$fd > $kept
+        eval "exec $fd< $kept"; rm $kept
+        exec {REAL_BWRAP} --args $fd "$@" """
+
+
 FAKES = {
     # Fails like a host with user namespaces switched off, but answers --help like bwrap.
     "failing": f"""
@@ -114,6 +127,13 @@ FAKES = {
     "exposing-in-proc": _passing_on(r"/^--proc$/{n;s#$#\x00--ro-bind\x00/\x00/proc/tty#}"),
     # The same without --new-session: the sandbox in the caller's session and terminal.
     "in-the-callers-session": _passing_on("/^--new-session$/d"),
+    # The same without a network or a pid namespace of its own: the command on the host's
+    # network (its loopback services), or among the host's processes. Honest to the canary (it
+    # would see the host's processes), so that each launch's own check must refuse it. (No
+    # such fake for IPC: a launch's reaper makes that namespace, and bwrap is given no
+    # --unshare-ipc to leave out.)
+    "on-the-hosts-network": _lying_past_the_canary("/^--unshare-net$/d"),
+    "among-the-hosts-processes": _lying_past_the_canary("/^--unshare-pid$/d"),
     # An old bwrap without the options nsconfine needs.
     "old": """
         echo 'usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]'
@@ -139,6 +159,8 @@ EXPECTED_REASONS = {
     "exposing-in-dev": "/dev/host is mounted, and no plan entry accounts for it",
     "exposing-in-proc": "/proc/tty is mounted, and no plan entry accounts for it",
     "in-the-callers-session": "session of its own",
+    "on-the-hosts-network": "left the sandbox in the launcher's net namespace",
+    "among-the-hosts-processes": "left the sandbox in the launcher's pid namespace",
     "broken": "does not run",
 }
 
@@ -173,12 +195,20 @@ def test_a_bad_bwrap_is_refused_and_runs_nothing(
     """Launching with a failing, unconfining, exposing, swapping, lying, old or broken bwrap, or
     one that leaves out the seccomp filter or the session of its own (a command in the
     caller's session could type into its terminal with TIOCSTI), refuses with
-    sandbox-unavailable and a reason, and the command never runs."""
+    sandbox-unavailable and a reason, and the command never runs. So does one that leaves out
+    the network or pid namespace while it passes the canary's options on unchanged: each
+    launch's own check refuses it, not the proof (mutation pass, stop 35: these were shown
+    failing with check_init's namespace comparison made never to refuse; the command ran, but
+    for the pid fake, which the shim's check then refused for another reason)."""
+    if name == "on-the-hosts-network":
+        assert plan.network == "none"  # a network of its own, which the fake leaves out
     monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, name)))
     with pytest.raises(nsconfine.SandboxUnavailable) as refused:
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()
     assert refused.value.code == "sandbox-unavailable"
     assert EXPECTED_REASONS[name] in refused.value.message
+    if "nsconfine-canary-" in (FAKES[name] or ""):  # honest to the canary: refused at launch
+        assert "canary" not in refused.value.message, refused.value.message
     assert not trace_file.exists()
 
 
