@@ -134,6 +134,10 @@ FAKES = {
     # --unshare-ipc to leave out.)
     "on-the-hosts-network": _lying_past_the_canary("/^--unshare-net$/d"),
     "among-the-hosts-processes": _lying_past_the_canary("/^--unshare-pid$/d"),
+    # The same with every read-only bind made writable (--bind-fd for --ro-bind-fd): /usr and
+    # the workspace's protected files too. Honest to the canary, which writes into a read-only
+    # bind to prove it.
+    "writable-binding": _lying_past_the_canary("s/^--ro-bind-fd$/--bind-fd/"),
     # An old bwrap without the options nsconfine needs.
     "old": """
         echo 'usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]'
@@ -161,6 +165,7 @@ EXPECTED_REASONS = {
     "in-the-callers-session": "session of its own",
     "on-the-hosts-network": "left the sandbox in the launcher's net namespace",
     "among-the-hosts-processes": "left the sandbox in the launcher's pid namespace",
+    "writable-binding": "/usr is mounted rw, the plan says ro",
     "broken": "does not run",
 }
 
@@ -196,10 +201,12 @@ def test_a_bad_bwrap_is_refused_and_runs_nothing(
     one that leaves out the seccomp filter or the session of its own (a command in the
     caller's session could type into its terminal with TIOCSTI), refuses with
     sandbox-unavailable and a reason, and the command never runs. So does one that leaves out
-    the network or pid namespace while it passes the canary's options on unchanged: each
-    launch's own check refuses it, not the proof (mutation pass, stop 35: these were shown
-    failing with check_init's namespace comparison made never to refuse; the command ran, but
-    for the pid fake, which the shim's check then refused for another reason)."""
+    the network or pid namespace, or binds writable what the plan binds read-only, while it
+    passes the canary's options on unchanged: each launch's own check refuses it, not the
+    proof (mutation pass, stop 35: these were shown failing with check_init's namespace
+    comparison, and then mount_table_problems' mode comparison, made never to refuse; the
+    command ran, but for the pid fake, which the shim's check then refused for another
+    reason)."""
     if name == "on-the-hosts-network":
         assert plan.network == "none"  # a network of its own, which the fake leaves out
     monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, name)))
