@@ -8,6 +8,7 @@ and `nsconfine check` say so, and prove bwrap whatever the launcher's own enviro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -26,7 +27,9 @@ from helpers import (
 import nsconfine
 import nsconfine._launch.programs
 from nsconfine._kernel.mountinfo import parse_mountinfo, read_mountinfo
+from nsconfine._plan.model import Kind
 from nsconfine._preflight.checks import find_bwrap
+from nsconfine._text import within
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -240,6 +243,41 @@ def test_a_bwrap_that_mounts_over_a_host_mount_a_bind_carries_is_refused(
     with pytest.raises(nsconfine.SandboxUnavailable) as refused:
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {trace_file}"]).wait()
     assert f"{carried[0]} is not the host's mount there" in refused.value.message
+    assert not trace_file.exists()
+
+
+def test_a_bwrap_that_shows_a_masked_directory_in_place_of_its_mask_is_refused(
+    tmp_path: Path, ws_run: tuple[Path, Path], trace_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A masked directory is covered by a tmpfs of no size (it is remounted read-only): the
+    mount check can tell it only by its type. A bwrap that binds the masked directory itself
+    there instead, its secrets in view (read-only, as the plan's cover is; honest to the
+    canary, which masks nothing), is refused: the mount is the host's file system's, not a
+    tmpfs. Mutation pass, stop 35: shown failing (the command read the secret) with
+    mount_table_problems' fstype comparison skipped."""
+    secrets = ws_run[0] / "secrets"
+    secrets.mkdir()
+    (secrets / "token").write_text("API_TOKEN=sk-masked\n")
+    give_to_session_user(secrets)
+    plan = session(*ws_run, mask=[secrets]).plan()
+    (cover,) = [e for e in plan.entries if e.dest == str(secrets) and e.kind is Kind.TMPFS]
+    assert cover.capacity is None  # unsized: nothing but its type tells it from the host's
+    host = parse_mountinfo(read_mountinfo("self"))
+    fstype = host[max((p for p in host if within(str(secrets), p)), key=len)].fstype
+    if fstype == "tmpfs":  # found by this test: the mount's root and device would tell
+        pytest.xfail(f"{secrets} is on a tmpfs, as the mask's cover is: its type tells nothing")
+    reading = ["/bin/sh", "-c", f"cat {secrets}/token > {trace_file} 2>/dev/null; true"]
+    assert nsconfine.spawn(plan, reading).wait() == 0  # the control: an honest bwrap
+    assert trace_file.read_text() == ""  # the mask holds: no token there
+    trace_file.unlink()
+    dest = re.sub(r"([.*\[\]^$\\])", r"\\\1", str(secrets))  # as a sed regular expression
+    unmasking = _lying_past_the_canary(
+        rf"/^--tmpfs$/{{N;s#^--tmpfs\x00{dest}$#--bind\x00{secrets}\x00{secrets}#}}"
+    )
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, "unmasking", unmasking)))
+    with pytest.raises(nsconfine.SandboxUnavailable) as refused:
+        nsconfine.spawn(plan, reading).wait()
+    assert f"{secrets} is a {fstype} mount, the plan's is a tmpfs" in refused.value.message
     assert not trace_file.exists()
 
 
