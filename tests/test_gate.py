@@ -144,6 +144,21 @@ def test_a_session_group_of_gid_0_is_refused_at_the_gate(ws_run: tuple[Path, Pat
     assert not marker.exists()
 
 
+def test_a_plan_made_to_run_as_uid_0_is_refused_at_the_gate(
+    ws_run: tuple[Path, Path], trace_file: Path
+) -> None:
+    """A plan whose account is uid 0, made past Session (whose run_as never gives one), is
+    refused by the gate itself, saying the session would hold host uid 0, before bwrap runs.
+    Mutation pass, stop 35: with the gate's uid-0 check dropped, a root launcher's launch was
+    refused only later, by accident (the reaper cannot map uid 0), and an unprivileged one's
+    as a usage error for another account, neither naming uid 0."""
+    plan = session(*ws_run).plan()
+    rooted = plan.replace(user=RunAs(plan.user.name, 0, plan.user.gid))
+    with pytest.raises(nsconfine.SandboxUnavailable, match="would hold host uid 0"):
+        nsconfine.spawn(rooted, ["/bin/sh", "-c", f"touch {trace_file}"])
+    assert not trace_file.exists()
+
+
 # Ways a launcher comes to ignore SIGCHLD: through Python, or behind its back (C code, which
 # signal.getsignal cannot see).
 IGNORE_SIGCHLD = {
