@@ -191,3 +191,22 @@ def test_the_session_sees_the_nested_directory_read_only(ws_run: tuple[Path, Pat
     )
     assert "WROTE-PROTECTED" not in output, output
     assert "WROTE-WORKSPACE" in output, output
+
+
+def test_a_kept_plan_whose_workspace_became_a_symlink_is_refused(tmp_path: Path) -> None:
+    """A plan is kept (a broker's, a Pool's template) while its workspace is renamed away and a
+    symlink to another directory put in its place (by whoever can write the workspace's
+    parent: a session given it, or the next workspace's owner): launching the kept plan is
+    refused by the lint, naming the symlink, and nothing lands in the other directory (bwrap
+    would bind what the link leads to, writable). Mutation pass, stop 35: shown failing (the
+    command wrote into the other directory) with lint's _refuse_symlinks_in_writable call
+    dropped."""
+    workspace, run_dir, other = session_dirs(tmp_path, "ws", "run", "other")
+    plan = session(workspace, run_dir).plan()
+    assert nsconfine.spawn(plan, ["/bin/true"]).wait() == 0  # the control: as it was planned
+    workspace.rename(tmp_path / "ws-away")
+    workspace.symlink_to(other)
+    with pytest.raises(nsconfine.PlanError, match="is a symlink") as refused:
+        nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {workspace}/landed"]).wait()
+    assert str(workspace) in refused.value.message
+    assert sorted(other.iterdir()) == []
