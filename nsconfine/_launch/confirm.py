@@ -343,6 +343,12 @@ def mount_table_problems(
     binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
     devices: dict[str, str] = {}  # bwrap's binds of the host's devices: point -> host path
     ptys = [e.dest for e in plan.entries if e.kind is Kind.DEVPTS]  # each: not the host's
+    # Each a file system of its own, seen from its top; and those whose size cannot tell one
+    # the host has from a new one (a mask's cover), looked for among the host's
+    new_file_systems = {
+        e.dest for e in plan.entries if e.kind in (Kind.TMPFS, Kind.DEV, Kind.PROC, Kind.DEVPTS)
+    }
+    unsized_tmpfs = {e.dest for e in plan.entries if e.kind is Kind.TMPFS and e.capacity is None}
     proc_covers = {
         f"{made.rstrip('/')}/{name}"
         for made, kind in made_by_bwrap.items()
@@ -369,6 +375,13 @@ def mount_table_problems(
             elif not mount.options.issuperset(options):
                 shown = ", ".join(options)
                 problems.append(f"{point} is not mounted with {shown}, as the plan says")
+            elif point in new_file_systems and mount.root != "/":
+                problems.append(f"{point} shows {mount.root} of a {what}, not a new {what}")
+            elif point in unsized_tmpfs:
+                if host is None:
+                    host = parse_mountinfo(host_mountinfo or read_mountinfo("self"))
+                if any(mount.device == theirs.device for theirs in host.values()):
+                    problems.append(f"{point} is a tmpfs the host has, not a new one")
             problems += _flag_problems(point, mount, devices_allowed=what == "devpts")
             continue
         if _is_bwrap_own(point, mount, made_by_bwrap, observed, devices, ptys):
