@@ -639,3 +639,47 @@ def test_a_refused_argv_leaves_nothing_staged(ws_run: tuple[Path, Path]) -> None
             with pytest.raises(nsconfine.UsageError, match="environment variable 'A'"):
                 pool.launch(["/bin/true"], env={"A": "\ud800"})
         assert len(open_fds()) <= len(before) + 1
+
+
+def _alive_of(pids: list[int]) -> list[int]:
+    """Those of pids still running (a zombie has ended: it only waits for its parent)."""
+    return [pid for pid in pids if _running(pid)]
+
+
+@pytest.mark.parametrize("killed", ["reaper", "outer bwrap"])
+def test_sigkill_of_the_reaper_or_of_bwrap_alone_ends_the_session(
+    plan: nsconfine.Plan, killed: str
+) -> None:
+    """SIGKILL of the reaper only (its handlers never run: what ends bwrap is its parent-death
+    signal), or of the outer bwrap only (the reaper sees it end): the sandbox's init and the
+    command (`sleep 4242.<12 random digits>`) end too, within a generous poll, and no process
+    of the session is left. Mutation pass, stop 35: with `--die-with-parent` dropped from
+    PROCESS_OPTIONS, SIGKILL of the reaper left the sandbox's init and `sleep 4242` running,
+    orphaned, for good; the `reaper` case fails on that mutation. The `outer bwrap` case is
+    held twice (the reaper's sweep kills what bwrap left, and --die-with-parent): it failed
+    only with both the flag and the sweep after bwrap's end (csrc/reaper.c) dropped."""
+    import psutil
+
+    # (sleeper()'s marker is gone once its shell execs sleep: this one is sleep's own argument)
+    marker = f"4242.{random.randrange(10**11, 10**12)}"
+    sandbox = nsconfine.spawn(plan, ["sleep", marker])
+    try:
+        bwraps = psutil.Process(sandbox.pid).children()
+        assert len(bwraps) == 1, bwraps
+        outer_bwrap = bwraps[0].pid
+        assert psutil.Process(sandbox.child_pid).ppid() == outer_bwrap
+        session = [sandbox.pid, outer_bwrap, sandbox.child_pid, sandbox.command_pid]
+        deadline = time.monotonic() + 10  # (the shim execs the command once it is confirmed)
+        while sandbox.command_pid not in pids_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pids_with(marker) == [sandbox.command_pid]
+        os.kill(sandbox.pid if killed == "reaper" else outer_bwrap, 9)
+        deadline = time.monotonic() + 10
+        while (_alive_of(session) or pids_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = sorted({*_alive_of(session), *pids_with(marker)})
+    finally:
+        kill_all(pids_with(marker))
+        sandbox.kill()
+        sandbox.wait(timeout=60)
+    assert left == [], f"after SIGKILL of the {killed}, {left} of the session still run"
