@@ -62,6 +62,10 @@ PROTECTED_FILES = [
     ".zlogin",
     ".zlogout",
     ".hg/hgrc",
+    # (mutation pass, stop 35: .gemini and .zed were never tried; in a directory the project
+    # already has, as in none)
+    ".gemini/settings.json",
+    ".zed/tasks.json",
 ]
 PROTECTED_DIRS = [
     ".git/hooks",
@@ -72,6 +76,9 @@ PROTECTED_DIRS = [
     ".claude/hooks",
     ".claude/skills",
     ".codex",
+    ".cursor",
+    ".gemini",
+    ".zed",
 ]
 
 
@@ -107,9 +114,10 @@ def test_protected_paths_cannot_be_written_or_created(
     """Each protected path, existing or not, at the top and in a nested repository, can be
     neither written, created, removed nor replaced. (Mercurial's, as git's, where its
     directory is: made here; Claude Code's where a project has its own .claude, whose other
-    files the session writes: made here too. Without one, a read-only .claude is made.)"""
+    files the session writes: made here too. Without one, a read-only .claude is made.
+    Gemini CLI's and Zed's: in a .gemini or .zed made here, and where there is none.)"""
     workspace = repo[0]
-    if relative.startswith((".hg/", ".claude/")):
+    if relative.startswith((".hg/", ".claude/", ".gemini/", ".zed/")):
         for base in (workspace, workspace / "vendor" / "lib"):
             (base / relative.split("/")[0]).mkdir()
         give_to_session_user(workspace)
