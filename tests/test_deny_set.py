@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -413,6 +414,80 @@ def test_every_plan_denies_the_hosts_root_daemons(ws_run: tuple[Path, Path], pat
     deny = session(*ws_run).plan().deny
     judge = _lint.Judge(deny)
     assert judge.violated(path) is not None
+
+
+# Written out, not read from the lint's own tables: a test parametrized over the constant the
+# code uses loses its case with the entry (mutation pass, stop 35: dropping any of these from
+# nsconfine/_policy/lint.py failed no test).
+NAMED_SECRETS = [
+    "~/.aws",
+    "~/.vault-token",
+    "/etc/gshadow",
+    "/etc/ssl/private",
+    "$XDG_RUNTIME_DIR/keyring",
+    "$XDG_RUNTIME_DIR/systemd",
+    "$SSH_AUTH_SOCK",
+]
+
+
+@pytest.mark.parametrize("named", NAMED_SECRETS)
+def test_each_named_secret_is_refused_as_a_bind_source(
+    ws_run: tuple[Path, Path], standin_home: Path, tmp_path: Path, named: str
+) -> None:
+    """AWS keys and a Vault token in a (stand-in) home, the host's group password hashes and
+    TLS private keys, the desktop keyring's and systemd's user manager's sockets in a (stand-in)
+    runtime directory, and the ssh-agent $SSH_AUTH_SOCK names (a socket in /tmp/ssh-XXXX,
+    connectable by the session's account, offered as the tool socket): each is refused, by the
+    rule that names it (the host's two, which no session's account may read here and so are
+    refused for that first, by the plan's own rules). The twin: a file beside each in the same
+    home or runtime directory, or /etc/hostname, is allowed, and the agent's socket is bound
+    when $SSH_AUTH_SOCK names none. Shown failing with each entry dropped from lint.py's
+    tables (mutation pass, stop 35)."""
+    import socket
+    import tempfile
+
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    environ = {"HOME": str(standin_home), "XDG_RUNTIME_DIR": str(runtime)}
+    agent_dir = Path(tempfile.mkdtemp(prefix="ssh-", dir="/tmp"))
+    agent = socket.socket(socket.AF_UNIX)
+    try:
+        if named == "$SSH_AUTH_SOCK":
+            denied = agent_dir / "agent.1"
+            agent.bind(str(denied))
+            denied.chmod(0o777)  # connectable by the session's account: only the rule refuses
+            open_up(agent_dir)
+            environ["SSH_AUTH_SOCK"] = str(denied)
+            message = refusal(ws_run, environ, tool_socket=denied)
+            del environ["SSH_AUTH_SOCK"]
+            allowed = checked_plan(ws_run, environ, tool_socket=denied)
+            assert str(denied) in {e.source for e in allowed.entries}
+        elif named.startswith("/"):
+            # (No account a session runs as here may read these: a bind of one is refused for
+            # that first, whatever the deny set holds; so the plan's own rules judge the path.)
+            denied = Path(named)
+            judge = _lint.Judge(checked_plan(ws_run, environ).deny)
+            found = judge.violated(named)
+            message = f"{found[1]} {found[0].path} " if found else f"no rule denies {named}"
+            assert judge.violated("/etc/hostname") is None
+        else:
+            base, relative = named.split("/", 1)
+            root = standin_home if base == "~" else runtime
+            denied = root / relative
+            if relative == ".vault-token":  # a store that is a file
+                denied.write_text("hvs.secret\n")
+            else:  # a store, or a runtime directory's sockets: a directory
+                denied.mkdir()
+                (denied / "credentials").write_text("[default]\n")
+            beside = root / f"{relative}-notes"
+            beside.write_text("nothing secret\n")
+            message = refusal(ws_run, environ, ro=[denied])
+            allowed = checked_plan(ws_run, environ, ro=[beside])
+            assert str(beside) in {e.source for e in allowed.entries}
+    finally:
+        agent.close()
+        shutil.rmtree(agent_dir)
+    assert f"is or contains {denied} " in message, message
 
 
 # ------------------------------------------------------------------ output and limits
