@@ -103,6 +103,20 @@ def without(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
     return switch_off
 
 
+@pytest.fixture(params=["openat2", "forced-walk"])
+def open_walk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How a path is opened with no symlink followed (open_no_symlinks: bind sources, runner
+    files' directories): openat2's RESOLVE_NO_SYMLINKS, or, forced, the fallback walk of one
+    O_NOFOLLOW openat per component that runs where openat2 is refused (a kernel before 5.6,
+    a seccomp filter answering EPERM). Mutation pass, stop 35: no test forced the walk. (The
+    swap tests it reruns swap a directory on the way, which the walk refuses with ENOTDIR even
+    without its S_ISLNK check; test_native's symlink test is the one that fails then.)"""
+    from nsconfine._kernel import syscalls as _syscalls
+
+    monkeypatch.setattr(_syscalls, "FORCE_WALK", request.param == "forced-walk")
+    return str(request.param)
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     """A stand-in host (selftest's world: a home with secrets, a data root, a checkout, another

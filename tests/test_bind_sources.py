@@ -30,10 +30,12 @@ from nsconfine._selftest.world import World
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 
+@pytest.mark.usefixtures("open_walk")
 def test_a_concurrent_swapper_cannot_redirect_a_read_only_bind(tmp_path: Path) -> None:
     """While a host process swaps the workspace's lib/ for a symlink to elsewhere, every
     launch either is refused or shows lib/config.py read-only with its real content: nothing
-    is bound read-write that the manifest says is ro, and no secret is read."""
+    is bound read-write that the manifest says is ro, and no secret is read. With the source
+    opened by openat2, and by the fallback walk, forced."""
     workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
     lib = workspace / "lib"
     lib.mkdir()

@@ -32,9 +32,11 @@ import nsconfine
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
 
+@pytest.mark.usefixtures("open_walk")
 def test_a_runner_directory_swapped_while_plans_are_built_is_refused(tmp_path: Path) -> None:
     """While a host process swaps the directory of a runner file for a symlink and back,
-    every plan is built or refused (PlanError naming a path), never an OSError."""
+    every plan is built or refused (PlanError naming a path), never an OSError; with paths
+    opened by openat2, and by the fallback walk, forced."""
     workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "elsewhere")
     lib = tmp_path / "checkout" / "lib"
     lib.mkdir(parents=True)

@@ -362,3 +362,39 @@ def test_linked_files_finds_more_paths_than_its_first_buffer_holds(tmp_path: Pat
         os.link(top / name, elsewhere / name)
     found, _ = linked_files(str(top), 1, 5000)
     assert sorted(path for _, _, path in found) == sorted(str(p) for p in top.iterdir())
+
+
+@pytest.mark.parametrize("where", ["last", "middle", "last, to a directory", "first"])
+def test_open_no_symlinks_refuses_a_symlink_at_any_component(
+    tmp_path: Path, open_walk: str, where: str
+) -> None:
+    """A path with a symlink on it (as its last component, to a file or a directory, or on
+    its way) is refused with ELOOP, whether openat2 or the fallback walk opens it: a bind
+    source is handed over as exactly the file the lint judged, never what a symlink swapped
+    in since leads to. The twin: the real path opens, as the file it names. Mutation pass,
+    stop 35: with the walk's S_ISLNK check dropped (csrc/nsconfine.c, open_by_walk), the
+    forced-walk cases failed (the last component's symlink opened; one on the way refused
+    with ENOTDIR, not ELOOP)."""
+    from nsconfine._kernel.syscalls import open_no_symlinks
+
+    real = tmp_path / "real"
+    (real / "lib").mkdir(parents=True)
+    (real / "lib" / "config.py").write_text("real\n")
+    (tmp_path / "secret").write_text("secret\n")
+    (tmp_path / "link-dir").symlink_to(real)
+    (real / "lib" / "link").symlink_to(tmp_path / "secret")
+    (real / "lib" / "dir-link").symlink_to(real)
+    path = {
+        "last": real / "lib" / "link",
+        "middle": tmp_path / "link-dir" / "lib" / "config.py",
+        "last, to a directory": real / "lib" / "dir-link",
+        "first": tmp_path / "link-dir",
+    }[where]
+    with pytest.raises(SyscallError, match=r"open \(no symlinks\)") as refused:
+        os.close(open_no_symlinks(str(path)))
+    assert refused.value.errno == errno.ELOOP, refused.value
+    fd = open_no_symlinks(str(real / "lib" / "config.py"))
+    try:
+        assert os.path.samestat(os.fstat(fd), (real / "lib" / "config.py").stat())
+    finally:
+        os.close(fd)
