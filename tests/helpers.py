@@ -145,8 +145,10 @@ def wait_until_gone(marker: str, timeout: float = 60.0) -> list[int]:
 
 
 def sleeper(marker: str) -> list[str]:
-    """A command that sleeps 10 minutes with marker in its command line (for pids_with)."""
-    return ["/bin/sh", "-c", f"exec sleep 600 # {marker}"]
+    """A command that sleeps 10 minutes with marker in its command line (for pids_with): in
+    sleep's own, as its argv[0], so that it is there once the shell has exec'd sleep (a
+    comment in the shell's script was gone from it then, and pids_with found nothing)."""
+    return ["/bin/bash", "-c", f'exec -a "sleep {marker}" sleep 600']
 
 
 def ended_session_output(read_end: int, marker: str, attempt: object = "") -> bytes:
