@@ -343,20 +343,18 @@ def mount_table_problems(
     binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
     devices: dict[str, str] = {}  # bwrap's binds of the host's devices: point -> host path
     ptys = [e.dest for e in plan.entries if e.kind is Kind.DEVPTS]  # each: not the host's
-    # Each a file system of its own, seen from its top; and those whose size cannot tell one
-    # the host has from a new one (a mask's cover), looked for among the host's
-    new_file_systems = {
-        e.dest for e in plan.entries if e.kind in (Kind.TMPFS, Kind.DEV, Kind.PROC, Kind.DEVPTS)
-    }
-    unsized_tmpfs = {e.dest for e in plan.entries if e.kind is Kind.TMPFS and e.capacity is None}
     proc_covers = {
         f"{made.rstrip('/')}/{name}"
         for made, kind in made_by_bwrap.items()
         if kind is Kind.PROC
         for name in _BWRAP_PROC_COVERS
     }
+    # The entries that make a file system of their own (seen from its top)
+    new_file_systems = {
+        e.dest: e for e in plan.entries if e.kind in (Kind.TMPFS, Kind.DEV, Kind.PROC, Kind.DEVPTS)
+    }
+    host = _HostTable(host_mountinfo)
     problems = []
-    host: dict[str, Mount] | None = None
     for point, mount in observed.items():
         want = expected.get(point)
         if tree.mount_seen_at(point) != mount.mount_id:
@@ -365,41 +363,12 @@ def mount_table_problems(
             # what the plan set up.
             if want is not None:
                 problems.append(f"{point} is hidden under another mount")
-            continue
-        if want is not None:
-            mode, what, options = want
-            if mount.mode != mode:
-                problems.append(f"{point} is mounted {mount.mode}, the plan says {mode}")
-            if what != "bind" and mount.fstype != what:
-                problems.append(f"{point} is a {mount.fstype} mount, the plan's is a {what}")
-            elif not mount.options.issuperset(options):
-                shown = ", ".join(options)
-                problems.append(f"{point} is not mounted with {shown}, as the plan says")
-            elif point in new_file_systems and mount.root != "/":
-                problems.append(f"{point} shows {mount.root} of a {what}, not a new {what}")
-            elif point in unsized_tmpfs:
-                if host is None:
-                    host = parse_mountinfo(host_mountinfo or read_mountinfo("self"))
-                if any(mount.device == theirs.device for theirs in host.values()):
-                    problems.append(f"{point} is a tmpfs the host has, not a new one")
-            problems += _flag_problems(point, mount, devices_allowed=what == "devpts")
-            continue
-        if _is_bwrap_own(point, mount, made_by_bwrap, observed, devices, ptys):
+        elif want is not None:
+            problems += _planned_problems(point, mount, want, new_file_systems.get(point), host)
+        elif _is_bwrap_own(point, mount, made_by_bwrap, observed, devices, ptys):
             problems += _flag_problems(point, mount, devices_allowed=point not in proc_covers)
-            continue
-        carried = _host_path_below_bind(point, binds)
-        if carried is not None:
-            if host is None:
-                host = parse_mountinfo(host_mountinfo or read_mountinfo("self"))
-            host_path, bound = carried
-            if host_path in host:
-                if not _is_carried(mount, host[host_path], read_only=expected[bound][0] == "ro"):
-                    problems.append(
-                        f"{point} is not the host's mount there, which the bind of {bound} "
-                        f"carries in: a {mount.fstype} mount ({mount.mode}) of {mount.root}"
-                    )
-                continue
-        problems.append(f"{point} is mounted, and no plan entry accounts for it")
+        else:
+            problems += _carried_problems(point, mount, binds, expected, host)
     problems += [
         f"{point} is not mounted, though the plan sets it up"
         for point in expected
@@ -408,6 +377,72 @@ def mount_table_problems(
     if root is not None:
         problems += _shown_problems(root, binds, sources, devices, ptys)
     return problems
+
+
+class _HostTable:
+    """The launcher's own mount table (text, or read from /proc/self/mountinfo), parsed at
+    the first need: most launches have none."""
+
+    def __init__(self, text: str | None) -> None:
+        self._text = text
+        self._mounts: dict[str, Mount] | None = None
+
+    def mounts(self) -> dict[str, Mount]:
+        if self._mounts is None:
+            self._mounts = parse_mountinfo(self._text or read_mountinfo("self"))
+        return self._mounts
+
+
+def _planned_problems(
+    point: str,
+    mount: Mount,
+    want: tuple[str, str, tuple[str, ...]],
+    new: Entry | None,
+    host: _HostTable,
+) -> list[str]:
+    """What the mount at point, one the plan sets up (want: its mode, type and options; new:
+    its entry, if it makes a file system of its own), shows otherwise."""
+    mode, what, options = want
+    problems = []
+    if mount.mode != mode:
+        problems.append(f"{point} is mounted {mount.mode}, the plan says {mode}")
+    if what != "bind" and mount.fstype != what:
+        problems.append(f"{point} is a {mount.fstype} mount, the plan's is a {what}")
+    elif not mount.options.issuperset(options):
+        problems.append(f"{point} is not mounted with {', '.join(options)}, as the plan says")
+    elif new is not None and mount.root != "/":  # a new one is seen from its top
+        problems.append(f"{point} shows {mount.root} of a {what}, not a new {what}")
+    elif (
+        new is not None
+        and new.kind is Kind.TMPFS
+        and new.capacity is None  # a mask's cover: no size tells a new one from the host's
+        and any(mount.device == theirs.device for theirs in host.mounts().values())
+    ):
+        problems.append(f"{point} is a tmpfs the host has, not a new one")
+    return problems + _flag_problems(point, mount, devices_allowed=what == "devpts")
+
+
+def _carried_problems(
+    point: str,
+    mount: Mount,
+    binds: Mapping[str, str],
+    expected: Mapping[str, tuple[str, str, tuple[str, ...]]],
+    host: _HostTable,
+) -> list[str]:
+    """What the mount at point, which no plan entry sets up, shows otherwise than a host mount
+    a bind carries in (empty if it is one)."""
+    carried = _host_path_below_bind(point, binds)
+    if carried is not None:
+        host_path, bound = carried
+        theirs = host.mounts().get(host_path)
+        if theirs is not None:
+            if _is_carried(mount, theirs, read_only=expected[bound][0] == "ro"):
+                return []
+            return [
+                f"{point} is not the host's mount there, which the bind of {bound} carries "
+                f"in: a {mount.fstype} mount ({mount.mode}) of {mount.root}"
+            ]
+    return [f"{point} is mounted, and no plan entry accounts for it"]
 
 
 # What bwrap mounts inside a new /dev (--dev) of its own accord: each of these host devices,
@@ -457,11 +492,15 @@ def _is_proc_cover(name: str, mount: Mount, proc: Mount | None) -> bool:
     )
 
 
+_NOSUID: Final = frozenset({"nosuid"})
+_NOSUID_NODEV: Final = frozenset({"nosuid", "nodev"})
+
+
 def _flag_problems(point: str, mount: Mount, devices_allowed: bool) -> list[str]:
     """What a mount bwrap made misses of the flags it gives every mount: nosuid, and nodev but
     where devices are its point (its device binds, a devpts)."""
-    wanted = ("nosuid",) if devices_allowed else ("nosuid", "nodev")
-    return [f"{point} is not mounted {flag}" for flag in wanted if flag not in mount.flags]
+    missing = (_NOSUID if devices_allowed else _NOSUID_NODEV) - mount.flags
+    return [f"{point} is not mounted {flag}" for flag in sorted(missing)]
 
 
 def _is_carried(mount: Mount, host: Mount, read_only: bool) -> bool:
@@ -510,7 +549,7 @@ def _shown_problems(
     return problems
 
 
-def _host_path_below_bind(point: str, binds: dict[str, str]) -> tuple[str, str] | None:
+def _host_path_below_bind(point: str, binds: Mapping[str, str]) -> tuple[str, str] | None:
     """The host path that point shows, and the bind it lies below, if it lies below one."""
     best = ""
     for dest in binds:
