@@ -165,7 +165,6 @@ static int read_exact(int sock, void *buf, size_t len, int *fds, int *n_fds)
 }
 
 #define TIOCSCTTY_ 0x540e
-#define TIOCSTI_ 0x5412 /* the filter's probe (below) */
 #define TIOCSPTLCK_ 0x40045431
 #define TIOCGPTPEER_ 0x5441
 
@@ -384,15 +383,14 @@ int helper_main(int argc, char **argv, char **envp)
 
     /*
      * Built: the launcher waits for this before it checks the sandbox. 'R' also says that
-     * nsconfine's seccomp filter answers here: TIOCSTI refused with EPERM, as every filter it
-     * builds refuses it (its KERNEL rules), before the kernel finds that fd -1 is no file;
-     * 'U' that none does (EBADF). The kernel shows only that some filter is there, and a
-     * bwrap that loaded another filter than the one it was given must not pass for one that
-     * loaded it. (Not kcmp: Docker's filter, which a launcher may run under, refuses kcmp
-     * with EPERM itself, and a systemd SystemCallFilter= may kill it.)
+     * nsconfine's seccomp filter holds the shim: its probe request (NSC_SECCOMP_PROBE_REQUEST)
+     * refused with ENOTRECOVERABLE, as every filter nsconfine builds refuses it and nothing
+     * else does (the kernel says EBADF of fd -1); 'U' that it does not. The kernel shows only
+     * that some filter is there: a bwrap that loaded another than the one it was given, or
+     * none under a launcher's own (a container's), must not pass for one that loaded it.
      */
-    long probe = SYS3(__NR_ioctl, -1, TIOCSTI_, 0);
-    if (sys_write_all((int)sock, probe == -EPERM ? "R" : "U", 1) != 1)
+    long probe = SYS3(__NR_ioctl, -1, NSC_SECCOMP_PROBE_REQUEST, 0);
+    if (sys_write_all((int)sock, probe == -ENOTRECOVERABLE ? "R" : "U", 1) != 1)
         return 0;
     if (wait_readable((int)sock, timeout_ms) < 0)
         return 0;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -341,14 +342,15 @@ os.execv(sys.executable, [sys.executable, "-m", "nsconfine", "run", *sys.argv[1:
 """
 
 
-@pytest.mark.parametrize("bwrap", ["real", "unfiltered"])
+@pytest.mark.parametrize("bwrap", ["real", "unfiltered", "refiltered"])
 def test_a_launcher_under_a_filter_of_its_own_still_proves_bwrap_s(
     tmp_path: Path, ws_run: tuple[Path, Path], trace_file: Path, bwrap: str
 ) -> None:
     """A launcher that runs under a seccomp filter (a container's) passes it to bwrap and the
     session: the kernel shows a filter there, and one that refuses kcmp and TIOCSTI, with or
-    without bwrap's. A bwrap that left nsconfine's out is refused all the same (hostile review: the
-    launcher's own filter answered both checks); a real one runs."""
+    without bwrap's. A bwrap that left nsconfine's out, or swapped it for one that allows every
+    call, is refused all the same (hostile reviews: the launcher's own filter answered both
+    checks, when the shim's probe was kcmp, then TIOCSTI); a real one runs."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     if bwrap != "real":
         env["NSCONFINE_BWRAP"] = str(_fake(tmp_path, bwrap))
@@ -368,6 +370,21 @@ def test_a_launcher_under_a_filter_of_its_own_still_proves_bwrap_s(
         assert not trace_file.exists()
 
 
+def _run_among_mounts(
+    mounts: str, ws_run: tuple[Path, Path], *options: str, bwrap: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`nsconfine run` (with options, then `-- COMMAND…`) in a mount namespace of its own, once
+    the shell commands mounts have made the host mounts a test needs there (root only)."""
+    user = ["--user", SESSION_USER] if SESSION_USER else []
+    session_dirs = ["--workspace", str(ws_run[0]), "--run-dir", str(ws_run[1])]
+    launch = shlex.join([sys.executable, "-m", "nsconfine", "run", *user, *session_dirs, *options])
+    env = {**os.environ, **({"NSCONFINE_BWRAP": str(bwrap)} if bwrap else {})}
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-ec", f"{mounts}\n{launch}"],
+        capture_output=True, text=True, timeout=120, cwd="/", env=env, check=False,
+    )  # fmt: skip
+
+
 @pytest.mark.root  # it mounts, in a mount namespace of its own
 def test_a_host_mount_bwrap_cannot_reach_below_a_read_only_bind_is_no_refusal(
     tmp_path: Path, ws_run: tuple[Path, Path]
@@ -381,18 +398,86 @@ def test_a_host_mount_bwrap_cannot_reach_below_a_read_only_bind_is_no_refusal(
     open_up(tmp_path)
     tree.chmod(0o755)
     (tree / "private").chmod(0o700)  # root's: the session's account cannot search it
-    user = ["--user", SESSION_USER] if SESSION_USER else []
-    session_dirs = ["--workspace", str(ws_run[0]), "--run-dir", str(ws_run[1])]
-    launch = " ".join(
-        [sys.executable, "-m", "nsconfine", "run", *user, *session_dirs, "--ro", str(tree),
-         "--", "/bin/true"]
-    )  # fmt: skip
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c",
-         f"mount -t tmpfs -o size=1m tmpfs {tree}/private/mounted && {launch}"],
-        capture_output=True, text=True, timeout=120, cwd="/", check=False,
-    )  # fmt: skip
+    mounts = f"mount -t tmpfs -o size=1m tmpfs {tree}/private/mounted"
+    done = _run_among_mounts(mounts, ws_run, "--ro", str(tree), "--", "/bin/true")
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.root  # it mounts, in a mount namespace of its own
+def test_a_host_mount_a_bwrap_binds_again_writable_below_a_read_only_bind_is_refused(
+    tmp_path: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """A host mount below a read-only bind that the session can reach is carried in read-only,
+    nosuid and nodev. A bwrap that binds it again, writable and with its devices (--dev-bind),
+    is refused: the host's mount, but not as bwrap carries it (second hostile review: the
+    session wrote into the host's tmpfs and to a device node there)."""
+    tree = tmp_path / "tree"
+    (tree / "reachable").mkdir(parents=True)
+    open_up(tmp_path)
+    tree.chmod(0o755)
+    reachable = tree / "reachable"
+    mounts = f"mount -t tmpfs -o size=1m,mode=1777 tmpfs {reachable}"
+    command = ["--ro", str(tree), "--", "/bin/sh", "-c", f"echo written > {reachable}/note"]
+    honest = _run_among_mounts(mounts, ws_run, *command)
+    assert honest.returncode != 0, honest.stderr  # the control: read-only there
+    assert "Read-only file system" in honest.stderr, honest.stderr
+    rebinding = _lying_past_the_canary(rf"$s#$#\x00--dev-bind\x00{reachable}\x00{reachable}#")
+    fake = _fake(tmp_path, "rebinding", rebinding)
+    done = _run_among_mounts(mounts, ws_run, *command, bwrap=fake)
+    assert done.returncode == 69, done.stderr
+    assert f"{reachable} is not the host's mount there" in done.stderr, done.stderr
+
+
+@pytest.mark.root  # it mounts, in a mount namespace of its own
+def test_a_host_mount_moved_over_another_in_the_workspace_is_no_refusal(
+    tmp_path: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """A host mount moved (`mount --move`) over another one in the workspace is listed before
+    the one it covers, yet it is what the host's paths reach there, and what bwrap carries in:
+    the launch runs (second hostile review: the host's table was read by its last line at each
+    point, and every launch was refused)."""
+    moved, point = tmp_path / "moved", ws_run[0] / "mounted"
+    moved.mkdir()
+    point.mkdir()
+    give_to_session_user(point)
+    mounts = "\n".join(
+        [f"mount -t tmpfs -o size=1m tmpfs {moved}",
+         f"mount -t tmpfs -o size=2m tmpfs {point}",
+         f"mount --move {moved} {point}"]
+    )  # fmt: skip
+    done = _run_among_mounts(mounts, ws_run, "--", "/bin/true")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.root  # it mounts, in a mount namespace of its own
+def test_a_bwrap_that_shows_a_masked_file_in_place_of_its_mask_on_a_tmpfs_is_refused(
+    tmp_path: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """A masked file is covered by a file bwrap writes (--ro-bind-data: a file of the sandbox's
+    own root, named bindfile…). On a host whose workspace lies on a tmpfs, a bwrap that binds
+    the masked file itself there instead is a read-only tmpfs mount all the same, and is
+    refused: not the file the plan gives (second hostile review: the session read the
+    secret)."""
+    secret = ws_run[0] / ".env"
+    mounts = "\n".join(
+        [f"mount -t tmpfs -o size=1m,mode=0755 tmpfs {ws_run[0]}",
+         f"echo API_TOKEN=sk-masked > {secret}",
+         *([f"chown {SESSION_USER}: {ws_run[0]} {secret}"] if SESSION_USER else [])]
+    )  # fmt: skip
+    command = ["--mask", str(secret), "--", "/bin/cat", str(secret)]
+    honest = _run_among_mounts(mounts, ws_run, *command)
+    assert honest.returncode == 0, honest.stderr  # the control: the mask holds
+    assert "sk-masked" not in honest.stdout
+    dest = re.sub(r"([.*\[\]^$\\])", r"\\\1", str(secret))  # as a sed regular expression
+    unmasking = _lying_past_the_canary(
+        rf"/^--ro-bind-data$/{{N;N;s#^--ro-bind-data\x00[0-9]*\x00{dest}$#--ro-bind\x00{secret}\x00{secret}#}}"
+    )
+    done = _run_among_mounts(
+        mounts, ws_run, *command, bwrap=_fake(tmp_path, "unmasking-a-file", unmasking)
+    )
+    assert done.returncode == 69, done.stdout + done.stderr
+    assert f"{secret} is not the file the plan gives there" in done.stderr, done.stderr
+    assert "sk-masked" not in done.stdout
 
 
 def test_the_real_bwrap_runs_the_command(plan: nsconfine.Plan, trace_file: Path) -> None:

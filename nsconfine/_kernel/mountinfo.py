@@ -83,6 +83,7 @@ class MountTree:
         # id -> (mount point, device "major:minor", the mount's root inside its file system)
         self.mounts: dict[str, tuple[str, str, str]] = {}
         self.points: dict[str, Mount] = {}  # as parse_mountinfo's, from the same pass
+        self.by_id: dict[str, Mount] = {}
         self._attached: dict[tuple[str, str], str] = {}  # (parent id, point) -> id, the last
         parents: dict[str, str] = {}
         for line in text.split("\n"):  # as parse_mountinfo
@@ -94,7 +95,7 @@ class MountTree:
                 parents[fields[0]] = fields[1]
                 mount = _mount(fields)
                 if mount is not None:
-                    self.points[point] = mount
+                    self.points[point] = self.by_id[fields[0]] = mount
         # The root: the mount whose parent is not in the table (the namespace's, or above the
         # process's root), and then whatever is stacked on it.
         root = next(
@@ -124,6 +125,14 @@ class MountTree:
         for a table without a root mount."""
         mount = self.mount_seen_at(path)
         return None if mount is None else self.mounts[mount]
+
+    def mounted_at(self, point: str) -> Mount | None:
+        """The mount a path reaches at point, if one is mounted there (the topmost, even where
+        it was listed first: one moved there with `mount --move`)."""
+        mount = self.mount_seen_at(point)
+        if mount is None or self.mounts[mount][0] != point:
+            return None
+        return self.by_id.get(mount)
 
     def mount_seen_at(self, path: str) -> str | None:
         """The id of the mount an absolute, normalized path lies on; None for a table without

@@ -22,13 +22,15 @@ from __future__ import annotations
 import _socket as socket  # the C module socket.py wraps (see nsconfine/_launch/stage.py)
 import errno
 import os
+import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from nsconfine._errors import SandboxUnavailable
 from nsconfine._interrupts import WAIT_TICK_SECONDS, stop_if_interrupted
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.mountinfo import Mount, MountTree, parse_mountinfo, read_mountinfo
+from nsconfine._kernel.accounts import RunAs
+from nsconfine._kernel.mountinfo import Mount, MountTree, read_mountinfo
 from nsconfine._plan.limits import tmpfs_shape
 from nsconfine._plan.model import Entry, Kind, Plan
 from nsconfine._text import inside
@@ -209,21 +211,15 @@ def await_shim(sock: socket.socket, reaper_pidfd: int) -> tuple[int, bool]:
     raise SandboxUnavailable("the exec shim's message carried no sender: cannot check it")
 
 
-_own_filters: int | None = None
-
-
 def _own_seccomp_filters() -> int:
-    """How many seccomp filters the launcher runs under (a container's, a service's), read
-    once: every process it starts runs under them too. (A launcher that takes one more later
-    is compared with the fewer, which never refuses a sandbox that has its own.)"""
-    global _own_filters
-    if _own_filters is None:
-        _own_filters = 0
-        with open("/proc/self/status", "rb") as status_file:
-            for line in status_file:
-                if line.startswith(b"Seccomp_filters:"):
-                    _own_filters = int(line.split(b":", 1)[1])
-    return _own_filters
+    """How many seccomp filters the launching thread runs under (a container's, a service's):
+    every process it starts runs under them too. Read at each launch, from the thread's own
+    status (filters are a thread's, and a launcher may take one more at any time)."""
+    with open("/proc/thread-self/status", "rb") as status_file:
+        for line in status_file:
+            if line.startswith(b"Seccomp_filters:"):
+                return int(line.split(b":", 1)[1])
+    return 0
 
 
 # Each capability set /proc/<pid>/status shows: bwrap's --cap-drop ALL empties every one (the
@@ -279,7 +275,8 @@ def check_shim(bwrap: str, init: int, shim: int, filtered: bool, filter_answered
     if filtered and not filter_answered:
         raise SandboxUnavailable(
             f"{bwrap} put the sandbox under a seccomp filter that is not nsconfine's seccomp "
-            "filter (it did not refuse TIOCSTI, as nsconfine's does): nothing was run, this "
+            "filter (it did not answer the exec shim's probe as nsconfine's does): nothing was "
+            "run, this "
             "bwrap cannot be trusted"
         )
 
@@ -353,6 +350,7 @@ def mount_table_problems(
     new_file_systems = {
         e.dest: e for e in plan.entries if e.kind in (Kind.TMPFS, Kind.DEV, Kind.PROC, Kind.DEVPTS)
     }
+    data_files = {e.dest for e in plan.entries if e.kind is Kind.DATA}
     host = _HostTable(host_mountinfo)
     problems = []
     for point, mount in observed.items():
@@ -365,10 +363,12 @@ def mount_table_problems(
                 problems.append(f"{point} is hidden under another mount")
         elif want is not None:
             problems += _planned_problems(point, mount, want, new_file_systems.get(point), host)
+            if point in data_files and not _is_bwrap_data(mount, observed.get("/")):
+                problems.append(f"{point} is not the file the plan gives there")
         elif _is_bwrap_own(point, mount, made_by_bwrap, observed, devices, ptys):
             problems += _flag_problems(point, mount, devices_allowed=point not in proc_covers)
         else:
-            problems += _carried_problems(point, mount, binds, expected, host)
+            problems += _carried_problems(point, mount, binds, expected, host, plan.user)
     problems += [
         f"{point} is not mounted, though the plan sets it up"
         for point in expected
@@ -385,12 +385,26 @@ class _HostTable:
 
     def __init__(self, text: str | None) -> None:
         self._text = text
-        self._mounts: dict[str, Mount] | None = None
+        self._tree: MountTree | None = None
 
-    def mounts(self) -> dict[str, Mount]:
-        if self._mounts is None:
-            self._mounts = parse_mountinfo(self._text or read_mountinfo("self"))
-        return self._mounts
+    def _read(self) -> MountTree:
+        if self._tree is None:
+            self._tree = MountTree(read_mountinfo("self") if self._text is None else self._text)
+        return self._tree
+
+    def at(self, point: str) -> Mount | None:
+        """The host's mount at point, the one its paths reach there; None if none is."""
+        return self._read().mounted_at(point)
+
+    def devices(self) -> set[str]:
+        """The device of every mount the host has."""
+        return {mount.device for mount in self._read().by_id.values()}
+
+
+def _is_bwrap_data(mount: Mount, root: Mount | None) -> bool:
+    """Whether mount shows a file bwrap wrote (--ro-bind-data): one of its root file system,
+    named bindfile… there (and deleted once bound)."""
+    return root is not None and mount.device == root.device and mount.root.startswith("/bindfile")
 
 
 def _planned_problems(
@@ -416,7 +430,7 @@ def _planned_problems(
         new is not None
         and new.kind is Kind.TMPFS
         and new.capacity is None  # a mask's cover: no size tells a new one from the host's
-        and any(mount.device == theirs.device for theirs in host.mounts().values())
+        and mount.device in host.devices()
     ):
         problems.append(f"{point} is a tmpfs the host has, not a new one")
     return problems + _flag_problems(point, mount, devices_allowed=what == "devpts")
@@ -428,15 +442,20 @@ def _carried_problems(
     binds: Mapping[str, str],
     expected: Mapping[str, tuple[str, str, tuple[str, ...]]],
     host: _HostTable,
+    user: RunAs,
 ) -> list[str]:
     """What the mount at point, which no plan entry sets up, shows otherwise than a host mount
-    a bind carries in (empty if it is one)."""
+    a bind carries in (empty if it is one, as _is_carried tells; user: the session's account,
+    for what it can reach)."""
     carried = _host_path_below_bind(point, binds)
     if carried is not None:
         host_path, bound = carried
-        theirs = host.mounts().get(host_path)
+        theirs = host.at(host_path)
         if theirs is not None:
-            if _is_carried(mount, theirs, read_only=expected[bound][0] == "ro"):
+            read_only = expected[bound][0] == "ro"
+            if _is_carried(
+                mount, theirs, read_only, lambda: _out_of_reach(host_path, binds[bound], user)
+            ):
                 return []
             return [
                 f"{point} is not the host's mount there, which the bind of {bound} carries "
@@ -503,14 +522,40 @@ def _flag_problems(point: str, mount: Mount, devices_allowed: bool) -> list[str]
     return [f"{point} is not mounted {flag}" for flag in sorted(missing)]
 
 
-def _is_carried(mount: Mount, host: Mount, read_only: bool) -> bool:
-    """Whether mount shows what host does (its device, root and type), carried in by a bind:
-    read-only as the host's is, or made so below a read-only bind (bwrap remounts each mount
-    below one read-only, but leaves one it cannot reach, in a directory the session's account
-    cannot search either, as the host has it)."""
+def _is_carried(
+    mount: Mount, host: Mount, read_only: bool, out_of_reach: Callable[[], bool]
+) -> bool:
+    """Whether mount is the host's mount host (its device, root and type), as bwrap's
+    recursive bind carries it in: made nosuid and nodev (and read-only below a read-only
+    bind, else as the host's is), or left as the host has it where bwrap, and so the
+    session's account, cannot reach it (out_of_reach, asked only then)."""
     if (mount.device, mount.root, mount.fstype) != (host.device, host.root, host.fstype):
         return False
-    return mount.mode == host.mode or (read_only and mount.mode == "ro")
+    if mount.flags >= _NOSUID_NODEV and mount.mode == ("ro" if read_only else host.mode):
+        return True
+    return mount.flags == host.flags and out_of_reach()
+
+
+def _out_of_reach(host_path: str, source: str, user: RunAs) -> bool:
+    """Whether user cannot reach host_path from the bind source above it: a directory on the
+    way (source included) it may not search, by its mode bits. (bwrap, which remounts what it
+    can reach as that account, leaves a mount below such a directory as the host has it.)"""
+    directory = source.rstrip("/") or "/"
+    for name in host_path[len(directory) :].strip("/").split("/"):
+        try:
+            info = os.stat(directory)
+        except OSError:
+            return False
+        if info.st_uid == user.uid:
+            searchable = info.st_mode & stat.S_IXUSR
+        elif info.st_gid == user.gid:
+            searchable = info.st_mode & stat.S_IXGRP
+        else:
+            searchable = info.st_mode & stat.S_IXOTH
+        if not searchable:
+            return True
+        directory = os.path.join(directory, name)
+    return False
 
 
 def _shown_problems(
