@@ -145,8 +145,8 @@ int nsc_open_path(const char *path, int force_walk, int *fd_out, int *stage_out)
 #define NSC_SECCOMP_OWN_NETWORK 8 /* no UDP socket: a network of the session's own has no UDP
                                      destination, and the host's UDP memory is one count */
 /* An ioctl request no program uses (dir 3, size 16383, type 'N', number 'S'), which every
- * filter nsconfine builds refuses with ENOTRECOVERABLE, an answer no kernel and no other
- * filter gives it: the exec shim's sign that nsconfine's filter holds it (shim.c). */
+ * filter nsconfine builds refuses on fd -1 with ENOTRECOVERABLE, an answer no kernel (EBADF)
+ * and no other filter gives it: the exec shim's sign that nsconfine's filter holds it. */
 #define NSC_SECCOMP_PROBE_REQUEST 0xffff4e53
 int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_t *len_out,
                        int *stage_out);

@@ -361,9 +361,9 @@ static const struct nsc_seccomp_rule RULES[] = {
     SOCKET_OPTIONS(SO_ATTACH_FILTER, SO_ATTACH_BPF),
     SOCKET_OPTIONS(SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF),
     ALWAYS(KERNEL, io_setup, ENOSYS),
-    /* the shim's probe (nsconfine.h), before ioctl's last rule */
-    ARG_IS_AND_MASKED(KERNEL, ioctl, 1, NSC_SECCOMP_PROBE_REQUEST, 1, ~0u, ENOTRECOVERABLE, 1,
-                      NSC_SECCOMP_PROBE_REQUEST),
+    /* the shim's probe (nsconfine.h): the request on fd -1, before ioctl's last rule */
+    ARG_IS_AND_MASKED(KERNEL, ioctl, 1, NSC_SECCOMP_PROBE_REQUEST, 0, ~0u, ENOTRECOVERABLE, 1,
+                      0xffffffffu),
     ARG_IN(KERNEL, ioctl, 1, EPERM, 3, TIOCSTI_, TIOCLINUX_, TIOCSETD_),
 
     ALWAYS(NAMESPACES, mount, EPERM),

@@ -167,6 +167,17 @@ def test_complement_blocks_cover_exactly_the_rest(values: tuple[int, ...]) -> No
         assert hits == (0 if number in values else 1), number
 
 
+@pytest.mark.parametrize("nested", [None, "a harness that runs bwrap"])
+def test_no_rule_puts_two_conditions_on_one_argument(nested: str | None) -> None:
+    """libseccomp refuses a rule with two conditions on the same argument (EINVAL), and
+    complement_blocks is written so that none has one: the shim's probe rule had two on
+    ioctl's request (third hostile review, stop 35)."""
+    profile = _oci.seccomp_profile(plan_with(nested))
+    for rule in profile["syscalls"]:
+        indexes = [condition["index"] for condition in rule.get("args", [])]
+        assert len(indexes) == len(set(indexes)), rule
+
+
 def test_every_rule_name_is_one_libseccomp_knows() -> None:
     """Runtimes resolve the names through libseccomp: each must be the number the C filter
     uses (runc drops a name it does not know), where libseccomp is installed."""

@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -160,7 +161,7 @@ EXPECTED_REASONS = {
     "lying": "not its child",
     "old": "lacks --unshare-user",
     "unfiltered": "no seccomp filter",
-    "refiltered": "not nsconfine's seccomp filter",
+    "refiltered": "a seccomp filter that is not nsconfine's",
     "capable": "capabilities",
     "hiding": "is hidden under another mount",
     "device-binding": "is not mounted nodev",
@@ -478,6 +479,103 @@ def test_a_bwrap_that_shows_a_masked_file_in_place_of_its_mask_on_a_tmpfs_is_ref
     assert done.returncode == 69, done.stdout + done.stderr
     assert f"{secret} is not the file the plan gives there" in done.stderr, done.stderr
     assert "sk-masked" not in done.stdout
+
+
+def test_a_bwrap_that_feeds_a_masked_files_own_content_to_its_mask_is_refused(
+    tmp_path: Path, ws_run: tuple[Path, Path], trace_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A masked file's cover is a file bwrap writes from an fd the launcher gives it (empty).
+    A bwrap that writes it from an fd of its own, on the masked file, makes the very mount
+    the plan's would be, holding the secret; it is refused: the file there does not hold the
+    plan's bytes (third hostile review: the session read the secret)."""
+    secret = ws_run[0] / ".env"
+    secret.write_text("API_TOKEN=sk-masked\n")
+    give_to_session_user(secret)
+    plan = session(*ws_run, mask=[secret]).plan()
+    reading = ["/bin/sh", "-c", f"cat {secret} > {trace_file}"]
+    assert nsconfine.spawn(plan, reading).wait() == 0  # the control: the mask holds
+    assert trace_file.read_text() == ""
+    trace_file.unlink()
+    feeding = f"""
+        case "$1" in --help|--version) exec {REAL_BWRAP} "$@";; esac
+        grep -qa nsconfine-canary- /proc/self/fd/$2 && exec {REAL_BWRAP} "$@"
+        data=$(tr '\\0' '\\n' < /proc/self/fd/$2 | grep -x -B1 '{secret}' | head -1)
+        exec perl -MPOSIX -e 'open(my $f, "<", shift) or die; POSIX::dup2(fileno($f), shift)
+            or die; exec @ARGV' {secret} "$data" {REAL_BWRAP} "$@" """
+    monkeypatch.setenv("NSCONFINE_BWRAP", str(_fake(tmp_path, "feeding", feeding)))
+    with pytest.raises(nsconfine.SandboxUnavailable) as refused:
+        nsconfine.spawn(plan, reading).wait()
+    assert f"{secret} does not hold the plan's 0 bytes" in refused.value.message
+    assert not trace_file.exists()
+
+
+def _posix_acl(*entries: tuple[int, int, int]) -> bytes:
+    """An access ACL as the kernel's system.posix_acl_access holds it: (tag, perm, id) each."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+_USER_OBJ, _USER, _GROUP_OBJ, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+
+
+@pytest.mark.root  # it mounts, in a mount namespace of its own
+@pytest.mark.parametrize("acl", ["lets-the-session-search", "keeps-the-session-out"])
+def test_a_host_mount_below_a_directory_an_acl_opens_or_closes_is_judged_as_the_session_reaches_it(
+    tmp_path: Path, ws_run: tuple[Path, Path], acl: str
+) -> None:
+    """Whether the session's account reaches a host mount below a read-only bind is the
+    kernel's to say, ACLs and all (third hostile review: mode bits alone were read). Where an
+    ACL lets it search the directory above (its mode 0700, root's), a bwrap that binds the
+    mount again writable is refused; where an ACL keeps it out (its mode 0755), bwrap cannot
+    reach the mount either and leaves it as the host has it, and the launch runs."""
+    from helpers import session_uid
+
+    tree = tmp_path / "tree"
+    guarded = tree / "guarded"
+    (guarded / "mounted").mkdir(parents=True)
+    open_up(tmp_path)
+    tree.chmod(0o755)
+    opens = acl == "lets-the-session-search"
+    guarded.chmod(0o700 if opens else 0o755)
+    session_perm = 5 if opens else 0
+    others = 0 if opens else 5
+    os.setxattr(
+        guarded,
+        "system.posix_acl_access",
+        _posix_acl((_USER_OBJ, 7, _NO_ID), (_USER, session_perm, session_uid()),
+                   (_GROUP_OBJ, others, _NO_ID), (_MASK, 5, _NO_ID), (_OTHER, others, _NO_ID)),
+    )  # fmt: skip
+    mounted = guarded / "mounted"
+    mounts = f"mount -t tmpfs -o size=1m,mode=1777,nosuid,nodev tmpfs {mounted}"
+    command = ["--ro", str(tree), "--", "/bin/true"]
+    if not opens:
+        done = _run_among_mounts(mounts, ws_run, *command)
+        assert done.returncode == 0, done.stderr
+        return
+    rebinding = _lying_past_the_canary(rf"$s#$#\x00--bind\x00{mounted}\x00{mounted}#")
+    done = _run_among_mounts(
+        mounts, ws_run, *command, bwrap=_fake(tmp_path, "rebinding", rebinding)
+    )
+    assert done.returncode == 69, done.stderr
+    assert f"{mounted} is not the host's mount there" in done.stderr, done.stderr
+
+
+@pytest.mark.root  # it mounts, in a mount namespace of its own
+def test_a_host_mount_below_a_read_only_source_given_through_a_symlink_is_no_refusal(
+    tmp_path: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """`--ro LINK`, LINK a symlink to a directory below which the host has a mount: the mount
+    is carried in, and the host's table names it by the resolved path; the launch runs (third
+    hostile review: it was refused, looked for by the link's path)."""
+    tree = tmp_path / "tree"
+    (tree / "mounted").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(tree)
+    open_up(tmp_path)
+    tree.chmod(0o755)
+    mounts = f"mount -t tmpfs -o size=1m tmpfs {tree}/mounted"
+    done = _run_among_mounts(mounts, ws_run, "--ro", str(link), "--", "/bin/true")
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_real_bwrap_runs_the_command(plan: nsconfine.Plan, trace_file: Path) -> None:

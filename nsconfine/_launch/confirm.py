@@ -274,9 +274,8 @@ def check_shim(bwrap: str, init: int, shim: int, filtered: bool, filter_answered
         )
     if filtered and not filter_answered:
         raise SandboxUnavailable(
-            f"{bwrap} put the sandbox under a seccomp filter that is not nsconfine's seccomp "
-            "filter (it did not answer the exec shim's probe as nsconfine's does): nothing was "
-            "run, this "
+            f"{bwrap} put the sandbox under a seccomp filter that is not nsconfine's (it did "
+            "not answer the exec shim's probe as nsconfine's does): nothing was run, this "
             "bwrap cannot be trusted"
         )
 
@@ -363,7 +362,7 @@ def mount_table_problems(
                 problems.append(f"{point} is hidden under another mount")
         elif want is not None:
             problems += _planned_problems(point, mount, want, new_file_systems.get(point), host)
-            if point in data_files and not _is_bwrap_data(mount, observed.get("/")):
+            if point in data_files and not _is_bwrap_data(mount, tree.mounted_at("/")):
                 problems.append(f"{point} is not the file the plan gives there")
         elif _is_bwrap_own(point, mount, made_by_bwrap, observed, devices, ptys):
             problems += _flag_problems(point, mount, devices_allowed=point not in proc_covers)
@@ -375,7 +374,8 @@ def mount_table_problems(
         if point not in observed
     ]
     if root is not None:
-        problems += _shown_problems(root, binds, sources, devices, ptys)
+        data = {e.dest: len(e.content or b"") for e in plan.entries if e.kind is Kind.DATA}
+        problems += _shown_problems(root, binds, sources, devices, ptys, data)
     return problems
 
 
@@ -386,6 +386,7 @@ class _HostTable:
     def __init__(self, text: str | None) -> None:
         self._text = text
         self._tree: MountTree | None = None
+        self._devices: set[str] | None = None
 
     def _read(self) -> MountTree:
         if self._tree is None:
@@ -398,7 +399,9 @@ class _HostTable:
 
     def devices(self) -> set[str]:
         """The device of every mount the host has."""
-        return {mount.device for mount in self._read().by_id.values()}
+        if self._devices is None:
+            self._devices = {mount.device for mount in self._read().by_id.values()}
+        return self._devices
 
 
 def _is_bwrap_data(mount: Mount, root: Mount | None) -> bool:
@@ -537,24 +540,42 @@ def _is_carried(
 
 
 def _out_of_reach(host_path: str, source: str, user: RunAs) -> bool:
-    """Whether user cannot reach host_path from the bind source above it: a directory on the
-    way (source included) it may not search, by its mode bits. (bwrap, which remounts what it
-    can reach as that account, leaves a mount below such a directory as the host has it.)"""
-    directory = source.rstrip("/") or "/"
-    for name in host_path[len(directory) :].strip("/").split("/"):
-        try:
-            info = os.stat(directory)
-        except OSError:
-            return False
-        if info.st_uid == user.uid:
-            searchable = info.st_mode & stat.S_IXUSR
-        elif info.st_gid == user.gid:
-            searchable = info.st_mode & stat.S_IXGRP
-        else:
-            searchable = info.st_mode & stat.S_IXOTH
-        if not searchable:
-            return True
-        directory = os.path.join(directory, name)
+    """Whether the session's account (user) cannot reach host_path from the bind source above
+    it: a directory on the way it may not search, as the kernel judges that account (its mode
+    bits, its ACLs), asked with its own ids: a root launcher's in a child that takes them.
+    (bwrap, which remounts what it can reach as that account, leaves a mount there as the host
+    has it.)"""
+    relative = os.path.relpath(host_path, os.path.realpath(source))
+    try:
+        top = os.open(source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if os.geteuid() != 0:  # the session runs as this launcher's own account
+            return _denied_below(top, relative)
+        child = os.fork()
+        if child == 0:  # only system calls here, then _exit: the launcher may hold threads
+            try:
+                os.setgroups([])
+                os.setgid(user.gid)
+                os.setuid(user.uid)
+                os._exit(1 if _denied_below(top, relative) else 0)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(child, 0)
+        return os.waitstatus_to_exitcode(status) == 1
+    finally:
+        os.close(top)
+
+
+def _denied_below(top: int, relative: str) -> bool:
+    """Whether looking relative up from the directory top is refused (EACCES) to this process."""
+    try:
+        os.stat(relative, dir_fd=top, follow_symlinks=False)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
     return False
 
 
@@ -564,11 +585,13 @@ def _shown_problems(
     sources: Mapping[str, tuple[int, int] | None] | None,
     devices: Mapping[str, str],
     ptys: list[str],
+    data: Mapping[str, int],
 ) -> list[str]:
     """What the sandbox's files, looked at through root, show that the plan does not: each
     bind's destination another file than its source, a device bwrap bound another than the
-    host's (devices: point -> host path), a devpts at one of ptys the host's. Looked up from
-    one fd of root (its magic link, and the access check on it, resolved once, not per file)."""
+    host's (devices: point -> host path), a devpts at one of ptys the host's, a data file
+    another size than the plan's content (data: point -> its size). Looked up from one fd of
+    root (its magic link, and the access check on it, resolved once, not per file)."""
     if sources is None:
         sources = {dest: _syscalls.identity(source) for dest, source in binds.items()}
     if devices:
@@ -589,6 +612,13 @@ def _shown_problems(
             seen = _syscalls.identity(point.lstrip("/") or ".", root_fd)
             if seen is None or (host_ptys is not None and seen[0] == host_ptys[0]):
                 problems.append(f"{point} is not the session's own devpts")
+        for point, size in data.items():
+            try:
+                info = os.stat(point.lstrip("/"), dir_fd=root_fd, follow_symlinks=False)
+            except OSError:
+                info = None
+            if info is None or not stat.S_ISREG(info.st_mode) or info.st_size != size:
+                problems.append(f"{point} does not hold the plan's {size} bytes")
     finally:
         os.close(root_fd)
     return problems
@@ -602,4 +632,5 @@ def _host_path_below_bind(point: str, binds: Mapping[str, str]) -> tuple[str, st
             best = dest
     if not best:
         return None
-    return binds[best].rstrip("/") + point[len(best.rstrip("/")) :], best
+    # the source as the host's table names it: resolved (a --ro given through a symlink)
+    return os.path.realpath(binds[best]).rstrip("/") + point[len(best.rstrip("/")) :], best
