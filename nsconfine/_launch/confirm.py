@@ -6,15 +6,18 @@ kinds the plan implies, each judged by what it is: a mount bwrap makes itself in
 (the host's null, zero, full, random, urandom and tty, each the host's very device; a devpts of
 its own at pts) or a new /proc (a read-only cover of sys, sysrq-trigger, irq or bus, from that
 /proc itself); or a mount the host has below a bound directory, which a recursive bind carries
-in (showing what the host's mount there shows: its device, root and type; read-only below a
-read-only bind where bwrap could reach it). Every mount the plan sets up must be there, and be
-the mount a path there reaches (not hidden under a mount made later over a directory above
-it); each must be read-only or writable as the plan says, nosuid, and nodev but for a devpts;
-and each must be what the plan says: a new tmpfs or proc (a tmpfs of the size the
-plan gives it), the session's own devpts (holding the ptys the plan allows, and not the host's:
-a devpts bound in from the launcher's namespace would show the host's terminals), or, for a
-bind, the very file or directory of its source: the launcher looks at the destination through
-the sandbox's own root (/proc/<pid>/root) and compares device and inode with the source's.
+in (showing what the host's mount there shows: its device, root and type; made nosuid and
+nodev, read-only below a read-only bind, or left as the host has it where the session's
+account cannot reach it). Every mount the plan sets up must be there, and be the mount a path
+there reaches (not hidden under a mount made later over a directory above it); each must be
+read-only or writable as the plan says, nosuid, and nodev but for a devpts; and each must be
+what the plan says: a new tmpfs, proc or devpts, seen from its top (a tmpfs of the size the
+plan gives it; a mask's, with no size, none the host has), the session's own devpts (holding
+the ptys the plan allows, and not the host's: a devpts bound in from the launcher's namespace
+would show the host's terminals), a data file bwrap wrote on the sandbox's root (holding the
+plan's number of bytes), or, for a bind, the very file or directory of its source: the
+launcher looks at the destination through the sandbox's own root (/proc/<pid>/root) and
+compares device and inode with the source's.
 """
 
 from __future__ import annotations
