@@ -28,7 +28,7 @@ from helpers import (
 
 import nsconfine
 import nsconfine._launch.programs
-from nsconfine._kernel.mountinfo import parse_mountinfo, read_mountinfo
+from nsconfine._kernel.mountinfo import MountTree, read_mountinfo
 from nsconfine._plan.model import Kind
 from nsconfine._preflight.checks import find_bwrap
 from nsconfine._text import within
@@ -233,7 +233,7 @@ def test_a_bwrap_that_mounts_over_a_host_mount_a_bind_carries_is_refused(
     (its device, its root, its type), and read-only as the bind that carries it."""
     bound = "/sys/fs/cgroup"
     carried = sorted(
-        p for p in parse_mountinfo(read_mountinfo("self")) if p.startswith(bound + "/")
+        p for p in MountTree(read_mountinfo("self")).points if p.startswith(bound + "/")
     )
     if not carried:
         pytest.skip(f"this host has no mount below {bound}")
@@ -264,7 +264,7 @@ def test_a_bwrap_that_shows_a_masked_directory_in_place_of_its_mask_is_refused(
     plan = session(*ws_run, mask=[secrets]).plan()
     (cover,) = [e for e in plan.entries if e.dest == str(secrets) and e.kind is Kind.TMPFS]
     assert cover.capacity is None  # unsized: nothing but its type tells it from the host's
-    host = parse_mountinfo(read_mountinfo("self"))
+    host = MountTree(read_mountinfo("self")).points
     fstype = host[max((p for p in host if within(str(secrets), p)), key=len)].fstype
     # On a host whose /tmp is a tmpfs the type tells nothing (this test's writer found that
     # the check then passed): the directory the mount shows of its file system tells.
@@ -300,7 +300,7 @@ def test_a_bwrap_that_covers_a_mask_with_a_tmpfs_of_the_hosts_is_refused(
     secrets.mkdir()
     give_to_session_user(secrets)
     plan = session(*ws_run, mask=[secrets]).plan()
-    host = parse_mountinfo(read_mountinfo("self"))
+    host = MountTree(read_mountinfo("self")).points
     tmpfs = [
         p for p, m in host.items() if m.fstype == "tmpfs" and m.root == "/" and p != "/dev/shm"
     ]
@@ -386,6 +386,24 @@ def _run_among_mounts(
     )  # fmt: skip
 
 
+def _assert_bound_again_is_refused(
+    tmp_path: Path,
+    mounts: str,
+    ws_run: tuple[Path, Path],
+    command: list[str],
+    option: str,
+    mounted: Path,
+) -> None:
+    """Under a bwrap that adds `option mounted mounted` last (honest to its canary), the launch
+    of command among the host mounts mounts is refused: mounted is not the host's mount as
+    bwrap carries it in."""
+    rebinding = _lying_past_the_canary(rf"$s#$#\x00{option}\x00{mounted}\x00{mounted}#")
+    fake = _fake(tmp_path, "rebinding", rebinding)
+    done = _run_among_mounts(mounts, ws_run, *command, bwrap=fake)
+    assert done.returncode == 69, done.stderr
+    assert f"{mounted} is not the host's mount there" in done.stderr, done.stderr
+
+
 @pytest.mark.root  # it mounts, in a mount namespace of its own
 def test_a_host_mount_bwrap_cannot_reach_below_a_read_only_bind_is_no_refusal(
     tmp_path: Path, ws_run: tuple[Path, Path]
@@ -422,11 +440,7 @@ def test_a_host_mount_a_bwrap_binds_again_writable_below_a_read_only_bind_is_ref
     honest = _run_among_mounts(mounts, ws_run, *command)
     assert honest.returncode != 0, honest.stderr  # the control: read-only there
     assert "Read-only file system" in honest.stderr, honest.stderr
-    rebinding = _lying_past_the_canary(rf"$s#$#\x00--dev-bind\x00{reachable}\x00{reachable}#")
-    fake = _fake(tmp_path, "rebinding", rebinding)
-    done = _run_among_mounts(mounts, ws_run, *command, bwrap=fake)
-    assert done.returncode == 69, done.stderr
-    assert f"{reachable} is not the host's mount there" in done.stderr, done.stderr
+    _assert_bound_again_is_refused(tmp_path, mounts, ws_run, command, "--dev-bind", reachable)
 
 
 @pytest.mark.root  # it mounts, in a mount namespace of its own
@@ -552,12 +566,7 @@ def test_a_host_mount_below_a_directory_an_acl_opens_or_closes_is_judged_as_the_
         done = _run_among_mounts(mounts, ws_run, *command)
         assert done.returncode == 0, done.stderr
         return
-    rebinding = _lying_past_the_canary(rf"$s#$#\x00--bind\x00{mounted}\x00{mounted}#")
-    done = _run_among_mounts(
-        mounts, ws_run, *command, bwrap=_fake(tmp_path, "rebinding", rebinding)
-    )
-    assert done.returncode == 69, done.stderr
-    assert f"{mounted} is not the host's mount there" in done.stderr, done.stderr
+    _assert_bound_again_is_refused(tmp_path, mounts, ws_run, command, "--bind", mounted)
 
 
 @pytest.mark.root  # it mounts, in a mount namespace of its own

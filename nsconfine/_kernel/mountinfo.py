@@ -59,18 +59,6 @@ def _mount(fields: list[str]) -> Mount | None:
     )
 
 
-def parse_mountinfo(text: str) -> dict[str, Mount]:
-    """Mount point -> its mount, the topmost at each point winning."""
-    points: dict[str, Mount] = {}
-    for line in text.split("\n"):  # the kernel's only line break (str.splitlines breaks at
-        # U+2028, U+0085 and others, which a mount point's name may hold as they are)
-        fields = line.split(" ")
-        mount = _mount(fields)
-        if mount is not None:
-            points[_unescape(fields[4])] = mount
-    return points
-
-
 class MountTree:
     """A mount table as a tree: which mount a path is seen through, and so where the path lies
     in its file system, whatever mount (a bind-mount view among them) it is reached through.
@@ -82,11 +70,12 @@ class MountTree:
     def __init__(self, text: str) -> None:
         # id -> (mount point, device "major:minor", the mount's root inside its file system)
         self.mounts: dict[str, tuple[str, str, str]] = {}
-        self.points: dict[str, Mount] = {}  # as parse_mountinfo's, from the same pass
+        self.points: dict[str, Mount] = {}  # point -> its mount, the last listed there
         self.by_id: dict[str, Mount] = {}
         self._attached: dict[tuple[str, str], str] = {}  # (parent id, point) -> id, the last
         parents: dict[str, str] = {}
-        for line in text.split("\n"):  # as parse_mountinfo
+        for line in text.split("\n"):  # the kernel's only line break (str.splitlines breaks
+            # at U+2028, U+0085 and others, which a mount point's name may hold as they are)
             fields = line.split(" ")
             if len(fields) >= 5:
                 point = _unescape(fields[4])

@@ -342,17 +342,12 @@ def mount_table_problems(
     binds = {e.dest: e.source for e in plan.entries if e.kind is Kind.BIND}
     devices: dict[str, str] = {}  # bwrap's binds of the host's devices: point -> host path
     ptys = [e.dest for e in plan.entries if e.kind is Kind.DEVPTS]  # each: not the host's
-    proc_covers = {
-        f"{made.rstrip('/')}/{name}"
-        for made, kind in made_by_bwrap.items()
-        if kind is Kind.PROC
-        for name in _BWRAP_PROC_COVERS
-    }
     # The entries that make a file system of their own (seen from its top)
     new_file_systems = {
         e.dest: e for e in plan.entries if e.kind in (Kind.TMPFS, Kind.DEV, Kind.PROC, Kind.DEVPTS)
     }
-    data_files = {e.dest for e in plan.entries if e.kind is Kind.DATA}
+    data = {e.dest: len(e.content or b"") for e in plan.entries if e.kind is Kind.DATA}
+    data_root = tree.mounted_at("/")  # where bwrap writes each data file
     host = _HostTable(host_mountinfo)
     problems = []
     for point, mount in observed.items():
@@ -365,10 +360,11 @@ def mount_table_problems(
                 problems.append(f"{point} is hidden under another mount")
         elif want is not None:
             problems += _planned_problems(point, mount, want, new_file_systems.get(point), host)
-            if point in data_files and not _is_bwrap_data(mount, tree.mounted_at("/")):
+            if point in data and not _is_bwrap_data(mount, data_root):
                 problems.append(f"{point} is not the file the plan gives there")
         elif _is_bwrap_own(point, mount, made_by_bwrap, observed, devices, ptys):
-            problems += _flag_problems(point, mount, devices_allowed=point not in proc_covers)
+            devices_allowed = point in devices or point in ptys  # (not a /proc cover)
+            problems += _flag_problems(point, mount, devices_allowed)
         else:
             problems += _carried_problems(point, mount, binds, expected, host, plan.user)
     problems += [
@@ -377,7 +373,6 @@ def mount_table_problems(
         if point not in observed
     ]
     if root is not None:
-        data = {e.dest: len(e.content or b"") for e in plan.entries if e.kind is Kind.DATA}
         problems += _shown_problems(root, binds, sources, devices, ptys, data)
     return problems
 
