@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -768,7 +769,6 @@ def test_a_slow_reader_gets_the_end_of_a_tty_session_s_output(ws_run: tuple[Path
     drain's time limit counts the time it waits for the session's terminal, not the time the
     caller's stdout takes (a 4 KiB pipe read 1 KiB every 0.5 s lost the last ~3 KiB and the
     final line of 40,000 bytes, the status 0)."""
-    import threading
 
     controller, terminal = os.openpty()  # the caller's terminal
     read_end, write_end = os.pipe()
@@ -947,7 +947,6 @@ def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
     question (ESC [ 5 n) before another one answered with text it chose (a title report)
     had run stop at its answer, and the text reached the shell (found by an attacker's
     pass). run counts the session's status queries and waits for one answer more."""
-    import threading
 
     controller, terminal = os.openpty()
     keep = os.dup(terminal)  # the shell's side, read after run
@@ -957,7 +956,26 @@ def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
             *session_options(*ws_run), "--", "/bin/sh", "-c", script]  # fmt: skip
     answered: list[bytes] = []
     answering = threading.Thread(target=_answering_terminal, args=(controller, answered))
-    answering.start()
+    left = _left_for_the_shell(argv, terminal, keep, controller, answering)
+    assert len(answered) == 3, answered
+    assert b"rm -rf" not in left, left
+
+
+def _take_the_terminal() -> None:
+    """(In the launcher's child) lead a session of its own whose controlling terminal is its
+    stdin, as a login shell's job is."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _left_for_the_shell(
+    argv: list[str], terminal: int, keep: int, controller: int, feeder: threading.Thread
+) -> bytes:
+    """Run argv (`nsconfine run …`) as the job of terminal, which leads it, while the thread
+    feeder plays the terminal at its controller; once run succeeds and feeder is done, what is
+    left for the reader of the terminal at keep (the shell). terminal is closed once run has
+    it, keep and controller however it ends."""
+    feeder.start()
     launcher = subprocess.Popen(
         argv,
         stdin=terminal,
@@ -969,24 +987,15 @@ def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
     os.close(terminal)
     try:
         assert launcher.wait(timeout=60) == 0
-        answering.join(timeout=30)
-        assert len(answered) == 3, answered
-        left = _what_the_shell_reads_next(keep)
-        assert b"rm -rf" not in left, left
+        feeder.join(timeout=30)
+        return _what_the_shell_reads_next(keep)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
         os.close(keep)
         os.close(controller)
-        answering.join(timeout=30)
-
-
-def _take_the_terminal() -> None:
-    """(In the launcher's child) lead a session of its own whose controlling terminal is its
-    stdin, as a login shell's job is."""
-    os.setsid()
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        feeder.join(timeout=30)
 
 
 def _what_the_shell_reads_next(keep: int) -> bytes:
@@ -1066,7 +1075,6 @@ def test_the_time_a_slow_caller_takes_is_not_counted_against_the_drain() -> None
     takes nothing of the time the drain gives the session's side: after such a wait, what the
     session still holds is copied. Counted, a reader slower than the drain's 30 s lost the
     end of the output (found by the review of the change that made the wait)."""
-    import threading
 
     from nsconfine._cli.relay import DrainLimit
 
@@ -1110,7 +1118,6 @@ def test_a_status_answer_the_session_read_is_not_waited_for_again(
     terminal stays cooked: an answer, no line, reaches no session.) run waited for one answer
     more, half a second, reading and dropping the type-ahead, then flushed the rest (found by
     the final read of the change that counts the session's queries)."""
-    import threading
 
     asker = ws_run[0] / "asker.py"
     asker.write_text(ASKER)
@@ -1133,28 +1140,8 @@ def test_a_status_answer_the_session_read_is_not_waited_for_again(
     argv = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
             "python3", str(asker)]  # fmt: skip
     typing = threading.Thread(target=answer_then_type)
-    typing.start()
-    launcher = subprocess.Popen(
-        argv,
-        stdin=terminal,
-        stdout=terminal,
-        stderr=terminal,
-        cwd="/",
-        preexec_fn=_take_the_terminal,
-    )
-    os.close(terminal)
-    try:
-        assert launcher.wait(timeout=60) == 0
-        typing.join(timeout=30)
-        left = _what_the_shell_reads_next(keep)
-        assert left == b"keep-me", left
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        typing.join(timeout=30)
-        os.close(keep)
-        os.close(controller)
+    left = _left_for_the_shell(argv, terminal, keep, controller, typing)
+    assert left == b"keep-me", left
 
 
 def test_output_to_a_terminal_s_controller_reaches_that_terminal() -> None:
