@@ -9,6 +9,7 @@ inside the run directory. Paths are the same inside as outside.
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -523,19 +524,48 @@ def runner_entries(paths: Sequence[str], others: Sequence[p.Entry]) -> list[p.En
 
 
 def _refuse_links_already_shown(paths: Sequence[str], others: Sequence[p.Entry]) -> None:
-    """Refuse a read-only path that is a symlink inside a directory the plan already binds
-    (`--ro /usr/bin/python3`): the session sees the link there already, and bwrap cannot
-    bind onto a symlink (it follows it, and then refuses the launch as a race)."""
+    """Refuse a read-only path that is, or lies below, a symlink the session already sees: one
+    inside a directory the plan binds (`--ro /usr/bin/python3`), or one of the plan's own
+    links (`--ro /bin/true`, /bin -> usr/bin). bwrap cannot bind onto or through it: it follows
+    the link, binds where that leads, and the launch is then refused as a race, or as mounts
+    that differ from the plan."""
     binds = [entry.dest for entry in others if entry.kind is Kind.BIND] + list(paths)
-    for path in paths:
+    plan_links = {entry.dest for entry in others if entry.kind is Kind.SYMLINK}
+
+    def shown_link(path: str) -> tuple[str, str] | None:
+        """(path, where the session sees it) if path is a symlink the session sees."""
         if not os.path.islink(path):
-            continue
+            return None
+        if path in plan_links:
+            return path, "that the plan makes itself"
         holder = next((dest for dest in binds if dest != path and within(path, dest)), None)
-        if holder is not None:
+        return None if holder is None else (path, f"inside {printable(holder)}")
+
+    # directory -> the first link the session meets on its way there from /, if any (runner
+    # files share their directories, which may lie thousands deep: each is looked at once)
+    on_the_way: dict[str, tuple[str, str] | None] = {"/": None}
+    for path in paths:
+        unknown = []
+        directory = posixpath.dirname(path)
+        while directory not in on_the_way:
+            unknown.append(directory)
+            directory = posixpath.dirname(directory)
+        for directory in reversed(unknown):  # from the top down
+            above = on_the_way[posixpath.dirname(directory)]
+            on_the_way[directory] = above if above is not None else shown_link(directory)
+        above = on_the_way[posixpath.dirname(path)]
+        if above is not None:
+            link, shown = above
             raise PlanError(
-                f"{printable(path)} is a symlink inside {printable(holder)}, which the session "
-                "already sees (the link with it): drop it from the read-only paths, or give "
-                f"the file it leads to ({printable(realpath(path))})"
+                f"{printable(path)} lies through {printable(link)}, a symlink {shown}, which "
+                "the session already sees: give the path it leads to "
+                f"({printable(realpath(path))}), or drop it if the session sees that already"
+            )
+        if (here := shown_link(path)) is not None:
+            raise PlanError(
+                f"{printable(path)} is a symlink {here[1]}, which the session already sees "
+                "(the link with it): drop it from the read-only paths, or give the file it "
+                f"leads to ({printable(realpath(path))})"
             )
 
 

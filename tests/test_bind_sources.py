@@ -121,6 +121,35 @@ def test_a_read_only_symlink_inside_another_bind_is_refused_when_planned(tmp_pat
     assert session(workspace, run_dir, ro=[tools, tools / "python3.11"]).plan()  # no symlink
 
 
+def test_a_read_only_path_through_a_symlink_the_session_sees_is_refused_when_planned(
+    tmp_path: Path,
+) -> None:
+    """A --ro path below a symlink the session already sees (a symlinked directory inside a
+    directory the plan binds, or the plan's own merged-/usr link: `--ro /bin/true`, /bin ->
+    usr/bin) is bad input, refused when the plan is built and saying what to give. (Stop 35's
+    third review: bwrap followed the link and mounted where it leads, and every launch was
+    refused, the message blaming bwrap.) The path it leads to is taken, and the session reads
+    the file by the linked name."""
+    workspace, run_dir, tools = session_dirs(tmp_path, "ws", "run", "tools")
+    (tools / "real").mkdir()
+    (tools / "real" / "lib.py").write_text("loaded\n")
+    (tools / "alias").symlink_to("real")
+    with pytest.raises(nsconfine.PlanError, match=r"alias, a symlink") as refused:
+        session(workspace, run_dir, ro=[tools, tools / "alias" / "lib.py"]).plan()
+    assert str(tools / "real" / "lib.py") in refused.value.message
+    plan = session(workspace, run_dir, ro=[tools, tools / "real" / "lib.py"]).plan()
+    assert attempt(plan, f"cat {tools}/alias/lib.py") == (0, "loaded\n")
+    merged = next(link for link in ("/bin", "/lib", "/sbin") if os.path.islink(link))
+    program = next(
+        f"{merged}/{name}"
+        for name in sorted(os.listdir(merged))
+        if os.path.isfile(f"{merged}/{name}") and not os.path.islink(f"{merged}/{name}")
+    )
+    with pytest.raises(nsconfine.PlanError, match=rf"{merged}, a symlink") as refused:
+        session(workspace, run_dir, ro=[program]).plan()
+    assert os.path.realpath(program) in refused.value.message
+
+
 def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None:
     """A workspace named through a legitimate symlink (made by the host) launches."""
     session_dirs(tmp_path / "real", "ws", "run")
