@@ -46,6 +46,7 @@
 #define NSC_STAGE_IPC_NS 33     /* unshare(CLONE_NEWUSER), its maps, unshare(CLONE_NEWIPC) */
 #define NSC_STAGE_IPC_LIMITS 34 /* write that IPC namespace's /proc/sys/kernel/{shm,sem,msg}* */
 #define NSC_STAGE_TMPFS 35      /* mount the session's sized tmpfs at /dev/shm/<i> */
+#define NSC_STAGE_PRIVATE 36    /* make the session's mount namespace's mounts private */
 
 /* At most this many fds after 0-2 (a plan's copied files each take one). */
 #define NSC_MAX_PASS_FDS 65536

@@ -250,6 +250,12 @@ static long mount_tmpfs_shares(const char *specs, int *stage)
  * do not reach the host's: the kernel made its copies of the host's mounts slaves), which
  * bwrap binds from there; its ptys still count against the host's kernel.pty.max.
  *
+ * Those copies are then made private: as slaves, they took in every mount the host made
+ * later (an automounter's, a disk plugged in), and so did bwrap's copies of them in the
+ * sandbox, as the host made it: writable below a read-only bind, without nosuid or nodev, in
+ * no plan and past the launch's check of the table. Private, the sandbox keeps what was
+ * checked.
+ *
  * The capabilities the unshare gave (in the new namespace only) are dropped at the end:
  * bwrap would lose them at its exec anyway; the reaper keeps none for its lifetime.
  */
@@ -271,6 +277,9 @@ static long take_limits(const long limits[LIMIT_COUNT], const char *tmpfs_specs,
         return r;
     *stage = NSC_STAGE_GID_MAP;
     if ((r = map_one("/proc/self/gid_map", gid, 0)) < 0)
+        return r;
+    *stage = NSC_STAGE_PRIVATE;
+    if ((r = SYS5(__NR_mount, 0, "/", 0, MS_REC | MS_PRIVATE, 0)) < 0)
         return r;
     if (limits[1] > 0) {
         char options[96] = "newinstance,ptmxmode=0666,mode=620,max=";

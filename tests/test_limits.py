@@ -446,6 +446,23 @@ def test_the_mount_check_checks_tmpfs_files(plan: nsconfine.Plan) -> None:
     assert "nr_inodes=" in problems[0], problems
 
 
+def test_the_mount_check_refuses_a_mount_that_takes_in_the_host_s(plan: nsconfine.Plan) -> None:
+    """Every mount of the sandbox is private: the reaper made its namespace's copies of the
+    host's mounts so, and a mount that still takes in what is mounted outside (master:N, as
+    each did before: tests/test_confinement.py's host mount reached the session) or shares
+    with a peer group (shared:N) is refused at the launch."""
+    status, mountinfo = sh(plan, "cat /proc/self/mountinfo")
+    assert status == 0
+    assert mount_table_problems(mountinfo, plan) == []
+    lines = mountinfo.splitlines()
+    usr = next(i for i, line in enumerate(lines) if line.split()[4] == "/usr")
+    for tag in ("master:1", "shared:7"):
+        fields = lines[usr].split(" ")
+        changed = [*lines[:usr], " ".join([*fields[:6], tag, *fields[6:]]), *lines[usr + 1 :]]
+        problems = mount_table_problems("\n".join(changed), plan)
+        assert problems == [f"/usr takes in mounts made outside the sandbox ({tag})"], problems
+
+
 # ------------------------------------------------------------------ System V IPC
 
 # Makes System V objects (IPC_PRIVATE, IPC_CREAT) until one is refused or it holds `bound`:

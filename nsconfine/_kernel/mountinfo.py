@@ -11,7 +11,7 @@ import os
 class Mount:
     """One line of mountinfo, as far as the check needs it."""
 
-    __slots__ = ("device", "flags", "fstype", "mode", "mount_id", "options", "root")
+    __slots__ = ("device", "flags", "fstype", "mode", "mount_id", "options", "propagation", "root")
 
     def __init__(
         self,
@@ -22,6 +22,7 @@ class Mount:
         root: str = "/",
         flags: frozenset[str] = frozenset(),
         mount_id: str = "",
+        propagation: tuple[str, ...] = (),
     ) -> None:
         self.mode = mode  # "ro" or "rw"
         self.fstype = fstype
@@ -30,6 +31,8 @@ class Mount:
         self.root = root  # the directory of that file system it shows (a bind's source there)
         self.flags = flags  # the mount's own: ro or rw, nosuid, nodev, noexec, relatime, …
         self.mount_id = mount_id  # the table's id of it (MountTree's)
+        # its peer group (shared:N) and the one it takes mounts from (master:N), if any
+        self.propagation = propagation
 
 
 def _unescape(field: str) -> str:
@@ -56,6 +59,7 @@ def _mount(fields: list[str]) -> Mount | None:
         root=_unescape(fields[3]),
         flags=flags,
         mount_id=fields[0],
+        propagation=tuple(fields[6:dash]),
     )
 
 

@@ -97,6 +97,7 @@ _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_IPC_NS: "unshare(CLONE_NEWUSER) then unshare(CLONE_NEWIPC)",
     lib.NSC_STAGE_IPC_LIMITS: "write /proc/sys/kernel/{shm,sem,msg}*",
     lib.NSC_STAGE_TMPFS: "mount a tmpfs at /dev/shm/<i>",
+    lib.NSC_STAGE_PRIVATE: "mount --make-rprivate /",
     lib.NSC_STAGE_OPEN: "open (no symlinks)",
     lib.NSC_STAGE_LANDLOCK: "landlock",
 }

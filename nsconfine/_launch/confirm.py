@@ -323,7 +323,7 @@ def mount_table_problems(
     root: str | None = None,
     sources: Mapping[str, tuple[int, int] | None] | None = None,
     host_mountinfo: str | None = None,
-    tmpfs_files: bool = True,
+    limits_taken: bool = True,
 ) -> list[str]:
     """What in the sandbox's mountinfo differs from the plan (empty when they agree).
 
@@ -333,9 +333,10 @@ def mount_table_problems(
     session reading its own table) skips that part.
     host_mountinfo is the launcher's own table, consulted only for mounts below a bound
     directory; None reads /proc/self/mountinfo when one is found.
-    tmpfs_files: each writable tmpfs must show its number of files (not in a test that switched
-    off the step that mounts them so, nsconfine._kernel.layers.session_limits_taken)."""
-    expected = _expected(plan, tmpfs_files)
+    limits_taken: the reaper took the session's limits, so each writable tmpfs must show its
+    number of files, and each mount must be private, taking in no mount made outside (not in a
+    test that switched that step off, nsconfine._kernel.layers.session_limits_taken)."""
+    expected = _expected(plan, limits_taken)
     tree = MountTree(mountinfo)
     observed = tree.points
     made_by_bwrap = {e.dest: e.kind for e in plan.entries if e.kind in (Kind.PROC, Kind.DEV)}
@@ -351,6 +352,10 @@ def mount_table_problems(
     host = _HostTable(host_mountinfo)
     problems = []
     for point, mount in observed.items():
+        if mount.propagation and limits_taken:
+            problems.append(
+                f"{point} takes in mounts made outside the sandbox ({' '.join(mount.propagation)})"
+            )
         want = expected.get(point)
         if tree.mount_seen_at(point) != mount.mount_id:
             # Hidden under a mount made later over a directory above it (or stacked under

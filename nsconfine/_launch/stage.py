@@ -670,7 +670,7 @@ def _confirm(bwrap: str, plan: Plan, staged: Staged, sources: Mapping[str, Ident
         plan,
         root=f"/proc/{shim}/root",
         sources=sources,
-        tmpfs_files=_layers.session_limits_taken(),
+        limits_taken=_layers.session_limits_taken(),
     )
     if problems:
         raise SandboxUnavailable(
