@@ -12,6 +12,7 @@ import re
 import resource
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -700,3 +701,54 @@ def test_the_background_refill_waits_while_launches_are_under_way(
         assert pool.wait_staged(60)
         assert [sandbox.wait() for sandbox in launched] == [0, 0]
     assert staged_during_a_launch == []
+
+
+# Run in a mount namespace of the test's own (the host side): a volume mounted below the
+# workspace is staged with, then the host unmounts it, or covers it with an empty tmpfs.
+HOST_CHANGES_AFTER_STAGING = """
+import os, subprocess, sys
+import nsconfine
+workspace, run_dir, user, change = sys.argv[1:5]
+volume = os.path.join(workspace, "volume")
+def host(*argv):
+    subprocess.run(argv, check=True)
+host("mount", "--bind", workspace, workspace)
+host("mount", "--make-rshared", workspace)
+host("mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", volume)
+with open(os.path.join(volume, "secret"), "w") as file:
+    file.write("the volume's\\n")
+os.chmod(os.path.join(volume, "secret"), 0o644)
+plan = nsconfine.Session(workspace=workspace, run_dir=run_dir, user=user or None).plan()
+with nsconfine.Pool(plan, size=1, refill="inline") as pool:
+    pool.wait_staged(60)
+    if change == "unmount":
+        host("umount", volume)
+    else:
+        host("mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", volume)
+    sandbox = pool.launch(["cat", "volume/secret"], stdout=subprocess.PIPE)
+    print(sandbox.communicate(timeout=60)[0].decode() or "nothing")
+"""
+
+
+@pytest.mark.root  # a mount on the launcher's side takes root
+@pytest.mark.parametrize("change", ["unmount", "cover"])
+def test_a_host_mount_changed_after_staging_is_not_what_the_launch_shows(
+    tmp_path: Path, change: str
+) -> None:
+    """A volume the host unmounts (or covers) below the workspace after a sandbox was staged
+    is not what the Pool's launch shows: the staged sandbox's mounts are private copies taken
+    when it was staged, so the host's change never reached its table, which the Pool watched;
+    the launcher's own table is watched too, and the sandbox staged again (host-changes pass,
+    stop 36: the session read the unmounted volume's file, on the code before). The host side
+    is a mount namespace of the test's own; there the volume's file was readable."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    (workspace / "volume").mkdir(mode=0o755)
+    result = subprocess.run(
+        [
+            "unshare", "--mount", "--propagation", "private", sys.executable, "-c",
+            HOST_CHANGES_AFTER_STAGING, str(workspace), str(run_dir), SESSION_USER or "", change,
+        ],
+        capture_output=True, text=True, cwd="/", timeout=180, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    assert result.stdout == "nothing\n", result

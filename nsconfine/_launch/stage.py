@@ -211,6 +211,7 @@ class Staged:
         "command_pid",
         "command_pidfd",
         "egress",
+        "host_watch",
         "info_fd",
         "init_pid",
         "init_pidfd",
@@ -242,6 +243,7 @@ class Staged:
         self.stderr = -1  # bwrap's fd 2 (-1: the launcher's)
         self.info_fd = -1
         self.mount_watch = -1  # the sandbox's mountinfo, as read to be checked; until hand-off
+        self.host_watch = -1  # the launcher's, opened before the reaper copied it; as long
         self.stubs: list[_sources.Stub] = []
         self.egress: _egress.Egress | None = None  # its socket on the launcher's proxy
 
@@ -255,17 +257,20 @@ class Staged:
         return [fd for fd in held if fd >= 0]
 
     def mounts_unchanged(self) -> bool:
-        """Is the sandbox's mount table still the one checked when it was staged? The kernel
-        detaches a mount whose file the host replaces or removes (`git config` renames
-        config.lock over .git/config; a checkout removes .vscode and makes it again; an editor
-        rewrites a masked .env), and the new file at its path is then the session's to read
-        and write. (No file's identity tells that apart: once its mount is gone nothing holds
-        the old file, and a new one may get its inode number back at once.) The mountinfo fd
-        the check read marks any change since: one poll."""
-        if self.mount_watch < 0:
+        """Is the sandbox's mount table still the one checked when it was staged, and the
+        launcher's the one it was copied from? The kernel detaches a mount whose file the host
+        replaces or removes (`git config` renames config.lock over .git/config; a checkout
+        removes .vscode and makes it again; an editor rewrites a masked .env), and the new file
+        at its path is then the session's to read and write. (No file's identity tells that
+        apart: once its mount is gone nothing holds the old file, and a new one may get its
+        inode number back at once.) And the sandbox's mounts are private copies of the host's,
+        taken as it was staged: a volume the host unmounted or covered since is still there.
+        Each mountinfo fd marks any change since it was opened: one poll."""
+        if self.mount_watch < 0 or self.host_watch < 0:
             return False
         watcher = select.poll()
         watcher.register(self.mount_watch, select.POLLPRI)
+        watcher.register(self.host_watch, select.POLLPRI)
         return not watcher.poll(0)
 
     def writable_binds_unchanged(self) -> bool:
@@ -280,10 +285,11 @@ class Staged:
         return True
 
     def stop_watching_mounts(self) -> None:
-        """Close the mountinfo fd (at the hand-off: a live session holds none)."""
-        if self.mount_watch >= 0:
-            os.close(self.mount_watch)
-            self.mount_watch = -1
+        """Close the mountinfo fds (at the hand-off: a live session holds none)."""
+        for fd in (self.mount_watch, self.host_watch):
+            if fd >= 0:
+                os.close(fd)
+        self.mount_watch = self.host_watch = -1
 
     def ended(self) -> bool:
         """Has the reaper, bwrap or the sandbox's init exited (the sandbox expired, failed or
@@ -491,6 +497,13 @@ def _bound_identity(fd: int) -> tuple[int, int, int]:
     return (info.st_dev, info.st_ino, info.st_ctime_ns)
 
 
+def _close_opened(*fds: int) -> None:
+    """Close each of fds that was opened (-1: not yet)."""
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _start(
     bwrap: str,
     plan: Plan,
@@ -523,8 +536,10 @@ def _start(
     # The kernel then attaches the sender's pid to what the shim sends: its own, translated.
     launcher_end.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     child_side: list[int] = []  # given to the reaper, closed here once it has them
-    info_read = devnull = -1
+    info_read = devnull = host_watch = -1
     try:
+        # Opened before the reaper copies the launcher's mounts: any change since is marked
+        host_watch = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         devnull = _devnull_above_stdio()
         child_side.append(_syscalls.memfd_sealed("nsconfine-args", options))
         info_read, info_write = os.pipe2(os.O_CLOEXEC)
@@ -553,16 +568,14 @@ def _start(
             result=spawned,
         )
     except _syscalls.SyscallError as error:
-        if info_read >= 0:
-            os.close(info_read)
+        _close_opened(info_read, host_watch)
         launcher_end.close()
         refuse_if_short_of_fds(error)
         raise SandboxUnavailable(
             f"cannot start bwrap as {plan.user.name}: {error.strerror} ({error.syscall})"
         ) from None
     except BaseException:
-        if info_read >= 0:
-            os.close(info_read)
+        _close_opened(info_read, host_watch)
         launcher_end.close()
         raise
     finally:
@@ -583,7 +596,7 @@ def _start(
         staged = Staged(plan, reaper, reaper_pidfd, launcher_end)
     except BaseException as error:  # (a KeyboardInterrupt too: the reaper must not be left)
         _end_unwatched(spawned)
-        os.close(info_read)
+        _close_opened(info_read, host_watch)
         launcher_end.close()
         if isinstance(error, OSError):
             raise SandboxUnavailable(
@@ -595,6 +608,7 @@ def _start(
     staged.started = started
     staged.stderr = stderr
     staged.info_fd = info_read
+    staged.host_watch = host_watch
     staged.mark("started")
     return staged
 
