@@ -15,7 +15,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from nsconfine import _arguments as a
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
-from nsconfine._kernel.accounts import READ, SEARCH, WRITE, RunAs, access_problem, run_as
+from nsconfine._kernel.accounts import (
+    READ,
+    SEARCH,
+    WRITE,
+    RunAs,
+    access_problem,
+    allows,
+    run_as,
+)
 from nsconfine._kernel.syscalls import open_no_symlinks, realpath
 from nsconfine._plan import model as p
 from nsconfine._plan import network as _network
@@ -364,20 +372,22 @@ def _is_same_or_above(path: str, other: str) -> bool:
 
 def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
     try:
-        mode = os.stat(path).st_mode
+        info = os.stat(path)
     except OSError as error:
         raise PlanError(f"the {what} {path} cannot be used: {error.strerror}") from error
-    if not stat.S_ISDIR(mode):
+    if not stat.S_ISDIR(info.st_mode):
         raise PlanError(f"the {what} {path} is not a directory")
     problem = access_problem(path, user, bits)
     if problem is not None:
         verb = "writable" if bits & WRITE else "readable"
-        # Never advise handing / or a top-level directory (/usr, /home, ...) to the session.
-        advice = (
-            f"chown -R {user.name} {path}, or pick a directory it owns"
-            if path.count("/") > 1
-            else f"pick a directory of its own: {path} is the system's"
-        )
+        # Never advise handing / or a top-level directory (/usr, /home, ...) to the session;
+        # nor path, where a directory above it is what the account cannot pass (root's home).
+        if path.count("/") <= 1:
+            advice = f"pick a directory of its own: {path} is the system's"
+        elif allows(info, user, bits):  # path itself is usable: a directory above is not
+            advice = f"pick a directory {user.name} can reach"
+        else:
+            advice = f"chown -R {user.name} {path}, or pick a directory it owns"
         raise PlanError(
             f"the {what} {path} is not {verb} by {user.name}, who runs the session "
             f"({problem}): {advice}"

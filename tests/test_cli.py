@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    SESSION_USER,
     cli,
     ended_session_output,
     give_to_session_user,
@@ -1160,6 +1161,24 @@ def test_a_system_directory_as_workspace_is_refused_without_handing_it_over(
     assert result.returncode in (64, 65), result.stderr
     assert "chown" not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.root  # only root names another account, whose reach is then judged
+def test_a_workspace_below_a_directory_the_account_cannot_search_is_not_advised_a_chown(
+    tmp_path: Path,
+) -> None:
+    """A workspace the session's account owns, below a directory it cannot search (root's
+    home, as the README's Quickstart made it there as root), was refused with the advice to
+    chown the workspace, which the account had already, and the same refusal again after it
+    (fresh-Debian pass, stop 36). The advice now names the directory in the way."""
+    closed = tmp_path / "closed"
+    workspace, run_dir = session_dirs(closed, "ws", "run")
+    closed.chmod(0o700)
+    result = run_cli("plan", "--workspace", workspace, "--run-dir", run_dir, *user_options())
+    assert result.returncode == 65, result.stderr
+    assert f"cannot search {closed}" in result.stderr, result.stderr
+    assert "chown" not in result.stderr, result.stderr
+    assert f"pick a directory {SESSION_USER} can reach" in result.stderr, result.stderr
 
 
 @pytest.mark.confinement

@@ -285,7 +285,8 @@ def _explain_userns(error: _syscalls.SyscallError) -> str:
         if error.errno == errno.EPERM and os.geteuid() == 0:
             return (
                 "root without CAP_SYS_ADMIN, as in a container: allow user namespaces "
-                "in the container (its seccomp profile and capabilities)"
+                "in the container (its seccomp profile and capabilities); or in a chroot, "
+                "where the kernel makes none: run it outside, or in a container of its own"
             )
         if error.errno == errno.ENOSPC:
             return "the user namespace limit is reached; raise user.max_user_namespaces"
