@@ -806,6 +806,71 @@ def test_the_i386_entry_is_killed_under_runc(runc_world: World, tmp_path: Path) 
     assert "ran" in twin.stdout, twin
 
 
+# The host side of the runc propagation test, in a mount namespace of the test's own: runc
+# runs the bundle, and once the container has started the host mounts a tmpfs below the
+# workspace; the container says whether it sees the tmpfs's file.
+HOST_MOUNTS_WHILE_RUNC_RUNS = """set -e
+mount --bind "$WS" "$WS"
+mount --make-rshared "$WS"
+"$RUNC" run --bundle "$BUNDLE" "$NAME" &
+i=0; while [ ! -e "$WS/started" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+mount -t tmpfs -o mode=0755 tmpfs "$WS/volume"
+touch "$WS/volume/marker" "$WS/ready"
+wait $!
+"""
+
+
+def _propagating(config: dict[str, Any], bundle: Path) -> None:
+    """The twin: the export's binds and root as a runtime makes them by default (rslave)."""
+    config["linux"].pop("rootfsPropagation", None)
+    for mount in config["mounts"]:
+        mount["options"] = [o for o in mount.get("options", []) if o != "rprivate"]
+
+
+@pytest.mark.confinement
+@pytest.mark.root
+def test_a_host_mount_made_while_runc_runs_the_bundle_does_not_reach_it(
+    runc_world: World, tmp_path: Path
+) -> None:
+    """The export says what `nsconfine run` does: a mount the host makes below a bound
+    directory while the container runs is not seen in it (root and binds rprivate; runc's
+    default is rslave, and such a mount arrived writable below a read-only bind, without
+    nosuid or nodev: host-changes pass, stop 36). The twin, with a runtime's default
+    propagation, sees it."""
+    assert RUNC is not None
+    workspace = Path(runc_world.workspace)
+    (workspace / "volume").mkdir(mode=0o755)
+    script = (
+        f"touch {workspace}/started; i=0; while [ ! -e {workspace}/ready ] && [ $i -lt 600 ];"
+        f" do sleep 0.05; i=$((i+1)); done; test -e {workspace}/volume/marker && echo SEEN"
+        " || echo NOT"
+    )
+    seen: list[str] = []
+    for edit in (None, _propagating):
+        for name in ("started", "ready"):
+            (workspace / name).unlink(missing_ok=True)
+        bundle = tmp_path / f"bundle-{len(seen)}"
+        _oci.materialize(runc_world.plan(), str(bundle), ["/bin/sh", "-c", script])
+        if edit is not None:
+            config = json.loads((bundle / "config.json").read_text())
+            edit(config, bundle)
+            (bundle / "config.json").write_text(json.dumps(config))
+        name = f"nsconfine-test-{bundle.name}-{os.getpid()}"
+        environment = {**os.environ, "WS": str(workspace), "BUNDLE": str(bundle)}
+        try:
+            done = subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 HOST_MOUNTS_WHILE_RUNC_RUNS],
+                env={**environment, "RUNC": RUNC, "NAME": name},
+                capture_output=True, text=True, timeout=120, cwd="/", check=False,
+            )  # fmt: skip
+        finally:
+            subprocess.run([RUNC, "delete", "--force", name], capture_output=True, check=False)
+        assert done.returncode == 0, done
+        seen.append(done.stdout.strip())
+    assert seen == ["NOT", "SEEN"], seen
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="open: runc opens bind sources and resolves destinations by path, following a "

@@ -198,8 +198,10 @@ class Export:
 
 
 def _bind_options(mode: Mode) -> list[str]:
-    # bwrap binds recursively with nosuid and nodev (and read-only all the way down): so here.
-    return ["rbind", "nosuid", "nodev", *(["ro", "rro"] if mode is Mode.RO else [])]
+    # bwrap binds recursively with nosuid and nodev (and read-only all the way down), and
+    # nsconfine's reaper makes every mount private (no mount the host makes later reaches the
+    # session): so here, where a runtime's default is rslave.
+    return ["rbind", "nosuid", "nodev", "rprivate", *(["ro", "rro"] if mode is Mode.RO else [])]
 
 
 def _bind(source: str, dest: str, mode: Mode) -> dict[str, Any]:
@@ -392,6 +394,7 @@ def export(
         "hostname": SESSION_HOSTNAME,  # (a new UTS namespace's, as bwrap is given it)
         "mounts": mounts,
         "linux": {
+            "rootfsPropagation": "private",  # (see _bind_options; the spec says no rprivate)
             "namespaces": namespaces,
             "readonlyPaths": read_only_paths,
             "maskedPaths": masked_paths,
