@@ -386,12 +386,21 @@ def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
             advice = f"pick a directory of its own: {path} is the system's"
         elif allows(info, user, bits):  # path itself is usable: a directory above is not
             advice = f"pick a directory {user.name} can reach"
+        elif info.st_uid == user.uid:  # its own, and its mode shuts it out
+            advice = f"chmod u+{_mode_letters(bits)} {path}"
         else:
             advice = f"chown -R {user.name} {path}, or pick a directory it owns"
         raise PlanError(
             f"the {what} {path} is not {verb} by {user.name}, who runs the session "
             f"({problem}): {advice}"
         )
+
+
+def _mode_letters(bits: int) -> str:
+    """chmod's letters for bits (READ, WRITE, SEARCH)."""
+    return "".join(
+        letter for bit, letter in ((READ, "r"), (WRITE, "w"), (SEARCH, "x")) if bits & bit
+    )
 
 
 def _require_reachable(session: Session, user: RunAs) -> None:

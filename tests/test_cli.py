@@ -1170,7 +1170,8 @@ def test_a_workspace_below_a_directory_the_account_cannot_search_is_not_advised_
     """A workspace the session's account owns, below a directory it cannot search (root's
     home, as the README's Quickstart made it there as root), was refused with the advice to
     chown the workspace, which the account had already, and the same refusal again after it
-    (fresh-Debian pass, stop 36). The advice now names the directory in the way."""
+    (fresh-Debian pass, stop 36). The advice now names the directory in the way; and for its
+    own workspace whose mode shuts it out, a chmod."""
     closed = tmp_path / "closed"
     workspace, run_dir = session_dirs(closed, "ws", "run")
     closed.chmod(0o700)
@@ -1179,6 +1180,13 @@ def test_a_workspace_below_a_directory_the_account_cannot_search_is_not_advised_
     assert f"cannot search {closed}" in result.stderr, result.stderr
     assert "chown" not in result.stderr, result.stderr
     assert f"pick a directory {SESSION_USER} can reach" in result.stderr, result.stderr
+    # Its own workspace, whose mode shuts it out: chmod, not chown (the review of the above)
+    closed.chmod(0o755)
+    workspace.chmod(0o500)
+    result = run_cli("plan", "--workspace", workspace, "--run-dir", run_dir, *user_options())
+    assert result.returncode == 65, result.stderr
+    assert f"chmod u+rwx {workspace}" in result.stderr, result.stderr
+    assert "chown" not in result.stderr, result.stderr
 
 
 @pytest.mark.confinement
