@@ -357,6 +357,7 @@ def test_the_pod_is_valid_and_as_narrow(oci_plan: Plan, tmp_path: Path) -> None:
     assert context["seccompProfile"]["type"] == "Localhost"
     paths = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
     mounted = {m["mountPath"]: (paths[m["name"]], m["readOnly"]) for m in container["volumeMounts"]}
+    assert {m["mountPropagation"] for m in container["volumeMounts"]} == {"None"}  # rprivate
     for entry in oci_plan.entries:
         if entry.kind is Kind.BIND and not entry.dest.startswith("/proc/"):
             assert mounted[entry.dest] == (entry.source, entry.mode is Mode.RO)

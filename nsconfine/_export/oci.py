@@ -3,7 +3,8 @@ runs it, podman's arguments and a Kubernetes Pod.
 
 Each entry is stated the way the OCI spec can state it, never wider:
 
-- a bind is a bind (`rbind`, `nosuid`, `nodev`, and `ro` with `rro` where read-only), a
+- a bind is a bind (`rbind`, `nosuid`, `nodev`, `rprivate`, and `ro` with `rro` where
+  read-only; the root's propagation private), a
   `/proc` part the plan covers read-only is one of `linux.readonlyPaths` (one it covers with
   an empty file, one of `linux.maskedPaths`: runc binds nothing else there), a tmpfs is a tmpfs
   the session's account owns, /proc a new procfs, /dev the runtime's minimal one;
@@ -697,7 +698,15 @@ def pod_spec(
                 memory["sizeLimit"] = sizes[0]  # bytes: a quantity without a suffix
             volumes.append({"name": volume, "emptyDir": memory})
         read_only = "ro" in mount["options"]
-        mounts.append({"name": volume, "mountPath": mount["destination"], "readOnly": read_only})
+        # None (rprivate), as each bind of the bundle: no mount the node makes later reaches it
+        mounts.append(
+            {
+                "name": volume,
+                "mountPath": mount["destination"],
+                "readOnly": read_only,
+                "mountPropagation": "None",
+            }
+        )
     env: list[dict[str, Any]] = []
     for variable in plan.env:
         if variable.origin.shown:
