@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import resource
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -236,6 +237,40 @@ def test_a_default_session_holds_at_most_1024_files_per_process(plan: nsconfine.
     status, output = sh(plan, "grep 'Max open files' /proc/self/limits")
     assert status == 0, output
     assert int(output.split()[4]) <= DEFAULTOPEN_FILES, output
+
+
+# Crashes itself (SIGSEGV) after raising its core limit as far as it may; the limits it had.
+CRASH_WITH_A_CORE = (
+    "ulimit -S -c; ulimit -H -c; ulimit -c unlimited 2>/dev/null && echo raised; "
+    "sh -c 'ulimit -c unlimited 2>/dev/null; kill -SEGV $$'; ls"
+)
+
+
+def test_a_session_dumps_no_core(ws_run: tuple[Path, Path]) -> None:
+    """A session's processes dump no core: RLIMIT_CORE 0, soft and hard, which the command
+    cannot raise. A crash's core is written by the host's handler where core_pattern is a pipe
+    (systemd-coredump, apport: as root, into the host's storage, with a session that crashes
+    at will filling it); here, where it is a file name, into the crashing process's directory.
+    The control: the same script run as the session's account outside any sandbox, in the
+    same directory, leaves a core there (found this stop: the session raised its limit to
+    unlimited and dumped; this test failed on the code before)."""
+    workspace = ws_run[0]
+    _status, output = sh(session(*ws_run).plan(), f"cd {workspace} && {CRASH_WITH_A_CORE}")
+    words = output.split()
+    assert words[:2] == ["0", "0"], output
+    assert "raised" not in words, output
+    assert "core" not in words, output
+    assert not [name for name in os.listdir(workspace) if name.startswith("core")]
+    with open("/proc/sys/kernel/core_pattern") as pattern:
+        if pattern.read().startswith("|") or resource.getrlimit(resource.RLIMIT_CORE)[1] == 0:
+            return  # the control needs a core dumped as a file, and a launcher that may dump
+    demote = [] if SESSION_USER is None else ["runuser", "-u", SESSION_USER, "--"]
+    control = subprocess.run(
+        [*demote, "sh", "-c", f"ulimit -H -c unlimited 2>/dev/null; {CRASH_WITH_A_CORE}"],
+        cwd=workspace, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert "raised" in control.stdout, control
+    assert "core" in control.stdout.split(), control
 
 
 def test_a_plan_that_hands_bwrap_many_fds_still_launches(

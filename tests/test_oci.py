@@ -263,9 +263,9 @@ def test_the_config_states_every_entry(oci_plan: Plan, tmp_path: Path) -> None:
 
 def test_the_config_states_the_limits(oci_plan: Plan, tmp_path: Path) -> None:
     """Each tmpfs's size and the devpts's ptys as mount options, /dev read-only, open files
-    as RLIMIT_NOFILE, processes as the pids limit, System V IPC's as the IPC namespace's
-    sysctls; every limit with its reason, and what the
-    spec cannot state (inotify), among the annotations."""
+    as RLIMIT_NOFILE (and no core dumps: RLIMIT_CORE 0, as the shim), processes as the pids
+    limit, System V IPC's as the IPC namespace's sysctls; every limit with its reason, and
+    what the spec cannot state (inotify), among the annotations."""
     config = _oci.export(oci_plan, str(tmp_path / "bundle")).config
     limits = oci_plan.limits
     mounts = {m["destination"]: m for m in config["mounts"]}
@@ -275,7 +275,8 @@ def test_the_config_states_the_limits(oci_plan: Plan, tmp_path: Path) -> None:
     assert f"max={limits.ptys}" in mounts["/dev/pts"]["options"]
     assert "/dev" in config["linux"]["readonlyPaths"]
     nofile = {"type": "RLIMIT_NOFILE", "hard": limits.open_files, "soft": limits.open_files}
-    assert config["process"]["rlimits"] == [nofile]
+    no_core = {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}
+    assert config["process"]["rlimits"] == [nofile, no_core]
     assert config["linux"]["resources"] == {"pids": {"limit": limits.processes}}
     assert config["linux"]["sysctl"] == {
         "kernel.shmall": str(limits.sysv_shm_pages()),

@@ -388,7 +388,8 @@ def export(
                     "type": "RLIMIT_NOFILE",
                     "hard": plan.limits.open_files,
                     "soft": plan.limits.open_files,
-                }
+                },
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},  # no core dumps, as the shim
             ],
         },
         "root": {"path": "rootfs", "readonly": "/" in remounted},
@@ -790,7 +791,7 @@ def _ulimits(plan: Plan) -> list[str]:
             soft, hard = (v if 0 <= v < plan.limits.open_files else plan.limits.open_files
                           for v in (soft, hard))  # fmt: skip
         limits += ["--ulimit", f"{name}={soft}:{hard}"]
-    return limits
+    return [*limits, "--ulimit", "core=0:0"]  # no core dumps, as the shim
 
 
 def podman_args(
