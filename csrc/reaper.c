@@ -55,6 +55,7 @@
 #include <linux/mount.h>
 #include <linux/sched.h>
 
+#define RLIMIT_CORE_ 4  /* the same on x86_64 and aarch64 */
 #define RLIMIT_NPROC_ 6 /* the same on x86_64 and aarch64 */
 
 #define TEARDOWN_SIGNALS                                                                       \
@@ -461,6 +462,14 @@ int helper_main(int argc, char **argv, char **envp)
     if (held && sys_close_range((unsigned int)holds_fd, ~0U, CLOSE_RANGE_CLOEXEC_) < 0)
         return 2;
     if (SYS5(__NR_prctl, PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+        return 2;
+    /* No core dumps from anything the sandbox holds (bwrap, its init, the shim, the proxy's
+     * relay, the command): where core_pattern is a pipe (systemd-coredump, apport), the host's
+     * handler writes each crash's core as root into the host's storage, and a session may
+     * crash at will. Hard 0, so that none of them can raise it again (a process of the same
+     * account may raise another's soft limit to its hard one). */
+    uint64_t no_core[2] = { 0, 0 }; /* struct rlimit64: soft, hard */
+    if (SYS4(__NR_prlimit64, 0, RLIMIT_CORE_, no_core, 0) < 0)
         return 2;
     ksigset_t watched = KSIGBIT(SIGCHLD) | TEARDOWN_SIGNALS, old;
     if (sys_sigprocmask(SIG_BLOCK, &watched, &old) < 0)

@@ -40,8 +40,8 @@
  *
  * OPEN_FILES > 0 is the most files each process of the command may hold open: the shim
  * lowers its RLIMIT_NOFILE (soft and hard) to it, never raising either, just before the exec
- * (bwrap, which holds an fd for every copied runner file, keeps the launcher's). Its
- * RLIMIT_CORE goes to 0 there too: the command dumps no core.
+ * (bwrap, which holds an fd for every copied runner file, keeps the launcher's). (Its
+ * RLIMIT_CORE is 0 already: the reaper set it for all the sandbox holds.)
  *
  * With GUARD_PID_1 = 1 the shim first takes a Landlock domain of its own, scoped
  * (ABI 6): its command, and all it starts, can then neither ptrace, read or
@@ -191,7 +191,6 @@ static long send_fd(int sock, char byte, int fd)
     return RETRY(SYS3(__NR_sendmsg, sock, &msg, 0));
 }
 
-#define RLIMIT_CORE_ 4   /* the same on x86_64 and aarch64 */
 #define RLIMIT_NOFILE_ 7 /* the same on x86_64 and aarch64 */
 
 /*
@@ -483,12 +482,6 @@ int helper_main(int argc, char **argv, char **envp)
     if (r < 0)
         fail(r, NSC_SHIM_STAGE_SIGNALS);
     if (open_files > 0 && (r = cap_open_files((uint64_t)open_files)) < 0)
-        fail(r, NSC_SHIM_STAGE_LIMITS);
-    /* No core dumps: where core_pattern is a pipe (systemd-coredump, apport), the host's
-     * handler writes each crash's core as root into the host's storage, and a session may
-     * crash at will. Lowered, soft and hard: the command cannot raise it again. */
-    uint64_t no_core[2] = { 0, 0 }; /* struct rlimit64: soft, hard */
-    if ((r = SYS4(__NR_prlimit64, 0, RLIMIT_CORE_, no_core, 0)) < 0)
         fail(r, NSC_SHIM_STAGE_LIMITS);
     /* Everything else, the socket and the error pipe too, closes at exec. */
     r = sys_close_range(3, ~0U, CLOSE_RANGE_CLOEXEC_);

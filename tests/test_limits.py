@@ -261,6 +261,15 @@ def test_a_session_dumps_no_core(ws_run: tuple[Path, Path]) -> None:
     assert "raised" not in words, output
     assert "core" not in words, output
     assert not [name for name in os.listdir(workspace) if name.startswith("core")]
+    # Nor can any process of the sandbox be made to: each holds hard 0, bwrap's init too (a
+    # process of the same account may raise another's soft limit to its hard one, prlimit)
+    _status, output = sh(
+        session(*ws_run).plan(),
+        "for p in /proc/[0-9]*; do grep 'Max core file size' $p/limits; done",
+    )
+    found = [line.split()[4:6] for line in output.splitlines()]
+    assert len(found) >= 2, output  # pid 1 and the shell
+    assert all(limits == ["0", "0"] for limits in found), output
     with open("/proc/sys/kernel/core_pattern") as pattern:
         if pattern.read().startswith("|") or resource.getrlimit(resource.RLIMIT_CORE)[1] == 0:
             return  # the control needs a core dumped as a file, and a launcher that may dump
