@@ -263,7 +263,7 @@ def test_the_config_states_every_entry(oci_plan: Plan, tmp_path: Path) -> None:
 
 def test_the_config_states_the_limits(oci_plan: Plan, tmp_path: Path) -> None:
     """Each tmpfs's size and the devpts's ptys as mount options, /dev read-only, open files
-    as RLIMIT_NOFILE (and no core dumps: RLIMIT_CORE 0, as the shim), processes as the pids
+    as RLIMIT_NOFILE (and no core dumps: RLIMIT_CORE 0, as the reaper), processes as the pids
     limit, System V IPC's as the IPC namespace's sysctls; every limit with its reason, and
     what the spec cannot state (inotify), among the annotations."""
     config = _oci.export(oci_plan, str(tmp_path / "bundle")).config
@@ -359,6 +359,7 @@ def test_the_pod_is_valid_and_as_narrow(oci_plan: Plan, tmp_path: Path) -> None:
     paths = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
     mounted = {m["mountPath"]: (paths[m["name"]], m["readOnly"]) for m in container["volumeMounts"]}
     assert {m["mountPropagation"] for m in container["volumeMounts"]} == {"None"}  # rprivate
+    assert "RLIMIT_CORE" in pod["metadata"]["annotations"]["nsconfine.io/not-expressed-rlimits"]
     for entry in oci_plan.entries:
         if entry.kind is Kind.BIND and not entry.dest.startswith("/proc/"):
             assert mounted[entry.dest] == (entry.source, entry.mode is Mode.RO)

@@ -54,6 +54,12 @@ MASK32 = 0xFFFF_FFFF
 ARCHITECTURES = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}
 DEFAULT_COMMAND = ("/bin/sh",)
 
+# What a Pod cannot say that the bundle does (a Pod has no rlimits).
+POD_NOT_EXPRESSED = {
+    "rlimits": "a Pod has no rlimits: the open_files limit (RLIMIT_NOFILE) and no core dumps "
+    "(RLIMIT_CORE 0) are the container runtime's (containerd's unit sets LimitCORE=infinity)",
+}
+
 # What no OCI field expresses, and what the export therefore does not promise.
 NOT_EXPRESSED = {
     "landlock": "Landlock scopes (no abstract unix socket or signal out of the sandbox) have no "
@@ -389,7 +395,7 @@ def export(
                     "hard": plan.limits.open_files,
                     "soft": plan.limits.open_files,
                 },
-                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},  # no core dumps, as the shim
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},  # no core dumps, as the reaper
             ],
         },
         "root": {"path": "rootfs", "readonly": "/" in remounted},
@@ -737,7 +743,7 @@ def pod_spec(
         annotations[f"{K8S_ANNOTATION}/entry-{number:04d}"] = (
             f"{entry.kind} {entry.mode} {entry.dest}: {entry.reason} [{how}]"
         )
-    for key, what in NOT_EXPRESSED.items():
+    for key, what in {**NOT_EXPRESSED, **POD_NOT_EXPRESSED}.items():
         annotations[f"{K8S_ANNOTATION}/not-expressed-{key}"] = what
     container = {
         "name": "session",
@@ -791,7 +797,7 @@ def _ulimits(plan: Plan) -> list[str]:
             soft, hard = (v if 0 <= v < plan.limits.open_files else plan.limits.open_files
                           for v in (soft, hard))  # fmt: skip
         limits += ["--ulimit", f"{name}={soft}:{hard}"]
-    return [*limits, "--ulimit", "core=0:0"]  # no core dumps, as the shim
+    return [*limits, "--ulimit", "core=0:0"]  # no core dumps, as the reaper
 
 
 def podman_args(
