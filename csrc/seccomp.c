@@ -195,6 +195,22 @@ static void refuse_if_arg_and_masked(struct program *p, unsigned int nr, int arg
     emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr));
 }
 
+/* nr fails with err when argument arg is value and argument arg2 none of values (n of them);
+ * else the next rule is looked at. */
+static void refuse_if_arg_and_not_in(struct program *p, unsigned int nr, int arg,
+                                     unsigned int value, int arg2, const unsigned int *values,
+                                     unsigned char n, int err)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 5), nr);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 2), value);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg2));
+    for (unsigned char i = 0; i < n; i++) /* one of values: on to the next rule */
+        emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - i), 0, values[i]);
+    ret(p, RET_ERRNO(err));
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr));
+}
+
 /* The rules, in the order the filter checks them. SYSCALL(name) gives the name (as libseccomp
  * and the OCI runtime spec spell it) and its number on this architecture. */
 #define SYSCALL(name) #name, __NR_##name
@@ -223,6 +239,16 @@ static void refuse_if_arg_and_masked(struct program *p, unsigned int nr, int arg
       { value, mask, __VA_ARGS__ } }
 #define SOCKET_OPTIONS(...) ARG_IS_AND_MASKED(KERNEL, setsockopt, 1, SOL_SOCKET, 2, ~0u, EPERM, 2, \
                                               __VA_ARGS__)
+/* Within a family the filter allows, the protocols programs use: another makes the kernel
+ * load its module, if it has one for it (modprobe, run as root on the host: SCTP, DCCP, L2TP,
+ * netlink's generic family, whose own families load by name, its crypto and netfilter ones).
+ * INET and INET6: the default, ICMP (ping), TCP, UDP, ICMPv6 and MPTCP (built in, never a
+ * module); NETLINK: routing (getifaddrs), socket diagnostics (ss) and uevents (udev). */
+#define PROTOCOLS(name, family, n, ...)                                                   \
+    { SYSCALL(name), KERNEL, EPERM, NSC_RULE_ARG_IS_AND_ARG2_NOT_IN, 0, 2, (n) + 1,         \
+      { family, __VA_ARGS__ } }
+#define INET_PROTOCOLS(name, family) PROTOCOLS(name, family, 6, 0, 1, 6, 17, 58, 262)
+#define NETLINK_PROTOCOLS(name) PROTOCOLS(name, AF_NETLINK, 3, 0, 4, 15)
 #define DATAGRAMS(family) \
     ARG_IS_AND_MASKED(NSC_SECCOMP_OWN_NETWORK, socket, 0, family, 1, 0xfu, EPERM, 1, SOCK_DGRAM)
 
@@ -356,7 +382,13 @@ static const struct nsc_seccomp_rule RULES[] = {
     PID_1(sched_setattr, 0),
     DATAGRAMS(AF_INET), /* before FAMILIES(socket), which ends socket's rules */
     DATAGRAMS(AF_INET6),
+    INET_PROTOCOLS(socket, AF_INET),
+    INET_PROTOCOLS(socket, AF_INET6),
+    NETLINK_PROTOCOLS(socket),
     FAMILIES(socket),
+    INET_PROTOCOLS(socketpair, AF_INET), /* (the kernel makes the socket, then refuses) */
+    INET_PROTOCOLS(socketpair, AF_INET6),
+    NETLINK_PROTOCOLS(socketpair),
     FAMILIES(socketpair),
     SOCKET_OPTIONS(SO_ATTACH_FILTER, SO_ATTACH_BPF),
     SOCKET_OPTIONS(SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF),
@@ -416,6 +448,10 @@ static void emit_rule(struct program *p, const struct nsc_seccomp_rule *r)
     case NSC_RULE_ARG_IS_AND_ARG2_MASKED_IN:
         refuse_if_arg_and_masked(p, nr, r->arg, r->values[0], r->arg2, r->values[1],
                                  r->values + 2, (unsigned char)(r->n_values - 2), r->err);
+        break;
+    case NSC_RULE_ARG_IS_AND_ARG2_NOT_IN:
+        refuse_if_arg_and_not_in(p, nr, r->arg, r->values[0], r->arg2, r->values + 1,
+                                 (unsigned char)(r->n_values - 1), r->err);
         break;
     default:
         p->overflow = 1; /* a rule this generator cannot emit: refuse to build a filter */

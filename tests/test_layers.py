@@ -88,6 +88,12 @@ for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_VSOCK", "AF_PAC
     fd = libc.socket(int(family), int(kind), 0)
     out["socket_" + name] = "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
     if fd >= 0: os.close(fd)
+for name, family, kind, protocol in (("inet_sctp", 2, 1, 132), ("inet_tcp", 2, 1, 6),
+                                     ("netlink_generic", 16, 3, 16)):
+    ctypes.set_errno(0)
+    fd = libc.socket(family, kind, protocol)
+    out["protocol_" + name] = "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
+    if fd >= 0: os.close(fd)
 for name, family in (("AF_INET", socket.AF_INET), ("AF_INET6", socket.AF_INET6)):
     ctypes.set_errno(0)
     fd = libc.socket(int(family), int(socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), 0)
@@ -145,14 +151,15 @@ REFUSED = {
     "unshare_files": "EPERM", "udp_AF_INET": "EPERM", "udp_AF_INET6": "EPERM",
     "io_setup": "ENOSYS", "setsockopt_SO_ATTACH_FILTER": "EPERM",
     "setsockopt_SO_ATTACH_REUSEPORT_CBPF": "EPERM", "seccomp_filter": "EINVAL",
-    "prctl_seccomp_filter": "EINVAL",
+    "prctl_seccomp_filter": "EINVAL", "protocol_inet_sctp": "EPERM",
+    "protocol_netlink_generic": "EPERM",
 }  # fmt: skip
 # Calls an account without capabilities gets EPERM for from the kernel too, whatever the
 # arguments (the capability check comes first): the filter's own answer is shown by
 # tests/test_seccomp_program.py.
 KERNEL_AGREES = {"vhangup", "reboot", "swapon", "swapoff", "sethostname", "setdomainname"}
 ALLOWED = ("personality_query", "socket_AF_UNIX", "socket_AF_INET", "socket_AF_INET6",
-           "socket_AF_NETLINK")  # fmt: skip
+           "socket_AF_NETLINK", "protocol_inet_tcp")  # fmt: skip
 
 
 def filter_answers(plan: nsconfine.Plan) -> dict[str, str]:

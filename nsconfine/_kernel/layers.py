@@ -37,7 +37,8 @@ LAYERS: Final = {
         "bpf, userfaultfd, kexec or modules; no modify_ldt or port I/O, no clocks, reboot, "
         "swap or vhangup, no kcmp, pidfd_getfd, process_madvise, open_by_handle_at or "
         "fanotify; no other personality; no ptrace of pid 1; only UNIX, INET, INET6 and "
-        "NETLINK sockets; no TIOCSTI or TIOCLINUX; no other syscall entry (x32, i386)"
+        "NETLINK sockets, of the protocols programs use (no module loaded for another); no "
+        "TIOCSTI or TIOCLINUX; no other syscall entry (x32, i386)"
     ),
     "session-keyring": (
         "a fresh session keyring: the launcher's keys are not reachable, and keys a session "
