@@ -243,12 +243,13 @@ static void refuse_if_arg_and_not_in(struct program *p, unsigned int nr, int arg
  * load its module, if it has one for it (modprobe, run as root on the host: SCTP, DCCP, L2TP,
  * netlink's generic family, whose own families load by name, its crypto and netfilter ones).
  * INET and INET6: the default, ICMP (ping), TCP, UDP, ICMPv6 and MPTCP (built in, never a
- * module); NETLINK: routing (getifaddrs), socket diagnostics (ss) and uevents (udev). */
+ * module); NETLINK: routing (getifaddrs) and uevents (udev). Not socket diagnostics (ss),
+ * which load a family's diag module, and with it the family (TIPC, vsock), by number. */
 #define PROTOCOLS(name, family, n, ...)                                                   \
     { SYSCALL(name), KERNEL, EPERM, NSC_RULE_ARG_IS_AND_ARG2_NOT_IN, 0, 2, (n) + 1,         \
       { family, __VA_ARGS__ } }
 #define INET_PROTOCOLS(name, family) PROTOCOLS(name, family, 6, 0, 1, 6, 17, 58, 262)
-#define NETLINK_PROTOCOLS(name) PROTOCOLS(name, AF_NETLINK, 3, 0, 4, 15)
+#define NETLINK_PROTOCOLS(name) PROTOCOLS(name, AF_NETLINK, 2, 0, 15)
 #define DATAGRAMS(family) \
     ARG_IS_AND_MASKED(NSC_SECCOMP_OWN_NETWORK, socket, 0, family, 1, 0xfu, EPERM, 1, SOCK_DGRAM)
 

@@ -137,7 +137,8 @@ CASES = [
     ("socket netlink", 41, (16,), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("socket packet", 41, (17,), errno_of(errno.EAFNOSUPPORT), errno_of(errno.EAFNOSUPPORT)),
     # Within an allowed family, a protocol the kernel may load a module for (modprobe, as root,
-    # on the host) is refused: SCTP, netlink's generic family; TCP, MPTCP, routing are not.
+    # on the host) is refused: SCTP, netlink's generic family and socket diagnostics; TCP,
+    # MPTCP, routing are not.
     ("socket inet sctp", 41, (2, 1, 132), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("socket inet sctp, high bits", 41, (2, 1, 132 | 1 << 32), errno_of(errno.EPERM),
      errno_of(errno.EPERM)),
@@ -148,6 +149,7 @@ CASES = [
     ("socket netlink generic", 41, (16, 3, 16), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("socket netlink route", 41, (16, 3, 0), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("socket netlink uevent", 41, (16, 2, 15), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("socket netlink sock_diag", 41, (16, 3, 4), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("socket unix, any protocol", 41, (1, 1, 132), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     ("socketpair inet sctp", 53, (2, 1, 132), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("socket vsock", 41, (40,), errno_of(errno.EAFNOSUPPORT), errno_of(errno.EAFNOSUPPORT)),
