@@ -211,6 +211,25 @@ static void refuse_if_arg_and_not_in(struct program *p, unsigned int nr, int arg
     emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr));
 }
 
+/* socket or socketpair (nr) fails with err when its family is family, its type masked with
+ * mask is type, and its protocol none of values (n of them); else the next rule is looked at. */
+static void refuse_socket_protocols(struct program *p, unsigned int nr, unsigned int family,
+                                    unsigned int mask, unsigned int type,
+                                    const unsigned int *values, unsigned char n, int err)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 8), nr);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(0));
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 5), family);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(1));
+    emit(p, BPF_ALU | BPF_AND | BPF_K, 0, 0, mask);
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 2), type);
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(2));
+    for (unsigned char i = 0; i < n; i++) /* one of values: on to the next rule */
+        emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - i), 0, values[i]);
+    ret(p, RET_ERRNO(err));
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr));
+}
+
 /* The rules, in the order the filter checks them. SYSCALL(name) gives the name (as libseccomp
  * and the OCI runtime spec spell it) and its number on this architecture. */
 #define SYSCALL(name) #name, __NR_##name
@@ -239,17 +258,41 @@ static void refuse_if_arg_and_not_in(struct program *p, unsigned int nr, int arg
       { value, mask, __VA_ARGS__ } }
 #define SOCKET_OPTIONS(...) ARG_IS_AND_MASKED(KERNEL, setsockopt, 1, SOL_SOCKET, 2, ~0u, EPERM, 2, \
                                               __VA_ARGS__)
-/* Within a family the filter allows, the protocols programs use: another makes the kernel
- * load its module, if it has one for it (modprobe, run as root on the host: SCTP, DCCP, L2TP,
- * netlink's generic family, whose own families load by name, its crypto and netfilter ones).
- * INET and INET6: the default, ICMP (ping), TCP, UDP, ICMPv6 and MPTCP (built in, never a
- * module); NETLINK: routing (getifaddrs) and uevents (udev). Not socket diagnostics (ss),
- * which load a family's diag module, and with it the family (TIPC, vsock), by number. */
-#define PROTOCOLS(name, family, n, ...)                                                   \
-    { SYSCALL(name), KERNEL, EPERM, NSC_RULE_ARG_IS_AND_ARG2_NOT_IN, 0, 2, (n) + 1,         \
-      { family, __VA_ARGS__ } }
-#define INET_PROTOCOLS(name, family) PROTOCOLS(name, family, 6, 0, 1, 6, 17, 58, 262)
-#define NETLINK_PROTOCOLS(name) PROTOCOLS(name, AF_NETLINK, 2, 0, 15)
+/* Within a family the filter allows, the types and protocols programs use: for another the
+ * kernel finds no protocol of its own and loads a module for it (modprobe, run as root on the
+ * host), before any permission is checked: SCTP, DCCP (SOCK_DCCP, protocol 0), L2TP; netlink's
+ * generic family, whose own families load by name, its crypto and netfilter ones. INET and
+ * INET6: a stream of the default protocol, TCP or MPTCP (built in, never a module); a datagram
+ * of the default, UDP or that family's ICMP (ping); a raw socket of any (it takes every
+ * protocol, and only with CAP_NET_RAW). NETLINK: routing (getifaddrs) and uevents (udev). Not
+ * socket diagnostics (ss), which load a family's diag module, and with it the family (TIPC,
+ * vsock), by number. */
+#define SOCK_TYPE_MASK 0xfu /* the type, without SOCK_NONBLOCK and SOCK_CLOEXEC */
+#define INET_TYPES(name, family)                                                              \
+    ARG_IS_AND_MASKED(KERNEL, name, 0, family, 1, SOCK_TYPE_MASK, EPERM, 13, 0, 4, 5, 6, 7, 8, \
+                      9, 10, 11, 12, 13, 14, 15)
+#define TYPE_PROTOCOLS(name, family, type, n, ...)                                          \
+    { SYSCALL(name), KERNEL, EPERM, NSC_RULE_SOCKET_TYPE_PROTOCOLS, 0, 1, (n) + 3,          \
+      { family, SOCK_TYPE_MASK, type, __VA_ARGS__ } }
+#define INET_PROTOCOLS(name)                                                                \
+    INET_TYPES(name, AF_INET), TYPE_PROTOCOLS(name, AF_INET, SOCK_STREAM, 3, 0, 6, 262),    \
+        TYPE_PROTOCOLS(name, AF_INET, SOCK_DGRAM, 3, 0, 17, 1), INET_TYPES(name, AF_INET6), \
+        TYPE_PROTOCOLS(name, AF_INET6, SOCK_STREAM, 3, 0, 6, 262),                          \
+        TYPE_PROTOCOLS(name, AF_INET6, SOCK_DGRAM, 3, 0, 17, 58)
+#define NETLINK_PROTOCOLS(name) \
+    { SYSCALL(name), KERNEL, EPERM, NSC_RULE_ARG_IS_AND_ARG2_NOT_IN, 0, 2, 3, { AF_NETLINK, 0, 15 } }
+/* Socket ioctls that load 8021q or bridge before their own capability check. */
+#define SIOCGIFBR_ 0x8940u
+#define SIOCSIFBR_ 0x8941u
+#define SIOCGIFVLAN_ 0x8982u
+#define SIOCSIFVLAN_ 0x8983u
+#define SIOCBRADDBR_ 0x89a0u
+#define SIOCBRDELBR_ 0x89a1u
+/* TCP options that allocate a hash by its name (crypto-NAME): MD5 signatures, TCP-AO keys. */
+#define IPPROTO_TCP_ 6u
+#define TCP_MD5SIG_ 14u
+#define TCP_MD5SIG_EXT_ 32u
+#define TCP_AO_ADD_KEY_ 38u
 #define DATAGRAMS(family) \
     ARG_IS_AND_MASKED(NSC_SECCOMP_OWN_NETWORK, socket, 0, family, 1, 0xfu, EPERM, 1, SOCK_DGRAM)
 
@@ -383,21 +426,22 @@ static const struct nsc_seccomp_rule RULES[] = {
     PID_1(sched_setattr, 0),
     DATAGRAMS(AF_INET), /* before FAMILIES(socket), which ends socket's rules */
     DATAGRAMS(AF_INET6),
-    INET_PROTOCOLS(socket, AF_INET),
-    INET_PROTOCOLS(socket, AF_INET6),
+    INET_PROTOCOLS(socket),
     NETLINK_PROTOCOLS(socket),
     FAMILIES(socket),
-    INET_PROTOCOLS(socketpair, AF_INET), /* (the kernel makes the socket, then refuses) */
-    INET_PROTOCOLS(socketpair, AF_INET6),
+    INET_PROTOCOLS(socketpair), /* (the kernel makes the socket, then refuses the pair) */
     NETLINK_PROTOCOLS(socketpair),
     FAMILIES(socketpair),
     SOCKET_OPTIONS(SO_ATTACH_FILTER, SO_ATTACH_BPF),
     SOCKET_OPTIONS(SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF),
+    ARG_IS_AND_MASKED(KERNEL, setsockopt, 1, IPPROTO_TCP_, 2, ~0u, EPERM, 3, TCP_MD5SIG_,
+                      TCP_MD5SIG_EXT_, TCP_AO_ADD_KEY_),
     ALWAYS(KERNEL, io_setup, ENOSYS),
     /* the shim's probe (nsconfine.h): the request on fd -1, before ioctl's last rule */
     ARG_IS_AND_MASKED(KERNEL, ioctl, 1, NSC_SECCOMP_PROBE_REQUEST, 0, ~0u, ENOTRECOVERABLE, 1,
                       0xffffffffu),
-    ARG_IN(KERNEL, ioctl, 1, EPERM, 3, TIOCSTI_, TIOCLINUX_, TIOCSETD_),
+    ARG_IN(KERNEL, ioctl, 1, EPERM, 9, TIOCSTI_, TIOCLINUX_, TIOCSETD_, SIOCGIFBR_, SIOCSIFBR_,
+           SIOCGIFVLAN_, SIOCSIFVLAN_, SIOCBRADDBR_, SIOCBRDELBR_),
 
     ALWAYS(NAMESPACES, mount, EPERM),
     ALWAYS(NAMESPACES, umount2, EPERM),
@@ -453,6 +497,10 @@ static void emit_rule(struct program *p, const struct nsc_seccomp_rule *r)
     case NSC_RULE_ARG_IS_AND_ARG2_NOT_IN:
         refuse_if_arg_and_not_in(p, nr, r->arg, r->values[0], r->arg2, r->values + 1,
                                  (unsigned char)(r->n_values - 1), r->err);
+        break;
+    case NSC_RULE_SOCKET_TYPE_PROTOCOLS:
+        refuse_socket_protocols(p, nr, r->values[0], r->values[1], r->values[2], r->values + 3,
+                                (unsigned char)(r->n_values - 3), r->err);
         break;
     default:
         p->overflow = 1; /* a rule this generator cannot emit: refuse to build a filter */

@@ -89,11 +89,23 @@ for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_VSOCK", "AF_PAC
     out["socket_" + name] = "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
     if fd >= 0: os.close(fd)
 for name, family, kind, protocol in (("inet_sctp", 2, 1, 132), ("inet_tcp", 2, 1, 6),
-                                     ("netlink_generic", 16, 3, 16)):
+                                     ("netlink_generic", 16, 3, 16), ("inet_dccp", 2, 6, 0),
+                                     ("inet_datagram_tcp", 2, 2, 6)):
     ctypes.set_errno(0)
     fd = libc.socket(family, kind, protocol)
     out["protocol_" + name] = "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
     if fd >= 0: os.close(fd)
+with socket.socket(socket.AF_UNIX) as unix:
+    try:
+        fcntl.ioctl(unix.fileno(), 0x8982, bytearray(64))  # SIOCGIFVLAN: loads 8021q
+        out["ioctl_SIOCGIFVLAN"] = "ok"
+    except OSError as e:
+        out["ioctl_SIOCGIFVLAN"] = errno.errorcode[e.errno]
+with socket.socket() as tcp:
+    ctypes.set_errno(0)
+    key = ctypes.create_string_buffer(256)
+    r = libc.setsockopt(tcp.fileno(), 6, 38, key, 256)  # TCP_AO_ADD_KEY: a hash by name
+    out["setsockopt_TCP_AO_ADD_KEY"] = "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
 for name, family in (("AF_INET", socket.AF_INET), ("AF_INET6", socket.AF_INET6)):
     ctypes.set_errno(0)
     fd = libc.socket(int(family), int(socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), 0)
@@ -152,7 +164,9 @@ REFUSED = {
     "io_setup": "ENOSYS", "setsockopt_SO_ATTACH_FILTER": "EPERM",
     "setsockopt_SO_ATTACH_REUSEPORT_CBPF": "EPERM", "seccomp_filter": "EINVAL",
     "prctl_seccomp_filter": "EINVAL", "protocol_inet_sctp": "EPERM",
-    "protocol_netlink_generic": "EPERM",
+    "protocol_netlink_generic": "EPERM", "protocol_inet_dccp": "EPERM",
+    "protocol_inet_datagram_tcp": "EPERM", "ioctl_SIOCGIFVLAN": "EPERM",
+    "setsockopt_TCP_AO_ADD_KEY": "EPERM",
 }  # fmt: skip
 # Calls an account without capabilities gets EPERM for from the kernel too, whatever the
 # arguments (the capability check comes first): the filter's own answer is shown by

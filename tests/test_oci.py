@@ -82,6 +82,15 @@ def samples(rule: _syscalls.SeccompRule) -> list[tuple[int, ...]]:
     if rule.when == _syscalls.RULE_ARG_IS_AND_ARG2_NOT_IN:  # each allowed, and around it
         allowed = rule.values[1:]
         others = (*allowed, *(v + 1 for v in allowed), *(v | 1 << 32 for v in allowed), MASK32)
+    if rule.when == _syscalls.RULE_SOCKET_TYPE_PROTOCOLS:  # family, type (with flags), protocol
+        family, kind, allowed = rule.values[0], rule.values[2], rule.values[3:]
+        protocols = (*allowed, *(v + 1 for v in allowed), *(v | 1 << 32 for v in allowed), 132)
+        return [
+            (f, t, protocol)
+            for f in (family, family + 1, family | 1 << 32)
+            for t in (kind, kind | 0o2004000, kind + 1, kind | 1 << 32)
+            for protocol in protocols
+        ]
     for value in sorted(values):
         for other in others:
             args = [0] * 6
