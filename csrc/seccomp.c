@@ -288,6 +288,8 @@ static void refuse_socket_protocols(struct program *p, unsigned int nr, unsigned
 #define SIOCSIFVLAN_ 0x8983u
 #define SIOCBRADDBR_ 0x89a0u
 #define SIOCBRDELBR_ 0x89a1u
+#define SIOCBRADDIF_ 0x89a2u /* (handled in sock_ioctl, as the above, since 6.15) */
+#define SIOCBRDELIF_ 0x89a3u
 /* TCP options that allocate a hash by its name (crypto-NAME): MD5 signatures, TCP-AO keys. */
 #define IPPROTO_TCP_ 6u
 #define TCP_MD5SIG_ 14u
@@ -440,8 +442,8 @@ static const struct nsc_seccomp_rule RULES[] = {
     /* the shim's probe (nsconfine.h): the request on fd -1, before ioctl's last rule */
     ARG_IS_AND_MASKED(KERNEL, ioctl, 1, NSC_SECCOMP_PROBE_REQUEST, 0, ~0u, ENOTRECOVERABLE, 1,
                       0xffffffffu),
-    ARG_IN(KERNEL, ioctl, 1, EPERM, 9, TIOCSTI_, TIOCLINUX_, TIOCSETD_, SIOCGIFBR_, SIOCSIFBR_,
-           SIOCGIFVLAN_, SIOCSIFVLAN_, SIOCBRADDBR_, SIOCBRDELBR_),
+    ARG_IN(KERNEL, ioctl, 1, EPERM, 11, TIOCSTI_, TIOCLINUX_, TIOCSETD_, SIOCGIFBR_, SIOCSIFBR_,
+           SIOCGIFVLAN_, SIOCSIFVLAN_, SIOCBRADDBR_, SIOCBRDELBR_, SIOCBRADDIF_, SIOCBRDELIF_),
 
     ALWAYS(NAMESPACES, mount, EPERM),
     ALWAYS(NAMESPACES, umount2, EPERM),

@@ -179,6 +179,9 @@ CASES = [
     ("ioctl SIOCSIFBR", 16, (3, 0x8941), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("ioctl SIOCBRADDBR", 16, (3, 0x89A0), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("ioctl SIOCBRDELBR", 16, (3, 0x89A1), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    # (since 6.15 these two load bridge in sock_ioctl too: review of 2f5bf2f)
+    ("ioctl SIOCBRADDIF", 16, (3, 0x89A2), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("ioctl SIOCBRDELIF", 16, (3, 0x89A3), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("ioctl SIOCGIFINDEX", 16, (3, 0x8933), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
     # TCP options that allocate a hash by name (crypto-NAME modules): MD5 and TCP-AO keys
     ("setsockopt TCP_MD5SIG", 54, (3, 6, 14), errno_of(errno.EPERM), errno_of(errno.EPERM)),
