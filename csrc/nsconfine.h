@@ -162,11 +162,9 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
  * bits of argument arg are not values[0], or those of argument arg2 are values[1];
  * ARG_IS_AND_ARG2_MASKED_IN: the low 32 bits of argument arg are values[0], and those of
  * argument arg2, masked with values[1], are one of values[2..n_values-1];
- * ARG_IS_AND_ARG2_NOT_IN: the low 32 bits of argument arg are values[0], and those of argument
- * arg2 none of values[1..n_values-1]; SOCKET_TYPE_PROTOCOLS (socket's and socketpair's
- * arguments, arg 0 and arg2 1): the family is values[0], the type masked with values[1] is
- * values[2], and the protocol (argument 2) none of values[3..n_values-1]. Everything else is
- * allowed.
+ * SOCKET_TYPE_PROTOCOLS (socket's and socketpair's arguments, arg 0 and arg2 1): the family is
+ * values[0], the type masked with values[1] is values[2] (any type, for a mask of 0), and the
+ * protocol (argument 2) none of values[3..n_values-1]. Everything else is allowed.
  * nsc_seccomp_rules copies those of the groups in rules (NSC_SECCOMP_*), in the filter's order.
  */
 #define NSC_RULE_ALWAYS 0
@@ -176,8 +174,7 @@ int nsc_seccomp_filter(unsigned int rules, unsigned char *out, size_t cap, size_
 #define NSC_RULE_BOTH_ANY_BIT 4
 #define NSC_RULE_ARG_NOT_OR_ARG2_IN 5 /* arg is not values[0], or arg2 is values[1] */
 #define NSC_RULE_ARG_IS_AND_ARG2_MASKED_IN 6 /* arg is values[0], arg2 & values[1] in the rest */
-#define NSC_RULE_ARG_IS_AND_ARG2_NOT_IN 7 /* arg is values[0], arg2 none of the rest */
-#define NSC_RULE_SOCKET_TYPE_PROTOCOLS 8  /* family, type & mask: protocol none of the rest */
+#define NSC_RULE_SOCKET_TYPE_PROTOCOLS 7 /* family, type & mask: protocol none of the rest */
 #define NSC_RULE_MAX_VALUES 16
 #define NSC_SECCOMP_MAX_RULES 128
 struct nsc_seccomp_rule {

@@ -195,34 +195,22 @@ static void refuse_if_arg_and_masked(struct program *p, unsigned int nr, int arg
     emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr));
 }
 
-/* nr fails with err when argument arg is value and argument arg2 none of values (n of them);
- * else the next rule is looked at. */
-static void refuse_if_arg_and_not_in(struct program *p, unsigned int nr, int arg,
-                                     unsigned int value, int arg2, const unsigned int *values,
-                                     unsigned char n, int err)
-{
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 5), nr);
-    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg));
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 2), value);
-    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(arg2));
-    for (unsigned char i = 0; i < n; i++) /* one of values: on to the next rule */
-        emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - i), 0, values[i]);
-    ret(p, RET_ERRNO(err));
-    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr));
-}
-
 /* socket or socketpair (nr) fails with err when its family is family, its type masked with
- * mask is type, and its protocol none of values (n of them); else the next rule is looked at. */
+ * mask is type (any type, for a mask of 0: then it is not read), and its protocol none of
+ * values (n of them); else the next rule is looked at. */
 static void refuse_socket_protocols(struct program *p, unsigned int nr, unsigned int family,
                                     unsigned int mask, unsigned int type,
                                     const unsigned int *values, unsigned char n, int err)
 {
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 8), nr);
+    unsigned char typed = mask ? 3 : 0; /* the type's load, mask and test */
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 5 + typed), nr);
     emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(0));
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 5), family);
-    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(1));
-    emit(p, BPF_ALU | BPF_AND | BPF_K, 0, 0, mask);
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 2), type);
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 2 + typed), family);
+    if (typed) {
+        emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(1));
+        emit(p, BPF_ALU | BPF_AND | BPF_K, 0, 0, mask);
+        emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, (unsigned char)(n + 2), type);
+    }
     emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, arg_low(2));
     for (unsigned char i = 0; i < n; i++) /* one of values: on to the next rule */
         emit(p, BPF_JMP | BPF_JEQ | BPF_K, (unsigned char)(n - i), 0, values[i]);
@@ -279,8 +267,8 @@ static void refuse_socket_protocols(struct program *p, unsigned int nr, unsigned
         TYPE_PROTOCOLS(name, AF_INET, SOCK_DGRAM, 3, 0, 17, 1), INET_TYPES(name, AF_INET6), \
         TYPE_PROTOCOLS(name, AF_INET6, SOCK_STREAM, 3, 0, 6, 262),                          \
         TYPE_PROTOCOLS(name, AF_INET6, SOCK_DGRAM, 3, 0, 17, 58)
-#define NETLINK_PROTOCOLS(name) \
-    { SYSCALL(name), KERNEL, EPERM, NSC_RULE_ARG_IS_AND_ARG2_NOT_IN, 0, 2, 3, { AF_NETLINK, 0, 15 } }
+#define NETLINK_PROTOCOLS(name) /* of any type: netlink loads no module by its type */ \
+    { SYSCALL(name), KERNEL, EPERM, NSC_RULE_SOCKET_TYPE_PROTOCOLS, 0, 1, 5, { AF_NETLINK, 0, 0, 0, 15 } }
 /* Socket ioctls that load 8021q or bridge before their own capability check. */
 #define SIOCGIFBR_ 0x8940u
 #define SIOCSIFBR_ 0x8941u
@@ -295,8 +283,9 @@ static void refuse_socket_protocols(struct program *p, unsigned int nr, unsigned
 #define TCP_MD5SIG_ 14u
 #define TCP_MD5SIG_EXT_ 32u
 #define TCP_AO_ADD_KEY_ 38u
-#define DATAGRAMS(family) \
-    ARG_IS_AND_MASKED(NSC_SECCOMP_OWN_NETWORK, socket, 0, family, 1, 0xfu, EPERM, 1, SOCK_DGRAM)
+#define DATAGRAMS(family)                                                                  \
+    ARG_IS_AND_MASKED(NSC_SECCOMP_OWN_NETWORK, socket, 0, family, 1, SOCK_TYPE_MASK, EPERM, 1, \
+                      SOCK_DGRAM)
 
 /*
  * SETID. A file the session leaves with a set-id bit keeps it on the host, where the mount has
@@ -495,10 +484,6 @@ static void emit_rule(struct program *p, const struct nsc_seccomp_rule *r)
     case NSC_RULE_ARG_IS_AND_ARG2_MASKED_IN:
         refuse_if_arg_and_masked(p, nr, r->arg, r->values[0], r->arg2, r->values[1],
                                  r->values + 2, (unsigned char)(r->n_values - 2), r->err);
-        break;
-    case NSC_RULE_ARG_IS_AND_ARG2_NOT_IN:
-        refuse_if_arg_and_not_in(p, nr, r->arg, r->values[0], r->arg2, r->values + 1,
-                                 (unsigned char)(r->n_values - 1), r->err);
         break;
     case NSC_RULE_SOCKET_TYPE_PROTOCOLS:
         refuse_socket_protocols(p, nr, r->values[0], r->values[1], r->values[2], r->values + 3,

@@ -79,9 +79,6 @@ def samples(rule: _syscalls.SeccompRule) -> list[tuple[int, ...]]:
     if rule.when == _syscalls.RULE_ARG_IS_AND_ARG2_MASKED_IN:  # flags above the mask too
         masked = rule.values[2:]
         others = (0, *masked, *(v + 1 for v in masked), *(v | 0o2004000 | 1 << 32 for v in masked))
-    if rule.when == _syscalls.RULE_ARG_IS_AND_ARG2_NOT_IN:  # each allowed, and around it
-        allowed = rule.values[1:]
-        others = (*allowed, *(v + 1 for v in allowed), *(v | 1 << 32 for v in allowed), MASK32)
     if rule.when == _syscalls.RULE_SOCKET_TYPE_PROTOCOLS:  # family, type (with flags), protocol
         family, kind, allowed = rule.values[0], rule.values[2], rule.values[3:]
         protocols = (*allowed, *(v + 1 for v in allowed), *(v | 1 << 32 for v in allowed), 132)
@@ -106,7 +103,6 @@ TWO_ARGUMENTS = (
     _syscalls.RULE_BOTH_ANY_BIT,
     _syscalls.RULE_ARG_NOT_OR_ARG2_IN,
     _syscalls.RULE_ARG_IS_AND_ARG2_MASKED_IN,
-    _syscalls.RULE_ARG_IS_AND_ARG2_NOT_IN,
 )
 
 

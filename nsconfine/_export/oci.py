@@ -139,12 +139,10 @@ def _conditions(rule: _syscalls.SeccompRule) -> list[list[dict[str, Any]]]:
     if rule.when == _syscalls.RULE_ARG_IS_AND_ARG2_MASKED_IN:
         first, mask = _masked(rule.arg, MASK32, rule.values[0]), rule.values[1]
         return [[first, _masked(rule.arg2, mask, value)] for value in rule.values[2:]]
-    if rule.when == _syscalls.RULE_ARG_IS_AND_ARG2_NOT_IN:
-        first = _masked(rule.arg, MASK32, rule.values[0])
-        return [[first, _masked(rule.arg2, m, v)] for m, v in complement_blocks(rule.values[1:])]
     if rule.when == _syscalls.RULE_SOCKET_TYPE_PROTOCOLS:  # family, type, protocol: 0, 1, 2
-        family, kind = _masked(0, MASK32, rule.values[0]), _masked(1, *rule.values[1:3])
-        return [[family, kind, _masked(2, m, v)] for m, v in complement_blocks(rule.values[3:])]
+        mask, kind = rule.values[1:3]
+        given = [_masked(0, MASK32, rule.values[0]), *([_masked(1, mask, kind)] if mask else [])]
+        return [[*given, _masked(2, m, v)] for m, v in complement_blocks(rule.values[3:])]
     if rule.when == _syscalls.RULE_ARG_NOT_OR_ARG2_IN:
         others = complement_blocks(rule.values[:1])
         return [[_masked(rule.arg, m, v)] for m, v in others] + [
