@@ -315,14 +315,18 @@ def test_a_host_mount_made_during_a_session_does_not_reach_it(tmp_path: Path) ->
     such a mount arrived as the host made it: writable below a read-only bind, without nosuid
     or nodev, and the session wrote in it (found this stop; this test failed on the code before
     the reaper made its mount namespace's mounts private). The host side is a mount namespace
-    of the test's own, so nothing reaches the machine's; there the mount is seen (the control)."""
+    of the test's own, so nothing reaches the machine's; there the mount is seen, and the session
+    sees the host's file written next to it (the controls)."""
     from helpers import session_dirs
 
     workspace, run_dir, shown = session_dirs(tmp_path, "ws", "run", "shown")
     (shown / "sub").mkdir(mode=0o755)
     started, ready, marker = workspace / "started", shown / "ready", shown / "sub" / "marker"
     wait = "i=0; while [ ! -e {0} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"
-    inside = f"touch {started}; {wait.format(ready)}; test -e {marker} && echo SEEN || echo NOT"
+    inside = (
+        f"touch {started}; {wait.format(ready)}; test -e {ready} && echo READY; "
+        f"test -e {marker} && echo SEEN || echo NOT"
+    )
     launch = [
         sys.executable, "-m", "nsconfine", "run", *user_options(), "--workspace", str(workspace),
         "--run-dir", str(run_dir), "--ro", str(shown), "--", "sh", "-c", inside,
@@ -342,4 +346,4 @@ wait $!
         capture_output=True, text=True, cwd="/", timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result
-    assert result.stdout.split() == ["HOST-SEES", "NOT"], result
+    assert result.stdout.split() == ["HOST-SEES", "READY", "NOT"], result
