@@ -225,6 +225,7 @@ class Staged:
         "stubs",
         "timings",
         "usable_until",
+        "writable",
     )
 
     def __init__(self, plan: Plan, reaper: int, reaper_pidfd: int, sock: socket.socket) -> None:
@@ -232,6 +233,12 @@ class Staged:
         # Each bind's dest -> the source file it shows: device, inode and change time (an inode
         # number is reused at once once its file is gone).
         self.bound: dict[str, tuple[int, int, int]] = {}
+        # (dest, source) of each writable bind, which a launch looks at again.
+        self.writable = [
+            (entry.dest, entry.source)
+            for entry in plan.entries
+            if entry.kind is Kind.BIND and entry.mode is Mode.RW
+        ]
         self.reaper = reaper
         self.reaper_pidfd = reaper_pidfd
         self.sock = sock
@@ -277,11 +284,10 @@ class Staged:
         """Does each writable bind's path still name the directory this sandbox binds? A broker
         may move a task's workspace (or run directory) away and put a fresh one at its path:
         the sandbox would show the one moved away, and its mount table would not change."""
-        for entry in self.plan.entries:
-            if entry.kind is Kind.BIND and entry.mode is Mode.RW:
-                bound = self.bound.get(entry.dest)
-                if bound is None or _syscalls.identity(entry.source) != bound[:2]:
-                    return False
+        for dest, source in self.writable:
+            bound = self.bound.get(dest)
+            if bound is None or _syscalls.identity(source) != bound[:2]:
+                return False
         return True
 
     def stop_watching_mounts(self) -> None:
@@ -295,8 +301,11 @@ class Staged:
         """Has the reaper, bwrap or the sandbox's init exited (the sandbox expired, failed or
         was killed)? A sandbox whose bwrap is gone may live on, but no status would come back
         from it: it is never handed a command."""
-        watched = (self.reaper_pidfd, self.bwrap_pidfd, self.init_pidfd)
-        return any(_syscalls.wait_fd(fd, 0) for fd in watched if fd >= 0)
+        watcher = select.poll()
+        for fd in (self.reaper_pidfd, self.bwrap_pidfd, self.init_pidfd):
+            if fd >= 0:
+                watcher.register(fd, select.POLLIN)
+        return bool(watcher.poll(0))
 
 
 def open_entry_fds(
