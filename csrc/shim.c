@@ -382,6 +382,12 @@ int helper_main(int argc, char **argv, char **envp)
         return 3;
     }
 
+    /* The command starts with default signal handling, whatever bwrap left: set while the
+     * shim waits, not at the hand-off (64 system calls a warm launch need not wait for). No
+     * call of the shim before its exec relies on an ignored signal; a SIGPIPE from a launcher
+     * gone as the shim writes to it ends the shim, as its error return would. */
+    reset_signal_dispositions();
+
     /*
      * Built: the launcher waits for this before it checks the sandbox. 'R' also says that
      * nsconfine's seccomp filter holds the shim: its probe request (NSC_SECCOMP_PROBE_REQUEST)
@@ -475,8 +481,6 @@ int helper_main(int argc, char **argv, char **envp)
     if (h.fd_mask & NSC_SHIM_TTY)
         take_new_terminal((int)sock);
 
-    /* The command starts with default signal handling, whatever bwrap left. */
-    reset_signal_dispositions();
     ksigset_t none = 0;
     r = sys_sigprocmask(SIG_SETMASK, &none, 0);
     if (r < 0)

@@ -242,6 +242,24 @@ def test_exit_status_propagates(pool: nsconfine.Pool, script: str, expected: int
     assert nsconfine.spawn(pool.plan, ["sh", "-c", script]).wait(timeout=30) == expected
 
 
+def test_the_command_inherits_no_ignored_or_blocked_signal(pool: nsconfine.Pool) -> None:
+    """Whatever the launcher ignores or blocks (Python ignores SIGPIPE; this test SIGUSR2
+    too, and blocks SIGUSR1), the command of a warm launch and of a spawn starts with every
+    signal's default handling and an empty mask."""
+    argv = ["/bin/grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]
+    spawn: Launcher = lambda argv, **kw: nsconfine.spawn(pool.plan, argv, **kw)  # noqa: E731
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    try:
+        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN  # what must not leak
+        for launch in (pool.launch, spawn):
+            status, printed = status_and_output(launch, argv)
+            assert (status, printed) == (0, f"SigBlk:\t{0:016x}\nSigIgn:\t{0:016x}\n")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGUSR2, previous)
+
+
 def test_exec_failure_raises_oserror(pool: nsconfine.Pool) -> None:
     """A command that cannot be exec'd raises OSError with its errno; the pool carries on."""
     with pytest.raises(OSError, match="execvp") as raised:
