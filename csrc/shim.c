@@ -418,11 +418,14 @@ int helper_main(int argc, char **argv, char **envp)
         fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
 
     long r;
-    char *body = map((size_t)h.size + 1);
-    /* One slot before the arguments, for /bin/sh should the command need it. */
-    char **slots = map(((size_t)h.argc + 2) * sizeof *slots);
+    /* One mapping for the argument and variable pointers and the body, in that order (the
+     * pointers stay aligned). One slot before the arguments, for /bin/sh should the command
+     * need it. The counts are 32 bits: no sum here overflows. */
+    size_t slot_count = (size_t)h.argc + 2, extra_count = (size_t)h.envc + 1;
+    char **slots = map((slot_count + extra_count) * sizeof *slots + (size_t)h.size + 1);
     char **args = slots + 1;
-    char **extra = map(((size_t)h.envc + 1) * sizeof *extra);
+    char **extra = slots + slot_count;
+    char *body = (char *)(extra + extra_count);
     if (h.size && read_exact((int)sock, body, h.size, 0, 0) != 0)
         fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
     body[h.size] = '\0';

@@ -242,6 +242,16 @@ def test_exit_status_propagates(pool: nsconfine.Pool, script: str, expected: int
     assert nsconfine.spawn(pool.plan, ["sh", "-c", script]).wait(timeout=30) == expected
 
 
+def test_a_launch_of_many_long_arguments_and_variables_gets_each(pool: nsconfine.Pool) -> None:
+    """A megabyte of argv and env in one hand-off: the command gets every argument and
+    variable, in order."""
+    args = [f"{index:05d}" * 40 for index in range(5000)]
+    env = {f"V{index}": f"{index}" * 50 for index in range(300)}
+    script = 'printf "%s|%s|%s|%s" "$#" "$1" "${5000}" "$V299"'
+    status, printed = status_and_output(pool.launch, ["sh", "-c", script, "zero", *args], env=env)
+    assert (status, printed) == (0, f"5000|{args[0]}|{args[-1]}|{env['V299']}")
+
+
 def test_the_command_inherits_no_ignored_or_blocked_signal(pool: nsconfine.Pool) -> None:
     """Whatever the launcher ignores or blocks (Python ignores SIGPIPE; this test SIGUSR2
     too, and blocks SIGUSR1), the command of a warm launch and of a spawn starts with every
