@@ -121,6 +121,24 @@ int nsc_linked_files(const char *dir, int depth, long *budget, struct nsc_linked
                      size_t max_found, char *names, size_t names_size, size_t *found_out);
 
 /*
+ * Has any of count paths (NUL-terminated, one after another in paths) changed since a scan
+ * looked at it? expected[i] is what lstat(2) of the i-th gave then: present 0 if it failed
+ * (a path still failing is unchanged, whatever the errno), else 1 and the identity. Every
+ * launch asks this of the paths its protection scan depended on (nsconfine._plan.protect):
+ * the index of the first that differs, or -1.
+ */
+struct nsc_identity {
+    long long present;
+    unsigned long long dev;
+    unsigned long long ino;
+    long long mtime_sec;
+    long long mtime_nsec;
+    long long ctime_sec;
+    long long ctime_nsec;
+};
+long nsc_first_changed(const char *paths, size_t count, const struct nsc_identity *expected);
+
+/*
  * An O_PATH, close-on-exec fd for the absolute path, opened without following
  * any symlink on the way (ELOOP if one is there): a bind source is handed to
  * bwrap as exactly the file the lint judged. openat2(RESOLVE_NO_SYMLINKS |

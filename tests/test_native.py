@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from nsconfine._kernel.syscalls import SyscallError, memfd_sealed, probe_user_namespace, spawn
+from nsconfine._kernel.syscalls import (
+    PathIdentities,
+    SyscallError,
+    memfd_sealed,
+    probe_user_namespace,
+    spawn,
+)
 
 PYTHON = os.fsencode(sys.executable)
 SH = b"/bin/sh"
@@ -398,3 +404,60 @@ def test_open_no_symlinks_refuses_a_symlink_at_any_component(
         assert os.path.samestat(os.fstat(fd), (real / "lib" / "config.py").stat())
     finally:
         os.close(fd)
+
+
+def _observed(*paths: Path | str) -> list[tuple[str, tuple[int, int, int, int] | None]]:
+    """What a protection scan records of each path: its lstat identity, or None."""
+    seen: list[tuple[str, tuple[int, int, int, int] | None]] = []
+    for path in map(str, paths):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            seen.append((path, None))
+        else:
+            seen.append((path, (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)))
+    return seen
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "a file written",
+        "an entry added",
+        "a missing path made",
+        "a path removed",
+        "a file replaced by another",
+        "a directory's times set back",
+        "a file behind a trailing slash made a directory",
+    ],
+)
+def test_path_identities_see_each_change_a_scan_depends_on(tmp_path: Path, change: str) -> None:
+    """Every launch asks nsc_first_changed whether what its protection scan looked at has
+    changed: unchanged paths say no, and each kind of change says yes."""
+    directory, file, missing = tmp_path / "dir", tmp_path / "file", tmp_path / "missing"
+    directory.mkdir()
+    file.write_text("x")
+    slashed = f"{tmp_path}/later/"
+    (tmp_path / "later").write_text("")  # a file: lstat of "later/" fails (ENOTDIR)
+    os.utime(directory, ns=(10**18, 10**18))
+    identities = PathIdentities(_observed(directory, file, missing, slashed))
+    assert not identities.any_changed()
+    if change == "a file written":
+        file.write_text("y")
+    elif change == "an entry added":
+        (directory / "new").mkdir()
+    elif change == "a missing path made":
+        missing.write_text("")
+    elif change == "a path removed":
+        file.unlink()
+    elif change == "a file replaced by another":
+        (tmp_path / "other").write_text("x")
+        os.rename(tmp_path / "other", file)
+    elif change == "a directory's times set back":  # the change time still moves
+        (directory / "new").mkdir()
+        os.rmdir(directory / "new")
+        os.utime(directory, ns=(10**18, 10**18))
+    else:
+        (tmp_path / "later").unlink()
+        (tmp_path / "later").mkdir()
+    assert identities.any_changed()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 from collections.abc import Sequence
 
 from nsconfine._native import ffi, lib  # type: ignore[import-not-found]
@@ -26,6 +27,7 @@ _nsc_seccomp_filter = lib.nsc_seccomp_filter
 _nsc_open_path = lib.nsc_open_path
 _nsc_landlock_abi = lib.nsc_landlock_abi
 _nsc_landlock_scopes = lib.nsc_landlock_scopes
+_nsc_first_changed = lib.nsc_first_changed
 _string = ffi.string
 _PATH_MAX: Final[int] = lib.NSC_PATH_MAX
 _STAGE_EXEC: Final[int] = lib.NSC_STAGE_EXEC
@@ -401,6 +403,40 @@ def read_untrusted(path: str, limit: int) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+# struct nsc_identity: present, device, inode, then each time's seconds and nanoseconds.
+_IDENTITY = struct.Struct("=qQQqqqq")
+
+
+class PathIdentities:
+    """Paths and what lstat gave for each, (device, inode, modification and change time in
+    ns), or None where it failed, packed once: whether any has changed since is then one
+    call (nsc_first_changed), which every launch asks."""
+
+    __slots__ = ("_count", "_expected", "_paths")
+
+    def __init__(self, observed: Sequence[tuple[str, tuple[int, int, int, int] | None]]) -> None:
+        paths = [os.fsencode(path) for path, _ in observed]
+        if any(b"\0" in path for path in paths):
+            raise ValueError("embedded null byte")  # as lstat itself refuses such a path
+        self._paths = b"".join(path + b"\0" for path in paths)
+        packed = bytearray()
+        for _, seen in observed:
+            if seen is None:
+                packed += _IDENTITY.pack(0, 0, 0, 0, 0, 0, 0)
+            else:
+                device, inode, modified_ns, changed_ns = seen
+                packed += _IDENTITY.pack(
+                    1, device, inode, *divmod(modified_ns, 10**9), *divmod(changed_ns, 10**9)
+                )
+        self._expected = ffi.from_buffer("struct nsc_identity[]", packed)
+        self._count = len(observed)
+
+    def any_changed(self) -> bool:
+        """Does any path now lstat to another identity, or fail where it did not (or the
+        reverse)?"""
+        return bool(_nsc_first_changed(self._paths, self._count, self._expected) >= 0)
 
 
 def identity(path: str, dir_fd: int | None = None) -> tuple[int, int] | None:

@@ -868,20 +868,21 @@ def _base_entries(plan: Plan) -> list[p.Entry]:
     return [entry for entry in plan.entries if entry.dest not in derived]
 
 
-def _changed(observed: Iterable[tuple[str, tuple[int, int, int, int] | None]]) -> bool:
+def _changed(observed: _Observed) -> bool:
     """Has any path a scan depended on changed since? A directory's identity (device, inode,
     modification and change times, to the nanosecond) changes whenever it gains, loses or
-    renames an entry, a file's whenever it is written."""
-    for path, identity in observed:
-        try:
-            info = os.lstat(path)
-        except OSError:
-            if identity is not None:
-                return True
-            continue
-        if identity != (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns):
-            return True
-    return False
+    renames an entry, a file's whenever it is written. Each observation is packed once, for
+    one system call per path and none of Python's per path (every launch asks)."""
+    packed = _packed.get(id(observed))
+    if packed is None or packed[0] is not observed:
+        if len(_packed) >= 64:
+            _packed.clear()
+        packed = _packed[id(observed)] = (observed, _syscalls.PathIdentities(observed))
+    return packed[1].any_changed()
+
+
+# Each observation _changed has packed, by id, with the tuple itself (its id stays its own).
+_packed: dict[int, tuple[_Observed, _syscalls.PathIdentities]] = {}
 
 
 def _holders(entries: Iterable[p.Entry]) -> dict[str, p.Entry]:
