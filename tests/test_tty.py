@@ -424,6 +424,19 @@ class HostShell:
                 raise AssertionError(f"no job took the terminal: {self.screen[-2000:]!r}")
             time.sleep(0.02)
 
+    def wait_for_a_stopped_job(self, timeout: float = 60) -> None:
+        """Wait until bash lists a job as stopped (`jobs`, asked again each second). A `fg`
+        typed while a background job is stopping races bash's own collection of that stop:
+        bash may then report the job it has just continued as stopped, and keep the
+        terminal."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.type("jobs\n")
+            if self.expect(b"Stopped", timeout=1):
+                return
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"no job stopped: {self.screen[-2000:]!r}")
+
     def close(self, marker: str) -> None:
         """End the shell, and every process whose command line holds marker."""
         kill_all(pids_with(marker))
@@ -832,6 +845,7 @@ def test_a_tty_run_sent_to_the_background_and_back_goes_on(ws_run: tuple[Path, P
         assert shell.expect(b"Stopped"), shell.screen
         shell.type("bg\n")
         assert shell.expect(b"$ "), shell.screen
+        shell.wait_for_a_stopped_job()  # by the terminal, as the run sets its modes
         shell.type("fg\n")
         shell.wait_for_a_job()
         shell.type("hello-$((5))\r")
