@@ -410,8 +410,10 @@ int helper_main(int argc, char **argv, char **envp)
     if (n_fds > 0)
         errpipe = fds[0];
     int wanted = 1 + __builtin_popcount(h.fd_mask & NSC_SHIM_PLACE_MASK);
+    /* Each argument and variable ends in a NUL of the body: counts past its size are no
+     * launch (and their 32-bit sum could wrap). */
     if (h.magic != NSC_SHIM_MAGIC || n_fds != wanted || h.argc == 0 ||
-        h.size > NSC_SHIM_MAX_BODY ||
+        h.size > NSC_SHIM_MAX_BODY || (uint64_t)h.argc + h.envc > h.size ||
         (h.fd_mask & ~(uint32_t)(NSC_SHIM_PLACE_MASK | NSC_SHIM_CLOSE_MASK | NSC_SHIM_TTY)) ||
         (h.fd_mask & (h.fd_mask >> 4) & NSC_SHIM_PLACE_MASK) ||
         ((h.fd_mask & NSC_SHIM_TTY) && (h.fd_mask & NSC_SHIM_PLACE_MASK)))
@@ -432,7 +434,7 @@ int helper_main(int argc, char **argv, char **envp)
 
     /* Split the body: argc arguments, then envc variables, each NUL-terminated. */
     char *p = body, *limit = body + h.size;
-    for (uint32_t i = 0; i < h.argc + h.envc; i++) {
+    for (uint64_t i = 0; i < (uint64_t)h.argc + h.envc; i++) {
         char *nul = p;
         while (nul < limit && *nul)
             nul++;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import array
+import contextlib
 import errno
 import fcntl
 import json
@@ -9,6 +11,8 @@ import os
 import pickle
 import resource
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -19,6 +23,7 @@ from typing import Any
 import pytest
 
 from nsconfine._kernel.syscalls import (
+    SHIM_WIRE,
     PathIdentities,
     SyscallError,
     memfd_sealed,
@@ -461,3 +466,39 @@ def test_path_identities_see_each_change_a_scan_depends_on(tmp_path: Path, chang
         (tmp_path / "later").unlink()
         (tmp_path / "later").mkdir()
     assert identities.any_changed()
+
+
+@pytest.mark.parametrize(
+    ("argc", "envc", "size"),
+    [(0x80000001, 0x80000000, 10), (0xFFFFFFFF, 1, 10), (1, 0xFFFFFFFF, 10), (3, 0, 4)],
+)
+def test_the_shim_refuses_a_header_counting_more_strings_than_its_body_holds(
+    argc: int, envc: int, size: int
+) -> None:
+    """Each argument and variable ends in a NUL of the body: a launch message whose header
+    counts more of them than its body has bytes is refused as a protocol error before
+    anything is mapped for them (two counts whose 32-bit sum wrapped to 1 sent the shim,
+    run here outside any sandbox, on with no room for the variables)."""
+    from nsconfine._launch.programs import SHIM_HEADER, SHIM_MAGIC, SHIM_PATH
+
+    launcher, shim_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    report_read, report_write = os.pipe()
+    with launcher:
+        shim = subprocess.Popen(
+            [SHIM_PATH, str(shim_end.fileno()), "60000", "0", "0"],
+            pass_fds=[shim_end.fileno()],
+            stdin=subprocess.DEVNULL,
+            env={},
+        )
+        shim_end.close()
+        assert launcher.recv(1) in (b"R", b"U")  # built, waiting for its command
+        header = SHIM_HEADER.pack(SHIM_MAGIC, 0, argc, envc, size)
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report_write]))]
+        launcher.sendmsg([header], rights)
+        os.close(report_write)
+        with contextlib.suppress(BrokenPipeError):  # refused before the body is read
+            launcher.sendall(b"/bin/true\0"[:size].ljust(size, b"\0"))
+        assert shim.wait(timeout=30) == 127
+    with os.fdopen(report_read, "rb") as report:
+        err, stage = struct.unpack("=ii", report.read())
+    assert (err, stage) == (errno.EPROTO, SHIM_WIRE["STAGE_PROTOCOL"])
