@@ -1191,10 +1191,11 @@ def test_a_workspace_below_a_directory_the_account_cannot_search_is_not_advised_
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
-def test_a_run_never_imports_threading(dirs: Dirs) -> None:
+def test_a_run_never_imports_threading_or_hashlib(dirs: Dirs) -> None:
     """`nsconfine run` ends with os._exit once its output is flushed, skipping the interpreter's
     teardown (~2 ms of every run), only while no thread could need waiting for: no module on
-    its way may import threading (a lock for the hand-off did, and every run paid it)."""
+    its way may import threading (a lock for the hand-off did, and every run paid it). Nor
+    hashlib, which loads OpenSSL (2-4 ms) for the few bytes a plan names things by."""
     result = run_cli(
         *dirs.session, "--", "/bin/true", program=(sys.executable, "-X", "importtime", "-m",
                                                    "nsconfine", "run"),
@@ -1203,3 +1204,4 @@ def test_a_run_never_imports_threading(dirs: Dirs) -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
     assert "nsconfine._launch.handoff" in imported
     assert "threading" not in imported
+    assert "hashlib" not in imported

@@ -12,6 +12,7 @@ PACKAGE = Path(nsconfine.__file__).parent
 # from one after it (lazy imports and TYPE_CHECKING imports count: they are edges all the same).
 LAYERS = (
     "_text",
+    "_digest",
     "_errors",
     "_timeout",
     "_interrupts",

@@ -1394,8 +1394,7 @@ def _record_path(top: str) -> str | None:
     inode and path, in the launcher's own records), or None where there are no records to
     keep. The path too: a file system gives a freed inode out again at once, and the next
     task's workspace must not be protected by what a session planted in the last one's."""
-    import hashlib
-
+    from nsconfine._digest import sha256_hex
     from nsconfine._kernel.accounts import make_private_directory, require_private
     from nsconfine._kernel.stub_records import records
 
@@ -1408,7 +1407,7 @@ def _record_path(top: str) -> str | None:
         info = os.stat(top)
     except (OSError, SandboxUnavailable):
         return None
-    where = hashlib.sha256(os.fsencode(top)).hexdigest()[:16]
+    where = sha256_hex(os.fsencode(top))[:16]
     return os.path.join(directory, f"{info.st_dev}-{info.st_ino}-{where}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
+from nsconfine._digest import sha256_hex
 from nsconfine._kernel.accounts import RunAs
 from nsconfine._kernel.syscalls import realpath
 from nsconfine._plan import model as p
@@ -195,19 +196,14 @@ def own_hosts() -> p.Entry:
 def machine_id(home: str) -> p.Entry:
     """A machine-id of the session's own: the same for every launch of one run directory (its
     HOME), different for every other, and not the host's (which identifies the machine)."""
-    try:  # CPython's own sha256: hashlib would load OpenSSL first, ~4 ms on every CLI start
-        from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # pragma: no cover - a Python built without it
-        from hashlib import sha256
-
     try:
         with open("/etc/machine-id", "rb") as file:
             host = file.read()
     except OSError:
         host = b""
-    digest = sha256(b"nsconfine machine-id\0" + host + b"\0" + os.fsencode(home))
+    digest = sha256_hex(b"nsconfine machine-id\0" + host + b"\0" + os.fsencode(home))
     return p.data(
-        digest.hexdigest()[:32].encode() + b"\n",
+        digest[:32].encode() + b"\n",
         "/etc/machine-id",
         "the session's own machine id (derived from its run directory), not the host's",
     )
