@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -393,3 +394,40 @@ def test_a_runner_file_swapped_after_its_opening_is_judged_as_opened(
     monkeypatch.setattr(_gate, "lint", exchanged_back_then_judged)
     seen = _cat(plan, secret)
     _assert_refused(seen, "ROOT-ONLY", "plan-refused")
+
+
+@pytest.fixture
+def usual_fd_limit() -> Iterator[int]:
+    """The launcher at the usual soft limit of 1,024 fds (Debian's, systemd's) for the test,
+    its hard limit as it was; the limit as it was afterwards. The hard limit, which a launch
+    may raise the soft one to."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, soft), hard))
+    try:
+        yield hard
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_thousand_runner_files_launch_from_a_launcher_at_the_usual_fd_limit(
+    tmp_path: Path, usual_fd_limit: int
+) -> None:
+    """A thousand listed runner files launch from a launcher whose soft fd limit is the usual
+    1,024 (the acceptance re-check of the speed issue's thousand files: refused with EMFILE
+    past ~450, as the launch holds each copy's source and bwrap's side two fds of each). Where
+    the hard limit leaves no room, the launch is refused saying what to do."""
+    workspace, run_dir, tool = session_dirs(tmp_path, "ws", "run", "tool")
+    files = []
+    for index in range(1000):
+        (path := tool / f"f{index}.txt").write_text(f"{index}\n")
+        files.append(str(path))
+    open_up(tool)
+    plan = session(workspace, run_dir, ro=files).plan()
+    seen = _cat(plan, tool / "f999.txt")
+    if usual_fd_limit >= 4096:
+        assert seen == "999\n", seen
+    else:
+        assert seen.startswith("refused: plan-refused"), seen
+        assert "ulimit -Hn" in seen, seen

@@ -370,22 +370,25 @@ def _sealed_copy(source: int, size: int) -> int:
 
 
 def _make_room_for(count: int) -> None:
-    # A plan that copies a thousand files hands bwrap a thousand fds at once: raise the soft
-    # limit to the hard one when it would not fit (the hard limit is the user's real bound).
+    """Room for a launch that hands bwrap count fds: the launcher holds each, and the spawn's
+    child a second copy of each as it places them, so a plan that copies a thousand runner
+    files holds two thousand fds at once, past the usual soft limit of 1,024. From 64 on the
+    soft limit is raised to the hard one (the user's real bound) where it would not fit; a
+    plan that does not fit even then is refused."""
     if count < 64:
         return
     import resource
 
-    needed = count + 64  # and the launcher's own
+    needed = 2 * count + len(os.listdir("/proc/self/fd"))  # and what the launcher holds
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or needed <= soft:
-        return
     if hard != resource.RLIM_INFINITY and needed > hard:
         raise PlanError(
-            f"the plan copies {count} files but only {hard} fds may be open: raise "
-            "`ulimit -Hn`, or bind the directory that holds them instead"
+            f"the plan hands bwrap {count} fds (its runner files' copies and binds), and a "
+            f"launch holds two of each, but only {hard} fds may be open: raise `ulimit -Hn`, "
+            "or bind the directory that holds the runner files instead"
         )
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if soft != resource.RLIM_INFINITY and needed > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def stage(
@@ -404,6 +407,7 @@ def stage(
     --bind-fd; stderr: bwrap's fd 2, for its own messages (-1: the launcher's)."""
     plan, egress = _egress.attach(plan)  # a proxy network's socket, for this sandbox
     try:
+        _make_room_for(len(fd_entries(plan, bind_fds=bind_fds)))  # before any is opened
         stubs, sources = _sources.open_for_launch(plan)
     except BaseException:
         if egress is not None:
