@@ -342,3 +342,22 @@ def test_the_floors_mount_points_are_made_without_following_a_planted_symlink(
     with pytest.raises(OSError, match="no symlinks"):
         _make_stubs(nsconfine.Plan([p.ro_bind(settings, settings, "a stub", stub="file")]))
     assert os.listdir(elsewhere) == []
+
+
+def test_the_bench_without_psutil_says_what_to_install() -> None:
+    """`python -m nsconfine.bench` where psutil cannot be imported (a plain `pip install .`)
+    says to install the bench's extra, in one line, and measures nothing (acceptance re-check:
+    a traceback from the first section's import)."""
+    finished = subprocess.run(
+        [sys.executable, "-c", "import runpy, sys; sys.modules['psutil'] = None; "
+         "runpy.run_module('nsconfine.bench', run_name='__main__')", "--smoke"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert finished.returncode == 69, finished.stderr
+    assert finished.stderr == (
+        "nsconfine bench: the bench needs psutil: pip install 'nsconfine[bench]'\n"
+    )
+    assert finished.stdout == ""
