@@ -641,6 +641,19 @@ def test_many_repositories_are_refused_by_what_they_are(repo: tuple[Path, Path])
     assert "runner files" not in refused.value.message
 
 
+def test_the_refusal_of_many_repositories_says_how_it_counts_them(tmp_path: Path) -> None:
+    """A workspace with 64 repositories below a top that is none is refused as holding more
+    than 64: the scan counts the top too (its trusted files are protected, repository or not),
+    and the refusal says so (acceptance re-check: "more than 64" of exactly 64)."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    for index in range(64):
+        subprocess.run(["git", "init", "-q", str(workspace / f"r{index}")], check=True,
+                       capture_output=True)  # fmt: skip
+    with pytest.raises(nsconfine.PlanError, match="repositories") as refused:
+        session(workspace, run_dir).plan()
+    assert "more than 64 repositories, counting its top" in refused.value.message
+
+
 @pytest.mark.parametrize("target", ["/etc/shadow", "fifo"])
 def test_a_git_symlink_at_the_workspace_top_is_never_followed(tmp_path: Path, target: str) -> None:
     """A session plants `.git -> /etc/shadow` (or a FIFO) at its workspace's top: the next plan

@@ -278,7 +278,8 @@ def _protection(
             f"protecting the files the host trusts in {tops} takes {len(derived)} read-only "
             f"mount points, and a launch makes at most {MAX_PROTECTED_MOUNTS} "
             f"({REPOSITORIES_SHOWN} repositories: bwrap's set-up time grows with the square of "
-            f"their number); they are for {len(scan.repositories)} repositories and "
+            f"their number); they are for {len(scan.repositories)} repositories (counting "
+            f"the workspace's top) and "
             f"{len(scan.found)} git directories ({shown}"
             f"{f' and {more} more' if more > 0 else ''}; one a launch protected before stays "
             "protected while it is a directory, whatever it holds now): remove the "
@@ -1125,7 +1126,8 @@ class _Scan:
                 if len(self.repositories) > MAX_REPOSITORIES:
                     raise PlanError(
                         f"the workspace {printable(top)} holds more than {MAX_REPOSITORIES} "
-                        "repositories: nsconfine keeps the trusted files of each read-only, and a "
+                        "repositories, counting its top: nsconfine keeps the trusted files of "
+                        "each (and the top's, repository or not) read-only, and a "
                         f"launch can protect at most {REPOSITORIES_SHOWN}; remove some, or "
                         "--unprotect the protected names"
                     )
