@@ -317,7 +317,6 @@ def open_entry_fds(
     of it, so that a launch holds each fd once; a copy not among them is opened here (the
     bench's floor). On failure the caller closes what was appended."""
     entries = fd_entries(plan, bind_fds=bind_fds)
-    _make_room_for(len(entries))
     copied = 0
     for entry in entries:
         if entry.kind is Kind.DATA:
@@ -370,24 +369,26 @@ def _sealed_copy(source: int, size: int) -> int:
 
 
 def _make_room_for(count: int) -> None:
-    """Room for a launch that hands bwrap count fds: the launcher holds each, and the spawn's
-    child a second copy of each as it places them, so a plan that copies a thousand runner
-    files holds two thousand fds at once, past the usual soft limit of 1,024. From 64 on the
-    soft limit is raised to the hard one (the user's real bound) where it would not fit; a
-    plan that does not fit even then is refused."""
+    """Room for a launch that hands bwrap count fds, called before any is opened: the launcher
+    holds each, and the spawn's child a second copy of each as it places them, so a plan that
+    copies a thousand runner files holds two thousand fds at once, past the usual soft limit of
+    1,024. From 64 on the soft limit is raised to the hard one (the user's real bound) where
+    the launch and what the launcher holds now would not fit; a plan that could not fit even in
+    a launcher holding nothing else is refused. (One that fits alone but not beside other
+    launches in flight is refused as any launch short of fds is: sandbox-unavailable.)"""
     if count < 64:
         return
     import resource
 
-    needed = 2 * count + len(os.listdir("/proc/self/fd"))  # and what the launcher holds
+    alone = 2 * count + 128  # and the pipes, memfds and programs a launch opens besides
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and needed > hard:
+    if hard != resource.RLIM_INFINITY and alone > hard:
         raise PlanError(
             f"the plan hands bwrap {count} fds (its runner files' copies and binds), and a "
-            f"launch holds two of each, but only {hard} fds may be open: raise `ulimit -Hn`, "
-            "or bind the directory that holds the runner files instead"
+            f"launch takes about {alone} (two of each), but only {hard} may be open: raise "
+            "`ulimit -Hn`, or bind the directory that holds the runner files instead"
         )
-    if soft != resource.RLIM_INFINITY and needed > soft:
+    if soft != resource.RLIM_INFINITY and alone + len(os.listdir("/proc/self/fd")) > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
