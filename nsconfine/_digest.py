@@ -8,8 +8,11 @@ from __future__ import annotations
 
 def sha256_hex(data: bytes) -> str:
     """The hex sha256 of data, by CPython's own implementation where it has one."""
-    try:
-        from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # pragma: no cover - a Python built without it
-        from hashlib import sha256
+    try:  # CPython 3.12 and later
+        from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        try:  # CPython 3.11
+            from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:  # pragma: no cover - a Python built without either
+            from hashlib import sha256
     return str(sha256(data).hexdigest())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import nsconfine
@@ -129,3 +131,18 @@ def test_the_checks_find_an_upward_edge_and_a_cycle() -> None:
     graph["nsconfine._kernel.syscalls"].add("nsconfine._plan.model")
     assert "nsconfine._kernel.syscalls -> nsconfine._plan.model" in _upward_edges(graph)
     assert any("nsconfine._kernel.syscalls" in cycle for cycle in _cycles(graph))
+
+
+def test_the_small_digests_are_sha256_without_hashlib() -> None:
+    """nsconfine._digest gives hashlib's sha256 without importing hashlib (which loads
+    OpenSSL at every run's start): by the module CPython 3.12 and later keep it in, _sha2,
+    or 3.11's _sha256 (review of its first form, which fell back to hashlib from 3.12 on)."""
+    import hashlib
+
+    data = b"nsconfine \\xff\\xfe\\0 digest"
+    finished = subprocess.run(
+        [sys.executable, "-c", "import sys; from nsconfine._digest import sha256_hex; "
+         f"print(sha256_hex({data!r}), 'hashlib' in sys.modules)"],
+        cwd="/", capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert finished.stdout == f"{hashlib.sha256(data).hexdigest()} False\n"
