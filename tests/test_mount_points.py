@@ -421,6 +421,32 @@ def test_stubs_of_a_killed_launcher_go_with_the_next_session(repo: tuple[Path, P
     assert sorted(str(p) for p in workspace.rglob("*")) == before
 
 
+@pytest.mark.parametrize("moved", [".git", "the workspace"])
+def test_stubs_of_a_place_moved_aside_during_a_session_go_once_it_is_back(
+    repo: tuple[Path, Path], tmp_path: Path, moved: str
+) -> None:
+    """The session's account moves its workspace (or a repository's .git) aside while a
+    session runs and puts a symlink in its place, then moves it back: the stubs the session's
+    end could not reach stay recorded, and the next session's end removes them (the
+    acceptance re-check: they stayed in the workspace for good, unrecorded, 23 of them)."""
+    workspace = repo[0]
+    place = workspace / ".git" if moved == ".git" else workspace
+    aside = place.with_name(place.name + ".aside")
+    before = sorted(str(p) for p in workspace.rglob("*"))
+    sandbox = nsconfine.spawn(session(*repo).plan(), ["sleep", "600"])
+    try:
+        assert sorted(str(p) for p in workspace.rglob("*")) != before  # stubs made
+        place.rename(aside)
+        place.symlink_to(tmp_path)
+    finally:
+        sandbox.kill()
+        sandbox.wait()
+    place.unlink()
+    aside.rename(place)
+    assert attempt(session(*repo).plan(), "true")[0] == 0
+    assert sorted(str(p) for p in workspace.rglob("*")) == before
+
+
 def test_a_stub_recorded_by_a_file_token_goes_with_the_next_session(
     own_cache: Path, ws_run: tuple[Path, Path]
 ) -> None:

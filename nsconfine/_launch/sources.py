@@ -833,11 +833,14 @@ def _remove_if_unused(
 
 def _remove_stub(stub: Stub, directories: _Directories, made_ns: int | None) -> bool:
     """Remove the stub if it is still the one made, unchanged since (see _remove_at); False if
-    it is kept because another sandbox binds over it."""
+    it is kept: another sandbox binds over it, or the way to it is no directory now."""
     try:
         parent = directories.holding(stub.top, stub.parts)
     except (OSError, PlanError):
-        return True  # gone or changed: nothing of ours is left there
+        # Moved aside, with a symlink in its place perhaps (the session's account can), and it
+        # may come back with the stub in it: the record stays, for the end of a later launch
+        # that finds the stub to remove it (one whose stub is gone for good is pruned).
+        return False
     return _remove_at(parent, stub.parts[-1], stub.kind, stub.identity, made_ns=made_ns)
 
 
