@@ -292,20 +292,25 @@ def _protection(
 # What the latest look at a plan's protection found and depended on: a launch's own stubs
 # change the workspace, and the next launch need not look through it again; and a look that
 # finds what the last one did gives the very plan built then (whose options are encoded once).
-_Observed = tuple[tuple[str, tuple[int, int, int, int] | None], ...]
-_latest: dict[int, tuple[Plan, Plan, _Observed]] = {}  # id(plan) -> (plan, found, observed)
+# id(plan) -> (plan, what the look found, what it depended on, packed once: every launch asks
+# whether any of it changed, in one call).
+_latest: dict[int, tuple[Plan, Plan, _syscalls.PathIdentities]] = {}
 
 
 def refreshed(plan: Plan) -> Plan:
     """plan as a launch now must run it: its protection found afresh if anything its scan
     depended on changed since (a repository made, a stub gone) and what it finds differs,
-    else plan itself (or the plan an earlier call found, if it still holds)."""
+    else plan itself (or the plan an earlier call found, if it still holds). A directory's
+    identity (device, inode, modification and change times, to the nanosecond) changes
+    whenever it gains, loses or renames an entry, a file's whenever it is written."""
     kept = plan.protection
     if kept is None:
         return plan
     latest = _latest.get(id(plan))
-    current, observed = (latest[1], latest[2]) if latest and latest[0] is plan else (plan, None)
-    if not _changed(kept.observed if observed is None else observed):
+    if latest is None or latest[0] is not plan:
+        latest = _remember(plan, plan, kept.observed)
+    current, depended_on = latest[1], latest[2]
+    if not depended_on.any_changed():
         return current
     base = _base_entries(plan)
     fresh = protection(base, kept.trees, kept.names)
@@ -316,10 +321,19 @@ def refreshed(plan: Plan) -> Plan:
             if fresh.entries == kept.entries
             else plan.replace(entries=(*base, *fresh.entries), protection=fresh)
         )
+    _remember(plan, current, fresh.observed)
+    return current
+
+
+def _remember(
+    plan: Plan, found: Plan, observed: Sequence[tuple[str, tuple[int, int, int, int] | None]]
+) -> tuple[Plan, Plan, _syscalls.PathIdentities]:
+    """Keep what a look at plan's protection found and what it depended on (plan kept with
+    them: its id stays its own)."""
     if len(_latest) >= 64:
         _latest.clear()
-    _latest[id(plan)] = (plan, current, fresh.observed)  # plan kept: its id stays its own
-    return current
+    latest = _latest[id(plan)] = (plan, found, _syscalls.PathIdentities(observed))
+    return latest
 
 
 def written_config(
@@ -867,23 +881,6 @@ def _base_entries(plan: Plan) -> list[p.Entry]:
     assert plan.protection is not None
     derived = {entry.dest for entry in plan.protection.entries}
     return [entry for entry in plan.entries if entry.dest not in derived]
-
-
-def _changed(observed: _Observed) -> bool:
-    """Has any path a scan depended on changed since? A directory's identity (device, inode,
-    modification and change times, to the nanosecond) changes whenever it gains, loses or
-    renames an entry, a file's whenever it is written. Each observation is packed once, for
-    one system call per path and none of Python's per path (every launch asks)."""
-    packed = _packed.get(id(observed))
-    if packed is None or packed[0] is not observed:
-        if len(_packed) >= 64:
-            _packed.clear()
-        packed = _packed[id(observed)] = (observed, _syscalls.PathIdentities(observed))
-    return packed[1].any_changed()
-
-
-# Each observation _changed has packed, by id, with the tuple itself (its id stays its own).
-_packed: dict[int, tuple[_Observed, _syscalls.PathIdentities]] = {}
 
 
 def _holders(entries: Iterable[p.Entry]) -> dict[str, p.Entry]:
