@@ -22,11 +22,12 @@ later launch reaps it (nsconfine._launch.sandbox._abandoned).
 from __future__ import annotations
 
 # signal's own C module: signal.signal and getsignal make an enum of each handler and number
-# they pass, three times per launch (~7 of the ~8 us a held launch cost with them).
+# they pass, three times per launch (~7 of the ~8 us a held launch cost with them), and
+# importing signal imports enum (~1-2 ms of every command line's start).
 import _signal  # type: ignore[import-not-found]
+from _signal import SIGINT, default_int_handler
 from _thread import get_ident
 from collections.abc import Callable
-from signal import SIGINT, default_int_handler
 from types import FrameType
 
 # How often a long wait looks for a held Ctrl-C (the signal's handler only notes it).
