@@ -16,7 +16,9 @@ A staged sandbox protects the repositories its workspace held when it was built:
 looked at again (nsconfine._plan.protect.refreshed, a stat of what its scan read), and one staged
 before a repository appeared is torn down and replaced by one staged on the spot; so is one
 whose mount table is no longer the one checked (Staged.mounts_unchanged: a file the host
-replaced, whose bind the kernel then detached).
+replaced, whose bind the kernel then detached), and one whose read-only binds in the workspace
+were changed on the host (Staged.read_only_unchanged: a protected file moved aside, which its
+bind follows, or given a second name).
 """
 
 from __future__ import annotations
@@ -237,17 +239,24 @@ class Pool:
 
     def _current(self, staged: Staged) -> Staged:
         """staged, if its protected paths are still those its workspace needs, its mounts those
-        checked and its writable binds' paths still its directories; else (a repository made
-        since it was staged, by a payload of this pool or anyone; a file the host replaced; a
-        workspace moved away and a fresh one put at its path) a sandbox staged now for what
-        the workspace holds."""
+        checked, its writable binds' paths still its directories and its read-only binds in
+        them, with all they hold, as checked; else (a repository made since it was staged, by a
+        payload of this pool or anyone; a file the host replaced; a workspace moved away and a
+        fresh one put at its path; a protected file another session moved aside or linked, a
+        hook it put in) a sandbox staged now for what the workspace holds, checked as spawn
+        checks it."""
         try:
             with refusing_os_errors():
                 fresh = refreshed(staged.plan)
         except BaseException:  # the workspace is refused now: what was staged goes too
             teardown(staged)
             raise
-        if fresh is staged.plan and staged.mounts_unchanged() and staged.writable_binds_unchanged():
+        if (
+            fresh is staged.plan
+            and staged.mounts_unchanged()
+            and staged.writable_binds_unchanged()
+            and staged.read_only_unchanged()
+        ):
             return staged
         teardown(staged)
         return self._stage_one()

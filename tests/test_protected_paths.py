@@ -1238,6 +1238,71 @@ def test_a_pool_protects_a_file_the_host_replaced_after_staging(
     assert not written.exists() or "fsmonitor" not in written.read_text()
 
 
+def _moved_aside(target: Path) -> Path:
+    """A session that does not protect target (one begun before its repository was made) moves
+    it aside and puts one of its own at its path: the staged bind follows what was moved."""
+    directory = target.is_dir()
+    target.rename(target.with_name(target.name + ".old"))
+    if directory:
+        target.mkdir()
+    else:
+        target.write_text("")
+    give_to_session_user(target)
+    return target / "pre-commit" if directory else target
+
+
+def _linked_elsewhere(target: Path) -> Path:
+    """Such a session gives target a second name where the session writes."""
+    other = target.parent.parent / "notes.txt"
+    os.link(target, other)
+    return other
+
+
+def _hook_leading_out(target: Path) -> Path:
+    """Such a session puts a hook into target that leads to a file where the session writes."""
+    os.symlink("../../hook.sh", target / "pre-commit")
+    written = target.parent.parent / "hook.sh"
+    written.write_text("")
+    give_to_session_user(written)
+    return written
+
+
+@pytest.mark.parametrize(
+    ("relative", "change"),
+    [
+        (".git/config", _moved_aside),
+        (".git/hooks", _moved_aside),
+        (".git/config", _linked_elsewhere),
+        (".git/hooks", _hook_leading_out),
+    ],
+)
+def test_a_pool_protects_what_another_session_changed_after_staging(
+    repo: tuple[Path, Path], relative: str, change: Callable[[Path], Path]
+) -> None:
+    """Another session of the workspace, which does not protect a repository (it began before
+    the repository was made), changes its trusted files while a sandbox waits staged: moves
+    .git/config aside and puts its own there; gives it a second name; puts a hook in .git/hooks
+    leading to its own file. The launch then protects, or refuses, as spawn would. Attacker's
+    pass, stop 38: the staged read-only bind followed what was moved aside, and the launch
+    checked nothing but the paths its scan read and the mount table, which none of this
+    changes: the session wrote the new config, and the host's config through its second name."""
+    workspace = repo[0]
+    target = workspace / relative
+    with nsconfine.Pool(session(*repo).plan(), size=1, refill="inline") as pool:
+        assert pool.wait_staged(60)
+        written = change(target)
+        try:
+            launched = pool.launch(
+                ["/bin/sh", "-c", _plant_config(written)], stdout=subprocess.PIPE
+            )
+        except nsconfine.PlanError as refused:  # as spawn refuses a second name, a hook leading out
+            output = str(refused).encode()
+        else:
+            output = launched.communicate()[0] or b""
+    assert b"wrote" not in output, output
+    assert not written.exists() or "fsmonitor" not in written.read_text()
+
+
 def test_a_writable_bind_in_a_read_only_workspace_is_protected(tmp_path: Path) -> None:
     """The reviewer's workspace is read-only but for WORKSPACE/notes: a repository in notes
     keeps its config read-only, and notes' own top its trusted files."""

@@ -111,12 +111,21 @@ def _outermost_writable(plan: Plan) -> list[Entry]:
     ]
 
 
-def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
+# A host path and what lstat gave for it: device, inode, modification and change time (ns).
+Seen = tuple[str, tuple[int, int, int, int]]
+
+
+def open_for_launch(
+    plan: Plan, read_only_seen: list[Seen] | None = None
+) -> tuple[list[Stub], dict[str, int]]:
     """Walk, check and (where the plan says so) make every mount point inside the plan's
     writable binds, then open every bind's and copy's source; the stubs held and dest -> an
     fd of each source (O_PATH for a bind, for reading for a copy; the caller closes them,
     removes the stubs once the sandbox is gone, and checks the fds against what the lint
-    judged: check_judged)."""
+    judged: check_judged). read_only_seen, if given, gets each read-only bind inside a
+    writable one, and all it holds, as checked (a sandbox kept staged is used only while
+    they are unchanged: another session of the workspace may move them aside, give them a
+    second name, or put a symlink in them, and a bind follows what it was made on)."""
     tops = [(top, _resolved(top.source)) for top in _outermost_writable(plan)]
     inner = [
         (entry, top, resolved, relative)
@@ -148,9 +157,11 @@ def open_for_launch(plan: Plan) -> tuple[list[Stub], dict[str, int]]:
                 assert source is not None
                 fds[entry.dest] = _opened(source, copies.open, source)
         writable = [resolved for _top, resolved in tops]
-        for entry, _top, _resolved_top, _relative in inner:
+        seen: list[Seen] = [] if read_only_seen is None else read_only_seen
+        for entry, _top, resolved, relative in inner:
             if entry.kind is Kind.BIND and entry.mode is Mode.RO:
-                _refuse_writable_names(entry, fds[entry.dest], writable)
+                where = os.path.join(resolved, relative)
+                _refuse_writable_names(entry, fds[entry.dest], writable, where, seen)
     except BaseException:
         for fd in fds.values():
             os.close(fd)
@@ -621,14 +632,18 @@ def _owned(fd: int, owner: tuple[int, int] | None, remove: Callable[[], None]) -
     return (info.st_dev, info.st_ino)
 
 
-def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
+def _refuse_writable_names(
+    entry: Entry, fd: int, writable: list[str], where: str, checked: list[Seen]
+) -> None:
     """A read-only bind inside a writable one must not be writable under another name, nor
     written through: a file with a second name (a hardlink, made while it was not protected)
     is written through that name; a FIFO or a device is written through the read-only bind
     itself. A directory must hold none of these, and no symlink that leads through where the
-    session writes (the host would follow it into what the session wrote, then or later)."""
+    session writes (the host would follow it into what the session wrote, then or later).
+    Each file looked at goes to checked, by its path on the host (where: the bind's source)."""
     info = os.fstat(fd)
     _refuse_written_through(printable(entry.source), info)
+    checked.append((where, _seen_as(info)))
     if not stat.S_ISDIR(info.st_mode):
         return
     from nsconfine._kernel.walk import walk
@@ -643,6 +658,7 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
                 shown = printable(entry.source + path[len(base) :])
                 member = os.lstat(path)
                 _refuse_written_through(shown, member)
+                checked.append((where + path[len(base) :], _seen_as(member)))
                 if stat.S_ISLNK(member.st_mode):
                     own = own or _syscalls.realpath(base)
                     _refuse_leading_out(shown, path, own, writable)
@@ -658,6 +674,10 @@ def _refuse_writable_names(entry: Entry, fd: int, writable: list[str]) -> None:
             f"{printable(where)} cannot be checked ({error.strerror}): nothing in "
             f"{printable(entry.source)} may be left unchecked; make it readable, or remove it"
         ) from error
+
+
+def _seen_as(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def _refuse_written_through(shown: str, info: os.stat_result) -> None:

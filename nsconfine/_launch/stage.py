@@ -219,6 +219,7 @@ class Staged:
         "init_pidfd",
         "mount_watch",
         "plan",
+        "read_only",
         "reaper",
         "reaper_pidfd",
         "sock",
@@ -235,6 +236,8 @@ class Staged:
         # Each bind's dest -> the source file it shows: device, inode and change time (an inode
         # number is reused at once once its file is gone).
         self.bound: dict[str, tuple[int, int, int]] = {}
+        # Each read-only bind inside a writable one, and all it holds, as checked at staging.
+        self.read_only = _syscalls.PathIdentities([])
         # (dest, source) of each writable bind, which a launch looks at again.
         self.writable = [
             (entry.dest, entry.source)
@@ -291,6 +294,14 @@ class Staged:
             if bound is None or _syscalls.identity(source) != bound[:2]:
                 return False
         return True
+
+    def read_only_unchanged(self) -> bool:
+        """Is each read-only bind inside a writable one, and all it holds, as it was checked?
+        Another session of the workspace (one that does not protect a repository made during
+        it) may move a protected file aside and put its own at its path, give it a second
+        name, or put a hook leading out into a protected directory: the sandbox's bind follows
+        the file moved, and the mount table does not change."""
+        return not self.read_only.any_changed()
 
     def stop_watching_mounts(self) -> None:
         """Close the mountinfo fds (at the hand-off: a live session holds none)."""
@@ -411,7 +422,8 @@ def stage(
     plan, egress = _egress.attach(plan)  # a proxy network's socket, for this sandbox
     try:
         _make_room_for(len(fd_entries(plan, bind_fds=bind_fds)))  # before any is opened
-        stubs, sources = _sources.open_for_launch(plan)
+        read_only_seen: list[_sources.Seen] = []
+        stubs, sources = _sources.open_for_launch(plan, read_only_seen)
     except BaseException:
         if egress is not None:
             egress.close()
@@ -444,6 +456,7 @@ def stage(
         staged.stubs = stubs
         staged.egress = egress
         staged.bound = bound
+        staged.read_only = _syscalls.PathIdentities(read_only_seen)
         _sources.hand_over(stubs)  # the reaper holds them now
         if lint is not None:  # bwrap is building the sandbox meanwhile
             _sources.check_judged(plan, identities, lint())
