@@ -2135,6 +2135,25 @@ def test_only_trees_with_git_directories_are_remembered(tmp_path: Path) -> None:
     assert not [path for path in records.iterdir() if _is_record_of(path, (workspace, run_dir))]
 
 
+def test_the_remembered_git_directories_come_back_when_their_directory_is_removed(
+    tmp_path: Path,
+) -> None:
+    """A launcher checks the directory of remembered git directories once, not at each of a
+    plan's four looks (~0.14 ms each), and again once it is no longer that directory: one
+    removed (a cache cleaned) is made and checked again, and the tree remembered there."""
+    from nsconfine._kernel.accounts import records_directory
+
+    records = Path(records_directory("git-directories"))
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    session(workspace, run_dir).plan()
+    assert [path for path in records.iterdir() if _is_record_of(path, (workspace, run_dir))]
+    shutil.rmtree(records)
+    session(workspace, run_dir).plan()
+    assert records.stat().st_mode & 0o777 == 0o700
+    assert [path for path in records.iterdir() if _is_record_of(path, (workspace, run_dir))]
+
+
 def _is_record_of(record: Path, trees: Sequence[Path]) -> bool:
     return any(
         record.name.startswith(f"{info.st_dev}-{info.st_ino}-")

@@ -1394,20 +1394,46 @@ def _record_path(top: str) -> str | None:
     keep. The path too: a file system gives a freed inode out again at once, and the next
     task's workspace must not be protected by what a session planted in the last one's."""
     from nsconfine._digest import sha256_hex
-    from nsconfine._kernel.accounts import make_private_directory, require_private
-    from nsconfine._kernel.stub_records import records
 
     try:
-        # Beside the records of mount points, wherever they are kept (the account's cache,
-        # or /tmp/nsconfine-UID for an account with no cache it can write)
-        directory = os.path.join(os.path.dirname(records()), "git-directories")
-        make_private_directory(directory)
-        require_private(directory)
+        directory = _git_directories()
         info = os.stat(top)
     except (OSError, SandboxUnavailable):
         return None
     where = sha256_hex(os.fsencode(top))[:16]
     return os.path.join(directory, f"{info.st_dev}-{info.st_ino}-{where}")
+
+
+# The directories of remembered git directories made and checked by this process, each with
+# its device and inode then: a plan looks at it twice per writable tree, and the checks walk
+# every directory above it (~0.14 ms each time).
+_checked_directories: dict[str, tuple[int, int]] = {}
+
+
+def _git_directories() -> str:
+    """The directory of remembered git directories, beside the records of mount points
+    wherever they are kept (the account's cache, or /tmp/nsconfine-UID for an account with no
+    cache it can write): made and checked private once, and again if it is no longer the
+    directory checked (removed, or replaced: only this account can, see require_private)."""
+    from nsconfine._kernel.accounts import make_private_directory, require_private
+    from nsconfine._kernel.stub_records import records
+
+    directory = os.path.join(os.path.dirname(records()), "git-directories")
+    checked = _checked_directories.get(directory)
+    if checked is None or _lstat_identity(directory) != checked:
+        make_private_directory(directory)
+        require_private(directory)
+        info = os.lstat(directory)
+        _checked_directories[directory] = (info.st_dev, info.st_ino)
+    return directory
+
+
+def _lstat_identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 def _resolved(path: str) -> str:
