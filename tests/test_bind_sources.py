@@ -151,11 +151,44 @@ def test_a_read_only_path_through_a_symlink_the_session_sees_is_refused_when_pla
 
 
 def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None:
-    """A workspace named through a legitimate symlink (made by the host) launches."""
+    """A workspace named through a legitimate symlink (made by the host: root's, in a directory
+    only root can write) launches. For a launcher whose sessions run as its own account, a
+    symlink of that account's could be a session's: refused, naming the real path."""
     session_dirs(tmp_path / "real", "ws", "run")
     (alias := tmp_path / "alias").symlink_to(tmp_path / "real")
-    plan = session(alias / "ws", alias / "run").plan()
-    assert attempt(plan, "true") == (0, "")
+    if os.geteuid() == 0:
+        plan = session(alias / "ws", alias / "run").plan()
+        assert attempt(plan, "true") == (0, "")
+    else:
+        with pytest.raises(nsconfine.PlanError) as refused:
+            session(alias / "ws", alias / "run").plan()
+        assert str(tmp_path / "real" / "ws") in str(refused.value)
+
+
+def test_a_workspace_below_a_symlink_a_session_planted_is_refused(tmp_path: Path) -> None:
+    """A session plants `next -> …/checkout` in its workspace, and the broker puts the next
+    session's workspace (or run directory) below it, at next/proj: refused, and nothing of the
+    checkout is read or written (attacker's pass, stop 38: only a symlink at the workspace's own
+    path was refused; one above it led the next session into the checkout)."""
+    workspace, run_dir, checkout, next_run = session_dirs(tmp_path, "ws", "run", "checkout", "r2")
+    (checkout / "proj").mkdir()
+    (checkout / "proj" / "secret.txt").write_text("the checkout's\n")
+    give_to_session_user(checkout)
+    status, output = attempt(session(workspace, run_dir).plan(), f"ln -s {checkout} next")
+    assert (status, output) == (0, "")
+    for planted in (
+        {"workspace": workspace / "next" / "proj", "run_dir": next_run},
+        {"workspace": next_run, "run_dir": workspace / "next" / "proj"},
+    ):
+        try:
+            plan = session(planted["workspace"], planted["run_dir"]).plan()
+        except nsconfine.PlanError as refused:
+            status, output = -1, str(refused)
+        else:
+            status, output = attempt(plan, "cat secret.txt; echo x > written.txt")
+        assert status == -1, output
+        assert "symlink" in output, output
+    assert not (checkout / "proj" / "written.txt").exists()
 
 
 def test_the_planted_symlink_twin_leaks(world: World) -> None:

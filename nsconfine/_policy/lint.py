@@ -788,13 +788,15 @@ def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> Non
         if entry.kind is Kind.BIND and entry.mode is Mode.RW and os.path.exists(entry.source)
     ]
     for entry in plan.entries:
-        if entry.kind is Kind.BIND and entry.mode is Mode.RW and os.path.islink(entry.source):
-            target = printable(os.readlink(entry.source))
-            raise PlanError(
-                f"{printable(entry.source)} is a symlink (to {target}): a writable bind is "
-                "given by its real path, so that no session can plant one where the next "
-                "workspace goes"
-            )
+        if entry.kind is Kind.BIND and entry.mode is Mode.RW:
+            if os.path.islink(entry.source):
+                target = printable(os.readlink(entry.source))
+                raise PlanError(
+                    f"{printable(entry.source)} is a symlink (to {target}): a writable bind is "
+                    "given by its real path, so that no session can plant one where the next "
+                    "workspace goes"
+                )
+            _refuse_planted_on_the_way(entry.source, plan.user)
         if not entry.is_host_bind:
             continue
         if entry.source not in resolved and not os.path.lexists(entry.source):
@@ -813,6 +815,32 @@ def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> Non
                     f"{printable(top)}: a session may have planted it to lead this bind "
                     "elsewhere; remove the symlink, or give the file's real path"
                 )
+
+
+def _refuse_planted_on_the_way(source: str, user: RunAs) -> None:
+    """A writable bind named through a symlink above it: refused unless no session could have
+    made that symlink, that is unless it and the directory holding it are root's (or, for
+    sessions of another account, the launcher's) and no one else can write that directory
+    (or it is sticky, /tmp). A session that plants `next -> …/checkout` in its workspace, where
+    the broker puts the next workspace at next/proj, would lead that one into the checkout."""
+    trusted = {0} if user.uid == os.geteuid() else {0, os.geteuid()}
+    looked, real = _syscalls.lookups("/", source)
+    for path in looked:
+        try:
+            info = os.lstat(path)
+            holder = os.lstat(os.path.dirname(path))
+        except OSError:
+            return  # the way ends here: the source is judged missing elsewhere
+        if not stat.S_ISLNK(info.st_mode):
+            continue
+        others_write = holder.st_mode & 0o022 and not holder.st_mode & stat.S_ISVTX
+        if info.st_uid in trusted and holder.st_uid in trusted and not others_write:
+            continue
+        raise PlanError(
+            f"{printable(source)} is reached through the symlink {printable(path)} (to "
+            f"{printable(os.readlink(path))}), which a session may have planted where the next "
+            f"workspace goes: a writable bind is given by its real path, {printable(real)}"
+        )
 
 
 def _refuse_writable_aliases(
