@@ -1303,6 +1303,41 @@ def test_a_pool_protects_what_another_session_changed_after_staging(
     assert not written.exists() or "fsmonitor" not in written.read_text()
 
 
+def test_a_staged_sandbox_keeps_little_of_a_full_protected_directory(
+    repo: tuple[Path, Path],
+) -> None:
+    """A session fills a protected directory with thousands of long names: a staged sandbox
+    does not keep each one's path (the hostile review of the check above, stop 38: ~35 MiB per
+    sandbox for one filled .git/hooks, 1.2 GiB for eight); past a few thousand it keeps none,
+    and a launch stages afresh, which still finds a hook put in since."""
+    import tracemalloc
+
+    workspace = repo[0]
+    hooks = workspace / ".git" / "hooks"
+    deep = hooks / ("d" * 240) / ("e" * 240) / ("f" * 240)
+    deep.mkdir(parents=True)
+    for number in range(3000):
+        (deep / f"{number:05d}{'x' * 200}").touch()  # ~3.5 MB of host paths in all
+    tracemalloc.start()
+    try:
+        with nsconfine.Pool(session(*repo).plan(), size=1, refill="inline") as pool:
+            assert pool.wait_staged(60)
+            _, peak = tracemalloc.get_traced_memory()
+            written = _hook_leading_out(hooks)
+            try:
+                launched = pool.launch(
+                    ["/bin/sh", "-c", _plant_config(written)], stdout=subprocess.PIPE
+                )
+            except nsconfine.PlanError as refused:
+                output = str(refused).encode()
+            else:
+                output = launched.communicate()[0] or b""
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000, peak
+    assert b"wrote" not in output, output
+
+
 def test_a_writable_bind_in_a_read_only_workspace_is_protected(tmp_path: Path) -> None:
     """The reviewer's workspace is read-only but for WORKSPACE/notes: a repository in notes
     keeps its config read-only, and notes' own top its trusted files."""

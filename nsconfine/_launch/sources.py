@@ -111,12 +111,33 @@ def _outermost_writable(plan: Plan) -> list[Entry]:
     ]
 
 
-# A host path and what lstat gave for it: device, inode, modification and change time (ns).
-Seen = tuple[str, tuple[int, int, int, int]]
+class ReadOnlySeen:
+    """What a launch checked of the read-only binds inside writable ones, and all they hold:
+    each host path and what lstat gave for it (device, inode, modification and change time),
+    up to `budget` bytes of paths. Past it nothing is kept (complete is False): a session can
+    fill a protected directory with 10,000 entries of 4 KB paths each, which the launcher
+    would otherwise hold for as long as the sandbox waits staged."""
+
+    __slots__ = ("_left", "complete", "seen")
+
+    def __init__(self, budget: int = 64 * 1024) -> None:
+        self.seen: list[tuple[str, tuple[int, int, int, int]]] = []
+        self.complete = True
+        self._left = budget
+
+    def add(self, path: str, info: os.stat_result) -> None:
+        if not self.complete:
+            return
+        self._left -= len(path) + 64  # (the identity, packed)
+        if self._left < 0:
+            self.complete = False
+            self.seen = []
+            return
+        self.seen.append((path, (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)))
 
 
 def open_for_launch(
-    plan: Plan, read_only_seen: list[Seen] | None = None
+    plan: Plan, read_only_seen: ReadOnlySeen | None = None
 ) -> tuple[list[Stub], dict[str, int]]:
     """Walk, check and (where the plan says so) make every mount point inside the plan's
     writable binds, then open every bind's and copy's source; the stubs held and dest -> an
@@ -157,7 +178,7 @@ def open_for_launch(
                 assert source is not None
                 fds[entry.dest] = _opened(source, copies.open, source)
         writable = [resolved for _top, resolved in tops]
-        seen: list[Seen] = [] if read_only_seen is None else read_only_seen
+        seen = ReadOnlySeen(0) if read_only_seen is None else read_only_seen
         for entry, _top, resolved, relative in inner:
             if entry.kind is Kind.BIND and entry.mode is Mode.RO:
                 where = os.path.join(resolved, relative)
@@ -633,7 +654,7 @@ def _owned(fd: int, owner: tuple[int, int] | None, remove: Callable[[], None]) -
 
 
 def _refuse_writable_names(
-    entry: Entry, fd: int, writable: list[str], where: str, checked: list[Seen]
+    entry: Entry, fd: int, writable: list[str], where: str, checked: ReadOnlySeen
 ) -> None:
     """A read-only bind inside a writable one must not be writable under another name, nor
     written through: a file with a second name (a hardlink, made while it was not protected)
@@ -643,7 +664,7 @@ def _refuse_writable_names(
     Each file looked at goes to checked, by its path on the host (where: the bind's source)."""
     info = os.fstat(fd)
     _refuse_written_through(printable(entry.source), info)
-    checked.append((where, _seen_as(info)))
+    checked.add(where, info)
     if not stat.S_ISDIR(info.st_mode):
         return
     from nsconfine._kernel.walk import walk
@@ -658,7 +679,7 @@ def _refuse_writable_names(
                 shown = printable(entry.source + path[len(base) :])
                 member = os.lstat(path)
                 _refuse_written_through(shown, member)
-                checked.append((where + path[len(base) :], _seen_as(member)))
+                checked.add(where + path[len(base) :], member)
                 if stat.S_ISLNK(member.st_mode):
                     own = own or _syscalls.realpath(base)
                     _refuse_leading_out(shown, path, own, writable)
@@ -674,10 +695,6 @@ def _refuse_writable_names(
             f"{printable(where)} cannot be checked ({error.strerror}): nothing in "
             f"{printable(entry.source)} may be left unchecked; make it readable, or remove it"
         ) from error
-
-
-def _seen_as(info: os.stat_result) -> tuple[int, int, int, int]:
-    return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def _refuse_written_through(shown: str, info: os.stat_result) -> None:

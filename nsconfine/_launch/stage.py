@@ -236,8 +236,9 @@ class Staged:
         # Each bind's dest -> the source file it shows: device, inode and change time (an inode
         # number is reused at once once its file is gone).
         self.bound: dict[str, tuple[int, int, int]] = {}
-        # Each read-only bind inside a writable one, and all it holds, as checked at staging.
-        self.read_only = _syscalls.PathIdentities([])
+        # Each read-only bind inside a writable one, and all it holds, as checked at staging
+        # (None: too many to keep; a launch then stages afresh, checking them as spawn does).
+        self.read_only: _syscalls.PathIdentities | None = None
         # (dest, source) of each writable bind, which a launch looks at again.
         self.writable = [
             (entry.dest, entry.source)
@@ -301,7 +302,7 @@ class Staged:
         it) may move a protected file aside and put its own at its path, give it a second
         name, or put a hook leading out into a protected directory: the sandbox's bind follows
         the file moved, and the mount table does not change."""
-        return not self.read_only.any_changed()
+        return self.read_only is not None and not self.read_only.any_changed()
 
     def stop_watching_mounts(self) -> None:
         """Close the mountinfo fds (at the hand-off: a live session holds none)."""
@@ -422,7 +423,7 @@ def stage(
     plan, egress = _egress.attach(plan)  # a proxy network's socket, for this sandbox
     try:
         _make_room_for(len(fd_entries(plan, bind_fds=bind_fds)))  # before any is opened
-        read_only_seen: list[_sources.Seen] = []
+        read_only_seen = _sources.ReadOnlySeen()
         stubs, sources = _sources.open_for_launch(plan, read_only_seen)
     except BaseException:
         if egress is not None:
@@ -456,7 +457,8 @@ def stage(
         staged.stubs = stubs
         staged.egress = egress
         staged.bound = bound
-        staged.read_only = _syscalls.PathIdentities(read_only_seen)
+        if read_only_seen.complete:
+            staged.read_only = _syscalls.PathIdentities(read_only_seen.seen)
         _sources.hand_over(stubs)  # the reaper holds them now
         if lint is not None:  # bwrap is building the sandbox meanwhile
             _sources.check_judged(plan, identities, lint())
