@@ -1338,6 +1338,48 @@ def test_a_staged_sandbox_keeps_little_of_a_full_protected_directory(
     assert b"wrote" not in output, output
 
 
+def test_a_pointer_rewritten_in_place_after_staging_is_read_again(tmp_path: Path) -> None:
+    """Another session of the workspace re-points a repository's .git file while a sandbox
+    waits staged, through a shared mapping whose page it had already written: none of the
+    file's times change (the kernel sets them at a page's first write fault only). From a
+    directory outside the workspace to one inside, which the launch must then protect, as
+    spawn does. Hostile review, stop 38: the launch looked again only where a time changed,
+    and the session wrote the git directory's config, which the host's git then ran."""
+    import mmap
+
+    from nsconfine._plan.protect import PROTECTED
+
+    workspace, run_dir, elsewhere = session_dirs(tmp_path, "ws", "run", "nx")  # alike in length
+    tree, gitdir = workspace / "wt", workspace / "gd"
+    tree.mkdir()
+    gitdir.mkdir()
+    # Every name protected at a repository's root there already, so that no launch makes a
+    # stub beside the pointer (which would change its directory's times)
+    for top in (workspace, tree):
+        for name in {name.split("/")[0] for name, _, _ in PROTECTED} - {".git", ".hg"}:
+            (top / name).touch()
+    pointer = tree / ".git"
+    before, after = f"gitdir: {elsewhere}/gd\n".encode(), f"gitdir: {gitdir}\n".encode()
+    assert len(before) == len(after)
+    pointer.write_bytes(before)
+    give_to_session_user(tree, gitdir, *tree.iterdir(), *workspace.iterdir())
+    made = "mkdir -p gd/objects gd/refs && echo 'ref: refs/heads/main' > gd/HEAD"
+    evil = f"{made}; {_plant_config(gitdir / 'config')}"
+    with open(pointer, "r+b") as file, mmap.mmap(file.fileno(), 0) as mapped:
+        mapped[0:1] = mapped[0:1]  # its one write fault, which sets its times
+        with nsconfine.Pool(session(workspace, run_dir).plan(), size=1, refill="inline") as pool:
+            assert pool.wait_staged(60)
+            mapped[:] = after
+            try:
+                launched = pool.launch(["/bin/sh", "-c", evil], stdout=subprocess.PIPE)
+            except nsconfine.PlanError as refused:
+                output = str(refused).encode()
+            else:
+                output = launched.communicate()[0] or b""
+    assert b"wrote" not in output, output
+    assert not (gitdir / "config").exists() or "fsmonitor" not in (gitdir / "config").read_text()
+
+
 def test_a_writable_bind_in_a_read_only_workspace_is_protected(tmp_path: Path) -> None:
     """The reviewer's workspace is read-only but for WORKSPACE/notes: a repository in notes
     keeps its config read-only, and notes' own top its trusted files."""

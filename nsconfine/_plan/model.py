@@ -352,15 +352,17 @@ class Protection(Record):
     """How a plan keeps the files the host trusts read-only (nsconfine._plan.protect): the writable
     trees it looks through (dest, source) and the names it protects there (name, stub kind,
     reason); the entries that look made (read-only paths and the writable pins above them),
-    which the plan's entries include; and what it depended on, (path, identity or None), so
-    that a launch can tell whether it must look again."""
+    which the plan's entries include; and what it depended on, (path, identity or None), and
+    the files whose content it read, (path, content or None), so that a launch can tell whether
+    it must look again."""
 
-    FIELDS = ("trees", "names", "entries", "observed")
+    FIELDS = ("trees", "names", "entries", "observed", "contents")
     __slots__ = FIELDS
     trees: tuple[tuple[str, str], ...]
     names: tuple[tuple[str, str, str], ...]
     entries: tuple[Entry, ...]
     observed: tuple[tuple[str, tuple[int, int, int, int] | None], ...]
+    contents: tuple[tuple[str, bytes | None], ...]
 
     def __init__(
         self,
@@ -368,8 +370,9 @@ class Protection(Record):
         names: tuple[tuple[str, str, str], ...],
         entries: tuple[Entry, ...],
         observed: tuple[tuple[str, tuple[int, int, int, int] | None], ...],
+        contents: tuple[tuple[str, bytes | None], ...] = (),
     ) -> None:
-        self._set(trees=trees, names=names, entries=entries, observed=observed)
+        self._set(trees=trees, names=names, entries=entries, observed=observed, contents=contents)
 
     def to_json(self) -> dict[str, Any]:
         """The manifest form: where it looks and for what (the entries are the plan's own)."""

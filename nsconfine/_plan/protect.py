@@ -286,15 +286,17 @@ def _protection(
             "repositories and directories the session does not need from its workspace, or "
             "--unprotect the names it does not need (such as --unprotect .idea)"
         )
-    return Protection(tuple(trees), tuple(names), derived, tuple(scan.observed.items())), scan
+    observed, contents = tuple(scan.observed.items()), tuple(scan.contents.items())
+    return Protection(tuple(trees), tuple(names), derived, observed, contents), scan
 
 
 # What the latest look at a plan's protection found and depended on: a launch's own stubs
 # change the workspace, and the next launch need not look through it again; and a look that
 # finds what the last one did gives the very plan built then (whose options are encoded once).
-# id(plan) -> (plan, what the look found, what it depended on, packed once: every launch asks
-# whether any of it changed, in one call).
-_latest: dict[int, tuple[Plan, Plan, _syscalls.PathIdentities]] = {}
+# id(plan) -> (plan, what the look found, what it depended on: the paths it looked at, packed
+# once (every launch asks whether any of them changed, in one call), and the files it read).
+_Depended = tuple[_syscalls.PathIdentities, tuple[tuple[str, bytes | None], ...]]
+_latest: dict[int, tuple[Plan, Plan, _Depended]] = {}
 
 
 def refreshed(plan: Plan) -> Plan:
@@ -302,15 +304,16 @@ def refreshed(plan: Plan) -> Plan:
     depended on changed since (a repository made, a stub gone) and what it finds differs,
     else plan itself (or the plan an earlier call found, if it still holds). A directory's
     identity (device, inode, modification and change times, to the nanosecond) changes
-    whenever it gains, loses or renames an entry, a file's whenever it is written."""
+    whenever it gains, loses or renames an entry, a file's whenever it is written (but through
+    a mapping: the files whose content the look read are read again)."""
     kept = plan.protection
     if kept is None:
         return plan
     latest = _latest.get(id(plan))
     if latest is None or latest[0] is not plan:
-        latest = _remember(plan, plan, kept.observed)
-    current, depended_on = latest[1], latest[2]
-    if not depended_on.any_changed():
+        latest = _remember(plan, plan, kept)
+    current, (looked_at, read) = latest[1], latest[2]
+    if not looked_at.any_changed() and all(_read_again(path) == raw for path, raw in read):
         return current
     base = _base_entries(plan)
     fresh = protection(base, kept.trees, kept.names)
@@ -321,19 +324,23 @@ def refreshed(plan: Plan) -> Plan:
             if fresh.entries == kept.entries
             else plan.replace(entries=(*base, *fresh.entries), protection=fresh)
         )
-    _remember(plan, current, fresh.observed)
+    _remember(plan, current, fresh)
     return current
 
 
-def _remember(
-    plan: Plan, found: Plan, observed: Sequence[tuple[str, tuple[int, int, int, int] | None]]
-) -> tuple[Plan, Plan, _syscalls.PathIdentities]:
+def _remember(plan: Plan, found: Plan, look: Protection) -> tuple[Plan, Plan, _Depended]:
     """Keep what a look at plan's protection found and what it depended on (plan kept with
     them: its id stays its own)."""
     if len(_latest) >= 64:
         _latest.clear()
-    latest = _latest[id(plan)] = (plan, found, _syscalls.PathIdentities(observed))
+    depended = (_syscalls.PathIdentities(look.observed), look.contents)
+    latest = _latest[id(plan)] = (plan, found, depended)
     return latest
+
+
+def _read_again(path: str) -> bytes | None:
+    """A file the look read, read as it did (_read_whole), now."""
+    return _syscalls.read_untrusted(path, _WHOLE_FILE_BYTES + 1)
 
 
 def written_config(
@@ -941,6 +948,10 @@ class _Scan:
             if e.kind is Kind.BIND and e.mode is Mode.RW
         ]
         self.observed: Observed = {}
+        # The files whose content decides what is protected (.git pointers, commondirs), as
+        # first read: a write through a shared mapping whose page was already written changes
+        # no time of the file, and only reading it again tells.
+        self.contents: dict[str, bytes | None] = {}
         self.repositories: list[str] = []
         self.pointers: list[str] = []
         self.found: list[str] = []  # every git directory protected, for a refusal to name
@@ -1196,6 +1207,7 @@ class _Scan:
         pinned)."""
         self.stat(named_by)
         raw = _read_whole(named_by)
+        self.contents.setdefault(named_by, raw)
         # As git reads it: the whole file less its trailing newlines (spaces are kept), then
         # as a C string (a NUL ends it, after a newline too), bytes as they are.
         text = os.fsdecode(raw.rstrip(b"\r\n").split(b"\0", 1)[0]) if raw else ""
