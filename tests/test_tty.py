@@ -945,27 +945,30 @@ def _answering_terminal(controller: int, answered: list[bytes]) -> None:
         except OSError:
             return
         seen += chunk
-        for query in re.findall(rb"\033\[5n|\033\[21t", seen)[len(answered) :]:
+        # (a status query as a terminal's parser takes it: leading zeros, a NUL within)
+        for query in re.findall(rb"\033\[0*5\0?n|\033\[21t", seen)[len(answered) :]:
             time.sleep(0.1)
-            answer = b"\033[0n" if query == b"\033[5n" else b"\033]lrm -rf ~\033\\"
+            answer = b"\033]lrm -rf ~\033\\" if query == b"\033[21t" else b"\033[0n"
             os.write(controller, answer)
             answered.append(answer)
 
 
+@pytest.mark.parametrize("query", ["\\033[5n", "\\033[05n", "\\033[5\\000n"])
 @pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
 def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
-    ws_run: tuple[Path, Path], tty: bool
+    ws_run: tuple[Path, Path], tty: bool, query: str
 ) -> None:
     """The answers a session's queries left on their way to the caller's terminal are read
     and dropped up to the answer to run's own status query; a session that asked the same
     question (ESC [ 5 n) before another one answered with text it chose (a title report)
     had run stop at its answer, and the text reached the shell (found by an attacker's
-    pass). run counts the session's status queries and waits for one answer more."""
+    pass). run counts the session's status queries and waits for one answer more: each a
+    terminal takes for one (ESC [ 0 5 n, a NUL within: attacker's pass, stop 38)."""
 
     controller, terminal = os.openpty()
     keep = os.dup(terminal)  # the shell's side, read after run
 
-    script = r"printf '\033[5n\033[21t'"  # a status query, then a title report's
+    script = f"printf '{query}\\033[21t'"  # a status query, then a title report's
     argv = [sys.executable, "-m", "nsconfine", "run", *(["--tty"] if tty else []),
             *session_options(*ws_run), "--", "/bin/sh", "-c", script]  # fmt: skip
     answered: list[bytes] = []
@@ -1029,17 +1032,23 @@ def _raw(modes: list[Any]) -> list[Any]:
 
 
 def test_status_queries_are_counted_however_the_output_is_split() -> None:
-    """Every status query in a session's output (ESC [ 5 n) counts once, however the reads
-    split it, a byte at a time among them; the 8-bit CSI byte, which UTF-8 text holds
-    ("\u011b5n" is C4 9B 35 6E), counts for none."""
-    from nsconfine._cli.relay import STATUS_QUERY, _Occurrences
+    """Every status query in a session's output counts once, however the reads split it, a
+    byte at a time among them, and however it is spelled that a terminal takes for one (ESC
+    [ 5 n; leading zeros, more parameters, a C0 control within, which a terminal acts on
+    and goes on); the 8-bit CSI byte, which UTF-8 text holds ("\u011b5n" is C4 9B 35 6E),
+    counts for none, nor does another question (ESC [ 6 n, ESC [ ? 5 n, ESC [ 1 5 n), nor one
+    cut short (CAN, a new ESC)."""
+    from nsconfine._cli.relay import _StatusQueries
 
-    stream = b"a\033[5nb\x9b5n\033[5n" + "\u011b5n".encode() + b"\033\033[5n" * 3
+    asked = [b"\033[5n", b"\033[05n", b"\033[0005;1n", b"\033[5\0n", b"\033[\r5n", b"\033\0[5n"]
+    other = [b"\x9b5n", "\u011b5n".encode(), b"\033[6n", b"\033[?5n", b"\033[15n"]
+    other += [b"\033[5\x18n", b"\033[5\033n", b"\033[5 n", b"\033[50n"]
+    stream = b"a".join([*asked, *other, *asked])
     for size in (1, 2, 3, 4, 5, 7, len(stream)):
-        counted = _Occurrences(STATUS_QUERY)
+        counted = _StatusQueries()
         for at in range(0, len(stream), size):
             counted.see(stream[at : at + size])
-        assert counted.count == 5, size
+        assert counted.count == 2 * len(asked), size
 
 
 @pytest.mark.parametrize("kind", ["pipe", "terminal", "socket"])

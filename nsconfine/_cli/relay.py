@@ -123,6 +123,59 @@ class _Occurrences:
         self.tail = joined[-(len(self.sequence) - 1) :]
 
 
+class _StatusQueries:
+    """How many device status queries (CSI 5 n, answered CSI 0 n) a stream read in pieces
+    holds, as a terminal's parser takes them (ECMA-48, the VT500 parser xterm and tmux follow):
+    a first parameter of 5 however many zeros lead it, whatever parameters follow; a C0
+    control within is acted on and the sequence goes on (a NUL is dropped), CAN or SUB cuts it
+    short, ESC starts another. Counting "ESC [ 5 n" alone, a session's "ESC [ 0 5 n" was
+    answered uncounted, and run stopped dropping answers one early (attacker's pass, stop
+    38). 7-bit only, as _Occurrences."""
+
+    __slots__ = ("_first", "_in_first", "_other", "_state", "count")
+
+    _GROUND, _ESCAPE, _CSI = 0, 1, 2
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._state = self._GROUND
+        self._first = 0  # the first parameter, as far as read (capped)
+        self._in_first = True  # no parameter separator yet
+        self._other = False  # a private marker or an intermediate byte: another question
+
+    def see(self, data: bytes) -> None:
+        at, end = 0, len(data)
+        while at < end:
+            if self._state == self._GROUND:
+                at = data.find(b"\033", at)  # text is skipped in C: a TUI writes megabytes
+                if at < 0:
+                    return
+                self._state, at = self._ESCAPE, at + 1
+                continue
+            byte = data[at]
+            at += 1
+            if byte == 0x1B:
+                self._state = self._ESCAPE
+            elif byte in (0x18, 0x1A):  # CAN, SUB
+                self._state = self._GROUND
+            elif byte < 0x20 or byte == 0x7F:
+                pass  # acted on (or dropped), and the sequence goes on
+            elif self._state == self._ESCAPE:
+                self._state = self._CSI if byte == 0x5B else self._GROUND
+                self._first, self._in_first, self._other = 0, True, False
+            elif 0x30 <= byte <= 0x39:
+                if self._in_first:
+                    self._first = min(self._first * 10 + byte - 0x30, 1000)
+            elif byte in (0x3A, 0x3B):  # the first parameter (or its first part) ends
+                self._in_first = False
+            elif 0x20 <= byte <= 0x3F:  # a private marker (< = > ?), an intermediate byte
+                self._other = True
+            else:  # the final byte
+                if byte == 0x6E and self._first == 5 and not self._other:
+                    self.count += 1
+                self._state = self._GROUND
+
+
 # What may turn a mode on or ask the terminal a question in what a session wrote: ESC, the
 # 8-bit introducers (DCS, CSI, ST, OSC, PM, APC) and ENQ (answered with an answerback message).
 # (Deleted with bytes.translate to find one: no regular expression, nor `re`, on run's way.)
@@ -248,7 +301,7 @@ class _Terminal:
         self.output = _Output(1)  # what the session wrote that stdout has not taken yet
         # The status queries the session wrote to the caller's terminal, and the answers that
         # reached it through stdin: those left are answered before run's own.
-        self.status_queries = _Occurrences(STATUS_QUERY)
+        self.status_queries = _StatusQueries()
         self.status_answers = _Occurrences(STATUS_ANSWER)
         self.saved: list[Any] | None = None  # its modes, to put back
         try:
@@ -537,7 +590,7 @@ class StdioRelay:
         self.escaped: set[int] = set()  # the terminals among 1 and 2 a session wrote an escape to
         # The status queries the session wrote to each of them, and the answers that reached
         # it through stdin (the terminal at fd 0): those left are answered before run's own.
-        self.status_queries: dict[int, _Occurrences] = {}
+        self.status_queries: dict[int, _StatusQueries] = {}
         self.status_answers = _Occurrences(STATUS_ANSWER)
         terminals = [fd for fd in ((2,) if tty else (0, 1, 2)) if os.isatty(fd)]
         self.terminals = set(terminals)
@@ -640,7 +693,7 @@ class StdioRelay:
         target = self.outputs[read_end]
         if data:
             if target in self.terminals:
-                queries = self.status_queries.setdefault(target, _Occurrences(STATUS_QUERY))
+                queries = self.status_queries.setdefault(target, _StatusQueries())
                 queries.see(data)
                 if len(data.translate(None, _ESCAPES)) != len(data):
                     self.escaped.add(target)
