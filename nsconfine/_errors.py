@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nsconfine._text import printable
+from nsconfine._text import one_line, printable
 
 
 class NsconfineError(Exception):
@@ -20,7 +20,7 @@ class NsconfineError(Exception):
     def __str__(self) -> str:
         # One line, whatever path or value the message quotes: a newline in it cannot forge
         # a second line of the CLI's refusal.
-        return f"{self.code}: {printable(self.message)}"
+        return f"{self.code}: {one_line(self.message)}"
 
 
 class UsageError(NsconfineError, ValueError):

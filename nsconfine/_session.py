@@ -656,7 +656,7 @@ def git_identity_parts(identity: str) -> tuple[str, str]:
     found = re.match(_IDENTITY, identity)
     if found is None:
         raise UsageError(
-            f"git identity {printable(identity)!r}: give it as 'Name <email@example.org>'"
+            f"git identity '{printable(identity)}': give it as 'Name <email@example.org>'"
         )
     return found["name"], found["email"]
 

@@ -108,6 +108,16 @@ def printable(text: str) -> str:
     return "".join(_escaped(c) if c == "\\" or is_hidden(c) else c for c in text)
 
 
+def one_line(text: str) -> str:
+    """text with its control and format characters written as escapes, and nothing else: for
+    a message whose quoted parts printable() (or repr) has already written, whose backslashes
+    a second printable() would double (a newline in a path then read as a backslash and an
+    n). What a message quotes raw still cannot forge a line."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(_escaped(c) if is_hidden(c) else c for c in text)
+
+
 def _escaped(character: str) -> str:
     code = ord(character)
     if character in _ESCAPES:

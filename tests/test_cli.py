@@ -346,6 +346,28 @@ def test_refused_plan_is_one_line(dirs: Dirs, name: str) -> None:
     assert result.stdout == ""
 
 
+def test_a_refusal_escapes_what_it_quotes_once(tmp_path: Path) -> None:
+    """A newline or an ESC in what a refusal quotes reads as one escape (\\n, \\x1b), as the
+    manifest writes it: the refusal's whole line was escaped again, doubling the escapes'
+    backslashes, and it read as a backslash and an n (attacker's pass, stop 38); a control
+    character in a message is escaped all the same."""
+    from nsconfine._errors import PlanError
+
+    missing = tmp_path / "nl\nws"
+    dirs = ["--workspace", str(tmp_path), "--run-dir", str(tmp_path)]
+    quoted = [
+        (["--workspace", str(missing), "--run-dir", str(tmp_path)], f"{tmp_path}/nl\\nws"),
+        ([*dirs, "--git-identity", "a\nb"], "'a\\nb'"),
+        ([*dirs, "--profile", "claude\033[31m"], "claude\\x1b[31m"),
+    ]
+    for arguments, shown in quoted:
+        result = run_cli("plan", *arguments)
+        assert result.returncode in (64, 65), result.stderr
+        assert shown in result.stderr, result.stderr
+        assert "\\\\" not in result.stderr, result.stderr
+    assert str(PlanError("raw\nline")) == "plan-refused: raw\\nline"
+
+
 def test_plan_before_the_credential_exists(dirs: Dirs) -> None:
     """Before its credential file exists, a session's plan and explain answer (the manifest
     names the file a launch needs, the route is shown), while run and oci-bundle refuse with
