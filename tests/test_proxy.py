@@ -710,6 +710,20 @@ def test_a_chunked_body_is_framed_the_same_whatever_its_pieces() -> None:
     assert b"".join(body.feed(sent[n : n + 1]) for n in range(len(sent))) == whole
 
 
+@pytest.mark.parametrize("size", [b"8000000000000000", b"ffffffffffffffff"])
+def test_a_chunk_size_no_64_bit_parser_holds_is_refused(size: bytes) -> None:
+    """A chunk's size past 2**63 - 1, which an upstream's signed 64-bit parser would wrap (and
+    find a second request in the chunk's data), is refused as a Content-Length past it is
+    (attacker's pass, stop 38: 2**63 and 2**64 - 1 went upstream as written)."""
+    from nsconfine._launch import proxy as _proxy
+
+    request = parse_head(b"POST http://web.test/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    with pytest.raises(_proxy._Refusal, match="chunk"):
+        _RequestBody(request).feed(size + b"\r\n" + PIPELINED)
+    largest = b"7fffffffffffffff\r\nabc"
+    assert _RequestBody(request).feed(largest) == largest
+
+
 def test_a_chunked_body_of_tiny_chunks_is_refused() -> None:
     """Each chunk is framed again in Python, on the launcher's threads: a body of one-byte
     chunks made a session's uploads take a launcher core, stalling every other session's

@@ -365,6 +365,8 @@ class _RequestBody:
         if not 0 < len(size) <= 16 or not set(size) <= set(b"0123456789abcdefABCDEF"):
             raise _Refusal(400, "a chunk's size is not a hexadecimal number")
         self.left = int(size, 16)
+        if self.left > MAX_CONTENT_LENGTH:  # (as a Content-Length past it: parse_head)
+            raise _Refusal(400, f"a chunk's size is over {MAX_CONTENT_LENGTH}")
         self.state = "data" if self.left else "trailer"
         self.chunks += 1
         self.chunked_bytes += self.left
