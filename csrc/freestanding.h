@@ -145,6 +145,20 @@ static inline long above_stdio(long fd)
     return moved;
 }
 
+#define RLIMIT_NOFILE_ 7 /* the same on x86_64 and aarch64 */
+
+/* RLIMIT_NOFILE lowered to at most most (soft and hard), never raised; 0, or -errno. */
+static inline long cap_open_files(uint64_t most)
+{
+    uint64_t limit[2]; /* struct rlimit64: soft, hard */
+    long r = SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, 0, limit);
+    if (r < 0)
+        return r;
+    for (int i = 0; i < 2; i++)
+        limit[i] = limit[i] < most ? limit[i] : most;
+    return SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, limit, 0);
+}
+
 /* The kernel's sigset is one word here (both architectures have 64 signals). */
 typedef unsigned long ksigset_t;
 #define KSIGBIT(sig) (1UL << ((sig) - 1))

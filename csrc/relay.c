@@ -262,9 +262,14 @@ static void close_all_but(unsigned int keep_low, unsigned int keep_high)
 }
 
 /* ready: the write end of the shim's pipe, closed last: the shim waits for its EOF. */
-__attribute__((noreturn)) static void relay_main(int listener, int ready, const char *socket_path)
+__attribute__((noreturn)) static void relay_main(int listener, int ready, const char *socket_path,
+                                                uint64_t open_files)
 {
     (void)SYS0(__NR_setsid); /* out of the command's session and process group */
+    /* The command may stop it and drive it (ptrace: its sibling, its own account's): with
+     * the launcher's fd limit it could hold the account's whole count of fds in flight. */
+    if (open_files > 0 && cap_open_files(open_files) < 0)
+        sys_exit(1); /* (the shim's wait for it ends: the command runs with no relay) */
 
     /* Only the listener stays; stdio goes to /dev/null (closed if the sandbox has none). */
     if (listener < ready)
@@ -310,7 +315,7 @@ __attribute__((noreturn)) static void relay_main(int listener, int ready, const 
     }
 }
 
-long start_relay(long port, const char *socket_path)
+long start_relay(long port, const char *socket_path, uint64_t open_files)
 {
     if (port < 1 || port > 65535 || socket_path[0] != '/' ||
         strlen(socket_path) >= RELAY_MAX_PATH)
@@ -340,7 +345,7 @@ long start_relay(long port, const char *socket_path)
          * own (SIGCHLD), so pid 1 reaps it. */
         r = SYS5(__NR_clone, CLONE_PARENT_, 0, 0, 0, 0);
         if (r == 0)
-            relay_main((int)listener, ready[1], socket_path);
+            relay_main((int)listener, ready[1], socket_path, open_files);
     }
     if (ready[1] >= 0)
         (void)SYS1(__NR_close, ready[1]);

@@ -16,6 +16,6 @@
  * (its parent's child); the caller keeps no fd of it. 0 once the relay is started (the
  * port is then taken, and connections queue until the relay accepts them), or -errno.
  */
-long start_relay(long port, const char *socket_path);
+long start_relay(long port, const char *socket_path, uint64_t open_files);
 
 #endif

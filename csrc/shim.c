@@ -53,7 +53,8 @@
  * message is read and before anything of the command is put in place, the shim listens on
  * 127.0.0.1:RELAY_PORT and starts the relay (relay.c) on that listener, which joins each
  * connection to the unix socket at RELAY_SOCKET; if it cannot, the launch fails (stage
- * NSC_SHIM_STAGE_RELAY) and the command never runs.
+ * NSC_SHIM_STAGE_RELAY) and the command never runs. The relay holds open no more files than
+ * the command (OPEN_FILES): the command may drive it (its sibling, its own account's).
  *
  * No libc (see freestanding.h): it starts once per launch.
  */
@@ -191,8 +192,6 @@ static long send_fd(int sock, char byte, int fd)
     return RETRY(SYS3(__NR_sendmsg, sock, &msg, 0));
 }
 
-#define RLIMIT_NOFILE_ 7 /* the same on x86_64 and aarch64 */
-
 /*
  * send_fd with the soft RLIMIT_NOFILE raised to the hard one for the send, then put back: the
  * account has one count of fds sent and not yet received, and a send fails (ETOOMANYREFS)
@@ -249,18 +248,6 @@ static void take_new_terminal(int sock)
     char go = 0;
     if (read_exact(sock, &go, 1, 0, 0) != 0 || go != 'G')
         fail(-EPROTO, NSC_SHIM_STAGE_PROTOCOL);
-}
-
-/* RLIMIT_NOFILE lowered to at most most (soft and hard); 0, or -errno. */
-static long cap_open_files(uint64_t most)
-{
-    uint64_t limit[2]; /* struct rlimit64: soft, hard */
-    long r = SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, 0, limit);
-    if (r < 0)
-        return r;
-    for (int i = 0; i < 2; i++)
-        limit[i] = limit[i] < most ? limit[i] : most;
-    return SYS4(__NR_prlimit64, 0, RLIMIT_NOFILE_, limit, 0);
 }
 
 /* Length of the NAME= part of a NAME=VALUE string (0 if it has no '='). */
@@ -455,7 +442,7 @@ int helper_main(int argc, char **argv, char **envp)
 
     /* Before the command's fds are placed (the relay keeps none of them anyway) and long
      * before its exec: the port is taken and listening by the time the command can run. */
-    if (relay_socket && (r = start_relay(relay_port, relay_socket)) < 0)
+    if (relay_socket && (r = start_relay(relay_port, relay_socket, (uint64_t)open_files)) < 0)
         fail(r, NSC_SHIM_STAGE_RELAY);
 
     /*

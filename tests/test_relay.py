@@ -10,6 +10,7 @@ session's plan (relay_entry, the hook the plan's check asks for).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -352,6 +353,36 @@ def test_the_relay_ends_with_the_command_and_holds_no_stdio(
     while (left := sandbox_processes(namespace)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == [], f"processes of the sandbox outlived it: {left}"
+
+
+def test_the_relay_holds_no_more_files_than_the_command_may(
+    ws_run: tuple[Path, Path], proxy: Proxy, proxy_directory: Path
+) -> None:
+    """The relay, a sibling the command may stop and drive (its own account's, neither pid 1),
+    may hold open no more files than the command (the session's open_files): it kept the
+    launcher's fd limit, and a command that drove it to send its fds kept 20,000 in flight,
+    the account's whole count, and every other session of the account failed to pass one
+    (attacker's pass, stop 38)."""
+    code = """
+    import json, os
+    me, limits = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in (1, me):
+            for line in open(f"/proc/{name}/limits"):
+                if line.startswith("Max open files"):
+                    limits.append(line.split()[3:5])
+    mine = [line.split()[3:5] for line in open("/proc/self/limits") if "open files" in line]
+    print(json.dumps(limits))
+    print(json.dumps(mine[0]))
+    """
+    status, output = spawn_reading(proxy_plan(ws_run, proxy_directory), python(code))
+    assert status == 0, output
+    assert output is not None
+    relays, mine = (json.loads(line) for line in output.decode().splitlines())
+    assert relays, output
+    for soft, hard in relays:
+        assert int(soft) <= int(mine[0]), output
+        assert int(hard) <= int(mine[1]), output
 
 
 # The command's first act: stop its sibling (the relay: neither pid 1 nor itself), list what
