@@ -724,6 +724,44 @@ def test_a_chunk_size_no_64_bit_parser_holds_is_refused(size: bytes) -> None:
     assert _RequestBody(request).feed(largest) == largest
 
 
+def test_a_connection_whose_process_is_gone_is_not_called_one_from_outside(
+    tmp_path: Path,
+) -> None:
+    """A connection is judged by the network of the process that connected (SO_PEERCRED): one
+    that has exited by then is refused, and its audit says so, not that it came from outside
+    the sandbox: a session's forked child that connects and exits at once had the audit, and
+    run's stderr, report a host process at the proxy (attacker's pass, stop 38)."""
+    from nsconfine._launch.proxy import _refusal_of_peer
+
+    path = str(tmp_path / "socket")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen()
+    client = socket.socket(socket.AF_UNIX)
+    child = os.fork()
+    if child == 0:
+        client.connect(path)
+        os._exit(0)
+    os.waitpid(child, 0)
+    accepted, _ = listener.accept()
+    own = os.stat("/proc/self/ns/net").st_ino
+    try:
+        reason = _refusal_of_peer(accepted, own)
+        assert reason is not None
+        assert "outside" not in reason, reason
+        assert "ended" in reason, reason
+        with socket.socket(socket.AF_UNIX) as ours:  # the twin: this very process connects
+            ours.connect(path)
+            mine, _ = listener.accept()
+            with mine:
+                assert _refusal_of_peer(mine, own) is None
+                assert "outside" in (_refusal_of_peer(mine, own + 1) or "")
+    finally:
+        accepted.close()
+        client.close()
+        listener.close()
+
+
 def test_a_chunked_body_of_tiny_chunks_is_refused() -> None:
     """Each chunk is framed again in Python, on the launcher's threads: a body of one-byte
     chunks made a session's uploads take a launcher core, stalling every other session's

@@ -543,17 +543,25 @@ class _LauncherDirectory:
                 os.close(fd)
 
 
-def _from_its_sandbox(client: socket.socket, network: int | None) -> bool:
-    """Is the peer in the session's sandbox's network namespace (its relay)? Not merely in
-    one other than the launcher's: any account may make one of its own (unshare -Urn)."""
-    if network is None:
-        return False  # not built yet: nothing of the session runs before it is
+def _refusal_of_peer(client: socket.socket, network: int | None) -> str | None:
+    """None if the peer is in the session's sandbox's network namespace (its relay), else why
+    it is refused. Not merely one other than the launcher's: any account may make one of its
+    own (unshare -Urn). The peer is the process that connected (SO_PEERCRED): one that has
+    exited since cannot be judged, and is not said to be outside (a session's child that
+    connects and exits at once would have the audit report a host process at the proxy)."""
+    if network is None:  # not built yet: nothing of the session runs before it is
+        return "a connection before its sandbox was built"
     try:
         credentials = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         pid = struct.unpack("3i", credentials)[0]
-        return os.stat(f"/proc/{pid}/ns/net").st_ino == network
+        peers = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except (FileNotFoundError, ProcessLookupError):
+        return "a connection whose process ended before it could be checked"
     except (OSError, struct.error):
-        return False
+        return "a connection that could not be checked"
+    if peers != network:
+        return "a connection from outside the sandbox (the launcher's own network)"
+    return None
 
 
 def _now() -> str:
@@ -754,15 +762,12 @@ class Proxy:
                     return
                 time.sleep(0.05)  # EMFILE and the like: the next accept may succeed
                 continue
-            if self.sandboxes_only and not _from_its_sandbox(client, session.network):
+            unjudged = _refusal_of_peer(client, session.network) if self.sandboxes_only else None
+            if unjudged is not None:
                 # The socket is the session account's to connect to, and a host process of
                 # that account (a daemon sharing `nobody`) is no sandbox: it gets nothing here.
                 client.close()
-                self._emit(
-                    {"time": _now(), "session": session.name},
-                    False,
-                    "a connection from outside the sandbox (the launcher's own network)",
-                )
+                self._emit({"time": _now(), "session": session.name}, False, unjudged)
                 continue
             connection = _Connection(session.name, client)
             cap, bound = self._connection_caps()
