@@ -196,3 +196,5 @@ def test_the_planted_symlink_twin_leaks(world: World) -> None:
     leads into the checkout and its internal file is read."""
     assert planted_symlink_leaks(world) is None
     assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan) is not None
+    assert planted_symlink_leaks(world, above=True) is None
+    assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan, True) is not None

@@ -99,23 +99,31 @@ def planted_symlink_leaks(
     world: World,
     launcher: Launcher = spawn,
     plan_next: Callable[[World, str], Plan] = next_session_plan,
+    above: bool = False,
 ) -> str | None:
     """The attack of a session that plants `next -> …/checkout` in its workspace, where
-    the broker will put the next session's workspace: None if the next launch is refused or
-    sees nothing of the checkout beyond its runner file; else what it read. plan_next builds
-    the next session's plan (a test's twin builds it past the lint, and must leak)."""
+    the broker will put the next session's workspace; or, above, `next -> …/reviewer`, another
+    session's directory, with the next workspace at next/ws, that session's workspace: None
+    if the next launch is refused or sees nothing of the checkout beyond its runner file (of
+    the other workspace); else what it read. plan_next builds the next session's plan (a
+    test's twin builds it past the lint, and must leak)."""
     planted = os.path.join(world.workspace, "next")
-    checkout = os.path.dirname(world.runner_file)
-    plant = run_script(world.plan(), f"ln -sfn {shell_quoted(checkout)} {shell_quoted(planted)}")
+    if above:
+        secret = world.secrets["another session's workspace"]
+        target = os.path.dirname(os.path.dirname(secret))
+        workspace = os.path.join(planted, os.path.basename(os.path.dirname(secret)))
+    else:
+        secret = world.secrets["the checkout outside the runner's files"]
+        target, workspace = os.path.dirname(world.runner_file), planted
+    plant = run_script(world.plan(), f"ln -sfn {shell_quoted(target)} {shell_quoted(planted)}")
     if plant.status != 0:
         return f"could not plant: {plant.stderr.strip()}"
     try:
         try:
-            next_plan = plan_next(world, planted)
+            next_plan = plan_next(world, workspace)
         except NsconfineError:
             return None
-        secret = world.secrets["the checkout outside the runner's files"]
-        read = f"cat {shell_quoted(planted)}/{os.path.basename(secret)}"
+        read = f"cat {shell_quoted(workspace)}/{os.path.basename(secret)}"
         outcome = run_script(next_plan, read, launcher)
     finally:
         os.unlink(planted)
@@ -350,6 +358,11 @@ SESSION_CHECKS: tuple[tuple[str, bool, Callable[[World], str | None]], ...] = (
     ("fork past the session's process limit, starving its account", False, process_limit_leaks),
     ("read what the user types at the terminal its output goes to", False, terminal_read_leaks),
     ("redirect the next workspace by a planted symlink", False, planted_symlink_leaks),
+    (
+        "redirect the next workspace by a planted symlink above it",
+        False,
+        lambda world: planted_symlink_leaks(world, above=True),
+    ),
     (
         "serve an abstract socket host programs reach (the default network is none)",
         False,
