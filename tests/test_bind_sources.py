@@ -179,9 +179,11 @@ def test_a_workspace_below_a_symlink_a_session_planted_is_refused(tmp_path: Path
     for planted in (
         {"workspace": workspace / "next" / "proj", "run_dir": next_run},
         {"workspace": next_run, "run_dir": workspace / "next" / "proj"},
+        # A read-only workspace is no less the broker's path (hostile review, stop 38)
+        {"workspace": workspace / "next" / "proj", "run_dir": next_run, "workspace_mode": "ro"},
     ):
         try:
-            plan = session(planted["workspace"], planted["run_dir"]).plan()
+            plan = session(**planted).plan()
         except nsconfine.PlanError as refused:
             status, output = -1, str(refused)
         else:

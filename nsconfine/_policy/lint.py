@@ -775,9 +775,10 @@ def _refuse_inside_writable(
 def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> None:
     """A source that lies inside a writable bind must be reached without a symlink below
     that bind: the session may have planted one there, to lead a later read-only bind (or a
-    runner file) to any file its account can read. And a writable bind itself must not be a
-    symlink (a session may have put one where the broker will put the next workspace).
-    resolved: sources this check has just resolved, each to its real path."""
+    runner file) to any file its account can read. And a writable bind, or the workspace in
+    any mode, must not be a symlink nor be reached through one a session could have made (a
+    session may have put one where the broker will put the next workspace). resolved:
+    sources this check has just resolved, each to its real path."""
 
     def real(source: str) -> str:
         return resolved.get(source) or _syscalls.realpath(source)
@@ -788,7 +789,8 @@ def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> Non
         if entry.kind is Kind.BIND and entry.mode is Mode.RW and os.path.exists(entry.source)
     ]
     for entry in plan.entries:
-        if entry.kind is Kind.BIND and entry.mode is Mode.RW:
+        the_brokers = entry.mode is Mode.RW or entry.dest == plan.chdir  # (its workspace)
+        if entry.kind is Kind.BIND and the_brokers:
             if os.path.islink(entry.source):
                 target = printable(os.readlink(entry.source))
                 raise PlanError(
@@ -839,7 +841,8 @@ def _refuse_planted_on_the_way(source: str, user: RunAs) -> None:
         raise PlanError(
             f"{printable(source)} is reached through the symlink {printable(path)} (to "
             f"{printable(os.readlink(path))}), which a session may have planted where the next "
-            f"workspace goes: a writable bind is given by its real path, {printable(real)}"
+            "workspace goes: a workspace or writable bind is given by its real path, "
+            f"{printable(real)}"
         )
 
 
