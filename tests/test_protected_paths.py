@@ -1380,6 +1380,21 @@ def test_a_pointer_rewritten_in_place_after_staging_is_read_again(tmp_path: Path
     assert not (gitdir / "config").exists() or "fsmonitor" not in (gitdir / "config").read_text()
 
 
+def test_a_plan_keeps_little_of_the_pointers_a_session_wrote(repo: tuple[Path, Path]) -> None:
+    """What a plan keeps of the files whose content decides what is protected (to read them
+    again at launch) is a digest, not the files: a session can pad each commondir with a
+    megabyte after the NUL where git stops reading, and a broker kept them all, for each of
+    its last 64 plans (hostile review, stop 38: 73 MB per plan of 70 worktrees)."""
+    commondir = repo[0] / ".git" / "commondir"
+    commondir.write_bytes(b".\0" + b"x" * 500_000)
+    give_to_session_user(commondir)
+    protection = session(*repo).plan().protection
+    assert protection is not None
+    kept = [what for path, what in protection.contents if path == str(commondir)]
+    assert kept, protection.contents
+    assert sum(len(what or "") for what in kept) < 1000
+
+
 def test_a_writable_bind_in_a_read_only_workspace_is_protected(tmp_path: Path) -> None:
     """The reviewer's workspace is read-only but for WORKSPACE/notes: a repository in notes
     keeps its config read-only, and notes' own top its trusted files."""

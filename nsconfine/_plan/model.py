@@ -353,8 +353,8 @@ class Protection(Record):
     trees it looks through (dest, source) and the names it protects there (name, stub kind,
     reason); the entries that look made (read-only paths and the writable pins above them),
     which the plan's entries include; and what it depended on, (path, identity or None), and
-    the files whose content it read, (path, content or None), so that a launch can tell whether
-    it must look again."""
+    the files whose content it read, (path, the content's sha256 or None), so that a launch
+    can tell whether it must look again."""
 
     FIELDS = ("trees", "names", "entries", "observed", "contents")
     __slots__ = FIELDS
@@ -362,7 +362,7 @@ class Protection(Record):
     names: tuple[tuple[str, str, str], ...]
     entries: tuple[Entry, ...]
     observed: tuple[tuple[str, tuple[int, int, int, int] | None], ...]
-    contents: tuple[tuple[str, bytes | None], ...]
+    contents: tuple[tuple[str, str | None], ...]
 
     def __init__(
         self,
@@ -370,7 +370,7 @@ class Protection(Record):
         names: tuple[tuple[str, str, str], ...],
         entries: tuple[Entry, ...],
         observed: tuple[tuple[str, tuple[int, int, int, int] | None], ...],
-        contents: tuple[tuple[str, bytes | None], ...] = (),
+        contents: tuple[tuple[str, str | None], ...] = (),
     ) -> None:
         self._set(trees=trees, names=names, entries=entries, observed=observed, contents=contents)
 

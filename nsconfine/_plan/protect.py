@@ -295,7 +295,7 @@ def _protection(
 # finds what the last one did gives the very plan built then (whose options are encoded once).
 # id(plan) -> (plan, what the look found, what it depended on: the paths it looked at, packed
 # once (every launch asks whether any of them changed, in one call), and the files it read).
-_Depended = tuple[_syscalls.PathIdentities, tuple[tuple[str, bytes | None], ...]]
+_Depended = tuple[_syscalls.PathIdentities, tuple[tuple[str, str | None], ...]]
 _latest: dict[int, tuple[Plan, Plan, _Depended]] = {}
 
 
@@ -338,9 +338,15 @@ def _remember(plan: Plan, found: Plan, look: Protection) -> tuple[Plan, Plan, _D
     return latest
 
 
-def _read_again(path: str) -> bytes | None:
-    """A file the look read, read as it did (_read_whole), now."""
-    return _syscalls.read_untrusted(path, _WHOLE_FILE_BYTES + 1)
+def _read_again(path: str) -> str | None:
+    """The digest of a file the look read, read as it did (_read_whole), now."""
+    return _digest_of(_syscalls.read_untrusted(path, _WHOLE_FILE_BYTES + 1))
+
+
+def _digest_of(raw: bytes | None) -> str | None:
+    from nsconfine._digest import sha256_hex
+
+    return None if raw is None else sha256_hex(raw)
 
 
 def written_config(
@@ -949,9 +955,10 @@ class _Scan:
         ]
         self.observed: Observed = {}
         # The files whose content decides what is protected (.git pointers, commondirs), as
-        # first read: a write through a shared mapping whose page was already written changes
-        # no time of the file, and only reading it again tells.
-        self.contents: dict[str, bytes | None] = {}
+        # first read, by digest (a session may pad each with a megabyte past the NUL where git
+        # stops): a write through a shared mapping whose page was already written changes no
+        # time of the file, and only reading it again tells.
+        self.contents: dict[str, str | None] = {}
         self.repositories: list[str] = []
         self.pointers: list[str] = []
         self.found: list[str] = []  # every git directory protected, for a refusal to name
@@ -1207,7 +1214,7 @@ class _Scan:
         pinned)."""
         self.stat(named_by)
         raw = _read_whole(named_by)
-        self.contents.setdefault(named_by, raw)
+        self.contents.setdefault(named_by, _digest_of(raw))
         # As git reads it: the whole file less its trailing newlines (spaces are kept), then
         # as a C string (a NUL ends it, after a newline too), bytes as they are.
         text = os.fsdecode(raw.rstrip(b"\r\n").split(b"\0", 1)[0]) if raw else ""
