@@ -1035,12 +1035,20 @@ def test_status_queries_are_counted_however_the_output_is_split() -> None:
     """Every status query in a session's output counts once, however the reads split it, a
     byte at a time among them, and however it is spelled that a terminal takes for one (ESC
     [ 5 n; leading zeros, more parameters, a C0 control within, which a terminal acts on
-    and goes on); the 8-bit CSI byte, which UTF-8 text holds ("\u011b5n" is C4 9B 35 6E),
-    counts for none, nor does another question (ESC [ 6 n, ESC [ ? 5 n, ESC [ 1 5 n), nor one
-    cut short (CAN, a new ESC)."""
+    and goes on, as it does past a byte over 0x7F); the 8-bit CSI byte, which UTF-8 text holds
+    ("\u011b5n" is C4 9B 35 6E), counts for none, nor does another question (ESC [ 6 n, ESC [
+    ? 5 n, ESC [ 1 5 n), nor one cut short (CAN, a new ESC). (Hostile review, stop 38: tmux
+    answered ESC [ 0xff 5 n and the parser, taking 0xff for the final byte, did not count it.)"""
     from nsconfine._cli.relay import _StatusQueries
 
     asked = [b"\033[5n", b"\033[05n", b"\033[0005;1n", b"\033[5\0n", b"\033[\r5n", b"\033\0[5n"]
+    asked += [
+        b"\033[\xff5n",
+        b"\033[5\xffn",
+        b"\033\xff[5n",
+        b"\033[\xc3\xa95n",
+        b"\033[" + b"0" * 80 + b"5n",
+    ]
     other = [b"\x9b5n", "\u011b5n".encode(), b"\033[6n", b"\033[?5n", b"\033[15n"]
     other += [b"\033[5\x18n", b"\033[5\033n", b"\033[5 n", b"\033[50n"]
     stream = b"a".join([*asked, *other, *asked])

@@ -123,57 +123,76 @@ class _Occurrences:
         self.tail = joined[-(len(self.sequence) - 1) :]
 
 
+# For _StatusQueries: each byte's part in a sequence, as a terminal's parser reads it. "S" ends
+# or cuts one short (a final byte, ESC, CAN, SUB); "-" is passed over inside one (a C0 control,
+# acted on; DEL; a byte past 0x7F, which tmux and the VT500 parser skip there).
+_STOPS = bytes(
+    ord("S") if 0x40 <= byte <= 0x7E or byte in (0x1B, 0x18, 0x1A) else ord(".")
+    for byte in range(256)
+)
+_PASSED_OVER = bytes(byte for byte in range(256) if byte < 0x20 or byte >= 0x7F)
+
+
 class _StatusQueries:
     """How many device status queries (CSI 5 n, answered CSI 0 n) a stream read in pieces
     holds, as a terminal's parser takes them (ECMA-48, the VT500 parser xterm and tmux follow):
     a first parameter of 5 however many zeros lead it, whatever parameters follow; a C0
-    control within is acted on and the sequence goes on (a NUL is dropped), CAN or SUB cuts it
-    short, ESC starts another. Counting "ESC [ 5 n" alone, a session's "ESC [ 0 5 n" was
-    answered uncounted, and run stopped dropping answers one early (attacker's pass, stop
-    38). 7-bit only, as _Occurrences."""
+    control within is acted on and the sequence goes on (a NUL is dropped), as is a byte past
+    0x7F; CAN or SUB cuts it short, ESC starts another. Counting "ESC [ 5 n" alone, a session's
+    "ESC [ 0 5 n" was answered uncounted, and run stopped dropping answers one early
+    (attacker's pass, stop 38). When in doubt (a parameter past 64 bytes) a query is counted:
+    one answer too many waited for costs run a timeout, one too few gives the shell what
+    follows. 7-bit CSI only, as _Occurrences. Each sequence is looked through in C (a TUI
+    writes megabytes of them)."""
 
-    __slots__ = ("_first", "_in_first", "_other", "_state", "count")
-
-    _GROUND, _ESCAPE, _CSI = 0, 1, 2
+    __slots__ = ("_escape", "_parameters", "_sequence", "count")
 
     def __init__(self) -> None:
         self.count = 0
-        self._state = self._GROUND
-        self._first = 0  # the first parameter, as far as read (capped)
-        self._in_first = True  # no parameter separator yet
-        self._other = False  # a private marker or an intermediate byte: another question
+        self._escape = False  # an ESC seen, what follows it not yet
+        self._sequence = False  # within a CSI sequence
+        self._parameters = b""  # its bytes so far, those passed over left out (64 at most)
 
     def see(self, data: bytes) -> None:
+        stops = None
         at, end = 0, len(data)
         while at < end:
-            if self._state == self._GROUND:
-                at = data.find(b"\033", at)  # text is skipped in C: a TUI writes megabytes
+            if self._sequence:
+                if stops is None:
+                    stops = data.translate(_STOPS)
+                stop = stops.find(b"S", at)
+                final = -1 if stop < 0 else data[stop]
+                if final in (-1, 0x6E) and len(self._parameters) <= 64:  # (only n asks)
+                    taken = data[at : end if stop < 0 else stop].translate(None, _PASSED_OVER)
+                    self._parameters = (self._parameters + taken)[:65]
+                if stop < 0:
+                    return
+                self._sequence, at = False, stop + 1
+                if final == 0x1B:
+                    self._escape = True
+                elif final == 0x6E and self._asks_status():
+                    self.count += 1
+            elif self._escape:
+                byte = data[at]
+                at += 1
+                if byte == 0x5B:
+                    self._escape, self._sequence, self._parameters = False, True, b""
+                elif byte in (0x18, 0x1A) or 0x20 <= byte < 0x7F:
+                    self._escape = False  # cut short, or another kind of escape
+            else:
+                at = data.find(b"\033", at)  # text is skipped in C
                 if at < 0:
                     return
-                self._state, at = self._ESCAPE, at + 1
-                continue
-            byte = data[at]
-            at += 1
-            if byte == 0x1B:
-                self._state = self._ESCAPE
-            elif byte in (0x18, 0x1A):  # CAN, SUB
-                self._state = self._GROUND
-            elif byte < 0x20 or byte == 0x7F:
-                pass  # acted on (or dropped), and the sequence goes on
-            elif self._state == self._ESCAPE:
-                self._state = self._CSI if byte == 0x5B else self._GROUND
-                self._first, self._in_first, self._other = 0, True, False
-            elif 0x30 <= byte <= 0x39:
-                if self._in_first:
-                    self._first = min(self._first * 10 + byte - 0x30, 1000)
-            elif byte in (0x3A, 0x3B):  # the first parameter (or its first part) ends
-                self._in_first = False
-            elif 0x20 <= byte <= 0x3F:  # a private marker (< = > ?), an intermediate byte
-                self._other = True
-            else:  # the final byte
-                if byte == 0x6E and self._first == 5 and not self._other:
-                    self.count += 1
-                self._state = self._GROUND
+                self._escape, at = True, at + 1
+
+    def _asks_status(self) -> bool:
+        """Do the parameters read (no private marker, no intermediate byte) ask the status?"""
+        parameters = self._parameters
+        if len(parameters) > 64:
+            return True
+        if parameters.translate(None, b"0123456789;:"):
+            return False
+        return parameters.split(b";")[0].split(b":")[0].lstrip(b"0") == b"5"
 
 
 # What may turn a mode on or ask the terminal a question in what a session wrote: ESC, the
