@@ -560,7 +560,8 @@ def _refusal_of_peer(client: socket.socket, network: int | None) -> str | None:
     except (OSError, struct.error):
         return "a connection that could not be checked"
     if peers != network:
-        return "a connection from outside the sandbox (the launcher's own network)"
+        # (a host process of its account; or, --allow-nested-userns, one the session made)
+        return "a connection from outside the sandbox's network"
     return None
 
 
