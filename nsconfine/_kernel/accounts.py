@@ -277,7 +277,7 @@ def scratch_directory(prefix: str) -> str:
         except OSError:
             continue
         # (this account's own /tmp: in a user namespace that maps root to it)
-        if not stat.S_ISDIR(info.st_mode) or _others_may_replace_in(info):
+        if not stat.S_ISDIR(info.st_mode) or others_may_replace_in(info):
             continue
         try:
             return tempfile.mkdtemp(prefix=prefix, dir=base)
@@ -340,7 +340,7 @@ def _require_unreplaceable(start: str) -> None:
     # holding it can swap it, and that directory is checked in its turn.
     for begin in (start, os.path.realpath(start)):
         for current in ancestors(begin):
-            if _others_may_replace_in(os.lstat(current)):
+            if others_may_replace_in(os.lstat(current)):
                 raise Replaceable(
                     errno.EPERM,
                     "could be replaced by another account (who owns or can write the "
@@ -349,7 +349,7 @@ def _require_unreplaceable(start: str) -> None:
                 )
 
 
-def _others_may_replace_in(info: os.stat_result) -> bool:
+def others_may_replace_in(info: os.stat_result) -> bool:
     """Could another account replace what lies in the directory info describes: is it neither
     root's nor this account's, or writable by others and not sticky (/tmp is, and what lies in
     it is its owner's)? A symlink's own mode is always 0777 and says nothing of who can write."""

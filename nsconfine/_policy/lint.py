@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine._errors import PlanError
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.accounts import RunAs, records_directory
+from nsconfine._kernel.accounts import RunAs, others_may_replace_in, records_directory
 from nsconfine._kernel.stub_records import FALLBACK_BASE
 from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan
 from nsconfine._text import is_decimal, printable, within
@@ -835,8 +835,13 @@ def _refuse_planted_on_the_way(source: str, user: RunAs) -> None:
             return  # the way ends here: the source is judged missing elsewhere
         if not stat.S_ISLNK(info.st_mode):
             continue
-        others_write = holder.st_mode & 0o022 and not holder.st_mode & stat.S_ISVTX
-        if info.st_uid in trusted and holder.st_uid in trusted and not others_write:
+        # (others_may_replace_in: the holder is root's or the launcher's, and writable by no
+        # one else but sticky; trusted narrows the owners to root for sessions of this account)
+        if (
+            info.st_uid in trusted
+            and holder.st_uid in trusted
+            and not others_may_replace_in(holder)
+        ):
             continue
         raise PlanError(
             f"{printable(source)} is reached through the symlink {printable(path)} (to "
