@@ -409,6 +409,13 @@ def read_untrusted(path: str, limit: int) -> bytes | None:
 _IDENTITY = struct.Struct("=qQQqqqq")
 
 
+def changing_identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    """What PathIdentities compares of a file: device, inode, modification and change time in
+    ns (a directory's change with each entry it gains, loses or renames; a file's with each
+    write, link and rename)."""
+    return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+
+
 class PathIdentities:
     """Paths and what lstat gave for each, (device, inode, modification and change time in
     ns), or None where it failed, packed once: whether any has changed since is then one

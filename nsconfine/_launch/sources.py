@@ -133,7 +133,7 @@ class ReadOnlySeen:
             self.complete = False
             self.seen = []
             return
-        self.seen.append((path, (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)))
+        self.seen.append((path, _syscalls.changing_identity(info)))
 
 
 def open_for_launch(

@@ -985,8 +985,7 @@ class _Scan:
         except OSError as error:
             refuse_if_short_of_fds(error)
             raise PlanError(f"{printable(path)} cannot be looked at: {error.strerror}") from error
-        identity = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
-        self.observed.setdefault(path, identity)
+        self.observed.setdefault(path, _syscalls.changing_identity(info))
         return info
 
     def mode(self, path: str) -> int:
