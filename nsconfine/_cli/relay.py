@@ -123,9 +123,10 @@ class _Occurrences:
         self.tail = joined[-(len(self.sequence) - 1) :]
 
 
-# For _StatusQueries: each byte's part in a sequence, as a terminal's parser reads it. "S" ends
-# or cuts one short (a final byte, ESC, CAN, SUB); "-" is passed over inside one (a C0 control,
-# acted on; DEL; a byte past 0x7F, which tmux and the VT500 parser skip there).
+# For _StatusQueries, how a terminal's parser reads each byte inside a sequence: _STOPS marks
+# with "S" what ends or cuts one short (a final byte, ESC, CAN, SUB); _PASSED_OVER is what it
+# goes on past (a C0 control, acted on; DEL; a byte past 0x7F, which tmux and the VT500 parser
+# skip there).
 _STOPS = bytes(
     ord("S") if 0x40 <= byte <= 0x7E or byte in (0x1B, 0x18, 0x1A) else ord(".")
     for byte in range(256)
@@ -151,7 +152,8 @@ class _StatusQueries:
         self.count = 0
         self._escape = False  # an ESC seen, what follows it not yet
         self._sequence = False  # within a CSI sequence
-        self._parameters = b""  # its bytes so far, those passed over left out (64 at most)
+        # its bytes so far, those passed over left out: 64 at most, a 65th saying there were more
+        self._parameters = b""
 
     def see(self, data: bytes) -> None:
         stops = None
