@@ -180,12 +180,13 @@ def checked_stage(
     *,
     stderr: int = -1,
     idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
+    kept: bool = False,
 ) -> Staged:
     """The one checked launch up to the hand-off, for spawn and Pool alike: the plan's
     protected paths found again where its workspace changed, the gate, then a sandbox built by
     bwrap while the plan is linted, its namespaces and mount table confirmed, and the exec shim
     waiting inside for its command (idle_timeout_ms at most). The staged sandbox keeps the plan
-    it runs."""
+    it runs; kept (a Pool's), what it checked of its read-only binds, to be asked again."""
     hold_closed_stdio()  # before the launch opens anything
     with refusing_os_errors():
         plan = refreshed(plan)  # the repositories its workspace holds now
@@ -197,6 +198,7 @@ def checked_stage(
             bind_fds=cleared.bind_fds,
             stderr=stderr,
             idle_timeout_ms=idle_timeout_ms,
+            kept=kept,
         )
 
 

@@ -230,7 +230,8 @@ class Pool:
     # ------------------------------------------------------------ taking and refilling
 
     def _stage_one(self) -> Staged:
-        staged = checked_stage(self.plan, idle_timeout_ms=int(self.idle_timeout * 1000))
+        idle_timeout_ms = int(self.idle_timeout * 1000)
+        staged = checked_stage(self.plan, idle_timeout_ms=idle_timeout_ms, kept=True)
         # Later launches compare with what this one found (its protected paths), each with a
         # proxy socket of its own: not this sandbox's, which goes when its session ends.
         found = staged.plan

@@ -414,16 +414,19 @@ def stage(
     bind_fds: bool = True,
     stderr: int = -1,
     idle_timeout_ms: int = SPAWN_SHIM_TIMEOUT_MS,
+    kept: bool = False,
 ) -> Staged:
     """Build plan's sandbox under bwrap with the exec shim waiting inside; return once the
     sandbox is checked (namespaces, shim, mount table). lint: the plan's own checks (the
     gate's lint()), run while bwrap builds the sandbox, which no command enters unless they
     pass; what it judged is checked against the sources opened. bind_fds: bwrap takes
-    --bind-fd; stderr: bwrap's fd 2, for its own messages (-1: the launcher's)."""
+    --bind-fd; stderr: bwrap's fd 2, for its own messages (-1: the launcher's); kept: the
+    sandbox waits to be asked whether it is still current (Staged.read_only_unchanged)."""
     plan, egress = _egress.attach(plan)  # a proxy network's socket, for this sandbox
     try:
         _make_room_for(len(fd_entries(plan, bind_fds=bind_fds)))  # before any is opened
-        read_only_seen = _sources.ReadOnlySeen()
+        # A sandbox handed its command at once (spawn's) is never asked again (~60 us)
+        read_only_seen = _sources.ReadOnlySeen() if kept else None
         stubs, sources = _sources.open_for_launch(plan, read_only_seen)
     except BaseException:
         if egress is not None:
@@ -457,7 +460,7 @@ def stage(
         staged.stubs = stubs
         staged.egress = egress
         staged.bound = bound
-        if read_only_seen.complete:
+        if read_only_seen is not None and read_only_seen.complete:
             staged.read_only = _syscalls.PathIdentities(read_only_seen.seen)
         _sources.hand_over(stubs)  # the reaper holds them now
         if lint is not None:  # bwrap is building the sandbox meanwhile
