@@ -784,3 +784,35 @@ def test_a_host_mount_changed_after_staging_is_not_what_the_launch_shows(
     )  # fmt: skip
     assert result.returncode == 0, result
     assert result.stdout == "the volume's\nnothing\n", result
+
+
+MOUNTS_ASKED_TWICE = """
+import os, subprocess, sys
+from nsconfine._launch.stage import Staged
+class Probe(Staged):  # only what mounts_unchanged() reads, set here
+    pass
+staged = Probe.__new__(Probe)
+staged.mounts_changed = False
+staged.mount_watch = os.open("/proc/self/mountinfo", os.O_RDONLY)
+staged.host_watch = os.open("/proc/self/mountinfo", os.O_RDONLY)
+print(staged.mounts_unchanged())
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", sys.argv[1]], check=True)
+print(staged.mounts_unchanged(), staged.mounts_unchanged())
+"""
+
+
+def test_a_changed_mount_table_stays_changed_however_often_it_is_asked(tmp_path: Path) -> None:
+    """Staged.mounts_unchanged() answers the same each time it is asked after a change: the
+    kernel clears a mountinfo fd's mark as a poll reports it, and the second ask used to say
+    "unchanged" (stop 39; its one caller discards the sandbox at the first "changed", so no
+    launch ever got the second answer). The mount is made in a user and mount namespace of
+    the test's own."""
+    result = subprocess.run(
+        [
+            "unshare", "--map-root-user", "--mount", "--propagation", "private",
+            sys.executable, "-c", MOUNTS_ASKED_TWICE, str(tmp_path),
+        ],
+        capture_output=True, text=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    assert result.stdout == "True\nFalse False\n", result

@@ -218,6 +218,7 @@ class Staged:
         "init_pid",
         "init_pidfd",
         "mount_watch",
+        "mounts_changed",
         "plan",
         "read_only",
         "reaper",
@@ -257,6 +258,7 @@ class Staged:
         self.info_fd = -1
         self.mount_watch = -1  # the sandbox's mountinfo, as read to be checked; until hand-off
         self.host_watch = -1  # the launcher's, opened before the reaper copied it; as long
+        self.mounts_changed = False  # what a poll of the two reported once: it stays so
         self.stubs: list[_sources.Stub] = []
         self.egress: _egress.Egress | None = None  # its socket on the launcher's proxy
 
@@ -278,13 +280,15 @@ class Staged:
         apart: once its mount is gone nothing holds the old file, and a new one may get its
         inode number back at once.) And the sandbox's mounts are private copies of the host's,
         taken as it was staged: a volume the host unmounted or covered since is still there.
-        Each mountinfo fd marks any change since it was opened: one poll."""
-        if self.mount_watch < 0 or self.host_watch < 0:
+        Each mountinfo fd marks any change since it was opened: one poll, which clears the
+        marks it reports, so its answer is kept."""
+        if self.mount_watch < 0 or self.host_watch < 0 or self.mounts_changed:
             return False
         watcher = select.poll()
         watcher.register(self.mount_watch, select.POLLPRI)
         watcher.register(self.host_watch, select.POLLPRI)
-        return not watcher.poll(0)
+        self.mounts_changed = bool(watcher.poll(0))
+        return not self.mounts_changed
 
     def writable_binds_unchanged(self) -> bool:
         """Does each writable bind's path still name the directory this sandbox binds? A broker
