@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    MUST_WORK,
     SESSION_USER,
     give_to_session_user,
     open_up,
@@ -28,8 +29,6 @@ import nsconfine
 from nsconfine._kernel import layers as _layers
 from nsconfine._kernel.accounts import run_as
 from nsconfine._selftest.world import World
-
-MUST_WORK = os.environ.get("NSCONFINE_MUST_WORK") == "1"
 
 # Proofs of bwrap binaries are cached on disk; the suite proves them afresh in its own cache.
 TEST_CACHE = tempfile.mkdtemp(prefix="nsconfine-test-cache-")

@@ -46,6 +46,10 @@ if TYPE_CHECKING:
     from nsconfine._launch.stage import Stdio
 
 IS_ROOT = os.geteuid() == 0
+# CI's switch: a confinement test that would skip fails instead (conftest applies it). Here, not
+# in conftest: a test module that imported conftest would load it a second time, and that copy
+# made a second test cache directory that nothing removed.
+MUST_WORK = os.environ.get("NSCONFINE_MUST_WORK") == "1"
 SESSION_USER: str | None = (os.environ.get("NSCONFINE_TEST_USER") or "nobody") if IS_ROOT else None
 
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MUST_WORK
-from helpers import open_up, session_dirs, session_uid, user_options
+from helpers import MUST_WORK, open_up, session_dirs, session_uid, user_options
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "systemd"
 BROKER = EXAMPLE / "broker.py"
