@@ -489,6 +489,34 @@ def test_a_bundle_where_the_session_s_account_can_change_it_is_refused(
     assert not list(workspace.rglob("config.json"))
 
 
+@pytest.mark.root  # another account's directory: the launcher must be root to find one
+@pytest.mark.parametrize("which", ["a read-only source", "the run directory"])
+def test_a_bind_source_in_a_directory_the_session_s_account_can_change_is_refused(
+    tmp_path: Path, which: str
+) -> None:
+    """runc opens each bind source by its path when it starts, not by an fd opened and judged
+    as bwrap's are: a source in a directory the session's account owns (a tools directory, the
+    run directory's parent) can be swapped for a symlink after the bundle is written, and runc
+    binds what it leads to (attacker's pass, stop 39: a directory behind a 0700 parent, which
+    the lint refuses when named, read under runc; the run directory's swap, read-write).
+    Refused, naming the directory, and no bundle written."""
+    theirs, workspace = session_dirs(tmp_path, "theirs", "ws")
+    if which == "a read-only source":
+        (tools := theirs / "tools").mkdir()
+        give_to_session_user(tools)
+        (run_dir,) = session_dirs(tmp_path, "run")
+        plan = session(workspace, run_dir, ro=[tools]).plan()
+    else:
+        (run_dir := theirs / "run").mkdir()
+        give_to_session_user(run_dir)
+        plan = session(workspace, run_dir).plan()
+    bundle = tmp_path / "bundle"
+    with pytest.raises(PlanError, match="runc opens it by its path") as refused:
+        _oci.write_bundle(plan, str(bundle), ["/bin/true"])
+    assert str(theirs) in str(refused.value)
+    assert not bundle.exists()
+
+
 def test_podman_args_refuse_a_path_its_mount_syntax_would_split(
     oci_plan: Plan, tmp_path: Path
 ) -> None:
@@ -666,6 +694,14 @@ def runc_world(tmp_path: Path) -> Iterator[World]:
     root.mkdir()
     open_up(root)
     with running_world(str(root), run_as(SESSION_USER)) as running:
+        # runc opens bind sources by path: the directories holding them must be root's (the
+        # export refuses sources the session's account could swap), where the selftest's
+        # world gives all but its root to the account.
+        for held in (running.workspace, running.run_dir, running.harness):
+            for above in Path(held).parents:
+                if above == root:
+                    break
+                os.chown(above, 0, 0)
         yield running
 
 

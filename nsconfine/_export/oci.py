@@ -532,11 +532,41 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
     plan.require_launchable()  # the bundle holds the credential's values
     try:  # an OSError on a path (unreadable, swapped while checked) refuses, naming it
         lint(plan)
+        _refuse_replaceable_sources(plan, writable)
         return materialize(plan, bundle, argv)
     except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
         raise
     except OSError as error:
         raise path_refusal(error, "the bundle") from error
+
+
+def _refuse_replaceable_sources(plan: Plan, writable: dict[Any, Entry]) -> None:
+    """runc opens each bind source by its path when it starts, where bwrap binds an fd the lint
+    judged: a source in a directory someone other than root or the launcher can change (the
+    session's account among them) could be swapped for a symlink to anywhere after this check.
+    Each source's directory, and every way to it, must be theirs alone. Sources inside the
+    plan's own writable binds (its protected paths) are the workspace's case, which
+    docs/export.md states; a pinned file is copied into the bundle, and a /proc part is the
+    container's own."""
+    for entry in plan.entries:
+        if entry.kind is not Kind.BIND or entry.sha256 is not None:
+            continue
+        if entry.dest.startswith("/proc/") and entry.source == entry.dest:
+            continue
+        # A symlink is judged with where it leads (the kernel follows it when runc mounts).
+        judged = entry.source if os.path.islink(entry.source) else posixpath.dirname(entry.source)
+        if any(_syscalls.identity(above) in writable for above in ancestors(judged)):
+            continue
+        reason = untrusted_reason(judged)
+        if reason is not None:
+            raise PlanError(
+                f"the bind source {printable(entry.source)} lies where someone other than root "
+                f"or you can change it ({printable(reason)}), a session's account among them: "
+                "runc opens it by its path when it starts, so they could put a symlink to "
+                "anywhere in its place after this check; give sources in directories only root "
+                "or you can write (nsconfine run binds each by an fd it opened, and is not "
+                "affected)"
+            )
 
 
 def materialize(plan: Plan, bundle: str, argv: Sequence[str] = DEFAULT_COMMAND) -> Export:
