@@ -1854,3 +1854,42 @@ def test_a_listed_name_resolving_to_a_disguised_local_address_is_refused(address
     rules = [Destination.parse("*.cdn.example", "the test needs it")]
     decision = judge("x.cdn.example", 443, rules, lambda _host, _port: [address])
     assert not decision.allowed, decision
+
+
+@pytest.mark.parametrize(
+    "upstream",
+    ["http://gw.example/v1", "http://10.0.0.7:8080", "http://[2001:db8::1]/v1", "http://0.0.0.0"],
+)
+def test_a_route_refuses_plain_http_beyond_the_host_s_loopback(upstream: str) -> None:
+    """The route puts the real key in a header: over plain http to another host it crosses the
+    network readable (attacker's pass, stop 39: ANTHROPIC_BASE_URL=http://… in the launcher's
+    environment sent `x-api-key` in the clear; network.md says the proxy forwards over TLS).
+    Refused, saying to use https; a stand-in API on the loopback may stay plain."""
+    with pytest.raises(UsageError, match="https"):
+        Route("anthropic", upstream, "x-api-key", SECRET)
+    for loopback in (
+        "http://127.0.0.1:9/v1",
+        "http://127.8.0.1",
+        "http://[::1]:9",
+        "http://localhost:9",
+    ):
+        assert Route("anthropic", loopback, "x-api-key", SECRET).upstream == loopback
+
+
+@pytest.mark.parametrize(
+    "upstream",
+    [
+        "https://svc:GATEWAY-PASSWORD@gw.example/v1",
+        "https://svc:GATEWAY-PASSWORD@gw.example/v1?x=1",
+        "ftp://svc:GATEWAY-PASSWORD@gw.example/v1",
+        "https://GATEWAY-PASSWORD@gw.example",
+    ],
+)
+def test_a_refused_route_does_not_print_the_upstream_s_password(upstream: str) -> None:
+    """An upstream URL with credentials in it is refused; the refusal, which goes to stderr and
+    the journal, names the URL without them (attacker's pass, stop 39: the message quoted the
+    launcher's ANTHROPIC_BASE_URL whole, its gateway password with it)."""
+    with pytest.raises(UsageError) as refused:
+        Route("anthropic", upstream, "x-api-key", SECRET)
+    assert "GATEWAY-PASSWORD" not in str(refused.value)
+    assert "gw.example" in str(refused.value)

@@ -380,6 +380,18 @@ def judge(
     return Decision(True, rule.reason, host, port, tuple(resolved))
 
 
+def _is_loopback(host: str) -> bool:
+    """Is host this machine's loopback: localhost, or an address in 127/8 or ::1?"""
+    if host == "localhost":
+        return True
+    import ipaddress  # only a session with a route needs it
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class Route(Record):
     """A credential-injecting route: a session's `/<name>/rest` goes to upstream + `/rest` with
     the real key in `header` (for "authorization", as "Bearer <secret>")."""
@@ -399,10 +411,21 @@ class Route(Record):
         if not self.name or not set(self.name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-_"):
             raise UsageError(f"route name {self.name!r}: use lowercase letters, digits, - and _")
         parts = urllib.parse.urlsplit(self.upstream)
+        # Named without what precedes an @: a refusal is logged, a gateway's password must not be.
+        shown = repr(parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl())
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"route {self.name}: upstream {self.upstream!r} is not an http(s) URL")
+            raise UsageError(f"route {self.name}: upstream {shown} is not an http(s) URL")
         if parts.query or parts.fragment or parts.username or parts.password:
-            raise UsageError(f"route {self.name}: upstream {self.upstream!r} has more than a path")
+            raise UsageError(
+                f"route {self.name}: upstream {shown} has more than a path (credentials, a "
+                "query or a fragment)"
+            )
+        if parts.scheme == "http" and not _is_loopback(parts.hostname):
+            raise UsageError(
+                f"route {self.name}: upstream {shown} is plain http to another host: the key "
+                "the proxy adds would cross the network readable; use https (plain http is "
+                "for a stand-in on this host's loopback)"
+            )
         if self.header.lower() not in ("authorization", "x-api-key"):
             raise UsageError(f"route {self.name}: header must be authorization or x-api-key")
         # An empty key: the plan's credential file was not there (Plan.credential_needed),
