@@ -982,3 +982,32 @@ def test_a_full_cache_is_named_where_a_token_could_not_be_made(
         nsconfine.spawn(plan, ["/bin/true"])
     monkeypatch.undo()
     assert records in refused.value.message, refused.value.message
+
+
+def test_a_child_forked_while_the_records_are_locked_does_not_hold_their_lock() -> None:
+    """flock's lock belongs to the open file, which a fork shares: a child forked while a
+    launch held the records' lock (a multiprocessing worker, started as a session began or
+    ended) kept it as long as it lived, and every launch of the account waited that long
+    (attacker's pass, stop 39: `nsconfine run -- true` took 19-29 s). The parent's release
+    frees it."""
+    import fcntl
+
+    started, ready = os.pipe()
+    with _stub_records.records_locked() as directory:
+        child = os.fork()
+        if child == 0:
+            os.write(ready, b"x")  # past fork's hooks in the child
+            time.sleep(30)
+            os._exit(0)
+    os.close(ready)
+    try:
+        assert os.read(started, 1) == b"x"
+        os.close(started)
+        fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while held
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)

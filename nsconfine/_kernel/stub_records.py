@@ -124,7 +124,7 @@ def _prune(directory: str) -> None:
     except OSError:
         return  # pruned at a later start; launches go on as before
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock(fd)
         os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         os.utime(marker)
         with os.scandir(directory) as listing:
@@ -137,7 +137,7 @@ def _prune(directory: str) -> None:
     except OSError:
         pass
     finally:
-        os.close(fd)
+        _unlock(fd)
 
 
 STALE_AFTER_SECONDS = 7 * 24 * 3600
@@ -177,10 +177,36 @@ def records_locked() -> Iterator[str]:
         directory = records()
         fd = _open_lock(directory)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock(fd)
         yield directory
     finally:
-        os.close(fd)
+        _unlock(fd)
+
+
+# The lock fds this process holds (or waits on). flock's lock belongs to the open file, which a
+# fork shares: a child forked meanwhile (a multiprocessing worker) would hold the lock as long
+# as it lived, and every launch of the account would wait that long. The child closes its copy.
+_lock_fds: set[int] = set()
+
+
+def _lock(fd: int) -> None:
+    _lock_fds.add(fd)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _unlock(fd: int) -> None:
+    _lock_fds.discard(fd)
+    os.close(fd)
+
+
+def _close_locks_in_child() -> None:
+    for fd in _lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_locks_in_child)
 
 
 def _open_lock(directory: str) -> int:
