@@ -175,8 +175,12 @@ class Process:
                     # the caller may make it do meanwhile (sandbox.poll()); the loop must never
                     # watch a closed fd, nor a later one that took its number.
                     self._watched = _Watch(os.dup(self.sandbox.sentinel))
-                except OSError:  # reaped by another thread just now
-                    self._ended.set_result(None)
+                except OSError:
+                    # Reaped by another thread just now (EBADF), or the launcher is out of fds:
+                    # waited for in the executor, never on the loop's own thread, which a
+                    # session that does not end would stop for good.
+                    waited = self._loop.run_in_executor(None, self.sandbox.wait)
+                    waited.add_done_callback(self._reaped)
                 else:
                     self._loop.add_reader(self._watched.fd, self._end_seen)
             await asyncio.shield(self._ended)  # a cancelled wait leaves the watch to others
@@ -202,7 +206,7 @@ class Process:
                 reaped.set_exception(error)
         reaped.add_done_callback(self._reaped)
 
-    def _reaped(self, reaped: asyncio.Future[int | None]) -> None:
+    def _reaped(self, reaped: asyncio.Future[int] | asyncio.Future[int | None]) -> None:
         assert self._ended is not None
         if not self._ended.done():
             error = reaped.exception()

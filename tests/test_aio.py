@@ -570,3 +570,49 @@ def test_a_loop_closed_while_it_watched_a_session_keeps_no_fd_of_it(
     nsconfine.spawn(plan, ["/bin/true"]).wait()  # (reaps the handles dropped unwaited)
     gc.collect()
     assert pidfds() == before
+
+
+def test_a_wait_short_of_fds_leaves_the_loop_running(plan: nsconfine.Plan) -> None:
+    """wait() watches a copy of the session's sentinel; a launcher out of fds cannot make one.
+    That was taken for "reaped just now", and the session then waited for on the loop's own
+    thread, which stopped every other coroutine until it ended (attacker's pass, stop 39: a
+    session that never ends froze the broker for good). Here the loop itself must end the
+    session it waits for; a timer thread (which then fails the test) is the guard."""
+
+    async def main() -> tuple[int, bool]:
+        process = await nsconfine.aio.spawn(plan, ["sleep", "1000"])
+        guard_fired = threading.Event()
+
+        def guard() -> None:
+            guard_fired.set()
+            process.sandbox.kill()
+
+        timer = threading.Timer(60, guard)
+        timer.start()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        fillers: list[int] = []
+        try:
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 8, hard)
+            )
+            with contextlib.suppress(OSError):
+                while True:
+                    fillers.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            waiting = asyncio.ensure_future(process.wait())
+            await asyncio.sleep(0.2)  # the wait has started, short of fds
+            for fd in fillers:
+                os.close(fd)
+            fillers.clear()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            process.kill()  # only if the loop still runs
+            status = await waiting
+        finally:
+            timer.cancel()
+            for fd in fillers:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        return status, guard_fired.is_set()
+
+    status, guard_fired = asyncio.run(main())
+    assert not guard_fired, "the loop stood still in wait() until the guard ended the session"
+    assert status == -9
