@@ -444,7 +444,7 @@ def session_entries(session: Session, reserved: Sequence[p.Entry] = ()) -> list[
             p.ro_bind(
                 session.tool_socket,
                 session.tool_socket,
-                "the tool socket the session calls (connecting needs no write access to the mount)",
+                p.TOOL_SOCKET_REASON,
             )
         )
     if session.workspace_mode == "ro":

@@ -200,3 +200,32 @@ def test_the_planted_symlink_twin_leaks(world: World) -> None:
     assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan) is not None
     assert planted_symlink_leaks(world, above=True) is None
     assert planted_symlink_leaks(world, unchecked_launcher, unlinted_next_plan, True) is not None
+
+
+@pytest.mark.parametrize("kind", ["socket", "fifo"])
+def test_a_read_only_socket_or_fifo_is_refused(tmp_path: Path, kind: str) -> None:
+    """A read-only bind stops no one connecting to a socket or writing into a FIFO: `--ro` on
+    one handed the session a host service (or whoever reads the FIFO), under the reason "a
+    file the runner loads" and a network of none (attackers' passes, stop 39: a root
+    listener answered the session). Refused, naming --tool-socket; the tool socket itself,
+    which says why, is still bound."""
+    import socket as _socket
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    path = tmp_path / kind
+    listener = None
+    if kind == "socket":
+        listener = _socket.socket(_socket.AF_UNIX)
+        listener.bind(str(path))
+    else:
+        os.mkfifo(path, 0o666)
+    try:
+        with pytest.raises(nsconfine.PlanError, match="tool-socket"):
+            session(workspace, run_dir, ro=[path]).plan()
+        if listener is not None:
+            os.chmod(path, 0o777)
+            plan = session(workspace, run_dir, tool_socket=path).plan()
+            assert any(e.source == str(path) for e in plan.entries)
+    finally:
+        if listener is not None:
+            listener.close()

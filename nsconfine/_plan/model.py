@@ -438,6 +438,11 @@ RELAY_PORT = 3128
 RELAY_DIRECTORY = "/run/nsconfine/proxy"
 RELAY_SOCKET_NAME = "socket"
 RELAY_SOCKET = f"{RELAY_DIRECTORY}/{RELAY_SOCKET_NAME}"
+# The one read-only bind of a socket a plan may hold: a read-only mount stops no one connecting
+# (the lint refuses a socket bound with any other reason).
+TOOL_SOCKET_REASON = (
+    "the tool socket the session calls (connecting needs no write access to the mount)"
+)
 RELAY_REASON = "the relay's way out: nsconfine's proxy, which allows only the plan's destinations"
 
 

@@ -33,7 +33,7 @@ from nsconfine._errors import PlanError
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import RunAs, others_may_replace_in, records_directory
 from nsconfine._kernel.stub_records import FALLBACK_BASE
-from nsconfine._plan.model import DenyRule, Entry, Kind, Mode, Plan
+from nsconfine._plan.model import TOOL_SOCKET_REASON, DenyRule, Entry, Kind, Mode, Plan
 from nsconfine._text import is_decimal, printable, within
 
 # Credential stores under a home directory, each with why it must stay out of every session.
@@ -598,6 +598,25 @@ def _refuse_host_proc_or_dev(
     )
 
 
+def _refuse_written_through(entry: Entry, info: os.stat_result) -> None:
+    """A read-only bind stops no one connecting to a socket or writing into a FIFO or a device:
+    bound so, each reaches whoever serves or reads it on the host. Only the tool socket, which
+    says so, may be a socket."""
+    mode = info.st_mode
+    if stat.S_ISSOCK(mode) and entry.reason == TOOL_SOCKET_REASON:
+        return
+    if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        what = (
+            "a socket" if stat.S_ISSOCK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
+        )
+        raise PlanError(
+            f"{printable(entry.source)} (for {printable(entry.dest)}) is {what}: a read-only bind "
+            "does not stop a session connecting to it or writing through it, to whoever serves "
+            "or reads it on the host; a socket the session calls is given with --tool-socket "
+            "(Session(tool_socket=...)), which says so; drop it from the read-only paths"
+        )
+
+
 def check_plan(
     plan: Plan, rules: Sequence[DenyRule] | None = None
 ) -> dict[str, tuple[int, int] | None]:
@@ -635,6 +654,8 @@ def check_plan(
         identity = None if info is None else (info.st_dev, info.st_ino)
         device = -1 if info is None else info.st_dev
         _refuse_host_proc_or_dev(entry, resolved, device, kernel_devices)
+        if info is not None and entry.kind is Kind.BIND and entry.mode is Mode.RO:
+            _refuse_written_through(entry, info)
         found = judge.violated_by_path(resolved)
         if found is None and info is not None:  # (stat just taken: not taken again)
             found = judge.violated_by_file(resolved, info)
