@@ -502,6 +502,23 @@ def test_check_without_bwrap_is_sandbox_unavailable(tmp_path: Path) -> None:
     assert report["code"] == "sandbox-unavailable"
 
 
+@pytest.mark.parametrize("subcommand", ["run", "check"])
+def test_a_bwrap_that_is_a_fifo_is_refused_at_once(dirs: Dirs, subcommand: str) -> None:
+    """NSCONFINE_BWRAP naming a FIFO: reading the program's library list blocked in open()
+    until a writer came, and `run`, whose signals were held by then, ignored every signal but
+    SIGKILL (attacker's pass, stop 39: 11 minutes). Refused at once, nothing run."""
+    fifo = dirs.root / "bwrap"
+    os.mkfifo(fifo, 0o755)
+    env = base_env(NSCONFINE_BWRAP=str(fifo))
+    args = [*dirs.session, *dirs.marker_command] if subcommand == "run" else []
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", subcommand, *args],
+        capture_output=True, text=True, env=env, cwd="/", timeout=30, check=False,
+    )  # fmt: skip
+    assert "not a regular file" in assert_refused(result, 69, "sandbox-unavailable")
+    assert not dirs.marker.exists()
+
+
 def test_check_shows_a_bwrap_path_with_control_characters_escaped(tmp_path: Path) -> None:
     """The host's environment is an input: a NSCONFINE_BWRAP holding a terminal sequence and a
     newline is shown escaped in every line `check` prints, and forges no line of its own

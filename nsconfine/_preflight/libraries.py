@@ -11,6 +11,7 @@ LD_LIBRARY_PATH, no LD_PRELOAD). Anything else, a script for one, names no libra
 from __future__ import annotations
 
 import os
+import stat
 import struct
 
 from nsconfine._errors import SandboxUnavailable
@@ -66,8 +67,15 @@ def _dynamic(path: str) -> tuple[list[str], list[str]]:
     file at path; nothing for a static one, or one that is no ELF file (a script; garbage,
     which the proof refuses). SandboxUnavailable for one that cannot be read, or told."""
     try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
+        # O_NONBLOCK: a FIFO named as bwrap (NSCONFINE_BWRAP) is refused, never waited on.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise SandboxUnavailable(
+                    f"{printable(path)} is not a regular file: no bwrap (nor a library of one) "
+                    "is; install Debian's bubblewrap (/usr/bin/bwrap)"
+                )
+            size = info.st_size
             if size > _READ_AT_MOST:  # (its library path unread: judged as one that names any)
                 raise SandboxUnavailable(
                     f"{printable(path)} is over {_READ_AT_MOST >> 20} MiB: no bwrap (nor a "
