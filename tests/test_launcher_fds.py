@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import give_to_session_user, open_fds, read_until, session
+from helpers import give_to_session_user, open_fds, read_until, session, session_dirs
 
 import nsconfine
 
@@ -118,3 +118,26 @@ def test_a_session_holding_fds_in_flight_does_not_stop_a_tty_launch(
             output = read_until(launched.tty, b"\n", 60)
             assert launched.wait(timeout=60) == 0
             assert output.split() == [str(min(1024, hard)).encode()]
+
+
+def test_a_launcher_out_of_fds_while_checking_a_protected_directory_is_told_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk of a protected directory (the workspace's .vscode) running out of fds is the
+    launcher's shortage, not a plan to refuse: it was `plan-refused`, "…/.vscode cannot be
+    checked (Too many open files) … make it readable, or remove it" (attacker's pass, stop
+    39), which a broker takes for a permanent error and whose advice is wrong."""
+    from nsconfine._kernel import walk as _walk
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    (workspace / ".vscode").mkdir()
+    give_to_session_user(workspace / ".vscode")
+    plan = session(workspace, run_dir).plan()
+
+    def out_of_fds(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        raise OSError(errno.EMFILE, "Too many open files", top)
+        yield  # a generator, as walk is
+
+    monkeypatch.setattr(_walk, "walk", out_of_fds)
+    with pytest.raises(nsconfine.SandboxUnavailable, match="ran out of file descriptors"):
+        nsconfine.spawn(plan, ["true"])

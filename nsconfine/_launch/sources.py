@@ -690,6 +690,7 @@ def _refuse_writable_names(
                     "entries: too many to check that none can be changed from the workspace"
                 )
     except OSError as error:  # unreadable, too deep for a path, or changed while checked
+        refuse_if_short_of_fds(error)  # the launcher's shortage, not the directory's fault
         where = entry.source + (error.filename or base)[len(base) :]
         raise PlanError(
             f"{printable(where)} cannot be checked ({error.strerror}): nothing in "
