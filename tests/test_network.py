@@ -26,6 +26,7 @@ from helpers import (
     LocalCA,
     abstract_listener,
     cli,
+    give_to_session_user,
     make_local_ca,
     outcome_without_hanging,
     run,
@@ -220,6 +221,24 @@ def test_a_launch_the_lint_refuses_makes_no_audit_file(
     assert not audit.exists()
     assert run(plan, ["true"])[0] == 0
     assert audit.exists()
+
+
+@pytest.mark.root  # another account's directory: the launcher must be root to find one
+def test_an_audit_file_where_the_session_s_account_can_change_it_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The launcher creates and appends to the audit file, as root: in a directory the
+    session's account owns (not this session's workspace: another's), the account could put a
+    symlink there to a directory of root's, and the launcher made and wrote audit.jsonl there
+    (attacker's pass, stop 39). Refused, as a credential file or a profile there is."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    give_to_session_user(theirs)
+    audit = theirs / "audit.jsonl"
+    with pytest.raises(nsconfine.PlanError, match="audit file") as refused:
+        _proxy_session(ws_run, "mirror.test:8080=127.0.0.1", audit=str(audit))
+    assert "someone other than root" in str(refused.value)
+    assert not audit.exists()
 
 
 def test_an_audit_file_that_is_a_fifo_refuses_the_launch_at_once(

@@ -31,7 +31,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from nsconfine._errors import PlanError
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.accounts import RunAs, others_may_replace_in, records_directory
+from nsconfine._kernel.accounts import (
+    RunAs,
+    others_may_replace_in,
+    records_directory,
+    untrusted_reason,
+)
 from nsconfine._kernel.stub_records import FALLBACK_BASE
 from nsconfine._plan.model import TOOL_SOCKET_REASON, DenyRule, Entry, Kind, Mode, Plan
 from nsconfine._text import is_decimal, printable, within
@@ -741,6 +746,17 @@ def _refuse_audit_in_writable(
             places,
             writable,
         )
+        # Anyone else who may change its directory (a session's account, another session's)
+        # could lead the launcher to create, or append to, a file of their choosing.
+        judged = plan.audit if os.path.lexists(plan.audit) else os.path.dirname(plan.audit)
+        reason = untrusted_reason(judged)
+        if reason is not None:
+            raise PlanError(
+                f"the audit file {printable(plan.audit)} lies where someone other than root or "
+                f"you can change it ({printable(reason)}), a session's account among them: they "
+                "could lead the launcher to create or append to a file of their choosing; keep "
+                "it in a directory only root or you can write"
+            )
 
 
 def refuse_profiles_a_session_could_write(plan: Plan, profiles: Sequence[str]) -> None:
