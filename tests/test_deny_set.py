@@ -57,6 +57,38 @@ def test_a_stand_in_home_s_stores_are_denied(
     assert str(standin_home) in message
 
 
+@pytest.mark.parametrize(
+    ("store", "bound"),
+    [
+        (".m2/settings.xml", ".m2"),
+        (".m2/settings-security.xml", ".m2/settings-security.xml"),
+        (".gradle/gradle.properties", ".gradle"),
+        (".gem/credentials", ".gem"),
+        (".cache/huggingface/token", ".cache/huggingface"),
+        (".huggingface/token", ".huggingface"),
+        (".pgpass", ".pgpass"),
+        (".my.cnf", ".my.cnf"),
+        (".yarnrc.yml", ".yarnrc.yml"),
+        (".composer/auth.json", ".composer"),
+        (".nuget/NuGet/NuGet.Config", ".nuget"),
+        (".s3cfg", ".s3cfg"),
+        (".boto", ".boto"),
+    ],
+)
+def test_package_and_service_credential_stores_are_denied(
+    ws_run: tuple[Path, Path], standin_home: Path, store: str, bound: str
+) -> None:
+    """Maven's settings.xml, Gradle's gradle.properties, RubyGems' and Hugging Face's tokens and
+    their like hold passwords as npm's .npmrc and PyPI's .pypirc do: binding them, or the
+    directory holding them (~/.m2 to share the local repository), is refused (attacker's pass,
+    stop 39: `--profile jvm --ro ~/.m2` printed the Maven password in the session)."""
+    secret = standin_home / store
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_text("password=stand-in\n")
+    message = refusal(ws_run, {"HOME": str(standin_home)}, ro=[standin_home / bound])
+    assert str(standin_home) in message
+
+
 def test_a_stand_in_home_itself_is_denied(ws_run: tuple[Path, Path], standin_home: Path) -> None:
     """$HOME itself cannot be bound, and a file in it outside every store can."""
     assert "home" in refusal(ws_run, {"HOME": str(standin_home)}, ro=[standin_home])
