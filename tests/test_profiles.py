@@ -253,6 +253,13 @@ def test_a_profile_s_bind_at_a_place_the_plan_holds_is_refused(
     [
         ('description = "x"\nnetwork = "everywhere"\n', 2, "network"),
         ('description = "x"\n\n[[bind]]\nsource = "/usr"\nmode = "ro"\n', 3, "reason"),
+        # A reason of blanks says no more than none (attacker's pass, stop 39: accepted, and
+        # the manifest row read only "[profile mine]").
+        (
+            'description = "x"\n[[bind]]\nsource = "/usr"\nmode = "ro"\nreason = " \t"\n',
+            2,
+            "reason",
+        ),
         ('description = "x"\nunknown_key = 1\n', 2, "unknown_key"),
         ('description = "x"\nenv = "NOT_A_LIST"\n', 2, "env"),
         ('description = "x"\n[[bind]]\nsource = "/usr"\nmode = "rx"\nreason = "r"\n', 4, "mode"),

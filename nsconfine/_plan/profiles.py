@@ -399,7 +399,8 @@ def _checked_bind(where: _Where, line: int, table: object) -> Bind:
             problem = f"must be a {_BIND_KEYS[key].__name__}"
             raise where.error(where.line_of(key, line), key, problem)
     for required in ("source", "mode", "reason"):
-        if required not in table or (isinstance(table[required], str) and not table[required]):
+        value = table.get(required)
+        if value is None or (isinstance(value, str) and not value.strip()):  # blanks say nothing
             raise where.error(line, required, "is required in every [[bind]]")
     if table["mode"] not in ("ro", "rw"):
         raise where.error(where.line_of("mode", line), "mode", "must be ro or rw")
