@@ -302,7 +302,6 @@ def _build_plan(
         )
     own = session_entries(session, reserved=system)
     protected = session_protection(session, [*system, *own])
-    _require_reachable(session, user)
     env, routes, home_files = network_environment(
         session, session_environment(session, user, environ), environ
     )
@@ -326,7 +325,8 @@ def _build_plan(
     _refuse_writable_above(session, plan)
     _refuse_writable_binds_held_read_only(session, plan)
     if lint:
-        check_plan(plan)
+        check_plan(plan)  # first: a denied store is refused as one, never as out of reach
+    _require_reachable(session, user)
     _require_runnable(plan, len(session.ro))
     return plan
 
@@ -405,9 +405,14 @@ def _mode_letters(bits: int) -> str:
 
 def _require_reachable(session: Session, user: RunAs) -> None:
     """What bwrap binds it binds as the session's account, so that account must reach it: the
-    runner's files (and read them), the harness (and run it), the tool socket (and connect)."""
+    runner's files (and read them), the harness (and run it), the tool socket (and connect),
+    each bind of its profiles (read, or read and write)."""
     needs = [(path, READ) for path in session.ro]
     needs += [(harness.path, READ | SEARCH) for harness in session.harness]
+    for bind in session.binds:
+        source = _literal(_path_text(bind.source))
+        bits = READ if bind.mode == "ro" else READ | WRITE
+        needs += [(one, bits) for one in ([source] if source is not None else bind_sources(bind))]
     if session.tool_socket is not None:
         needs.append((session.tool_socket, WRITE))
     for path, bits in needs:

@@ -89,6 +89,20 @@ def test_package_and_service_credential_stores_are_denied(
     assert str(standin_home) in message
 
 
+@pytest.mark.root  # a home the session's account cannot search: the launcher must be root
+def test_a_denied_store_is_refused_as_one_not_as_out_of_the_account_s_reach(
+    ws_run: tuple[Path, Path], standin_home: Path
+) -> None:
+    """A store in a home the session's account cannot search was refused as out of that
+    account's reach, "grant that account access": advice to open a credential store up
+    (attacker's pass, stop 39: --ro /root/.npmrc, the ssh-agent's socket). The deny set
+    speaks first."""
+    standin_home.chmod(0o700)
+    message = refusal(ws_run, {"HOME": str(standin_home)}, ro=[standin_home / ".ssh"])
+    assert "SSH keys" in message
+    assert "grant" not in message
+
+
 def test_a_stand_in_home_itself_is_denied(ws_run: tuple[Path, Path], standin_home: Path) -> None:
     """$HOME itself cannot be bound, and a file in it outside every store can."""
     assert "home" in refusal(ws_run, {"HOME": str(standin_home)}, ro=[standin_home])

@@ -784,3 +784,22 @@ def test_a_profile_s_path_past_what_the_kernel_resolves_is_refused(
     profile = write_profile(tmp_path, f'description = "deep"\n{key} = ["{deep}"]\n')
     with pytest.raises(nsconfine.UsageError, match="holds a path of 4,202 bytes"):
         session(*ws_run, profile=[str(profile)]).plan()
+
+
+@pytest.mark.root  # a directory the session's account cannot reach: the launcher must be root
+def test_a_profile_bind_the_session_s_account_cannot_reach_is_refused_by_name(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """bwrap binds as the session's account: a profile's bind of a path that account cannot
+    reach passed `plan` and failed `run` with bwrap's "Can't find source path /proc/self/fd/40"
+    and a message about process limits, neither naming it (attacker's pass, stop 39). Refused
+    when the plan is made, by name, as a --ro path is."""
+    hidden = tmp_path / "hidden"
+    (hidden / "tools").mkdir(parents=True)
+    hidden.chmod(0o700)
+    (tmp_path / "profiles").mkdir()
+    text = f'description = "x"\n[[bind]]\nsource = "{hidden}/tools"\nmode = "ro"\nreason = "x"\n'
+    profile = write_profile(tmp_path / "profiles", text)
+    result = cli("plan", *session_options(*ws_run), "--profile", str(profile))
+    assert result.returncode == 65, (result.stdout, result.stderr)
+    assert f"{hidden}/tools cannot be given to the session" in result.stderr
