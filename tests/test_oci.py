@@ -1075,3 +1075,18 @@ def test_podman_runs_the_same_plan(runc_world: World, tmp_path: Path) -> None:
     assert ran.stdout.startswith(f"{world.user.uid}\n"), ran
     assert "secret" not in ran.stdout
     assert Path(world.workspace, "podman.txt").read_text() == "made\n"
+
+
+def test_the_pod_s_read_only_mounts_are_read_only_all_the_way_down(
+    oci_plan: Plan, tmp_path: Path
+) -> None:
+    """bwrap binds read-only all the way down, and the runc bundle says `rro`; a Pod's
+    `readOnly` alone leaves the mounts below a hostPath writable (attacker's pass, stop 39):
+    each read-only mount asks for `recursiveReadOnly: Enabled`, which a node that cannot give
+    it refuses rather than run the Pod without (Kubernetes 1.30 and later)."""
+    pod = _oci.pod_spec(oci_plan, _oci.export(oci_plan, str(tmp_path / "bundle")))
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert any(m["readOnly"] for m in mounts)
+    assert any(not m["readOnly"] for m in mounts)
+    for mount in mounts:
+        assert mount.get("recursiveReadOnly") == ("Enabled" if mount["readOnly"] else None), mount

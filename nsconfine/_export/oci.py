@@ -740,14 +740,15 @@ def pod_spec(
             volumes.append({"name": volume, "emptyDir": memory})
         read_only = "ro" in mount["options"]
         # None (rprivate), as each bind of the bundle: no mount the node makes later reaches it
-        mounts.append(
-            {
-                "name": volume,
-                "mountPath": mount["destination"],
-                "readOnly": read_only,
-                "mountPropagation": "None",
-            }
-        )
+        stated: dict[str, Any] = {
+            "name": volume,
+            "mountPath": mount["destination"],
+            "readOnly": read_only,
+            "mountPropagation": "None",
+        }
+        if read_only:  # all the way down, as bwrap's and the bundle's (rro); a node that
+            stated["recursiveReadOnly"] = "Enabled"  # cannot refuses the Pod (k8s 1.30+)
+        mounts.append(stated)
     env: list[dict[str, Any]] = []
     for variable in plan.env:
         if variable.origin.shown:
