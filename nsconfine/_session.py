@@ -763,7 +763,15 @@ def _nested_userns_reason(allowed: bool | str | None) -> str | None:
 def credential_pending(session: Session) -> bool:
     """Whether the session names a credential file that is not there (yet): its plan can be
     shown and explained, and a launch of it is refused (Plan.credential_needed)."""
-    return session.credential is not None and not os.path.lexists(session.credential)
+    if session.credential is None:
+        return False
+    try:
+        os.lstat(session.credential)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False  # there, out of reach (a directory not searchable): read, and refused
+    return False
 
 
 def _require_exists(path: str, what: str) -> None:

@@ -241,3 +241,21 @@ def test_credential_cannot_collide_with_pass_env(tmp_path: Path, ws_run: tuple[P
     session = Session(workspace=ws_run[0], run_dir=ws_run[1], credential=path, pass_env=["TOKEN"])
     with pytest.raises(PlanError, match="TOKEN"):
         build_plan(session, environ={"TOKEN": "from-launcher"})
+
+
+@pytest.mark.unprivileged  # root searches any directory
+def test_a_credential_in_a_directory_out_of_reach_is_not_called_missing(
+    tmp_path: Path, ws_run: tuple[Path, Path]
+) -> None:
+    """A credential file in a directory the launcher cannot search was taken for one not
+    there: credential-missing, "does not exist" (attacker's pass, stop 39). It is there, and
+    unreadable: refused saying so."""
+    path = credential(tmp_path, "API_TOKEN=x\n")
+    hidden = path.parent
+    hidden.chmod(0)
+    try:
+        session = Session(workspace=ws_run[0], run_dir=ws_run[1], credential=path)
+        with pytest.raises(CredentialInsecure, match="Permission denied"):
+            build_plan(session, environ={})
+    finally:
+        hidden.chmod(0o700)
