@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from nsconfine._errors import PlanError
+from nsconfine._kernel.accounts import RunAs
 from nsconfine._plan import model as p
 from nsconfine._plan.model import DenyRule, Entry, EnvVar, Kind, Mode, Origin, Plan
 
@@ -189,6 +191,7 @@ def test_to_json_entry_keys_are_exact() -> None:
     record = plan.to_json()
     assert set(record) == {
         "user",
+        "kept_groups",
         "entries",
         "env",
         "chdir",
@@ -271,3 +274,20 @@ def test_plans_and_sessions_copy_and_pickle(ws_run: tuple[Any, Any]) -> None:
         assert copy.copy(value) == value
         assert copy.deepcopy(value) == value
         assert pickle.loads(pickle.dumps(value)) == value
+
+
+def test_the_manifest_says_which_supplementary_groups_an_unprivileged_launcher_keeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unprivileged launcher's session keeps its supplementary groups (its user namespace
+    denies setgroups), and reads in what it is given what they may: a `root:messagebus 0640`
+    file in a --ro directory (attacker's pass, stop 39), while the manifest said only "runs as:
+    uid, gid". The manifest names them; a root launcher's sessions keep none."""
+    plan = sample_plan().replace(user=RunAs("someone", 1001, 1001))
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)
+    monkeypatch.setattr(os, "getgroups", lambda: [1001, 102, 4])
+    assert "keeps the launcher's supplementary groups 4, 102" in plan.manifest()
+    assert plan.to_json()["kept_groups"] == [4, 102]
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert "supplementary" not in plan.manifest()
+    assert plan.to_json()["kept_groups"] == []

@@ -71,6 +71,16 @@ def launcher_account() -> RunAs:
     return RunAs(name, uid, os.getegid())
 
 
+def kept_groups(user: RunAs) -> list[int]:
+    """The launcher's supplementary groups a session as user keeps: an unprivileged launcher's
+    (its user namespace denies setgroups, so bwrap cannot drop them, and the kernel still
+    grants what they may on the host's files the session is given); none for a root
+    launcher's, which drops them all (setgroups(0))."""
+    if os.geteuid() == 0 or user.uid != os.geteuid():
+        return []
+    return sorted(set(os.getgroups()) - {user.gid})
+
+
 def run_as(user: str | int | None) -> RunAs:
     """The account a session runs as: the launcher's own, or (for a root launcher) the named
     one, by name or uid (a name of digits only is a uid, as useradd allows no such name).

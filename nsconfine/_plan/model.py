@@ -14,7 +14,7 @@ import posixpath
 from collections.abc import Iterable, Sequence
 
 from nsconfine._errors import CredentialMissing, PlanError, UsageError
-from nsconfine._kernel.accounts import RunAs, launcher_account
+from nsconfine._kernel.accounts import RunAs, kept_groups, launcher_account
 from nsconfine._plan.limits import Limits
 from nsconfine._record import Record
 from nsconfine._text import encodable, has_control, is_env_name, printable
@@ -644,6 +644,7 @@ class Plan(Record):
 
         return {
             "user": self.user.to_json(),
+            "kept_groups": kept_groups(self.user),
             "entries": [entry.to_json() for entry in self.entries],
             "env": [variable.to_json() for variable in self.env],
             "chdir": self.chdir,
@@ -683,6 +684,14 @@ class Plan(Record):
         ]
         lines.append("")
         lines.append(f"runs as: {printable(str(self.user))}")
+        kept = kept_groups(self.user)
+        if kept:
+            lines.append(
+                f"  keeps the launcher's supplementary groups {', '.join(map(str, kept))}: an "
+                "unprivileged launcher cannot drop them, and in what the session is given it "
+                "may read and write what they may (run it from an account without them to drop "
+                "them)"
+            )
         lines.append(f"network: {self.network} ({NETWORKS[self.network]})")
         if self.network_reason is not None:
             lines.append(f"  why: {printable(self.network_reason)}")
