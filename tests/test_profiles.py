@@ -20,6 +20,7 @@ import pytest
 from helpers import (
     IS_ROOT,
     cli,
+    give_to_session_user,
     make_local_ca,
     open_up,
     outcome_without_hanging,
@@ -803,3 +804,25 @@ def test_a_profile_bind_the_session_s_account_cannot_reach_is_refused_by_name(
     result = cli("plan", *session_options(*ws_run), "--profile", str(profile))
     assert result.returncode == 65, (result.stdout, result.stderr)
     assert f"{hidden}/tools cannot be given to the session" in result.stderr
+
+
+def test_a_profile_bind_into_a_missing_place_in_the_workspace_says_to_make_it(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A profile's bind whose destination is a path not (yet) in the workspace: every launch
+    was refused with "is missing since its plan was built: build the plan again", though `run`
+    had just built it and nothing had changed (attacker's pass, stop 39). The refusal says to
+    make it."""
+    source = tmp_path / "cache"
+    source.mkdir()
+    give_to_session_user(source)
+    (tmp_path / "profiles").mkdir()
+    text = (
+        f'description = "x"\n[[bind]]\nsource = "{source}"\ndest = "{{workspace}}/newdir"\n'
+        'mode = "rw"\nreason = "the tool cache"\n'
+    )
+    profile = write_profile(tmp_path / "profiles", text)
+    result = cli("run", *session_options(*ws_run), "--profile", str(profile), "--", "true")
+    assert result.returncode in (65, 69), (result.stdout, result.stderr)
+    assert "build the plan again" not in result.stderr
+    assert "create it" in result.stderr, result.stderr

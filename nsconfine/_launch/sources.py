@@ -555,9 +555,11 @@ def _make(parent_fd: int, name: str, entry: Entry, user: RunAs) -> _Made | None:
     to remove later."""
     kept = entry.kind in (Kind.DIR, Kind.TMPFS)  # the session's own directory (HOME)
     kind = "dir" if kept else _stub_kind(entry)
-    if kind is None:
+    if kind is None:  # a bind into the workspace (a profile's dest) at a path not there
         raise PlanError(
-            f"{printable(entry.dest)} is missing since its plan was built: build the plan again"
+            f"{printable(entry.dest)}, where the plan binds {printable(entry.source or '')} "
+            f"({printable(entry.reason)}), is not there, and nothing makes it: create it, then "
+            "launch again"
         )
     owner = (user.uid, user.gid) if os.geteuid() == 0 and user.uid != 0 else None
     try:
