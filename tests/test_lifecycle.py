@@ -30,6 +30,7 @@ from helpers import (
     python_child,
     read_to_eof,
     session,
+    session_dirs,
     sleeper,
 )
 
@@ -190,6 +191,52 @@ def test_a_launch_interrupted_by_ctrl_c_leaves_no_reaper_and_no_fd(
         nsconfine.spawn(plan, ["/bin/true"])
     assert interrupted
     assert (sorted(os.listdir("/proc/self/fd")), _children()) == before
+
+
+def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-C that lands in poll() between the reaper's waitpid and the handle's bookkeeping
+    of the end: the status was lost (a later wait said 0, "reaped elsewhere"), and the pidfds
+    and the workspace's mount points stayed for the launcher's life (attacker's pass, stop
+    39). The reaping is whole before the KeyboardInterrupt is raised. The Ctrl-C is a real
+    SIGINT, sent by a trace hook at that very line."""
+    import signal
+    import sys
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    plan = session(workspace, run_dir).plan()
+    sandbox = nsconfine.spawn(plan, ["sh", "-c", "exit 3"])
+    stubs = sorted(p.name for p in workspace.iterdir())
+    assert stubs, "the empty workspace holds the launch's mount points"
+    sent: list[bool] = []
+
+    def in_poll(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != "poll" or "sandbox" not in frame.f_code.co_filename:
+            return None
+
+        def line(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_locals.get("pid") and not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGINT)
+            return line
+
+        return line
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sys.settrace(in_poll)
+        try:
+            sandbox.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert sent
+    assert sandbox.wait() == 3
+    assert list(workspace.iterdir()) == []
 
 
 _LAUNCHES_UNDER_CTRL_C = """

@@ -52,6 +52,7 @@ from _signal import SIGKILL, SIGTERM, pidfd_send_signal  # type: ignore[import-n
 from _thread import allocate_lock
 
 from nsconfine._errors import UsageError, checked_timeout
+from nsconfine._interrupts import CtrlCHeld
 from nsconfine._kernel import terminal as _terminal
 from nsconfine._kernel.syscalls import poll_ms, wait_fd
 from nsconfine._launch import sources as _sources
@@ -194,12 +195,15 @@ class Sandbox:
             )
         with self._lock:
             if self.returncode is None:
-                try:
-                    pid, status = os.waitpid(self.pid, os.WNOHANG)
-                except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): status lost
-                    pid, status = self.pid, 0
-                if pid:
-                    self._ended(os.waitstatus_to_exitcode(status))
+                # A Ctrl-C between the reaping and its bookkeeping would lose the status, the
+                # pidfds and the workspace's mount points: held until both are done.
+                with CtrlCHeld():
+                    try:
+                        pid, status = os.waitpid(self.pid, os.WNOHANG)
+                    except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): lost
+                        pid, status = self.pid, 0
+                    if pid:
+                        self._ended(os.waitstatus_to_exitcode(status))
             return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -293,6 +297,9 @@ class Sandbox:
         # in whichever thread the collector does, the proxy's own among them, perhaps holding
         # a lock that the end of a session (its stubs, its proxy socket) takes.
         if getattr(self, "returncode", 0) is None and getattr(self, "_owner", 0) == os.getpid():
+            # First: a Ctrl-C here ends the finalizer ("Exception ignored"), and a handle not
+            # yet in the list would keep its reaper a zombie and its stubs for good.
+            _abandoned.append(self)
             self._exchange = None  # (a communicate() that timed out held the streams too)
             # Its pipes that nobody else holds are closed (one the caller kept is the caller's),
             # so that a session writing to one meets EPIPE and ends, rather than blocking for
@@ -304,7 +311,6 @@ class Sandbox:
                     with contextlib.suppress(OSError):
                         stream.close()
                 del stream
-            _abandoned.append(self)
 
     def _ended(self, status: int) -> None:
         # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
