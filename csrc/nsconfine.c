@@ -176,6 +176,51 @@ static int become(uid_t uid, gid_t gid, int *stage)
     return 0;
 }
 
+/*
+ * A session gets no more than a default share of the machine, whatever its
+ * launcher has: a real-time or deadline policy becomes SCHED_OTHER (a busy
+ * loop at SCHED_RR would take a CPU from every other process), a negative
+ * nice becomes 0, the real-time I/O class best-effort, and a negative
+ * oom_score_adj 0 (the OOM killer would spare the session and kill others).
+ * Each is a step down, which needs no privilege. A launcher's positive nice
+ * or oom_score_adj (a broker putting its sessions behind the host) is kept.
+ */
+static int fair_share(void)
+{
+    long policy = syscall(SYS_sched_getscheduler, 0);
+    if (policy < 0)
+        return -1;
+    policy &= ~(long)SCHED_RESET_ON_FORK;
+    if (policy != SCHED_OTHER && policy != SCHED_BATCH && policy != SCHED_IDLE) {
+        struct sched_param param = { .sched_priority = 0 };
+        if (syscall(SYS_sched_setscheduler, 0, SCHED_OTHER, &param) < 0)
+            return -1;
+    }
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, 0);
+    if (nice == -1 && errno != 0)
+        return -1;
+    if (nice < 0 && syscall(SYS_setpriority, PRIO_PROCESS, 0, 0) < 0)
+        return -1;
+    enum { IOPRIO_WHO_PROCESS = 1, IOPRIO_CLASS_RT = 1, IOPRIO_CLASS_BE = 2, IOPRIO_SHIFT = 13 };
+    long ioprio = syscall(SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0);
+    if (ioprio < 0)
+        return -1;
+    if ((ioprio >> IOPRIO_SHIFT) == IOPRIO_CLASS_RT &&
+        syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, (IOPRIO_CLASS_BE << IOPRIO_SHIFT) | 4) < 0)
+        return -1;
+    int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char text[16];
+    ssize_t got = read_retry(fd, text, sizeof text - 1);
+    int failed = got <= 0;
+    if (!failed && text[0] == '-')
+        failed = write_all(fd, "0", 1) != 1;
+    close_retry(fd);
+    return failed ? -1 : 0;
+}
+
 /* Clear every capability set this task may hold, and check that they are empty. */
 static int drop_capabilities(void)
 {
@@ -251,6 +296,8 @@ static int spawn_child(void *opaque)
 
     if ((a->flags & NSC_SPAWN_NEW_PGRP) && setpgid(0, 0) < 0)
         child_fail(errpipe_w, NSC_STAGE_SETPGID);
+    if ((a->flags & NSC_SPAWN_FAIR_SHARE) && fair_share() < 0)
+        child_fail(errpipe_w, NSC_STAGE_FAIR_SHARE);
     int stage;
     if ((a->flags & NSC_SPAWN_SET_IDS) && become(a->run_uid, a->run_gid, &stage) < 0)
         child_fail(errpipe_w, stage);

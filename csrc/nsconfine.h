@@ -47,6 +47,7 @@
 #define NSC_STAGE_IPC_LIMITS 34 /* write that IPC namespace's /proc/sys/kernel/{shm,sem,msg}* */
 #define NSC_STAGE_TMPFS 35      /* mount the session's sized tmpfs at /dev/shm/<i> */
 #define NSC_STAGE_PRIVATE 36    /* make the session's mount namespace's mounts private */
+#define NSC_STAGE_FAIR_SHARE 37 /* a default share: scheduling policy, nice, I/O class, oom_score_adj */
 
 /* At most this many fds after 0-2 (a plan's copied files each take one). */
 #define NSC_MAX_PASS_FDS 65536
@@ -57,6 +58,7 @@
 #define NSC_SPAWN_DROP_CAPS 4     /* ambient, inheritable, permitted and effective: cleared, checked */
 #define NSC_SPAWN_NO_NEW_PRIVS 8  /* PR_SET_NO_NEW_PRIVS: no setuid or file-capability gain */
 #define NSC_SPAWN_NEW_KEYRING 16  /* join a fresh anonymous session keyring */
+#define NSC_SPAWN_FAIR_SHARE 32   /* no real-time policy, I/O class, negative nice or oom_score_adj */
 
 /*
  * Start path (absolute, no PATH search) with argv and exactly envp; both

@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -738,3 +739,34 @@ def test_bwrap_not_started_at_the_account_s_process_limit_is_not_blamed_on_bwrap
     refusal = _refusal_of(output.encode())
     assert "process limit" in refusal, refusal
     assert "reinstall" not in refusal, refusal
+
+
+_SHARE_SEEN = (
+    "python3 -c 'import os; print(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))';"
+    " ionice; cat /proc/self/oom_score_adj"
+)
+
+
+@pytest.mark.root  # a real-time policy and I/O class, and a negative nice, take root
+def test_a_session_gets_no_more_than_a_default_share_of_the_machine(tmp_path: Path) -> None:
+    """A root launcher running at SCHED_RR (a broker started under chrt), nice -5 and in the
+    real-time I/O class passed all three to its sessions (attacker's pass, stop 39): a busy
+    loop at SCHED_RR takes a CPU from every other process. The session runs at SCHED_OTHER,
+    nice 0, best-effort I/O, and no negative oom_score_adj. The launcher's own are the
+    control."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    launcher = ["chrt", "-r", "1", "nice", "-n", "-5", "ionice", "-c", "1", "-n", "0"]
+    control = subprocess.run(
+        [*launcher, "sh", "-c", _SHARE_SEEN], capture_output=True, text=True, check=True
+    )
+    assert control.stdout.split("\n")[:2] == ["2 -5", "realtime: prio 0"], control
+    done = subprocess.run(
+        [*launcher, sys.executable, "-m", "nsconfine", "run", *session_options(workspace, run_dir),
+         "--", "sh", "-c", _SHARE_SEEN],
+        capture_output=True, text=True, cwd="/", timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    policy_nice, io_class, oom = done.stdout.split("\n")[:3]
+    assert policy_nice == "0 0"
+    assert io_class.startswith("best-effort")
+    assert int(oom) >= 0

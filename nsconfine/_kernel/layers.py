@@ -166,7 +166,12 @@ def session_limits_taken() -> bool:
 
 def spawn_flags(user: RunAs) -> tuple[int, int, int]:
     """nsc_spawn's flags, uid and gid for the launcher's child that runs bwrap as user."""
-    flags = _syscalls.SPAWN_NEW_PGRP | _syscalls.SPAWN_DROP_CAPS | _syscalls.SPAWN_NO_NEW_PRIVS
+    flags = (
+        _syscalls.SPAWN_NEW_PGRP
+        | _syscalls.SPAWN_DROP_CAPS
+        | _syscalls.SPAWN_NO_NEW_PRIVS
+        | _syscalls.SPAWN_FAIR_SHARE
+    )
     if "session-keyring" not in DISABLED_FOR_TESTS:
         flags |= _syscalls.SPAWN_NEW_KEYRING
     if os.geteuid() == 0:  # the gate refused uid 0 itself; anyone else keeps their own ids

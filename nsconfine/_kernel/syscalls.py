@@ -39,6 +39,7 @@ SPAWN_SET_IDS: Final[int] = lib.NSC_SPAWN_SET_IDS
 SPAWN_DROP_CAPS: Final[int] = lib.NSC_SPAWN_DROP_CAPS
 SPAWN_NO_NEW_PRIVS: Final[int] = lib.NSC_SPAWN_NO_NEW_PRIVS
 SPAWN_NEW_KEYRING: Final[int] = lib.NSC_SPAWN_NEW_KEYRING
+SPAWN_FAIR_SHARE: Final[int] = lib.NSC_SPAWN_FAIR_SHARE
 
 # The exec shim's wire (NSC_SHIM_* in csrc/nsconfine.h), by name without the prefix.
 SHIM_WIRE: Final[dict[str, int]] = {
@@ -100,6 +101,7 @@ _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_IPC_LIMITS: "write /proc/sys/kernel/{shm,sem,msg}*",
     lib.NSC_STAGE_TMPFS: "mount a tmpfs at /dev/shm/<i>",
     lib.NSC_STAGE_PRIVATE: "mount --make-rprivate /",
+    lib.NSC_STAGE_FAIR_SHARE: "sched_setscheduler, setpriority, ioprio_set or oom_score_adj",
     lib.NSC_STAGE_OPEN: "open (no symlinks)",
     lib.NSC_STAGE_LANDLOCK: "landlock",
 }
