@@ -53,7 +53,11 @@ ETC_NEEDS: tuple[tuple[str, str], ...] = (
 # Of /sys, what runtimes read to size themselves (lscpu, nproc-alikes, the JVM, node): the
 # CPU and NUMA topology, read-only.
 SYS_NEEDS: tuple[tuple[str, str], ...] = (
-    ("/sys/devices/system/cpu", "the CPU topology (lscpu, runtimes sizing their threads)"),
+    (
+        "/sys/devices/system/cpu",
+        "the CPU topology (lscpu, runtimes sizing their threads); it also shows the kernel's "
+        "report of the CPU's vulnerabilities and their mitigations",
+    ),
     ("/sys/devices/system/node", "the NUMA topology (runtimes placing their memory)"),
 )
 
@@ -136,8 +140,9 @@ def _system_entries(user: RunAs, home: str) -> list[p.Entry]:
     entries += [
         p.dev(
             "/dev",
-            "null, zero, full, random, urandom, tty, its own pts and shm, and the fd and std* "
-            "links only: no host devices",
+            "null, zero, full, random, urandom, tty, its own pts and shm, and the fd, std*, "
+            "ptmx and core links only (core leads to /proc/kcore, which no session reads): no "
+            "host devices",
         ),
         p.devpts("the session's own terminals, from a devpts of its own that holds its ptys limit"),
         p.tmpfs("/dev/shm", "POSIX shared memory of the session's own, of its shm limit"),
