@@ -1893,3 +1893,19 @@ def test_a_refused_route_does_not_print_the_upstream_s_password(upstream: str) -
         Route("anthropic", upstream, "x-api-key", SECRET)
     assert "GATEWAY-PASSWORD" not in str(refused.value)
     assert "gw.example" in str(refused.value)
+
+
+def test_a_route_refuses_a_ca_file_that_is_a_fifo(tmp_path: Path) -> None:
+    """The proxy's TLS to a route's upstream reads the launcher's SSL_CERT_FILE as it is: a
+    FIFO there held each request until the session gave up, and the session's end until the
+    proxy's grace ran out (stop 39). Refused when the plan is made, saying what to fix; and at
+    a request, should it become one later, refused at once (502) rather than waited on."""
+    from nsconfine._plan.network import injected
+
+    fifo = tmp_path / "ca.pem"
+    os.mkfifo(fifo)
+    credential = {"ANTHROPIC_API_KEY": "sk-x"}
+    with pytest.raises(UsageError, match="SSL_CERT_FILE"):
+        injected(("anthropic",), credential, {"SSL_CERT_FILE": str(fifo)})
+    routes = injected(("anthropic",), credential, {}).routes  # a regular one, or none: taken
+    assert routes

@@ -55,6 +55,7 @@ from nsconfine._plan.allowlist import (
     system_resolver,
 )
 from nsconfine._plan.model import RELAY_SOCKET_NAME
+from nsconfine._plan.network import ca_file_problem
 from nsconfine._text import is_decimal, printable
 
 Audit = Callable[[dict[str, object]], None]
@@ -1106,6 +1107,9 @@ class Proxy:
         connection.upstream = raw  # (closed by _serve, whatever fails from here on)
         record["address"] = raw.getpeername()[0]
         if upstream.scheme == "https":
+            problem = ca_file_problem(os.environ)  # a FIFO made there since: never waited on
+            if problem is not None:
+                raise _Refusal(502, f"route {route.name}: the launcher's {problem}")
             try:
                 # Made here, not once: the launcher's SSL_CERT_FILE applies as it is now.
                 context = ssl.create_default_context()

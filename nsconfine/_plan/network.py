@@ -8,6 +8,7 @@ key stays in the launcher's proxy (nsconfine._launch.egress attaches a launch to
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 
@@ -15,6 +16,7 @@ from nsconfine._errors import CredentialMissing, UsageError
 from nsconfine._plan.allowlist import Route
 from nsconfine._plan.model import RELAY_PORT
 from nsconfine._record import Record
+from nsconfine._text import printable
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -164,6 +166,26 @@ class Injected(Record):
         self._set(routes=routes, environment=environment, home_files=home_files)
 
 
+def ca_file_problem(environ: Mapping[str, str]) -> str | None:
+    """Why the launcher's SSL_CERT_FILE, which the proxy's TLS to a route's upstream reads as
+    it is, cannot be used (a FIFO, which OpenSSL would wait on), or None (unset, missing, a
+    file, or /dev/null: nothing trusted, which TLS then says)."""
+    import stat
+
+    path = environ.get("SSL_CERT_FILE")
+    if not path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None  # OpenSSL then verifies against nothing, and says so
+    except OSError as error:
+        return f"SSL_CERT_FILE={printable(path)} cannot be read ({error.strerror})"
+    if not stat.S_ISFIFO(mode):
+        return None
+    return f"SSL_CERT_FILE={printable(path)} is a FIFO"
+
+
 def injected(
     names: tuple[str, ...],
     credential: Mapping[str, str],
@@ -177,6 +199,12 @@ def injected(
     routes: list[Route] = []
     replaced: dict[str, str] = {}
     home_files: dict[str, tuple[str, str]] = {}
+    problem = ca_file_problem(environ) if names else None
+    if problem is not None:
+        raise UsageError(
+            f"--inject-for: {problem}: the proxy's TLS to the route's upstream reads it (a "
+            "FIFO there would hold every request); point it at a CA bundle file, or unset it"
+        )
     for name in dict.fromkeys(names):
         kind = ROUTES.get(name)
         if kind is None:
