@@ -490,7 +490,9 @@ def test_a_bundle_where_the_session_s_account_can_change_it_is_refused(
 
 
 @pytest.mark.root  # another account's directory: the launcher must be root to find one
-@pytest.mark.parametrize("which", ["a read-only source", "the run directory"])
+@pytest.mark.parametrize(
+    "which", ["a read-only source", "the run directory", "inside a profile's writable bind"]
+)
 def test_a_bind_source_in_a_directory_the_session_s_account_can_change_is_refused(
     tmp_path: Path, which: str
 ) -> None:
@@ -506,15 +508,37 @@ def test_a_bind_source_in_a_directory_the_session_s_account_can_change_is_refuse
         give_to_session_user(tools)
         (run_dir,) = session_dirs(tmp_path, "run")
         plan = session(workspace, run_dir, ro=[tools]).plan()
-    else:
+    elif which == "the run directory":
         (run_dir := theirs / "run").mkdir()
         give_to_session_user(run_dir)
         plan = session(workspace, run_dir).plan()
+    else:  # (its review: every source inside any writable bind was let through)
+        (tools := theirs / "tools").mkdir()
+        give_to_session_user(tools)
+        (run_dir,) = session_dirs(tmp_path, "run")
+        shared = p.rw_bind(str(theirs), str(theirs), "the build cache")
+        base = session(workspace, run_dir, ro=[tools]).plan()
+        plan = base.replace(entries=[*base.entries, shared])
     bundle = tmp_path / "bundle"
     with pytest.raises(PlanError, match="runc opens it by its path") as refused:
         _oci.write_bundle(plan, str(bundle), ["/bin/true"])
     assert str(theirs) in str(refused.value)
     assert not bundle.exists()
+
+
+@pytest.mark.root  # the bundle's checks as a root launcher's
+def test_a_root_owned_source_in_a_sticky_directory_is_exported(tmp_path: Path) -> None:
+    """A directory of root's right in a sticky one that all may write (/tmp/tools): no one
+    else can rename or remove it, and the bundle is written (its review, stop 39: the check
+    judged /tmp alone, and refused it)."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (tools := sticky / "tools").mkdir()
+    plan = session(workspace, run_dir, ro=[tools]).plan()
+    _oci.write_bundle(plan, str(tmp_path / "bundle"), ["/bin/true"])
+    assert (tmp_path / "bundle" / "config.json").exists()
 
 
 def test_podman_args_refuse_a_path_its_mount_syntax_would_split(

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 
 from nsconfine._errors import NsconfineError, PlanError, UsageError, path_refusal
 from nsconfine._kernel import syscalls as _syscalls
@@ -532,7 +533,7 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
     plan.require_launchable()  # the bundle holds the credential's values
     try:  # an OSError on a path (unreadable, swapped while checked) refuses, naming it
         lint(plan)
-        _refuse_replaceable_sources(plan, writable)
+        _refuse_replaceable_sources(plan)
         return materialize(plan, bundle, argv)
     except NsconfineError:  # some are OSErrors too (CredentialMissing): each says its own
         raise
@@ -540,23 +541,34 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
         raise path_refusal(error, "the bundle") from error
 
 
-def _refuse_replaceable_sources(plan: Plan, writable: dict[Any, Entry]) -> None:
+def _refuse_replaceable_sources(plan: Plan) -> None:
     """runc opens each bind source by its path when it starts, where bwrap binds an fd the lint
-    judged: a source in a directory someone other than root or the launcher can change (the
-    session's account among them) could be swapped for a symlink to anywhere after this check.
-    Each source's directory, and every way to it, must be theirs alone. Sources inside the
-    plan's own writable binds (its protected paths) are the workspace's case, which
+    judged: a source someone other than root or the launcher could replace (the session's
+    account among them) could be swapped for a symlink to anywhere after this check. So each
+    source must lie where only they can change it: one of theirs, with every directory above
+    it (a sticky one as /tmp holds what is theirs); another's (the workspace, the session's
+    tools), in a directory of theirs. The protected paths inside the workspace are the case
     docs/export.md states; a pinned file is copied into the bundle, and a /proc part is the
     container's own."""
+    protected = set() if plan.protection is None else set(plan.protection.entries)
+    trusted = {0, os.geteuid()}
     for entry in plan.entries:
-        if entry.kind is not Kind.BIND or entry.sha256 is not None:
+        if entry.kind is not Kind.BIND or entry.sha256 is not None or entry in protected:
             continue
         if entry.dest.startswith("/proc/") and entry.source == entry.dest:
             continue
-        # A symlink is judged with where it leads (the kernel follows it when runc mounts).
-        judged = entry.source if os.path.islink(entry.source) else posixpath.dirname(entry.source)
-        if any(_syscalls.identity(above) in writable for above in ancestors(judged)):
-            continue
+        try:
+            info = os.lstat(entry.source)
+        except OSError:
+            continue  # the lint has judged it missing, or will
+        # Where the kernel goes when runc mounts it: a symlink with where it leads; a file of
+        # theirs with all above it; another's by the directory that holds it, which must not
+        # let its owner rename it.
+        theirs = info.st_uid in trusted and not stat.S_ISLNK(info.st_mode)
+        if theirs or stat.S_ISLNK(info.st_mode):
+            judged = entry.source
+        else:
+            judged = posixpath.dirname(entry.source)
         reason = untrusted_reason(judged)
         if reason is not None:
             raise PlanError(
