@@ -222,6 +222,11 @@ def test_a_read_only_socket_or_fifo_is_refused(tmp_path: Path, kind: str) -> Non
     try:
         with pytest.raises(nsconfine.PlanError, match="tool-socket"):
             session(workspace, run_dir, ro=[path]).plan()
+        if listener is not None:  # a writable bind of one reaches the service as well (review)
+            os.chmod(path, 0o777)  # (the session's account may connect: nothing else refuses)
+            scratch = nsconfine.Bind(str(path), str(path), "rw", "a scratch file")
+            with pytest.raises(nsconfine.PlanError, match="tool-socket"):
+                session(workspace, run_dir, binds=[scratch]).plan()
         if listener is not None:
             os.chmod(path, 0o777)
             plan = session(workspace, run_dir, tool_socket=path).plan()

@@ -618,13 +618,14 @@ def _refuse_host_proc_or_dev(
 
 
 def _refuse_written_through(entry: Entry, info: os.stat_result) -> None:
-    """A read-only bind stops no one connecting to a socket or writing into a FIFO or a device:
-    bound so, each reaches whoever serves or reads it on the host. Only the tool socket, which
-    says so, may be a socket."""
+    """A socket bound in any mode is a way to whoever serves it on the host: only the tool
+    socket, which says so, may be one. A read-only bind stops no one writing into a FIFO or a
+    device either (a writable one says it is written)."""
     mode = info.st_mode
     if stat.S_ISSOCK(mode) and entry.reason == TOOL_SOCKET_REASON:
         return
-    if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+    written = stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+    if stat.S_ISSOCK(mode) or (written and entry.mode is Mode.RO):
         what = (
             "a socket" if stat.S_ISSOCK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
         )
@@ -673,7 +674,7 @@ def check_plan(
         identity = None if info is None else (info.st_dev, info.st_ino)
         device = -1 if info is None else info.st_dev
         _refuse_host_proc_or_dev(entry, resolved, device, kernel_devices)
-        if info is not None and entry.kind is Kind.BIND and entry.mode is Mode.RO:
+        if info is not None and entry.kind is Kind.BIND:
             _refuse_written_through(entry, info)
         found = judge.violated_by_path(resolved)
         if found is None and info is not None:  # (stat just taken: not taken again)
