@@ -1883,6 +1883,12 @@ def test_a_route_refuses_plain_http_beyond_the_host_s_loopback(upstream: str) ->
         "https://svc:GATEWAY-PASSWORD@gw.example/v1?x=1",
         "ftp://svc:GATEWAY-PASSWORD@gw.example/v1",
         "https://GATEWAY-PASSWORD@gw.example",
+        # (its review: a password with / # or ? unencoded ended the host part early)
+        "https://svc:to/GATEWAY-PASSWORD+=@gw.example/v1",
+        "https://svc:GATEWAY-PASSWORD#x@gw.example/v1",
+        "https://svc:GATEWAY-PASSWORD?x@gw.example/v1",
+        "https://gw.example/v1?token=GATEWAY-PASSWORD",
+        "https://svc:GATEWAY-PASSWORD@gw.example:abc/v1",
     ],
 )
 def test_a_refused_route_does_not_print_the_upstream_s_password(upstream: str) -> None:
@@ -1909,3 +1915,14 @@ def test_a_route_refuses_a_ca_file_that_is_a_fifo(tmp_path: Path) -> None:
         injected(("anthropic",), credential, {"SSL_CERT_FILE": str(fifo)})
     routes = injected(("anthropic",), credential, {}).routes  # a regular one, or none: taken
     assert routes
+
+
+@pytest.mark.parametrize(
+    "upstream", ["https://gw.example:abc/v1", "http://[::1", "https://[::1]:99999"]
+)
+def test_a_route_refuses_an_upstream_it_cannot_parse(upstream: str) -> None:
+    """An upstream whose port is no number, or whose address is cut short, is refused when the
+    route is made (its review, stop 39: one was taken and failed in the proxy, one raised a
+    traceback)."""
+    with pytest.raises(UsageError, match="route anthropic"):
+        Route("anthropic", upstream, "x-api-key", SECRET)

@@ -380,6 +380,18 @@ def judge(
     return Decision(True, rule.reason, host, port, tuple(resolved))
 
 
+def _without_secrets(url: str) -> str:
+    """url as a refusal may name it (a refusal is logged): without what precedes its last @
+    (credentials, whatever characters they hold), nor its query or fragment."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    if "@" in rest:
+        rest = "…@" + rest.rpartition("@")[2]
+    rest = rest.split("?", 1)[0].split("#", 1)[0]
+    return f"{scheme}{separator}{rest}"
+
+
 def _is_loopback(host: str) -> bool:
     """Is host this machine's loopback: localhost, or an address in 127/8 or ::1?"""
     if host == "localhost":
@@ -410,12 +422,17 @@ class Route(Record):
         self._set(name=name, upstream=upstream, header=header, secret=secret)
         if not self.name or not set(self.name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-_"):
             raise UsageError(f"route name {self.name!r}: use lowercase letters, digits, - and _")
-        parts = urllib.parse.urlsplit(self.upstream)
-        # Named without what precedes an @: a refusal is logged, a gateway's password must not be.
-        shown = repr(parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl())
+        shown = repr(_without_secrets(self.upstream))
+        try:
+            parts = urllib.parse.urlsplit(self.upstream)
+            parts.port  # noqa: B018 (a port that is no number raises here)
+        except ValueError:
+            raise UsageError(f"route {self.name}: upstream {shown} is not a URL") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"route {self.name}: upstream {shown} is not an http(s) URL")
-        if parts.query or parts.fragment or parts.username or parts.password:
+        # An @ anywhere: a password with a / # or ? in it ends the host part early, and hides
+        # from urlsplit what it is.
+        if parts.query or parts.fragment or "@" in self.upstream:
             raise UsageError(
                 f"route {self.name}: upstream {shown} has more than a path (credentials, a "
                 "query or a fragment)"
