@@ -396,7 +396,7 @@ static int spawn_with(int *buffers, const char *path, int exec_fd, char *const a
         a.sources[3 + i] = pass_fds[i];
 
     int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC) < 0) {
+    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) < 0) {
         *stage_out = NSC_STAGE_PIPE;
         return errno;
     }
@@ -455,14 +455,20 @@ static int spawn_with(int *buffers, const char *path, int exec_fd, char *const a
     }
 
     /*
-     * EOF: execve succeeded and closed the child's CLOEXEC write end. A
-     * report is smaller than PIPE_BUF, so it arrives whole in one read.
+     * CLONE_VFORK resumed this thread only once the child had passed
+     * execve's point of no return (it can no longer report anything) or had
+     * written its report and exited: so the pipe is read now, without
+     * waiting for its end. Waiting for EOF would also wait for any process
+     * forked by another thread meanwhile (a multiprocessing worker), which
+     * inherited the write end and holds it as long as it lives. A report is
+     * smaller than PIPE_BUF, so it arrives whole in one read; nothing there
+     * (EAGAIN), or EOF, is an exec that succeeded.
      */
     struct child_report report;
     ssize_t n = read_retry(errpipe[0], &report, sizeof report);
     int read_err = errno;
     (void)close_retry(errpipe[0]);
-    if (n == 0) {
+    if (n == 0 || (n < 0 && read_err == EAGAIN)) {
         *pid_out = pid;
         return 0;
     }

@@ -23,6 +23,7 @@ from nsconfine._errors import (
 from nsconfine._interrupts import CtrlCHeld
 from nsconfine._kernel.accounts import SEARCH, access_problem
 from nsconfine._kernel.syscalls import child_statuses_discarded, realpath
+from nsconfine._launch.forks import LaunchWindow
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.programs import REAPER_PATH, SHIM_PATH
 from nsconfine._launch.sandbox import Sandbox
@@ -162,7 +163,11 @@ def spawn(
         raise UsageError(f"spawn takes a Plan (Session(...).plan()), not {type(plan).__name__}")
     # A refused command never has a sandbox built for it; a failed launch closes its pipes;
     # a Ctrl-C is held until the launch is whole, which it then ends.
-    with CtrlCHeld() as held, prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch:
+    with (
+        LaunchWindow(),  # no fork meanwhile: it would hold the pipes and fds made here
+        CtrlCHeld() as held,
+        prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch,
+    ):
         staged = checked_stage(plan, stderr=launch.bwrap_stderr)
         try:
             sandbox = hand_off(staged, launch)  # OSError from here: the command could not start
@@ -188,7 +193,7 @@ def checked_stage(
     waiting inside for its command (idle_timeout_ms at most). The staged sandbox keeps the plan
     it runs; kept (a Pool's), what it checked of its read-only binds, to be asked again."""
     hold_closed_stdio()  # before the launch opens anything
-    with refusing_os_errors():
+    with LaunchWindow(), refusing_os_errors():
         plan = refreshed(plan)  # the repositories its workspace holds now
         cleared = gate(plan)
         return stage(

@@ -38,6 +38,7 @@ from nsconfine._gate import (
     refusing_os_errors,
 )
 from nsconfine._interrupts import CtrlCHeld
+from nsconfine._launch.forks import LaunchWindow
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import Staged, hold_closed_stdio, teardown
@@ -179,7 +180,8 @@ class Pool:
             with self._cond:
                 self._launching += 1
             try:
-                sandbox = self._launch(argv, env, (stdin, stdout, stderr), tty)
+                with LaunchWindow():  # no fork meanwhile: it would hold the launch's fds
+                    sandbox = self._launch(argv, env, (stdin, stdout, stderr), tty)
             finally:
                 with self._cond:
                     self._launching -= 1

@@ -730,3 +730,38 @@ def test_sigkill_of_the_reaper_or_of_bwrap_alone_ends_the_session(
         sandbox.kill()
         sandbox.wait(timeout=60)
     assert left == [], f"after SIGKILL of the {killed}, {left} of the session still run"
+
+
+def test_a_child_forked_during_a_launch_does_not_hold_the_launch_up(plan: nsconfine.Plan) -> None:
+    """A process forked by another thread while a launch's child runs (a multiprocessing
+    worker) inherits the pipe the launch reads its child's exec report from: the launch waited
+    for that pipe's end, so for the worker's whole life (its review, stop 39: 6 s, a worker's
+    life). 300 workers forked 3 ms apart while launches go on: every launch ends while every
+    worker still lives."""
+    import threading
+
+    nsconfine.spawn(plan, ["true"]).wait()  # warm
+    workers: list[int] = []
+
+    def fork_workers() -> None:
+        while len(workers) < 300:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            workers.append(pid)
+            time.sleep(0.003)
+
+    forker = threading.Thread(target=fork_workers)
+    forker.start()
+    try:
+        while forker.is_alive():
+            nsconfine.spawn(plan, ["true"]).wait()
+        gone = [pid for pid in workers if os.waitpid(pid, os.WNOHANG)[0]]
+        assert gone == [], f"a launch waited until {len(gone)} forked worker(s) had ended"
+    finally:
+        forker.join()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)

@@ -48,6 +48,7 @@ from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_
 from nsconfine._kernel import stub_records as _stub_records
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import READ, SEARCH, RunAs, allows, has_acl_at
+from nsconfine._launch.forks import LaunchWindow
 from nsconfine._plan.model import COMMONDIR_STUB, Entry, Kind, Mode, Plan
 from nsconfine._text import inside, printable, within
 
@@ -744,6 +745,11 @@ def remove(stubs: list[Stub]) -> None:
     if each is still the stub made."""
     if not stubs:
         return
+    with LaunchWindow():  # no fork meanwhile: it would hold the records' lock
+        _remove(stubs)
+
+
+def _remove(stubs: list[Stub]) -> None:
     # Let go of the holds first: that frees as many fds as the lock below needs, for a launch
     # refused for want of fds. Whether a stub is still held is decided by its own lock.
     release(stubs)

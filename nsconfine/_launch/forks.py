@@ -1,0 +1,83 @@
+"""A fork of the launcher waits until no launch holds fds it has yet to hand on or close.
+
+A launch opens pipes, sockets, the mount-point records' lock and the holds of the stubs it
+makes, and gives each to the sandbox or closes it a few milliseconds later. A process forked
+meanwhile by another thread (a multiprocessing worker, `os.fork()` in a server) inherits every
+one of them and holds it as long as it lives: a session's stdout then never reaches EOF, the
+launch waits for its child's exec report, and every launch of the account waits for the
+records' lock (attacker's passes, stop 39: 6 to 29 s, a worker's life). So each launch, and each
+end of one, is a window in which `os.fork()` waits (os.register_at_fork); launches from many
+threads share the windows, and a fork that waits holds new windows back, so that it is not
+starved by launches that overlap. A fork from a thread inside a window (none of nsconfine's:
+its spawns are C's clone) goes ahead, as it must not wait for itself.
+
+The guard is the three _thread locks below, not threading's (whose import costs each command
+line); the child gets fresh ones, as it has no launch of its parent's.
+"""
+
+from __future__ import annotations
+
+import os
+from _thread import allocate_lock, get_ident
+
+_counts = allocate_lock()  # guards _inside
+_gate = allocate_lock()  # held by a fork that waits: new windows wait behind it
+_no_window = allocate_lock()  # held while any window is open (by the first to open one)
+_inside: dict[int, int] = {}  # thread -> how deep in windows it is
+
+
+class LaunchWindow:
+    """`with LaunchWindow():` a stretch in which a fork of this process waits."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        me = get_ident()
+        if me not in _inside:  # (nested: the fork already waits for the outer one)
+            with _gate:
+                pass
+        with _counts:
+            if not _inside:
+                _no_window.acquire()
+            _inside[me] = _inside.get(me, 0) + 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        me = get_ident()
+        with _counts:
+            depth = _inside.pop(me) - 1
+            if depth:
+                _inside[me] = depth
+            elif not _inside:
+                _no_window.release()
+
+
+_forking_inside = False  # this fork came from a thread inside a window: nothing was taken
+
+
+def _before_fork() -> None:
+    global _forking_inside
+    with _counts:
+        _forking_inside = get_ident() in _inside
+    if _forking_inside:
+        return
+    _gate.acquire()
+    _no_window.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    if not _forking_inside:
+        _no_window.release()
+        _gate.release()
+
+
+def _after_fork_in_child() -> None:
+    global _counts, _gate, _no_window
+    _counts, _gate, _no_window = allocate_lock(), allocate_lock(), allocate_lock()
+    _inside.clear()
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
