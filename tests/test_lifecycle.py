@@ -765,3 +765,53 @@ def test_a_child_forked_during_a_launch_does_not_hold_the_launch_up(plan: nsconf
             with contextlib.suppress(ProcessLookupError, ChildProcessError):
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # its Ctrl-C
+def test_a_ctrl_c_in_a_dropped_handle_s_finalizer_leaves_it_whole(plan: nsconfine.Plan) -> None:
+    """A Ctrl-C that lands while a handle dropped unwaited is finalized: either the handle
+    never reached the list a later launch reaps (its reaper a zombie, its stubs for good), or
+    its pipes stayed open, and a session writing more than a pipe holds stayed alive for good
+    (attacker's pass and its review, stop 39). The finalizer runs whole, the Ctrl-C held; a
+    real SIGINT is sent by a trace hook at the line that lets go of a timed-out exchange."""
+    import gc
+    import linecache
+    import signal
+    import sys
+
+    from nsconfine._launch import sandbox as _sandbox
+
+    sandbox = nsconfine.spawn(plan, ["yes"], stdout=PIPE)
+    sent: list[bool] = []
+
+    def in_finalizer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != "__del__" or "sandbox" not in frame.f_code.co_filename:
+            return None
+
+        def line(frame: Any, event: str, arg: Any) -> Any:
+            text = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            if event == "line" and "_exchange = None" in text and not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGINT)
+            return line
+
+        return line
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sys.settrace(in_finalizer)
+        try:
+            del sandbox
+            gc.collect()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert sent
+    dropped = _sandbox._abandoned[-1]
+    assert dropped.stdout is None, "its stdout was left open: the session blocks on it for good"
+    dropped.kill()  # (it has met EPIPE by now, most likely: 141, SIGPIPE's)
+    assert dropped.wait(timeout=60) in (141, -9)
+    _sandbox._abandoned.remove(dropped)

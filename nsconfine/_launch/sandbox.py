@@ -297,20 +297,23 @@ class Sandbox:
         # in whichever thread the collector does, the proxy's own among them, perhaps holding
         # a lock that the end of a session (its stubs, its proxy socket) takes.
         if getattr(self, "returncode", 0) is None and getattr(self, "_owner", 0) == os.getpid():
-            # First: a Ctrl-C here ends the finalizer ("Exception ignored"), and a handle not
-            # yet in the list would keep its reaper a zombie and its stubs for good.
-            _abandoned.append(self)
-            self._exchange = None  # (a communicate() that timed out held the streams too)
-            # Its pipes that nobody else holds are closed (one the caller kept is the caller's),
-            # so that a session writing to one meets EPIPE and ends, rather than blocking for
-            # good on a pipe nobody reads.
-            for name in ("stdin", "stdout", "stderr"):
-                stream = getattr(self, name, None)
-                setattr(self, name, None)
-                if stream is not None and sys.getrefcount(stream) <= 2:  # (here, and the call)
-                    with contextlib.suppress(OSError):
-                        stream.close()
-                del stream
+            # Whole, a Ctrl-C held: one that ended it midway left the handle out of the list
+            # (its reaper a zombie, its stubs for good) or its pipes open (a session writing to
+            # one blocked for good). A Ctrl-C that came is raised at its end, where Python
+            # reports it as an exception its finalizer ignored.
+            with CtrlCHeld():
+                self._exchange = None  # (a communicate() that timed out held the streams too)
+                # Its pipes that nobody else holds are closed (one the caller kept is the
+                # caller's), so that a session writing to one meets EPIPE and ends, rather than
+                # blocking for good on a pipe nobody reads.
+                for name in ("stdin", "stdout", "stderr"):
+                    stream = getattr(self, name, None)
+                    setattr(self, name, None)
+                    if stream is not None and sys.getrefcount(stream) <= 2:  # (here, the call)
+                        with contextlib.suppress(OSError):
+                            stream.close()
+                    del stream
+                _abandoned.append(self)
 
     def _ended(self, status: int) -> None:
         # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
