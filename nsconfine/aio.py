@@ -177,20 +177,40 @@ class Process:
                     self._watched = _Watch(os.dup(self.sandbox.sentinel))
                 except OSError:
                     # Reaped by another thread just now (EBADF), or the launcher is out of fds:
-                    # waited for in the executor, never on the loop's own thread, which a
-                    # session that does not end would stop for good.
-                    waited = self._loop.run_in_executor(None, self.sandbox.wait)
-                    waited.add_done_callback(self._reaped)
+                    # looked for every 50 ms instead, holding no thread (one in the executor
+                    # for each such session took every thread launches and reaps need).
+                    self._look_for_the_end()
                 else:
                     self._loop.add_reader(self._watched.fd, self._end_seen)
             await asyncio.shield(self._ended)  # a cancelled wait leaves the watch to others
         return self.sandbox.wait()  # reaped by _end_seen: at once
+
+    def _look_for_the_end(self) -> None:
+        """Has the session's reaper exited (asked without reaping it, and without an fd)? Then
+        it is reaped as _end_seen reaps it; else asked again in 50 ms."""
+        assert self._ended is not None
+        if self._ended.done():
+            return
+        try:
+            exited = self.sandbox.returncode is not None or (
+                os.waitid(os.P_PID, self.sandbox.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                is not None
+            )
+        except ChildProcessError:  # reaped by another thread meanwhile
+            exited = True
+        if exited:
+            self._reap()
+        else:
+            self._loop.call_later(0.05, self._look_for_the_end)
 
     def _end_seen(self) -> None:
         assert self._watched is not None
         self._loop.remove_reader(self._watched.fd)
         self._watched.close()
         self._watched = None
+        self._reap()
+
+    def _reap(self) -> None:
         self._end_was_seen = True
         # Reaped in the executor, whatever waits (a waiter cancelled since must not leave a
         # zombie): a session's end removes its mount points, under a lock its account's
@@ -206,7 +226,7 @@ class Process:
                 reaped.set_exception(error)
         reaped.add_done_callback(self._reaped)
 
-    def _reaped(self, reaped: asyncio.Future[int] | asyncio.Future[int | None]) -> None:
+    def _reaped(self, reaped: asyncio.Future[int | None]) -> None:
         assert self._ended is not None
         if not self._ended.done():
             error = reaped.exception()

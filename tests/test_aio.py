@@ -616,3 +616,43 @@ def test_a_wait_short_of_fds_leaves_the_loop_running(plan: nsconfine.Plan) -> No
     status, guard_fired = asyncio.run(main())
     assert not guard_fired, "the loop stood still in wait() until the guard ended the session"
     assert status == -9
+
+
+def test_a_wait_short_of_fds_holds_no_executor_thread(plan: nsconfine.Plan) -> None:
+    """A wait that could not copy the sentinel (the launcher out of fds) waited in the
+    executor, a thread for the session's whole life: a few such sessions took every thread of
+    the default executor, which launches and reaps need (its review, stop 39). It holds none:
+    with an executor of one thread, the loop's next call there is done while the session still
+    runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def main() -> tuple[bool, int]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        process = await nsconfine.aio.spawn(plan, ["sleep", "1000"])
+        guard = threading.Timer(60, process.sandbox.kill)
+        guard.start()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        fillers: list[int] = []
+        try:
+            top = max(map(int, os.listdir("/proc/self/fd")))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top + 8, hard))
+            with contextlib.suppress(OSError):
+                while True:
+                    fillers.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            waiting = asyncio.ensure_future(process.wait())
+            await asyncio.sleep(0.2)  # the wait has started, short of fds
+        finally:
+            for fd in fillers:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: None)
+        still_running = process.returncode is None
+        process.kill()
+        status = await waiting
+        guard.cancel()
+        return still_running, status
+
+    still_running, status = asyncio.run(main())
+    assert still_running, "the executor's one thread was held by the wait until the session ended"
+    assert status == -9
