@@ -154,6 +154,40 @@ def test_directories_tools_are_pointed_at_are_denied(
     assert variable in origins[str(store.resolve())]
 
 
+@pytest.mark.parametrize(
+    ("variable", "secret"),
+    [
+        ("GRADLE_USER_HOME", "gradle.properties"),
+        ("HF_HOME", "token"),
+        ("HF_HOME", "stored_tokens"),
+        ("CARGO_HOME", "credentials.toml"),
+        ("COMPOSER_HOME", "auth.json"),
+        ("HF_TOKEN_PATH", ""),
+        ("PGPASSFILE", ""),
+        ("BOTO_CONFIG", ""),
+        ("NPM_CONFIG_USERCONFIG", ""),
+    ],
+)
+def test_a_credential_file_moved_by_its_tool_s_variable_is_denied(
+    ws_run: tuple[Path, Path], tmp_path: Path, variable: str, secret: str
+) -> None:
+    """The new entries of the deny set, where their tools' variables put them: with
+    GRADLE_USER_HOME, HF_HOME or HF_TOKEN_PATH set, a bind of that directory showed the Gradle
+    password and the Hugging Face token (its review, stop 39). The file is denied there (the
+    directory around it, a cache, may be bound without it)."""
+    named = tmp_path / "elsewhere" / variable.lower()
+    if secret:
+        named.mkdir(parents=True)
+        (named / secret).write_text("password=stand-in\n")
+        bound = named
+    else:
+        named.parent.mkdir(parents=True)
+        named.write_text("password=stand-in\n")
+        bound = named.parent
+    message = refusal(ws_run, {variable: str(named)}, ro=[bound])
+    assert f"${variable}" in message
+
+
 @pytest.mark.parametrize("variable", ["SUDO_USER", "DOAS_USER", "PKEXEC_UID"])
 def test_the_invoking_user_s_home_is_denied(ws_run: tuple[Path, Path], variable: str) -> None:
     """The home of the person who became root is denied, whichever tool they used: sudo

@@ -98,6 +98,21 @@ STORE_VARIABLES: tuple[tuple[str, str], ...] = (
     ("AWS_CONFIG_FILE", "AWS configuration and SSO tokens"),
     ("KUBECONFIG", "Kubernetes cluster credentials"),
     ("GIT_CONFIG_GLOBAL", "git identity and credential helpers"),
+    ("HF_TOKEN_PATH", "the Hugging Face token"),
+    ("PGPASSFILE", "PostgreSQL passwords"),
+    ("BOTO_CONFIG", "Google Cloud Storage and AWS keys (boto)"),
+    ("NPM_CONFIG_USERCONFIG", "npm registry tokens"),
+)
+# Variables that move a tool's home, in which one file holds its credentials (the home's own
+# rules deny it under ~): that file is denied where the variable puts it. The rest of such a
+# home is a cache, which a session may be given.
+STORE_FILE_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("GRADLE_USER_HOME", "gradle.properties", "Gradle repository and signing passwords"),
+    ("HF_HOME", "token", "the Hugging Face token"),
+    ("HF_HOME", "stored_tokens", "Hugging Face tokens"),
+    ("CARGO_HOME", "credentials", "crates.io tokens"),
+    ("CARGO_HOME", "credentials.toml", "crates.io tokens"),
+    ("COMPOSER_HOME", "auth.json", "Composer registry tokens"),
 )
 
 # A secret with more than one name (a hardlink) is the same secret under each. The denied
@@ -270,6 +285,11 @@ def default_deny(
         value = environ.get(variable, "")
         for named in value.split(os.pathsep) if variable == "KUBECONFIG" else [value]:
             for path in _store_paths(named, [home for home, _ in every_home]):
+                rules.append(DenyRule(path, reason, origin=f"${variable}"))
+    for variable, name, reason in STORE_FILE_VARIABLES:
+        value = environ.get(variable, "")
+        if value:
+            for path in _store_paths(os.path.join(value, name), [h for h, _ in every_home]):
                 rules.append(DenyRule(path, reason, origin=f"${variable}"))
     # nsconfine's records wherever this environment puts them (HOME=/ puts them at /.cache,
     # which no home's rules cover), and where they go when the account has no writable home.
