@@ -14,6 +14,7 @@ import os
 import random
 import resource
 import subprocess
+import sys
 import time
 from pathlib import Path
 from subprocess import PIPE
@@ -815,3 +816,48 @@ def test_a_ctrl_c_in_a_dropped_handle_s_finalizer_leaves_it_whole(plan: nsconfin
     dropped.kill()  # (it has met EPIPE by now, most likely: 141, SIGPIPE's)
     assert dropped.wait(timeout=60) in (141, -9)
     _sandbox._abandoned.remove(dropped)
+
+
+FORKS_FROM_THREADS_WHILE_LAUNCHING = """
+import os, sys, threading, time
+import nsconfine
+workspace, run_dir, user = sys.argv[1:4]
+plan = nsconfine.Session(workspace=workspace, run_dir=run_dir, user=user or None).plan()
+stop = time.monotonic() + 3
+def forker():
+    while time.monotonic() < stop:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+def launcher():
+    while time.monotonic() < stop:
+        nsconfine.spawn(plan, ["true"]).wait()
+threads = [threading.Thread(target=forker) for _ in range(3)]
+threads += [threading.Thread(target=launcher) for _ in range(2)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+nsconfine.spawn(plan, ["true"]).wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+print("ok")
+"""
+
+
+def test_forks_from_many_threads_while_launches_go_on_never_stick(tmp_path: Path) -> None:
+    """Forks wait for launches (nsconfine._launch.forks), from any number of threads at once:
+    three threads forking and two launching for 3 s, then one more of each, all end (the
+    guard's first cut kept which fork took its locks in one global, and two forks at once
+    could leave them taken for good)."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    done = subprocess.run(
+        [sys.executable, "-c", FORKS_FROM_THREADS_WHILE_LAUNCHING, str(workspace), str(run_dir),
+         SESSION_USER or ""],
+        capture_output=True, text=True, cwd="/", timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ok\n"

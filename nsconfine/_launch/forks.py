@@ -51,21 +51,23 @@ class LaunchWindow:
                 _no_window.release()
 
 
-_forking_inside = False  # this fork came from a thread inside a window: nothing was taken
+_took: set[int] = set()  # the threads whose fork waits took the locks (others were inside)
 
 
 def _before_fork() -> None:
-    global _forking_inside
+    me = get_ident()
     with _counts:
-        _forking_inside = get_ident() in _inside
-    if _forking_inside:
-        return
+        if me in _inside:
+            return
     _gate.acquire()
     _no_window.acquire()
+    _took.add(me)
 
 
 def _after_fork_in_parent() -> None:
-    if not _forking_inside:
+    me = get_ident()
+    if me in _took:
+        _took.discard(me)
         _no_window.release()
         _gate.release()
 
@@ -74,6 +76,7 @@ def _after_fork_in_child() -> None:
     global _counts, _gate, _no_window
     _counts, _gate, _no_window = allocate_lock(), allocate_lock(), allocate_lock()
     _inside.clear()
+    _took.clear()
 
 
 os.register_at_fork(
