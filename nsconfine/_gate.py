@@ -164,8 +164,8 @@ def spawn(
     # A refused command never has a sandbox built for it; a failed launch closes its pipes;
     # a Ctrl-C is held until the launch is whole, which it then ends.
     with (
-        LaunchWindow(),  # no fork meanwhile: it would hold the pipes and fds made here
         CtrlCHeld() as held,
+        LaunchWindow(),  # no fork meanwhile: it would hold the pipes and fds made here
         prepare_launch(argv, env, (stdin, stdout, stderr), tty) as launch,
     ):
         staged = checked_stage(plan, stderr=launch.bwrap_stderr)
