@@ -323,7 +323,8 @@ class _Inline:
 
     def wait_staged(self, timeout: float | None) -> bool:
         try:
-            self.pool._fill_to_size()
+            with CtrlCHeld():  # (a launch window is opened only with a Ctrl-C held: forks.py)
+                self.pool._fill_to_size()
         except Exception:
             return False
         return not self.pool._closed

@@ -12,7 +12,11 @@ starved by launches that overlap. A fork from a thread inside a window (none of 
 its spawns are C's clone) goes ahead, as it must not wait for itself.
 
 The guard is the three _thread locks below, not threading's (whose import costs each command
-line); the child gets fresh ones, as it has no launch of its parent's.
+line); the child gets fresh ones, as it has no launch of its parent's. In the main thread a
+window is opened and closed only with a Ctrl-C held (nsconfine._interrupts: spawn, Pool's
+launches and inline staging, a session's end): a KeyboardInterrupt between taking the lock and
+counting itself in would leave the window open for good, and every later launch and fork
+waiting. (Other threads get no KeyboardInterrupt.)
 """
 
 from __future__ import annotations
