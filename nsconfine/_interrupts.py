@@ -26,7 +26,7 @@ from __future__ import annotations
 # importing signal imports enum (~1-2 ms of every command line's start).
 import _signal  # type: ignore[import-not-found]
 from _signal import SIGINT, default_int_handler
-from _thread import get_ident
+from _thread import get_ident, interrupt_main, start_new_thread
 from collections.abc import Callable
 from types import FrameType
 
@@ -49,6 +49,40 @@ def stop_if_interrupted() -> None:
     held = _held
     if held is not None and held[0] == get_ident() and _noted != held[1]:
         raise KeyboardInterrupt
+
+
+NOT_HELD = -1
+
+
+def hold_ctrl_c() -> int:
+    """Only note a Ctrl-C from now on (in the main thread, under Python's own handler); what
+    give_ctrl_c_back takes: the count of Ctrl-Cs noted so far, or NOT_HELD."""
+    if _signal.getsignal(SIGINT) is not default_int_handler:
+        return NOT_HELD
+    since = _noted
+    try:
+        _signal.signal(SIGINT, _note)
+    except ValueError:  # not the main thread, where no KeyboardInterrupt is raised
+        return NOT_HELD
+    return since
+
+
+def give_ctrl_c_back(since: int, *, deliver: bool) -> None:
+    """Python's handler again, after hold_ctrl_c() returned since; if a Ctrl-C came meanwhile
+    and deliver, it reaches the main thread again a few milliseconds later, from a thread of
+    its own: raised here, in a fork's hook, os.fork would only report it as ignored."""
+    if since == NOT_HELD:
+        return
+    _signal.signal(SIGINT, default_int_handler)
+    if deliver and _noted != since:
+        start_new_thread(_interrupt_main_soon, ())
+
+
+def _interrupt_main_soon() -> None:
+    import time
+
+    time.sleep(0.005)  # (the fork's hooks have returned by then)
+    interrupt_main()
 
 
 class CtrlCHeld:

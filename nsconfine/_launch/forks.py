@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from _thread import allocate_lock, get_ident
 
+from nsconfine._interrupts import give_ctrl_c_back, hold_ctrl_c
+
 _counts = allocate_lock()  # guards _inside
 _gate = allocate_lock()  # held by a fork that waits: new windows wait behind it
 _no_window = allocate_lock()  # held while any window is open (by the first to open one)
@@ -56,15 +58,33 @@ class LaunchWindow:
 
 
 _took: set[int] = set()  # the threads whose fork waits took the locks (others were inside)
+# A fork waits this long at most for the windows open, then goes ahead as it would without the
+# guard: the guard may cost a fork its wait, never the process its next launch or fork.
+FORK_WAIT_SECONDS = 5.0
+_held_ctrl_c: dict[int, int] = {}  # thread -> Ctrl-Cs noted before its fork's wait (main only)
 
 
 def _before_fork() -> None:
     me = get_ident()
-    with _counts:
-        if me in _inside:
-            return
-    _gate.acquire()
-    _no_window.acquire()
+    # (Not a blocking wait: a fork from a signal handler that interrupted this very thread
+    # inside the guard would wait for itself.)
+    if not _counts.acquire(timeout=FORK_WAIT_SECONDS):
+        return
+    try:
+        inside = me in _inside
+    finally:
+        _counts.release()
+    if inside:
+        return
+    # os.fork ignores what a hook raises and forks all the same: a Ctrl-C that cut the wait
+    # short left the gate taken for good. So a Ctrl-C is only noted while it waits, and given
+    # back to the parent once it has forked.
+    _held_ctrl_c[me] = hold_ctrl_c()
+    if not _gate.acquire(timeout=FORK_WAIT_SECONDS):
+        return
+    if not _no_window.acquire(timeout=FORK_WAIT_SECONDS):
+        _gate.release()
+        return
     _took.add(me)
 
 
@@ -74,6 +94,8 @@ def _after_fork_in_parent() -> None:
         _took.discard(me)
         _no_window.release()
         _gate.release()
+    if me in _held_ctrl_c:
+        give_ctrl_c_back(_held_ctrl_c.pop(me), deliver=True)
 
 
 def _after_fork_in_child() -> None:
@@ -81,6 +103,10 @@ def _after_fork_in_child() -> None:
     _counts, _gate, _no_window = allocate_lock(), allocate_lock(), allocate_lock()
     _inside.clear()
     _took.clear()
+    held = _held_ctrl_c.pop(get_ident(), None)
+    _held_ctrl_c.clear()
+    if held is not None:
+        give_ctrl_c_back(held, deliver=False)  # the parent's Ctrl-C, given back there
 
 
 os.register_at_fork(
