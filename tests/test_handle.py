@@ -454,3 +454,41 @@ def test_a_wait_longer_than_poll_can_count_waits() -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_wait_is_not_misled_by_another_thread_reaping_the_session(plan: nsconfine.Plan) -> None:
+    """wait() looked at returncode, then waited on the sentinel itself: another thread that
+    reaped the session in between closed it, and a socket opened then took its number, on
+    which wait() then waited for good (its review, stop 39). It waits on a copy taken under
+    the lock the end closes the sentinel under. A trace hook holds the waiting thread at its
+    wait, while this one reaps and opens a socket pair."""
+    import socket
+    import sys
+    import threading
+
+    sandbox = nsconfine.spawn(plan, ["true"])
+    while not os.waitid(os.P_PID, sandbox.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+        time.sleep(0.01)  # ended, not reaped yet
+    at_wait, go_on = threading.Event(), threading.Event()
+    result: list[int] = []
+
+    def held_at_the_wait(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_name == "wait_fd" and not at_wait.is_set():
+            at_wait.set()
+            go_on.wait(30)
+        return None
+
+    def waiter() -> None:
+        sys.settrace(held_at_the_wait)
+        result.append(sandbox.wait())
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    assert at_wait.wait(5)
+    assert sandbox.poll() == 0  # reaped here: its sentinel closed, its number free
+    pair = socket.socketpair()
+    go_on.set()
+    thread.join(20)
+    for end in pair:
+        end.close()
+    assert result == [0], "wait() was left waiting on a socket that took the sentinel's number"

@@ -211,13 +211,41 @@ class Sandbox:
         Raises TimeoutExpired (subprocess's, and a TimeoutError) if it still runs after
         timeout seconds."""
         timeout = checked_timeout(timeout)
-        ended = self.returncode is not None or wait_fd(self._reaper_pidfd, timeout)
+        try:
+            watch = self._watch()
+        except OSError:  # out of fds: looked at every 20 ms instead
+            ended = self._poll_until(timeout)
+        else:
+            try:
+                ended = watch < 0 or wait_fd(watch, timeout)
+            finally:
+                if watch >= 0:
+                    os.close(watch)
         if not ended and self.poll() is None:
             assert timeout is not None  # an unbounded wait returns only once it has ended
             self._timed_out(timeout)
         status = self.poll()  # the reaper has exited: this reaps it (or another thread did)
         assert status is not None
         return status
+
+    def _watch(self) -> int:
+        """A copy of the sentinel while the session runs, for the caller to wait on and close;
+        -1 once it has ended. Taken under the lock its end closes the sentinel under: between
+        a look at returncode and a wait on the sentinel itself, another thread could reap the
+        session and close it, and a new fd take its number (a wait then watched a socket).
+        OSError (EMFILE) for a launcher out of fds."""
+        with self._lock:
+            return -1 if self.returncode is not None else os.dup(self._reaper_pidfd)
+
+    def _poll_until(self, timeout: float | None) -> bool:
+        """Has the session ended within timeout (None: no limit), looking every 20 ms?"""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            time.sleep(0.02 if left is None else min(0.02, left))
+        return True
 
     def communicate(
         self, input: bytes | None = None, timeout: float | None = None
@@ -236,8 +264,18 @@ class Sandbox:
         elif input is not None:
             raise UsageError("communicate() took its input in an earlier call: give none now")
         deadline = None if timeout is None else time.monotonic() + timeout
-        ended = self.returncode is not None
-        if not self._exchange.run(-1 if ended else self._reaper_pidfd, deadline):
+        try:
+            watch = self._watch()  # (-1: ended)
+        except OSError:  # out of fds: the sentinel itself, as this thread alone reaps here
+            watch, owned = (-1 if self.returncode is not None else self._reaper_pidfd), False
+        else:
+            owned = watch >= 0
+        try:
+            exchanged = self._exchange.run(watch, deadline)
+        finally:
+            if owned:
+                os.close(watch)
+        if not exchanged:
             assert timeout is not None
             self._timed_out(timeout)
         self.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
