@@ -2400,3 +2400,26 @@ def test_a_record_of_git_directories_that_cannot_be_written_leaves_no_file(
     session(workspace, run_dir).plan()
     monkeypatch.undo()
     assert not [path for path in records.iterdir() if path.name.endswith(f".{os.getpid()}")]
+
+
+def test_a_directory_removed_as_the_scan_goes_by_is_no_permission_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session churning directories in its workspace while another launch scans it: a
+    directory removed between its stat and its listing was refused as one the launcher cannot
+    read, "let the launcher's account read it (chmod u+r)" (its review, stop 39). It says what
+    happened: launch again."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    (workspace / "churn").mkdir()
+    give_to_session_user(workspace / "churn")
+    real_scandir = os.scandir
+
+    def removed_meanwhile(path: Any = ".") -> Any:
+        if str(path).endswith("/churn"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", removed_meanwhile)
+    with pytest.raises(nsconfine.PlanError, match="launch again") as refused:
+        session(workspace, run_dir).plan()
+    assert "chmod" not in str(refused.value)

@@ -1011,6 +1011,12 @@ class _Scan:
                         raise PlanError(self._too_large(directory, REPOSITORY_SCAN, ""))
         except NotADirectoryError:
             return _Listing()
+        except FileNotFoundError as error:  # a session's rmdir, as the scan went by
+            raise PlanError(
+                f"{printable(directory)} was removed while nsconfine looked through the "
+                "workspace for repositories (something in it is changing the workspace): "
+                "launch again"
+            ) from error
         except OSError as error:
             refuse_if_short_of_fds(error)
             raise PlanError(
