@@ -203,7 +203,6 @@ def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
     39). The reaping is whole before the KeyboardInterrupt is raised. The Ctrl-C is a real
     SIGINT, sent by a trace hook at that very line."""
     import signal
-    import sys
 
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     plan = session(workspace, run_dir).plan()
@@ -778,7 +777,6 @@ def test_a_ctrl_c_in_a_dropped_handle_s_finalizer_leaves_it_whole(plan: nsconfin
     import gc
     import linecache
     import signal
-    import sys
 
     from nsconfine._launch import sandbox as _sandbox
 
@@ -818,11 +816,36 @@ def test_a_ctrl_c_in_a_dropped_handle_s_finalizer_leaves_it_whole(plan: nsconfin
     _sandbox._abandoned.remove(dropped)
 
 
+# The fork guard's scripts: each runs in a fresh interpreter on a session's plan (`plan`), then
+# one more launch and one more fork must end, nothing of the guard left taken.
+_THEN_ONE_MORE_LAUNCH_AND_FORK = """
+nsconfine.spawn(plan, ["true"]).wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+print("ok")
+"""
+
+
+def _runs_and_then_launches_and_forks(tmp_path: Path, script: str) -> None:
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    program = "plan = session_plan(*sys.argv[1:4])\n" + script + _THEN_ONE_MORE_LAUNCH_AND_FORK
+    child = python_child(
+        program, str(workspace), str(run_dir), SESSION_USER or "", stdout=PIPE, stderr=PIPE
+    )
+    try:
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0, err[-2000:]
+    assert out == "ok\n"
+
+
 FORKS_FROM_THREADS_WHILE_LAUNCHING = """
-import os, sys, threading, time
-import nsconfine
-workspace, run_dir, user = sys.argv[1:4]
-plan = nsconfine.Session(workspace=workspace, run_dir=run_dir, user=user or None).plan()
+import threading, time
 stop = time.monotonic() + 3
 def forker():
     while time.monotonic() < stop:
@@ -839,12 +862,6 @@ for thread in threads:
     thread.start()
 for thread in threads:
     thread.join()
-nsconfine.spawn(plan, ["true"]).wait()
-pid = os.fork()
-if pid == 0:
-    os._exit(0)
-os.waitpid(pid, 0)
-print("ok")
 """
 
 
@@ -853,21 +870,11 @@ def test_forks_from_many_threads_while_launches_go_on_never_stick(tmp_path: Path
     three threads forking and two launching for 3 s, then one more of each, all end (the
     guard's first cut kept which fork took its locks in one global, and two forks at once
     could leave them taken for good)."""
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    done = subprocess.run(
-        [sys.executable, "-c", FORKS_FROM_THREADS_WHILE_LAUNCHING, str(workspace), str(run_dir),
-         SESSION_USER or ""],
-        capture_output=True, text=True, cwd="/", timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "ok\n"
+    _runs_and_then_launches_and_forks(tmp_path, FORKS_FROM_THREADS_WHILE_LAUNCHING)
 
 
 CTRL_C_IN_A_LAUNCH_WINDOW = """
-import linecache, os, signal, sys
-import nsconfine
-workspace, run_dir, user = sys.argv[1:4]
-plan = nsconfine.Session(workspace=workspace, run_dir=run_dir, user=user or None).plan()
+import linecache, signal
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sent = []
 def in_window(frame, event, arg):
@@ -887,12 +894,6 @@ except KeyboardInterrupt:
     pass
 sys.settrace(None)
 assert sent
-nsconfine.spawn(plan, ["true"]).wait()  # not stuck behind a window left open
-pid = os.fork()
-if pid == 0:
-    os._exit(0)
-os.waitpid(pid, 0)
-print("ok")
 """
 
 
@@ -901,21 +902,11 @@ def test_a_ctrl_c_as_a_launch_opens_its_window_leaves_no_window_open(tmp_path: P
     taking the guard's lock and counting itself in: the window stayed open for good, and every
     later launch and fork waited (found as the guard was reviewed, stop 39). spawn opens it
     with the Ctrl-C held; a real SIGINT, sent by a trace hook at that line."""
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    done = subprocess.run(
-        [sys.executable, "-c", CTRL_C_IN_A_LAUNCH_WINDOW, str(workspace), str(run_dir),
-         SESSION_USER or ""],
-        capture_output=True, text=True, cwd="/", timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "ok\n"
+    _runs_and_then_launches_and_forks(tmp_path, CTRL_C_IN_A_LAUNCH_WINDOW)
 
 
 CTRL_C_WHILE_A_FORK_WAITS = """
-import os, signal, sys, threading, time
-import nsconfine
-workspace, run_dir, user = sys.argv[1:4]
-plan = nsconfine.Session(workspace=workspace, run_dir=run_dir, user=user or None).plan()
+import signal, threading, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
 stop = threading.Event()
 def launcher():
@@ -941,12 +932,6 @@ stop.set()
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 for thread in threads:
     thread.join()
-nsconfine.spawn(plan, ["true"]).wait()
-pid = os.fork()
-if pid == 0:
-    os._exit(0)
-os.waitpid(pid, 0)
-print("ok")
 """
 
 
@@ -955,11 +940,4 @@ def test_a_ctrl_c_while_a_fork_waits_for_a_launch_leaves_nothing_stuck(tmp_path:
     the guard's gate taken for good, as os.fork ignores what its hooks raise: every later
     launch and fork of the process hung (its review, stop 39). A fork forks from a main thread
     hit by Ctrl-Cs every 31 ms while another thread launches; then one more launch and fork."""
-    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    done = subprocess.run(
-        [sys.executable, "-c", CTRL_C_WHILE_A_FORK_WAITS, str(workspace), str(run_dir),
-         SESSION_USER or ""],
-        capture_output=True, text=True, cwd="/", timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout == "ok\n"
+    _runs_and_then_launches_and_forks(tmp_path, CTRL_C_WHILE_A_FORK_WAITS)
