@@ -101,12 +101,8 @@ class CtrlCHeld:
     def __enter__(self) -> CtrlCHeld:
         global _held
         # (Not when another holds it already: this launch is part of that one.)
-        if _signal.getsignal(SIGINT) is default_int_handler:
-            since = _noted
-            try:
-                _signal.signal(SIGINT, _note)
-            except ValueError:  # not the main thread, where no KeyboardInterrupt is raised
-                return self
+        since = hold_ctrl_c()
+        if since != NOT_HELD:
             self._since = since
             _held = (get_ident(), since)
         return self
