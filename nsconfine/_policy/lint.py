@@ -637,7 +637,7 @@ def _refuse_host_proc_or_dev(
     )
 
 
-def _refuse_written_through(entry: Entry, info: os.stat_result) -> None:
+def _refuse_a_host_endpoint(entry: Entry, info: os.stat_result) -> None:
     """A socket bound in any mode is a way to whoever serves it on the host: only the tool
     socket, which says so, may be one. A read-only bind stops no one writing into a FIFO or a
     device either (a writable one says it is written)."""
@@ -695,7 +695,7 @@ def check_plan(
         device = -1 if info is None else info.st_dev
         _refuse_host_proc_or_dev(entry, resolved, device, kernel_devices)
         if info is not None and entry.kind is Kind.BIND:
-            _refuse_written_through(entry, info)
+            _refuse_a_host_endpoint(entry, info)
         found = judge.violated_by_path(resolved)
         if found is None and info is not None:  # (stat just taken: not taken again)
             found = judge.violated_by_file(resolved, info)
