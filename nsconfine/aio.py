@@ -174,18 +174,16 @@ class Process:
                     # A copy: the handle closes its sentinel when it reaps the session, which
                     # the caller may make it do meanwhile (sandbox.poll()); the loop must never
                     # watch a closed fd, nor a later one that took its number.
-                    watch = self.sandbox._watch()
-                except OSError:
-                    # The launcher is out of fds:
-                    # looked for every 50 ms instead, holding no thread (one in the executor
-                    # for each such session took every thread launches and reaps need).
+                    watch = self.sandbox._watch()  # -1: reaped by another thread just now
+                except OSError:  # the launcher is out of fds
+                    watch = -1
+                if watch < 0:
+                    # Looked for every 50 ms, holding no thread (one in the executor for each
+                    # such session took every thread launches and reaps need).
                     self._look_for_the_end()
                 else:
-                    if watch < 0:  # reaped by another thread just now
-                        self._look_for_the_end()
-                    else:
-                        self._watched = _Watch(watch)
-                        self._loop.add_reader(self._watched.fd, self._end_seen)
+                    self._watched = _Watch(watch)
+                    self._loop.add_reader(self._watched.fd, self._end_seen)
             await asyncio.shield(self._ended)  # a cancelled wait leaves the watch to others
         return self.sandbox.wait()  # reaped by _end_seen: at once
 
