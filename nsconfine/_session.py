@@ -410,9 +410,8 @@ def _require_reachable(session: Session, user: RunAs) -> None:
     needs = [(path, READ) for path in session.ro]
     needs += [(harness.path, READ | SEARCH) for harness in session.harness]
     for bind in session.binds:
-        source = _literal(_path_text(bind.source))
         bits = READ if bind.mode == "ro" else READ | WRITE
-        needs += [(one, bits) for one in ([source] if source is not None else bind_sources(bind))]
+        needs += [(source, bits) for source in bind_sources(bind)]
     if session.tool_socket is not None:
         needs.append((session.tool_socket, WRITE))
     for path, bits in needs:
