@@ -650,10 +650,10 @@ def _refuse_a_host_endpoint(entry: Entry, info: os.stat_result) -> None:
             "a socket" if stat.S_ISSOCK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
         )
         raise PlanError(
-            f"{printable(entry.source)} (for {printable(entry.dest)}) is {what}: a read-only bind "
-            "does not stop a session connecting to it or writing through it, to whoever serves "
-            "or reads it on the host; a socket the session calls is given with --tool-socket "
-            "(Session(tool_socket=...)), which says so; drop it from the read-only paths"
+            f"{printable(entry.source)} (for {printable(entry.dest)}) is {what}: no bind stops "
+            "a session connecting to a socket, nor a read-only one writing through a FIFO or a "
+            "device, to whoever serves or reads it on the host; a socket the session calls is "
+            "given with --tool-socket (Session(tool_socket=...)), which says so; drop this bind"
         )
 
 
