@@ -572,6 +572,25 @@ def test_a_loop_closed_while_it_watched_a_session_keeps_no_fd_of_it(
     assert pidfds() == before
 
 
+@contextlib.contextmanager
+def _no_fd_free() -> Iterator[None]:
+    """The block runs with no fd free: the soft RLIMIT_NOFILE just above the highest fd open,
+    and every number below it taken by /dev/null; all given back after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    try:
+        top = max(map(int, os.listdir("/proc/self/fd")))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                fillers.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        yield
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_wait_short_of_fds_leaves_the_loop_running(plan: nsconfine.Plan) -> None:
     """wait() watches a copy of the session's sentinel; a launcher out of fds cannot make one.
     That was taken for "reaped just now", and the session then waited for on the loop's own
@@ -589,28 +608,14 @@ def test_a_wait_short_of_fds_leaves_the_loop_running(plan: nsconfine.Plan) -> No
 
         timer = threading.Timer(60, guard)
         timer.start()
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        fillers: list[int] = []
         try:
-            resource.setrlimit(
-                resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 8, hard)
-            )
-            with contextlib.suppress(OSError):
-                while True:
-                    fillers.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-            waiting = asyncio.ensure_future(process.wait())
-            await asyncio.sleep(0.2)  # the wait has started, short of fds
-            for fd in fillers:
-                os.close(fd)
-            fillers.clear()
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            with _no_fd_free():
+                waiting = asyncio.ensure_future(process.wait())
+                await asyncio.sleep(0.2)  # the wait has started, short of fds
             process.kill()  # only if the loop still runs
             status = await waiting
         finally:
             timer.cancel()
-            for fd in fillers:
-                os.close(fd)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         return status, guard_fired.is_set()
 
     status, guard_fired = asyncio.run(main())
@@ -631,20 +636,9 @@ def test_a_wait_short_of_fds_holds_no_executor_thread(plan: nsconfine.Plan) -> N
         process = await nsconfine.aio.spawn(plan, ["sleep", "1000"])
         guard = threading.Timer(60, process.sandbox.kill)
         guard.start()
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        fillers: list[int] = []
-        try:
-            top = max(map(int, os.listdir("/proc/self/fd")))
-            resource.setrlimit(resource.RLIMIT_NOFILE, (top + 8, hard))
-            with contextlib.suppress(OSError):
-                while True:
-                    fillers.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        with _no_fd_free():
             waiting = asyncio.ensure_future(process.wait())
             await asyncio.sleep(0.2)  # the wait has started, short of fds
-        finally:
-            for fd in fillers:
-                os.close(fd)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: None)
         still_running = process.returncode is None
