@@ -50,7 +50,7 @@ from nsconfine._policy.lint import (
     resolve,
 )
 from nsconfine._record import Record
-from nsconfine._text import encodable, is_env_name, printable, within
+from nsconfine._text import encodable, is_env_name, printable, says_nothing, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -751,7 +751,7 @@ def _nested_userns_reason(allowed: bool | str | None) -> str | None:
         return NESTED_USERNS_DEFAULT_REASON
     if allowed is False or allowed is None:
         return None
-    if isinstance(allowed, str) and allowed.strip():
+    if isinstance(allowed, str) and not says_nothing(allowed):
         return allowed.strip()
     raise UsageError(
         "allow_nested_userns (--allow-nested-userns) is True, False or the reason it is "

@@ -98,6 +98,25 @@ def is_hidden(character: str) -> bool:
     return unicodedata.category(character) in _HIDDEN_CATEGORIES
 
 
+# What shows as nothing, or as a blank, besides whitespace: the hidden categories above, space
+# separators, combining marks with nothing to mark, unassigned code points; and the fillers of
+# other categories, letters to str.isalnum (Hangul's) or a symbol (the braille blank).
+_BLANK_CATEGORIES = _HIDDEN_CATEGORIES | {"Zs", "Mn", "Me", "Cn"}
+_BLANK_FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def says_nothing(text: str) -> bool:
+    """Would a reader see nothing in text, or only blanks? A reason must say something."""
+    if text.isascii():
+        return not text.strip()
+    import unicodedata
+
+    return all(
+        c.isspace() or c in _BLANK_FILLERS or unicodedata.category(c) in _BLANK_CATEGORIES
+        for c in text
+    )
+
+
 def printable(text: str) -> str:
     """text with control and format characters written as escapes: what a person reads (a
     manifest row, a refusal) cannot be forged by a newline, a C1 control, a bidi override or a

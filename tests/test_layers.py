@@ -750,7 +750,7 @@ def test_network_host_reaches_the_host_loopback(
     assert output.startswith("reached"), output
 
 
-@pytest.mark.parametrize("reason", [None, "", "   "])
+@pytest.mark.parametrize("reason", [None, "", "   ", "\u3164"])
 def test_network_host_without_a_reason_is_refused(
     ws_run: tuple[Path, Path], reason: str | None
 ) -> None:

@@ -43,18 +43,27 @@ def sample_plan() -> Plan:
     )
 
 
-@pytest.mark.parametrize("reason", ["", " ", "\t\n  "])
+# Characters that show as nothing, or nothing but a blank: a no-break space, a Hangul filler
+# (a letter to str.isalnum), a braille blank (a symbol), a zero-width space and a joiner
+# (format characters), a combining mark on nothing.
+BLANK_LOOKING = ["\u00a0", "\u3164\u3164", "\u2800", "\u200b\u2060", "\u115f\u1160", "\u0301"]
+
+
+@pytest.mark.parametrize("reason", ["", " ", "\t\n  ", *BLANK_LOOKING])
 def test_entry_without_reason_is_refused(reason: str) -> None:
-    """An entry whose reason is empty or only whitespace cannot be built."""
+    """An entry whose reason is empty, only whitespace or only what shows as blank cannot be
+    built (attacker's pass, stop 39: a reason of Hangul fillers was accepted)."""
     with pytest.raises(PlanError, match="no reason") as refused:
         p.tmpfs("/tmp", reason)
     assert refused.value.code == "plan-refused"
     assert refused.value.exit_status == 65
 
 
-def test_entry_with_reason_is_built() -> None:
-    """An entry with a reason is built and keeps it (the control for the refusal above)."""
-    assert p.tmpfs("/tmp", "a private /tmp").reason == "a private /tmp"
+@pytest.mark.parametrize("reason", ["a private /tmp", "私用の /tmp", "\u3164x", "—"])
+def test_entry_with_reason_is_built(reason: str) -> None:
+    """An entry with a reason is built and keeps it, in any script (the control for the
+    refusal above)."""
+    assert p.tmpfs("/tmp", reason).reason == reason
 
 
 @pytest.mark.parametrize(

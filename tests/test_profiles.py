@@ -261,6 +261,11 @@ def test_a_profile_s_bind_at_a_place_the_plan_holds_is_refused(
             2,
             "reason",
         ),
+        (
+            'description = "x"\n[[bind]]\nsource = "/usr"\nmode = "ro"\nreason = "\u3164"\n',
+            2,
+            "reason",
+        ),
         ('description = "x"\nunknown_key = 1\n', 2, "unknown_key"),
         ('description = "x"\nenv = "NOT_A_LIST"\n', 2, "env"),
         ('description = "x"\n[[bind]]\nsource = "/usr"\nmode = "rx"\nreason = "r"\n', 4, "mode"),

@@ -414,8 +414,9 @@ def test_destination_parse_refuses(text: str, says: str) -> None:
 
 
 def test_destination_needs_a_reason_and_a_canonical_pattern() -> None:
-    with pytest.raises(UsageError, match="no reason"):
-        Destination.parse("pypi.org", " ")
+    for blank in (" ", "\u2800", "\u200b"):
+        with pytest.raises(UsageError, match="no reason"):
+            Destination.parse("pypi.org", blank)
     with pytest.raises(UsageError, match=r"write it as 'pypi\.org'"):
         Destination("PyPI.org", None, None, "why")
 

@@ -51,6 +51,7 @@ class _BytesPath:
         ("workspace_mode", "w", "Session(workspace_mode='w'): it is one of rw, ro"),
         ("terminal_env", "no", "Session(terminal_env=...) is True or False"),
         ("allow_nested_userns", " ", "allow_nested_userns (--allow-nested-userns) is True"),
+        ("allow_nested_userns", "\u3164", "allow_nested_userns (--allow-nested-userns) is True"),
         ("user", True, "Session(user=...): an account name or uid"),
         ("credential", ["/x.env"], "Session(credential=...) is one path"),
         ("tool_socket", 3, "Session(tool_socket=...) is one path"),

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from nsconfine._errors import UsageError
 from nsconfine._record import Record
-from nsconfine._text import is_decimal
+from nsconfine._text import is_decimal, says_nothing
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ class Destination(Record):
 
     def __init__(self, pattern: str, port: int | None, address: str | None, reason: str) -> None:
         self._set(pattern=pattern, port=port, address=address, reason=reason)
-        if not self.reason.strip():
+        if says_nothing(self.reason):
             raise UsageError(f"destination {self.pattern!r} has no reason: say why it is needed")
         name = self.pattern[2:] if self.pattern.startswith("*.") else self.pattern
         try:

@@ -17,7 +17,7 @@ from nsconfine._errors import CredentialMissing, PlanError, UsageError
 from nsconfine._kernel.accounts import RunAs, kept_groups, launcher_account
 from nsconfine._plan.limits import Limits
 from nsconfine._record import Record
-from nsconfine._text import encodable, has_control, is_env_name, printable
+from nsconfine._text import encodable, has_control, is_env_name, printable, says_nothing
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class Entry(Record):
             stub=stub,
             capacity=capacity,
         )
-        if not self.reason.strip():
+        if says_nothing(self.reason):
             raise PlanError(f"entry for {self.dest!r} has no reason: every entry must say why")
         normalized = posixpath.normpath(self.dest)
         if not self.dest.startswith("/") or normalized != self.dest or self.dest.startswith("//"):
@@ -415,7 +415,7 @@ def require_network_reason(network: str, reason: str | None) -> str | None:
     which it must have: it opens every service the launcher reaches."""
     if network != "host":
         return None  # (a plan replaced from host to none keeps no reason it no longer needs)
-    if reason is None or not reason.strip():
+    if reason is None or says_nothing(reason):
         raise UsageError(
             "--network host shares the launcher's network (the host's loopback services, every "
             "address it reaches, its abstract sockets): say why with --network-reason "
@@ -587,7 +587,7 @@ class Plan(Record):
         if network not in NETWORKS:
             raise UsageError(f"network {network!r}: it is one of {', '.join(NETWORKS)}")
         network_reason = require_network_reason(network, network_reason)
-        if nested_userns is not None and not nested_userns.strip():
+        if nested_userns is not None and says_nothing(nested_userns):
             raise UsageError("nested user namespaces are allowed only with a reason")
         self._set(
             entries=ordered,

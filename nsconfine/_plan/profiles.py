@@ -40,7 +40,7 @@ from nsconfine._plan import options as o
 from nsconfine._plan.allowlist import Destination
 from nsconfine._plan.limits import parse_value
 from nsconfine._record import Record
-from nsconfine._text import is_env_name, path_too_long
+from nsconfine._text import is_env_name, path_too_long, says_nothing
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -400,7 +400,7 @@ def _checked_bind(where: _Where, line: int, table: object) -> Bind:
             raise where.error(where.line_of(key, line), key, problem)
     for required in ("source", "mode", "reason"):
         value = table.get(required)
-        if value is None or (isinstance(value, str) and not value.strip()):  # blanks say nothing
+        if value is None or (isinstance(value, str) and says_nothing(value)):
             raise where.error(line, required, "is required in every [[bind]]")
     if table["mode"] not in ("ro", "rw"):
         raise where.error(where.line_of("mode", line), "mode", "must be ro or rw")
