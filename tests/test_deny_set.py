@@ -626,10 +626,16 @@ def test_rules_of_kind_bind_only_judge_sources() -> None:
 
 @pytest.mark.parametrize("character", ["\u0085", "\u009b", "\u202e", "\u2066", "\u2028"])
 def test_unicode_controls_are_escaped(character: str) -> None:
-    """C1 controls, bidi overrides and line separators are escaped in readable output."""
+    """C1 controls, bidi overrides and line separators are escaped in readable output: in a
+    reason, and in a destination and a source, which a session chooses when it names a
+    repository in its workspace (attacker's pass, stop 40: the DEST column printed them)."""
     plan = Plan([p.tmpfs("/tmp", f"reason{character}bind rw /root/.ssh")])
     assert character not in plan.manifest()
     assert character not in printable(f"x{character}y")
+    named = f"/ws/repo{character}x/.git/config"
+    plan = Plan([p.ro_bind(named, named, "a repository's config, read-only")])
+    assert character not in plan.manifest()
+    assert printable(named) in plan.manifest()
 
 
 def test_a_backslash_is_escaped_so_that_no_name_reads_as_another() -> None:

@@ -672,7 +672,13 @@ class Plan(Record):
         """The manifest as a table a reviewer reads, then the environment and deny rules."""
         rows = [("KIND", "MODE", "DEST", "SOURCE", "REASON")]
         rows += [
-            (str(e.kind), str(e.mode), e.dest, printable(_shown_source(e)), printable(e.reason))
+            (
+                str(e.kind),
+                str(e.mode),
+                printable(e.dest),
+                printable(_shown_source(e)),
+                printable(e.reason),
+            )
             for e in self.entries
         ]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
