@@ -300,3 +300,28 @@ def test_the_manifest_says_which_supplementary_groups_an_unprivileged_launcher_k
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert "supplementary" not in plan.manifest()
     assert plan.to_json()["kept_groups"] == []
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: p.data("text, not bytes", "/d", "a file"),  # type: ignore[arg-type]
+        lambda: p.tmpfs(5, "a private /tmp"),  # type: ignore[arg-type]
+        lambda: p.tmpfs("/tmp", None),  # type: ignore[arg-type]
+        lambda: p.ro_bind(b"/usr", "/usr", "system programs"),  # type: ignore[arg-type]
+        lambda: p.copy("/etc/hosts", "/etc/hosts", "names", "0644"),  # type: ignore[arg-type]
+        lambda: Entry(Kind.TMPFS, "/tmp", "rw", "a private /tmp"),  # type: ignore[arg-type]
+        lambda: sample_plan().replace(entries=None),
+        lambda: sample_plan().replace(entries=5),
+        lambda: sample_plan().replace(env=None),
+        lambda: sample_plan().replace(deny=3),
+    ],
+)
+def test_a_record_of_the_wrong_type_is_a_usage_error(build: Callable[[], object]) -> None:
+    """An entry or plan built by hand with a value of the wrong type is refused as it is
+    built, not with a TypeError deep in a launch (attacker's pass, stop 40: data() of a str
+    passed the lint, and spawn() raised cffi's TypeError; replace(entries=None) Python's)."""
+    from nsconfine._errors import UsageError
+
+    with pytest.raises(UsageError):
+        build()

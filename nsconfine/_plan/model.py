@@ -21,7 +21,9 @@ from nsconfine._text import encodable, has_control, is_env_name, printable, says
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
+
+    _Item = TypeVar("_Item")
 
     from nsconfine._plan.allowlist import Destination, Route
 
@@ -81,6 +83,19 @@ class Entry(Record):
         stub: str | None = None,
         capacity: int | None = None,
     ) -> None:
+        _require_types(
+            "Entry",
+            ("kind", kind, Kind),
+            ("dest", dest, str),
+            ("mode", mode, Mode),
+            ("reason", reason, str),
+            ("source", source, str),
+            ("content", content, (bytes, type(None))),
+            ("sha256", sha256, (str, type(None))),
+            ("perms", perms, (int, type(None))),
+            ("stub", stub, (str, type(None))),
+            ("capacity", capacity, (int, type(None))),
+        )
         self._set(
             kind=kind,
             dest=dest,
@@ -402,6 +417,25 @@ NETWORKS = {
 }
 
 
+def _require_types(record: str, *fields: tuple[str, object, type | tuple[type, ...]]) -> None:
+    """Refuse a field of a record built by hand that is not of its type: read later, it failed
+    deep in a launch (content of a str in cffi, a dest of bytes in the lint)."""
+    for name, value, kind in fields:
+        if not isinstance(value, kind) or isinstance(value, bool):
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            named = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+            raise UsageError(f"an {record}'s {name} is {named}, not {value!r}")
+
+
+def _items(field: str, given: Iterable[_Item]) -> tuple[_Item, ...]:
+    """A Plan field's items (a record one, given as None or a number, failed with Python's
+    TypeError)."""
+    try:
+        return tuple(given)
+    except TypeError:
+        raise UsageError(f"a Plan's {field} is an iterable of records, not {given!r}") from None
+
+
 def _require_records(field: str, given: tuple[object, ...], kind: type) -> None:
     """Refuse a Plan field's item that is not a kind record (one read later, as such, failed
     with an AttributeError deep in a launch)."""
@@ -539,7 +573,7 @@ class Plan(Record):
         audit: str | None = None,
         credential_needed: str | None = None,
     ) -> None:
-        given = tuple(entries)
+        given = _items("entries", entries)
         # Checked before anything reads them (Plan.replace comes through here): a name where a
         # RunAs belongs, or a path where an Entry does, raised AttributeError from the gate.
         for entry in given:
@@ -553,8 +587,8 @@ class Plan(Record):
                 f"a Plan's user is a RunAs (nsconfine.RunAs(name, uid, gid)), not {user!r} "
                 "(it is Session(user=...) that takes an account's name)"
             )
-        env, deny = tuple(env), tuple(deny)
-        destinations, routes = tuple(destinations), tuple(routes)
+        env, deny = _items("env", env), _items("deny", deny)
+        destinations, routes = _items("destinations", destinations), _items("routes", routes)
         _require_records("env", env, EnvVar)
         _require_records("deny", deny, DenyRule)
         if not isinstance(chdir, str) or not chdir.startswith("/"):
