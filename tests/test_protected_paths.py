@@ -1968,6 +1968,46 @@ def test_a_link_re_pointed_through_node_modules_later_is_reported(repo: tuple[Pa
     _assert_named(written, workspace, "tools", "dang")
 
 
+# What one session builds in node_modules (never looked into, so never named), and what its
+# report must name once a later session has only moved node_modules/p into view: config the
+# host's tools read where they start; a link to a repository the session made in node_modules;
+# a repository whose index records a gitlink to one in its own node_modules.
+_BUILT_OUT_OF_VIEW = {
+    "config": (
+        "mkdir -p node_modules/p/.vscode; echo '{}' > node_modules/p/.vscode/tasks.json; "
+        "echo 'export EVIL=1' > node_modules/p/.envrc",
+        ["sub/.vscode", "sub/.envrc"],
+    ),
+    "link": (
+        "git init -q node_modules/evil; mkdir -p node_modules/p; "
+        "ln -s $PWD/node_modules/evil node_modules/p/tool",
+        ["sub/tool"],
+    ),
+    "gitlink": (
+        "git init -q node_modules/p; cd node_modules/p; git init -q node_modules/evil; "
+        "git -C node_modules/evil -c user.name=a -c user.email=a@a commit -q --allow-empty -m e; "
+        "git update-index --add --cacheinfo "
+        "160000,$(git -C node_modules/evil rev-parse HEAD),node_modules/evil",
+        ["sub/node_modules/evil/.git/config"],
+    ),
+}
+
+
+@pytest.mark.parametrize("built", sorted(_BUILT_OUT_OF_VIEW))
+def test_what_a_session_moved_into_view_is_reported(repo: tuple[Path, Path], built: str) -> None:
+    """A later session that only renames a directory out of node_modules changes the times of
+    that directory alone, not of what it holds: the report, which went by times, named none
+    of it (attacker's pass, stop 40; the host's `git status` ran the fsmonitor of a repository
+    so revealed). What sits in a directory the launch's scan did not see there is new."""
+    workspace = repo[0]
+    script, named = _BUILT_OUT_OF_VIEW[built]
+    _reported_after(repo, f"set -e; export GIT_CONFIG_NOSYSTEM=1; cd {workspace}; {script}")
+    time.sleep(1.5)  # what it built now predates the next session by more than the slack
+    written = _reported_after(repo, f"set -e; cd {workspace}; mv node_modules/p sub")
+    _assert_named(written, workspace, *named)
+    assert (workspace / "sub").is_dir()
+
+
 def test_a_link_through_proc_is_reported(repo: tuple[Path, Path]) -> None:
     """/proc/self/cwd is the launcher's working directory to the launcher, and the host shell's
     own to the shell that `cd`s through the link: a link through /proc (or /dev/fd) is named,

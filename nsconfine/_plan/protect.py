@@ -396,14 +396,38 @@ def _written_config(
             info = os.lstat(entry.source)
             if (info.st_dev, info.st_ino, info.st_ctime_ns) != bound[covering.dest]:
                 written.append(entry.source)  # replaced while the session ran
-    written += _gitlinks_unscanned(scan, since, plan.user)
-    written += _links_unscanned(plan, scan, since)
-    written += _started_in_written(kept, holders, scan, since)
+    moved = _MovedIntoView(kept)
+    written += _gitlinks_unscanned(scan, since, plan.user, moved)
+    written += _links_unscanned(plan, scan, since, moved)
+    written += _started_in_written(kept, holders, scan, since, moved)
     return list(dict.fromkeys(written))
 
 
+class _MovedIntoView:
+    """Which directories the launch's scan did not see where they are now: one a session
+    renamed out of node_modules (never looked into) changed its own times, and nothing it
+    holds, whose times then say nothing of when it came into view. So what lies directly in a
+    directory new to the scan is judged new, whatever its times."""
+
+    def __init__(self, kept: p.Protection) -> None:
+        # By device and inode: a directory seen changes its times whenever it gains an entry.
+        self.seen = {path: identity[:2] for path, identity in kept.observed if identity}
+
+    def holds(self, directory: str) -> bool:
+        """Is directory (a real path) one the launch's scan did not see there?"""
+        try:
+            info = os.lstat(directory)
+        except OSError:
+            return True
+        return self.seen.get(directory) != (info.st_dev, info.st_ino)
+
+
 def _started_in_written(
-    kept: p.Protection, holders: Mapping[str, p.Entry], scan: _Scan, since: float
+    kept: p.Protection,
+    holders: Mapping[str, p.Entry],
+    scan: _Scan,
+    since: float,
+    moved: _MovedIntoView,
 ) -> list[str]:
     """The config the host's tools read where they are started that the scan met below a
     tree's top, not inside a read-only bind, made or changed since `since`, at any depth (a
@@ -415,7 +439,7 @@ def _started_in_written(
         named = scan.shown(path)
         if named is None or _read_only_bind(_innermost(holders, named[0])):
             continue
-        changed = _changed_within(path, since, budget)
+        changed = moved.holds(os.path.dirname(path)) or _changed_within(path, since, budget)
         if changed is None:
             return _tree_sources(kept)
         if changed:
@@ -479,7 +503,7 @@ _PER_PROCESS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
 _LOOPING = ""  # what a resolution the kernel refuses (too many links) gives
 
 
-def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
+def _links_unscanned(plan: Plan, scan: _Scan, since: float, moved: _MovedIntoView) -> list[str]:
     """The symlinks the scan met that lead to a directory the session could write and the scan
     did not look through (its run directory, a node_modules), or to nothing yet or a file
     there, where the host's git, run after `cd` through one, finds what a session put there:
@@ -496,7 +520,8 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float) -> list[str]:
             info = os.lstat(link)
         except OSError:
             continue  # gone: nothing for the host to enter
-        ages.append((link, max(info.st_mtime, info.st_ctime) >= since))
+        new = max(info.st_mtime, info.st_ctime) >= since
+        ages.append((link, new or moved.holds(os.path.dirname(link))))
     if scan.links_left_out or sum(new for _link, new in ages) > LINKS_LOOKED_AT:
         return trees
     deadline = time.monotonic() + LINKS_SECONDS
@@ -633,7 +658,7 @@ _INDEX_READ = 64 << 20
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def _gitlinks_unscanned(scan: _Scan, since: float, user: RunAs) -> list[str]:
+def _gitlinks_unscanned(scan: _Scan, since: float, user: RunAs, moved: _MovedIntoView) -> list[str]:
     """What the gitlinks of the indexes written since `since` lead the host's git into that
     the scan does not see: a repository it did not find (in node_modules: its config), the
     place of one not made yet where the scan does not look (a later session could make it),
@@ -649,10 +674,14 @@ def _gitlinks_unscanned(scan: _Scan, since: float, user: RunAs) -> list[str]:
             indexes = _index_files(gitdir)
         except OSError:
             continue  # gone, or no directory: no index for the host's git
-        if not any(e.name == "index" for e in indexes) or not _index_written_since(indexes, since):
+        if not any(e.name == "index" for e in indexes):
+            continue
+        tree = trees.get(gitdir)  # (a repository moved into view: its index is new to it)
+        if not (tree is not None and moved.holds(tree)) and not _index_written_since(
+            indexes, since
+        ):
             continue
         gitlinks = _gitlinks(gitdir, indexes, user) if time.monotonic() < deadline else None
-        tree = trees.get(gitdir)
         if gitlinks is None or tree is None:
             if gitlinks != []:  # none to tell, or none that a tree here resolves
                 found.append(index)
