@@ -37,7 +37,7 @@ from helpers import (
 
 import nsconfine
 from nsconfine._kernel.accounts import launcher_account
-from nsconfine._plan.model import Kind
+from nsconfine._plan.model import Kind, Mode
 
 pytestmark = [pytest.mark.confinement, pytest.mark.usefixtures("sandbox_ready")]
 
@@ -2463,3 +2463,25 @@ def test_a_directory_removed_as_the_scan_goes_by_is_no_permission_problem(
     with pytest.raises(nsconfine.PlanError, match="launch again") as refused:
         session(workspace, run_dir).plan()
     assert "chmod" not in str(refused.value)
+
+
+@pytest.mark.unprivileged
+@pytest.mark.parametrize("unreadable", ["r/.git/commondir", "w/.git"])
+def test_a_git_file_the_launcher_cannot_read_is_refused(tmp_path: Path, unreadable: str) -> None:
+    """A session makes a commondir or a .git pointer its account (the launcher's) cannot read
+    (chmod 000): the scan read it as absent, so the git directory it names went unprotected,
+    and unnamed (attacker's pass, stop 40); a root git on the host reads it whatever its
+    mode. Refused, as a directory it cannot list is; the control, readable, is protected."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    subprocess.run(["git", "init", "-q", str(workspace / "r")], check=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(workspace / "node_modules/c")], check=True)
+    (workspace / "r/.git/commondir").write_text("../../node_modules/c\n")
+    (workspace / "w").mkdir()
+    (workspace / "w/.git").write_text(f"gitdir: {workspace}/node_modules/c\n")
+    config = str(workspace / "node_modules/c/config")
+    plan = session(workspace, run_dir).plan()
+    assert any(e.source == config and e.mode is Mode.RO for e in plan.entries)
+    (workspace / unreadable).chmod(0)
+    with pytest.raises(nsconfine.PlanError, match=r"chmod u\+r") as refused:
+        session(workspace, run_dir).plan()
+    assert unreadable in str(refused.value)

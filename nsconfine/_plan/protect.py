@@ -1368,12 +1368,26 @@ def _read_whole(path: str) -> bytes | None:
     """The whole of a file git reads whole, read as read_untrusted does; PlanError past
     _WHOLE_FILE_BYTES (git would go on reading where the plan stopped)."""
     raw = _syscalls.read_untrusted(path, _WHOLE_FILE_BYTES + 1)
+    if raw is None and _is_regular_file(path):  # there, and not to be read by the launcher
+        raise PlanError(
+            f"{printable(path)} cannot be read: git reads it to find the directory it takes "
+            "config and hooks from (a root git on the host, whatever its mode), and nsconfine "
+            "keeps that directory read-only; let the launcher's account read it (chmod u+r), "
+            "then launch again"
+        )
     if raw is not None and len(raw) > _WHOLE_FILE_BYTES:
         raise PlanError(
             f"{printable(path)} is larger than {_WHOLE_FILE_BYTES:,} bytes: git reads it whole, "
             "to find the directory it takes config and hooks from; no real one is; remove it"
         )
     return raw
+
+
+def _is_regular_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 # The names whose presence the scan asks about: a repository's signs, a git directory's, and
