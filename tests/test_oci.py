@@ -331,6 +331,29 @@ def test_what_oci_cannot_state_is_refused(oci_plan: Plan, tmp_path: Path) -> Non
         _oci.export(weird, str(tmp_path / "b"))
 
 
+@pytest.mark.parametrize("where", ["repository", "argv", "env"])
+def test_a_name_that_is_not_utf8_is_refused(tmp_path: Path, where: str) -> None:
+    """config.json and the Pod are UTF-8: a name holding a byte no UTF-8 text holds was written
+    as a lone surrogate, which runc's (Go's) decoder reads as U+FFFD, so the read-only binds of
+    a repository a session named b'\\xff' landed on its decoy named U+FFFD, and the real one's
+    config was writable (attacker's pass, stop 40). Refused; the control, a UTF-8 name (the
+    decoy's), is exported."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    name = os.fsdecode(b"\xff") if where == "repository" else "\ufffd"
+    subprocess.run(["git", "init", "-q", os.path.join(workspace, name)], check=True)
+    odd = os.fsdecode(b"\xfe")
+    setenv = [f"ODD={odd}"] if where == "env" else []
+    plan = session(workspace, run_dir, setenv=setenv).plan()
+    argv = ["/bin/echo", odd] if where == "argv" else ["/bin/true"]
+    with pytest.raises(PlanError, match="not UTF-8") as refused:
+        _oci.export(plan, str(tmp_path / "b"), argv)
+    assert "\\udcf" in str(refused.value)  # the byte shown escaped
+    fine = session(workspace, run_dir).plan() if where != "repository" else None
+    if fine is not None:
+        exported = _oci.export(fine, str(tmp_path / "b"), ["/bin/true"])
+        assert any(m["source"].endswith("\ufffd/.git/config") for m in exported.config["mounts"])
+
+
 @pytest.mark.parametrize("ids", [(0, 65534), (65534, 0)])
 def test_a_bundle_that_would_run_as_uid_or_gid_0_is_refused(
     oci_plan: Plan, tmp_path: Path, ids: tuple[int, int]

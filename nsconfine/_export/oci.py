@@ -246,6 +246,7 @@ def export(
         raise UsageError(f"the bundle directory {printable(bundle)} must be an absolute path")
     if not argv:
         raise UsageError("no command given for the bundle's process")
+    _refuse_what_utf8_cannot_hold(plan, bundle, argv)
     result = Export()
     entries = plan.entries
     remounted = {e.dest for e in entries if e.kind is Kind.REMOUNT_RO}
@@ -418,6 +419,24 @@ def export(
         "annotations": _annotations(plan, result.notes),
     }
     return result
+
+
+def _refuse_what_utf8_cannot_hold(plan: Plan, bundle: str, argv: Sequence[str]) -> None:
+    """Refuse a name or value holding a byte no UTF-8 text holds (kept as a lone surrogate):
+    config.json and the Pod are UTF-8, and a runtime written in Go reads such a byte as U+FFFD,
+    so a bind would land on another name, one a session may have made for it."""
+    texts = [bundle, plan.chdir, *argv]
+    texts += [text for entry in plan.entries for text in (entry.source, entry.dest)]
+    texts += [text for variable in plan.env for text in (variable.name, variable.value)]
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PlanError(
+                f"{printable(text)} is not UTF-8: config.json and a Pod hold UTF-8 text only, "
+                "and a runtime reads such a byte as another character (U+FFFD), so a mount "
+                "would land on another name; rename it (nsconfine run binds it by its bytes)"
+            ) from None
 
 
 def ipc_sysctls(plan: Plan) -> dict[str, str]:
