@@ -83,6 +83,12 @@
 #define TIOCSTI_ 0x5412u
 #define TIOCLINUX_ 0x541cu
 #define TIOCSETD_ 0x5423u
+/* An fscrypt key: charged to the account's key quota, and kept by the file system past the
+ * session (the keyring calls are refused for the same reason). */
+#define FS_IOC_ADD_ENCRYPTION_KEY_ 0xc0506617u
+/* A lease: every other open of the file, the host's own, waits for its holder up to
+ * fs.lease-break-time (45 s), and a session owns its workspace's files, read-only binds too. */
+#define F_SETLEASE_ 1024u
 #define PER_LINUX_ 0u
 #define PER_LINUX32_ 8u
 #define PERSONALITY_QUERY 0xffffffffu
@@ -431,8 +437,10 @@ static const struct nsc_seccomp_rule RULES[] = {
     /* the shim's probe (nsconfine.h): the request on fd -1, before ioctl's last rule */
     ARG_IS_AND_MASKED(KERNEL, ioctl, 1, NSC_SECCOMP_PROBE_REQUEST, 0, ~0u, ENOTRECOVERABLE, 1,
                       0xffffffffu),
-    ARG_IN(KERNEL, ioctl, 1, EPERM, 11, TIOCSTI_, TIOCLINUX_, TIOCSETD_, SIOCGIFBR_, SIOCSIFBR_,
-           SIOCGIFVLAN_, SIOCSIFVLAN_, SIOCBRADDBR_, SIOCBRDELBR_, SIOCBRADDIF_, SIOCBRDELIF_),
+    ARG_IN(KERNEL, ioctl, 1, EPERM, 12, TIOCSTI_, TIOCLINUX_, TIOCSETD_, SIOCGIFBR_, SIOCSIFBR_,
+           SIOCGIFVLAN_, SIOCSIFVLAN_, SIOCBRADDBR_, SIOCBRDELBR_, SIOCBRADDIF_, SIOCBRDELIF_,
+           FS_IOC_ADD_ENCRYPTION_KEY_),
+    ARG_IN(KERNEL, fcntl, 1, EPERM, 1, F_SETLEASE_),
 
     ALWAYS(NAMESPACES, mount, EPERM),
     ALWAYS(NAMESPACES, umount2, EPERM),

@@ -136,6 +136,20 @@ for name, request in (("TIOCSTI", termios.TIOCSTI), ("TIOCLINUX", 0x541C),
         out["devnull_" + name] = "ok"
     except OSError as e:
         out["devnull_" + name] = errno.errorcode[e.errno]
+try:  # FS_IOC_ADD_ENCRYPTION_KEY: a key charged to the account's quota, kept past the session
+    fcntl.ioctl(null, 0xC0506617, bytearray(80))
+    out["devnull_FS_IOC_ADD_ENCRYPTION_KEY"] = "ok"
+except OSError as e:
+    out["devnull_FS_IOC_ADD_ENCRYPTION_KEY"] = errno.errorcode[e.errno]
+with open("/tmp/leased", "w"):
+    pass
+with open("/tmp/leased") as leased:
+    for name, command, value in (("F_SETLEASE", 1024, fcntl.F_RDLCK), ("F_GETLEASE", 1025, 0)):
+        try:
+            fcntl.fcntl(leased.fileno(), command, value)
+            out["fcntl_" + name] = "ok"
+        except OSError as e:
+            out["fcntl_" + name] = errno.errorcode[e.errno]
 print(json.dumps(out))
 """
 
@@ -166,14 +180,15 @@ REFUSED = {
     "prctl_seccomp_filter": "EINVAL", "protocol_inet_sctp": "EPERM",
     "protocol_netlink_generic": "EPERM", "protocol_inet_dccp": "EPERM",
     "protocol_inet_datagram_tcp": "EPERM", "ioctl_SIOCGIFVLAN": "EPERM",
-    "setsockopt_TCP_AO_ADD_KEY": "EPERM",
+    "setsockopt_TCP_AO_ADD_KEY": "EPERM", "devnull_FS_IOC_ADD_ENCRYPTION_KEY": "EPERM",
+    "fcntl_F_SETLEASE": "EPERM",
 }  # fmt: skip
 # Calls an account without capabilities gets EPERM for from the kernel too, whatever the
 # arguments (the capability check comes first): the filter's own answer is shown by
 # tests/test_seccomp_program.py.
 KERNEL_AGREES = {"vhangup", "reboot", "swapon", "swapoff", "sethostname", "setdomainname"}
 ALLOWED = ("personality_query", "socket_AF_UNIX", "socket_AF_INET", "socket_AF_INET6",
-           "socket_AF_NETLINK", "protocol_inet_tcp")  # fmt: skip
+           "socket_AF_NETLINK", "protocol_inet_tcp", "fcntl_F_GETLEASE")  # fmt: skip
 
 
 def filter_answers(plan: nsconfine.Plan) -> dict[str, str]:

@@ -84,6 +84,16 @@ IOPRIO_WHO_PGRP = 2
 CASES = [
     # (name, nr, args, action by default, action with nested user namespaces allowed)
     ("read", 0, (), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    # A lease stalls every other opener of the file, the host's too, up to lease-break-time
+    # (45 s) per open (attacker's pass, stop 40); asking after one is harmless.
+    ("fcntl F_SETLEASE", 72, (3, 1024, 0), errno_of(errno.EPERM), errno_of(errno.EPERM)),
+    ("fcntl F_SETLEASE, high bits", 72, (3, 1024 | 1 << 32, 0), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
+    ("fcntl F_GETLEASE", 72, (3, 1025), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    ("fcntl F_SETFL", 72, (3, 4, 0), SECCOMP_RET_ALLOW, SECCOMP_RET_ALLOW),
+    # An fscrypt key is charged to the account's key quota and outlives the session.
+    ("ioctl FS_IOC_ADD_ENCRYPTION_KEY", 16, (3, 0xC0506617), errno_of(errno.EPERM),
+     errno_of(errno.EPERM)),
     ("acct", 163, (0,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("syslog", 103, (10,), errno_of(errno.EPERM), errno_of(errno.EPERM)),
     ("pivot_root", 155, (), errno_of(errno.EPERM), SECCOMP_RET_ALLOW),
