@@ -7,7 +7,9 @@ during real launches."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from helpers import (
     give_to_session_user,
     session,
     session_dirs,
+    sh,
     swap_with_symlink,
     unchecked_launcher,
     unlinted_next_plan,
@@ -78,6 +81,39 @@ def test_a_symlinked_home_in_the_run_dir_is_refused(tmp_path: Path) -> None:
     assert status == -1
     assert "home" in output
     assert not (elsewhere / "planted-home").exists()
+
+
+def _write_file(path: str) -> None:
+    Path(path).write_text("x")
+
+
+# What a session can leave where a launch makes HOME or a file in it, and what it then is.
+_WRONG_KIND: dict[str, tuple[str, Callable[[str], None], str]] = {
+    "fifo-home": ("home", os.mkfifo, "a FIFO"),
+    "file-home": ("home", _write_file, "a file"),
+    "dir-gitconfig": ("home/.gitconfig", os.mkdir, "a directory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_WRONG_KIND))
+def test_a_mount_point_of_the_wrong_kind_is_a_clear_refusal(tmp_path: Path, case: str) -> None:
+    """A session that left its HOME a FIFO or a file, or a directory where the launch writes
+    HOME's .gitconfig: bwrap failed, and the launch was refused as a bwrap that cannot fork
+    ("check --fresh": attacker's pass, stop 40). The refusal names the path, says what is
+    there and what to do; nothing runs."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    relative, make, what = _WRONG_KIND[case]
+    plan = session(workspace, run_dir, git_identity="A <a@example.org>").plan()
+    assert sh(plan, "true") == (0, "")  # the control: HOME as the launch makes it
+    shutil.rmtree(run_dir / "home")
+    if case == "dir-gitconfig":
+        (run_dir / "home").mkdir()
+    make(str(run_dir / relative))
+    status, output = attempt(plan, "echo ran")
+    assert status == -1, output
+    assert f"{run_dir / relative} is {what}" in output, output
+    assert "remove it" in output, output
+    assert "fork" not in output, output
 
 
 def test_a_read_only_file_in_the_workspace_stays_read_only_after_a_rename(

@@ -368,7 +368,12 @@ class _Directories:
                 fd = os.open(path[-1], flags, dir_fd=above)
             except OSError as error:
                 refuse_if_short_of_fds(error)
-                raise PlanError(_refusal(os.path.join(top, *path), error)) from error
+                where = os.path.join(top, *path)
+                with contextlib.suppress(OSError):
+                    found = os.stat(path[-1], dir_fd=above, follow_symlinks=False).st_mode
+                    if not stat.S_ISLNK(found):  # (a file, a FIFO: no symlink to speak of)
+                        raise PlanError(_wrong_kind(where, found, "a directory")) from error
+                raise PlanError(_refusal(where, error)) from error
         self._open[(top, path)] = fd
         return fd
 
@@ -417,6 +422,9 @@ def _mount_point(
             return _made_stub(records, parent, resolved, parts, made)
     if stat.S_ISLNK(info.st_mode):
         raise PlanError(_refusal(entry.dest, None))
+    if entry.kind in _MADE_AS and stat.S_ISDIR(info.st_mode) != (_MADE_AS[entry.kind] == "dir"):
+        wanted = "a directory" if _MADE_AS[entry.kind] == "dir" else "a file"
+        raise PlanError(_wrong_kind(where, info.st_mode, f"{wanted} ({entry.reason})"))
     if entry.kind is Kind.DIR and stat.S_ISDIR(info.st_mode):
         _give_kept_directory(parent, name, info, user)
     # Held by what is found, whatever this entry would have made: another launch's stub (the
@@ -534,6 +542,24 @@ def _lock_shared(fd: int, where: str) -> None:
             f"{printable(where)} is locked (a launcher is removing it, or a running session of "
             "this workspace holds it): nothing was run; launch again once that session ends"
         ) from None
+
+
+# What the launch mounts over, by the entry's kind, where it makes one when it is missing: bwrap
+# mounts a directory only over a directory, and a file only over what is not one.
+_MADE_AS = {Kind.DIR: "dir", Kind.TMPFS: "dir", Kind.DATA: "file"}
+
+
+def _wrong_kind(where: str, mode: int, wanted: str) -> str:
+    found = {
+        stat.S_IFDIR: "a directory",
+        stat.S_IFREG: "a file",
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFSOCK: "a socket",
+    }.get(stat.S_IFMT(mode), "a device")
+    return (
+        f"{printable(where)} is {found}, where the launch needs {printable(wanted)}: a session "
+        "left it there; remove it, then launch again. Nothing was run"
+    )
 
 
 def _refusal(where: str, error: OSError | None) -> str:
