@@ -243,6 +243,18 @@ def test_selftest_runs_every_probe_and_passes() -> None:
     assert result.returncode == 0
 
 
+def test_selftest_passes_whatever_the_launcher_s_umask() -> None:
+    """The selftest builds its own stand-in world, whose modes are its own to set: under a
+    launcher's umask of 0777 it refused its own workspace as not writable, naming a directory
+    it had removed (attacker's pass, stop 40)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "selftest", *user_options()],
+        capture_output=True, text=True, cwd="/", timeout=600, check=False, umask=0o777,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 failed" in result.stdout, result.stdout
+
+
 def test_a_stopped_world_leaves_no_server_behind(tmp_path: Path) -> None:
     """selftest's stand-in world, once stopped, has ended the threads serving its tool socket,
     loopback service and stand-in API, and those ports accept no more (each thread held the

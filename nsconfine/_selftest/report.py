@@ -381,47 +381,53 @@ def run_selftest(*, as_json: bool = False, user: str | None = None) -> int:
     As root, the stand-in sessions run as user (default: nobody)."""
     rows: list[dict[str, Any]] = []
     account = run_as(user) if user else (canary_account() if os.geteuid() == 0 else None)
-    root = scratch_directory("nsconfine-selftest-")
+    # The stand-in world's modes are the selftest's own (a launcher's umask of 0277 made its
+    # workspace one no session could write); sessions started here inherit it too.
+    launchers_umask = os.umask(0o022)
     try:
-        world = World(root, account)
-        with world.running():
-            plan = world.plan()
-            for probe in probes(world):
-                allowed, outcome = run_probe(plan_for(world, probe), probe)
-                ok = allowed == probe.expect_allowed
-                row: dict[str, Any] = {
-                    "check": probe.name,
-                    "expected": _word(probe.expect_allowed),
-                    "observed": _word(allowed),
-                    "ok": ok,
-                }
-                if not ok:  # what the session said, for whoever has to fix the host
-                    row["detail"] = f"status {outcome.status}: {outcome.stderr.strip()[-300:]}"
-                rows.append(row)
-            mountinfo = run_script(plan, "cat /proc/self/mountinfo").stdout
-            ran = refreshed(plan)  # as that launch found the workspace the probes changed
-            problems = mount_table_problems(mountinfo, ran) if mountinfo else ["no mountinfo"]
-            rows.append(
-                {
-                    "check": "every mount is a plan entry",
-                    "expected": "yes",
-                    "observed": "yes" if not problems else f"no: {'; '.join(problems)}",
-                    "ok": not problems,
-                }
-            )
-            for name, expect_allowed, check in SESSION_CHECKS:
-                found = check(world)
-                row = {
-                    "check": name,
-                    "expected": _word(expect_allowed),
-                    "observed": _word(found is not None),
-                    "ok": (found is not None) == expect_allowed,
-                }
-                if found is not None and not row["ok"]:
-                    row["detail"] = found[:200]
-                rows.append(row)
+        root = scratch_directory("nsconfine-selftest-")
+        try:
+            world = World(root, account)
+            with world.running():
+                plan = world.plan()
+                for probe in probes(world):
+                    allowed, outcome = run_probe(plan_for(world, probe), probe)
+                    ok = allowed == probe.expect_allowed
+                    row: dict[str, Any] = {
+                        "check": probe.name,
+                        "expected": _word(probe.expect_allowed),
+                        "observed": _word(allowed),
+                        "ok": ok,
+                    }
+                    if not ok:  # what the session said, for whoever has to fix the host
+                        row["detail"] = f"status {outcome.status}: {outcome.stderr.strip()[-300:]}"
+                    rows.append(row)
+                mountinfo = run_script(plan, "cat /proc/self/mountinfo").stdout
+                ran = refreshed(plan)  # as that launch found the workspace the probes changed
+                problems = mount_table_problems(mountinfo, ran) if mountinfo else ["no mountinfo"]
+                rows.append(
+                    {
+                        "check": "every mount is a plan entry",
+                        "expected": "yes",
+                        "observed": "yes" if not problems else f"no: {'; '.join(problems)}",
+                        "ok": not problems,
+                    }
+                )
+                for name, expect_allowed, check in SESSION_CHECKS:
+                    found = check(world)
+                    row = {
+                        "check": name,
+                        "expected": _word(expect_allowed),
+                        "observed": _word(found is not None),
+                        "ok": (found is not None) == expect_allowed,
+                    }
+                    if found is not None and not row["ok"]:
+                        row["detail"] = found[:200]
+                    rows.append(row)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        os.umask(launchers_umask)
     failed = [row for row in rows if not row["ok"]]
     if as_json:
         print(json.dumps({"ok": not failed, "checks": rows}, indent=2))
