@@ -34,7 +34,7 @@ from nsconfine._plan.limits import Limits, pairs, parse_value
 from nsconfine._plan.mask import mask_entries, mask_rules
 from nsconfine._plan.model import DenyRule, EnvVar, Kind, Mode, Origin, Plan
 from nsconfine._plan.options import OPTIONS
-from nsconfine._plan.profiles import Bind, chain
+from nsconfine._plan.profiles import Bind, Profile, chain
 from nsconfine._plan.protect import (
     protected_names,
     protection,
@@ -840,7 +840,7 @@ def with_profiles(
     needs_credential: list[str] = []
     allow_hosts: list[Destination] = []
     inject: list[str] = []
-    credential_where = ""
+    credential_where = network_where = ""
     profiles = chain(list(session.profile))
     for profile in profiles:
         values = profile.values
@@ -849,6 +849,10 @@ def with_profiles(
             if key != "pass_env":  # protect, unprotect: names, or paths after a placeholder
                 given = [_expand_name(t, session, environ, profile.where(key)) for t in given]
             lists[key] += given
+            if key == "protect":
+                _refuse_what_the_session_would(profile, given, session.workspace)
+        if "network" in values:
+            network_where = profile.where("network")
         setenv.update(values.get("setenv", {}))
         limits.update(values.get("limits", {}))
         for masked in values.get("mask", []):
@@ -887,6 +891,9 @@ def with_profiles(
         if source is not None and dest is not None:
             binds.append(bind.replace(source=source, dest=dest))
     network = session.network or scalars.get("network")
+    if network == "host" and session.network is None:
+        host_reason = session.network_reason or scalars.get("network_reason")
+        _in_profile(None, network_where, lambda: p.require_network_reason("host", host_reason))
     if network is None:
         wants_proxy = allow_hosts or inject or session.allow_hosts or session.inject
         network = "proxy" if wants_proxy else "none"
@@ -925,6 +932,39 @@ def with_profiles(
         binds=tuple(binds),
     )
     return applied, deny, tuple(needs_credential), tuple(profile.path for profile in profiles)
+
+
+def _in_profile(profile: Profile | None, key: str, check: Callable[[], object]) -> None:
+    """Run check, which refuses a value as the session does (naming the command-line flag that
+    gives it); a refusal names where the profile gave it instead (key: its key in profile, or,
+    without profile, where already), which is all the user wrote."""
+    try:
+        check()
+    except NsconfineError as error:
+        where = key if profile is None else profile.where(key)
+        raise type(error)(f"{where}: {error.message}") from None
+
+
+def _refuse_what_the_session_would(profile: Profile, protect: list[str], workspace: str) -> None:
+    """Refuse, by its file, line and key, a value of profile's of the right type that the
+    session would refuse later: a route to inject that is none, a git identity or a reason
+    for nested user namespaces of the wrong form, a path to protect (protect: as expanded)
+    outside the workspace."""
+    values = profile.values
+    if protect:
+        _in_profile(profile, "protect", lambda: protected_names(protect, (), workspace))
+    for name in values.get("inject", []):
+        if name not in _network.ROUTES:
+            raise UsageError(
+                f"{profile.where('inject')}: {name!r} is no route: it is one of "
+                f"{', '.join(_network.ROUTES)}"
+            )
+    if "git_identity" in values:
+        identity = values["git_identity"]
+        _in_profile(profile, "git_identity", lambda: git_identity_parts(identity))
+    if "allow_nested_userns" in values:
+        allowed = values["allow_nested_userns"]
+        _in_profile(profile, "allow_nested_userns", lambda: _nested_userns_reason(allowed))
 
 
 # What a profile's path may name, filled in one pass (a value is never read again: a $ or a

@@ -286,6 +286,30 @@ def test_profile_errors_name_the_file_line_and_key(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("text", "key", "code"),
+    [
+        ("inject = ['x']\n", "inject", 64),
+        ("git_identity = 'x'\n", "git_identity", 64),
+        ("allow_nested_userns = ''\n", "allow_nested_userns", 64),
+        ("network = 'host'\n", "network", 64),
+        ("protect = ['../../etc']\n", "protect", 65),
+    ],
+)
+def test_a_value_a_profile_gives_wrongly_is_refused_by_its_file_line_and_key(
+    ws_run: tuple[Path, Path], tmp_path: Path, text: str, key: str, code: int
+) -> None:
+    """A value of the right type that the session refuses, given by a profile (included by
+    another, as a user meets it), is refused naming that file, its line and its key, not a
+    command-line flag the user never gave (attacker's pass, stop 40)."""
+    inner = write_profile(tmp_path, f'description = "inner"\n{text}', "inner.toml")
+    outer = write_profile(tmp_path, f'description = "outer"\ninclude = ["{inner}"]\n')
+    result = cli("plan", *session_options(*ws_run), "--profile", str(outer))
+    assert result.returncode == code, (result.stdout, result.stderr)
+    assert f"{inner}, line 2, key {key}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_an_unknown_profile_name_is_refused(ws_run: tuple[Path, Path]) -> None:
     """A name that is neither built in nor a file is refused, listing the built-in ones."""
     with pytest.raises(nsconfine.UsageError, match="claude-code"):

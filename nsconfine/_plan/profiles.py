@@ -118,7 +118,7 @@ class Profile(Record):
     path: str
     values: dict[str, Any]  # the scalar, list and setenv keys it sets
     binds: tuple[Bind, ...]
-    lines: dict[str, int]  # the line of each path-valued key ("deny", "bind.0.source", …)
+    lines: dict[str, int]  # the line of each key ("deny", "bind.0.source", …)
 
     def __init__(
         self,
@@ -131,7 +131,7 @@ class Profile(Record):
         self._set(name=name, path=path, values=values, binds=binds, lines=lines or {})
 
     def where(self, key: str) -> str:
-        """Where a path-valued key is, as errors name it: the file, the line and the key."""
+        """Where a key is, as errors name it: the file, the line and the key."""
         return f"profile {self.path}, line {self.lines.get(key, 1)}, key {key.split('.')[-1]}"
 
 
@@ -301,8 +301,8 @@ def _checked(label: str, path: str, text: str) -> Profile:
         line = where.line_of(key)
         if key in _RENAMED:
             raise where.error(line, key, f"is now {_RENAMED[key]}")
+        lines[key] = line
         if key in _PATH_KEYS:
-            lines[key] = line
             for text in value if isinstance(value, list) else [value]:
                 _check_path_form(where, line, key, text)
         if key in _NAME_KEYS and isinstance(value, list):
