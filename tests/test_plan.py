@@ -310,7 +310,8 @@ def test_the_manifest_says_which_supplementary_groups_an_unprivileged_launcher_k
         lambda: p.tmpfs("/tmp", None),  # type: ignore[arg-type]
         lambda: p.ro_bind(b"/usr", "/usr", "system programs"),  # type: ignore[arg-type]
         lambda: p.copy("/etc/hosts", "/etc/hosts", "names", "0644"),  # type: ignore[arg-type]
-        lambda: Entry(Kind.TMPFS, "/tmp", "rw", "a private /tmp"),  # type: ignore[arg-type]
+        lambda: Entry(Kind.TMPFS, "/tmp", "rx", "a private /tmp"),  # type: ignore[arg-type]
+        lambda: Entry(Kind.TMPFS, "/tmp", None, "a private /tmp"),  # type: ignore[arg-type]
         lambda: sample_plan().replace(entries=None),
         lambda: sample_plan().replace(entries=5),
         lambda: sample_plan().replace(env=None),
@@ -325,3 +326,11 @@ def test_a_record_of_the_wrong_type_is_a_usage_error(build: Callable[[], object]
 
     with pytest.raises(UsageError):
         build()
+
+
+def test_an_entry_takes_a_kind_and_mode_by_their_values() -> None:
+    """A kind or mode given as the manifest writes it ("ro") is the member it names, as
+    `entry.mode is Mode.RO` reads it."""
+    entry = p.tmpfs("/tmp", "a private /tmp").replace(mode="ro", kind="tmpfs")
+    assert entry.mode is Mode.RO
+    assert entry.kind is Kind.TMPFS

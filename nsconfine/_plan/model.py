@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from typing import Any, TypeVar
 
     _Item = TypeVar("_Item")
+    _Enum = TypeVar("_Enum", bound=enum.Enum)
 
     from nsconfine._plan.allowlist import Destination, Route
 
@@ -83,11 +84,10 @@ class Entry(Record):
         stub: str | None = None,
         capacity: int | None = None,
     ) -> None:
+        kind, mode = _member(Kind, "kind", kind), _member(Mode, "mode", mode)
         _require_types(
             "Entry",
-            ("kind", kind, Kind),
             ("dest", dest, str),
-            ("mode", mode, Mode),
             ("reason", reason, str),
             ("source", source, str),
             ("content", content, (bytes, type(None))),
@@ -425,6 +425,17 @@ def _require_types(record: str, *fields: tuple[str, object, type | tuple[type, .
             kinds = kind if isinstance(kind, tuple) else (kind,)
             named = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
             raise UsageError(f"an {record}'s {name} is {named}, not {value!r}")
+
+
+def _member(kind: type[_Enum], field: str, value: object) -> _Enum:
+    """value as a member of kind: one, or its value ("ro", as the manifest writes it)."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        values = ", ".join(repr(str(member)) for member in kind)
+        raise UsageError(f"an Entry's {field} is one of {values}, not {value!r}") from None
 
 
 def _items(field: str, given: Iterable[_Item]) -> tuple[_Item, ...]:
