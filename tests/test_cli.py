@@ -23,7 +23,6 @@ from helpers import (
     SESSION_USER,
     cli,
     ended_session_output,
-    give_to_session_user,
     kill_all,
     pids_with,
     read_to_eof,
@@ -619,19 +618,23 @@ def test_cli_exits_127_for_a_missing_command(ws_run: tuple[Path, Path]) -> None:
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
-def test_a_sandbox_that_fails_to_set_up_is_69(ws_run: tuple[Path, Path]) -> None:
-    """A previous session that replaced run/home with a file makes the next launch's set-up
-    fail: the CLI exits 69 with nsconfine's refusal, the API raises SandboxUnavailable."""
-    home = ws_run[1] / "home"
-    if home.is_dir():
-        home.rmdir()
-    home.write_text("not a directory")
-    give_to_session_user(home)
-    result = _cli_run(ws_run, "/bin/true")
+def test_a_sandbox_that_fails_to_set_up_is_69(ws_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """A bind bwrap cannot make (its place would be made in the read-only /usr) makes the
+    launch's set-up fail: the CLI exits 69 with nsconfine's refusal and bwrap's message, the
+    API raises SandboxUnavailable. (A run/home left a file, which this test once used, is now
+    refused before bwrap runs: test_a_mount_point_of_the_wrong_kind_is_a_clear_refusal.)"""
+    profile = tmp_path / "unmakeable.toml"
+    profile.write_text(
+        'description = "a bind into a place bwrap cannot make"\n[[bind]]\n'
+        'source = "/etc/hostname"\ndest = "/usr/share/nsconfine-test-missing/hostname"\n'
+        'mode = "ro"\nreason = "a set-up that fails"\n'
+    )
+    result = cli("run", *session_options(*ws_run), "--profile", str(profile), "--", "/bin/true")
     assert result.returncode == 69, result.stderr
     assert "nsconfine: sandbox-unavailable: " in result.stderr
+    assert "Read-only file system" in result.stderr
     with pytest.raises(nsconfine.SandboxUnavailable):
-        nsconfine.spawn(session(*ws_run).plan(), ["/bin/true"])
+        nsconfine.spawn(session(*ws_run, profile=[str(profile)]).plan(), ["/bin/true"])
 
 
 @pytest.mark.confinement
