@@ -2008,6 +2008,64 @@ def test_what_a_session_moved_into_view_is_reported(repo: tuple[Path, Path], bui
     assert (workspace / "sub").is_dir()
 
 
+def _launcher_of(plan: nsconfine.Plan, how: str) -> tuple[Callable[[str], list[str]], Any]:
+    """A way to run scripts in sessions of the one plan, one after another (spawn, or a Pool's
+    warm launches), each returning its report; and what to close after."""
+    pool = nsconfine.Pool(plan, refill="inline") if how == "pool" else None
+
+    def reported(script: str) -> list[str]:
+        argv = ["/bin/sh", "-c", f"set -e; {script}"]
+        made = pool.launch(argv) if pool is not None else nsconfine.spawn(plan, argv)
+        assert made.wait() == 0
+        return made.untrusted_config or []
+
+    return reported, pool
+
+
+@pytest.mark.parametrize("how", ["spawn", "pool"])
+def test_a_directory_moved_out_of_view_and_back_is_reported(
+    repo: tuple[Path, Path], how: str
+) -> None:
+    """One plan, launched again and again (spawn, a Pool): a session moves src, seen when the
+    plan was built, into node_modules and puts config in it; the next moves it back. Judged
+    against the plan's own scan, src was a directory seen there, and its config old: named by
+    neither (review of 7c499d8, stop 40). The next session's launch did not see it there."""
+    workspace = repo[0]
+    (workspace / "src").mkdir()
+    give_to_session_user(workspace / "src")
+    reported, pool = _launcher_of(session(*repo).plan(), how)
+    try:
+        reported(
+            f"cd {workspace}; mv src node_modules/src 2>/dev/null || "
+            "{ mkdir -p node_modules; mv src node_modules/src; }; "
+            "mkdir node_modules/src/.vscode; echo '{}' > node_modules/src/.vscode/tasks.json; "
+            "echo 'export EVIL=1' > node_modules/src/.envrc"
+        )
+        time.sleep(1.5)  # what it wrote now predates the next session by more than the slack
+        _assert_named(reported(f"cd {workspace}; mv node_modules/src src"), workspace,
+                      "src/.vscode", "src/.envrc")  # fmt: skip
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+@pytest.mark.parametrize("how", ["spawn", "pool"])
+def test_config_made_once_is_named_once(repo: tuple[Path, Path], how: str) -> None:
+    """Config a session made below a directory it made is named after that session, and not
+    after every later one of the same plan (review of 7c499d8, stop 40: the directory, new to
+    the plan's own scan, was judged new at each session's end)."""
+    workspace = repo[0]
+    reported, pool = _launcher_of(session(*repo).plan(), how)
+    try:
+        made = f"cd {workspace}; mkdir -p pkg/.vscode; echo '{{}}' > pkg/.vscode/tasks.json"
+        _assert_named(reported(made), workspace, "pkg/.vscode")
+        time.sleep(1.5)  # past the slack the report gives times
+        assert reported("true") == []
+    finally:
+        if pool is not None:
+            pool.close()
+
+
 def test_a_link_through_proc_is_reported(repo: tuple[Path, Path]) -> None:
     """/proc/self/cwd is the launcher's working directory to the launcher, and the host shell's
     own to the shell that `cd`s through the link: a link through /proc (or /dev/fd) is named,

@@ -56,7 +56,7 @@ from nsconfine._interrupts import CtrlCHeld
 from nsconfine._kernel import terminal as _terminal
 from nsconfine._kernel.syscalls import poll_ms, wait_fd
 from nsconfine._launch import sources as _sources
-from nsconfine._plan.protect import written_config
+from nsconfine._plan.protect import Seen, seen_at_launch, written_config
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class Sandbox:
         "_lock",
         "_owner",
         "_reaper_pidfd",
+        "_seen",
         "_since",
         "_stubs",
         "_terminals",
@@ -121,6 +122,7 @@ class Sandbox:
     _untrusted: list[str] | None
     _bound: dict[str, tuple[int, int, int]]
     _since: float
+    _seen: Seen
     _exchange: _Exchange | None
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
@@ -146,6 +148,7 @@ class Sandbox:
         self.plan = staged.plan
         self._untrusted = None
         self._bound = staged.bound
+        self._seen = seen_at_launch(self.plan)  # (the look refreshed() just had, for the report)
         # What the session could write is looked for in files changed since it began (a
         # second early: file times are the kernel's coarse clock).
         self._since = time.time() - 1.0
@@ -182,7 +185,7 @@ class Sandbox:
         if self.returncode is None and self.poll() is None:
             return None
         if self._untrusted is None:
-            self._untrusted = written_config(self.plan, self._bound, self._since)
+            self._untrusted = written_config(self.plan, self._bound, self._since, self._seen)
         return list(self._untrusted)
 
     def poll(self) -> int | None:

@@ -294,8 +294,10 @@ def _protection(
 # change the workspace, and the next launch need not look through it again; and a look that
 # finds what the last one did gives the very plan built then (whose options are encoded once).
 # id(plan) -> (plan, what the look found, what it depended on: the paths it looked at, packed
-# once (every launch asks whether any of them changed, in one call), and the files it read).
-_Depended = tuple[_syscalls.PathIdentities, tuple[tuple[str, str | None], ...]]
+# once (every launch asks whether any of them changed, in one call), the files it read, and
+# the identities it saw, as a report after a launch judges by them: Seen).
+Seen = tuple[tuple[str, tuple[int, int, int, int] | None], ...]
+_Depended = tuple[_syscalls.PathIdentities, tuple[tuple[str, str | None], ...], Seen]
 _latest: dict[int, tuple[Plan, Plan, _Depended]] = {}
 
 
@@ -312,7 +314,7 @@ def refreshed(plan: Plan) -> Plan:
     latest = _latest.get(id(plan))
     if latest is None or latest[0] is not plan:
         latest = _remember(plan, plan, kept)
-    current, (looked_at, read) = latest[1], latest[2]
+    current, (looked_at, read, _seen) = latest[1], latest[2]
     if not looked_at.any_changed() and all(_read_again(path) == raw for path, raw in read):
         return current
     base = _base_entries(plan)
@@ -333,9 +335,19 @@ def _remember(plan: Plan, found: Plan, look: Protection) -> tuple[Plan, Plan, _D
     them: its id stays its own)."""
     if len(_latest) >= 64:
         _latest.clear()
-    depended = (_syscalls.PathIdentities(look.observed), look.contents)
+    depended = (_syscalls.PathIdentities(look.observed), look.contents, look.observed)
     latest = _latest[id(plan)] = (plan, found, depended)
     return latest
+
+
+def seen_at_launch(plan: Plan) -> Seen:
+    """What the latest look at plan's writable trees saw there (path, identity): what a launch
+    that has just asked refreshed(plan) judged the workspace by, whether or not it found its
+    protection changed (a plan launched again and again keeps the scan it was built with)."""
+    latest = _latest.get(id(plan))
+    if latest is not None and latest[0] is plan:
+        return latest[2][2]
+    return () if plan.protection is None else plan.protection.observed
 
 
 def _read_again(path: str) -> str | None:
@@ -350,7 +362,10 @@ def _digest_of(raw: bytes | None) -> str | None:
 
 
 def written_config(
-    plan: Plan, bound: Mapping[str, tuple[int, int, int]] | None = None, since: float = 0.0
+    plan: Plan,
+    bound: Mapping[str, tuple[int, int, int]] | None = None,
+    since: float = 0.0,
+    seen: Seen | None = None,
 ) -> list[str]:
     """The host paths the host runs or trusts that a session of plan could write, looked for
     once it has ended: each one a scan finds now (a repository the session made, a git
@@ -363,13 +378,16 @@ def written_config(
     node_modules, which the host's `git status` enters); and each symlink made since that
     leads to a directory the session could write and the scan did not look through (a
     repository the session made in its run directory, which the host's git would enter
-    through it). A workspace that can no longer be scanned (a planted .git symlink) is named
-    itself."""
+    through it). And what lies in a directory the launch did not see there (seen:
+    seen_at_launch's, as the launch found it; plan's own scan's if None), whatever its times.
+    A workspace that can no longer be scanned (a planted .git symlink) is named itself."""
     kept = plan.protection
     if kept is None:
         return []
     try:
-        return _written_config(plan, kept, bound or {}, since)
+        return _written_config(
+            plan, kept, bound or {}, since, kept.observed if seen is None else seen
+        )
     except (PlanError, OSError):  # the report cannot be told: name what it would look through
         return _tree_sources(kept)
 
@@ -380,7 +398,11 @@ def _tree_sources(kept: p.Protection) -> list[str]:
 
 
 def _written_config(
-    plan: Plan, kept: p.Protection, bound: Mapping[str, tuple[int, int, int]], since: float
+    plan: Plan,
+    kept: p.Protection,
+    bound: Mapping[str, tuple[int, int, int]],
+    since: float,
+    seen: Seen,
 ) -> list[str]:
     base = _base_entries(plan)
     fresh, scan = _protection(base, kept.trees, kept.names)
@@ -396,7 +418,7 @@ def _written_config(
             info = os.lstat(entry.source)
             if (info.st_dev, info.st_ino, info.st_ctime_ns) != bound[covering.dest]:
                 written.append(entry.source)  # replaced while the session ran
-    moved = _MovedIntoView(kept)
+    moved = _MovedIntoView(seen)
     written += _gitlinks_unscanned(scan, since, plan.user, moved)
     written += _links_unscanned(plan, scan, since, moved)
     written += _started_in_written(kept, holders, scan, since, moved)
@@ -404,14 +426,14 @@ def _written_config(
 
 
 class _MovedIntoView:
-    """Which directories the launch's scan did not see where they are now: one a session
+    """Which directories the launch's look did not see where they are now: one a session
     renamed out of node_modules (never looked into) changed its own times, and nothing it
     holds, whose times then say nothing of when it came into view. So what lies directly in a
     directory new to the scan is judged new, whatever its times."""
 
-    def __init__(self, kept: p.Protection) -> None:
+    def __init__(self, seen: Seen) -> None:
         # By device and inode: a directory seen changes its times whenever it gains an entry.
-        self.seen = {path: identity[:2] for path, identity in kept.observed if identity}
+        self.seen = {path: identity[:2] for path, identity in seen if identity}
 
     def holds(self, directory: str) -> bool:
         """Is directory (a real path) one the launch's scan did not see there?"""
