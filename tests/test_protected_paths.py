@@ -2022,6 +2022,39 @@ def _launcher_of(plan: nsconfine.Plan, how: str) -> tuple[Callable[[str], list[s
     return reported, pool
 
 
+# Session 1 builds, in w/node_modules (never looked into), a repository `evil` and a git
+# directory `c` whose index records evil as a gitlink; session 2 only gives w that git
+# directory, by moving it there or by a pointer to it.
+_INDEX_BUILT_OUT_OF_VIEW = (
+    "mkdir -p w/node_modules; cd w; git init -q node_modules/evil; "
+    "git -C node_modules/evil -c user.name=a -c user.email=a@a commit -q --allow-empty -m e; "
+    "git init -q node_modules/t; mv node_modules/t/.git node_modules/c; rm -r node_modules/t; "
+    "mkdir t; echo 'gitdir: ../node_modules/c' > t/.git; "
+    "git -C t update-index --add --cacheinfo "
+    "160000,$(git -C node_modules/evil rev-parse HEAD),node_modules/evil; rm -r t"
+)
+_GIT_DIRECTORY_GIVEN = {
+    "moved": "mv node_modules/c .git",
+    "pointer": "echo 'gitdir: node_modules/c' > .git",
+}
+
+
+@pytest.mark.parametrize("given", sorted(_GIT_DIRECTORY_GIVEN))
+def test_a_git_directory_given_from_out_of_view_is_read(
+    repo: tuple[Path, Path], given: str
+) -> None:
+    """The index of a git directory a session moved (or pointed) into a working tree the
+    launch saw is old, and was not read: its gitlink into node_modules, which the host's `git
+    status` in w enters, went unnamed (review of 7c499d8, stop 40). A git directory the launch
+    did not see there is new."""
+    workspace = repo[0]
+    _reported_after(repo, f"set -e; export GIT_CONFIG_NOSYSTEM=1; cd {workspace}; "
+                          f"{_INDEX_BUILT_OUT_OF_VIEW}")  # fmt: skip
+    time.sleep(1.5)  # what it built now predates the next session by more than the slack
+    written = _reported_after(repo, f"set -e; cd {workspace}/w; {_GIT_DIRECTORY_GIVEN[given]}")
+    _assert_named(written, workspace, "w/node_modules/evil/.git/config")
+
+
 @pytest.mark.parametrize("how", ["spawn", "pool"])
 def test_a_directory_moved_out_of_view_and_back_is_reported(
     repo: tuple[Path, Path], how: str

@@ -698,10 +698,10 @@ def _gitlinks_unscanned(scan: _Scan, since: float, user: RunAs, moved: _MovedInt
             continue  # gone, or no directory: no index for the host's git
         if not any(e.name == "index" for e in indexes):
             continue
-        tree = trees.get(gitdir)  # (a repository moved into view: its index is new to it)
-        if not (tree is not None and moved.holds(tree)) and not _index_written_since(
-            indexes, since
-        ):
+        # A git directory, or a repository, moved (or pointed) into view: its index is new to it.
+        tree = trees.get(gitdir)
+        new = moved.holds(gitdir) or (tree is not None and moved.holds(tree))
+        if not new and not _index_written_since(indexes, since):
             continue
         gitlinks = _gitlinks(gitdir, indexes, user) if time.monotonic() < deadline else None
         if gitlinks is None or tree is None:
