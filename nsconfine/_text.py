@@ -100,9 +100,10 @@ def is_hidden(character: str) -> bool:
 
 # What shows as nothing, or as a blank, besides whitespace: the hidden categories above, space
 # separators, combining marks with nothing to mark, unassigned code points; and the fillers of
-# other categories, letters to str.isalnum (Hangul's) or a symbol (the braille blank).
+# other categories, letters to str.isalnum (Hangul's) or symbols (the braille blank, the musical
+# null notehead).
 _BLANK_CATEGORIES = _HIDDEN_CATEGORIES | {"Zs", "Mn", "Me", "Cn"}
-_BLANK_FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+_BLANK_FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\U0001d159")
 
 
 def says_nothing(text: str) -> bool:
