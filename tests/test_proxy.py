@@ -1872,9 +1872,18 @@ def test_a_route_refuses_plain_http_beyond_the_host_s_loopback(upstream: str) ->
         "http://127.0.0.1:9/v1",
         "http://127.8.0.1",
         "http://[::1]:9",
-        "http://localhost:9",
     ):
         assert Route("anthropic", loopback, "x-api-key", SECRET).upstream == loopback
+
+
+def test_a_plain_http_route_names_its_loopback_address() -> None:
+    """Whoever listens on the upstream's port gets the key. `localhost` may resolve to ::1
+    first, where another local account (or a session on the host's network) listens while the
+    stand-in listens on 127.0.0.1 only: it took the key, and answered (attacker's pass, stop
+    40). A plain http upstream is given as the address the stand-in listens on."""
+    with pytest.raises(UsageError, match=r"127\.0\.0\.1"):
+        Route("anthropic", "http://localhost:9/v1", "x-api-key", SECRET)
+    assert Route("anthropic", "https://localhost:9/v1", "x-api-key", SECRET)  # TLS names it
 
 
 @pytest.mark.parametrize(

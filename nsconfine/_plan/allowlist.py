@@ -443,6 +443,15 @@ class Route(Record):
                 "the proxy adds would cross the network readable; use https (plain http is "
                 "for a stand-in on this host's loopback)"
             )
+        if parts.scheme == "http" and parts.hostname == "localhost":
+            # Whoever listens on the port gets the key: a stand-in on 127.0.0.1 alone leaves
+            # ::1, which localhost may name first, to any local account.
+            raise UsageError(
+                f"route {self.name}: upstream {shown} names localhost: over plain http the key "
+                "goes to whoever listens there, and localhost may be ::1 first, where any "
+                "local account may listen; name the address the stand-in listens on "
+                "(http://127.0.0.1:PORT)"
+            )
         if self.header.lower() not in ("authorization", "x-api-key"):
             raise UsageError(f"route {self.name}: header must be authorization or x-api-key")
         # An empty key: the plan's credential file was not there (Plan.credential_needed),
