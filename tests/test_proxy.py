@@ -829,6 +829,29 @@ def test_a_connection_owing_its_pace_ends_with_its_session(
     client.close()
 
 
+def test_a_route_s_tls_handshake_under_way_ends_with_its_session(
+    proxy: Proxy, recorder: _TcpServer
+) -> None:
+    """An https upstream that takes the connection and never answers the handshake (a stalled
+    gateway): the session's end stops it, as it stops a connect under way (attacker's pass,
+    stop 40: the TLS socket had taken the fd the end shut, which then shut nothing; the end
+    waited CONNECTIONS_END_SECONDS, and the thread lived on, its audit record unwritten)."""
+    route = Route("anthropic", f"https://127.0.0.1:{recorder.port}", "x-api-key", SECRET)
+    path = proxy.add_session("s", [], [route])
+    client = connect(path)
+    client.sendall(b"POST /anthropic/v1/m HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    session = proxy._sessions["s"]
+    for _ in range(400):  # (the proxy has connected: its handshake is under way, or about to)
+        if recorder.peers:
+            break
+        time.sleep(0.025)
+    time.sleep(0.2)
+    assert session.connections
+    proxy.remove_session("s")
+    assert not session.connections
+    client.close()
+
+
 @pytest.mark.parametrize("via", ["plain http", "route"])
 def test_each_chunk_a_session_sends_is_paced(
     proxy: Proxy, recorder: _TcpServer, via: str, monkeypatch: pytest.MonkeyPatch

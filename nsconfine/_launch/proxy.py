@@ -422,10 +422,14 @@ class _Connection:
         self.ended.set()  # a connect under way gives up (a shutdown does not stop it)
         for sock in (self.client, self.upstream):
             if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut sock both ways from another thread: a TLS socket's own shutdown() would also drop
+    its TLS state under the thread using it (an AttributeError there, not an OSError)."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 @dataclass(eq=False)
@@ -1113,7 +1117,15 @@ class Proxy:
             try:
                 # Made here, not once: the launcher's SSL_CERT_FILE applies as it is now.
                 context = ssl.create_default_context()
-                connection.upstream = context.wrap_socket(raw, server_hostname=upstream.hostname)
+                # The TLS socket takes raw's fd: it is what the session's end shuts, from
+                # before the handshake (an upstream may take the connection, and never answer).
+                tls = context.wrap_socket(
+                    raw, server_hostname=upstream.hostname, do_handshake_on_connect=False
+                )
+                connection.upstream = tls
+                if connection.ended.is_set():  # shut as the fd changed hands: shut it again
+                    _shut(tls)
+                tls.do_handshake()
             except (ssl.SSLError, OSError) as error:
                 reason = f"route {route.name}: TLS with {upstream.netloc} failed: {error}"
                 raise _Refusal(502, reason) from None
