@@ -84,18 +84,30 @@ class Entry(Record):
         stub: str | None = None,
         capacity: int | None = None,
     ) -> None:
-        kind, mode = _member(Kind, "kind", kind), _member(Mode, "mode", mode)
-        _require_types(
-            "Entry",
-            ("dest", dest, str),
-            ("reason", reason, str),
-            ("source", source, str),
-            ("content", content, (bytes, type(None))),
-            ("sha256", sha256, (str, type(None))),
-            ("perms", perms, (int, type(None))),
-            ("stub", stub, (str, type(None))),
-            ("capacity", capacity, (int, type(None))),
+        if type(kind) is not Kind or type(mode) is not Mode:
+            kind, mode = _member(Kind, "kind", kind), _member(Mode, "mode", mode)
+        typed = (  # one expression: a plan builds its entries by the score, at every launch
+            type(dest) is str
+            and type(reason) is str
+            and type(source) is str
+            and (content is None or type(content) is bytes)
+            and (sha256 is None or type(sha256) is str)
+            and (perms is None or type(perms) is int)
+            and (stub is None or type(stub) is str)
+            and (capacity is None or type(capacity) is int)
         )
+        if not typed:  # (a subclass of str or bytes, or what is wrong: judged one by one)
+            _require_types(
+                "Entry",
+                ("dest", dest, str),
+                ("reason", reason, str),
+                ("source", source, str),
+                ("content", content, (bytes, type(None))),
+                ("sha256", sha256, (str, type(None))),
+                ("perms", perms, (int, type(None))),
+                ("stub", stub, (str, type(None))),
+                ("capacity", capacity, (int, type(None))),
+            )
         self._set(
             kind=kind,
             dest=dest,
