@@ -36,7 +36,7 @@ EXAMPLES = {
     "user": "nobody",
     "protect": ".tool-config",
     "unprotect": ".envrc",
-    "network": "host",
+    "network": "proxy",  # (host asks for a reason too)
     "network_reason": "it serves a port the host's browser opens",
     "allow_hosts": "pypi.org",
     "inject": "anthropic",
