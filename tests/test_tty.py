@@ -19,6 +19,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from helpers import (
 )
 
 import nsconfine
+from nsconfine._cli.relay import STATUS_QUERY
 from nsconfine._selftest.report import terminal_read_leaks
 from nsconfine._selftest.world import World
 
@@ -885,23 +887,22 @@ def test_a_tty_run_whose_terminal_hangs_up_passes_the_hangup_on(ws_run: tuple[Pa
         launcher.wait()
 
 
-@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
-def test_a_run_whose_output_nobody_reads_still_ends_at_a_second_signal(
-    ws_run: tuple[Path, Path], tty: bool
-) -> None:
-    """A session flooding its output to a caller that no longer reads it (a pager paused, a
-    stalled log pipe): the launcher waits to write, and still hears its signals; at a second
-    TERM the whole session is killed and run exits 137. The launcher sat in its write for
-    good, deaf to both (found by an attacker's pass)."""
+@contextlib.contextmanager
+def _flooding_a_stalled_reader(
+    ws_run: tuple[Path, Path], tty: bool, grace: str, script: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`nsconfine run` of script, which floods its output to a caller that no longer reads it
+    (with --tty: stdin a terminal, the output a pipe nobody reads; else the caller's terminal
+    relayed, its reader gone quiet), once every buffer on the way is full; nothing of it
+    left after."""
     controller, terminal = os.openpty()
     reader, writer = os.pipe()
-    if tty:  # stdin a terminal, the session's output to a pipe nobody reads
+    if tty:
         stdin, stdout, stalled = terminal, writer, reader
-    else:  # the caller's terminal relayed, its reader gone quiet
+    else:
         stdin, stdout, stalled = subprocess.DEVNULL, terminal, controller
-    script = 'trap "" TERM; exec yes flood'  # (TERM stays ignored through the exec)
     argv = [sys.executable, "-m", "nsconfine", "run", *(["--tty"] if tty else []),
-            "--grace", "600", *session_options(*ws_run), "--", "/bin/sh", "-c", script]  # fmt: skip
+            "--grace", grace, *session_options(*ws_run), "--", "/bin/sh", "-c", script]  # fmt: skip
     launcher = subprocess.Popen(
         argv, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL, cwd="/",
         start_new_session=True,
@@ -915,11 +916,7 @@ def test_a_run_whose_output_nobody_reads_still_ends_at_a_second_signal(
             assert time.monotonic() < deadline, "the session's output never came"
             time.sleep(0.05)
         time.sleep(0.5)  # (every buffer on the way full)
-        launcher.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        assert launcher.poll() is None  # ignored by the command; the grace is long
-        launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=60) == 137
+        yield launcher
         assert not pids_with(str(ws_run[0]))
     finally:
         kill_all(pids_with(str(ws_run[0])))
@@ -928,6 +925,36 @@ def test_a_run_whose_output_nobody_reads_still_ends_at_a_second_signal(
         launcher.wait()
         os.close(controller)
         os.close(reader)
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
+def test_a_run_whose_output_nobody_reads_still_ends_at_a_second_signal(
+    ws_run: tuple[Path, Path], tty: bool
+) -> None:
+    """A session flooding its output to a caller that no longer reads it (a pager paused, a
+    stalled log pipe): the launcher waits to write, and still hears its signals; at a second
+    TERM the whole session is killed and run exits 137. The launcher sat in its write for
+    good, deaf to both (found by an attacker's pass)."""
+    script = 'trap "" TERM; exec yes flood'  # (TERM stays ignored through the exec)
+    with _flooding_a_stalled_reader(ws_run, tty, "600", script) as launcher:
+        launcher.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert launcher.poll() is None  # ignored by the command; the grace is long
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 137
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
+def test_a_run_ended_by_one_signal_drops_what_a_stalled_reader_left(
+    ws_run: tuple[Path, Path], tty: bool
+) -> None:
+    """The same flood, a command that one TERM ends: run waited for its stalled reader to take
+    the rest for as long as it took, deaf to none but a second signal (attacker's pass, stop
+    40: `timeout`, or a supervisor that sends one TERM, waited for good). Past the grace
+    period the rest is dropped, and run exits with the command's status."""
+    with _flooding_a_stalled_reader(ws_run, tty, "1", "exec yes flood") as launcher:
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 128 + signal.SIGTERM
 
 
 def _answering_terminal(controller: int, answered: list[bytes]) -> None:
@@ -976,6 +1003,98 @@ def test_a_session_s_own_status_query_does_not_end_the_dropping_of_answers(
     left = _left_for_the_shell(argv, terminal, keep, controller, answering)
     assert len(answered) == 3, answered
     assert b"rm -rf" not in left, left
+
+
+# A shell with job control, in a few lines: leads a session on its stdin (a terminal), runs
+# argv as its foreground job, and once that job stops, takes the terminal back and writes what
+# its line editor would read next to the file RESULT names.
+_JOB_CONTROL_SHELL = r"""
+import fcntl, os, select, signal, sys, termios, time
+os.setsid()
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+job = os.fork()
+if job == 0:
+    os.setpgid(0, 0)
+    os.tcsetpgrp(0, os.getpid())
+    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+    os.execv(sys.argv[1], sys.argv[1:])
+os.setpgid(job, job)
+_, status = os.waitpid(job, os.WUNTRACED)
+os.tcsetpgrp(0, os.getpgrp())
+time.sleep(0.3)  # (printing its prompt)
+modes = termios.tcgetattr(0)
+modes[3] &= ~(termios.ICANON | termios.ECHO)
+termios.tcsetattr(0, termios.TCSANOW, modes)
+left = b""
+while select.select([0], [], [], 1.0)[0]:
+    left += os.read(0, 4096)
+os.killpg(job, signal.SIGKILL)
+os.waitpid(job, 0)
+with open(os.environ["RESULT"], "wb") as result:
+    result.write(b"stopped " if os.WIFSTOPPED(status) else b"ended ")
+    result.write(left)
+"""
+
+
+def _answering_once_handed_back(controller: int, shell_side: int, done: threading.Event) -> None:
+    """A terminal that answers a title report (with a title a session chose, which a shell
+    would run) once the launcher asks a status query of its own, or has handed the terminal
+    back (line editing on again), whichever comes first; and run's status query after it."""
+    seen, titled, statused = b"", False, False
+    while not done.is_set():
+        if select.select([controller], [], [], 0.02)[0]:
+            try:
+                seen += os.read(controller, 4096)
+            except OSError:
+                return
+        asked, ours = b"\033[21t" in seen, STATUS_QUERY in seen
+        handed_back = termios.tcgetattr(shell_side)[3] & termios.ICANON
+        if asked and not titled and (ours or handed_back):
+            os.write(controller, b"\033]l; touch pwned-by-the-title\033\\")
+            titled = True
+        if ours and titled and not statused:
+            os.write(controller, b"\033[0n")
+            statused = True
+
+
+def test_a_session_that_stops_itself_leaves_no_answer_for_the_shell(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A --tty session asks for its title (one it set: a command line) and stops itself: run
+    gives the caller's terminal back to its shell, which read the answer still coming as typed
+    (attacker's pass, stop 40: a title report ran as root in 4 of 12 tries). As at the
+    session's end, run turns the modes off and drops the answers first."""
+    controller, terminal = os.openpty()
+    shell_side = os.dup(terminal)
+    result = tmp_path / "left"
+    script = "printf '\\033[21t'; kill -STOP $$"
+    argv = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run),
+            "--", "/bin/sh", "-c", script]  # fmt: skip
+    done = threading.Event()
+    answering = threading.Thread(
+        target=_answering_once_handed_back, args=(controller, shell_side, done)
+    )
+    answering.start()
+    shell = subprocess.Popen(
+        [sys.executable, "-c", _JOB_CONTROL_SHELL, *argv], stdin=terminal, stdout=terminal,
+        stderr=terminal, cwd="/", env={**os.environ, "RESULT": str(result)},
+    )  # fmt: skip
+    os.close(terminal)
+    try:
+        assert shell.wait(timeout=60) == 0
+    finally:
+        done.set()
+        answering.join(timeout=30)
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
+        os.close(shell_side)
+        os.close(controller)
+        kill_all(pids_with(str(ws_run[0])))
+    left = result.read_bytes()
+    assert left.startswith(b"stopped "), left
+    assert b"pwned" not in left, left
 
 
 def _take_the_terminal() -> None:

@@ -542,6 +542,13 @@ class _Terminal:
             self.copy_out()  # what the command wrote as it stopped ("suspended")
         if stop_it:
             _signal_group(sandbox, _signal.SIGSTOP)
+        # As at the session's end: its modes off, and the answers still coming to its queries
+        # dropped, or the shell the terminal goes back to reads them as typed (a session may
+        # stop itself at will, just after asking for a title it chose).
+        limit = DrainLimit(caller_deadline=time.monotonic() + DRAIN_IDLE_SECONDS)
+        while self.output.pending and limit.writable(1):
+            self.flush()
+        self.leave_tui_modes(limit)
         self.restore()
         os.kill(os.getpid(), _signal.SIGTSTP)
         self.resume()
@@ -942,9 +949,16 @@ class DrainLimit:
     a byte, DRAIN_SECONDS of waiting for bytes in all, DRAIN_MOST_SECONDS in all (the time
     spent waiting for the caller to take output, writable(), not counted), or one of the
     ENDING_SIGNALS comes (on wake_read, from held_signals(); -1 for none). The caller is not
-    waited for at all once run has killed the session (wait_for_the_caller False)."""
+    waited for at all once run has killed the session (wait_for_the_caller False), and not
+    past caller_deadline (a time.monotonic(); the grace period's end, once an ending signal
+    came: a supervisor's one TERM ends run however slowly its output is read)."""
 
-    def __init__(self, wake_read: int = -1, wait_for_the_caller: bool = True) -> None:
+    def __init__(
+        self,
+        wake_read: int = -1,
+        wait_for_the_caller: bool = True,
+        caller_deadline: float | None = None,
+    ) -> None:
         self.wake_read = wake_read
         self.waiting_left = DRAIN_SECONDS
         self.deadline = time.monotonic() + DRAIN_MOST_SECONDS
@@ -952,6 +966,7 @@ class DrainLimit:
         # Whether a caller's fd that takes nothing now is waited for (not once the launcher
         # has killed the session: its second signal, or the grace period over, ends run).
         self.wait_for_the_caller = wait_for_the_caller
+        self.caller_deadline = caller_deadline
 
     def writable(self, fd: int) -> bool:
         """Does the caller's fd take more now? Waited for as long as it takes (the time a
@@ -962,7 +977,8 @@ class DrainLimit:
             if self.wake_read >= 0:
                 poller.register(self.wake_read, select.POLLIN)
             began = time.monotonic()
-            events = dict(poller.poll(None if self.wait_for_the_caller else 0))
+            wait = None if self.caller_deadline is None else self.caller_deadline - began
+            events = dict(poller.poll(poll_ms(wait) if self.wait_for_the_caller else 0))
             self.deadline += time.monotonic() - began  # (the caller's time is not counted)
             if self.wake_read in events:
                 self._take_signals()
@@ -1011,9 +1027,9 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRela
     try:
         if sandbox.tty >= 0:
             terminal = _Terminal(sandbox.tty, sandbox.command_pid)
-        killed = _relay(sandbox, terminal, relay, grace, wake_read)
-        # what the session wrote last, up to its end
-        limit = DrainLimit(wake_read, wait_for_the_caller=not killed)
+        killed, grace_over = _relay(sandbox, terminal, relay, grace, wake_read)
+        # what the session wrote last, up to its end (no longer than the grace, once signalled)
+        limit = DrainLimit(wake_read, wait_for_the_caller=not killed, caller_deadline=grace_over)
         relay.drain(limit)
         relay.leave_tui_modes(limit)
         if terminal is not None:
@@ -1032,10 +1048,11 @@ def run_session(sandbox: Sandbox, grace: float, wake_read: int, relay: StdioRela
 
 def _relay(
     sandbox: Sandbox, terminal: _Terminal | None, relay: StdioRelay, grace: float, wake_read: int
-) -> bool:
+) -> tuple[bool, float | None]:
     """Until the session has ended (its sentinel readable; not yet reaped): signals passed
     on, the grace period kept, the caller's terminals relayed and its own terminal copied.
-    Whether the launcher killed it (a second signal, or the grace period over)."""
+    Whether the launcher killed it (a second signal, or the grace period over), and when the
+    grace period given at an ending signal ends (None: no such signal came)."""
     deadline: float | None = None
     signalled = killed = False
     while True:
@@ -1053,7 +1070,7 @@ def _relay(
             waits.append(STATE_CHECK_SECONDS)
         events = dict(poller.poll(poll_ms(min(waits)) if waits else None))
         if sandbox.sentinel in events:
-            return killed
+            return killed, deadline
         if deadline is not None and time.monotonic() >= deadline:  # the grace period is over
             sandbox.kill()
             killed, deadline = True, None
