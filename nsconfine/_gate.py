@@ -29,7 +29,7 @@ from nsconfine._launch.programs import REAPER_PATH, SHIM_PATH
 from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import SPAWN_SHIM_TIMEOUT_MS, hold_closed_stdio, stage
 from nsconfine._plan.model import Kind, Mode, Plan
-from nsconfine._plan.protect import refreshed
+from nsconfine._plan.protect import refreshed_and_seen
 from nsconfine._policy.lint import check_plan, launch_rules
 from nsconfine._policy.pins import verify_pins
 from nsconfine._preflight.checks import (
@@ -194,9 +194,9 @@ def checked_stage(
     it runs; kept (a Pool's), what it checked of its read-only binds, to be asked again."""
     hold_closed_stdio()  # before the launch opens anything
     with LaunchWindow(), refusing_os_errors():
-        plan = refreshed(plan)  # the repositories its workspace holds now
+        plan, seen = refreshed_and_seen(plan)  # the repositories its workspace holds now
         cleared = gate(plan)
-        return stage(
+        staged = stage(
             cleared.bwrap,
             plan,
             lint=lambda: lint(plan),
@@ -205,6 +205,8 @@ def checked_stage(
             idle_timeout_ms=idle_timeout_ms,
             kept=kept,
         )
+        staged.seen = seen
+        return staged
 
 
 @contextmanager

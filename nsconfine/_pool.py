@@ -43,7 +43,7 @@ from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import Staged, hold_closed_stdio, teardown
 from nsconfine._plan.model import RELAY_DIRECTORY, Plan
-from nsconfine._plan.protect import refreshed
+from nsconfine._plan.protect import refreshed_and_seen
 from nsconfine._policy.pins import verify_pins
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
@@ -250,7 +250,7 @@ class Pool:
         checks it."""
         try:
             with refusing_os_errors():
-                fresh = refreshed(staged.plan)
+                fresh, seen = refreshed_and_seen(staged.plan)
         except BaseException:  # the workspace is refused now: what was staged goes too
             teardown(staged)
             raise
@@ -260,6 +260,7 @@ class Pool:
             and staged.writable_binds_unchanged()
             and staged.read_only_unchanged()
         ):
+            staged.seen = seen  # what this launch looked at, for its report
             return staged
         teardown(staged)
         return self._stage_one()

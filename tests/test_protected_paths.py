@@ -2011,7 +2011,7 @@ def test_what_a_session_moved_into_view_is_reported(repo: tuple[Path, Path], bui
 def _launcher_of(plan: nsconfine.Plan, how: str) -> tuple[Callable[[str], list[str]], Any]:
     """A way to run scripts in sessions of the one plan, one after another (spawn, or a Pool's
     warm launches), each returning its report; and what to close after."""
-    pool = nsconfine.Pool(plan, refill="inline") if how == "pool" else None
+    pool = nsconfine.Pool(plan, refill="inline") if how.startswith("pool") else None
 
     def reported(script: str) -> list[str]:
         argv = ["/bin/sh", "-c", f"set -e; {script}"]
@@ -2055,19 +2055,24 @@ def test_a_git_directory_given_from_out_of_view_is_read(
     _assert_named(written, workspace, "w/node_modules/evil/.git/config")
 
 
-@pytest.mark.parametrize("how", ["spawn", "pool"])
+@pytest.mark.parametrize("how", ["spawn", "pool", "spawn-proxy", "spawn-derived"])
 def test_a_directory_moved_out_of_view_and_back_is_reported(
     repo: tuple[Path, Path], how: str
 ) -> None:
     """One plan, launched again and again (spawn, a Pool): a session moves src, seen when the
     plan was built, into node_modules and puts config in it; the next moves it back. Judged
     against the plan's own scan, src was a directory seen there, and its config old: named by
-    neither (review of 7c499d8, stop 40). The next session's launch did not see it there."""
+    neither (review of 7c499d8, stop 40). The next session's launch did not see it there.
+    Its review: so too when the plan a launch runs is another than the one given (a proxy
+    session's; one whose protection a session changed, by making a repository)."""
     workspace = repo[0]
     (workspace / "src").mkdir()
     give_to_session_user(workspace / "src")
-    reported, pool = _launcher_of(session(*repo).plan(), how)
+    network = "proxy" if how.endswith("proxy") else None
+    reported, pool = _launcher_of(session(*repo, network=network).plan(), how)
     try:
+        if how.endswith("derived"):
+            reported(f"cd {workspace}; git init -q made-during-a-session")
         reported(
             f"cd {workspace}; mv src node_modules/src 2>/dev/null || "
             "{ mkdir -p node_modules; mv src node_modules/src; }; "

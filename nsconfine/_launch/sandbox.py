@@ -56,7 +56,7 @@ from nsconfine._interrupts import CtrlCHeld
 from nsconfine._kernel import terminal as _terminal
 from nsconfine._kernel.syscalls import poll_ms, wait_fd
 from nsconfine._launch import sources as _sources
-from nsconfine._plan.protect import Seen, seen_at_launch, written_config
+from nsconfine._plan.protect import Seen, written_config
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class Sandbox:
         self.plan = staged.plan
         self._untrusted = None
         self._bound = staged.bound
-        self._seen = seen_at_launch(self.plan)  # (the look refreshed() just had, for the report)
+        self._seen = staged.seen
         # What the session could write is looked for in files changed since it began (a
         # second early: file times are the kernel's coarse clock).
         self._since = time.time() - 1.0

@@ -84,6 +84,8 @@ TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy rea
 if TYPE_CHECKING:
     from typing import IO, Any, Final
 
+    from nsconfine._plan.protect import Seen
+
     Stdio = int | IO[Any] | None
     Identity = tuple[int, int]
 
@@ -223,6 +225,7 @@ class Staged:
         "read_only",
         "reaper",
         "reaper_pidfd",
+        "seen",
         "sock",
         "started",
         "stderr",
@@ -237,6 +240,9 @@ class Staged:
         # Each bind's dest -> the source file it shows: device, inode and change time (an inode
         # number is reused at once once its file is gone).
         self.bound: dict[str, tuple[int, int, int]] = {}
+        # What the launch's look at the writable trees saw (protect.refreshed_and_seen), which
+        # the report after the session judges "moved into view" by.
+        self.seen: Seen = ()
         # Each read-only bind inside a writable one, and all it holds, as checked at staging
         # (None: too many to keep; a launch then stages afresh, checking them as spawn does).
         self.read_only: _syscalls.PathIdentities | None = None

@@ -308,15 +308,22 @@ def refreshed(plan: Plan) -> Plan:
     identity (device, inode, modification and change times, to the nanosecond) changes
     whenever it gains, loses or renames an entry, a file's whenever it is written (but through
     a mapping: the files whose content the look read are read again)."""
+    return refreshed_and_seen(plan)[0]
+
+
+def refreshed_and_seen(plan: Plan) -> tuple[Plan, Seen]:
+    """refreshed(plan), and what the look it judged by saw (path, identity), which the report
+    after the launch judges "moved into view" by: a plan launched again and again keeps the
+    scan it was built with, whatever has been looked at since."""
     kept = plan.protection
     if kept is None:
-        return plan
+        return plan, ()
     latest = _latest.get(id(plan))
     if latest is None or latest[0] is not plan:
         latest = _remember(plan, plan, kept)
-    current, (looked_at, read, _seen) = latest[1], latest[2]
+    current, (looked_at, read, seen) = latest[1], latest[2]
     if not looked_at.any_changed() and all(_read_again(path) == raw for path, raw in read):
-        return current
+        return current, seen
     base = _base_entries(plan)
     fresh = protection(base, kept.trees, kept.names)
     assert current.protection is not None
@@ -327,7 +334,7 @@ def refreshed(plan: Plan) -> Plan:
             else plan.replace(entries=(*base, *fresh.entries), protection=fresh)
         )
     _remember(plan, current, fresh)
-    return current
+    return current, fresh.observed
 
 
 def _remember(plan: Plan, found: Plan, look: Protection) -> tuple[Plan, Plan, _Depended]:
@@ -338,16 +345,6 @@ def _remember(plan: Plan, found: Plan, look: Protection) -> tuple[Plan, Plan, _D
     depended = (_syscalls.PathIdentities(look.observed), look.contents, look.observed)
     latest = _latest[id(plan)] = (plan, found, depended)
     return latest
-
-
-def seen_at_launch(plan: Plan) -> Seen:
-    """What the latest look at plan's writable trees saw there (path, identity): what a launch
-    that has just asked refreshed(plan) judged the workspace by, whether or not it found its
-    protection changed (a plan launched again and again keeps the scan it was built with)."""
-    latest = _latest.get(id(plan))
-    if latest is not None and latest[0] is plan:
-        return latest[2][2]
-    return () if plan.protection is None else plan.protection.observed
 
 
 def _read_again(path: str) -> str | None:
@@ -378,8 +375,8 @@ def written_config(
     node_modules, which the host's `git status` enters); and each symlink made since that
     leads to a directory the session could write and the scan did not look through (a
     repository the session made in its run directory, which the host's git would enter
-    through it). And what lies in a directory the launch did not see there (seen:
-    seen_at_launch's, as the launch found it; plan's own scan's if None), whatever its times.
+    through it). And what lies in a directory the launch did not see there (seen: what
+    refreshed_and_seen gave the launch; plan's own scan's if None), whatever its times.
     A workspace that can no longer be scanned (a planted .git symlink) is named itself."""
     kept = plan.protection
     if kept is None:
