@@ -116,6 +116,43 @@ def test_a_mount_point_of_the_wrong_kind_is_a_clear_refusal(tmp_path: Path, case
     assert "fork" not in output, output
 
 
+@pytest.mark.parametrize(
+    ("source", "left", "what"),
+    [("/etc/hostname", os.mkdir, "a directory"), ("/usr/share/doc", _write_file, "a file")],
+    ids=["file-bind-dir-left", "dir-bind-file-left"],
+)
+def test_a_bind_s_mount_point_of_the_wrong_kind_is_a_clear_refusal(
+    tmp_path: Path, source: str, left: Callable[[str], None], what: str
+) -> None:
+    """A bind into HOME whose mount point a session left of the other kind (a directory where
+    a file is bound, or a file where a directory is): the launch was refused as a source
+    "replaced while it was checked ... launch again", which launching again never helps
+    (review of cb2a3ea, stop 40). Refused by the mount point's name, saying what is there."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    dest = run_dir / "home" / "bound"
+    dest.parent.mkdir(exist_ok=True)
+    if os.path.isdir(source):
+        dest.mkdir()
+    else:
+        dest.write_text("")
+    give_to_session_user(dest.parent)
+    bind = nsconfine.Bind(source, str(dest), "ro", "a test's bind")
+    plan = session(workspace, run_dir, binds=[bind]).plan()
+    # The control: the source shown there (before this review, such a bind, from elsewhere
+    # into a writable bind, was refused as "replaced while it was checked", every time).
+    shown = f'[ -s {dest} ] || [ -n "$(ls -A {dest})" ] && echo shown'
+    assert sh(plan, shown) == (0, "shown\n")
+    if dest.is_dir():
+        dest.rmdir()
+    else:
+        dest.unlink()
+    left(str(dest))
+    status, output = attempt(plan, "echo ran")
+    assert status == -1, output
+    assert f"{dest} is {what}" in output, output
+    assert "replaced" not in output, output
+
+
 def test_a_read_only_file_in_the_workspace_stays_read_only_after_a_rename(
     tmp_path: Path,
 ) -> None:

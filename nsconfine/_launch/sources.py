@@ -169,7 +169,9 @@ def open_for_launch(
                     stub = _mount_point(records, parent, resolved, parts, entry, plan.user)
                     if stub is not None:
                         stubs.append(stub)
-                    if entry.kind is Kind.BIND:  # opened while no launch can remove a stub
+                    # A path bound onto itself (a protected one) is opened while no launch can
+                    # remove a stub; one bound from elsewhere is opened as any source is.
+                    if entry.kind is Kind.BIND and entry.source == entry.dest:
                         fds[entry.dest] = _open_inside(parent, parts[-1], entry)
         for entry in plan.entries:
             if entry.kind is Kind.BIND and entry.dest not in fds:
@@ -422,8 +424,9 @@ def _mount_point(
             return _made_stub(records, parent, resolved, parts, made)
     if stat.S_ISLNK(info.st_mode):
         raise PlanError(_refusal(entry.dest, None))
-    if entry.kind in _MADE_AS and stat.S_ISDIR(info.st_mode) != (_MADE_AS[entry.kind] == "dir"):
-        wanted = "a directory" if _MADE_AS[entry.kind] == "dir" else "a file"
+    made_as = _mounted_over(entry)
+    if made_as is not None and stat.S_ISDIR(info.st_mode) != (made_as == "dir"):
+        wanted = "a directory" if made_as == "dir" else "a file"
         raise PlanError(_wrong_kind(where, info.st_mode, f"{wanted} ({entry.reason})"))
     if entry.kind is Kind.DIR and stat.S_ISDIR(info.st_mode):
         _give_kept_directory(parent, name, info, user)
@@ -547,6 +550,17 @@ def _lock_shared(fd: int, where: str) -> None:
 # What the launch mounts over, by the entry's kind, where it makes one when it is missing: bwrap
 # mounts a directory only over a directory, and a file only over what is not one.
 _MADE_AS = {Kind.DIR: "dir", Kind.TMPFS: "dir", Kind.DATA: "file"}
+
+
+def _mounted_over(entry: Entry) -> str | None:
+    """What entry's mount point must be, "dir" or "file"; None if anything will do (a path
+    bound onto itself is its own mount point)."""
+    if entry.kind is Kind.BIND and entry.source != entry.dest:  # bound from elsewhere
+        try:
+            return "dir" if stat.S_ISDIR(os.stat(entry.source).st_mode) else "file"
+        except OSError:
+            return None  # (gone: opening it refuses the launch)
+    return _MADE_AS.get(entry.kind)
 
 
 def _wrong_kind(where: str, mode: int, wanted: str) -> str:
