@@ -8,6 +8,7 @@ inside the run directory. Paths are the same inside as outside.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import stat
@@ -840,7 +841,8 @@ def with_profiles(
     needs_credential: list[str] = []
     allow_hosts: list[Destination] = []
     inject: list[str] = []
-    credential_where = network_where = ""
+    credential_where = network_where = inject_where = ""
+    unprotected: list[tuple[Profile, list[str]]] = []  # each profile's own, judged once all are in
     profiles = chain(list(session.profile))
     for profile in profiles:
         values = profile.values
@@ -851,6 +853,8 @@ def with_profiles(
             lists[key] += given
             if key == "protect":
                 _refuse_what_the_session_would(profile, given, session.workspace)
+            elif key == "unprotect" and given:
+                unprotected.append((profile, given))
         if "network" in values:
             network_where = profile.where("network")
         setenv.update(values.get("setenv", {}))
@@ -864,6 +868,8 @@ def with_profiles(
             for d in values.get("allow_hosts", [])
         ]
         inject += values.get("inject", [])
+        if values.get("inject"):
+            inject_where = profile.where("inject")
         for option in _PROFILE_SCALARS:
             if option.key in values:
                 scalars[option.name] = values[option.key]
@@ -890,6 +896,10 @@ def with_profiles(
         dest = _expand(bind.dest, session, environ)
         if source is not None and dest is not None:
             binds.append(bind.replace(source=source, dest=dest))
+    protect = [*lists["protect"], *session.protect]
+    for profile, dropped in unprotected:  # (a name a later profile, or the session, protects)
+        judged = functools.partial(protected_names, protect, dropped, session.workspace)
+        _in_profile(profile, "unprotect", judged)
     network = session.network or scalars.get("network")
     if network == "host" and session.network is None:
         host_reason = session.network_reason or scalars.get("network_reason")
@@ -901,9 +911,10 @@ def with_profiles(
         # A route is the proxy's: without one, the key its credential file holds would reach
         # the session's environment as any other of the file's variables.
         names = ", ".join(dict.fromkeys([*inject, *session.inject]))
+        given = f"{inject_where}: " if inject and not session.inject else ""
         raise UsageError(
-            f"inject ({names}: --inject-for, or a profile's inject) has the launcher's proxy "
-            f"hold the key, which only --network proxy has; with network {network} the key "
+            f"{given}inject ({names}: --inject-for, or a profile's inject) has the launcher's "
+            f"proxy hold the key, which only --network proxy has; with network {network} the key "
             "would be in the session's environment: use --network proxy (with --allow-host "
             "for what else it reaches), or leave the injection out"
         )

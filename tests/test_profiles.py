@@ -294,6 +294,8 @@ def test_profile_errors_name_the_file_line_and_key(
         ("allow_nested_userns = ''\n", "allow_nested_userns", 64),
         ("network = 'host'\n", "network", 64),
         ("protect = ['../../etc']\n", "protect", 65),
+        ("unprotect = ['no-such-name']\n", "unprotect", 65),
+        ("network = 'none'\ninject = ['anthropic']\n", "inject", 64),
     ],
 )
 def test_a_value_a_profile_gives_wrongly_is_refused_by_its_file_line_and_key(
@@ -306,7 +308,8 @@ def test_a_value_a_profile_gives_wrongly_is_refused_by_its_file_line_and_key(
     outer = write_profile(tmp_path, f'description = "outer"\ninclude = ["{inner}"]\n')
     result = cli("plan", *session_options(*ws_run), "--profile", str(outer))
     assert result.returncode == code, (result.stdout, result.stderr)
-    assert f"{inner}, line 2, key {key}" in result.stderr, result.stderr
+    line = text.splitlines().index(next(t for t in text.splitlines() if t.startswith(key))) + 2
+    assert f"{inner}, line {line}, key {key}" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
 
