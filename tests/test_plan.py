@@ -337,3 +337,12 @@ def test_an_entry_takes_a_kind_and_mode_by_their_values() -> None:
     entry = p.tmpfs("/tmp", "a private /tmp").replace(mode="ro", kind="tmpfs")
     assert entry.mode is Mode.RO
     assert entry.kind is Kind.TMPFS
+
+
+def test_a_control_character_is_named_where_it_is() -> None:
+    """A destination holding a NUL, under a plain source, is named, not the source (review,
+    stop 40: "/tmp holds a control character" for a dest of "/x\\0y")."""
+    with pytest.raises(PlanError, match=r"/x\\x00y holds a control character"):
+        Entry(Kind.BIND, "/x\0y", Mode.RO, "a bind", "/tmp")
+    with pytest.raises(PlanError, match=r"/t\\nmp holds a control character"):
+        Entry(Kind.BIND, "/x", Mode.RO, "a bind", "/t\nmp")

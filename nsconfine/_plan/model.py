@@ -127,9 +127,10 @@ class Entry(Record):
             raise PlanError(f"destination {self.dest!r} must be an absolute, normalized path")
         # A control character is refused in a path outright.
         if has_control(self.dest) or (self.kind is not Kind.SYMLINK and has_control(self.source)):
+            holder = self.dest if has_control(self.dest) else self.source
             raise PlanError(
-                f"{printable(self.source or self.dest)} holds a control character (a newline, a "
-                "tab, an escape): such paths could forge the manifest a reviewer reads; rename it"
+                f"{printable(holder)} holds a control character (a newline, a tab, an escape): "
+                "such paths could forge the manifest a reviewer reads; rename it"
             )
         if not encodable(self.dest) or not encodable(self.source):
             raise PlanError(
