@@ -366,6 +366,11 @@ def test_a_bundle_that_would_run_as_uid_or_gid_0_is_refused(
     with pytest.raises(PlanError, match=r"(uid|gid) 0"):
         _oci.write_bundle(as_root, str(tmp_path / "b"), ["true"])
     assert not (tmp_path / "b" / "config.json").exists()
+    # Nor printed as one to run (attacker's pass, stop 40: `plan --format oci|k8s` printed
+    # "uid": 0 and exited 0, where oci-bundle refused the same session).
+    for form in ("oci", "k8s"):
+        with pytest.raises(PlanError, match=r"(uid|gid) 0"):
+            _oci.print_export(as_root, form, str(tmp_path / "b"))
 
 
 def test_the_pod_is_valid_and_as_narrow(oci_plan: Plan, tmp_path: Path) -> None:

@@ -246,6 +246,7 @@ def export(
         raise UsageError(f"the bundle directory {printable(bundle)} must be an absolute path")
     if not argv:
         raise UsageError("no command given for the bundle's process")
+    _refuse_root(plan)
     _refuse_what_utf8_cannot_hold(plan, bundle, argv)
     result = Export()
     entries = plan.entries
@@ -421,6 +422,17 @@ def export(
     return result
 
 
+def _refuse_root(plan: Plan) -> None:
+    """No export runs a session as uid 0 or in group 0: the spec has no user namespace, and
+    root's runtime would run it as root (as the launch's gate refuses too)."""
+    if plan.user.uid == 0 or plan.user.gid == 0:
+        which = "uid" if plan.user.uid == 0 else "gid"
+        raise PlanError(
+            f"the session would run as {which} 0: name an unprivileged account whose group is "
+            "not root's (--user NAME)"
+        )
+
+
 def _refuse_what_utf8_cannot_hold(plan: Plan, bundle: str, argv: Sequence[str]) -> None:
     """Refuse a name or value holding a byte no UTF-8 text holds (kept as a lone surrogate):
     config.json and the Pod are UTF-8, and a runtime written in Go reads such a byte as U+FFFD,
@@ -528,12 +540,7 @@ def write_bundle(plan: Plan, directory: str, argv: Sequence[str] = DEFAULT_COMMA
     from nsconfine._gate import lint
 
     bundle = os.path.abspath(directory)
-    if plan.user.uid == 0 or plan.user.gid == 0:
-        which = "uid" if plan.user.uid == 0 else "gid"
-        raise PlanError(
-            f"the session would run as {which} 0: name an unprivileged account whose group is "
-            "not root's (--user NAME)"
-        )
+    _refuse_root(plan)  # (before any mount point is made)
     writable = {
         _syscalls.identity(e.source): e
         for e in plan.entries
