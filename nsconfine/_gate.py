@@ -82,6 +82,13 @@ def gate(plan: Plan) -> Cleared:
     euid = os.geteuid()
     plan.require_launchable()
     refuse_if_statuses_discarded()
+    if euid != 0 and os.getuid() == 0:  # (an exec keeps the real uid; it resets the saved one)
+        raise SandboxUnavailable(
+            f"this launcher's real uid is 0 while its effective uid is {euid} (os.seteuid "
+            "changes only the latter): its sessions would keep uid 0 as their real uid; run "
+            "the launcher as root, or give up root for good first (os.setresuid(uid, uid, "
+            "uid), runuser, a service's User=)"
+        )
     if plan.user.uid == 0:
         raise SandboxUnavailable(
             "this launcher runs as root and the session names no other account: it would hold "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,36 @@ def test_a_file_the_session_cannot_run_is_said_to_lack_execute_permission(tmp_pa
     assert access_problem(str(program), stranger, SEARCH) == (
         f"stranger (uid {stranger.uid}) has no execute permission on {program}"
     )
+
+
+@pytest.mark.root
+def test_a_launcher_that_dropped_only_its_effective_uid_is_refused(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A root process that only set its effective uid (os.seteuid, the usual way to act as an
+    account for a while) keeps real uid 0, which an exec keeps too: it was refused for the
+    wrong cause ("not a working bubblewrap", or its limits), and a bwrap that took the state
+    would run the session with real uid 0 (attacker's pass, stop 40). Refused by its cause,
+    before anything runs. (Launches with every uid the account's are the unprivileged suite.)"""
+    script = f"""
+import os
+import subprocess  # (what proving bwrap for the account imports: the tree may be root's)
+import nsconfine
+from nsconfine._kernel.accounts import run_as
+account = run_as({SESSION_USER!r})
+plan = nsconfine.Session(
+    workspace={str(ws_run[0])!r}, run_dir={str(ws_run[1])!r}, user=account.name
+).plan()
+spawn = nsconfine.spawn
+assert spawn(plan, ["/bin/true"]).wait() == 0  # (all it imports loaded while root)
+os.setresuid(0, account.uid, 0)
+try:
+    print("status", spawn(plan, ["/bin/true"]).wait())
+except nsconfine.NsconfineError as error:
+    print(error)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd="/", timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert "real uid is 0" in result.stdout, (result.stdout, result.stderr)
