@@ -415,24 +415,24 @@ def _written_config(
             info = os.lstat(entry.source)
             if (info.st_dev, info.st_ino, info.st_ctime_ns) != bound[covering.dest]:
                 written.append(entry.source)  # replaced while the session ran
-    moved = _MovedIntoView(seen)
-    written += _gitlinks_unscanned(scan, since, plan.user, moved)
-    written += _links_unscanned(plan, scan, since, moved)
-    written += _started_in_written(kept, holders, scan, since, moved)
+    launched = _SeenAtLaunch(seen)
+    written += _gitlinks_unscanned(scan, since, plan.user, launched)
+    written += _links_unscanned(plan, scan, since, launched)
+    written += _started_in_written(kept, holders, scan, since, launched)
     return list(dict.fromkeys(written))
 
 
-class _MovedIntoView:
-    """Which directories the launch's look did not see where they are now: one a session
-    renamed out of node_modules (never looked into) changed its own times, and nothing it
-    holds, whose times then say nothing of when it came into view. So what lies directly in a
-    directory new to the scan is judged new, whatever its times."""
+class _SeenAtLaunch:
+    """The directories the launch's look saw, to tell those it did not see where they are now:
+    one a session renamed out of node_modules (never looked into) changed its own times, and
+    nothing it holds, whose times then say nothing of when it came into view. So what lies
+    directly in a directory unseen at launch is judged new, whatever its times."""
 
     def __init__(self, seen: Seen) -> None:
         # By device and inode: a directory seen changes its times whenever it gains an entry.
         self.seen = {path: identity[:2] for path, identity in seen if identity}
 
-    def holds(self, directory: str) -> bool:
+    def unseen(self, directory: str) -> bool:
         """Is directory (a real path) one the launch's scan did not see there?"""
         try:
             info = os.lstat(directory)
@@ -446,7 +446,7 @@ def _started_in_written(
     holders: Mapping[str, p.Entry],
     scan: _Scan,
     since: float,
-    moved: _MovedIntoView,
+    launched: _SeenAtLaunch,
 ) -> list[str]:
     """The config the host's tools read where they are started that the scan met below a
     tree's top, not inside a read-only bind, made or changed since `since`, at any depth (a
@@ -458,7 +458,7 @@ def _started_in_written(
         named = scan.shown(path)
         if named is None or _read_only_bind(_innermost(holders, named[0])):
             continue
-        changed = moved.holds(os.path.dirname(path)) or _changed_within(path, since, budget)
+        changed = launched.unseen(os.path.dirname(path)) or _changed_within(path, since, budget)
         if changed is None:
             return _tree_sources(kept)
         if changed:
@@ -522,7 +522,7 @@ _PER_PROCESS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
 _LOOPING = ""  # what a resolution the kernel refuses (too many links) gives
 
 
-def _links_unscanned(plan: Plan, scan: _Scan, since: float, moved: _MovedIntoView) -> list[str]:
+def _links_unscanned(plan: Plan, scan: _Scan, since: float, launched: _SeenAtLaunch) -> list[str]:
     """The symlinks the scan met that lead to a directory the session could write and the scan
     did not look through (its run directory, a node_modules), or to nothing yet or a file
     there, where the host's git, run after `cd` through one, finds what a session put there:
@@ -540,7 +540,7 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float, moved: _MovedIntoVie
         except OSError:
             continue  # gone: nothing for the host to enter
         new = max(info.st_mtime, info.st_ctime) >= since
-        ages.append((link, new or moved.holds(os.path.dirname(link))))
+        ages.append((link, new or launched.unseen(os.path.dirname(link))))
     if scan.links_left_out or sum(new for _link, new in ages) > LINKS_LOOKED_AT:
         return trees
     deadline = time.monotonic() + LINKS_SECONDS
@@ -677,7 +677,9 @@ _INDEX_READ = 64 << 20
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def _gitlinks_unscanned(scan: _Scan, since: float, user: RunAs, moved: _MovedIntoView) -> list[str]:
+def _gitlinks_unscanned(
+    scan: _Scan, since: float, user: RunAs, launched: _SeenAtLaunch
+) -> list[str]:
     """What the gitlinks of the indexes written since `since` lead the host's git into that
     the scan does not see: a repository it did not find (in node_modules: its config), the
     place of one not made yet where the scan does not look (a later session could make it),
@@ -697,7 +699,7 @@ def _gitlinks_unscanned(scan: _Scan, since: float, user: RunAs, moved: _MovedInt
             continue
         # A git directory, or a repository, moved (or pointed) into view: its index is new to it.
         tree = trees.get(gitdir)
-        new = moved.holds(gitdir) or (tree is not None and moved.holds(tree))
+        new = launched.unseen(gitdir) or (tree is not None and launched.unseen(tree))
         if not new and not _index_written_since(indexes, since):
             continue
         gitlinks = _gitlinks(gitdir, indexes, user) if time.monotonic() < deadline else None
