@@ -118,6 +118,20 @@ def says_nothing(text: str) -> bool:
     )
 
 
+def file_kind(mode: int) -> str:
+    """What a file of mode (st_mode) is, as a refusal names it: "a FIFO", "a device", …"""
+    import stat
+
+    kinds = {
+        stat.S_IFDIR: "a directory",
+        stat.S_IFREG: "a file",
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFLNK: "a symlink",
+    }
+    return kinds.get(stat.S_IFMT(mode), "a device")
+
+
 def printable(text: str) -> str:
     """text with control and format characters written as escapes: what a person reads (a
     manifest row, a refusal) cannot be forged by a newline, a C1 control, a bidi override or a

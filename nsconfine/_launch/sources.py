@@ -50,7 +50,7 @@ from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import READ, SEARCH, RunAs, allows, has_acl_at
 from nsconfine._launch.forks import LaunchWindow
 from nsconfine._plan.model import COMMONDIR_STUB, Entry, Kind, Mode, Plan
-from nsconfine._text import inside, printable, within
+from nsconfine._text import file_kind, inside, printable, within
 
 Identity = tuple[int, int]
 
@@ -564,15 +564,9 @@ def _mounted_over(entry: Entry) -> str | None:
 
 
 def _wrong_kind(where: str, mode: int, wanted: str) -> str:
-    found = {
-        stat.S_IFDIR: "a directory",
-        stat.S_IFREG: "a file",
-        stat.S_IFIFO: "a FIFO",
-        stat.S_IFSOCK: "a socket",
-    }.get(stat.S_IFMT(mode), "a device")
     return (
-        f"{printable(where)} is {found}, where the launch needs {printable(wanted)}: a session "
-        "left it there; remove it, then launch again. Nothing was run"
+        f"{printable(where)} is {file_kind(mode)}, where the launch needs {printable(wanted)}: "
+        "a session left it there; remove it, then launch again. Nothing was run"
     )
 
 
@@ -750,10 +744,9 @@ def _refuse_written_through(shown: str, info: os.stat_result) -> None:
             "them), then launch again"
         )
     if stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
-        what = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device"
         raise PlanError(
-            f"{shown} is {what}: a read-only bind does not stop a session writing through it, "
-            "to whoever reads it on the host; remove it, then launch again"
+            f"{shown} is {file_kind(info.st_mode)}: a read-only bind does not stop a session "
+            "writing through it, to whoever reads it on the host; remove it, then launch again"
         )
 
 

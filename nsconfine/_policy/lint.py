@@ -39,7 +39,7 @@ from nsconfine._kernel.accounts import (
 )
 from nsconfine._kernel.stub_records import FALLBACK_BASE
 from nsconfine._plan.model import TOOL_SOCKET_REASON, DenyRule, Entry, Kind, Mode, Plan
-from nsconfine._text import is_decimal, printable, within
+from nsconfine._text import file_kind, is_decimal, printable, within
 
 # Credential stores under a home directory, each with why it must stay out of every session.
 HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
@@ -646,14 +646,12 @@ def _refuse_a_host_endpoint(entry: Entry, info: os.stat_result) -> None:
         return
     written = stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
     if stat.S_ISSOCK(mode) or (written and entry.mode is Mode.RO):
-        what = (
-            "a socket" if stat.S_ISSOCK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
-        )
         raise PlanError(
-            f"{printable(entry.source)} (for {printable(entry.dest)}) is {what}: no bind stops "
-            "a session connecting to a socket, nor a read-only one writing through a FIFO or a "
-            "device, to whoever serves or reads it on the host; a socket the session calls is "
-            "given with --tool-socket (Session(tool_socket=...)), which says so; drop this bind"
+            f"{printable(entry.source)} (for {printable(entry.dest)}) is {file_kind(mode)}: no "
+            "bind stops a session connecting to a socket, nor a read-only one writing through a "
+            "FIFO or a device, to whoever serves or reads it on the host; a socket the session "
+            "calls is given with --tool-socket (Session(tool_socket=...)), which says so; drop "
+            "this bind"
         )
 
 
