@@ -846,15 +846,17 @@ def with_profiles(
     profiles = chain(list(session.profile))
     for profile in profiles:
         values = profile.values
+        protected: list[str] = []  # this profile's protect, expanded
         for key in lists:
             given = values.get(key, [])
             if key != "pass_env":  # protect, unprotect: names, or paths after a placeholder
                 given = [_expand_name(t, session, environ, profile.where(key)) for t in given]
             lists[key] += given
             if key == "protect":
-                _refuse_what_the_session_would(profile, given, session.workspace)
+                protected = given
             elif key == "unprotect" and given:
                 unprotected.append((profile, given))
+        _refuse_what_the_session_would(profile, protected, session.workspace)
         if "network" in values:
             network_where = profile.where("network")
         setenv.update(values.get("setenv", {}))
@@ -965,11 +967,7 @@ def _refuse_what_the_session_would(profile: Profile, protect: list[str], workspa
     if protect:
         _in_profile(profile, "protect", lambda: protected_names(protect, (), workspace))
     for name in values.get("inject", []):
-        if name not in _network.ROUTES:
-            raise UsageError(
-                f"{profile.where('inject')}: {name!r} is no route: it is one of "
-                f"{', '.join(_network.ROUTES)}"
-            )
+        _in_profile(profile, "inject", functools.partial(_network.route_kind, name))
     if "git_identity" in values:
         identity = values["git_identity"]
         _in_profile(profile, "git_identity", lambda: git_identity_parts(identity))

@@ -186,6 +186,14 @@ def ca_file_problem(environ: Mapping[str, str]) -> str | None:
     return f"SSL_CERT_FILE={printable(path)} is a FIFO"
 
 
+def route_kind(name: str) -> RouteKind:
+    """The route --inject-for name names; UsageError if none."""
+    kind = ROUTES.get(name)
+    if kind is None:
+        raise UsageError(f"--inject-for {name!r}: it is one of {', '.join(ROUTES)}")
+    return kind
+
+
 def injected(
     names: tuple[str, ...],
     credential: Mapping[str, str],
@@ -206,9 +214,7 @@ def injected(
             "FIFO there would hold every request); point it at a CA bundle file, or unset it"
         )
     for name in dict.fromkeys(names):
-        kind = ROUTES.get(name)
-        if kind is None:
-            raise UsageError(f"--inject-for {name!r}: it is one of {', '.join(ROUTES)}")
+        kind = route_kind(name)
         upstream = (environ.get(kind.base_variable) or kind.default_upstream).rstrip("/")
         replaced[kind.base_variable] = route_base_url(name)
         held = [(variable, header) for variable, header in kind.keys if credential.get(variable)]
