@@ -2117,6 +2117,92 @@ def test_a_link_through_proc_is_reported(repo: tuple[Path, Path]) -> None:
     _assert_named(written, workspace, "tools", "viaproc")
 
 
+# Session 1 leaves a link in the workspace that leads where the scan does not look (named after
+# it); session 2 changes only what lies behind the link, in a way no time of the link or of
+# the place it leads to shows: the host's git, run after `cd` through it, runs session 2's
+# config (attacker's pass, stop 41).
+_BEHIND_AN_OLD_LINK = {
+    "config-in-place": (
+        "git init -q node_modules/r; ln -s node_modules/r lnk",
+        "printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' >> node_modules/r/.git/config",
+    ),
+    "repository-above": (
+        "mkdir -p node_modules/x; ln -s node_modules/x lnk",
+        "git init -q node_modules",
+    ),
+    "way-re-pointed": (
+        "mkdir -p node_modules/a; git init -q node_modules/evil; ln -s a node_modules/hop; "
+        "ln -s node_modules/hop lnk",
+        "ln -sfn evil node_modules/hop",
+    ),
+    "through-proc": (
+        "mkdir -p node_modules/r; ln -s /proc/self/cwd/node_modules/r lnk",
+        "git init -q node_modules/r",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", sorted(_BEHIND_AN_OLD_LINK))
+def test_a_link_to_where_the_scan_does_not_look_is_named_while_it_stands(
+    repo: tuple[Path, Path], change: str
+) -> None:
+    """What a link leads to where the scan does not look, no time tells the report whether a
+    session changed (config rewritten in place, a repository made above it, a link on its way
+    re-pointed, a way through /proc): such a link is named after every session while it
+    stands, not only after the one that made it."""
+    workspace = repo[0]
+    plant, change_behind = _BEHIND_AN_OLD_LINK[change]
+    prefix = f"set -e; cd {workspace}; export GIT_CONFIG_NOSYSTEM=1; "
+    _assert_named(_reported_after(repo, prefix + plant), workspace, "lnk")
+    time.sleep(1.5)  # the link now predates the next session by more than the report's slack
+    _assert_named(_reported_after(repo, prefix + change_behind), workspace, "lnk")
+
+
+# Session 1 puts config below the workspace's top as a link (or through one) to a file it can
+# go on writing; session 2 changes only what the link leads to (attacker's pass, stop 41: the
+# host's Claude Code started in sub/ ran session 2's SessionStart hook).
+_CONFIG_THROUGH_A_LINK = {
+    "nested-link-to-node_modules": (
+        "mkdir -p sub/.claude node_modules/y; echo '{}' > node_modules/y/s.json; "
+        "ln -s ../../node_modules/y/s.json sub/.claude/settings.json",
+        "echo '{\"hooks\": {}}' > node_modules/y/s.json",
+    ),
+    "nested-link-to-run-dir": (
+        "mkdir -p sub/.vscode; echo '{}' > {run}/t.json; ln -s {run}/t.json sub/.vscode/tasks.json",
+        "echo '{\"tasks\": []}' > {run}/t.json",
+    ),
+    "nested-way-re-pointed": (
+        "mkdir -p sub/.claude docs/a docs/b; echo '{}' > docs/a/s.json; echo '{}' > docs/b/s.json; "
+        "ln -s a docs/hop; ln -s ../../docs/hop/s.json sub/.claude/settings.json",
+        "ln -sfn b docs/hop",
+    ),
+    "through-proc": (
+        "mkdir -p sub/node_modules/c; echo '{}' > sub/node_modules/c/settings.json; "
+        "ln -s /proc/self/cwd/node_modules/c sub/.claude",
+        "rm sub/node_modules/c/settings.json; echo '{}' > sub/node_modules/c/settings.json",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", sorted(_CONFIG_THROUGH_A_LINK))
+def test_config_below_the_top_is_judged_by_where_its_links_lead(
+    repo: tuple[Path, Path], change: str
+) -> None:
+    """Config below the workspace's top (named when a session made or changed it) is judged by
+    every link met in it and on their ways, and what they lead to: a file a link leads to,
+    rewritten in place; a link on the way, re-pointed; a way through /proc, which leads
+    elsewhere for each process, whatever its times."""
+    workspace, run_dir = repo
+    plant, change_behind = (
+        script.replace("{run}", str(run_dir)) for script in _CONFIG_THROUGH_A_LINK[change]
+    )
+    prefix = f"set -e; cd {workspace}; "
+    config = "sub/.vscode" if "run-dir" in change else "sub/.claude"
+    _assert_named(_reported_after(repo, prefix + plant), workspace, config)
+    time.sleep(1.5)  # past the slack the report gives times
+    _assert_named(_reported_after(repo, prefix + change_behind), workspace, config)
+
+
 def test_links_that_cannot_be_resolved_cheaply_name_the_workspace(
     repo: tuple[Path, Path],
 ) -> None:

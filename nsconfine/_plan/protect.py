@@ -480,19 +480,18 @@ class _Budget:
 
 
 def _changed_within(path: str, since: float, budget: _Budget) -> bool | None:
-    """Did path (a link itself, or what it leads to), or anything below it, change since
-    `since`? Nothing below path is followed. None once budget is spent."""
-    if not budget.spend():
-        return None
-    with contextlib.suppress(OSError):
-        info = os.lstat(path)  # a link made now, to what is older, is new config
-        if max(info.st_mtime, info.st_ctime) >= since:
-            return True
-    pending = [(path, True)]
+    """Did path, or anything below it, change since `since`? Each link met, path itself among
+    them, is judged by its way (_way_changed) and followed: what the host's tool reads is what
+    it leads to, which a later session may rewrite in place. None once budget is spent."""
+    pending = [path]
     while pending:
-        where, follow = pending.pop()
+        where = pending.pop()
         try:
-            info = os.stat(where, follow_symlinks=follow)
+            info = os.lstat(where)
+            if stat.S_ISLNK(info.st_mode):
+                if _way_changed(where, since):
+                    return True
+                info = os.stat(where)
         except OSError:
             continue  # gone, or a link to nothing: nothing for the host to read
         if max(info.st_mtime, info.st_ctime) >= since:
@@ -504,10 +503,48 @@ def _changed_within(path: str, since: float, budget: _Budget) -> bool | None:
                 for entry in entries:
                     if not budget.spend():
                         return None
-                    pending.append((entry.path, False))
+                    pending.append(entry.path)
         except OSError:
             return True  # cannot be looked through: named
     return False
+
+
+def _way_changed(path: str, since: float) -> bool:
+    """Did a link met resolving path (path itself among them, if one) change since `since`, or
+    does the way pass through /proc or /dev/fd, which lead elsewhere for each process that
+    follows them, or loop? What the host's tool reads through path depends on each of them
+    (a link in node_modules that the way passes, re-pointed at an older file)."""
+    pending = path.split("/")[::-1]  # the names still to resolve, the next one last
+    real = "/"
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            real = os.path.dirname(real)
+            continue
+        here = os.path.join(real, name)
+        if any(within(here, top) for top in _PER_PROCESS):
+            return True
+        try:
+            info = os.lstat(here)
+            if not stat.S_ISLNK(info.st_mode):
+                real = here
+                continue
+            target = os.readlink(here)
+        except OSError:
+            return False  # leads nowhere yet: what is made there later is new
+        links += 1
+        if links > _MOST_LINKS_ON_A_WAY or max(info.st_mtime, info.st_ctime) >= since:
+            return True
+        real = "/" if target.startswith("/") else real
+        pending += target.split("/")[::-1]
+    return False
+
+
+# The links the kernel follows resolving one path before it gives up (ELOOP).
+_MOST_LINKS_ON_A_WAY = 40
 
 
 # The most links made during a session that its end looks at, each resolved, and the most
@@ -526,10 +563,11 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float, launched: _SeenAtLau
     """The symlinks the scan met that lead to a directory the session could write and the scan
     did not look through (its run directory, a node_modules), or to nothing yet or a file
     there, where the host's git, run after `cd` through one, finds what a session put there:
-    each one made or changed since `since`, and each older one whose place changed since
-    (a session re-points a link in node_modules that it leads through). And each new one
-    whose way passes through /proc or /dev/fd. Past LINKS_LOOKED_AT new ones, or
-    LINKS_SECONDS, the writable trees scanned instead."""
+    each one, however old, while it stands (no time of the link or of its place tells whether
+    a session changed what lies behind it: config rewritten in place, a repository made above
+    its place, a link on its way re-pointed). And each whose way passes through /proc or
+    /dev/fd, and each new one that cannot be resolved. Past LINKS_LOOKED_AT new ones (made
+    or moved into view since `since`), or LINKS_SECONDS, the writable trees instead."""
     assert plan.protection is not None
     trees = _tree_sources(plan.protection)
     writable = [resolved for _dest, resolved, _written in scan.writable]
@@ -548,7 +586,7 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float, launched: _SeenAtLau
     for link, new in ages:
         if time.monotonic() > deadline:
             return trees
-        if new and _through_per_process(link):
+        if _through_per_process(link):
             found.append(link)
             continue
         place = _place(link)
@@ -559,10 +597,8 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float, launched: _SeenAtLau
         where, unscanned = place
         if not (unscanned or where not in scan.listed):
             continue
-        if not any(within(where, top) for top in writable):
-            continue
-        if new or _changed_since(where, since):
-            found.append(link)
+        if any(within(where, top) for top in writable):
+            found.append(link)  # what lies behind it, no time tells: named while it stands
     return found
 
 
@@ -609,16 +645,6 @@ def _through_per_process(link: str) -> bool:
                 named = os.readlink(prefix)
                 ways.append(os.path.normpath(os.path.join(os.path.dirname(prefix), named)))
     return any(within(way, top) for way in ways for top in _PER_PROCESS)
-
-
-def _changed_since(where: str, since: float) -> bool:
-    """Did where, or a repository in it, change since `since` (a repository made there)?"""
-    for path in (where, os.path.join(where, ".git")):
-        with contextlib.suppress(OSError):
-            info = os.lstat(path)
-            if max(info.st_mtime, info.st_ctime) >= since:
-                return True
-    return False
 
 
 def _reached(path: str) -> str | None:
