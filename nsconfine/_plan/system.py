@@ -80,10 +80,13 @@ PROC_READ_ONLY: tuple[tuple[str, str], ...] = (
 
 # The parts of procfs that list what the session's account holds beyond the sandbox, covered
 # by an empty file: the kernel shows every key the account may view (a token a host tool put in
-# its keyring, by name) and every other session's keyring, and the account's key count.
+# its keyring, by name) and every other session's keyring, and the account's key count. And
+# the host's lock table, whose every read holds every lock and unlock on the host while it
+# walks all their locks (it shows a session none but its own).
 PROC_EMPTY: tuple[tuple[str, str], ...] = (
     ("/proc/keys", "the kernel lists every key the account may view, by name, there"),
     ("/proc/key-users", "the kernel shows the account's key count there (its live sessions)"),
+    ("/proc/locks", "each read walks every lock on the host, holding every other lock call"),
 )
 
 _cache: dict[tuple[object, ...], tuple[p.Entry, ...]] = {}
