@@ -1140,6 +1140,7 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
         source, dest = _literal(_path_text(bind.source)), _path_text(bind.dest)
         pairs = [(source, dest)] if source is not None else [(m, m) for m in bind_sources(bind)]
         for one_source, one_dest in pairs:
+            _refuse_nsconfine_s_own(one_dest, bind, session.network == "proxy")
             there = taken.get(one_dest)
             if there is not None:
                 if shows(there, one_source, bind.mode):
@@ -1166,6 +1167,18 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
             entries.append(make(one_source, one_dest, bind.reason))
             taken[one_dest] = entries[-1]
     return entries
+
+
+def _refuse_nsconfine_s_own(dest: str, bind: Bind, relayed: bool) -> None:
+    """PlanError for a bind at or in p.OWN_DIRECTORY, or one holding it in a proxy session
+    (relayed): a proxy session's relay is bound at p.RELAY_DIRECTORY at each launch, and a bind
+    there took its place, the session's traffic going past the allowlist the manifest shows."""
+    if within(dest, p.OWN_DIRECTORY) or (relayed and within(p.RELAY_DIRECTORY, dest)):
+        raise PlanError(
+            f"a profile's {bind.mode} bind at {printable(dest)} ({printable(bind.reason)}) "
+            f"would take nsconfine's own place, {p.OWN_DIRECTORY} (a proxy session's relay "
+            f"is bound at {p.RELAY_DIRECTORY} at each launch); give it another destination"
+        )
 
 
 def _refuse_writable_binds_held_read_only(session: Session, plan: Plan) -> None:

@@ -229,6 +229,32 @@ def test_a_profile_cannot_bind_a_denied_path(ws_run: tuple[Path, Path], tmp_path
 
 
 @pytest.mark.parametrize(
+    ("dest", "network"),
+    [
+        ("/run/nsconfine/proxy", "proxy"),
+        ("/run/nsconfine/proxy", None),
+        ("/run/nsconfine/proxy/socket", "proxy"),
+        ("/run/nsconfine", None),
+        ("/run", "proxy"),
+    ],
+)
+def test_a_profile_s_bind_at_nsconfine_s_own_place_is_refused(
+    ws_run: tuple[Path, Path], tmp_path: Path, dest: str, network: str | None
+) -> None:
+    """/run/nsconfine is nsconfine's own: a proxy session's relay is bound at
+    /run/nsconfine/proxy at each launch. A profile's bind there took the relay's place, and the
+    session's traffic went to whatever socket it held, past the allowlist the manifest showed
+    (attacker's pass, stop 41); one above it, in a proxy session, would hold the place the
+    relay is bound at. Each is refused, naming the place."""
+    (other := tmp_path / "other").mkdir()
+    text = f'description = "x"\n[[bind]]\nsource = "{other}"\ndest = "{dest}"\n'
+    profile = write_profile(tmp_path, text + 'mode = "ro"\nreason = "mine"\n')
+    allow = ["pypi.org:443"] if network else []
+    with pytest.raises(nsconfine.PlanError, match="/run/nsconfine"):
+        session(*ws_run, profile=[str(profile)], network=network, allow_hosts=allow).plan()
+
+
+@pytest.mark.parametrize(
     ("source", "dest", "mode"),
     [("/etc/hostname", "/etc/passwd", "ro"), ("{other}", "{workspace}", "rw"), ("/", "/", "ro")],
 )

@@ -493,7 +493,8 @@ def has_own_network(network: str) -> bool:
 # it read-only at RELAY_DIRECTORY (connect() works through a read-only bind; the session can
 # neither remove nor replace the socket).
 RELAY_PORT = 3128
-RELAY_DIRECTORY = "/run/nsconfine/proxy"
+OWN_DIRECTORY = "/run/nsconfine"  # nsconfine's own: no bind of a caller's is made there
+RELAY_DIRECTORY = f"{OWN_DIRECTORY}/proxy"
 RELAY_SOCKET_NAME = "socket"
 RELAY_SOCKET = f"{RELAY_DIRECTORY}/{RELAY_SOCKET_NAME}"
 # The one read-only bind of a socket a plan may hold: a read-only mount stops no one connecting
