@@ -642,6 +642,29 @@ def test_the_bundle_lines_show_a_control_character_escaped(
     assert "$'" in line
 
 
+@pytest.mark.parametrize(
+    "word",
+    [
+        "r\U000f0000",
+        "r\U000f0000/.git/config",
+        "a\x85b",
+        "\x1b]0;t\x07",
+        "x\udc80y",
+        "\u202e1",
+        "ok 😀",
+    ],
+)
+def test_a_podman_args_word_reads_back_as_it_was(word: str) -> None:
+    """Each word podman-args prints reads back in bash as the very bytes of the path it
+    quotes. A non-printable character past U+FFFF was written \\uHHHHH, which bash reads as
+    four hex digits and a character: the `eval`'d command bound and protected another name,
+    one the session could make (attacker's pass, stop 41)."""
+    read = subprocess.run(
+        ["bash", "-c", f"printf '%s' {_oci._shell_word(word)}"], capture_output=True, check=True
+    )
+    assert read.stdout == os.fsencode(word)
+
+
 @pytest.mark.parametrize("bundle_is", ["not empty", "missing its parent"])
 def test_a_refused_bundle_leaves_no_mount_point_in_the_workspace(
     tmp_path: Path, bundle_is: str
