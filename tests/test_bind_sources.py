@@ -223,6 +223,35 @@ def test_a_read_only_path_through_a_symlink_the_session_sees_is_refused_when_pla
     assert os.path.realpath(program) in refused.value.message
 
 
+@pytest.mark.parametrize("given", ["ro", "tool_socket"])
+def test_a_path_reaching_the_workspace_through_a_link_outside_it_is_judged(
+    tmp_path: Path, given: str
+) -> None:
+    """A read-only path (or the tool socket) that reaches the workspace through the host's own
+    symlink outside it (alias -> ws), and on through one inside it (ws/tools -> the
+    toolchain): the session re-points its link, and the next launch of the same command line
+    bound what it chose, any file its account could read (attacker's pass, stop 41: only a
+    path under the workspace as written was judged). Refused, naming the link inside the
+    workspace; the real path is taken."""
+    import socket as _socket
+
+    workspace, run_dir, toolchain = session_dirs(tmp_path, "ws", "run", "toolchain")
+    (alias := tmp_path / "alias").symlink_to(workspace)
+    with _socket.socket(_socket.AF_UNIX) as server:
+        server.bind(str(toolchain / "sock"))
+        os.chmod(toolchain / "sock", 0o777)  # (the session's account may connect)
+        (workspace / "tools").symlink_to(toolchain)
+        give_to_session_user(workspace)
+
+        def given_as(tools: Path) -> dict[str, object]:
+            return {"ro": [tools]} if given == "ro" else {"tool_socket": tools / "sock"}
+
+        with pytest.raises(nsconfine.PlanError, match=rf"{workspace}/tools") as refused:
+            session(workspace, run_dir, **given_as(alias / "tools")).plan()
+        assert "symlink" in str(refused.value)
+        assert session(workspace, run_dir, **given_as(toolchain)).plan()
+
+
 def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None:
     """A workspace named through a legitimate symlink (made by the host: root's, in a directory
     only root can write) launches. For a launcher whose sessions run as its own account, a

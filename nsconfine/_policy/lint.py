@@ -873,9 +873,8 @@ def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> Non
             continue
         if entry.source not in resolved and not os.path.lexists(entry.source):
             continue
-        for top, resolved_top in tops:
-            if entry.source == top or not entry.source.startswith(top + "/"):
-                continue
+        below = [(top, real_top) for top, real_top in tops if entry.source.startswith(top + "/")]
+        for top, resolved_top in below:
             expected = resolved_top.rstrip("/") + entry.source[len(top) :]
             try:
                 actual = real(entry.source)
@@ -886,6 +885,26 @@ def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> Non
                     f"{printable(entry.source)} runs through a symlink inside the writable bind "
                     f"{printable(top)}: a session may have planted it to lead this bind "
                     "elsewhere; remove the symlink, or give the file's real path"
+                )
+        if not below and resolved.get(entry.source, entry.source) != entry.source:
+            _refuse_a_way_through_writable(entry.source, tops)
+
+
+def _refuse_a_way_through_writable(source: str, tops: Sequence[tuple[str, str]]) -> None:
+    """PlanError if a symlink met resolving source lies inside a writable bind (tops: each
+    one's path and real path): a source named through a link outside the workspace (the
+    host's alias -> ws) and on through one inside it (ws/tools), which a session re-points to
+    lead the next launch's bind to any file its account can read."""
+    looked, _end = _syscalls.lookups("/", source)
+    for path in looked:  # each one's directory a real path
+        if not os.path.islink(path):
+            continue
+        for top, real_top in tops:
+            if within(os.path.dirname(path), real_top):
+                raise PlanError(
+                    f"{printable(source)} runs through {printable(path)}, a symlink inside the "
+                    f"writable bind {printable(top)}: a session may have planted it to lead "
+                    "this bind elsewhere; remove the symlink, or give the file's real path"
                 )
 
 
