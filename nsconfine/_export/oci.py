@@ -83,8 +83,8 @@ NOT_EXPRESSED = {
     "limits) take a user namespace of its own, which the spec does not make: the account's "
     "user.max_inotify_* apply, shared with its other processes",
     "relay": "the loopback relay of a proxy network (127.0.0.1:3128 to nsconfine's proxy): "
-    "the container gets the network namespace with only a loopback and the bind of the "
-    "proxy's socket directory, but nothing listens on 127.0.0.1:3128",
+    "the container gets the network namespace with only a loopback, no proxy's socket (the "
+    "launcher's proxy makes one at each launch), and nothing listens on 127.0.0.1:3128",
     "podman-dev": "under podman-args, podman makes /dev, /dev/pts and /dev/shm itself: /dev "
     "stays writable and the ptys are limited only by the host's (its /dev/shm is sized by "
     "--shm-size); the bundle under runc states all three",
