@@ -51,7 +51,7 @@ from nsconfine._policy.lint import (
     resolve,
 )
 from nsconfine._record import Record
-from nsconfine._text import encodable, is_env_name, printable, says_nothing, within
+from nsconfine._text import encodable, inside, is_env_name, printable, says_nothing, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -1166,7 +1166,32 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
             make = p.rw_bind if bind.mode == "rw" else p.ro_bind
             entries.append(make(one_source, one_dest, bind.reason))
             taken[one_dest] = entries[-1]
+    _refuse_mount_points_a_bind_lacks(entries, others)
     return entries
+
+
+def _refuse_mount_points_a_bind_lacks(given: Sequence[p.Entry], others: Sequence[p.Entry]) -> None:
+    """PlanError for a read-only bind above another entry's place whose source has no such
+    place (a profile's, or one a profile's lies in): bwrap could not make the mount point in
+    it, and the launch would fail as if bwrap could not confine."""
+    every = [*others, *given]
+    for holder in every:
+        if holder.kind is not Kind.BIND or holder.mode is not Mode.RO:
+            continue
+        for held in given if holder not in given else every:
+            below = inside(held.dest, holder.dest)
+            if below is None:
+                continue
+            lacked = os.path.join(holder.source, below)
+            if os.path.lexists(lacked):
+                continue
+            raise PlanError(
+                f"the read-only bind of {printable(holder.source)} at {printable(holder.dest)} "
+                f"({printable(holder.reason)}) holds {printable(held.dest)} "
+                f"({printable(held.reason)}), whose mount point its source lacks "
+                f"({printable(lacked)}) and bwrap cannot make in a read-only bind; give the "
+                "profile's bind another destination, or a source that holds that place"
+            )
 
 
 def _refuse_nsconfine_s_own(dest: str, bind: Bind, relayed: bool) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import (
     IS_ROOT,
+    attempt,
     cli,
     give_to_session_user,
     make_local_ca,
@@ -226,6 +227,36 @@ def test_a_profile_cannot_bind_a_denied_path(ws_run: tuple[Path, Path], tmp_path
     )
     with pytest.raises(nsconfine.PlanError, match=r"\.ssh"):
         session(*ws_run, profile=[str(profile)]).plan()
+
+
+@pytest.mark.parametrize("holds", ["workspace", "another bind"])
+def test_a_read_only_bind_holding_a_place_its_source_lacks_is_refused(
+    tmp_path: Path, holds: str
+) -> None:
+    """A profile's read-only bind above another entry's place (the workspace, another bind),
+    from a source that has no such place: bwrap could not make the mount point in a
+    read-only bind, and the launch failed as if bwrap could not confine (attacker's pass,
+    stop 41). Refused when the plan is built, naming both; from a source that holds the
+    place (the very directory), it is not."""
+    outer, other, data = tmp_path / "outer", tmp_path / "other", tmp_path / "data"
+    workspace, run_dir = session_dirs(outer, "ws", "run")
+    other.mkdir()
+    data.mkdir()
+    text = 'description = "x"\n'
+    if holds == "another bind":
+        text += f'[[bind]]\nsource = "{data}"\ndest = "/srv/x/data"\nmode = "ro"\nreason = "d"\n'
+    dest = outer if holds == "workspace" else "/srv/x"
+
+    def planned(source: Path) -> nsconfine.Plan:
+        bind = f'[[bind]]\nsource = "{source}"\ndest = "{dest}"\nmode = "ro"\nreason = "o"\n'
+        profile = write_profile(tmp_path, text + bind)
+        return session(workspace, run_dir, profile=[str(profile)]).plan()
+
+    with pytest.raises(nsconfine.PlanError, match="mount point") as refused:
+        planned(other)
+    assert str(dest) in str(refused.value)
+    if holds == "workspace":
+        assert attempt(planned(outer), "true") == (0, "")
 
 
 @pytest.mark.parametrize(
