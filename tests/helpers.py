@@ -139,6 +139,17 @@ def python_child(code: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", program, *args], text=True, **popen)
 
 
+def ended_child_output(child: subprocess.Popen[str], timeout: float, hang: str) -> tuple[str, str]:
+    """child's (stdout, stderr) once it has ended within timeout; else it is killed and the
+    test fails, saying what hung."""
+    try:
+        return child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail(f"{hang} hung")
+
+
 def wait_until_gone(marker: str, timeout: float = 60.0) -> list[int]:
     """Wait up to timeout for every process whose command line holds marker to end; return
     the ones still there."""

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from helpers import (
     SESSION_USER,
+    ended_child_output,
     give_to_session_user,
     open_up,
     python_child,
@@ -163,12 +164,7 @@ def test_a_fifo_among_copied_runner_files_is_refused(tmp_path: Path) -> None:
         _SPAWN_WITH_FIFO, str(tree), str(workspace), str(run_dir), SESSION_USER or "",
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    try:
-        out, err = child.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
-        pytest.fail("spawn hung on the FIFO")
+    out, err = ended_child_output(child, 60, "spawn, on the FIFO,")
     assert out.startswith("plan-refused"), out + err
     assert "f7.py" in out
 

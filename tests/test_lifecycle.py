@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from helpers import (
     SESSION_USER,
+    ended_child_output,
     ended_session_output,
     give_to_session_user,
     kill_all,
@@ -212,7 +213,10 @@ def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
     sent: list[bool] = []
 
     def in_poll(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_name != "poll" or "sandbox" not in frame.f_code.co_filename:
+        if (
+            frame.f_code.co_name not in ("poll", "_reap")
+            or "sandbox" not in frame.f_code.co_filename
+        ):
             return None
 
         def line(frame: Any, event: str, arg: Any) -> Any:
@@ -237,6 +241,64 @@ def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
     assert sent
     assert sandbox.wait() == 3
     assert list(workspace.iterdir()) == []
+
+
+# A signal handler of the launcher's own that calls the handle (kill() on SIGTERM, poll() on
+# SIGCHLD), its signal sent by a trace hook at a line of poll() that runs with the handle's
+# lock held, just after the waitpid: the session still running ("flags"), or reaped and its
+# end not yet kept ("reaping").
+_A_HANDLER_CALLS_THE_HANDLE = """
+import json, signal, sys
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+line_after = sys.argv[4]
+command = "exec sleep 60" if line_after == "flags" else "exit 3"
+sandbox = nsconfine.spawn(plan, ["sh", "-c", command])
+seen = []
+
+def on_signal(number, frame):
+    seen.append((sandbox.poll(), sandbox.kill(), sandbox.send_signal(signal.SIGCONT)))
+
+def in_poll(frame, event, arg):
+    if frame.f_code.co_name not in ("poll", "_reap") or "sandbox" not in frame.f_code.co_filename:
+        return None
+
+    def line(frame, event, arg):  # after the waitpid: its pid, 0 while the session runs
+        reaped = bool(frame.f_locals.get("pid"))
+        here = "status" in frame.f_locals and reaped == (line_after == "reaping")
+        if event == "line" and here and not seen:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return line
+
+    return line
+
+signal.signal(signal.SIGUSR1, on_signal)
+if line_after == "reaping":
+    import time; time.sleep(0.5)  # (the session has ended: its reaper waits to be reaped)
+sys.settrace(in_poll)
+status = sandbox.poll()
+sys.settrace(None)
+print(json.dumps({"seen": len(seen), "status": sandbox.wait(),
+                  "workspace": sorted(os.listdir(sys.argv[1]))}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("line_after", ["flags", "reaping"])
+def test_a_signal_handler_that_calls_the_handle_does_not_deadlock(
+    ws_run: tuple[Path, Path], line_after: str
+) -> None:
+    """A launcher's own signal handler that calls the handle (kill() on SIGTERM, poll() on
+    SIGCHLD) while the thread it interrupts is in poll(), holding the handle's lock: it waited
+    for that lock for ever (attacker's pass, stop 41; subprocess.Popen's does not). It runs,
+    and neither loses the status nor reaps the session twice."""
+    workspace, run_dir = ws_run
+    child = python_child(
+        _A_HANDLER_CALLS_THE_HANDLE, str(workspace), str(run_dir), SESSION_USER or "",
+        line_after, stdout=PIPE,
+    )  # fmt: skip
+    out, _ = ended_child_output(child, 30, "the launcher, in its own signal handler,")
+    report = json.loads(out)
+    status = -9 if line_after == "flags" else 3
+    assert report == {"seen": 1, "status": status, "workspace": []}, report
 
 
 _LAUNCHES_UNDER_CTRL_C = """

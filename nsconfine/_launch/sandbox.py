@@ -49,7 +49,7 @@ import time
 
 # signal's own C module: importing signal imports enum (~1-2 ms of every command line's start)
 from _signal import SIGKILL, SIGTERM, pidfd_send_signal  # type: ignore[import-not-found]
-from _thread import allocate_lock
+from _thread import RLock
 
 from nsconfine._errors import UsageError, checked_timeout
 from nsconfine._interrupts import CtrlCHeld
@@ -60,7 +60,6 @@ from nsconfine._plan.protect import Seen, written_config
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
-    from _thread import LockType
     from collections.abc import Sequence
     from typing import IO, NoReturn
 
@@ -83,6 +82,7 @@ class Sandbox:
         "_lock",
         "_owner",
         "_reaper_pidfd",
+        "_reaping",
         "_seen",
         "_since",
         "_stubs",
@@ -117,7 +117,8 @@ class Sandbox:
     _terminals: list[Saved]
     _stubs: list[Stub]
     _egress: Egress | None
-    _lock: LockType
+    _lock: RLock
+    _reaping: bool
     _owner: int
     _untrusted: list[str] | None
     _bound: dict[str, tuple[int, int, int]]
@@ -164,7 +165,11 @@ class Sandbox:
         self._terminals = terminals
         self._stubs, staged.stubs = staged.stubs, []
         self._egress, staged.egress = staged.egress, None
-        self._lock = allocate_lock()
+        # Reentrant: a signal handler of the launcher's own may call the handle (kill() on
+        # SIGTERM, poll() on SIGCHLD) while the thread it interrupts holds the lock, in poll();
+        # it waited for ever on a plain lock. _reaping tells it the reaping is under way.
+        self._lock = RLock()
+        self._reaping = False
         self._owner = os.getpid()
         return self
 
@@ -197,17 +202,28 @@ class Sandbox:
                 "the session (a forked child may still kill() it)"
             )
         with self._lock:
-            if self.returncode is None:
-                # A Ctrl-C between the reaping and its bookkeeping would lose the status, the
-                # pidfds and the workspace's mount points: held until both are done.
-                with CtrlCHeld():
-                    try:
-                        pid, status = os.waitpid(self.pid, os.WNOHANG)
-                    except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): lost
-                        pid, status = self.pid, 0
-                    if pid:
-                        self._ended(os.waitstatus_to_exitcode(status))
+            if self.returncode is None and not self._reaping:
+                # A handler of this thread's that comes in from here on looks no further (it
+                # would take the reaped status for lost, and end the session twice); one that
+                # came before the flag was set may have reaped it: looked at again.
+                self._reaping = True
+                try:
+                    # A Ctrl-C between the reaping and its bookkeeping would lose the status,
+                    # the pidfds and the workspace's mount points: held until both are done.
+                    with CtrlCHeld():
+                        if self.returncode is None:
+                            self._reap()
+                finally:
+                    self._reaping = False
             return self.returncode
+
+    def _reap(self) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): lost
+            pid, status = self.pid, 0
+        if pid:
+            self._ended(os.waitstatus_to_exitcode(status))
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the session to end and return its status (see the module's docstring).
@@ -228,7 +244,11 @@ class Sandbox:
             assert timeout is not None  # an unbounded wait returns only once it has ended
             self._timed_out(timeout)
         status = self.poll()  # the reaper has exited: this reaps it (or another thread did)
-        assert status is not None
+        if status is None:  # (the reaper has exited: only this thread is reaping it, below)
+            raise UsageError(
+                "wait() in a signal handler that came in as this thread reaped the session: "
+                "call poll() or kill() there, and wait() once the handler has returned"
+            )
         return status
 
     def _watch(self) -> int:
