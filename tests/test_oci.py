@@ -656,13 +656,17 @@ def test_the_bundle_lines_show_a_control_character_escaped(
 )
 def test_a_podman_args_word_reads_back_as_it_was(word: str) -> None:
     """Each word podman-args prints reads back in bash as the very bytes of the path it
-    quotes. A non-printable character past U+FFFF was written \\uHHHHH, which bash reads as
-    four hex digits and a character: the `eval`'d command bound and protected another name,
-    one the session could make (attacker's pass, stop 41)."""
-    read = subprocess.run(
-        ["bash", "-c", f"printf '%s' {_oci._shell_word(word)}"], capture_output=True, check=True
-    )
-    assert read.stdout == os.fsencode(word)
+    quotes, in a UTF-8 locale and in none (cron's, a container's). A non-printable character
+    past U+FFFF was written \\uHHHHH, which bash reads as four hex digits and a character, and
+    \\u and \\U are read as they are outside a UTF-8 locale: the `eval`'d command bound and
+    protected another name, one the session could make (attacker's pass and its review,
+    stop 41)."""
+    for locale in ("C.UTF-8", "C"):
+        read = subprocess.run(
+            ["bash", "-c", f"printf '%s' {_oci._shell_word(word)}"],
+            capture_output=True, check=True, env={**os.environ, "LC_ALL": locale},
+        )  # fmt: skip
+        assert read.stdout == os.fsencode(word), locale
 
 
 @pytest.mark.parametrize("bundle_is", ["not empty", "missing its parent"])

@@ -939,9 +939,9 @@ def print_export(plan: Plan, form: str, bundle: str) -> int:
 
 def _shell_word(word: str) -> str:
     """word quoted for a shell; one holding a character a terminal may act on (an escape, a
-    tab, a bidi control) as bash's $'...', that character written \\xHH, \\uHHHH or
-    \\UHHHHHHHH (bash reads at most 2, 4 and 8 hex digits after each), so that the line shows
-    as it is and runs as it was meant (a non-UTF-8 byte of a path: \\xHH too)."""
+    tab, a bidi control) as bash's $'...', that character written as its UTF-8 bytes, each
+    \\xHH, so that the line shows as it is and runs as it was meant in any locale (bash reads
+    \\u and \\U as they are outside a UTF-8 one; a non-UTF-8 byte of a path: \\xHH too)."""
     import shlex
 
     if word.isprintable():
@@ -956,13 +956,7 @@ def _shell_word(word: str) -> str:
         elif 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (os.fsdecode's escape)
             quoted.append(f"\\x{code - 0xDC00:02x}")
         else:
-            quoted.append(
-                f"\\x{code:02x}"
-                if code < 0x80
-                else f"\\u{code:04x}"
-                if code <= 0xFFFF
-                else f"\\U{code:08x}"
-            )
+            quoted += (f"\\x{byte:02x}" for byte in character.encode())
     return "$'" + "".join(quoted) + "'"
 
 
