@@ -2158,6 +2158,41 @@ def test_a_link_to_where_the_scan_does_not_look_is_named_while_it_stands(
     _assert_named(_reported_after(repo, prefix + change_behind), workspace, "lnk")
 
 
+def test_a_link_to_a_file_where_the_scan_does_not_look_is_named_once(
+    repo: tuple[Path, Path],
+) -> None:
+    """A link to a file in node_modules (`bin/tsc -> ../node_modules/.bin/tsc`) is no place
+    the host's git is run in: named after the session that made it (a later one could make
+    a repository of its place, and the link, then a directory's, is named again), not after
+    every session (the review of 6dfcc49: ordinary repositories' warnings after every
+    session). One to a directory there is (as the test above)."""
+    workspace = repo[0]
+    made = (
+        f"set -e; cd {workspace}; mkdir -p bin node_modules/.bin; echo x > node_modules/.bin/tsc; "
+        "ln -s ../node_modules/.bin/tsc bin/tsc"
+    )
+    _assert_named(_reported_after(repo, made), workspace, "bin/tsc")
+    time.sleep(1.5)  # the link now predates the next session by more than the report's slack
+    assert _reported_after(repo, "true") == []
+    remade = f"cd {workspace}; rm node_modules/.bin/tsc; git init -q node_modules/.bin/tsc"
+    _assert_named(_reported_after(repo, remade), workspace, "bin/tsc")
+
+
+def test_config_through_a_link_where_the_scan_looks_is_named_once(
+    repo: tuple[Path, Path],
+) -> None:
+    """Config below the top that links to a file where the scan looks (docs/) is named after
+    the session that made it, and not after a later one that changed nothing on its way."""
+    workspace = repo[0]
+    made = (
+        f"set -e; cd {workspace}; mkdir -p sub/.claude docs/a; echo '{{}}' > docs/a/s.json; "
+        "ln -s ../../docs/a/s.json sub/.claude/settings.json"
+    )
+    _assert_named(_reported_after(repo, made), workspace, "sub/.claude")
+    time.sleep(1.5)  # past the slack the report gives times
+    assert _reported_after(repo, f"cd {workspace}; mkdir -p docs/b; echo x > docs/b/x") == []
+
+
 # Session 1 puts config below the workspace's top as a link (or through one) to a file it can
 # go on writing; session 2 changes only what the link leads to (attacker's pass, stop 41: the
 # host's Claude Code started in sub/ ran session 2's SessionStart hook).
@@ -2180,6 +2215,18 @@ _CONFIG_THROUGH_A_LINK = {
         "mkdir -p sub/node_modules/c; echo '{}' > sub/node_modules/c/settings.json; "
         "ln -s /proc/self/cwd/node_modules/c sub/.claude",
         "rm sub/node_modules/c/settings.json; echo '{}' > sub/node_modules/c/settings.json",
+    ),
+    # (the review of 6dfcc49: what a directory on the way holds, swapped by two renames)
+    "directory-on-the-way-swapped": (
+        "mkdir -p sub/.claude lib/a/b lib/c/b; echo '{}' > lib/a/b/settings.json; "
+        "echo '{\"hooks\": {}}' > lib/c/b/settings.json; "
+        "ln -s ../../lib/a/b/settings.json sub/.claude/settings.json",
+        "mv lib/a lib/old; mv lib/c lib/a",
+    ),
+    "linked-directory-swapped": (
+        "mkdir -p lib/d lib/e; echo '{}' > lib/d/settings.json; "
+        "echo '{\"hooks\": {}}' > lib/e/settings.json; mkdir sub; ln -s ../lib/d sub/.claude",
+        "mv lib/d lib/old; mv lib/e lib/d",
     ),
 }
 

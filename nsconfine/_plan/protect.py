@@ -440,6 +440,13 @@ class _SeenAtLaunch:
             return True
         return self.seen.get(directory) != (info.st_dev, info.st_ino)
 
+    def swapped(self, directory: str, info: os.stat_result, trees: Sequence[str]) -> bool:
+        """Is directory (a real path, its lstat info) below the top of a writable tree (trees:
+        their real paths) and not what the launch saw there? A session that renames one
+        directory away and another into its place changes no time of what they hold."""
+        inside_a_tree = any(inside(directory, top) is not None for top in trees)
+        return inside_a_tree and self.seen.get(directory) != (info.st_dev, info.st_ino)
+
 
 def _started_in_written(
     kept: p.Protection,
@@ -453,12 +460,13 @@ def _started_in_written(
     link to it followed: what it leads to is the config). Past _STARTED_IN_ENTRIES entries
     in all, or _STARTED_IN_SECONDS, the writable trees are named instead."""
     budget = _Budget(_STARTED_IN_ENTRIES, _STARTED_IN_SECONDS)
+    ways = _Ways(since, launched, [resolved for _dest, resolved, _written in scan.writable])
     found = []
     for path in scan.started_in:
         named = scan.shown(path)
         if named is None or _read_only_bind(_innermost(holders, named[0])):
             continue
-        changed = launched.unseen(os.path.dirname(path)) or _changed_within(path, since, budget)
+        changed = launched.unseen(os.path.dirname(path)) or _changed_within(path, ways, budget)
         if changed is None:
             return _tree_sources(kept)
         if changed:
@@ -479,22 +487,23 @@ class _Budget:
         return self.entries >= 0 and time.monotonic() < self.deadline
 
 
-def _changed_within(path: str, since: float, budget: _Budget) -> bool | None:
-    """Did path, or anything below it, change since `since`? Each link met, path itself among
-    them, is judged by its way (_way_changed) and followed: what the host's tool reads is what
-    it leads to, which a later session may rewrite in place. None once budget is spent."""
+def _changed_within(path: str, ways: _Ways, budget: _Budget) -> bool | None:
+    """Did path, or anything below it, change since ways.since? Each link met, path itself
+    among them, is judged by its way (_Ways.changed) and followed: what the host's tool reads
+    is what it leads to, which a later session may rewrite in place. None once budget is
+    spent."""
     pending = [path]
     while pending:
         where = pending.pop()
         try:
             info = os.lstat(where)
             if stat.S_ISLNK(info.st_mode):
-                if _way_changed(where, since):
+                if ways.changed(where):
                     return True
                 info = os.stat(where)
         except OSError:
             continue  # gone, or a link to nothing: nothing for the host to read
-        if max(info.st_mtime, info.st_ctime) >= since:
+        if max(info.st_mtime, info.st_ctime) >= ways.since:
             return True
         if not stat.S_ISDIR(info.st_mode):
             continue
@@ -509,38 +518,50 @@ def _changed_within(path: str, since: float, budget: _Budget) -> bool | None:
     return False
 
 
-def _way_changed(path: str, since: float) -> bool:
-    """Did a link met resolving path (path itself among them, if one) change since `since`, or
-    does the way pass through /proc or /dev/fd, which lead elsewhere for each process that
-    follows them, or loop? What the host's tool reads through path depends on each of them
-    (a link in node_modules that the way passes, re-pointed at an older file)."""
-    pending = path.split("/")[::-1]  # the names still to resolve, the next one last
-    real = "/"
-    links = 0
-    while pending:
-        name = pending.pop()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            real = os.path.dirname(real)
-            continue
-        here = os.path.join(real, name)
-        if any(within(here, top) for top in _PER_PROCESS):
-            return True
-        try:
-            info = os.lstat(here)
-            if not stat.S_ISLNK(info.st_mode):
-                real = here
+class _Ways:
+    """What a session's end needs to judge the way a link of config leads: when the session
+    began, what its launch saw, and the writable trees' real paths."""
+
+    def __init__(self, since: float, launched: _SeenAtLaunch, trees: Sequence[str]) -> None:
+        self.since = since
+        self.launched = launched
+        self.trees = trees
+
+    def changed(self, path: str) -> bool:
+        """Did a link met resolving path (path itself among them, if one) change since
+        `since`, or a directory on the way in a writable tree (one renamed into its place),
+        or does the way pass through /proc or /dev/fd, which lead elsewhere for each process
+        that follows them, or loop? What the host's tool reads through path depends on each
+        of them (a link in node_modules that the way passes, re-pointed at an older file)."""
+        pending = path.split("/")[::-1]  # the names still to resolve, the next one last
+        real = "/"
+        links = 0
+        while pending:
+            name = pending.pop()
+            if name in ("", "."):
                 continue
-            target = os.readlink(here)
-        except OSError:
-            return False  # leads nowhere yet: what is made there later is new
-        links += 1
-        if links > _MOST_LINKS_ON_A_WAY or max(info.st_mtime, info.st_ctime) >= since:
-            return True
-        real = "/" if target.startswith("/") else real
-        pending += target.split("/")[::-1]
-    return False
+            if name == "..":
+                real = os.path.dirname(real)
+                continue
+            here = os.path.join(real, name)
+            if any(within(here, top) for top in _PER_PROCESS):
+                return True
+            try:
+                info = os.lstat(here)
+                if not stat.S_ISLNK(info.st_mode):
+                    if stat.S_ISDIR(info.st_mode) and self.launched.swapped(here, info, self.trees):
+                        return True
+                    real = here
+                    continue
+                target = os.readlink(here)
+            except OSError:
+                return False  # leads nowhere yet: what is made there later is new
+            links += 1
+            if links > _MOST_LINKS_ON_A_WAY or max(info.st_mtime, info.st_ctime) >= self.since:
+                return True
+            real = "/" if target.startswith("/") else real
+            pending += target.split("/")[::-1]
+        return False
 
 
 # The links the kernel follows resolving one path before it gives up (ELOOP).
@@ -563,11 +584,12 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float, launched: _SeenAtLau
     """The symlinks the scan met that lead to a directory the session could write and the scan
     did not look through (its run directory, a node_modules), or to nothing yet or a file
     there, where the host's git, run after `cd` through one, finds what a session put there:
-    each one, however old, while it stands (no time of the link or of its place tells whether
-    a session changed what lies behind it: config rewritten in place, a repository made above
-    its place, a link on its way re-pointed). And each whose way passes through /proc or
-    /dev/fd, and each new one that cannot be resolved. Past LINKS_LOOKED_AT new ones (made
-    or moved into view since `since`), or LINKS_SECONDS, the writable trees instead."""
+    each new one, and each older one to a directory while it stands (no time of the link or
+    of its place tells whether a session changed what lies behind it: config rewritten in
+    place, a repository made above its place, a link on its way re-pointed). And each whose
+    way passes through /proc or /dev/fd, and each new one that cannot be resolved. Past
+    LINKS_LOOKED_AT new ones (made or moved into view since `since`), or LINKS_SECONDS, the
+    writable trees instead."""
     assert plan.protection is not None
     trees = _tree_sources(plan.protection)
     writable = [resolved for _dest, resolved, _written in scan.writable]
@@ -597,8 +619,11 @@ def _links_unscanned(plan: Plan, scan: _Scan, since: float, launched: _SeenAtLau
         where, unscanned = place
         if not (unscanned or where not in scan.listed):
             continue
-        if any(within(where, top) for top in writable):
-            found.append(link)  # what lies behind it, no time tells: named while it stands
+        # What lies behind one to a directory, no time tells: named while it stands. One to
+        # a file or to nothing is no place git runs in until a later session makes it a
+        # directory, and is then named again, as one to a directory.
+        if any(within(where, top) for top in writable) and (new or os.path.isdir(link)):
+            found.append(link)
     return found
 
 
