@@ -1171,26 +1171,37 @@ def profile_entries(session: Session, others: Sequence[p.Entry]) -> list[p.Entry
 
 
 def _refuse_mount_points_a_bind_lacks(given: Sequence[p.Entry], others: Sequence[p.Entry]) -> None:
-    """PlanError for a read-only bind above another entry's place whose source has no such
-    place (a profile's, or one a profile's lies in): bwrap could not make the mount point in
-    it, and the launch would fail as if bwrap could not confine."""
-    every = [*others, *given]
-    for holder in every:
+    """PlanError for a profile's read-only bind (given) above another entry's place whose
+    source has no such place, or not of its kind (a directory for a directory; a file for a
+    file, not through a link): bwrap could not make the mount point in it, and the launch
+    would fail as if bwrap could not confine. (A profile's bind whose place the system's
+    read-only binds lack, as /usr, fails in bwrap, its message naming the place.)"""
+    for holder in given:
         if holder.kind is not Kind.BIND or holder.mode is not Mode.RO:
             continue
-        for held in given if holder not in given else every:
+        for held in (*others, *given):
             below = inside(held.dest, holder.dest)
             if below is None:
                 continue
-            lacked = os.path.join(holder.source, below)
-            if os.path.lexists(lacked):
+            place = os.path.join(holder.source, below)
+            a_directory = held.source is None or os.path.isdir(held.source)
+            try:
+                kind = stat.S_IFMT(os.lstat(place).st_mode)
+            except OSError:
+                kind = None
+            if a_directory:
+                fits = kind == stat.S_IFDIR
+            else:
+                fits = kind not in (None, stat.S_IFDIR, stat.S_IFLNK)
+            if fits:
                 continue
             raise PlanError(
                 f"the read-only bind of {printable(holder.source)} at {printable(holder.dest)} "
                 f"({printable(holder.reason)}) holds {printable(held.dest)} "
-                f"({printable(held.reason)}), whose mount point its source lacks "
-                f"({printable(lacked)}) and bwrap cannot make in a read-only bind; give the "
-                "profile's bind another destination, or a source that holds that place"
+                f"({printable(held.reason)}), whose mount point its source lacks (no "
+                f"{'directory' if a_directory else 'file'} at {printable(place)}) and bwrap "
+                "cannot make in a read-only bind; give the profile's bind another "
+                "destination, or a source that holds that place"
             )
 
 

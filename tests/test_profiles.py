@@ -229,23 +229,29 @@ def test_a_profile_cannot_bind_a_denied_path(ws_run: tuple[Path, Path], tmp_path
         session(*ws_run, profile=[str(profile)]).plan()
 
 
-@pytest.mark.parametrize("holds", ["workspace", "another bind"])
+@pytest.mark.parametrize("holds", ["workspace", "another bind", "a file there", "a link there"])
 def test_a_read_only_bind_holding_a_place_its_source_lacks_is_refused(
     tmp_path: Path, holds: str
 ) -> None:
     """A profile's read-only bind above another entry's place (the workspace, another bind),
-    from a source that has no such place: bwrap could not make the mount point in a
-    read-only bind, and the launch failed as if bwrap could not confine (attacker's pass,
-    stop 41). Refused when the plan is built, naming both; from a source that holds the
-    place (the very directory), it is not."""
+    from a source that has no such place, or a file or a link where the workspace's
+    directory would be: bwrap could not make the mount point in a read-only bind, and the
+    launch failed as if bwrap could not confine (attacker's pass and its review, stop 41).
+    Refused when the plan is built, naming both; from a source that holds the place (the
+    very directory), it is not."""
     outer, other, data = tmp_path / "outer", tmp_path / "other", tmp_path / "data"
-    workspace, run_dir = session_dirs(outer, "ws", "run")
+    (workspace,) = session_dirs(outer, "ws")
+    (run_dir,) = session_dirs(tmp_path, "run")  # (not in outer: only the workspace's place)
     other.mkdir()
     data.mkdir()
+    if holds == "a file there":
+        (other / "ws").write_text("")
+    elif holds == "a link there":
+        (other / "ws").symlink_to(workspace)
     text = 'description = "x"\n'
     if holds == "another bind":
         text += f'[[bind]]\nsource = "{data}"\ndest = "/srv/x/data"\nmode = "ro"\nreason = "d"\n'
-    dest = outer if holds == "workspace" else "/srv/x"
+    dest = "/srv/x" if holds == "another bind" else outer
 
     def planned(source: Path) -> nsconfine.Plan:
         bind = f'[[bind]]\nsource = "{source}"\ndest = "{dest}"\nmode = "ro"\nreason = "o"\n'
@@ -255,7 +261,7 @@ def test_a_read_only_bind_holding_a_place_its_source_lacks_is_refused(
     with pytest.raises(nsconfine.PlanError, match="mount point") as refused:
         planned(other)
     assert str(dest) in str(refused.value)
-    if holds == "workspace":
+    if holds != "another bind":
         assert attempt(planned(outer), "true") == (0, "")
 
 
