@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers import (
+    CHILD_PRELUDE,
+    SESSION_USER,
     attempt,
     give_to_session_user,
     session,
@@ -250,6 +254,40 @@ def test_a_path_reaching_the_workspace_through_a_link_outside_it_is_judged(
             session(workspace, run_dir, **given_as(alias / "tools")).plan()
         assert "symlink" in str(refused.value)
         assert session(workspace, run_dir, **given_as(toolchain)).plan()
+
+
+_THROUGH_A_BIND_MOUNT_VIEW = """
+import subprocess
+workspace, run_dir, view = sys.argv[1], sys.argv[2], sys.argv[4]
+subprocess.run(["mount", "--bind", workspace, view], check=True)  # (this mount namespace's own)
+try:
+    session_plan(workspace, run_dir, sys.argv[3], ro=[view + "/tools/f"])
+    print("planned")
+except nsconfine.PlanError as refused:
+    print(refused)
+"""
+
+
+@pytest.mark.root  # only root makes a bind-mount view (in a mount namespace of the test's own)
+def test_a_path_reaching_the_workspace_through_a_bind_mount_view_is_judged(
+    tmp_path: Path,
+) -> None:
+    """A read-only path named through a bind-mount view of the workspace (the host's `mount
+    --bind ws view`, no symlink) and on through the session's link inside it: the review of
+    faeb2b6 (stop 41) found the way judged by the workspace's path alone, and the bind led
+    where the session chose. Refused, naming the link."""
+    workspace, run_dir, elsewhere, view = session_dirs(tmp_path, "ws", "run", "elsewhere", "view")
+    (elsewhere / "f").write_text("the host's\n")
+    (workspace / "tools").symlink_to("../elsewhere")
+    give_to_session_user(workspace)
+    planned = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+         CHILD_PRELUDE + _THROUGH_A_BIND_MOUNT_VIEW, str(workspace), str(run_dir),
+         SESSION_USER or "", str(view)],
+        cwd="/", capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert f"{view}/tools" in planned.stdout, planned
+    assert "symlink" in planned.stdout, planned
 
 
 def test_a_workspace_through_a_symlinked_parent_launches(tmp_path: Path) -> None:

@@ -716,7 +716,7 @@ def check_plan(
             read_only.append((entry, place))
     _refuse_writable_aliases(writable, read_only)
     _refuse_audit_in_writable(plan, judge.places, writable)
-    _refuse_symlinks_in_writable(plan, {entry.source: real for entry, real in binds})
+    _refuse_symlinks_in_writable(plan, {entry.source: real for entry, real in binds}, judge.places)
     _refuse_shown_masks(plan, judge.places, binds)
     return judged
 
@@ -842,13 +842,14 @@ def _refuse_inside_writable(
             )
 
 
-def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> None:
+def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str], places: _Places) -> None:
     """A source that lies inside a writable bind must be reached without a symlink below
     that bind: the session may have planted one there, to lead a later read-only bind (or a
     runner file) to any file its account can read. And a writable bind, or the workspace in
     any mode, must not be a symlink nor be reached through one a session could have made (a
     session may have put one where the broker will put the next workspace). resolved:
-    sources this check has just resolved, each to its real path."""
+    sources this check has just resolved, each to its real path; places: where paths lie
+    in their file systems (a bind-mount view of a writable bind is one with it)."""
 
     def real(source: str) -> str:
         return resolved.get(source) or _syscalls.realpath(source)
@@ -887,20 +888,28 @@ def _refuse_symlinks_in_writable(plan: Plan, resolved: Mapping[str, str]) -> Non
                     "elsewhere; remove the symlink, or give the file's real path"
                 )
         if not below and resolved.get(entry.source, entry.source) != entry.source:
-            _refuse_a_way_through_writable(entry.source, tops)
+            _refuse_a_way_through_writable(entry.source, tops, places)
 
 
-def _refuse_a_way_through_writable(source: str, tops: Sequence[tuple[str, str]]) -> None:
+def _refuse_a_way_through_writable(
+    source: str, tops: Sequence[tuple[str, str]], places: _Places
+) -> None:
     """PlanError if a symlink met resolving source lies inside a writable bind (tops: each
-    one's path and real path): a source named through a link outside the workspace (the
-    host's alias -> ws) and on through one inside it (ws/tools), which a session re-points to
-    lead the next launch's bind to any file its account can read."""
+    one's path and real path), by its path or by where it lies in its file system (a view
+    of the workspace the host bind-mounted elsewhere): a source named through a link outside
+    the workspace (the host's alias -> ws), or such a view, and on through one inside it
+    (ws/tools), which a session re-points to lead the next launch's bind to any file its
+    account can read."""
     looked, _end = _syscalls.lookups("/", source)
     for path in looked:  # each one's directory a real path
         if not os.path.islink(path):
             continue
+        device, place = places.of(os.path.dirname(path))
         for top, real_top in tops:
-            if within(os.path.dirname(path), real_top):
+            top_device, top_place = places.of(real_top)
+            if within(os.path.dirname(path), real_top) or (
+                device == top_device and within(place, top_place)
+            ):
                 raise PlanError(
                     f"{printable(source)} runs through {printable(path)}, a symlink inside the "
                     f"writable bind {printable(top)}: a session may have planted it to lead "
