@@ -22,9 +22,11 @@ import pytest
 from helpers import (
     SESSION_USER,
     cli,
+    ended_child_output,
     ended_session_output,
     kill_all,
     pids_with,
+    python_child,
     read_to_eof,
     read_until,
     session,
@@ -614,6 +616,44 @@ def test_cli_exits_127_for_a_missing_command(ws_run: tuple[Path, Path]) -> None:
     assert result.returncode == 127, result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert "\x1b" not in result.stderr, result.stderr
+
+
+# `nsconfine run` whose report after the session is interrupted as it starts: a SIGINT and a
+# SIGTERM, real, sent from within the call that makes it.
+_SIGNALS_AS_THE_REPORT_IS_MADE = """
+import signal
+from nsconfine._cli.main import main
+from nsconfine._launch import sandbox
+
+made = sandbox.written_config
+
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return made(*args, **kwargs)
+
+sandbox.written_config = interrupted
+sys.exit(main(["run", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_signal_as_the_report_is_made_loses_no_warning(ws_run: tuple[Path, Path]) -> None:
+    """A Ctrl-C (or a SIGTERM) while `run` looks at what the session wrote, which a session
+    can make take seconds: run ended with none of the warnings (exit 130), or at once, a git
+    it ran on the session's index left behind (attacker's pass, stop 41). The signals are
+    held until the report is printed; the status is the session's."""
+    workspace, _run_dir = ws_run
+    options = session_options(*ws_run)
+    script = f"cd {workspace} && git init -q made && exit 3"
+    child = python_child(
+        _SIGNALS_AS_THE_REPORT_IS_MADE, *options, "--", "/bin/sh", "-c", script,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _out, err = ended_child_output(child, 60, "run")
+    assert child.returncode == 3, err
+    assert f"warning: {workspace}/made/.git/config could be written" in err, err
 
 
 @pytest.mark.confinement

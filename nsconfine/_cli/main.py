@@ -418,8 +418,11 @@ def _run(arguments: Arguments) -> int:
             status = run_session(sandbox, arguments.grace, signals, relay)
         finally:
             relay.close()
+        # Still held: a Ctrl-C as the report is made (a session can make it take seconds)
+        # would leave the user none of its warnings, and a SIGTERM, a git of it running.
+        untrusted = sandbox.untrusted_config or []
     status = 128 - status if status < 0 else status
-    lines = _untrusted_config_warnings(sandbox.untrusted_config or [])
+    lines = _untrusted_config_warnings(untrusted)
     lines += [
         f"nsconfine: output-failed: the session's {'stdout' if fd == 1 else 'stderr'} could not "
         f"be written: {error.strerror or error}; what came after was dropped"
