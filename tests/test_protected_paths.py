@@ -30,9 +30,11 @@ from helpers import (
     open_up,
     outcome_without_hanging,
     pids_with,
+    python_child,
     session,
     session_dirs,
     session_options,
+    wait_until_gone,
 )
 
 import nsconfine
@@ -2263,6 +2265,37 @@ def test_links_that_cannot_be_resolved_cheaply_name_the_workspace(
     assert str(workspace / "dangling") in (made.untrusted_config or [])
 
 
+_GIT_OF_THE_REPORT = """
+import tempfile
+from nsconfine._plan.protect import _git_answer
+
+own = tempfile.mkdtemp()
+print("reading", flush=True)
+sleeps = f'exec -a "sleep {sys.argv[1]}" sleep 600'  # (as helpers.sleeper)
+_git_answer(["/bin/bash", "-c", sleeps], own, "1", [], None)
+"""
+
+
+def test_the_report_s_git_dies_with_the_launcher() -> None:
+    """The git the report runs on a session's index (which can keep it reading for seconds)
+    dies with the launcher, a SIGKILL of it too: it read on as an orphan, of the session's
+    account (attacker's pass, stop 41). A stand-in git that sleeps, run as the report runs
+    git."""
+    marker = f"nsconfine-report-git-{os.getpid()}-{time.monotonic_ns()}"
+    child = python_child(_GIT_OF_THE_REPORT, marker, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "reading"
+        deadline = time.monotonic() + 30
+        while not (git := set(pids_with(marker)) - {child.pid}) and time.monotonic() < deadline:
+            time.sleep(0.02)  # (the launcher's own command line holds the marker too)
+        assert git, "the stand-in git never started"
+    finally:
+        child.kill()
+        child.communicate()
+    assert wait_until_gone(marker, 10) == [], "the report's git outlived its launcher"
+
+
 def test_an_index_of_many_unscanned_gitlinks_is_named_once(repo: tuple[Path, Path]) -> None:
     """An index with thousands of gitlinks into node_modules named each place (760,000 of them
     took the report 49 s and gave `run` 6.8 million warning lines): past 16 in one index, the
@@ -2582,7 +2615,8 @@ def test_a_root_launcher_reads_a_session_s_index_with_git_as_the_session_s_accou
     place = Path(tempfile.mkdtemp(prefix="nsconfine-git-"))
     try:
         place.chmod(0o777)  # (the stand-in writes here as the session's account)
-        (place / "prlimit").symlink_to(shutil.which("prlimit") or "/usr/bin/prlimit")
+        for tool in ("prlimit", "setpriv"):  # (what runs git, from the same PATH)
+            (place / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
         git = place / "git"
         git.write_text(
             f"#!/bin/sh\n/usr/bin/id -u >> {place}/ran-as\n"

@@ -797,12 +797,12 @@ def _gitlinks(gitdir: str, indexes: Sequence[os.DirEntry[str]], user: RunAs) -> 
     nsconfine's that links to the index and its shared indexes (indexes: _index_files), so no
     config, hook or fsmonitor of the session's runs. Read every way git reads an index (in
     order; by its end-of-index offset; by its offset table, as a host whose config sets
-    index.threads does). None when that cannot be told: no git on the host, an index that is
-    no regular file or is too large, more than _SHARED_INDEXES shared ones, one git refuses or
-    whose answer is past _GITLINKS_ANSWER or holds more than _GITLINKS_MOST gitlinks, or reads
-    that differ (a session wrote the index: every way git might read it counts). git runs as
-    user, the session's account: the index is attacker bytes for its C parser, never for a
-    root launcher's capabilities."""
+    index.threads does). None when that cannot be told: no git (nor prlimit, setpriv) on the
+    host, an index that is no regular file or is too large, more than _SHARED_INDEXES shared
+    ones, one git refuses or whose answer is past _GITLINKS_ANSWER or holds more than
+    _GITLINKS_MOST gitlinks, or reads that differ (a session wrote the index: every way git
+    might read it counts). git runs as user, the session's account: the index is attacker
+    bytes for its C parser, never for a root launcher's capabilities."""
     import shutil
 
     from nsconfine._kernel.accounts import scratch_directory
@@ -912,6 +912,7 @@ def _git_answer(
     _GITLINKS_ANSWER, or names more than _GITLINKS_MOST gitlinks. fds: the index files the
     git directory's links lead to (git keeps them, at their numbers). user: the account git
     runs as, with no supplementary group (None: the launcher's)."""
+    import shutil
     import subprocess
 
     environ = {
@@ -920,9 +921,14 @@ def _git_answer(
         "GIT_WORK_TREE": os.path.join(own, "work"), "GIT_INDEX_FILE": os.path.join(own, "index"),
     }  # fmt: skip
     arguments = ["-c", f"index.threads={threads}", "-c", "core.fsmonitor=false"]
+    # It dies with the launcher (a SIGKILL of it too): a session's index can keep git reading
+    # for seconds, and it would read on as an orphan, of the session's account.
+    setpriv = shutil.which("setpriv", path=_SYSTEM_PATH)
+    if setpriv is None:
+        return None
     try:
         git = subprocess.Popen(
-            [*command, *arguments, "ls-files", "--stage", "-z"],
+            [setpriv, "--pdeathsig", "KILL", *command, *arguments, "ls-files", "--stage", "-z"],
             env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, pass_fds=fds,
             user=None if user is None else user.uid, group=None if user is None else user.gid,
