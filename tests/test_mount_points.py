@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -756,6 +757,35 @@ def test_a_scratch_directory_is_made_where_the_launcher_owns_tmp(tmp_path: Path)
     assert made.returncode == 0, made.stderr
     owner, directory = made.stdout.split()
     assert (owner, os.path.dirname(directory)) == ("1000", "/tmp")
+
+
+def test_a_scratch_directory_a_killed_launcher_left_is_removed_by_the_next() -> None:
+    """A launcher killed (SIGKILL) while it proves bwrap or reads a session's index left its
+    scratch directory in /tmp for good: no later launch removed it (attacker's pass, stop
+    41). The next scratch directory of the kind removes those whose launcher is gone, and no
+    other: a live launcher's, another kind's."""
+    from nsconfine._kernel.accounts import scratch_directory
+
+    kinds = ("nsconfine-test-sweep-", "nsconfine-test-other-")
+    killed = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from nsconfine._kernel.accounts import "
+         "scratch_directory as s; print(*(s(k) for k in sys.argv[1:]), flush=True); "
+         "time.sleep(600)", *kinds],
+        stdout=subprocess.PIPE, text=True, cwd="/",
+    )  # fmt: skip
+    assert killed.stdout is not None
+    left, other = killed.stdout.readline().split()
+    Path(left, "inside").write_text("what it worked on\n")
+    killed.kill()
+    killed.communicate()
+    made = [scratch_directory(kinds[0]), scratch_directory(kinds[0])]
+    try:
+        assert not os.path.lexists(left), "the killed launcher's directory is left"
+        assert os.path.isdir(made[0])  # (this launcher's: it lives)
+        assert os.path.isdir(other)
+    finally:
+        for directory in (left, other, *made):
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_a_read_only_cache_directory_does_not_stop_a_launch(tmp_path: Path) -> None:

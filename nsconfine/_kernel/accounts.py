@@ -273,12 +273,36 @@ def _words(bits: int, directory: bool) -> str:
     )
 
 
+def _remove_left_by_the_dead(base: str, prefix: str) -> None:
+    """Remove each scratch directory of prefix in base (PREFIX<pid>-…) that this account made
+    and whose launcher is gone (a reused pid keeps one until the next look)."""
+    import shutil
+
+    try:
+        names = [name for name in os.listdir(base) if name.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].partition("-")[0]
+        path = os.path.join(base, name)
+        try:
+            if not is_decimal(pid) or os.lstat(path).st_uid != os.geteuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)  # (fd-based: no link in it followed)
+        except (OSError, OverflowError):
+            continue  # gone already, or its launcher lives (EPERM: another account's pid)
+
+
 def scratch_directory(prefix: str) -> str:
     """A fresh private directory (mode 0700) in the first of /tmp, /var/tmp and /dev/shm where
     no other account can rename it or what it holds (root's or this account's, and sticky or
     writable by its owner alone), whatever TMPDIR says: a launcher's TMPDIR may be a directory
     another account writes, which could swap the fresh directory for a symlink to one of its
-    own while the launcher works in it by path. OSError if there is none."""
+    own while the launcher works in it by path. Its name holds the launcher's pid: one a
+    launcher killed there left (SIGKILL, as it proved bwrap) is removed by the next of its
+    kind. OSError if there is none."""
     import tempfile
 
     for base in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -289,8 +313,9 @@ def scratch_directory(prefix: str) -> str:
         # (this account's own /tmp: in a user namespace that maps root to it)
         if not stat.S_ISDIR(info.st_mode) or others_may_replace_in(info):
             continue
+        _remove_left_by_the_dead(base, prefix)
         try:
-            return tempfile.mkdtemp(prefix=prefix, dir=base)
+            return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
         except OSError:
             continue
     raise OSError(
