@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -411,3 +412,24 @@ def test_the_mount_tree_places_a_deep_path_without_keeping_each_of_its_parents()
     assert tree.seen_at("/home/hidden/key") == ("/home", "0:9", "/views/home")
     assert tree.seen_at("/homework/key") == ("/", "8:1", "/")
     assert len(tree._seen) <= 8, len(tree._seen)
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.parametrize("chdir", ["/nonexistent", "/etc/passwd", "{workspace}/missing"])
+def test_a_working_directory_the_sandbox_lacks_is_refused(
+    ws_run: tuple[Path, Path], chdir: str
+) -> None:
+    """A plan whose working directory is no directory in the sandbox (a plan edited through
+    the API) was refused by bwrap alone, and the launch told as sandbox-unavailable, with the
+    advice for a bwrap at its process limit (attacker's pass, stop 41). The lint refuses it,
+    naming it; one bwrap makes (the root, a parent of a place, an entry's own, a directory in
+    a bind) is run in."""
+    workspace = ws_run[0]
+    plan = session(*ws_run).plan()
+    with pytest.raises(nsconfine.PlanError, match="working directory"):
+        nsconfine.spawn(plan.replace(chdir=chdir.format(workspace=workspace)), ["pwd"])
+    for there in ("/", "/usr/bin", "/tmp", "/dev/pts", "/proc/sys", str(workspace)):
+        sandbox = nsconfine.spawn(plan.replace(chdir=there), ["pwd"], stdout=subprocess.PIPE)
+        out, _ = sandbox.communicate()
+        assert (sandbox.returncode, out) == (0, f"{there}\n".encode()), there

@@ -39,7 +39,7 @@ from nsconfine._kernel.accounts import (
 )
 from nsconfine._kernel.stub_records import FALLBACK_BASE
 from nsconfine._plan.model import TOOL_SOCKET_REASON, DenyRule, Entry, Kind, Mode, Plan
-from nsconfine._text import file_kind, is_decimal, printable, within
+from nsconfine._text import file_kind, inside, is_decimal, printable, within
 
 # Credential stores under a home directory, each with why it must stay out of every session.
 HOME_CREDENTIAL_STORES: tuple[tuple[str, str], ...] = (
@@ -662,6 +662,7 @@ def check_plan(
     rules: plan.deny if None), or would make writable what another entry binds read-only.
     Returns what it judged: each source's (device, inode), None for a stub not made yet; the
     launch checks the files it opens against it."""
+    _refuse_a_working_directory_nowhere(plan)
     judge = Judge(plan.deny if rules is None else rules)
     kernel_devices = _kernel_file_systems()
     judged: dict[str, tuple[int, int] | None] = {}
@@ -719,6 +720,37 @@ def check_plan(
     _refuse_symlinks_in_writable(plan, {entry.source: real for entry, real in binds}, judge.places)
     _refuse_shown_masks(plan, judge.places, binds)
     return judged
+
+
+# The entries that make a directory at their place (a bind, of a directory source).
+_MAKE_A_DIRECTORY = frozenset({Kind.BIND, Kind.TMPFS, Kind.DIR, Kind.PROC, Kind.DEV, Kind.DEVPTS})
+
+
+def _refuse_a_working_directory_nowhere(plan: Plan) -> None:
+    """PlanError unless plan.chdir is a directory in the sandbox: the root, a directory bwrap
+    makes above an entry's place, an entry's own directory, or one in a bind's source (or
+    in /proc, /dev: the kernel's). bwrap alone refused it, and the launch was told as one
+    bwrap could not set up."""
+    chdir = plan.chdir
+    if chdir == "/" or any(inside(entry.dest, chdir) is not None for entry in plan.entries):
+        return
+    holder = None  # the last of the deepest entries whose place holds chdir
+    for entry in plan.entries:
+        deeper = holder is None or len(entry.dest) >= len(holder.dest)
+        if entry.kind in _MAKE_A_DIRECTORY and within(chdir, entry.dest) and deeper:
+            holder = entry
+    if holder is not None:
+        below = inside(chdir, holder.dest)
+        if holder.kind is Kind.BIND:
+            assert holder.source is not None
+            if os.path.isdir(holder.source if below is None else f"{holder.source}/{below}"):
+                return
+        elif below is None or holder.kind in (Kind.PROC, Kind.DEV, Kind.DEVPTS):
+            return
+    raise PlanError(
+        f"the working directory {printable(chdir)} is no directory in the sandbox: give one "
+        "the plan shows (the workspace, a directory in a bind)"
+    )
 
 
 def _refuse_shown_masks(plan: Plan, places: _Places, shown: Sequence[tuple[Entry, str]]) -> None:
@@ -957,11 +989,11 @@ def _refuse_writable_aliases(
     another place in the sandbox (a symlink a session planted where the next workspace goes
     leads exactly there). At its own place, a read-only bind inside a writable one (a runner
     file in the workspace) covers it, and is fine."""
-    for rw, (device, inside) in writable:
-        for ro, (ro_device, ro_inside) in read_only:
-            if ro_device != device or not within(ro_inside, inside):
+    for rw, (device, place) in writable:
+        for ro, (ro_device, ro_place) in read_only:
+            if ro_device != device or not within(ro_place, place):
                 continue
-            there = os.path.normpath(rw.dest + "/" + ro_inside[len(inside) :].lstrip("/"))
+            there = os.path.normpath(rw.dest + "/" + ro_place[len(place) :].lstrip("/"))
             if there != ro.dest:
                 raise PlanError(
                     f"{printable(ro.source)} is bound read-only at {printable(ro.dest)}, but the "
