@@ -441,6 +441,28 @@ def test_communicate_input_needs_a_stdin_pipe(plan: nsconfine.Plan) -> None:
         assert sandbox.communicate() == (b"", None)
 
 
+@pytest.mark.parametrize("closed", ["stdin", "stdout", "stderr"])
+def test_communicate_after_the_caller_closed_a_pipe_is_popen_s(
+    plan: nsconfine.Plan, closed: str
+) -> None:
+    """An output pipe of the handle the caller closed itself is left out, as Popen leaves it
+    (what is read of it: b""), and so is a stdin it closed (where Popen's raises): it raised a
+    bare ValueError (attacker's pass, stop 41). Input for a stdin the caller closed is
+    refused, not dropped."""
+    argv = ["/bin/sh", "-c", "echo out; echo err >&2"]
+    expected = (b"out\n", b"err\n")
+    if closed != "stdin":
+        with subprocess.Popen(argv, stdin=PIPE, stdout=PIPE, stderr=PIPE) as host:
+            getattr(host, closed).close()
+            expected = host.communicate(timeout=60)
+    with nsconfine.spawn(plan, argv, stdin=PIPE, stdout=PIPE, stderr=PIPE) as sandbox:
+        getattr(sandbox, closed).close()
+        if closed == "stdin":
+            with pytest.raises(nsconfine.UsageError, match="closed"):
+                sandbox.communicate(b"lost")
+        assert sandbox.communicate(timeout=60) == expected
+
+
 def test_a_wait_longer_than_poll_can_count_waits() -> None:
     """wait_fd (Sandbox.wait's, and the CLI's) with a timeout past poll()'s int of ms (a
     broker's float('inf'), `--grace 1e300` once a signal came) waits: no OverflowError."""

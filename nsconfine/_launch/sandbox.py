@@ -281,6 +281,8 @@ class Sandbox:
         if self._exchange is None:
             if input is not None and self.stdin is None:
                 raise UsageError("communicate(input=...) needs a launch with stdin=PIPE")
+            if input is not None and self.stdin is not None and self.stdin.closed:
+                raise UsageError("communicate(input=...): the caller closed the stdin pipe")
             if input is not None and not isinstance(input, bytes | bytearray | memoryview):
                 raise UsageError("communicate's input must be bytes")
             self._exchange = _Exchange(self, input)
@@ -427,7 +429,8 @@ class _Exchange:
     def __init__(self, sandbox: Sandbox, input: bytes | bytearray | memoryview | None) -> None:
         self.input = memoryview(input or b"").cast("B")
         self.sent = 0
-        self.stdin = sandbox.stdin
+        # A pipe the caller closed itself is left out, as Popen leaves it (read of it: b"").
+        self.stdin = sandbox.stdin if sandbox.stdin is None or not sandbox.stdin.closed else None
         # What is read from stdout and stderr (None: not a pipe), and each pipe still open.
         self.read: list[list[bytes] | None] = [None, None]
         self.open: dict[int, tuple[int, IO[bytes]]] = {}  # fd -> (0 stdin, 1 stdout, 2 stderr)
@@ -446,7 +449,8 @@ class _Exchange:
         for number, stream in ((1, sandbox.stdout), (2, sandbox.stderr)):
             if stream is not None:
                 self.read[number - 1] = []
-                self.open[stream.fileno()] = (number, stream)
+                if not stream.closed:
+                    self.open[stream.fileno()] = (number, stream)
 
     def outputs(self) -> tuple[bytes | None, bytes | None]:
         stdout, stderr = (None if chunks is None else b"".join(chunks) for chunks in self.read)
