@@ -463,6 +463,30 @@ def test_communicate_after_the_caller_closed_a_pipe_is_popen_s(
         assert sandbox.communicate(timeout=60) == expected
 
 
+def test_a_pipe_closed_between_two_communicate_calls_is_left_out(plan: nsconfine.Plan) -> None:
+    """communicate() timed out, the caller closed the handle's stdout, and a file of its own
+    took the number: the next communicate() read that file into the session's output (or, of
+    stdin, wrote the session's input into it; or raised on the sentinel's copy, which took
+    the number) (the review of c4250d7, stop 41). A pipe closed since is left out."""
+    argv = ["/bin/sh", "-c", "echo out; exec sleep 60"]
+    with nsconfine.spawn(plan, argv, stdout=PIPE) as sandbox:
+        with pytest.raises(subprocess.TimeoutExpired):
+            sandbox.communicate(timeout=1)
+        assert sandbox.stdout is not None
+        number = sandbox.stdout.fileno()
+        sandbox.stdout.close()
+        read_end, write_end = os.pipe()  # the caller's own, at the number if it is free
+        os.write(write_end, b"FOREIGN\n")
+        taken = os.dup2(read_end, number) if read_end != number else number
+        try:
+            sandbox.kill()
+            out, _ = sandbox.communicate(timeout=60)
+        finally:
+            for fd in {read_end, write_end, taken}:
+                os.close(fd)
+    assert out == b"out\n"
+
+
 def test_a_wait_longer_than_poll_can_count_waits() -> None:
     """wait_fd (Sandbox.wait's, and the CLI's) with a timeout past poll()'s int of ms (a
     broker's float('inf'), `--grace 1e300` once a signal came) waits: no OverflowError."""

@@ -198,11 +198,12 @@ def test_a_launch_interrupted_by_ctrl_c_leaves_no_reaper_and_no_fd(
 def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
     tmp_path: Path,
 ) -> None:
-    """A Ctrl-C that lands in poll() between the reaper's waitpid and the handle's bookkeeping
-    of the end: the status was lost (a later wait said 0, "reaped elsewhere"), and the pidfds
-    and the workspace's mount points stayed for the launcher's life (attacker's pass, stop
-    39). The reaping is whole before the KeyboardInterrupt is raised. The Ctrl-C is a real
+    """A Ctrl-C that lands in poll() between the look at the reaper's end and the handle's
+    bookkeeping of it: the status was lost (a later wait said 0, "reaped elsewhere"), and the
+    pidfds and the workspace's mount points stayed for the launcher's life (attacker's pass,
+    stop 39). The reaping is whole before the KeyboardInterrupt is raised. The Ctrl-C is a real
     SIGINT, sent by a trace hook at that very line."""
+    import linecache
     import signal
 
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
@@ -213,14 +214,12 @@ def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
     sent: list[bool] = []
 
     def in_poll(frame: Any, event: str, arg: Any) -> Any:
-        if (
-            frame.f_code.co_name not in ("poll", "_reap")
-            or "sandbox" not in frame.f_code.co_filename
-        ):
+        if frame.f_code.co_name != "_reap" or "sandbox" not in frame.f_code.co_filename:
             return None
 
         def line(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_locals.get("pid") and not sent:
+            here = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            if event == "line" and "self._ended(" in here and not sent:
                 sent.append(True)
                 os.kill(os.getpid(), signal.SIGINT)
             return line
@@ -244,61 +243,73 @@ def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
 
 
 # A signal handler of the launcher's own that calls the handle (kill() on SIGTERM, poll() on
-# SIGCHLD), its signal sent by a trace hook at a line of poll() that runs with the handle's
-# lock held, just after the waitpid: the session still running ("flags"), or reaped and its
-# end not yet kept ("reaping").
+# SIGCHLD), or raises (sys.exit() on SIGTERM), its signal sent by a trace hook at a line of
+# the handle's that runs with its lock held: poll()'s last while the session runs
+# ("running"); where the end is about to be kept ("reaping", "reaping-raises"); kill()'s
+# first send, the session over and not yet reaped ("killing").
 _A_HANDLER_CALLS_THE_HANDLE = """
-import json, signal, sys
+import json, linecache, signal, sys, time
 plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
-line_after = sys.argv[4]
-command = "exec sleep 60" if line_after == "flags" else "exit 3"
-sandbox = nsconfine.spawn(plan, ["sh", "-c", command])
+moment = sys.argv[4]
+sandbox = nsconfine.spawn(plan, ["sh", "-c", "exec sleep 60" if moment == "running" else "exit 3"])
 seen = []
+where = {"running": ("poll", "return self.returncode"), "killing": ("kill", "_send(self._reaper")}
+function, text = where.get(moment, ("_reap", "self._ended("))
 
 def on_signal(number, frame):
-    seen.append((sandbox.poll(), sandbox.kill(), sandbox.send_signal(signal.SIGCONT)))
+    seen.append(moment)
+    if moment == "reaping-raises":
+        raise RuntimeError("the handler's own")
+    sandbox.poll(), sandbox.kill(), sandbox.send_signal(signal.SIGCONT)
 
-def in_poll(frame, event, arg):
-    if frame.f_code.co_name not in ("poll", "_reap") or "sandbox" not in frame.f_code.co_filename:
+def traced(frame, event, arg):
+    if frame.f_code.co_name != function or "sandbox" not in frame.f_code.co_filename:
         return None
 
-    def line(frame, event, arg):  # after the waitpid: its pid, 0 while the session runs
-        reaped = bool(frame.f_locals.get("pid"))
-        here = "status" in frame.f_locals and reaped == (line_after == "reaping")
-        if event == "line" and here and not seen:
+    def line(frame, event, arg):
+        here = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        if event == "line" and not seen and text in here:
             os.kill(os.getpid(), signal.SIGUSR1)
         return line
 
     return line
 
 signal.signal(signal.SIGUSR1, on_signal)
-if line_after == "reaping":
-    import time; time.sleep(0.5)  # (the session has ended: its reaper waits to be reaped)
-sys.settrace(in_poll)
-status = sandbox.poll()
+if moment != "running":
+    time.sleep(0.5)  # (the session has ended: its reaper waits to be reaped)
+error = None
+sys.settrace(traced)
+try:
+    sandbox.kill() if moment == "killing" else sandbox.poll()
+except Exception as raised:
+    error = repr(raised)
 sys.settrace(None)
-print(json.dumps({"seen": len(seen), "status": sandbox.wait(),
+print(json.dumps({"seen": len(seen), "status": sandbox.wait(), "error": error,
                   "workspace": sorted(os.listdir(sys.argv[1]))}), flush=True)
 """
 
 
-@pytest.mark.parametrize("line_after", ["flags", "reaping"])
+@pytest.mark.parametrize("moment", ["running", "reaping", "reaping-raises", "killing"])
 def test_a_signal_handler_that_calls_the_handle_does_not_deadlock(
-    ws_run: tuple[Path, Path], line_after: str
+    ws_run: tuple[Path, Path], moment: str
 ) -> None:
     """A launcher's own signal handler that calls the handle (kill() on SIGTERM, poll() on
     SIGCHLD) while the thread it interrupts is in poll(), holding the handle's lock: it waited
     for that lock for ever (attacker's pass, stop 41; subprocess.Popen's does not). It runs,
-    and neither loses the status nor reaps the session twice."""
+    and neither loses the status nor reaps the session twice. Its review: a handler's poll()
+    in kill() reaped the session and closed the pidfds kill() then sent on (EBADF, or another
+    session's, whose pidfd took the number); one that raised as the end was kept lost the
+    status (wait() said 0) and left the mount points."""
     workspace, run_dir = ws_run
     child = python_child(
-        _A_HANDLER_CALLS_THE_HANDLE, str(workspace), str(run_dir), SESSION_USER or "",
-        line_after, stdout=PIPE,
+        _A_HANDLER_CALLS_THE_HANDLE, str(workspace), str(run_dir), SESSION_USER or "", moment,
+        stdout=PIPE,
     )  # fmt: skip
     out, _ = ended_child_output(child, 30, "the launcher, in its own signal handler,")
     report = json.loads(out)
-    status = -9 if line_after == "flags" else 3
-    assert report == {"seen": 1, "status": status, "workspace": []}, report
+    status = -9 if moment == "running" else 3
+    error = 'RuntimeError("the handler\'s own")' if moment == "reaping-raises" else None
+    assert report == {"seen": 1, "status": status, "error": error, "workspace": []}, report
 
 
 _LAUNCHES_UNDER_CTRL_C = """

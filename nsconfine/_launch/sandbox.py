@@ -75,14 +75,15 @@ class Sandbox:
 
     __slots__ = (
         "_bound",
+        "_busy",
         "_command_pidfd",
+        "_done",
         "_egress",
         "_exchange",
         "_init_pidfd",
         "_lock",
         "_owner",
         "_reaper_pidfd",
-        "_reaping",
         "_seen",
         "_since",
         "_stubs",
@@ -118,7 +119,8 @@ class Sandbox:
     _stubs: list[Stub]
     _egress: Egress | None
     _lock: RLock
-    _reaping: bool
+    _busy: bool
+    _done: bool
     _owner: int
     _untrusted: list[str] | None
     _bound: dict[str, tuple[int, int, int]]
@@ -167,9 +169,13 @@ class Sandbox:
         self._egress, staged.egress = staged.egress, None
         # Reentrant: a signal handler of the launcher's own may call the handle (kill() on
         # SIGTERM, poll() on SIGCHLD) while the thread it interrupts holds the lock, in poll();
-        # it waited for ever on a plain lock. _reaping tells it the reaping is under way.
+        # it waited for ever on a plain lock. _busy: a call is under way in the thread that
+        # holds it, and a poll() that comes in (a handler's) reaps nothing meanwhile: it would
+        # close the pidfds that call is using, whose numbers a new fd could take. _done: the
+        # end is wholly kept (what _ended does, each step once).
         self._lock = RLock()
-        self._reaping = False
+        self._busy = False
+        self._done = False
         self._owner = os.getpid()
         return self
 
@@ -202,28 +208,35 @@ class Sandbox:
                 "the session (a forked child may still kill() it)"
             )
         with self._lock:
-            if self.returncode is None and not self._reaping:
-                # A handler of this thread's that comes in from here on looks no further (it
-                # would take the reaped status for lost, and end the session twice); one that
-                # came before the flag was set may have reaped it: looked at again.
-                self._reaping = True
+            if not self._done and not self._busy:
+                self._busy = True
                 try:
-                    # A Ctrl-C between the reaping and its bookkeeping would lose the status,
-                    # the pidfds and the workspace's mount points: held until both are done.
+                    # A Ctrl-C as the end is kept would lose the pidfds and the workspace's
+                    # mount points: held until it is done.
                     with CtrlCHeld():
-                        if self.returncode is None:
-                            self._reap()
+                        self._reap()
                 finally:
-                    self._reaping = False
+                    self._busy = False
             return self.returncode
 
     def _reap(self) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): lost
-            pid, status = self.pid, 0
-        if pid:
-            self._ended(os.waitstatus_to_exitcode(status))
+        """Keep the session's end, if it has come. Its status is looked at without reaping
+        the reaper, which is reaped last: a handler of the caller's that raises anywhere
+        between (a SIGTERM's sys.exit) leaves the rest to the next poll(), and loses nothing."""
+        if self.returncode is None:
+            try:
+                ended = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): lost
+                self.returncode = 0
+            else:
+                if ended is None:
+                    return  # it runs
+                killed = ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+                self.returncode = -ended.si_status if killed else ended.si_status
+        self._ended()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)  # (a zombie now: it is reaped at once)
+        self._done = True
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the session to end and return its status (see the module's docstring).
@@ -317,7 +330,11 @@ class Sandbox:
             raise UsageError(f"send_signal takes a signal number (1 to 64), not {number!r}")
         with self._lock:
             if self.returncode is None:
-                _send(self._command_pidfd, number)
+                busy, self._busy = self._busy, True
+                try:
+                    _send(self._command_pidfd, number)
+                finally:
+                    self._busy = busy
 
     def terminate(self) -> None:
         """SIGTERM to the command."""
@@ -330,8 +347,12 @@ class Sandbox:
         SIGTERM came would pass that on as the session's status instead of -9."""
         with self._lock:
             if self.returncode is None:
-                _send(self._reaper_pidfd, SIGTERM)
-                _send(self._init_pidfd, SIGKILL)
+                busy, self._busy = self._busy, True
+                try:
+                    _send(self._reaper_pidfd, SIGTERM)
+                    _send(self._init_pidfd, SIGKILL)
+                finally:
+                    self._busy = busy
 
     def __enter__(self) -> Sandbox:
         return self
@@ -359,7 +380,7 @@ class Sandbox:
         # Dropped unwaited: reaped by a later launch (_abandoned), not here. A finalizer runs
         # in whichever thread the collector does, the proxy's own among them, perhaps holding
         # a lock that the end of a session (its stubs, its proxy socket) takes.
-        if getattr(self, "returncode", 0) is None and getattr(self, "_owner", 0) == os.getpid():
+        if not getattr(self, "_done", True) and getattr(self, "_owner", 0) == os.getpid():
             # Whole, a Ctrl-C held: one that ended it midway left the handle out of the list
             # (its reaper a zombie, its stubs for good) or its pipes open (a session writing to
             # one blocked for good). A Ctrl-C that came is raised at its end, where Python
@@ -378,19 +399,24 @@ class Sandbox:
                     del stream
                 _abandoned.append(self)
 
-    def _ended(self, status: int) -> None:
-        # Called with the lock held, once: the pidfds go, the caller's terminal comes back, and
-        # the empty mount points made for the launch are removed (the session's own terminal
-        # stays, for what it wrote last: close_tty).
-        self.returncode = status
-        for fd in (self._reaper_pidfd, self._init_pidfd, self._command_pidfd):
-            os.close(fd)
-        _terminal.restore(self._terminals)
-        self._terminals = []
-        _sources.remove(self._stubs)
-        if self._egress is not None:
-            self._egress.close()
-            self._egress = None
+    def _ended(self) -> None:
+        # Called with the lock held, returncode kept: the pidfds go, the caller's terminal
+        # comes back, and the empty mount points made for the launch are removed (the
+        # session's own terminal stays, for what it wrote last: close_tty). Each is taken
+        # from the handle before it is undone, so that a step a raising handler cut short is
+        # not done twice by the next poll() (an fd closed twice could be another's by then).
+        for name in ("_reaper_pidfd", "_init_pidfd", "_command_pidfd"):
+            fd = getattr(self, name)
+            setattr(self, name, -1)
+            if fd >= 0:
+                os.close(fd)
+        terminals, self._terminals = self._terminals, []
+        _terminal.restore(terminals)
+        stubs, self._stubs = self._stubs, []
+        _sources.remove(stubs)
+        egress, self._egress = self._egress, None
+        if egress is not None:
+            egress.close()
 
 
 # Handles dropped unwaited: reaped at a later launch, as subprocess reaps the Popen objects it
@@ -408,10 +434,10 @@ def reap_abandoned() -> None:
         except IndexError:
             return
         try:
-            running = sandbox.poll() is None
+            sandbox.poll()
         except Exception:  # (nothing a later launch could do better)
             continue
-        if running:
+        if not sandbox._done:
             _abandoned.append(sandbox)
 
 
@@ -464,6 +490,11 @@ class _Exchange:
         ends, and fill them for as long as it likes."""
         import select
 
+        # A pipe the caller closed since the last call is left out: its number may be another
+        # file's now (one of the caller's, or the sentinel's copy).
+        for fd, (_number, stream) in list(self.open.items()):
+            if stream.closed:
+                del self.open[fd]
         poller = select.poll()
         for fd, (number, _stream) in self.open.items():
             poller.register(fd, select.POLLOUT if number == 0 else select.POLLIN)
