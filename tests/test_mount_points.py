@@ -788,6 +788,27 @@ def test_a_scratch_directory_a_killed_launcher_left_is_removed_by_the_next() -> 
             shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.mark.root  # only root makes a pid namespace without a user namespace
+def test_a_scratch_directory_of_a_launcher_in_another_pid_namespace_is_kept() -> None:
+    """A launcher in another pid namespace (a container sharing /tmp, as the same account)
+    took a live launcher's scratch directory for a dead one's, its pid unknown there, and
+    removed it (the review of 050e81b, stop 41). Only those of its own pid namespace are
+    judged."""
+    from nsconfine._kernel.accounts import scratch_directory
+
+    live = scratch_directory("nsconfine-test-pidns-")
+    try:
+        subprocess.run(
+            ["unshare", "--pid", "--fork", sys.executable, "-c", "import os; from "
+             "nsconfine._kernel.accounts import scratch_directory as s; "
+             "os.rmdir(s('nsconfine-test-pidns-'))"],
+            check=True, cwd="/", timeout=60,
+        )  # fmt: skip
+        assert os.path.isdir(live), "another pid namespace's launcher removed a live one's"
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+
+
 def test_a_read_only_cache_directory_does_not_stop_a_launch(tmp_path: Path) -> None:
     """An existing cache directory the launcher cannot write (a unit's ProtectSystem=strict, a
     read-only home) is passed over for a directory of the account's own, as a missing one is."""

@@ -273,17 +273,28 @@ def _words(bits: int, directory: bool) -> str:
     )
 
 
+def _in_this_pid_namespace(prefix: str) -> str:
+    """prefix, then this process's pid namespace: another's pids say nothing here (a container
+    sharing /tmp). A scratch directory is named PREFIX<namespace>-<pid>-…"""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{prefix}{namespace}-"
+
+
 def _remove_left_by_the_dead(base: str, prefix: str) -> None:
-    """Remove each scratch directory of prefix in base (PREFIX<pid>-…) that this account made
-    and whose launcher is gone (a reused pid keeps one until the next look)."""
+    """Remove each scratch directory of prefix in base that this account made in this pid
+    namespace and whose launcher is gone (a reused pid keeps one until the next look)."""
     import shutil
 
+    ours = _in_this_pid_namespace(prefix)
     try:
-        names = [name for name in os.listdir(base) if name.startswith(prefix)]
+        names = [name for name in os.listdir(base) if name.startswith(ours)]
     except OSError:
         return
     for name in names:
-        pid = name[len(prefix) :].partition("-")[0]
+        pid = name[len(ours) :].partition("-")[0]
         path = os.path.join(base, name)
         try:
             if not is_decimal(pid) or os.lstat(path).st_uid != os.geteuid():
@@ -300,9 +311,9 @@ def scratch_directory(prefix: str) -> str:
     no other account can rename it or what it holds (root's or this account's, and sticky or
     writable by its owner alone), whatever TMPDIR says: a launcher's TMPDIR may be a directory
     another account writes, which could swap the fresh directory for a symlink to one of its
-    own while the launcher works in it by path. Its name holds the launcher's pid: one a
-    launcher killed there left (SIGKILL, as it proved bwrap) is removed by the next of its
-    kind. OSError if there is none."""
+    own while the launcher works in it by path. Its name holds the launcher's pid namespace and
+    pid: one a launcher killed there left (SIGKILL, as it proved bwrap) is removed by the next
+    of its kind in that namespace. OSError if there is none."""
     import tempfile
 
     for base in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -315,7 +326,9 @@ def scratch_directory(prefix: str) -> str:
             continue
         _remove_left_by_the_dead(base, prefix)
         try:
-            return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
+            return tempfile.mkdtemp(
+                prefix=f"{_in_this_pid_namespace(prefix)}{os.getpid()}-", dir=base
+            )
         except OSError:
             continue
     raise OSError(
