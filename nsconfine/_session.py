@@ -1184,7 +1184,12 @@ def _refuse_mount_points_a_bind_lacks(given: Sequence[p.Entry], others: Sequence
             if below is None:
                 continue
             place = os.path.join(holder.source, below)
-            a_directory = held.source is None or os.path.isdir(held.source)
+            if held.kind in (Kind.REMOUNT_RO, Kind.SYMLINK):
+                continue  # (no mount point: a remount; a link bwrap makes, as it says)
+            if held.kind in (Kind.BIND, Kind.COPY):
+                a_directory = os.path.isdir(held.source)
+            else:  # a tmpfs, a directory, /proc, /dev are directories; a data entry a file
+                a_directory = held.kind is not Kind.DATA
             try:
                 kind = stat.S_IFMT(os.lstat(place).st_mode)
             except OSError:
