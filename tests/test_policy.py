@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import pwd
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 from helpers import session
@@ -416,7 +416,11 @@ def test_the_mount_tree_places_a_deep_path_without_keeping_each_of_its_parents()
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
-@pytest.mark.parametrize("chdir", ["/nonexistent", "/etc/passwd", "{workspace}/missing"])
+@pytest.mark.parametrize(
+    "chdir",
+    ["/nonexistent", "/etc/passwd", "{workspace}/missing", "/dev/null", "/proc/keys",
+     "{workspace}/tovar"],
+)  # fmt: skip
 def test_a_working_directory_the_sandbox_lacks_is_refused(
     ws_run: tuple[Path, Path], chdir: str
 ) -> None:
@@ -426,10 +430,15 @@ def test_a_working_directory_the_sandbox_lacks_is_refused(
     naming it; one bwrap makes (the root, a parent of a place, an entry's own, a directory in
     a bind) is run in."""
     workspace = ws_run[0]
+    (workspace / "tovar").symlink_to("/var")  # (the sandbox has no /var: it leads nowhere)
+    (workspace / "tosub").symlink_to("sub")
+    (workspace / "sub").mkdir()
     plan = session(*ws_run).plan()
     with pytest.raises(nsconfine.PlanError, match="working directory"):
         nsconfine.spawn(plan.replace(chdir=chdir.format(workspace=workspace)), ["pwd"])
-    for there in ("/", "/usr/bin", "/tmp", "/dev/pts", "/proc/sys", str(workspace)):
-        sandbox = nsconfine.spawn(plan.replace(chdir=there), ["pwd"], stdout=subprocess.PIPE)
+    merged = next(link for link in ("/bin", "/lib", "/sbin") if os.path.islink(link))
+    for there in ("/", "/usr/bin", "/tmp", "/dev/pts", "/proc/sys", merged, str(workspace),
+                  f"{workspace}/sub", f"{workspace}/tosub"):  # fmt: skip
+        sandbox = nsconfine.spawn(plan.replace(chdir=there), ["pwd", "-P"], stdout=PIPE)
         out, _ = sandbox.communicate()
-        assert (sandbox.returncode, out) == (0, f"{there}\n".encode()), there
+        assert (sandbox.returncode, out) == (0, f"{os.path.realpath(there)}\n".encode()), there

@@ -722,35 +722,52 @@ def check_plan(
     return judged
 
 
-# The entries that make a directory at their place (a bind, of a directory source).
-_MAKE_A_DIRECTORY = frozenset({Kind.BIND, Kind.TMPFS, Kind.DIR, Kind.PROC, Kind.DEV, Kind.DEVPTS})
-
-
 def _refuse_a_working_directory_nowhere(plan: Plan) -> None:
-    """PlanError unless plan.chdir is a directory in the sandbox: the root, a directory bwrap
-    makes above an entry's place, an entry's own directory, or one in a bind's source (or
-    in /proc, /dev: the kernel's). bwrap alone refused it, and the launch was told as one
-    bwrap could not set up."""
+    """PlanError unless plan.chdir is a directory in the sandbox (a symlink entry on its way
+    followed, as the kernel follows it): bwrap alone refused it, and the launch was told as
+    one bwrap could not set up."""
     chdir = plan.chdir
-    if chdir == "/" or any(inside(entry.dest, chdir) is not None for entry in plan.entries):
-        return
-    holder = None  # the last of the deepest entries whose place holds chdir
+    for _link in range(40):  # (the kernel's own bound on links followed)
+        found = _directory_in_the_sandbox(plan, chdir)
+        if not isinstance(found, str):
+            if found:
+                return
+            break
+        chdir = found
+    raise PlanError(
+        f"the working directory {printable(plan.chdir)} is no directory in the sandbox: give "
+        "one the plan shows (the workspace, a directory in a bind), by its real path"
+    )
+
+
+def _directory_in_the_sandbox(plan: Plan, path: str) -> bool | str:
+    """Is path a directory in plan's sandbox as it starts: the root, a directory bwrap makes
+    above an entry's place, an entry's own directory, one in a bind's source (reached
+    without leaving it), or in /proc? Or, for a path through a symlink entry, the path it
+    leads to."""
+    if path == "/" or any(inside(entry.dest, path) is not None for entry in plan.entries):
+        return True
+    holder = None  # the last of the deepest entries whose place holds path
     for entry in plan.entries:
         deeper = holder is None or len(entry.dest) >= len(holder.dest)
-        if entry.kind in _MAKE_A_DIRECTORY and within(chdir, entry.dest) and deeper:
+        if entry.kind is not Kind.REMOUNT_RO and within(path, entry.dest) and deeper:
             holder = entry
-    if holder is not None:
-        below = inside(chdir, holder.dest)
-        if holder.kind is Kind.BIND:
-            assert holder.source is not None
-            if os.path.isdir(holder.source if below is None else f"{holder.source}/{below}"):
-                return
-        elif below is None or holder.kind in (Kind.PROC, Kind.DEV, Kind.DEVPTS):
-            return
-    raise PlanError(
-        f"the working directory {printable(chdir)} is no directory in the sandbox: give one "
-        "the plan shows (the workspace, a directory in a bind)"
-    )
+    if holder is None:
+        return False
+    below = inside(path, holder.dest)
+    if holder.kind is Kind.SYMLINK:
+        led = os.path.join(os.path.dirname(holder.dest), holder.source)
+        return os.path.normpath(led if below is None else f"{led}/{below}")
+    if holder.kind is Kind.BIND:
+        top = _syscalls.realpath(holder.source)
+        try:
+            real = top if below is None else _syscalls.realpath(f"{holder.source}/{below}")
+        except OSError:
+            return False
+        return within(real, top) and os.path.isdir(real)  # (a link out: elsewhere in there)
+    if holder.kind is Kind.PROC:
+        return True  # (the kernel's: its own pid namespace's)
+    return below is None and holder.kind in (Kind.TMPFS, Kind.DIR, Kind.DEV, Kind.DEVPTS)
 
 
 def _refuse_shown_masks(plan: Plan, places: _Places, shown: Sequence[tuple[Entry, str]]) -> None:
