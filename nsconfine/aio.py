@@ -289,7 +289,17 @@ class Process:
         workspace, and the host's git for an index the session wrote: seconds at the worst);
         None while the session runs."""
         if self.returncode is None:
-            if not _poll_now(self.sandbox.sentinel) & select.POLLIN:
+            try:  # a copy: another thread may reap the session, and close its sentinel, now
+                watch = self.sandbox._watch()
+            except OSError:  # the launcher is out of fds
+                running = self.sandbox.poll() is None
+            else:
+                try:
+                    running = watch >= 0 and not _poll_now(watch) & select.POLLIN
+                finally:
+                    if watch >= 0:
+                        os.close(watch)
+            if running:
                 return None
             await self.wait()  # ended: reaped as wait() does, the loop's watch undone first
         return await self._loop.run_in_executor(None, lambda: self.sandbox.untrusted_config)

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import HAND_OUT, Flood, holder_socket, pids_with, receive_fd, wait_until_gone
@@ -169,6 +170,50 @@ def test_a_pool_launches_from_the_loop(plan: nsconfine.Plan) -> None:
             return [await process.communicate() for process in processes]
 
     assert asyncio.run(main()) == [(f"{n}\n".encode(), None) for n in range(8)]
+
+
+def test_untrusted_config_as_another_thread_reaps_the_session(plan: nsconfine.Plan) -> None:
+    """untrusted_config() read the session's sentinel after another thread (a poll() of the
+    Sandbox, as the module allows) had reaped the session and let it go: a ValueError for a
+    -1, or a look at whatever fd took the number (the review of 78da4fb, stop 41). The
+    reap is made to come there by a trace hook at the line that looks; the report is given."""
+    import linecache
+
+    async def main() -> list[str] | None:
+        process = await nsconfine.aio.spawn(plan, ["/bin/true"])
+        async with process:
+            while not _ended(process.sandbox):
+                await asyncio.sleep(0.01)
+            fired: list[bool] = []
+
+            def traced(frame: Any, event: str, arg: Any) -> Any:
+                if (
+                    frame.f_code.co_name != "untrusted_config"
+                    or "aio" not in frame.f_code.co_filename
+                ):
+                    return None
+
+                def line(frame: Any, event: str, arg: Any) -> Any:
+                    here = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+                    if event == "line" and "self.sandbox" in here and not fired:
+                        fired.append(True)
+                        process.sandbox.poll()  # (another thread's, at this very moment)
+                    return line
+
+                return line
+
+            sys.settrace(traced)
+            try:
+                return await process.untrusted_config()
+            finally:
+                sys.settrace(None)
+
+    assert asyncio.run(main()) == []
+
+
+def _ended(sandbox: nsconfine.Sandbox) -> bool:
+    """Has sandbox's session ended (its reaper a zombie), without reaping it?"""
+    return os.waitid(os.P_PID, sandbox.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def test_untrusted_config_is_awaited_off_the_loop(

@@ -449,7 +449,7 @@ def test_communicate_after_the_caller_closed_a_pipe_is_popen_s(
     (what is read of it: b""), and so is a stdin it closed (where Popen's raises): it raised a
     bare ValueError (attacker's pass, stop 41). Input for a stdin the caller closed is
     refused, not dropped."""
-    argv = ["/bin/sh", "-c", "echo out; echo err >&2"]
+    argv = ["/bin/sh", "-c", "sleep 0.5; echo out; echo err >&2"]  # (the pipe closed by then)
     expected = (b"out\n", b"err\n")
     if closed != "stdin":
         with subprocess.Popen(argv, stdin=PIPE, stdout=PIPE, stderr=PIPE) as host:

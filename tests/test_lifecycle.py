@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from helpers import (
+    CHILD_PRELUDE,
     SESSION_USER,
     ended_child_output,
     ended_session_output,
@@ -310,6 +311,63 @@ def test_a_signal_handler_that_calls_the_handle_does_not_deadlock(
     status = -9 if moment == "running" else 3
     error = 'RuntimeError("the handler\'s own")' if moment == "reaping-raises" else None
     assert report == {"seen": 1, "status": status, "error": error, "workspace": []}, report
+
+
+# A handler that raises just before poll() marks the end kept; then another child of the
+# launcher's takes the reaper's pid (ns_last_pid, in a pid namespace of the test's own), and
+# poll() is called again.
+_A_PID_TAKEN_AFTER_A_RAISE = """
+import linecache, signal, subprocess, sys
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+sandbox = nsconfine.spawn(plan, ["sh", "-c", "exit 3"])
+os.waitid(os.P_PID, sandbox.pid, os.WEXITED | os.WNOWAIT)  # (ended, not reaped)
+fired = []
+
+def raising(number, frame):
+    raise RuntimeError("the handler's own")
+
+def traced(frame, event, arg):
+    if frame.f_code.co_name != "_reap" or "sandbox" not in frame.f_code.co_filename:
+        return None
+
+    def line(frame, event, arg):
+        here = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        if event == "line" and "self._done = True" in here and not fired:
+            fired.append(True)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return line
+
+    return line
+
+signal.signal(signal.SIGUSR1, raising)
+sys.settrace(traced)
+try:
+    sandbox.poll()
+except RuntimeError:
+    pass
+sys.settrace(None)
+with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+    last.write(str(sandbox.pid - 1))
+other = subprocess.Popen(["sh", "-c", "exit 7"])
+os.waitid(os.P_PID, other.pid, os.WEXITED | os.WNOWAIT)
+print(fired, other.pid == sandbox.pid, sandbox.poll(), other.wait(), flush=True)
+"""
+
+
+@pytest.mark.root  # only root arranges a pid's reuse (a pid namespace of its own)
+def test_a_poll_after_a_raise_reaps_no_other_child(ws_run: tuple[Path, Path]) -> None:
+    """A handler that raised after poll() reaped the reaper, before the end was marked kept:
+    the next poll() waited for the reaper's pid again, and reaped another child of the
+    launcher that had taken it, whose Popen then said 0 (the review of 78da4fb, stop 41).
+    The reaper is waited for by its pidfd."""
+    workspace, run_dir = ws_run
+    program = CHILD_PRELUDE + _A_PID_TAKEN_AFTER_A_RAISE
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", program,
+         str(workspace), str(run_dir), SESSION_USER or ""],
+        capture_output=True, text=True, timeout=60, cwd="/", check=False,
+    )  # fmt: skip
+    assert done.stdout.split() == ["[True]", "True", "3", "7"], done
 
 
 _LAUNCHES_UNDER_CTRL_C = """

@@ -220,12 +220,16 @@ class Sandbox:
             return self.returncode
 
     def _reap(self) -> None:
-        """Keep the session's end, if it has come. Its status is looked at without reaping
-        the reaper, which is reaped last: a handler of the caller's that raises anywhere
-        between (a SIGTERM's sys.exit) leaves the rest to the next poll(), and loses nothing."""
+        """Keep the session's end, if it has come: its status looked at without reaping the
+        reaper, then the reaper reaped, then what the handle holds let go (_ended). A handler
+        of the caller's that raises anywhere between (a SIGTERM's sys.exit) leaves the rest
+        to the next poll(), and loses no status. The reaper is waited for by its pidfd, never
+        its pid: a later look can reap no other child that took the pid."""
         if self.returncode is None:
             try:
-                ended = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                ended = os.waitid(
+                    os.P_PIDFD, self._reaper_pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT
+                )
             except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): lost
                 self.returncode = 0
             else:
@@ -233,9 +237,10 @@ class Sandbox:
                     return  # it runs
                 killed = ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
                 self.returncode = -ended.si_status if killed else ended.si_status
+        if self._reaper_pidfd >= 0:  # (not yet let go: so not yet reaped either)
+            with contextlib.suppress(ChildProcessError):  # (reaped by a look cut short)
+                os.waitid(os.P_PIDFD, self._reaper_pidfd, os.WEXITED | os.WNOHANG)
         self._ended()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, os.WNOHANG)  # (a zombie now: it is reaped at once)
         self._done = True
 
     def wait(self, timeout: float | None = None) -> int:
@@ -400,11 +405,12 @@ class Sandbox:
                 _abandoned.append(self)
 
     def _ended(self) -> None:
-        # Called with the lock held, returncode kept: the pidfds go, the caller's terminal
-        # comes back, and the empty mount points made for the launch are removed (the
-        # session's own terminal stays, for what it wrote last: close_tty). Each is taken
-        # from the handle before it is undone, so that a step a raising handler cut short is
-        # not done twice by the next poll() (an fd closed twice could be another's by then).
+        # Called with the lock held, returncode kept and the reaper reaped: the pidfds go,
+        # the caller's terminal comes back, and the empty mount points made for the launch
+        # are removed (the session's own terminal stays, for what it wrote last: close_tty).
+        # Each is taken from the handle before it is undone, so that none is undone twice by
+        # the next poll() (an fd closed twice could be another's by then): a step a raising
+        # handler cut short is left undone (api.md says so).
         for name in ("_reaper_pidfd", "_init_pidfd", "_command_pidfd"):
             fd = getattr(self, name)
             setattr(self, name, -1)
