@@ -8,6 +8,7 @@ inside the run directory. Paths are the same inside as outside.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import posixpath
@@ -1184,8 +1185,19 @@ def _refuse_mount_points_a_bind_lacks(given: Sequence[p.Entry], others: Sequence
             if below is None:
                 continue
             place = os.path.join(holder.source, below)
-            if held.kind in (Kind.REMOUNT_RO, Kind.SYMLINK):
-                continue  # (no mount point: a remount; a link bwrap makes, as it says)
+            if held.kind is Kind.REMOUNT_RO:
+                continue  # (no mount point: it remounts one)
+            if held.kind is Kind.SYMLINK:  # made there by bwrap, unless the very link is
+                with contextlib.suppress(OSError):
+                    if os.readlink(os.path.join(holder.source, below)) == held.source:
+                        continue
+                raise PlanError(
+                    f"the read-only bind of {printable(holder.source)} at "
+                    f"{printable(holder.dest)} ({printable(holder.reason)}) holds "
+                    f"{printable(held.dest)} ({printable(held.reason)}), a symlink to "
+                    f"{printable(held.source or '')} that bwrap cannot make in a read-only "
+                    "bind, nor finds there; give the profile's bind another destination"
+                )
             if held.kind in (Kind.BIND, Kind.COPY):
                 a_directory = os.path.isdir(held.source)
             else:  # a tmpfs, a directory, /proc, /dev are directories; a data entry a file

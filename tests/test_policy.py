@@ -419,7 +419,7 @@ def test_the_mount_tree_places_a_deep_path_without_keeping_each_of_its_parents()
 @pytest.mark.parametrize(
     "chdir",
     ["/nonexistent", "/etc/passwd", "{workspace}/missing", "/dev/null", "/proc/keys",
-     "{workspace}/tovar"],
+     "{workspace}/tovar", "/opt/tools/absolute"],
 )  # fmt: skip
 def test_a_working_directory_the_sandbox_lacks_is_refused(
     ws_run: tuple[Path, Path], chdir: str
@@ -428,17 +428,26 @@ def test_a_working_directory_the_sandbox_lacks_is_refused(
     the API) was refused by bwrap alone, and the launch told as sandbox-unavailable, with the
     advice for a bwrap at its process limit (attacker's pass, stop 41). The lint refuses it,
     naming it; one bwrap makes (the root, a parent of a place, an entry's own, a directory in
-    a bind) is run in."""
-    workspace = ws_run[0]
+    a bind) is run in. A link in a bind is followed as the sandbox follows it (its review: an
+    absolute one to the bind's own host path leads nowhere there)."""
+    workspace, tools = ws_run[0], ws_run[0].parent / "tools"
     (workspace / "tovar").symlink_to("/var")  # (the sandbox has no /var: it leads nowhere)
     (workspace / "tosub").symlink_to("sub")
     (workspace / "sub").mkdir()
+    (tools / "sub").mkdir(parents=True)
+    (tools / "absolute").symlink_to(tools / "sub")
+    (tools / "relative").symlink_to("sub")
     plan = session(*ws_run).plan()
+    plan = plan.replace(entries=(*plan.entries, p.ro_bind(str(tools), "/opt/tools", "tools")))
     with pytest.raises(nsconfine.PlanError, match="working directory"):
         nsconfine.spawn(plan.replace(chdir=chdir.format(workspace=workspace)), ["pwd"])
     merged = next(link for link in ("/bin", "/lib", "/sbin") if os.path.islink(link))
-    for there in ("/", "/usr/bin", "/tmp", "/dev/pts", "/proc/sys", merged, str(workspace),
-                  f"{workspace}/sub", f"{workspace}/tosub"):  # fmt: skip
+    for there, real in (
+        *((path, os.path.realpath(path)) for path in ("/", "/usr/bin", "/tmp", "/dev/pts")),
+        ("/proc/sys", "/proc/sys"), (merged, os.path.realpath(merged)),
+        (str(workspace), str(workspace)), (f"{workspace}/sub", f"{workspace}/sub"),
+        (f"{workspace}/tosub", f"{workspace}/sub"), ("/opt/tools/relative", "/opt/tools/sub"),
+    ):  # fmt: skip
         sandbox = nsconfine.spawn(plan.replace(chdir=there), ["pwd", "-P"], stdout=PIPE)
         out, _ = sandbox.communicate()
-        assert (sandbox.returncode, out) == (0, f"{os.path.realpath(there)}\n".encode()), there
+        assert (sandbox.returncode, out) == (0, f"{real}\n".encode()), there

@@ -265,6 +265,32 @@ def test_a_read_only_bind_holding_a_place_its_source_lacks_is_refused(
         assert attempt(planned(outer), "true") == (0, "")
 
 
+@pytest.mark.parametrize("there", ["nothing", "another link", "the very link"])
+def test_a_read_only_bind_holding_a_link_the_plan_makes_is_judged(
+    tmp_path: Path, there: str
+) -> None:
+    """A profile's read-only bind of a directory at /etc, where the plan makes its own link
+    (/etc/localtime): bwrap can make no link in a read-only bind ("Read-only file system"),
+    nor over another one ("File exists"), and the launch failed as if bwrap could not
+    confine (the review of 921ecbb, stop 41). Refused at plan time, unless the very link is
+    there."""
+    from nsconfine._plan import model as p
+    from nsconfine._session import _refuse_mount_points_a_bind_lacks
+
+    source = tmp_path / "etc"
+    source.mkdir()
+    if there != "nothing":
+        (source / "localtime").symlink_to("/usr/share/zoneinfo/" + (
+            "Etc/UTC" if there == "the very link" else "Europe/Paris"))  # fmt: skip
+    holder = p.ro_bind(str(source), "/etc", "a profile's /etc")
+    link = p.symlink("/usr/share/zoneinfo/Etc/UTC", "/etc/localtime", "the time zone")
+    if there == "the very link":
+        _refuse_mount_points_a_bind_lacks([holder], [link])
+    else:
+        with pytest.raises(nsconfine.PlanError, match="symlink"):
+            _refuse_mount_points_a_bind_lacks([holder], [link])
+
+
 @pytest.mark.parametrize(
     ("dest", "network"),
     [

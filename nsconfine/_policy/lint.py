@@ -759,15 +759,37 @@ def _directory_in_the_sandbox(plan: Plan, path: str) -> bool | str:
         led = os.path.join(os.path.dirname(holder.dest), holder.source)
         return os.path.normpath(led if below is None else f"{led}/{below}")
     if holder.kind is Kind.BIND:
-        top = _syscalls.realpath(holder.source)
-        try:
-            real = top if below is None else _syscalls.realpath(f"{holder.source}/{below}")
-        except OSError:
-            return False
-        return within(real, top) and os.path.isdir(real)  # (a link out: elsewhere in there)
+        return _directory_in_a_bind(holder, below)
     if holder.kind is Kind.PROC:
         return True  # (the kernel's: its own pid namespace's)
     return below is None and holder.kind in (Kind.TMPFS, Kind.DIR, Kind.DEV, Kind.DEVPTS)
+
+
+def _directory_in_a_bind(holder: Entry, below: str | None) -> bool | str:
+    """Is below (a path inside holder's source; None: the source itself) a directory, walked
+    name by name as the sandbox walks it? A symlink met there leads where it leads in the
+    sandbox: that path (its target, from the link's own place in the sandbox), to be judged
+    in turn."""
+    assert holder.source is not None
+    names = [] if below is None else below.split("/")
+    host, place = holder.source, holder.dest
+    for index, name in enumerate(names):
+        host, place = f"{host}/{name}", f"{place}/{name}"
+        try:
+            info = os.lstat(host)
+        except OSError:
+            return False
+        if stat.S_ISLNK(info.st_mode):
+            try:
+                target = os.readlink(host)
+            except OSError:
+                return False
+            led = os.path.join(os.path.dirname(place), target)
+            return os.path.normpath("/".join([led, *names[index + 1 :]]))
+    try:
+        return stat.S_ISDIR(os.stat(host).st_mode)
+    except OSError:
+        return False
 
 
 def _refuse_shown_masks(plan: Plan, places: _Places, shown: Sequence[tuple[Entry, str]]) -> None:
