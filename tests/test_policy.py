@@ -10,7 +10,7 @@ from pathlib import Path
 from subprocess import PIPE
 
 import pytest
-from helpers import session
+from helpers import SESSION_USER, session
 
 import nsconfine
 from nsconfine._errors import PlanError
@@ -419,7 +419,8 @@ def test_the_mount_tree_places_a_deep_path_without_keeping_each_of_its_parents()
 @pytest.mark.parametrize(
     "chdir",
     ["/nonexistent", "/etc/passwd", "{workspace}/missing", "/dev/null", "/proc/keys",
-     "{workspace}/tovar", "/opt/tools/absolute"],
+     "{workspace}/tovar", "/opt/tools/absolute", "{workspace}/up-after-a-link",
+     "{workspace}/chain41", "{workspace}/locked/in"],
 )  # fmt: skip
 def test_a_working_directory_the_sandbox_lacks_is_refused(
     ws_run: tuple[Path, Path], chdir: str
@@ -428,8 +429,10 @@ def test_a_working_directory_the_sandbox_lacks_is_refused(
     the API) was refused by bwrap alone, and the launch told as sandbox-unavailable, with the
     advice for a bwrap at its process limit (attacker's pass, stop 41). The lint refuses it,
     naming it; one bwrap makes (the root, a parent of a place, an entry's own, a directory in
-    a bind) is run in. A link in a bind is followed as the sandbox follows it (its review: an
-    absolute one to the bind's own host path leads nowhere there)."""
+    a bind) is run in. A link in a bind is followed as the sandbox follows it (its reviews: an
+    absolute one to the bind's own host path leads nowhere there; `..` after a link goes up
+    from where the link led; the kernel follows 40 links; a directory the session's account
+    may not search is none it can enter)."""
     workspace, tools = ws_run[0], ws_run[0].parent / "tools"
     (workspace / "tovar").symlink_to("/var")  # (the sandbox has no /var: it leads nowhere)
     (workspace / "tosub").symlink_to("sub")
@@ -437,16 +440,31 @@ def test_a_working_directory_the_sandbox_lacks_is_refused(
     (tools / "sub").mkdir(parents=True)
     (tools / "absolute").symlink_to(tools / "sub")
     (tools / "relative").symlink_to("sub")
+    (workspace / "d" / "e").mkdir(parents=True)
+    (workspace / "rel").symlink_to("d/e")
+    (workspace / "up-after-a-link").symlink_to("rel/../d")  # (the kernel: d/d, no such)
+    (workspace / "down-after-a-link").symlink_to("rel/../e")  # (the kernel: d/e)
+    (workspace / "chain0").symlink_to("d")
+    for link in range(1, 42):  # chain39 is 40 links to d, as many as the kernel follows
+        (workspace / f"chain{link}").symlink_to(f"chain{link - 1}")
+    (workspace / "locked" / "in").mkdir(parents=True)
     plan = session(*ws_run).plan()
     plan = plan.replace(entries=(*plan.entries, p.ro_bind(str(tools), "/opt/tools", "tools")))
-    with pytest.raises(nsconfine.PlanError, match="working directory"):
-        nsconfine.spawn(plan.replace(chdir=chdir.format(workspace=workspace)), ["pwd"])
+    (workspace / "locked").chmod(0)  # (none may search it but root, who passes over modes)
+    try:
+        if "locked" not in chdir or SESSION_USER:  # (a launcher of its own cannot plan it)
+            with pytest.raises(nsconfine.PlanError, match="working directory"):
+                nsconfine.spawn(plan.replace(chdir=chdir.format(workspace=workspace)), ["pwd"])
+    finally:
+        (workspace / "locked").chmod(0o755)
     merged = next(link for link in ("/bin", "/lib", "/sbin") if os.path.islink(link))
     for there, real in (
         *((path, os.path.realpath(path)) for path in ("/", "/usr/bin", "/tmp", "/dev/pts")),
         ("/proc/sys", "/proc/sys"), (merged, os.path.realpath(merged)),
         (str(workspace), str(workspace)), (f"{workspace}/sub", f"{workspace}/sub"),
         (f"{workspace}/tosub", f"{workspace}/sub"), ("/opt/tools/relative", "/opt/tools/sub"),
+        (f"{workspace}/down-after-a-link", f"{workspace}/d/e"),
+        (f"{workspace}/chain39", f"{workspace}/d"),
     ):  # fmt: skip
         sandbox = nsconfine.spawn(plan.replace(chdir=there), ["pwd", "-P"], stdout=PIPE)
         out, _ = sandbox.communicate()

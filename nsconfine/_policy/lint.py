@@ -32,7 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from nsconfine._errors import PlanError
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import (
+    SEARCH,
     RunAs,
+    allows,
     others_may_replace_in,
     records_directory,
     untrusted_reason,
@@ -723,73 +725,104 @@ def check_plan(
 
 
 def _refuse_a_working_directory_nowhere(plan: Plan) -> None:
-    """PlanError unless plan.chdir is a directory in the sandbox (a symlink entry on its way
-    followed, as the kernel follows it): bwrap alone refused it, and the launch was told as
-    one bwrap could not set up."""
-    chdir = plan.chdir
-    for _link in range(40):  # (the kernel's own bound on links followed)
-        found = _directory_in_the_sandbox(plan, chdir)
-        if not isinstance(found, str):
-            if found:
-                return
-            break
-        chdir = found
-    raise PlanError(
-        f"the working directory {printable(plan.chdir)} is no directory in the sandbox: give "
-        "one the plan shows (the workspace, a directory in a bind), by its real path"
-    )
+    """PlanError unless plan.chdir is a directory the session can enter in its sandbox:
+    bwrap alone refused it, and the launch was told as one bwrap could not set up."""
+    if not (_a_bind_of_itself(plan, plan.chdir) or _enters(plan, plan.chdir)):
+        raise PlanError(
+            f"the working directory {printable(plan.chdir)} is no directory the session's "
+            "account can enter in the sandbox: give one the plan shows (the workspace, a "
+            "directory in a bind), by its real path"
+        )
 
 
-def _directory_in_the_sandbox(plan: Plan, path: str) -> bool | str:
-    """Is path a directory in plan's sandbox as it starts: the root, a directory bwrap makes
-    above an entry's place, an entry's own directory, one in a bind's source (reached
-    without leaving it), or in /proc? Or, for a path through a symlink entry, the path it
-    leads to."""
-    if path == "/" or any(inside(entry.dest, path) is not None for entry in plan.entries):
-        return True
-    holder = None  # the last of the deepest entries whose place holds path
+def _a_bind_of_itself(plan: Plan, path: str) -> bool:
+    """Is path, in one look (the common case, a session's workspace), the place of a bind of
+    itself that no bind above holds (bwrap makes the directories above it, in the root's or a
+    tmpfs's), a directory the session's account may search? False says nothing: _enters walks
+    it."""
+    at = None
     for entry in plan.entries:
-        deeper = holder is None or len(entry.dest) >= len(holder.dest)
-        if entry.kind is not Kind.REMOUNT_RO and within(path, entry.dest) and deeper:
-            holder = entry
-    if holder is None:
-        return False
-    below = inside(path, holder.dest)
-    if holder.kind is Kind.SYMLINK:
-        led = os.path.join(os.path.dirname(holder.dest), holder.source)
-        return os.path.normpath(led if below is None else f"{led}/{below}")
-    if holder.kind is Kind.BIND:
-        return _directory_in_a_bind(holder, below)
-    if holder.kind is Kind.PROC:
-        return True  # (the kernel's: its own pid namespace's)
-    return below is None and holder.kind in (Kind.TMPFS, Kind.DIR, Kind.DEV, Kind.DEVPTS)
-
-
-def _directory_in_a_bind(holder: Entry, below: str | None) -> bool | str:
-    """Is below (a path inside holder's source; None: the source itself) a directory, walked
-    name by name as the sandbox walks it? A symlink met there leads where it leads in the
-    sandbox: that path (its target, from the link's own place in the sandbox), to be judged
-    in turn."""
-    assert holder.source is not None
-    names = [] if below is None else below.split("/")
-    host, place = holder.source, holder.dest
-    for index, name in enumerate(names):
-        host, place = f"{host}/{name}", f"{place}/{name}"
-        try:
-            info = os.lstat(host)
-        except OSError:
+        if entry.dest == path:
+            at = entry
+        elif entry.kind is Kind.BIND and inside(path, entry.dest) is not None:
             return False
-        if stat.S_ISLNK(info.st_mode):
-            try:
-                target = os.readlink(host)
-            except OSError:
-                return False
-            led = os.path.join(os.path.dirname(place), target)
-            return os.path.normpath("/".join([led, *names[index + 1 :]]))
+    if at is None or at.kind is not Kind.BIND or at.source != path:
+        return False
     try:
-        return stat.S_ISDIR(os.stat(host).st_mode)
+        info = os.lstat(path)
     except OSError:
         return False
+    searchable = plan.user.uid == os.geteuid() or allows(info, plan.user, SEARCH)
+    return stat.S_ISDIR(info.st_mode) and searchable
+
+
+def _enters(plan: Plan, path: str) -> bool:
+    """Does path lead to a directory in plan's sandbox as it starts, walked name by name as
+    the kernel walks it (`..` from where the walk is; each symlink met, one the plan makes
+    or one in a bind's source, followed from there, at most as many as the kernel follows),
+    every directory on the way one the session's account may search?"""
+    pending = path.split("/")[::-1]  # the names still to walk, the next one last
+    real = "/"
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            real = os.path.dirname(real)
+            continue
+        here = os.path.join(real, name)
+        found = _what_is_at(plan, here)
+        if isinstance(found, str):  # a symlink: walked on from where it lies
+            links += 1
+            if links > _MOST_LINKS_FOLLOWED:
+                return False
+            real = "/" if found.startswith("/") else real
+            pending += found.split("/")[::-1]
+        elif found:
+            real = here
+        else:
+            return False
+    return True
+
+
+_MOST_LINKS_FOLLOWED = 40  # (the kernel's own bound)
+
+
+def _what_is_at(plan: Plan, place: str) -> bool | str:
+    """What the session finds at place (a path with no symlink above it) as its sandbox
+    starts: a symlink's target; True for a directory it may search; False for anything else
+    (nothing, a file, a directory it may not search)."""
+    holder = None  # the last of the deepest entries whose place holds place
+    made_above = False  # bwrap makes the directories above an entry's place
+    for entry in plan.entries:
+        if entry.kind is Kind.REMOUNT_RO:
+            continue
+        if inside(entry.dest, place) is not None:
+            made_above = True
+        elif within(place, entry.dest) and (holder is None or len(entry.dest) >= len(holder.dest)):
+            holder = entry
+    if holder is None:
+        return made_above
+    below = inside(place, holder.dest)
+    if holder.kind is Kind.SYMLINK:
+        return holder.source if below is None and holder.source else False
+    if holder.kind is Kind.BIND:
+        assert holder.source is not None
+        host = holder.source if below is None else f"{holder.source}/{below}"
+        try:
+            info = os.stat(host) if below is None else os.lstat(host)  # (a source as bound)
+            if stat.S_ISLNK(info.st_mode):
+                return os.readlink(host)
+        except OSError:
+            return made_above  # (a mount point the launch makes there)
+        searchable = plan.user.uid == os.geteuid() or allows(info, plan.user, SEARCH)
+        return stat.S_ISDIR(info.st_mode) and searchable
+    if holder.kind is Kind.PROC:
+        return True  # (the kernel's: its own pid namespace's)
+    return made_above or (
+        below is None and holder.kind in (Kind.TMPFS, Kind.DIR, Kind.DEV, Kind.DEVPTS)
+    )
 
 
 def _refuse_shown_masks(plan: Plan, places: _Places, shown: Sequence[tuple[Entry, str]]) -> None:
