@@ -469,3 +469,35 @@ def test_a_working_directory_the_sandbox_lacks_is_refused(
         sandbox = nsconfine.spawn(plan.replace(chdir=there), ["pwd", "-P"], stdout=PIPE)
         out, _ = sandbox.communicate()
         assert (sandbox.returncode, out) == (0, f"{real}\n".encode()), there
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.parametrize("chdir", ["{workspace}/a\0b", "{workspace}/\udc80\ud800"])
+def test_a_working_directory_no_path_can_name_is_refused(
+    ws_run: tuple[Path, Path], chdir: str
+) -> None:
+    """A working directory with a NUL or a lone surrogate, which no path holds: the lint's
+    look raised a bare ValueError (the review of 880f351, stop 41). Refused."""
+    plan = session(*ws_run).plan()
+    with pytest.raises(nsconfine.PlanError):
+        nsconfine.spawn(plan.replace(chdir=chdir.format(workspace=ws_run[0])), ["pwd"])
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_read_only_workspace_its_account_may_not_enter_is_refused(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """A read-only workspace the session's account may not search (mode 0600): an
+    unprivileged launcher, whose sessions are its own account, took it for one it could
+    enter, and bwrap refused it as a set-up failure (the review of 880f351, stop 41)."""
+    workspace, run_dir = ws_run
+    plan = session(workspace, run_dir, workspace_mode="ro").plan()
+    mode = workspace.stat().st_mode & 0o7777
+    workspace.chmod(0o600)
+    try:
+        with pytest.raises(nsconfine.PlanError, match="working directory"):
+            nsconfine.spawn(plan, ["true"])
+    finally:
+        workspace.chmod(mode)

@@ -727,7 +727,11 @@ def check_plan(
 def _refuse_a_working_directory_nowhere(plan: Plan) -> None:
     """PlanError unless plan.chdir is a directory the session can enter in its sandbox:
     bwrap alone refused it, and the launch was told as one bwrap could not set up."""
-    if not (_a_bind_of_itself(plan, plan.chdir) or _enters(plan, plan.chdir)):
+    try:
+        enters = _a_bind_of_itself(plan, plan.chdir) or _enters(plan, plan.chdir)
+    except ValueError:  # (a NUL, a lone surrogate: no path the kernel takes)
+        enters = False
+    if not enters:
         raise PlanError(
             f"the working directory {printable(plan.chdir)} is no directory the session's "
             "account can enter in the sandbox: give one the plan shows (the workspace, a "
@@ -752,8 +756,15 @@ def _a_bind_of_itself(plan: Plan, path: str) -> bool:
         info = os.lstat(path)
     except OSError:
         return False
-    searchable = plan.user.uid == os.geteuid() or allows(info, plan.user, SEARCH)
-    return stat.S_ISDIR(info.st_mode) and searchable
+    return stat.S_ISDIR(info.st_mode) and _searchable(plan, path, info)
+
+
+def _searchable(plan: Plan, path: str, info: os.stat_result) -> bool:
+    """May the session's account search path (info: its stat)? Another account's by the mode
+    bits; the launcher's own as the kernel says (its sessions' too)."""
+    if plan.user.uid != os.geteuid():
+        return allows(info, plan.user, SEARCH)
+    return os.access(path, os.X_OK, effective_ids=True)
 
 
 def _enters(plan: Plan, path: str) -> bool:
@@ -816,8 +827,7 @@ def _what_is_at(plan: Plan, place: str) -> bool | str:
                 return os.readlink(host)
         except OSError:
             return made_above  # (a mount point the launch makes there)
-        searchable = plan.user.uid == os.geteuid() or allows(info, plan.user, SEARCH)
-        return stat.S_ISDIR(info.st_mode) and searchable
+        return stat.S_ISDIR(info.st_mode) and _searchable(plan, host, info)
     if holder.kind is Kind.PROC:
         return True  # (the kernel's: its own pid namespace's)
     return made_above or (
