@@ -426,6 +426,17 @@ class HostShell:
                 raise AssertionError(f"no job took the terminal: {self.screen[-2000:]!r}")
             time.sleep(0.02)
 
+    def wait_for_raw_modes(self, timeout: float = 60) -> None:
+        """Wait until the terminal is raw (a `run --tty` continued in the foreground sets it so
+        as it goes on): what is typed before is the line discipline's, cooked as the shell left
+        it, as it would be for any full-screen program just continued (an EOF typed then is
+        read as a NUL once the terminal is raw)."""
+        deadline = time.monotonic() + timeout
+        while termios.tcgetattr(self.controller)[3] & termios.ICANON:
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"the terminal stayed cooked: {self.screen[-2000:]!r}")
+            time.sleep(0.02)
+
     def wait_for_a_stopped_job(self, timeout: float = 60) -> None:
         """Wait until bash lists a job as stopped (`jobs`, asked again each second). A `fg`
         typed while a background job is stopping races bash's own collection of that stop:
@@ -850,6 +861,7 @@ def test_a_tty_run_sent_to_the_background_and_back_goes_on(ws_run: tuple[Path, P
         shell.wait_for_a_stopped_job()  # by the terminal, as the run sets its modes
         shell.type("fg\n")
         shell.wait_for_a_job()
+        shell.wait_for_raw_modes()
         shell.type("hello-$((5))\r")
         assert shell.expect(b"hello-$((5))"), shell.screen
         shell.type(b"\x04")
