@@ -8,6 +8,7 @@ import stat
 import struct
 from collections.abc import Sequence
 
+from nsconfine._kernel.walk import walk_path
 from nsconfine._native import ffi, lib  # type: ignore[import-not-found]
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
@@ -458,38 +459,20 @@ def identity(path: str, dir_fd: int | None = None) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
-MAX_SYMLINKS = 40  # the kernel's limit on the symlinks one lookup follows (ELOOP past it)
-
-
 def lookups(directory: str, target: str) -> tuple[list[str], str]:
     """What the kernel looks up to resolve target from directory (a path with no symlink in
     it), one name at a time: every path it looks a name up at, each symlink followed in turn,
     and where the walk ends (a path that need not exist: the lookup fails there). Whoever can
     change any of those paths can change where target leads."""
     looked: list[str] = []
-    resolved = "/" if target.startswith("/") else directory
-    pending = target.split("/")
-    followed = 0
-    while pending:
-        name = pending.pop(0)
-        if name in ("", "."):
-            continue
-        if name == "..":
-            resolved = os.path.dirname(resolved)
-            continue
-        path = os.path.join(resolved, name)
+
+    def look(path: str) -> str | bool | None:
         looked.append(path)
         try:
-            link = os.readlink(path)
+            return os.readlink(path)
         except OSError as error:
-            if error.errno != errno.EINVAL:  # missing, or not a directory: the walk ends here
-                return looked, os.path.join(path, *pending)
-            resolved = path  # not a symlink
-            continue
-        followed += 1
-        if followed > MAX_SYMLINKS:
-            return looked, os.path.join(path, *pending)
-        if link.startswith("/"):
-            resolved = "/"
-        pending = link.split("/") + pending
-    return looked, resolved
+            # not a symlink: walked into; missing, or not a directory: the walk ends there
+            return None if error.errno == errno.EINVAL else False
+
+    _answer, reached, left = walk_path(target, look, past_the_bound=False, directory=directory)
+    return looked, os.path.join(reached, *left)

@@ -62,6 +62,7 @@ from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.accounts import RunAs
 from nsconfine._kernel.stub_records import is_stub
+from nsconfine._kernel.walk import walk_path
 from nsconfine._plan import model as p
 from nsconfine._plan.model import Kind, Mode, Plan, Protection
 from nsconfine._text import inside, printable, within
@@ -533,39 +534,22 @@ class _Ways:
         or does the way pass through /proc or /dev/fd, which lead elsewhere for each process
         that follows them, or loop? What the host's tool reads through path depends on each
         of them (a link in node_modules that the way passes, re-pointed at an older file)."""
-        pending = path.split("/")[::-1]  # the names still to resolve, the next one last
-        real = "/"
-        links = 0
-        while pending:
-            name = pending.pop()
-            if name in ("", "."):
-                continue
-            if name == "..":
-                real = os.path.dirname(real)
-                continue
-            here = os.path.join(real, name)
+
+        def look(here: str) -> str | bool | None:
             if any(within(here, top) for top in _PER_PROCESS):
                 return True
             try:
                 info = os.lstat(here)
-                if not stat.S_ISLNK(info.st_mode):
+                if not stat.S_ISLNK(info.st_mode):  # walked into, unless renamed into place
                     if stat.S_ISDIR(info.st_mode) and self.launched.swapped(here, info, self.trees):
                         return True
-                    real = here
-                    continue
+                    return None
                 target = os.readlink(here)
             except OSError:
                 return False  # leads nowhere yet: what is made there later is new
-            links += 1
-            if links > _MOST_LINKS_ON_A_WAY or max(info.st_mtime, info.st_ctime) >= self.since:
-                return True
-            real = "/" if target.startswith("/") else real
-            pending += target.split("/")[::-1]
-        return False
+            return True if max(info.st_mtime, info.st_ctime) >= self.since else target
 
-
-# The links the kernel follows resolving one path before it gives up (ELOOP).
-_MOST_LINKS_ON_A_WAY = 40
+        return walk_path(path, look, past_the_bound=True)[0] is True
 
 
 # The most links made during a session that its end looks at, each resolved, and the most

@@ -40,6 +40,7 @@ from nsconfine._kernel.accounts import (
     untrusted_reason,
 )
 from nsconfine._kernel.stub_records import FALLBACK_BASE
+from nsconfine._kernel.walk import walk_path
 from nsconfine._plan.model import TOOL_SOCKET_REASON, DenyRule, Entry, Kind, Mode, Plan
 from nsconfine._text import file_kind, inside, is_decimal, printable, within
 
@@ -772,35 +773,15 @@ def _enters(plan: Plan, path: str) -> bool:
     the kernel walks it (`..` from where the walk is; each symlink met, one the plan makes
     or one in a bind's source, followed from there, at most as many as the kernel follows),
     every directory on the way one the session's account may search?"""
-    pending = path.split("/")[::-1]  # the names still to walk, the next one last
-    real = "/"
-    links = 0
-    while pending:
-        name = pending.pop()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            real = os.path.dirname(real)
-            continue
-        here = os.path.join(real, name)
+
+    def look(here: str) -> str | bool | None:
         found = _what_is_at(plan, here)
-        if isinstance(found, str):  # a symlink: walked on from where it lies
-            links += 1
-            if links > _MOST_LINKS_FOLLOWED:
-                return False
-            real = "/" if found.startswith("/") else real
-            pending += found.split("/")[::-1]
-        elif found:
-            real = here
-        else:
-            return False
-    return True
+        return None if found is True else found  # a directory it may search: walked into
 
-
-# The kernel's bound. (Its walk may count a path's links again when it starts the walk
-# over, out of its lockless mode, as files change beside it: CI's runs saw bwrap's chdir
-# refuse chains of 30 and 40 links, rarely, as too many; past 40 it always does.)
-_MOST_LINKS_FOLLOWED = 40
+    # (The kernel's walk may count a path's links again when it starts the walk over, out of
+    # its lockless mode, as files change beside it: CI's runs saw bwrap's chdir refuse chains
+    # of 30 and 40 links, rarely, as too many; past the bound it always does.)
+    return walk_path(path, look, past_the_bound=False)[0] is None
 
 
 def _what_is_at(plan: Plan, place: str) -> bool | str:
