@@ -1040,6 +1040,33 @@ def test_a_git_identity_that_is_not_utf8_is_no_traceback(dirs: Dirs) -> None:
 
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.parametrize("name", [b"run\xff", b"run:x"], ids=["not-utf8", "colon"])
+def test_a_run_directory_named_oddly_gives_the_session_a_readable_passwd(
+    tmp_path: Path, name: bytes
+) -> None:
+    """A run directory whose name holds a byte that is not UTF-8, or a `:` (passwd's field
+    separator): the session starts, and its /etc/passwd has two lines of seven fields, its
+    home among them where passwd can hold it. (The byte raised UnicodeEncodeError as the
+    session's passwd was made; the `:` made the home field `/…/run` and the shell `x/home`.)"""
+    workspace, run_dir = session_dirs(tmp_path, "ws", os.fsdecode(name))
+    done = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "run", "--workspace", str(workspace),
+         "--run-dir", str(run_dir), *user_options(), "--", "/bin/sh", "-c",
+         'cat /etc/passwd; printf "%s\\n" "$HOME"'],
+        capture_output=True, cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert b"Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    *passwd, home = done.stdout.splitlines()
+    assert len(passwd) == 2, passwd
+    assert all(line.count(b":") == 6 for line in passwd), passwd
+    assert passwd[1].split(b":")[6] == b"/bin/sh", passwd
+    if b":" not in name:
+        assert passwd[1].split(b":")[5] == home == os.fsencode(run_dir) + b"/home", passwd
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
 def test_a_session_leaves_the_callers_pipes_as_it_found_them(dirs: Dirs) -> None:
     """A session that sets O_NONBLOCK on its stdout (a pipe it shares with the caller's next
     writer, as in `{ nsconfine run …; head -c 1M /dev/zero; } | reader`): `run` puts the

@@ -254,13 +254,17 @@ def identity_files(user: RunAs, home: str) -> list[p.Entry]:
         group_name = grp.getgrgid(user.gid).gr_name
     except KeyError:
         group_name = user.name
-    passwd = f"{user.name}:x:{user.uid}:{user.gid}::{home}:/bin/sh\n"
+    # A home passwd cannot hold (its fields are split at each `:`) is left out: tools that
+    # read it there fall back, and $HOME names it anyway.
+    home_field = "/nonexistent" if ":" in home else home
+    passwd = f"{user.name}:x:{user.uid}:{user.gid}::{home_field}:/bin/sh\n"
     group = f"{group_name}:x:{user.gid}:\n"
     if user.uid != 0:
         passwd = "root:x:0:0::/nonexistent:/bin/sh\n" + passwd
     if user.gid != 0:
         group = "root:x:0:\n" + group
     return [
-        p.data(passwd.encode(), "/etc/passwd", "names the session's own user and root only"),
-        p.data(group.encode(), "/etc/group", "names the session's own group and root only"),
+        # (as the kernel names paths: bytes, UTF-8 or not)
+        p.data(os.fsencode(passwd), "/etc/passwd", "names the session's own user and root only"),
+        p.data(os.fsencode(group), "/etc/group", "names the session's own group and root only"),
     ]
