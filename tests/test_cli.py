@@ -401,6 +401,41 @@ def test_plan_before_the_credential_exists(dirs: Dirs) -> None:
     assert "does not exist yet" not in shown.stdout
 
 
+_LAUNCHER_CODE_IN_THE_WORKSPACE = ("its venv", "a PYTHONPATH entry", "python -m from there")
+
+
+@pytest.mark.parametrize("where", _LAUNCHER_CODE_IN_THE_WORKSPACE)
+def test_a_launcher_that_imports_from_the_workspace_is_refused(dirs: Dirs, where: str) -> None:
+    """A launcher whose Python loads code from inside the session's workspace (its venv there,
+    nsconfine installed editable from elsewhere; a PYTHONPATH entry; `python -m` run from the
+    workspace, which puts it first on sys.path) is refused, and nothing runs: the session could
+    write a .pth file or a module there that the launcher's next run imports, outside the
+    sandbox (attacker's pass, stop 42: a .pth the session wrote ran as root at the next
+    `nsconfine check`)."""
+    import cffi
+
+    imports = [
+        os.path.dirname(os.path.dirname(path)) for path in (nsconfine.__file__, cffi.__file__)
+    ]
+    env = base_env(PYTHONPATH=os.pathsep.join(imports))
+    python, cwd = sys.executable, "/"
+    if where == "its venv":
+        venv = dirs.workspace / ".venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+        python, named = str(venv / "bin" / "python"), str(venv)
+    elif where == "a PYTHONPATH entry":
+        named = str(dirs.workspace / "lib")
+        env["PYTHONPATH"] += os.pathsep + named
+    else:
+        cwd = named = str(dirs.workspace)
+    result = subprocess.run(
+        [python, "-m", "nsconfine", "run", *dirs.session, *dirs.marker_command],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False,
+    )  # fmt: skip
+    assert named in assert_refused(result, 69, "sandbox-unavailable")
+    assert not dirs.marker.exists()
+
+
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
 def test_marker_command_runs_when_not_refused(dirs: Dirs) -> None:
