@@ -437,6 +437,19 @@ def test_a_number_past_what_python_reads_is_a_usage_error(
         session(*ws_run, profile=[str(profile)]).plan()
 
 
+def test_a_profile_that_is_not_utf8_is_a_usage_error(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A profile with a byte that is not UTF-8 (TOML is UTF-8) is refused, naming its line: it
+    was read with U+FFFD in the byte's place, so `mask = ["{workspace}/cl\\xe9.env"]` masked
+    a name no file had and the real file stayed readable, the manifest saying only that the
+    mask matched nothing (attacker's pass, stop 42)."""
+    profile = write_profile(tmp_path, "")
+    profile.write_bytes(b'description = "d"\nmask = ["{workspace}/cl\xe9.env"]\n')
+    with pytest.raises(nsconfine.UsageError, match=r"mine.toml, line 2: not UTF-8"):
+        session(*ws_run, profile=[str(profile)]).plan()
+
+
 # ------------------------------------------------------------------ the roles
 
 

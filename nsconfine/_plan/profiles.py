@@ -159,7 +159,13 @@ def load(name: str) -> Profile:
             raise UsageError(
                 f"profile {name!r}: no such built-in profile ({known}); or give a file's path"
             )
-    return _checked(label, path, _read_profile(path).decode("utf-8", "replace"))
+    raw = _read_profile(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:  # (read with U+FFFD, a path in it would name another)
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise UsageError(f"profile {label}, line {line}: not UTF-8, as TOML must be") from None
+    return _checked(label, path, text)
 
 
 def _read_profile(path: str) -> bytes:
