@@ -384,7 +384,7 @@ def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
         verb = "writable" if bits & WRITE else "readable"
         # Never advise handing / or a top-level directory (/usr, /home, ...) to the session;
         # nor path, where a directory above it is what the account cannot pass (root's home).
-        if path.count("/") <= 1:
+        if path.count("/") <= 1 or any(within(path, top) for top in _SYSTEMS_OWN):
             advice = f"pick a directory of its own: {path} is the system's"
         elif allows(info, user, bits):  # path itself is usable: a directory above is not
             advice = f"pick a directory {user.name} can reach"
@@ -396,6 +396,11 @@ def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
             f"the {what} {path} is not {verb} by {user.name}, who runs the session "
             f"({problem}): {advice}"
         )
+
+
+# The system's trees, whose directories are never to be handed to a session's account (chown).
+_SYSTEMS_OWN = ("/usr", "/etc", "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib64",
+                "/run", "/var/lib", "/var/cache", "/var/log", "/var/spool")  # fmt: skip
 
 
 def _mode_letters(bits: int) -> str:

@@ -1294,13 +1294,15 @@ def test_run_ends_though_another_session_holds_its_output(dirs: Dirs, tmp_path: 
         holder.communicate(timeout=30)
 
 
-@pytest.mark.parametrize("workspace", ["/", "/usr", ""])
+@pytest.mark.parametrize("workspace", ["/", "/usr", "", "/usr/share", "/sys/fs/cgroup"])
 def test_a_system_directory_as_workspace_is_refused_without_handing_it_over(
     dirs: Dirs, workspace: str
 ) -> None:
     """--workspace / (or /usr) was refused with the advice `chown -R nobody /`; --workspace ''
     meant the launcher's working directory, and advised handing that over. Neither is
-    advised now: a top-level directory is the system's, and an empty path is no path."""
+    advised now: a top-level directory is the system's, and an empty path is no path. Nor a
+    directory below one of the system's (/usr/share, /sys/fs/cgroup: `chown -R nobody` was
+    advised, attacker's pass, stop 42)."""
     result = run_cli("plan", "--workspace", workspace, "--run-dir", dirs.run_dir, *user_options())
     assert result.returncode in (64, 65), result.stderr
     assert "chown" not in result.stderr
