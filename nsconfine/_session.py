@@ -1009,7 +1009,7 @@ def _expand(
     text may be a wildcard)."""
     import re
 
-    launcher_home = environ.get("HOME") or os.path.expanduser("~")
+    launcher_home = environ.get("HOME") or _account_home()
     config = environ.get("XDG_CONFIG_HOME") or os.path.join(launcher_home, ".config")
     places = {"workspace": session.workspace, "run_dir": session.run_dir,
               "home": session.home, "config": config}  # fmt: skip
@@ -1039,6 +1039,17 @@ def _expand(
             "be taken from the launcher's working directory)"
         )
     return _absolute(expanded)
+
+
+def _account_home() -> str:
+    """The launcher's home in the password database (os.path.expanduser("~") takes an empty
+    $HOME as it is, and a profile's {config} became /.config)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # an account the database does not name
+        return "/"
 
 
 def _expand_name(text: str, session: Session, environ: Mapping[str, str], where: str) -> str:

@@ -401,6 +401,18 @@ def test_plan_before_the_credential_exists(dirs: Dirs) -> None:
     assert "does not exist yet" not in shown.stdout
 
 
+def test_an_empty_home_is_no_home(dirs: Dirs) -> None:
+    """HOME set but empty names no directory: a profile's {config} and ~ come from the account's
+    home in the password database, as for HOME unset (they gave /.config/nsconfine/…, a file
+    at the root, attacker's pass, stop 42)."""
+    import pwd
+
+    account_home = pwd.getpwuid(os.getuid()).pw_dir
+    result = run_cli("plan", *dirs.session, "--profile", "claude-code", env=base_env(HOME=""))
+    assert result.returncode == 0, result.stderr
+    assert f"credential: {account_home}/.config/nsconfine/claude-code.env" in result.stdout
+
+
 _LAUNCHER_CODE_IN_THE_WORKSPACE = ("its venv", "a PYTHONPATH entry", "python -m from there")
 
 
