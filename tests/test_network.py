@@ -553,14 +553,22 @@ def test_allow_host_without_proxy_is_a_usage_error(ws_run: tuple[Path, Path]) ->
         ("http://pypi.org:8080/", ["--profile", "python"], "port 8080 is not listed", 1),
         ("https://pypi.org", [], "not reachable: network none", 1),
         ("https://pypi.org", ["--network", "host", "--network-reason", "why"], "network host", 0),
+        ("http://127.0.0.1:18080/", ["--network", "proxy", "--allow-host", "127.0.0.1:18080"],
+         "listed by its address, which the proxy connects to as it is", 0),
+        ("http://127.0.0.1:3128/anthropic/v1/messages", [
+            "--network", "proxy", "--inject-for", "anthropic", "--credential", "{root}/c.env"],
+         "reachable through the route http://127.0.0.1:3128/anthropic/", 0),
     ],
-    ids=["listed", "not listed", "port", "none", "host"],
-)
+    ids=["listed", "not listed", "port", "none", "host", "an address", "the route's own"],
+)  # fmt: skip
 def test_explain_answers_for_a_url(
     ws_run: tuple[Path, Path], url: str, options: list[str], answer: str, status: int
 ) -> None:
     """`nsconfine explain URL SESSION` answers as for a path: through which destination (and
-    its reason), or why not."""
+    its reason), or why not. A destination listed by its address is reached as it is (it was
+    said to be resolved, and refused as loopback), and the URL a route gives the session, on
+    its relay, is reached (it was said to be on no allowlist: attacker's pass, stop 42)."""
+    options = [option.replace("{root}", str(ws_run[1].parent)) for option in options]
     result = cli("explain", url, *session_options(*ws_run), *options)
     assert result.returncode == status, result.stderr
     assert answer in result.stdout, result.stdout

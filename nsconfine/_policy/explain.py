@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 
-from nsconfine._plan.model import Entry, Kind, Plan
+from nsconfine._plan.model import RELAY_PORT, Entry, Kind, Plan
 from nsconfine._plan.network import route_base_url
 from nsconfine._policy.lint import Judge, resolve
 from nsconfine._text import inside, printable, within
@@ -20,6 +20,8 @@ from nsconfine._text import inside, printable, within
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from nsconfine._plan.allowlist import Route
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP past it)
@@ -86,16 +88,23 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
             f"{shown}: reachable: network host, the launcher's network "
             f"({printable(plan.network_reason or '')})"
         ]
+    if (host, port) == ("127.0.0.1", RELAY_PORT):  # the session's relay: its routes' base URLs
+        for route in plan.routes:
+            if f"{parts.path}/".startswith(f"/{route.name}/"):
+                return True, [f"{shown}: reachable {_by_the_route(route)}"]
     named = [d for d in plan.destinations if d.matches_name(host)]
     allowed = [d for d in named if d.allows_port(port)]
     if allowed:
         rule = min(allowed, key=lambda d: d.pattern.startswith("*."))
-        where = (
-            f"pinned to {rule.address}"
-            if rule.address
-            else "the proxy resolves it when the session connects, and refuses a private, "
-            "loopback or link-local address"
-        )
+        if rule.address:
+            where = f"pinned to {rule.address}"
+        elif ip_literal(rule.pattern) is not None:
+            where = "listed by its address, which the proxy connects to as it is"
+        else:
+            where = (
+                "the proxy resolves it when the session connects, and refuses a private, "
+                "loopback or link-local address"
+            )
         return True, [
             f"{shown}: reachable through the proxy: {printable(str(rule))} "
             f"({printable(rule.reason)}); {where}"
@@ -106,16 +115,20 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
     for route in plan.routes:
         upstream = urllib.parse.urlsplit(route.upstream)
         if upstream.hostname == host and (upstream.port or _DEFAULT_PORTS[upstream.scheme]) == port:
-            return True, [
-                f"{shown}: reachable only through the route {route_base_url(route.name)}/ on "
-                f"the session's relay, to {printable(route.upstream)}, where the launcher's "
-                f"proxy adds the key ({route.header}); not by CONNECT"
-            ]
+            return True, [f"{shown}: reachable only {_by_the_route(route)}"]
     what = "the IP address" if ip_literal(host) is not None else "the name"
     return False, [
         f"{shown}: not reachable: {what} {host} is not on the plan's allowlist "
         "(--allow-host it, with its reason)"
     ]
+
+
+def _by_the_route(route: Route) -> str:
+    return (
+        f"through the route {route_base_url(route.name)}/ on the session's relay, to "
+        f"{printable(route.upstream)}, where the launcher's proxy adds the key ({route.header}); "
+        "not by CONNECT"
+    )
 
 
 def _covering(plan: Plan, path: str) -> Entry | None:
