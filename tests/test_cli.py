@@ -309,6 +309,10 @@ def refusal_case(name: str, dirs: Dirs) -> tuple[list[str], dict[str, str], int,
         case "no-bwrap":
             env = base_env(NSCONFINE_BWRAP=str(dirs.root / "no-such-bwrap"))
             return dirs.session, env, 69, "sandbox-unavailable", "no-such-bwrap"
+        case "bwrap-a-directory":  # (said "which libraries the loader maps … cannot be told")
+            env = base_env(NSCONFINE_BWRAP=str(secret))
+            named = f"{secret} cannot be used: it is a directory"
+            return dirs.session, env, 69, "sandbox-unavailable", named
     raise AssertionError(name)
 
 
@@ -320,6 +324,7 @@ REFUSALS = [
     "credential-insecure",
     "credential-symlink",
     "no-bwrap",
+    "bwrap-a-directory",
 ]
 
 
@@ -335,7 +340,7 @@ def test_refused_run_runs_nothing(dirs: Dirs, name: str) -> None:
 
 # Refused by `run` only: `plan` shows what a launch would do (no bwrap runs for it), and names
 # a credential file that is not there yet (test_plan_before_the_credential_exists).
-LAUNCH_ONLY_REFUSALS = ("no-bwrap", "credential-missing")
+LAUNCH_ONLY_REFUSALS = ("no-bwrap", "bwrap-a-directory", "credential-missing")
 
 
 @pytest.mark.parametrize("name", [n for n in REFUSALS if n not in LAUNCH_ONLY_REFUSALS])

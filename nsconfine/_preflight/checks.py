@@ -487,6 +487,11 @@ def refuse_unusable_bwrap(bwrap: str) -> None:
     planted bwrap away and back would have the next step run it."""
     if not os.path.lexists(bwrap):
         raise SandboxUnavailable(f"bwrap {bwrap} cannot be used: it is not there: {INSTALL_HINT}")
+    if os.path.isdir(bwrap):
+        raise SandboxUnavailable(
+            f"bwrap {bwrap} cannot be used: it is a directory; name the bwrap program itself "
+            "(NSCONFINE_BWRAP=/usr/bin/bwrap)"
+        )
     refuse_untrusted(bwrap, "bwrap")
 
 
