@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -23,7 +22,7 @@ from nsconfine._errors import (
 )
 from nsconfine._interrupts import CtrlCHeld
 from nsconfine._kernel.accounts import SEARCH, access_problem
-from nsconfine._kernel.syscalls import child_statuses_discarded, lookups, realpath
+from nsconfine._kernel.syscalls import child_statuses_discarded, realpath
 from nsconfine._launch.forks import LaunchWindow
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.programs import REAPER_PATH, SHIM_PATH
@@ -40,6 +39,7 @@ from nsconfine._preflight.checks import (
     refuse_unusable_bwrap,
     takes_bind_fds,
 )
+from nsconfine._preflight.launcher_code import refuse_writable_launcher_code
 from nsconfine._text import printable, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
@@ -120,7 +120,7 @@ def gate(plan: Plan) -> Cleared:
         realpath(e.source) for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW
     ]
     _refuse_writable_programs(writable, programs)
-    _refuse_writable_imports(writable)
+    refuse_writable_launcher_code(writable)
     refuse_unusable_bwrap(bwrap)
     refuse_untrusted(REAPER_PATH, "reaper")
     refuse_untrusted(SHIM_PATH, "shim")
@@ -143,72 +143,13 @@ def _refuse_writable_programs(writable: Sequence[str], programs: dict[str, str])
             resolved = realpath(path)
         except OSError:
             continue  # missing: refused where it is used, with its own message
-        root = _holder(resolved, writable)
-        if root is not None:
-            raise SandboxUnavailable(
-                f"the {name} {path} lies inside {root}, which the session can write (a "
-                f"session could have put it there): use a {name} outside every writable bind"
-            )
-
-
-def _refuse_writable_imports(writable: Sequence[str]) -> None:
-    # The same of the launcher's Python: a .pth file or a module the session wrote into its
-    # environment, or into a directory its imports search, runs at the launcher's next start,
-    # outside the sandbox (nsconfine installed editable into a venv in the workspace). Every
-    # path looked up on the way counts (a link there could be re-pointed), and a directory on
-    # sys.path that is not there yet (the session could make it).
-    for what, path, looked in _import_ways():
-        # (A walk from / reaches a path inside a directory, real as each writable bind's
-        # source is, only through a lookup of that directory itself.)
         for root in writable:
-            if root in looked:
+            if within(resolved, root):
                 raise SandboxUnavailable(
-                    f"{what}, {path}, lies inside {root}, which the session can write (a "
-                    "session could put code there that the launcher's next start runs, outside "
-                    "the sandbox): run the launcher from an environment and a directory "
-                    "outside every writable bind"
+                    f"the {name} {path} lies inside {root}, which the session can write (a "
+                    f"session could have put it there): use a {name} outside every writable "
+                    "bind"
                 )
-
-
-# Each set of the places the launcher's Python imports from, and the paths looked up to
-# resolve each: the same for every launch of a process that leaves sys.path alone.
-_IMPORT_WAYS: dict[tuple[str, ...], list[tuple[str, str, frozenset[str]]]] = {}
-
-
-def _import_ways() -> list[tuple[str, str, frozenset[str]]]:
-    """(what it is, path, every path looked up resolving it) of each place the launcher's
-    Python imports from: its environment and each sys.path entry."""
-    try:
-        cwd = os.getcwd()
-    except OSError:  # removed: nothing is imported from it
-        cwd = ""
-    key = (sys.prefix, cwd, *sys.path)
-    ways = _IMPORT_WAYS.get(key)
-    if ways is None:
-        places = {sys.prefix: "the launcher's Python environment"}
-        for entry in sys.path:
-            if entry in ("", cwd):  # python -m, -c: the current directory first
-                places.setdefault(
-                    cwd,
-                    "the directory the launcher was started in, from which its Python imports "
-                    "first (python -m, -c; python -P does not, nor the nsconfine command)",
-                )
-            else:
-                places.setdefault(entry, "a directory the launcher's Python imports from")
-        ways = []
-        for path, what in places.items():
-            if path:
-                looked, _end = lookups("/", os.path.abspath(path))
-                ways.append((what, path, frozenset(looked)))
-        if len(_IMPORT_WAYS) > 16:  # a launcher that keeps changing sys.path
-            _IMPORT_WAYS.clear()
-        _IMPORT_WAYS[key] = ways
-    return ways
-
-
-def _holder(path: str, writable: Sequence[str]) -> str | None:
-    """The writable bind's source that holds path, if any."""
-    return next((root for root in writable if within(path, root)), None)
 
 
 def spawn(

@@ -418,39 +418,94 @@ def test_an_empty_home_is_no_home(dirs: Dirs) -> None:
     assert f"credential: {account_home}/.config/nsconfine/claude-code.env" in result.stdout
 
 
-_LAUNCHER_CODE_IN_THE_WORKSPACE = ("its venv", "a PYTHONPATH entry", "python -m from there")
+_LAUNCHER_CODE_IN_THE_WORKSPACE = (
+    "its venv", "a PYTHONPATH entry", "python -m from there", "its script, python -P",
+    "a module loaded from a file", "a .pth file's directory, not there yet", "LD_LIBRARY_PATH",
+)  # fmt: skip
+# A launcher script: the command line, after a module of the workspace's (argv[1]) is loaded.
+_LAUNCHER_SCRIPT = """
+import importlib.util, sys
+from nsconfine._cli import console_main
+if sys.argv[1]:
+    spec = importlib.util.spec_from_file_location("harness", sys.argv[1])
+    sys.modules["harness"] = importlib.util.module_from_spec(spec)  # as an import does
+    spec.loader.exec_module(sys.modules["harness"])
+sys.argv[0:2] = ["nsconfine"]
+console_main()
+"""
 
 
 @pytest.mark.parametrize("where", _LAUNCHER_CODE_IN_THE_WORKSPACE)
-def test_a_launcher_that_imports_from_the_workspace_is_refused(dirs: Dirs, where: str) -> None:
-    """A launcher whose Python loads code from inside the session's workspace (its venv there,
-    nsconfine installed editable from elsewhere; a PYTHONPATH entry; `python -m` run from the
-    workspace, which puts it first on sys.path) is refused, and nothing runs: the session could
-    write a .pth file or a module there that the launcher's next run imports, outside the
-    sandbox (attacker's pass, stop 42: a .pth the session wrote ran as root at the next
-    `nsconfine check`)."""
+def test_a_launcher_that_loads_code_from_the_workspace_is_refused(dirs: Dirs, where: str) -> None:
+    """A launcher that loads code from inside the session's workspace is refused, and nothing
+    runs: its venv there (nsconfine installed editable from elsewhere), a PYTHONPATH entry,
+    `python -m` run from there (which puts it first on sys.path), its script kept there (run
+    with python -P, which leaves the script's directory off sys.path), a module loaded from a
+    file there (an editable install's finder adds no sys.path entry), a directory a .pth file
+    of its venv names that is not there yet (site.py adds it once it is), a directory of
+    LD_LIBRARY_PATH. The session could write a .pth file, a module or a library there that
+    the launcher's next start loads, outside the sandbox (attacker's pass, stop 42: a .pth the
+    session wrote ran as root at the next `nsconfine check`; a review of the fix found the
+    script, the finder, the .pth and LD_LIBRARY_PATH ways)."""
     import cffi
 
     imports = [
         os.path.dirname(os.path.dirname(path)) for path in (nsconfine.__file__, cffi.__file__)
     ]
     env = base_env(PYTHONPATH=os.pathsep.join(imports))
-    python, cwd = sys.executable, "/"
-    if where == "its venv":
-        venv = dirs.workspace / ".venv"
+    launcher, cwd, named = [sys.executable, "-m", "nsconfine"], "/", str(dirs.workspace / "x")
+    script = dirs.root / "launch.py"
+    script.write_text(_LAUNCHER_SCRIPT)
+    if where in ("its venv", "a .pth file's directory, not there yet"):
+        venv = (dirs.workspace if where == "its venv" else dirs.root) / ".venv"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
-        python, named = str(venv / "bin" / "python"), str(venv)
+        launcher[0] = str(venv / "bin" / "python")
+        if where == "its venv":
+            named = str(venv)
+        else:
+            (site_packages,) = venv.glob("lib/python3*/site-packages")
+            (site_packages / "project.pth").write_text(f"{named}\n")
     elif where == "a PYTHONPATH entry":
-        named = str(dirs.workspace / "lib")
         env["PYTHONPATH"] += os.pathsep + named
-    else:
+    elif where == "python -m from there":
         cwd = named = str(dirs.workspace)
+    elif where == "its script, python -P":
+        script = dirs.workspace / "launch.py"
+        script.write_text(_LAUNCHER_SCRIPT)
+        launcher, named = [sys.executable, "-P", str(script), ""], str(script)
+    elif where == "a module loaded from a file":
+        (dirs.workspace / "harness.py").write_text("")
+        launcher = [sys.executable, "-P", str(script), str(dirs.workspace / "harness.py")]
+        named = str(dirs.workspace)
+    else:
+        env["LD_LIBRARY_PATH"] = named
     result = subprocess.run(
-        [python, "-m", "nsconfine", "run", *dirs.session, *dirs.marker_command],
+        [*launcher, "run", *dirs.session, *dirs.marker_command],
         capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False,
     )  # fmt: skip
     assert named in assert_refused(result, 69, "sandbox-unavailable")
     assert not dirs.marker.exists()
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_launcher_script_outside_the_workspace_runs(dirs: Dirs) -> None:
+    """The twin: the same launcher script, kept outside the workspace and loading nothing from
+    it, is not refused (the command runs)."""
+    import cffi
+
+    imports = [
+        os.path.dirname(os.path.dirname(path)) for path in (nsconfine.__file__, cffi.__file__)
+    ]
+    script = dirs.root / "launch.py"
+    script.write_text(_LAUNCHER_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-P", str(script), "", "run", *dirs.session, *dirs.marker_command],
+        capture_output=True, text=True, env=base_env(PYTHONPATH=os.pathsep.join(imports)),
+        cwd="/", timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert dirs.marker.exists()
 
 
 @pytest.mark.confinement

@@ -459,20 +459,26 @@ def identity(path: str, dir_fd: int | None = None) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
-def lookups(directory: str, target: str) -> tuple[list[str], str]:
+def lookups(
+    directory: str, target: str, known: dict[str, str | bool | None] | None = None
+) -> tuple[list[str], str]:
     """What the kernel looks up to resolve target from directory (a path with no symlink in
     it), one name at a time: every path it looks a name up at, each symlink followed in turn,
     and where the walk ends (a path that need not exist: the lookup fails there). Whoever can
-    change any of those paths can change where target leads."""
+    change any of those paths can change where target leads. known: what each path looked
+    up was, kept between the walks of many paths that share their first names."""
     looked: list[str] = []
+    known = {} if known is None else known
 
     def look(path: str) -> str | bool | None:
         looked.append(path)
-        try:
-            return os.readlink(path)
-        except OSError as error:
-            # not a symlink: walked into; missing, or not a directory: the walk ends there
-            return None if error.errno == errno.EINVAL else False
+        if path not in known:
+            try:
+                known[path] = os.readlink(path)
+            except OSError as error:
+                # not a symlink: walked into; missing, or not a directory: the walk ends there
+                known[path] = None if error.errno == errno.EINVAL else False
+        return known[path]
 
     _answer, reached, left = walk_path(target, look, past_the_bound=False, directory=directory)
     return looked, os.path.join(reached, *left)
