@@ -114,6 +114,29 @@ _ROUTE_PATH_REFUSED = (
     # an encoded byte of 0x80 or more, or a control character (NUL, CR, LF: %00 to %1f)
     *(f"%{high_nibble}" for high_nibble in "0189abcdef"),
 )
+
+
+def route_target_problem(suffix: str) -> str | None:
+    """Why the relay refuses a route's target (suffix: what follows /NAME), or None."""
+    if "#" in suffix:  # no client sends a fragment; a gateway ends the path there (`..#`)
+        return "the route's target holds a '#'"
+    path = suffix.split("?")[0]
+    if "%2e" in path.lower() or any(seg in (".", "..") for seg in path.split("/")):
+        return "the route's path holds a '.' or '..' segment"
+    # An upstream (or a gateway before it) may read these as a separator, collapse them, or
+    # (a ';', Java servlets' path parameter) drop what follows in a segment, `..;` becoming
+    # `..`: another path of the API than the one the route's prefix names. So may one that
+    # decodes twice (`%252e`), reads overlong UTF-8 (`%c0%ae`, `%e0%80%ae`: any encoded byte
+    # past ASCII is refused, an API's path needs none) or IIS's `%u002e`.
+    lowered = path.lower()
+    if any(bad in lowered for bad in _ROUTE_PATH_REFUSED):
+        return (
+            "the route's path holds an encoded slash, '%', control character, byte past ASCII "
+            "or %u, a backslash, '//' or ';'"
+        )
+    return None
+
+
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _REASONS = {
     200: "OK",
@@ -1069,23 +1092,9 @@ class Proxy:
             # headers, back to the session; no API needs it, nor any method not listed.
             raise _Refusal(405, f"a route takes {', '.join(sorted(_ROUTE_METHODS))}")
         suffix = request.target[len(route.name) + 1 :]
-        if "#" in suffix:  # no client sends a fragment; a gateway ends the path there (`..#`)
-            raise _Refusal(400, "the route's target holds a '#'")
-        path = suffix.split("?")[0]
-        if "%2e" in path.lower() or any(seg in (".", "..") for seg in path.split("/")):
-            raise _Refusal(400, "the route's path holds a '.' or '..' segment")
-        # An upstream (or a gateway before it) may read these as a separator, collapse them,
-        # or (a ';', Java servlets' path parameter) drop what follows in a segment, `..;`
-        # becoming `..`: another path of the API than the one the route's prefix names. So may
-        # one that decodes twice (`%252e`), reads overlong UTF-8 (`%c0%ae`, `%e0%80%ae`: any
-        # encoded byte past ASCII is refused, an API's path needs none) or IIS's `%u002e`.
-        lowered = path.lower()
-        if any(bad in lowered for bad in _ROUTE_PATH_REFUSED):
-            raise _Refusal(
-                400,
-                "the route's path holds an encoded slash, '%', control character, byte past "
-                "ASCII or %u, a backslash, '//' or ';'",
-            )
+        problem = route_target_problem(suffix)
+        if problem is not None:
+            raise _Refusal(400, problem)
         upstream = urllib.parse.urlsplit(route.upstream)
         assert upstream.hostname is not None  # Route checked it
         port = upstream.port or (443 if upstream.scheme == "https" else 80)

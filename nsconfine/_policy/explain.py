@@ -89,9 +89,10 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
             f"({printable(plan.network_reason or '')})"
         ]
     if (host, port) == ("127.0.0.1", RELAY_PORT):  # the session's relay: its routes' base URLs
-        for route in plan.routes:
-            if f"{parts.path}/".startswith(f"/{route.name}/"):
-                return True, [f"{shown}: reachable {_by_the_route(route)}"]
+        answer = _on_the_relay(plan, parts)
+        if answer is not None:
+            reachable, why = answer
+            return reachable, [f"{shown}: {why}"]
     named = [d for d in plan.destinations if d.matches_name(host)]
     allowed = [d for d in named if d.allows_port(port)]
     if allowed:
@@ -121,6 +122,30 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
         f"{shown}: not reachable: {what} {host} is not on the plan's allowlist "
         "(--allow-host it, with its reason)"
     ]
+
+
+def _on_the_relay(plan: Plan, parts: urllib.parse.SplitResult) -> tuple[bool, str] | None:
+    """Whether a URL on the session's relay that names one of its routes reaches it, and why;
+    None for any other (the relay is the proxy's way out too: judged as any destination)."""
+    from nsconfine._launch.proxy import route_target_problem
+
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    for route in plan.routes:
+        base = f"/{route.name}"
+        if target != base and not target.startswith((f"{base}/", f"{base}?")):
+            continue
+        if parts.scheme != "http":
+            return (
+                False,
+                f"not reachable: the relay speaks plain HTTP ({route_base_url(route.name)}/)",
+            )
+        if not target.startswith(f"{base}/"):
+            return False, f"not reachable: the route's URLs begin {route_base_url(route.name)}/"
+        problem = route_target_problem(target[len(base) :])
+        if problem is not None:
+            return False, f"not reachable: the relay refuses it: {problem}"
+        return True, f"reachable {_by_the_route(route)}"
+    return None
 
 
 def _by_the_route(route: Route) -> str:
