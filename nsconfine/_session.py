@@ -384,12 +384,15 @@ def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
         verb = "writable" if bits & WRITE else "readable"
         # Never advise handing / or a top-level directory (/usr, /home, ...) to the session;
         # nor path, where a directory above it is what the account cannot pass (root's home).
-        if path.count("/") <= 1 or any(within(path, top) for top in _SYSTEMS_OWN):
+        real = os.path.realpath(path)
+        if real.count("/") <= 1 or any(within(real, top) for top in _SYSTEMS_OWN):
             advice = f"pick a directory of its own: {path} is the system's"
         elif allows(info, user, bits):  # path itself is usable: a directory above is not
             advice = f"pick a directory {user.name} can reach"
         elif info.st_uid == user.uid:  # its own, and its mode shuts it out
             advice = f"chmod u+{_mode_letters(bits)} {path}"
+        elif info.st_uid != os.geteuid():  # a third account's: not the launcher's to give
+            advice = f"pick a directory {user.name} owns: {path} belongs to uid {info.st_uid}"
         else:
             advice = f"chown -R {user.name} {path}, or pick a directory it owns"
         raise PlanError(
@@ -400,7 +403,7 @@ def _require_directory(path: str, what: str, user: RunAs, bits: int) -> None:
 
 # The system's trees, whose directories are never to be handed to a session's account (chown).
 _SYSTEMS_OWN = ("/usr", "/etc", "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib64",
-                "/run", "/var/lib", "/var/cache", "/var/log", "/var/spool")  # fmt: skip
+                "/run", "/var")  # fmt: skip
 
 
 def _mode_letters(bits: int) -> str:

@@ -1366,7 +1366,9 @@ def test_run_ends_though_another_session_holds_its_output(dirs: Dirs, tmp_path: 
         holder.communicate(timeout=30)
 
 
-@pytest.mark.parametrize("workspace", ["/", "/usr", "", "/usr/share", "/sys/fs/cgroup"])
+@pytest.mark.parametrize(
+    "workspace", ["/", "/usr", "", "/usr/share", "/sys/fs/cgroup", "/var/cache", "link"]
+)
 def test_a_system_directory_as_workspace_is_refused_without_handing_it_over(
     dirs: Dirs, workspace: str
 ) -> None:
@@ -1374,11 +1376,30 @@ def test_a_system_directory_as_workspace_is_refused_without_handing_it_over(
     meant the launcher's working directory, and advised handing that over. Neither is
     advised now: a top-level directory is the system's, and an empty path is no path. Nor a
     directory below one of the system's (/usr/share, /sys/fs/cgroup: `chown -R nobody` was
-    advised, attacker's pass, stop 42)."""
+    advised, attacker's pass, stop 42), nor one in /var, nor one a link leads to (the review
+    of that fix)."""
+    if workspace == "link":
+        (dirs.root / "link").symlink_to("/usr/share/doc")
+        workspace = str(dirs.root / "link")
     result = run_cli("plan", "--workspace", workspace, "--run-dir", dirs.run_dir, *user_options())
     assert result.returncode in (64, 65), result.stderr
     assert "chown" not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.root  # only root names another account, whose reach is then judged
+def test_another_accounts_directory_is_not_advised_a_chown(tmp_path: Path) -> None:
+    """A workspace of a third account's (neither the launcher's nor the session's), which the
+    session's account cannot write, was refused with the advice to `chown -R` it to the
+    session's account (a review of stop 42's fixes: another user's home); the advice is now
+    to pick one of its own."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    os.chown(workspace, 54321, 54321)
+    workspace.chmod(0o755)
+    result = run_cli("plan", "--workspace", workspace, "--run-dir", run_dir, *user_options())
+    assert result.returncode == 65, result.stderr
+    assert "chown" not in result.stderr, result.stderr
+    assert "uid 54321" in result.stderr, result.stderr
 
 
 @pytest.mark.root  # only root names another account, whose reach is then judged
