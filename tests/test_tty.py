@@ -873,6 +873,42 @@ def test_a_tty_run_sent_to_the_background_and_back_goes_on(ws_run: tuple[Path, P
         shell.close(str(ws_run[0]))
 
 
+# A caller with no terminal at all that starts `run` in a process group of its own (a
+# service's, a script's background job): its group is not orphaned, and no shell continues it.
+_CALLER_WITHOUT_A_TERMINAL = """
+import subprocess, sys
+run = subprocess.Popen(sys.argv[1:], process_group=0, stdin=subprocess.DEVNULL)
+sys.exit(run.wait())
+"""
+
+
+def test_a_tty_command_that_stops_itself_under_a_caller_without_a_terminal_goes_on(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """`run --tty` whose caller has no terminal, in a process group that is not orphaned: the
+    command stops itself (SIGSTOP) and is continued at once, as outside job control anywhere.
+    run stopped itself, a job of no shell, and a SIGTERM to it stayed pending for good, the
+    session alive (attacker's pass, stop 42)."""
+    marker = str(ws_run[0])
+    script = "echo ready-$((1+1)); kill -STOP $$; echo continued-$((2+2))"
+    argv = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
+            "/bin/sh", "-c", script]  # fmt: skip
+    caller = subprocess.Popen(
+        [sys.executable, "-c", _CALLER_WITHOUT_A_TERMINAL, *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, errors = caller.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        output, errors = b"(still stopped after 60 s)", b""
+    finally:
+        kill_all(pids_with(marker))
+        caller.kill()
+        caller.wait()
+    assert b"continued-4" in output, (output, errors)
+    assert caller.returncode == 0, errors
+
+
 def test_a_tty_run_whose_terminal_hangs_up_passes_the_hangup_on(ws_run: tuple[Path, Path]) -> None:
     """The caller's terminal closing under `nsconfine run --tty` (its SIGHUP comes with a
     SIGCONT): the command gets the hangup, its trap runs, and run exits with its status. The

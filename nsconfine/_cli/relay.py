@@ -287,6 +287,15 @@ class _TerminalGone(Exception):
 _HUNG_UP = frozenset({errno.EIO, errno.ENXIO, errno.ENOTTY, errno.EBADF})
 
 
+def _has_a_controlling_terminal() -> bool:
+    """Has the launcher a controlling terminal (of which a shell's job control is made)?"""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC))
+    except OSError:  # ENXIO: none
+        return False
+    return True
+
+
 def _on_terminal(call: Callable[..., T], *args: object) -> T:
     """call(*args), a termios call on the caller's terminal, again when a signal interrupts it
     (termios does not retry: a launcher continued by `fg` while `bg` had it stopped setting
@@ -537,7 +546,9 @@ class _Terminal:
         caller's terminal back, the launcher stopped as a job of the caller's shell until it
         is continued (`fg`), then the command's group continued. SIGTSTP, not SIGSTOP, stops
         the launcher: outside job control (an orphaned group, which no shell would continue)
-        the kernel drops it, and all goes on at once."""
+        the kernel drops it, and all goes on at once. A launcher without a controlling
+        terminal (a service's, a script's background job) is outside job control too, but in
+        a group the kernel may stop: it is not stopped at all."""
         while self.open and wait_fd(self.controller, 0):
             self.copy_out()  # what the command wrote as it stopped ("suspended")
         if stop_it:
@@ -550,7 +561,8 @@ class _Terminal:
             self.flush()
         self.leave_tui_modes(limit)
         self.restore()
-        os.kill(os.getpid(), _signal.SIGTSTP)
+        if _has_a_controlling_terminal():
+            os.kill(os.getpid(), _signal.SIGTSTP)
         self.resume()
         _signal_group(sandbox, _signal.SIGCONT)
         self.quick_until = 0.0
