@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from nsconfine import _pool
-from nsconfine._errors import UsageError
+from nsconfine._errors import SandboxUnavailable, UsageError
 from nsconfine._gate import spawn as _spawn
 from nsconfine._launch.sandbox import bytes_held
 
@@ -141,6 +141,18 @@ class Process:
         reader = asyncio.StreamReader(limit)
         protocol = asyncio.StreamReaderProtocol(reader)
         fd = pipe.fileno()
+        # The transport starts watching the pipe in a callback, whose failure the loop only
+        # logs: the output would never be read. Asked first, here, where it can be told.
+        try:
+            self._loop.add_reader(fd, _nothing)
+        except OSError as error:
+            raise SandboxUnavailable(
+                f"the event loop cannot watch the session's pipes ({error.strerror}): the "
+                "launcher's account has no epoll watches left (fs.epoll.max_user_watches), a "
+                "session of the same account may hold them all; the session was killed. Run "
+                "sessions as an account no launcher shares (a root launcher's --user)"
+            ) from None
+        self._loop.remove_reader(fd)
         transport, _ = await self._loop.connect_read_pipe(lambda: protocol, pipe)
         self._transports.append(transport)
         self._read_fds.append((reader, fd, transport))
@@ -183,7 +195,12 @@ class Process:
                     self._look_for_the_end()
                 else:
                     self._watched = _Watch(watch)
-                    self._loop.add_reader(self._watched.fd, self._end_seen)
+                    try:
+                        self._loop.add_reader(self._watched.fd, self._end_seen)
+                    except OSError:  # no epoll watch left (a session of the account took all)
+                        self._watched.close()
+                        self._watched = None
+                        self._look_for_the_end()
             await asyncio.shield(self._ended)  # a cancelled wait leaves the watch to others
         return self.sandbox.wait()  # reaped by _end_seen: at once
 
@@ -449,6 +466,10 @@ async def _read_all(reader: asyncio.StreamReader | None) -> bytes | None:
     while chunk := await reader.read(65536):
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _poll_now(fd: int) -> int:

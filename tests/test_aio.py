@@ -695,3 +695,41 @@ def test_a_wait_short_of_fds_holds_no_executor_thread(plan: nsconfine.Plan) -> N
     still_running, status = asyncio.run(main())
     assert still_running, "the executor's one thread was held by the wait until the session ended"
     assert status == -9
+
+
+def _out_of_epoll_watches(*_args: object) -> None:
+    raise OSError(28, "No space left on device")  # epoll_ctl: fs.epoll.max_user_watches spent
+
+
+def test_a_loop_out_of_epoll_watches_still_sees_the_session_end(plan: nsconfine.Plan) -> None:
+    """A loop that cannot watch the session's sentinel (its account's epoll watches all taken,
+    by a session of the same account: an unprivileged launcher's sessions run as itself)
+    looks for the end without it, and wait() gives the status (it raised the loop's OSError:
+    the broker could not wait for the session that held them; attacker's pass, stop 42)."""
+
+    async def main() -> int:
+        process = await nsconfine.aio.spawn(plan, ["/bin/sh", "-c", "exit 7"])
+        loop = asyncio.get_running_loop()
+        loop.add_reader = _out_of_epoll_watches  # type: ignore[method-assign,assignment]
+        return await asyncio.wait_for(process.wait(), 60)
+
+    assert asyncio.run(main()) == 7
+
+
+def test_a_loop_out_of_epoll_watches_refuses_a_piped_launch(plan: nsconfine.Plan) -> None:
+    """A loop that cannot watch a session's pipes refuses the launch with a stable code, saying
+    why, and the session is killed (the pipe was left unwatched, its output never read, and
+    the loop logged the OSError)."""
+    marker = f"nsconfine-unwatched-{os.getpid()}"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_reader = _out_of_epoll_watches  # type: ignore[method-assign,assignment]
+        loop._add_reader = _out_of_epoll_watches  # type: ignore[attr-defined]
+        with pytest.raises(nsconfine.SandboxUnavailable, match="epoll watches"):
+            await nsconfine.aio.spawn(
+                plan, ["/bin/sh", "-c", "exec sleep 600", marker], stdout=subprocess.PIPE
+            )
+
+    asyncio.run(main())  # (it waits for the executor, which discards the session)
+    assert wait_until_gone(marker) == []
