@@ -421,6 +421,8 @@ def test_an_empty_home_is_no_home(dirs: Dirs) -> None:
 _LAUNCHER_CODE_IN_THE_WORKSPACE = (
     "its venv", "a PYTHONPATH entry", "python -m from there", "its script, python -P",
     "a module loaded from a file", "a .pth file's directory, not there yet", "LD_LIBRARY_PATH",
+    "its interpreter, a link there", "LD_LIBRARY_PATH after a ;", "LD_LIBRARY_PATH through $ORIGIN",
+    "a module that is a link there", "its user site, not there yet",
 )  # fmt: skip
 # A launcher script: the command line, after a module of the workspace's (argv[1]) is loaded.
 _LAUNCHER_SCRIPT = """
@@ -477,14 +479,46 @@ def test_a_launcher_that_loads_code_from_the_workspace_is_refused(dirs: Dirs, wh
         (dirs.workspace / "harness.py").write_text("")
         launcher = [sys.executable, "-P", str(script), str(dirs.workspace / "harness.py")]
         named = str(dirs.workspace)
-    else:
+    elif where == "LD_LIBRARY_PATH":
         env["LD_LIBRARY_PATH"] = named
+    elif where == "its interpreter, a link there":
+        (dirs.workspace / "python").symlink_to(os.path.realpath(sys.executable))
+        launcher[0] = named = str(dirs.workspace / "python")
+    elif where == "LD_LIBRARY_PATH after a ;":
+        env["LD_LIBRARY_PATH"] = f"/usr/lib;{named}"
+    elif where == "LD_LIBRARY_PATH through $ORIGIN":  # (the interpreter's directory)
+        origin = os.path.dirname(os.path.realpath(sys.executable))
+        env["LD_LIBRARY_PATH"] = "$ORIGIN/" + os.path.relpath(named, origin)
+    elif where == "a module that is a link there":
+        (dirs.workspace / "harness.py").write_text("")
+        (dirs.root / "harness.py").symlink_to(dirs.workspace / "harness.py")
+        launcher = [sys.executable, "-P", str(script), str(dirs.root / "harness.py")]
+        named = str(dirs.root / "harness.py")
+    else:  # a Python with no venv, its user base (PYTHONUSERBASE, or ~/.local) there
+        base = os.path.realpath(sys.executable)  # (outside a venv: the user site is read)
+        launcher[0], env["PYTHONUSERBASE"] = base, named
     result = subprocess.run(
         [*launcher, "run", *dirs.session, *dirs.marker_command],
         capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False,
     )  # fmt: skip
     assert named in assert_refused(result, 69, "sandbox-unavailable")
     assert not dirs.marker.exists()
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_the_nsconfine_command_run_in_its_workspace_runs(dirs: Dirs) -> None:
+    """`cd project && nsconfine run --workspace .`: the command imports nothing from the
+    working directory, and is not refused (an unset LD_LIBRARY_PATH was read as the working
+    directory: a review of stop 42's fix)."""
+    env = {k: v for k, v in base_env().items() if not k.startswith("LD_")}
+    command = os.path.join(os.path.dirname(sys.executable), "nsconfine")
+    result = subprocess.run(
+        [command, "run", *dirs.session, *dirs.marker_command],
+        capture_output=True, text=True, env=env, cwd=dirs.workspace, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert dirs.marker.exists()
 
 
 @pytest.mark.confinement

@@ -25,29 +25,41 @@ if TYPE_CHECKING:
 # working directory and loader variables), with the paths looked up to resolve each: the same
 # for every launch of a process that leaves them alone (the modules nsconfine imports lazily
 # change the count once or twice).
-_WAYS: dict[tuple[object, ...], list[tuple[str, str, frozenset[str]]]] = {}
+_WAYS: dict[tuple[object, ...], _Ways] = {}
 _SITE_DIRECTORIES = ("site-packages", "dist-packages")  # where site.py reads .pth files
 _LOADER_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "LD_AUDIT")
+
+
+class _Ways:
+    """Each place, with every path looked up on the way to it, and all of those at once."""
+
+    __slots__ = ("every", "places")
+
+    def __init__(self, places: list[tuple[str, str, frozenset[str]]]) -> None:
+        self.places = places  # (what it is, path, the paths looked up resolving it)
+        self.every = frozenset().union(*(looked for _what, _path, looked in places))
 
 
 def refuse_writable_launcher_code(writable: Sequence[str]) -> None:
     """SandboxUnavailable if a place the launcher loads code from lies in writable (the real
     paths of the plan's writable binds)."""
-    for what, path, looked in _ways():
-        # (A walk from / reaches a path inside a directory, real as each writable bind's
-        # source is, only through a lookup of that directory itself.)
-        for root in writable:
-            if root in looked:
-                raise SandboxUnavailable(
-                    f"{what}, {path}, lies inside {root}, which the session can write (a "
-                    "session could put code there that the launcher's next start runs, outside "
-                    "the sandbox): run the launcher from an environment, a script and a "
-                    "directory outside every writable bind"
-                )
+    ways = _ways()
+    # (A walk from / reaches a path inside a directory, real as each writable bind's source
+    # is, only through a lookup of that directory itself.)
+    for root in writable:
+        if root not in ways.every:
+            continue
+        what, path, _looked = next(place for place in ways.places if root in place[2])
+        raise SandboxUnavailable(
+            f"{what}, {path}, lies inside {root}, which the session can write (a session "
+            "could put code there that the launcher's next start runs, outside the sandbox): "
+            "run the launcher from an environment, a script and a directory outside every "
+            "writable bind"
+        )
 
 
-def _ways() -> list[tuple[str, str, frozenset[str]]]:
-    """(what it is, path, every path looked up resolving it) of each place."""
+def _ways() -> _Ways:
+    """The places of the launcher as it is now."""
     try:
         cwd = os.getcwd()
     except OSError:  # removed: nothing is loaded from it
@@ -56,23 +68,69 @@ def _ways() -> list[tuple[str, str, frozenset[str]]]:
     key = (sys.prefix, sys.pycache_prefix, cwd, len(sys.modules), loader, *sys.path)
     ways = _WAYS.get(key)
     if ways is None:
-        ways = []
-        known: dict[str, str | bool | None] = {}
-        for path, what in _places(cwd).items():
-            if path:
-                looked, _end = lookups("/", os.path.join(cwd or "/", path), known)
-                ways.append((what, path, frozenset(looked)))
+        walks = _Walks()
+        places = [
+            (what, path, walks.looked(os.path.join(cwd or "/", path)))
+            for path, what in _places(cwd).items()
+            if path and "\0" not in path  # (no file has such a name)
+        ]
+        ways = _Ways(places)
         if len(_WAYS) > 16:  # a launcher that keeps changing them
             _WAYS.clear()
         _WAYS[key] = ways
     return ways
 
 
+class _Walks:
+    """The walks of many paths that share their directories (a module's file, each in one of
+    a few), each directory walked once."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, str | bool | None] = {}  # lookups' record of each path's kind
+        self.walked: dict[str, tuple[frozenset[str], str]] = {}
+
+    def looked(self, path: str) -> frozenset[str]:
+        """Every path looked up resolving path (absolute)."""
+        return self._walk(path)[0]
+
+    def _walk(self, path: str) -> tuple[frozenset[str], str]:
+        """(the paths looked up, where it leads) of path."""
+        walked = self.walked.get(path)
+        if walked is not None:
+            return walked
+        directory, name = os.path.split(path)
+        if name in ("", ".", "..") or directory == path:
+            looked, end = lookups("/", path, self.known)
+            walked = (frozenset(looked), end)
+        else:
+            above, where = self._walk(directory)
+            here = os.path.join(where, name)
+            try:
+                target = os.readlink(here)
+            except OSError:  # no link: walked into (or the walk ends here)
+                walked = (above | {here}, here)
+            else:  # a link: followed from where it lies
+                looked, end = lookups(where, target, self.known)
+                walked = (above.union(looked, (here,)), end)
+        self.walked[path] = walked
+        return walked
+
+
 def _places(cwd: str) -> dict[str, str]:
     """Each place the launcher loads code from (a relative one is cwd's), and what it is."""
-    places = {sys.prefix: "the launcher's Python environment"}
+    import site
+
+    places = {
+        sys.executable: "the launcher's Python interpreter",
+        sys.prefix: "the launcher's Python environment",
+    }
     if sys.pycache_prefix:
         places[sys.pycache_prefix] = "where the launcher's Python keeps compiled modules"
+    site_directories = [e for e in sys.path if isinstance(e, str) and e.endswith(_SITE_DIRECTORIES)]
+    if site.ENABLE_USER_SITE:  # (added to sys.path only once it is there: judged before)
+        user_site = site.getusersitepackages()
+        places[user_site] = "the launcher's user site-packages (usercustomize, .pth files)"
+        site_directories.append(user_site)
     for entry in sys.path:
         if not isinstance(entry, str):
             continue  # (imports skip it)
@@ -84,39 +142,59 @@ def _places(cwd: str) -> dict[str, str]:
             )
         else:
             places.setdefault(entry, "a directory the launcher's Python imports from")
-            for named in _named_by_pth_files(entry) if entry.endswith(_SITE_DIRECTORIES) else ():
-                places.setdefault(named, f"a directory a .pth file in {entry} adds to its imports")
+    for directory in site_directories:
+        for pth_file, named in _pth_files(directory):
+            places.setdefault(pth_file, "a .pth file site.py reads")
+            places.setdefault(named, f"a directory {pth_file} adds to the imports")
     for name, module in sys.modules.copy().items():
-        where = getattr(module, "__file__", None)
-        if isinstance(where, str):  # an editable install's finder maps names anywhere
-            if name == "__main__":
-                places.setdefault(where, "the launcher's script")
-            places.setdefault(os.path.dirname(where), f"the directory of its module {name}")
-    for entry in os.environ.get("LD_LIBRARY_PATH", "").split(":"):  # (empty: the cwd)
-        places.setdefault(entry or cwd, "a directory of the launcher's LD_LIBRARY_PATH")
-    for name in ("LD_PRELOAD", "LD_AUDIT"):  # (a name without a slash: the loader's search)
-        for entry in os.environ.get(name, "").replace(" ", ":").split(":"):
-            if "/" in entry:
-                places.setdefault(entry, f"a library of the launcher's {name}")
+        # Each file itself: an editable install's finder maps names anywhere, and a module
+        # (or its compiled copy) may be a link.
+        for key in ("__file__", "__cached__"):
+            where = getattr(module, key, None)
+            if isinstance(where, str) and not where.startswith("<"):  # not <stdin>, <frozen>
+                places.setdefault(where, "the launcher's script" if name == "__main__" else
+                                  f"the file of its module {name}")  # fmt: skip
+        if getattr(module, "__file__", None) is None:  # a namespace package's directories
+            for entry in getattr(module, "__path__", None) or ():
+                if isinstance(entry, str):
+                    places.setdefault(entry, f"a directory of its package {name}")
+    for name in _LOADER_VARIABLES:
+        # As the loader reads them: `:` or `;` between paths (LD_PRELOAD: spaces too), an
+        # empty one the cwd, $ORIGIN the interpreter's directory; a path through another
+        # token ($LIB, $PLATFORM) is judged by the directory before it.
+        value = os.environ.get(name)
+        if not value:
+            continue
+        origin = os.path.dirname(os.path.realpath(sys.executable))
+        for entry in value.replace(";", ":").replace(" ", ":").split(":"):
+            if name != "LD_LIBRARY_PATH" and "/" not in entry:
+                continue  # a library's name: found by the loader's search
+            entry = entry.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
+            if "$" in entry:
+                entry = os.path.dirname(entry[: entry.index("$")])
+            places.setdefault(entry or cwd, f"a path of the launcher's {name}")
     return places
 
 
-def _named_by_pth_files(directory: str) -> list[str]:
-    """The directories the .pth files in directory name (site.py adds each once it exists,
-    at the next start: one not there yet is the session's to make)."""
+def _pth_files(directory: str) -> list[tuple[str, str]]:
+    """(file, directory it names) of each path line of the .pth files in directory (site.py
+    adds each once it exists, at the next start: one not there yet is the session's to make;
+    an `import` line runs code, whose own imports sys.path judges)."""
     try:
-        names = [name for name in os.listdir(directory) if name.endswith(".pth")]
+        names = sorted(name for name in os.listdir(directory) if name.endswith(".pth"))
     except OSError:
         return []
     named = []
     for name in names:
+        pth_file = os.path.join(directory, name)
+        named.append((pth_file, directory))
         try:
-            with open(os.path.join(directory, name), encoding="utf-8", errors="replace") as file:
+            with open(pth_file, encoding="utf-8", errors="replace") as file:
                 lines = file.read(1 << 20).splitlines()
         except OSError:
             continue
         for line in lines:
             line = line.strip()
-            if line and not line.startswith(("#", "import ", "import\t")):
-                named.append(os.path.join(directory, line))
+            if line and "\0" not in line and not line.startswith(("#", "import ", "import\t")):
+                named.append((pth_file, os.path.join(directory, line)))
     return named
