@@ -125,6 +125,8 @@ class Process:
                 # The stream protocol gives drain() its flow control and wait_closed() its
                 # end; its reader is never fed (a write pipe has nothing to read).
                 protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
+                stdin = sandbox.stdin.fileno()
+                _refuse_unwatchable(self._loop.add_writer, self._loop.remove_writer, stdin)
                 transport, _ = await self._loop.connect_write_pipe(lambda: protocol, sandbox.stdin)
                 self._transports.append(transport)
                 self.stdin = asyncio.StreamWriter(transport, protocol, None, self._loop)
@@ -141,18 +143,7 @@ class Process:
         reader = asyncio.StreamReader(limit)
         protocol = asyncio.StreamReaderProtocol(reader)
         fd = pipe.fileno()
-        # The transport starts watching the pipe in a callback, whose failure the loop only
-        # logs: the output would never be read. Asked first, here, where it can be told.
-        try:
-            self._loop.add_reader(fd, _nothing)
-        except OSError as error:
-            raise SandboxUnavailable(
-                f"the event loop cannot watch the session's pipes ({error.strerror}): the "
-                "launcher's account has no epoll watches left (fs.epoll.max_user_watches), a "
-                "session of the same account may hold them all; the session was killed. Run "
-                "sessions as an account no launcher shares (a root launcher's --user)"
-            ) from None
-        self._loop.remove_reader(fd)
+        _refuse_unwatchable(self._loop.add_reader, self._loop.remove_reader, fd)
         transport, _ = await self._loop.connect_read_pipe(lambda: protocol, pipe)
         self._transports.append(transport)
         self._read_fds.append((reader, fd, transport))
@@ -466,6 +457,24 @@ async def _read_all(reader: asyncio.StreamReader | None) -> bytes | None:
     while chunk := await reader.read(65536):
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _refuse_unwatchable(
+    watch: Callable[[int, Callable[[], None]], None], unwatch: Callable[[int], bool], fd: int
+) -> None:
+    """SandboxUnavailable if the loop cannot watch a session's pipe (fd): a transport starts
+    watching it in a callback, whose failure the loop only logs (the output would never be
+    read, the input never written). Asked first, here, where it can be told."""
+    try:
+        watch(fd, _nothing)
+    except OSError as error:
+        raise SandboxUnavailable(
+            f"the event loop cannot watch the session's pipes ({error.strerror}): the "
+            "launcher's account has no epoll watches left (fs.epoll.max_user_watches), a "
+            "session of the same account may hold them all; the session was killed. Run "
+            "sessions as an account no launcher shares (a root launcher's --user)"
+        ) from None
+    unwatch(fd)
 
 
 def _nothing() -> None:

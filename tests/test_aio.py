@@ -716,19 +716,23 @@ def test_a_loop_out_of_epoll_watches_still_sees_the_session_end(plan: nsconfine.
     assert asyncio.run(main()) == 7
 
 
-def test_a_loop_out_of_epoll_watches_refuses_a_piped_launch(plan: nsconfine.Plan) -> None:
+@pytest.mark.parametrize("pipe", ["stdout", "stdin"])
+def test_a_loop_out_of_epoll_watches_refuses_a_piped_launch(
+    plan: nsconfine.Plan, pipe: str
+) -> None:
     """A loop that cannot watch a session's pipes refuses the launch with a stable code, saying
     why, and the session is killed (the pipe was left unwatched, its output never read, and
-    the loop logged the OSError)."""
+    the loop logged the OSError; stdin, a review of the fix: communicate() raised it)."""
     marker = f"nsconfine-unwatched-{os.getpid()}"
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        loop.add_reader = _out_of_epoll_watches  # type: ignore[method-assign,assignment]
-        loop._add_reader = _out_of_epoll_watches  # type: ignore[attr-defined]
+        for name in ("add_reader", "_add_reader", "add_writer", "_add_writer"):
+            setattr(loop, name, _out_of_epoll_watches)
+        stdin, stdout = (subprocess.PIPE, None) if pipe == "stdin" else (None, subprocess.PIPE)
         with pytest.raises(nsconfine.SandboxUnavailable, match="epoll watches"):
             await nsconfine.aio.spawn(
-                plan, ["/bin/sh", "-c", "exec sleep 600", marker], stdout=subprocess.PIPE
+                plan, ["/bin/sh", "-c", "exec sleep 600", marker], stdin=stdin, stdout=stdout
             )
 
     asyncio.run(main())  # (it waits for the executor, which discards the session)
