@@ -873,6 +873,27 @@ def test_a_tty_run_sent_to_the_background_and_back_goes_on(ws_run: tuple[Path, P
         shell.close(str(ws_run[0]))
 
 
+def test_a_tty_run_in_a_script_stops_the_script_with_it(ws_run: tuple[Path, Path]) -> None:
+    """`nsconfine run --tty` in a script run at an interactive shell (`bash -c "…; echo
+    done"`), whose command stops itself: the whole job stops, as at Ctrl-Z, and the shell
+    says so; `fg` continues it, and the script goes on. run stopped only itself: the script's
+    shell went on waiting, the shell never saw a stopped job, and the terminal sat with no
+    prompt (a review of stop 42's fixes)."""
+    shell = HostShell()
+    try:
+        line = _cli_line(ws_run, "--tty", script="echo before-$((1+1)); kill -STOP $$; "
+                         "echo after-$((3+4))").rstrip("\n")  # fmt: skip
+        shell.type(f"bash -c {shlex.quote(line + '; echo done-$((1+1))')}\n")
+        assert shell.expect(b"before-2"), shell.screen
+        assert shell.expect(b"Stopped"), shell.screen
+        shell.type("fg\n")
+        assert shell.expect(b"after-7"), shell.screen
+        assert shell.expect(b"done-2"), shell.screen
+        assert b"Traceback" not in shell.screen, shell.screen
+    finally:
+        shell.close(str(ws_run[0]))
+
+
 # A caller with no terminal at all that starts `run` in a process group of its own (a
 # service's, a script's background job): its group is not orphaned, and no shell continues it.
 _CALLER_WITHOUT_A_TERMINAL = """

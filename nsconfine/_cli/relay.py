@@ -545,10 +545,11 @@ class _Terminal:
         """The session asked to be suspended: the command's group stopped (stop_it), the
         caller's terminal back, the launcher stopped as a job of the caller's shell until it
         is continued (`fg`), then the command's group continued. SIGTSTP, not SIGSTOP, stops
-        the launcher: outside job control (an orphaned group, which no shell would continue)
-        the kernel drops it, and all goes on at once. A launcher without a controlling
-        terminal (a service's, a script's background job) is outside job control too, but in
-        a group the kernel may stop: it is not stopped at all."""
+        the launcher's process group (a script that ran it too, as Ctrl-Z would): outside job
+        control (an orphaned group, which no shell would continue) the kernel drops it, and
+        all goes on at once. A launcher without a controlling terminal (a service's, a
+        script's background job) is outside job control too, but in a group the kernel may
+        stop: it is not stopped at all."""
         while self.open and wait_fd(self.controller, 0):
             self.copy_out()  # what the command wrote as it stopped ("suspended")
         if stop_it:
@@ -561,8 +562,8 @@ class _Terminal:
             self.flush()
         self.leave_tui_modes(limit)
         self.restore()
-        if _has_a_controlling_terminal():
-            os.kill(os.getpid(), _signal.SIGTSTP)
+        if _has_a_controlling_terminal():  # the whole job, as Ctrl-Z stops it (a script's too)
+            os.killpg(0, _signal.SIGTSTP)
         self.resume()
         _signal_group(sandbox, _signal.SIGCONT)
         self.quick_until = 0.0
