@@ -505,6 +505,83 @@ def test_a_launcher_that_loads_code_from_the_workspace_is_refused(dirs: Dirs, wh
     assert not dirs.marker.exists()
 
 
+# A broker: two launches, then what case changes in its Python (argv[5]), then another
+# launch; each launch's status, or its refusal.
+_BROKER = r"""
+import importlib.util, types
+workspace, elsewhere, case = sys.argv[1], sys.argv[4], sys.argv[5]
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+
+def loaded(name, path, lazy=False):
+    spec = importlib.util.spec_from_file_location(name, path)
+    if lazy:
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+def launch():
+    try:
+        return str(nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=30))
+    except nsconfine.SandboxUnavailable as refused:
+        return refused.code
+
+loaded("plugin", f"{elsewhere}/plugin.py")
+print(launch(), launch())  # (the second as the first left the broker: its modules all in)
+if case == "a module swapped for one of the workspace":  # (as many modules as before)
+    loaded("plugin", f"{workspace}/plugin.py")
+elif case == "an editable finder's mapping into the workspace":  # (nothing imported yet)
+    finder = sys.modules["__editable___plugin_0_finder"] = types.ModuleType("finder")
+    finder.MAPPING = {"wsplugin": f"{workspace}/wsplugin"}
+else:  # odd modules: no traceback, and no lazy module's code run
+    class Odd(types.ModuleType):
+        def __getattribute__(self, name):
+            raise ImportError(name)
+    sys.modules["odd"] = Odd("odd")
+    loaded("lazy", f"{elsewhere}/lazy.py", lazy=True)
+print(launch())
+"""
+
+
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+@pytest.mark.parametrize(
+    ("case", "second"),
+    [("a module swapped for one of the workspace", "sandbox-unavailable"),
+     ("an editable finder's mapping into the workspace", "sandbox-unavailable"),
+     ("odd modules", "0")],
+)  # fmt: skip
+def test_a_broker_is_judged_again_as_its_modules_change(dirs: Dirs, case: str, second: str) -> None:
+    """A broker that launched once, then loads a module of the workspace's in the place of
+    one it had (as many modules as before: the check's cache took it for the same launcher),
+    or holds an editable install's finder mapping a package into the workspace (not imported
+    yet: its next import runs what the session wrote), is refused; odd modules (one whose
+    attributes raise, a lazy one) give no traceback, and the lazy one's code is not run by the
+    check (a review of stop 42's fixes)."""
+    for where in (dirs.root, dirs.workspace):
+        (where / "plugin.py").write_text("")
+    ran = dirs.root / "lazy-ran"
+    (dirs.root / "lazy.py").write_text(f"open({str(ran)!r}, 'w')\n")
+    child = python_child(
+        _BROKER, str(dirs.workspace), str(dirs.run_dir), SESSION_USER or "", str(dirs.root), case,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = child.communicate(timeout=120)
+    assert out.split() == ["0", "0", second], out + err
+    assert not ran.exists()
+
+
+@pytest.mark.parametrize("name", ["my ws", "d$x"])
+def test_ld_library_path_is_read_as_the_loader_reads_it(tmp_path: Path, name: str) -> None:
+    """An LD_LIBRARY_PATH entry in a workspace whose name holds a space (a separator in
+    LD_PRELOAD only) or a `$` that is no loader token: the loader searches it, and the launch
+    is refused (the check split at the space, or cut at the `$`: a review of stop 42's
+    fixes)."""
+    workspace, run_dir = session_dirs(tmp_path, name, "run")
+    env = base_env(LD_LIBRARY_PATH=f"{workspace}/lib")
+    result = run_cli("run", *session_options(workspace, run_dir), "--", "/bin/true", env=env)
+    assert f"{workspace}/lib" in assert_refused(result, 69, "sandbox-unavailable")
+
+
 @pytest.mark.confinement
 @pytest.mark.usefixtures("sandbox_ready")
 def test_the_nsconfine_command_run_in_its_workspace_runs(dirs: Dirs) -> None:

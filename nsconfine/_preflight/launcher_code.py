@@ -12,6 +12,7 @@ session could make it).
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from nsconfine._errors import SandboxUnavailable
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 # change the count once or twice).
 _WAYS: dict[tuple[object, ...], _Ways] = {}
 _SITE_DIRECTORIES = ("site-packages", "dist-packages")  # where site.py reads .pth files
-_LOADER_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "LD_AUDIT")
 
 
 class _Ways:
@@ -64,8 +64,9 @@ def _ways() -> _Ways:
         cwd = os.getcwd()
     except OSError:  # removed: nothing is loaded from it
         cwd = ""
-    loader = tuple(os.environ.get(name) for name in _LOADER_VARIABLES)
-    key = (sys.prefix, sys.pycache_prefix, cwd, len(sys.modules), loader, *sys.path)
+    loader = tuple(os.environ.get(name) for name in _LOADER_SEPARATORS)
+    modules = tuple(map(id, sys.modules.copy().values()))  # (one swapped for another, too)
+    key = (sys.prefix, sys.pycache_prefix, cwd, modules, loader, *sys.path)
     ways = _WAYS.get(key)
     if ways is None:
         walks = _Walks()
@@ -146,34 +147,64 @@ def _places(cwd: str) -> dict[str, str]:
         for pth_file, named in _pth_files(directory):
             places.setdefault(pth_file, "a .pth file site.py reads")
             places.setdefault(named, f"a directory {pth_file} adds to the imports")
+    _add_modules(places)
+    _add_loader_paths(places, cwd)
+    return places
+
+
+def _add_modules(places: dict[str, str]) -> None:
+    """Each module's file and compiled copy (an editable install's finder maps names anywhere,
+    and a module may be a link), a namespace package's directories, and what an editable
+    finder maps a name to before it is imported. Read from each module's own namespace: a
+    lazy module's attribute would run its code, and a module's attribute may raise."""
     for name, module in sys.modules.copy().items():
-        # Each file itself: an editable install's finder maps names anywhere, and a module
-        # (or its compiled copy) may be a link.
+        try:
+            namespace = object.__getattribute__(module, "__dict__")
+        except Exception:  # (an odd object in sys.modules: nothing to import from)
+            continue
+        if not isinstance(namespace, dict):
+            continue
         for key in ("__file__", "__cached__"):
-            where = getattr(module, key, None)
+            where = namespace.get(key)
             if isinstance(where, str) and not where.startswith("<"):  # not <stdin>, <frozen>
                 places.setdefault(where, "the launcher's script" if name == "__main__" else
                                   f"the file of its module {name}")  # fmt: skip
-        if getattr(module, "__file__", None) is None:  # a namespace package's directories
-            for entry in getattr(module, "__path__", None) or ():
+        if namespace.get("__file__") is None:  # a namespace package's directories, as last read
+            try:
+                directories = list(getattr(namespace.get("__path__"), "_path", None) or ())
+            except Exception:
+                directories = []
+            for entry in directories:
                 if isinstance(entry, str):
                     places.setdefault(entry, f"a directory of its package {name}")
-    for name in _LOADER_VARIABLES:
-        # As the loader reads them: `:` or `;` between paths (LD_PRELOAD: spaces too), an
-        # empty one the cwd, $ORIGIN the interpreter's directory; a path through another
-        # token ($LIB, $PLATFORM) is judged by the directory before it.
+        if name.startswith("__editable__"):  # setuptools' finder: names -> paths, unimported
+            mapping = namespace.get("MAPPING")
+            for mapped, where in mapping.items() if isinstance(mapping, dict) else ():
+                if isinstance(where, str):
+                    places.setdefault(where, f"where {name} finds the package {mapped}")
+
+
+# The loader's variables (ld.so(8)): what separates paths in each, and its tokens. A path
+# through $LIB or $PLATFORM is judged by the directory before it; another $ is a character.
+_LOADER_SEPARATORS = {"LD_LIBRARY_PATH": ":;", "LD_PRELOAD": ": ", "LD_AUDIT": ":"}
+_LOADER_TOKENS = re.compile(r"\$(?:\{(?:LIB|PLATFORM)\}|LIB|PLATFORM)")
+
+
+def _add_loader_paths(places: dict[str, str], cwd: str) -> None:
+    """The paths of LD_LIBRARY_PATH, LD_PRELOAD and LD_AUDIT as the loader reads them."""
+    origin = os.path.dirname(os.path.realpath(sys.executable))
+    for name, separators in _LOADER_SEPARATORS.items():
         value = os.environ.get(name)
         if not value:
             continue
-        origin = os.path.dirname(os.path.realpath(sys.executable))
-        for entry in value.replace(";", ":").replace(" ", ":").split(":"):
+        for entry in re.split(f"[{re.escape(separators)}]", value):
             if name != "LD_LIBRARY_PATH" and "/" not in entry:
-                continue  # a library's name: found by the loader's search
+                continue  # a library's name (or nothing): found by the loader's search
             entry = entry.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
-            if "$" in entry:
-                entry = os.path.dirname(entry[: entry.index("$")])
-            places.setdefault(entry or cwd, f"a path of the launcher's {name}")
-    return places
+            token = _LOADER_TOKENS.search(entry)
+            if token is not None:
+                entry = os.path.dirname(entry[: token.start()])
+            places.setdefault(entry or cwd, f"a path of the launcher's {name}")  # (empty: cwd)
 
 
 def _pth_files(directory: str) -> list[tuple[str, str]]:
@@ -193,6 +224,8 @@ def _pth_files(directory: str) -> list[tuple[str, str]]:
                 lines = file.read(1 << 20).splitlines()
         except OSError:
             continue
+        if lines and lines[0].startswith("\ufeff"):  # (3.13's site.py drops it; 3.11's not)
+            lines.append(lines[0][1:])
         for line in lines:
             line = line.strip()
             if line and "\0" not in line and not line.startswith(("#", "import ", "import\t")):
