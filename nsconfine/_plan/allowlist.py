@@ -464,3 +464,33 @@ class Route(Record):
     def header_line(self) -> bytes:
         value = b"Bearer " + self.secret if self.header.lower() == "authorization" else self.secret
         return self.header.lower().encode() + b": " + value
+
+
+# In a route's path (lowered): what an upstream may read as another path (see
+# route_target_problem).
+_ROUTE_PATH_REFUSED = (
+    *("%2f", "%5c", "\\", "//", ";", "%3b", "%25", "%u"),
+    # an encoded byte of 0x80 or more, or a control character (NUL, CR, LF: %00 to %1f)
+    *(f"%{high_nibble}" for high_nibble in "0189abcdef"),
+)
+
+
+def route_target_problem(suffix: str) -> str | None:
+    """Why the relay refuses a route's target (suffix: what follows /NAME), or None."""
+    if "#" in suffix:  # no client sends a fragment; a gateway ends the path there (`..#`)
+        return "the route's target holds a '#'"
+    path = suffix.split("?")[0]
+    if "%2e" in path.lower() or any(seg in (".", "..") for seg in path.split("/")):
+        return "the route's path holds a '.' or '..' segment"
+    # An upstream (or a gateway before it) may read these as a separator, collapse them, or
+    # (a ';', Java servlets' path parameter) drop what follows in a segment, `..;` becoming
+    # `..`: another path of the API than the one the route's prefix names. So may one that
+    # decodes twice (`%252e`), reads overlong UTF-8 (`%c0%ae`, `%e0%80%ae`: any encoded byte
+    # past ASCII is refused, an API's path needs none) or IIS's `%u002e`.
+    lowered = path.lower()
+    if any(bad in lowered for bad in _ROUTE_PATH_REFUSED):
+        return (
+            "the route's path holds an encoded slash, '%', control character, byte past ASCII "
+            "or %u, a backslash, '//' or ';'"
+        )
+    return None

@@ -127,7 +127,7 @@ def explain_url(plan: Plan, url: str) -> tuple[bool, list[str]]:
 def _on_the_relay(plan: Plan, parts: urllib.parse.SplitResult) -> tuple[bool, str] | None:
     """Whether a URL on the session's relay that names one of its routes reaches it, and why;
     None for any other (the relay is the proxy's way out too: judged as any destination)."""
-    from nsconfine._launch.proxy import route_target_problem
+    from nsconfine._plan.allowlist import route_target_problem
 
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     for route in plan.routes:
