@@ -532,6 +532,17 @@ if case == "a module swapped for one of the workspace":  # (as many modules as b
 elif case == "an editable finder's mapping into the workspace":  # (nothing imported yet)
     finder = sys.modules["__editable___plugin_0_finder"] = types.ModuleType("finder")
     finder.MAPPING = {"wsplugin": f"{workspace}/wsplugin"}
+elif case == "a wrapper of a module of the workspace":  # (as the sh library replaces itself)
+    loaded("wsmodule", f"{workspace}/plugin.py")
+    class Wrapper:
+        def __init__(self, wrapped):
+            self.wrapped = wrapped
+        def __getattr__(self, name):
+            return getattr(self.wrapped, name)
+    sys.modules["wsmodule"] = Wrapper(sys.modules["wsmodule"])
+elif case == "a package whose path is a list into the workspace":
+    package = sys.modules["wspackage"] = types.ModuleType("wspackage")
+    package.__file__, package.__path__ = None, [workspace]
 else:  # odd modules: no traceback, and no lazy module's code run
     class Odd(types.ModuleType):
         def __getattribute__(self, name):
@@ -548,6 +559,8 @@ print(launch())
     ("case", "second"),
     [("a module swapped for one of the workspace", "sandbox-unavailable"),
      ("an editable finder's mapping into the workspace", "sandbox-unavailable"),
+     ("a wrapper of a module of the workspace", "sandbox-unavailable"),
+     ("a package whose path is a list into the workspace", "sandbox-unavailable"),
      ("odd modules", "0")],
 )  # fmt: skip
 def test_a_broker_is_judged_again_as_its_modules_change(dirs: Dirs, case: str, second: str) -> None:
@@ -570,16 +583,24 @@ def test_a_broker_is_judged_again_as_its_modules_change(dirs: Dirs, case: str, s
     assert not ran.exists()
 
 
-@pytest.mark.parametrize("name", ["my ws", "d$x"])
-def test_ld_library_path_is_read_as_the_loader_reads_it(tmp_path: Path, name: str) -> None:
-    """An LD_LIBRARY_PATH entry in a workspace whose name holds a space (a separator in
-    LD_PRELOAD only) or a `$` that is no loader token: the loader searches it, and the launch
-    is refused (the check split at the space, or cut at the `$`: a review of stop 42's
-    fixes)."""
+@pytest.mark.parametrize(
+    ("name", "entry"),
+    [("my ws", "{ws}/lib"), ("d$x", "{ws}/lib"), ("ws$LIBS", "{ws}"), ("o$ORIGINAL", "{ws}"),
+     ("lib", "{root}/$LIB"), ("lib64", "{root}/${{LIB}}/x")],
+)  # fmt: skip
+def test_ld_library_path_is_read_as_the_loader_reads_it(
+    tmp_path: Path, name: str, entry: str
+) -> None:
+    """An LD_LIBRARY_PATH entry the loader searches inside the workspace is refused, read as
+    ld.so reads it: a space is no separator there (LD_PRELOAD's only), a `$` that begins no
+    token is a character (`$LIBS`, `$ORIGINAL`), and `$LIB` stands for one of the
+    directories the loader's build names (the check split at the space, cut at any `$`, read
+    `$LIB` inside `$LIBS`, and judged the directory before a token only: two reviews of stop
+    42's fixes)."""
     workspace, run_dir = session_dirs(tmp_path, name, "run")
-    env = base_env(LD_LIBRARY_PATH=f"{workspace}/lib")
+    env = base_env(LD_LIBRARY_PATH=entry.format(ws=workspace, root=tmp_path))
     result = run_cli("run", *session_options(workspace, run_dir), "--", "/bin/true", env=env)
-    assert f"{workspace}/lib" in assert_refused(result, 69, "sandbox-unavailable")
+    assert str(workspace) in assert_refused(result, 69, "sandbox-unavailable")
 
 
 @pytest.mark.confinement

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import types
 
 from nsconfine._errors import SandboxUnavailable
 from nsconfine._kernel.syscalls import lookups
@@ -33,11 +34,14 @@ _SITE_DIRECTORIES = ("site-packages", "dist-packages")  # where site.py reads .p
 class _Ways:
     """Each place, with every path looked up on the way to it, and all of those at once."""
 
-    __slots__ = ("every", "places")
+    __slots__ = ("every", "modules", "places")
 
-    def __init__(self, places: list[tuple[str, str, frozenset[str]]]) -> None:
+    def __init__(
+        self, places: list[tuple[str, str, frozenset[str]]], modules: tuple[object, ...]
+    ) -> None:
         self.places = places  # (what it is, path, the paths looked up resolving it)
         self.every = frozenset().union(*(looked for _what, _path, looked in places))
+        self.modules = modules  # those whose identities key these ways
 
 
 def refuse_writable_launcher_code(writable: Sequence[str]) -> None:
@@ -65,8 +69,10 @@ def _ways() -> _Ways:
     except OSError:  # removed: nothing is loaded from it
         cwd = ""
     loader = tuple(os.environ.get(name) for name in _LOADER_SEPARATORS)
-    modules = tuple(map(id, sys.modules.copy().values()))  # (one swapped for another, too)
-    key = (sys.prefix, sys.pycache_prefix, cwd, modules, loader, *sys.path)
+    modules = tuple(sys.modules.copy().values())
+    # (By identity: one swapped for another too. The ways hold the modules, so that no other
+    # object takes a freed one's id meanwhile.)
+    key = (sys.prefix, sys.pycache_prefix, cwd, tuple(map(id, modules)), loader, *sys.path)
     ways = _WAYS.get(key)
     if ways is None:
         walks = _Walks()
@@ -75,7 +81,7 @@ def _ways() -> _Ways:
             for path, what in _places(cwd).items()
             if path and "\0" not in path  # (no file has such a name)
         ]
-        ways = _Ways(places)
+        ways = _Ways(places, modules)
         if len(_WAYS) > 16:  # a launcher that keeps changing them
             _WAYS.clear()
         _WAYS[key] = ways
@@ -154,45 +160,83 @@ def _places(cwd: str) -> dict[str, str]:
 
 def _add_modules(places: dict[str, str]) -> None:
     """Each module's file and compiled copy (an editable install's finder maps names anywhere,
-    and a module may be a link), a namespace package's directories, and what an editable
-    finder maps a name to before it is imported. Read from each module's own namespace: a
-    lazy module's attribute would run its code, and a module's attribute may raise."""
+    and a module may be a link), the directories of a package without a file, and what an
+    editable finder maps a name to before it is imported."""
     for name, module in sys.modules.copy().items():
-        try:
-            namespace = object.__getattribute__(module, "__dict__")
-        except Exception:  # (an odd object in sys.modules: nothing to import from)
-            continue
-        if not isinstance(namespace, dict):
-            continue
+        namespace = _namespace(module)
         for key in ("__file__", "__cached__"):
             where = namespace.get(key)
             if isinstance(where, str) and not where.startswith("<"):  # not <stdin>, <frozen>
                 places.setdefault(where, "the launcher's script" if name == "__main__" else
                                   f"the file of its module {name}")  # fmt: skip
-        if namespace.get("__file__") is None:  # a namespace package's directories, as last read
-            try:
-                directories = list(getattr(namespace.get("__path__"), "_path", None) or ())
-            except Exception:
-                directories = []
-            for entry in directories:
-                if isinstance(entry, str):
-                    places.setdefault(entry, f"a directory of its package {name}")
+        if namespace.get("__file__") is None:  # a namespace package's directories (as read)
+            for entry in _paths(namespace.get("__path__")):
+                places.setdefault(entry, f"a directory of its package {name}")
         if name.startswith("__editable__"):  # setuptools' finder: names -> paths, unimported
-            mapping = namespace.get("MAPPING")
-            for mapped, where in mapping.items() if isinstance(mapping, dict) else ():
-                if isinstance(where, str):
-                    places.setdefault(where, f"where {name} finds the package {mapped}")
+            mapping, namespaces = namespace.get("MAPPING"), namespace.get("NAMESPACES")
+            found = [*(mapping.values() if isinstance(mapping, dict) else ()),
+                     *(v for vs in (namespaces.values() if isinstance(namespaces, dict) else ())
+                       for v in _paths(vs))]  # fmt: skip
+            for where in _paths(found):
+                places.setdefault(where, f"where {name} finds a package")
 
 
-# The loader's variables (ld.so(8)): what separates paths in each, and its tokens. A path
-# through $LIB or $PLATFORM is judged by the directory before it; another $ is a character.
+def _namespace(module: object) -> dict[str, object]:
+    """What a module holds, read without running its code: a module's own __dict__ (asking a
+    lazy module for an attribute loads it); another object standing in sys.modules (a wrapper
+    that forwards to the module it replaced, as the sh library's does) is asked by name."""
+    if isinstance(module, types.ModuleType):
+        try:
+            namespace = object.__getattribute__(module, "__dict__")
+        except Exception:
+            return {}
+        return namespace if isinstance(namespace, dict) else {}
+    found: dict[str, object] = {}
+    for key in ("__file__", "__cached__", "__path__", "MAPPING", "NAMESPACES"):
+        try:
+            found[key] = getattr(module, key)
+        except Exception:  # (a wrapper's attribute may raise)
+            continue
+    return found
+
+
+def _paths(value: object) -> list[str]:
+    """The paths in value: a list or tuple of them, a namespace package's path (as last read:
+    reading it afresh may raise, or import), or a path itself."""
+    if isinstance(value, (str, os.PathLike)):
+        value = [value]
+    elif not isinstance(value, (list, tuple)):
+        value = getattr(value, "_path", None)  # importlib's _NamespacePath
+        if not isinstance(value, list):
+            return []
+    paths = []
+    for item in value:
+        try:
+            path = os.fspath(item)
+        except TypeError:
+            continue
+        if isinstance(path, str):
+            paths.append(path)
+    return paths
+
+
+# The loader's variables (ld.so(8)): what separates paths in each, and its tokens ($NAME
+# followed by no letter, digit or _, or ${NAME}; any other $ is a character). What $LIB and
+# $PLATFORM stand for is the loader's build's: each value it may take is judged.
 _LOADER_SEPARATORS = {"LD_LIBRARY_PATH": ":;", "LD_PRELOAD": ": ", "LD_AUDIT": ":"}
-_LOADER_TOKENS = re.compile(r"\$(?:\{(?:LIB|PLATFORM)\}|LIB|PLATFORM)")
+_LOADER_TOKEN = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")
 
 
 def _add_loader_paths(places: dict[str, str], cwd: str) -> None:
     """The paths of LD_LIBRARY_PATH, LD_PRELOAD and LD_AUDIT as the loader reads them."""
-    origin = os.path.dirname(os.path.realpath(sys.executable))
+    import sysconfig
+
+    multiarch = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
+    values = {
+        "ORIGIN": [os.path.dirname(os.path.realpath(sys.executable))],
+        "LIB": ["lib", "lib64", f"lib/{multiarch}"],
+        "PLATFORM": [os.uname().machine],
+    }
     for name, separators in _LOADER_SEPARATORS.items():
         value = os.environ.get(name)
         if not value:
@@ -200,11 +244,18 @@ def _add_loader_paths(places: dict[str, str], cwd: str) -> None:
         for entry in re.split(f"[{re.escape(separators)}]", value):
             if name != "LD_LIBRARY_PATH" and "/" not in entry:
                 continue  # a library's name (or nothing): found by the loader's search
-            entry = entry.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
-            token = _LOADER_TOKENS.search(entry)
-            if token is not None:
-                entry = os.path.dirname(entry[: token.start()])
-            places.setdefault(entry or cwd, f"a path of the launcher's {name}")  # (empty: cwd)
+            for expanded in _expansions(entry, values):
+                places.setdefault(expanded or cwd, f"a path of the launcher's {name}")  # ("": cwd)
+
+
+def _expansions(entry: str, values: dict[str, list[str]]) -> list[str]:
+    """entry with each loader token replaced by each value it may take."""
+    token = _LOADER_TOKEN.search(entry)
+    if token is None:
+        return [entry]
+    head, tail = entry[: token.start()], entry[token.end() :]
+    return [head + value + rest for value in values[token.group(1) or token.group(2)]
+            for rest in _expansions(tail, values)][:64]  # fmt: skip
 
 
 def _pth_files(directory: str) -> list[tuple[str, str]]:
