@@ -6,7 +6,9 @@ launcher's trust (a root one's): nsconfine installed editable into a venv in the
 broker script kept there, a library in an LD_LIBRARY_PATH directory there. The gate refuses a
 plan whose writable binds hold any of these places, judged by every path looked up on the way
 to each (a link there could be re-pointed), and a place that is not there yet counts (the
-session could make it).
+session could make it). A workspace below one of these directories is not judged by them (a
+package there that the launcher has not imported yet, `lib/app/plugins` under a sys.path
+entry `lib`): a sys.path entry of `/` (python -m started there) holds every workspace.
 """
 
 from __future__ import annotations
