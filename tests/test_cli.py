@@ -583,6 +583,18 @@ def test_a_broker_is_judged_again_as_its_modules_change(dirs: Dirs, case: str, s
     assert not ran.exists()
 
 
+@pytest.mark.confinement
+@pytest.mark.usefixtures("sandbox_ready")
+def test_a_pythonpath_entry_of_thousands_of_names_is_no_traceback(dirs: Dirs) -> None:
+    """A PYTHONPATH entry of 1,500 names (the host's environment is an input): the check of the
+    launcher's code walks it whole, and the plan is made (each name walked from its parent's
+    walk, it was a recursion 1,500 deep)."""
+    deep = "/" + "/".join(["d"] * 1500)
+    result = run_cli("run", *dirs.session, *dirs.marker_command, env=base_env(PYTHONPATH=deep))
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 @pytest.mark.parametrize(
     ("name", "entry"),
     [("my ws", "{ws}/lib"), ("d$x", "{ws}/lib"), ("ws$LIBS", "{ws}"), ("o$ORIGINAL", "{ws}"),

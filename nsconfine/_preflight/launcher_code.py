@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # The places found for each state of the launcher (its sys.path, the modules it has, its
 # working directory and loader variables), with the paths looked up to resolve each: the same
 # for every launch of a process that leaves them alone (the modules nsconfine imports lazily
-# change the count once or twice).
+# change them once or twice).
 _WAYS: dict[tuple[object, ...], _Ways] = {}
 _SITE_DIRECTORIES = ("site-packages", "dist-packages")  # where site.py reads .pth files
 
@@ -90,6 +90,9 @@ def _ways() -> _Ways:
     return ways
 
 
+_DEEPEST_SHARED = 64  # the most names of a path walked from its directory's walk
+
+
 class _Walks:
     """The walks of many paths that share their directories (a module's file, each in one of
     a few), each directory walked once."""
@@ -108,7 +111,8 @@ class _Walks:
         if walked is not None:
             return walked
         directory, name = os.path.split(path)
-        if name in ("", ".", "..") or directory == path:
+        # (a path of many names, a hostile PYTHONPATH's, is walked whole: not a recursion deep)
+        if name in ("", ".", "..") or directory == path or path.count("/") > _DEEPEST_SHARED:
             looked, end = lookups("/", path, self.known)
             walked = (frozenset(looked), end)
         else:
