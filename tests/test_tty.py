@@ -915,7 +915,7 @@ def test_a_tty_command_that_stops_itself_under_a_caller_without_a_terminal_goes_
     argv = [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run), "--",
             "/bin/sh", "-c", script]  # fmt: skip
     caller = subprocess.Popen(
-        [sys.executable, "-c", _CALLER_WITHOUT_A_TERMINAL, *argv],
+        [sys.executable, "-c", _CALLER_WITHOUT_A_TERMINAL, *argv], cwd="/",  # (not the tree's)
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
