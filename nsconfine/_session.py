@@ -24,6 +24,7 @@ from nsconfine._kernel.accounts import (
     RunAs,
     access_problem,
     allows,
+    password_home,
     run_as,
 )
 from nsconfine._kernel.syscalls import open_no_symlinks, realpath
@@ -1012,7 +1013,8 @@ def _expand(
     text may be a wildcard)."""
     import re
 
-    launcher_home = environ.get("HOME") or _account_home()
+    # (an empty HOME is none: a profile's {config} became /.config)
+    launcher_home = environ.get("HOME") or password_home(os.getuid()) or "/"
     config = environ.get("XDG_CONFIG_HOME") or os.path.join(launcher_home, ".config")
     places = {"workspace": session.workspace, "run_dir": session.run_dir,
               "home": session.home, "config": config}  # fmt: skip
@@ -1042,17 +1044,6 @@ def _expand(
             "be taken from the launcher's working directory)"
         )
     return _absolute(expanded)
-
-
-def _account_home() -> str:
-    """The launcher's home in the password database (os.path.expanduser("~") takes an empty
-    $HOME as it is, and a profile's {config} became /.config)."""
-    import pwd
-
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:  # an account the database does not name
-        return "/"
 
 
 def _expand_name(text: str, session: Session, environ: Mapping[str, str], where: str) -> str:

@@ -339,6 +339,17 @@ def scratch_directory(prefix: str) -> str:
     )
 
 
+def password_home(uid: int) -> str | None:
+    """uid's home in the password database; None for an account it does not name (containers).
+    (os.path.expanduser("~") takes an empty $HOME as it is.)"""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return None
+
+
 def records_directory(name: str, environ: Mapping[str, str] | None = None) -> str:
     """Where nsconfine keeps its records of kind name for this account, by environ (default
     the launcher's): $XDG_CACHE_HOME/nsconfine/name, else $HOME/.cache/nsconfine/name (in every
@@ -350,12 +361,7 @@ def records_directory(name: str, environ: Mapping[str, str] | None = None) -> st
     if not os.path.isabs(cache):
         home = environ.get("HOME", "")
         if not os.path.isabs(home):
-            import pwd
-
-            try:
-                home = pwd.getpwuid(os.geteuid()).pw_dir
-            except KeyError:  # an account without a passwd entry (containers)
-                home = f"/tmp/nsconfine-{os.geteuid()}"
+            home = password_home(os.geteuid()) or f"/tmp/nsconfine-{os.geteuid()}"
         cache = os.path.join(home, ".cache")
     return os.path.join(cache, "nsconfine", name)
 
