@@ -437,6 +437,15 @@ console_main()
 """
 
 
+def _env_importing_nsconfine() -> dict[str, str]:
+    """This environment, with a PYTHONPATH by which any interpreter imports the installed
+    nsconfine and cffi (not from a venv of their own)."""
+    import cffi
+
+    imports = [os.path.dirname(os.path.dirname(p)) for p in (nsconfine.__file__, cffi.__file__)]
+    return base_env(PYTHONPATH=os.pathsep.join(imports))
+
+
 @pytest.mark.parametrize("where", _LAUNCHER_CODE_IN_THE_WORKSPACE)
 def test_a_launcher_that_loads_code_from_the_workspace_is_refused(dirs: Dirs, where: str) -> None:
     """A launcher that loads code from inside the session's workspace is refused, and nothing
@@ -449,12 +458,7 @@ def test_a_launcher_that_loads_code_from_the_workspace_is_refused(dirs: Dirs, wh
     the launcher's next start loads, outside the sandbox (attacker's pass, stop 42: a .pth the
     session wrote ran as root at the next `nsconfine check`; a review of the fix found the
     script, the finder, the .pth and LD_LIBRARY_PATH ways)."""
-    import cffi
-
-    imports = [
-        os.path.dirname(os.path.dirname(path)) for path in (nsconfine.__file__, cffi.__file__)
-    ]
-    env = base_env(PYTHONPATH=os.pathsep.join(imports))
+    env = _env_importing_nsconfine()
     launcher, cwd, named = [sys.executable, "-m", "nsconfine"], "/", str(dirs.workspace / "x")
     script = dirs.root / "launch.py"
     script.write_text(_LAUNCHER_SCRIPT)
@@ -636,17 +640,12 @@ def test_the_nsconfine_command_run_in_its_workspace_runs(dirs: Dirs) -> None:
 def test_a_launcher_script_outside_the_workspace_runs(dirs: Dirs) -> None:
     """The twin: the same launcher script, kept outside the workspace and loading nothing from
     it, is not refused (the command runs)."""
-    import cffi
-
-    imports = [
-        os.path.dirname(os.path.dirname(path)) for path in (nsconfine.__file__, cffi.__file__)
-    ]
     script = dirs.root / "launch.py"
     script.write_text(_LAUNCHER_SCRIPT)
     result = subprocess.run(
         [sys.executable, "-P", str(script), "", "run", *dirs.session, *dirs.marker_command],
-        capture_output=True, text=True, env=base_env(PYTHONPATH=os.pathsep.join(imports)),
-        cwd="/", timeout=60, check=False,
+        capture_output=True, text=True, env=_env_importing_nsconfine(), cwd="/", timeout=60,
+        check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert dirs.marker.exists()
