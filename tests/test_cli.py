@@ -1580,7 +1580,8 @@ def test_a_run_never_imports_threading_or_hashlib(dirs: Dirs) -> None:
     hashlib, which loads OpenSSL (2-4 ms) for the few bytes a plan names things by. Nor does
     it try one import twice: a failed import searches every sys.path entry each time, and
     each digest tried CPython 3.12's _sha2 afresh (stop 38). Nor signal, whose enums of every
-    signal and handler cost ~0.5 ms (its C module, _signal, has all a run uses)."""
+    signal and handler cost ~0.5 ms (its C module, _signal, has all a run uses). Nor sysconfig,
+    which only a token in the launcher's LD_LIBRARY_PATH needs (~1 ms: stop 43)."""
     result = run_cli(
         *dirs.session, "--", "/bin/true", program=(sys.executable, "-X", "importtime", "-m",
                                                    "nsconfine", "run"),
@@ -1596,6 +1597,7 @@ def test_a_run_never_imports_threading_or_hashlib(dirs: Dirs) -> None:
     assert "threading" not in imported
     assert "hashlib" not in imported
     assert "signal" not in imported
+    assert "sysconfig" not in imported
     # importtime logs an import each time it is looked for: once, unless it failed. What the
     # interpreter's start-up (site, an editable install's finder) tries is not nsconfine's.
     ours = tried[tried.index("site") + 1 :]

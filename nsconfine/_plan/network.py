@@ -9,7 +9,6 @@ key stays in the launcher's proxy (nsconfine._launch.egress attaches a launch to
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 from nsconfine._errors import CredentialMissing, UsageError
@@ -40,12 +39,17 @@ LAUNCHER_PROXY_VARIABLES: Final = frozenset(
 # A JVM reads none of those variables: its proxy, and the proxy's password, come as system
 # properties (-Dhttps.proxyHost, -Dhttps.proxyPassword, -DsocksProxyHost) in JAVA_TOOL_OPTIONS
 # or MAVEN_OPTS, which the jvm profile passes.
-_JVM_PROXY_PROPERTY: Final = re.compile(r"-D[\w.]*proxy", re.IGNORECASE)
+_JVM_PROXY_PROPERTY: Final = r"(?i)-D[\w.]*proxy"
 
 
 def sets_jvm_proxy(value: str) -> bool:
-    """Whether value (a launcher's variable) sets a JVM's proxy."""
-    return _JVM_PROXY_PROPERTY.search(value) is not None
+    """Whether value (a launcher's variable) sets a JVM's proxy (re is imported only for a
+    value that may: `nsconfine run` imports it nowhere else)."""
+    if "-d" not in value.lower():
+        return False
+    import re
+
+    return re.search(_JVM_PROXY_PROPERTY, value) is not None
 
 
 # What the session holds where its key would be: a harness wants one, the proxy replaces it.

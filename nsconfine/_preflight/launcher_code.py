@@ -14,7 +14,6 @@ entry `lib`): a sys.path entry of `/` (python -m started there) holds every work
 from __future__ import annotations
 
 import os
-import re
 import sys
 import types
 
@@ -230,11 +229,26 @@ def _paths(value: object) -> list[str]:
 # followed by no letter, digit or _, or ${NAME}; any other $ is a character). What $LIB and
 # $PLATFORM stand for is the loader's build's: each value it may take is judged.
 _LOADER_SEPARATORS = {"LD_LIBRARY_PATH": ":;", "LD_PRELOAD": ": ", "LD_AUDIT": ":"}
-_LOADER_TOKEN = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")
+_LOADER_TOKEN = r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))"
 
 
 def _add_loader_paths(places: dict[str, str], cwd: str) -> None:
     """The paths of LD_LIBRARY_PATH, LD_PRELOAD and LD_AUDIT as the loader reads them."""
+    for name, separators in _LOADER_SEPARATORS.items():
+        value = os.environ.get(name)
+        if not value:
+            continue
+        for entry in value.translate({ord(separator): ":" for separator in separators}).split(":"):
+            if name != "LD_LIBRARY_PATH" and "/" not in entry:
+                continue  # a library's name (or nothing): found by the loader's search
+            for expanded in _expansions(entry) if "$" in entry else [entry]:
+                places.setdefault(expanded or cwd, f"a path of the launcher's {name}")  # ("": cwd)
+
+
+def _expansions(entry: str) -> list[str]:
+    """entry with each loader token replaced by each value it may take (re and sysconfig are
+    imported here, not by every `nsconfine run`: few launchers name a token)."""
+    import re
     import sysconfig
 
     multiarch = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
@@ -243,25 +257,16 @@ def _add_loader_paths(places: dict[str, str], cwd: str) -> None:
         "LIB": ["lib", "lib64", f"lib/{multiarch}"],
         "PLATFORM": [os.uname().machine],
     }
-    for name, separators in _LOADER_SEPARATORS.items():
-        value = os.environ.get(name)
-        if not value:
-            continue
-        for entry in re.split(f"[{re.escape(separators)}]", value):
-            if name != "LD_LIBRARY_PATH" and "/" not in entry:
-                continue  # a library's name (or nothing): found by the loader's search
-            for expanded in _expansions(entry, values):
-                places.setdefault(expanded or cwd, f"a path of the launcher's {name}")  # ("": cwd)
 
+    def expand(entry: str) -> list[str]:
+        token = re.search(_LOADER_TOKEN, entry)
+        if token is None:
+            return [entry]
+        head, tail = entry[: token.start()], entry[token.end() :]
+        return [head + value + rest for value in values[token.group(1) or token.group(2)]
+                for rest in expand(tail)][:64]  # fmt: skip
 
-def _expansions(entry: str, values: dict[str, list[str]]) -> list[str]:
-    """entry with each loader token replaced by each value it may take."""
-    token = _LOADER_TOKEN.search(entry)
-    if token is None:
-        return [entry]
-    head, tail = entry[: token.start()], entry[token.end() :]
-    return [head + value + rest for value in values[token.group(1) or token.group(2)]
-            for rest in _expansions(tail, values)][:64]  # fmt: skip
+    return expand(entry)
 
 
 def _pth_files(directory: str) -> list[tuple[str, str]]:
