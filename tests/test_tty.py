@@ -704,6 +704,71 @@ def test_run_turns_off_the_modes_a_terminal_keeps_that_tmux_does_not(
     assert [off for off in UNTRACKED_MODES.values() if off not in after] == [], written
 
 
+def test_a_session_that_shifts_to_g1_alone_is_shifted_back(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A session whose output holds SO (shift to G1) and no escape at all: `run` still shifts
+    G0 back in after it (attackers' pass, stop 43: only an escape made it reset the terminal,
+    and a console whose G1 is the line-drawing set garbled the warnings and the prompt)."""
+    typescript = tmp_path / "typescript"
+    cli = [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+           "/bin/sh", "-c", "printf 'shifted\\016out'"]  # fmt: skip
+    subprocess.run(["script", "-q", "-e", "-c", shlex.join(cli), str(typescript)],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True,
+                   timeout=60, cwd="/")  # fmt: skip
+    written = typescript.read_bytes()
+    assert b"\017" in written[written.rindex(b"shifted\016out") :], written
+
+
+# What a session may leave a terminal in that would hide what `run` prints after it, each
+# sent last: a scroll region of the bottom two rows with origin mode on (the warnings scroll out
+# of sight), a control string left open (a terminal swallows all until its end), the default
+# colours both black, autowrap off (a long line's tail written over its last column).
+HIDING_STATES = {
+    "scroll-region": "\033[23;24r\033[?6h\033[1;1H",
+    "open-control-string": "\033Pq",
+    "black-on-black": "\033]10;#000000\007\033]11;#000000\007",
+    "no-autowrap": "\033[?7l",
+}
+PLANTS_CONFIG = "mkdir -p sub/.git && printf '[core]\\n\\tfsmonitor = x\\n' > sub/.git/config"
+
+
+@pytest.mark.parametrize("state", list(HIDING_STATES))
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "relayed-terminal"])
+def test_what_run_says_after_a_session_is_seen_whatever_state_it_left_the_terminal_in(
+    ws_run: tuple[Path, Path], tmp_path: Path, tty: bool, state: str
+) -> None:
+    """Under tmux, a session plants config the host trusts, then leaves the terminal in one of
+    HIDING_STATES: `run`'s warning about that config is on the screen in full once `run` ends,
+    and the pane's colours are the default again (attackers' pass, stop 43: each state hid
+    the warning, with --tty and without)."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (apt-get install tmux)")
+    socket = str(tmp_path / "tmux.sock")
+    cli = [sys.executable, "-m", "nsconfine", "run", *(["--tty"] if tty else []),
+           *session_options(*ws_run), "--",
+           "/bin/sh", "-c", f"{PLANTS_CONFIG}; printf '{HIDING_STATES[state]}'"]  # fmt: skip
+    tmux(socket, "new-session", "-d", "-x", "80", "-y", "24", "-c", "/",
+          f"{shlex.join(cli)}; echo run-end''ed; sleep 60")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "run-ended" not in tmux(socket, "capture-pane", "-p", "-J"):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        screen = tmux(socket, "capture-pane", "-p", "-J")
+        colours = tmux(socket, "display-message", "-p", "#{pane_fg} #{pane_bg}")
+    finally:
+        tmux(socket, "kill-server")
+    warning = (
+        f"nsconfine: warning: {ws_run[0]}/sub/.git/config could be written by the session, and "
+        "the host runs or trusts what it holds: read it before running git, an agent or an "
+        "editor there"
+    )
+    assert (warning in screen.replace("\n", ""), "run-ended" in screen) == (True, True), screen
+    assert colours.split() == ["default", "default"]
+
+
 # The session's last process sends its own fds 0-2 and one end of a socketpair over that pair,
 # so that the end sits in its own queue, then closes them: the kernel's unix garbage collector
 # frees such a cycle, but it runs only when some unix socket is closed somewhere (a.close()

@@ -90,16 +90,25 @@ SUSPEND_CHECK_SECONDS = 0.05  # how often, for SUSPEND_WINDOW_SECONDS after a su
 SUSPEND_WINDOW_SECONDS = 0.5
 ANSWER_SECONDS = 0.5  # how long the caller's terminal may take to answer a status query
 
-# What a TUI may leave on in the caller's terminal, turned off: mouse reporting (X10, normal,
-# highlight, button, any motion, UTF-8, SGR, urxvt, SGR pixels), focus events, bracketed paste,
-# the alternate screen (the cursor saved first: leaving a screen never entered then moves
-# nothing), application cursor keys and keypad, every kitty keyboard-protocol push (99 popped:
-# an emptied stack stays empty), xterm's modifyOtherKeys, G0 and G1 back to ASCII with G0
-# shifted in (the line-drawing set garbles a prompt); then the cursor shown, SGR reset (last:
-# a terminal that reads `CSI > 4 m` as SGR underlines nothing after it).
+# What a TUI may leave on in the caller's terminal, turned off: first a control string left
+# open (DCS, OSC, APC, PM, SOS: the terminal would swallow all that follows) ended; mouse
+# reporting (X10, normal, highlight, button, any motion, UTF-8, SGR, urxvt, SGR pixels), focus
+# events, bracketed paste, the alternate screen (the cursor saved first: leaving a screen never
+# entered then moves nothing), application cursor keys and keypad, every kitty keyboard-protocol
+# push (99 popped: an emptied stack stays empty), xterm's modifyOtherKeys; the scroll region made
+# the whole screen with the cursor kept where it was (saved and restored around it; the restore
+# brings back origin mode, harmless with no margins), left and right margins, autowrap back on,
+# insert mode off; the palette and the default colours back to the terminal's own (text drawn
+# in its background's colour is unseen); G0 and G1 back to ASCII with G0 shifted in (the
+# line-drawing set garbles a prompt); then the cursor shown, SGR reset (last: a terminal that
+# reads `CSI > 4 m` as SGR underlines nothing after it). What run prints next (the warnings
+# about what the session wrote) must be seen: the session chose the state it ended in.
 TUI_RESET = (
+    b"\033\\"
     b"\033[?9l\033[?1000l\033[?1001l\033[?1002l\033[?1003l\033[?1005l\033[?1006l\033[?1015l"
     b"\033[?1016l\033[?1004l\033[?2004l\0337\033[?1049l\033[?1l\033>\033[<99u\033[>4m"
+    b"\0337\033[r\0338\033[?69l\033[?7h\033[4l"
+    b"\033]104\033\\\033]110\033\\\033]111\033\\\033]112\033\\"
     b"\033(B\033)B\017\033[?25h\033[0m"
 )
 # Device status: the terminal answers ESC [ 0 n, after its answers to every earlier query.
@@ -198,9 +207,10 @@ class _StatusQueries:
 
 
 # What may turn a mode on or ask the terminal a question in what a session wrote: ESC, the
-# 8-bit introducers (DCS, CSI, ST, OSC, PM, APC) and ENQ (answered with an answerback message).
+# 8-bit introducers (DCS, CSI, ST, OSC, PM, APC), ENQ (answered with an answerback message)
+# and SO (shifts to G1, the line-drawing set where a terminal starts with it there).
 # (Deleted with bytes.translate to find one: no regular expression, nor `re`, on run's way.)
-_ESCAPES = b"\x05\x1b\x90\x9b\x9c\x9d\x9e\x9f"
+_ESCAPES = b"\x05\x0e\x1b\x90\x9b\x9c\x9d\x9e\x9f"
 
 
 def leave_tui_modes(out: int, limit: DrainLimit, queries: int) -> None:
