@@ -111,6 +111,9 @@ def test_the_right_shapes_make_the_plan_they_say(ws_run: tuple[Path, Path]) -> N
         (("/usr/share", "/opt", "ro", 5), "a Bind's reason is a str"),
         (("/usr/share", "/opt", "ro", "docs", "yes"), "a Bind's optional is True or False"),
         (("/usr/share", "/opt", "ro", "docs", False, 1), "a Bind's mkdir is True or False"),
+        # "" would name the launcher's working directory (attackers' pass, stop 43: it bound it)
+        (("", "/opt/x", "ro", "docs"), "a Bind's source holds an empty path"),
+        (("/usr/share/doc", "", "ro", "docs"), "a Bind's dest holds an empty path"),
     ],
 )
 def test_a_bind_of_the_wrong_shape_is_a_usage_error(fields: tuple[Any, ...], said: str) -> None:

@@ -98,6 +98,11 @@ class Bind(Record):
         for name, value in (("source", source), ("dest", dest)):
             if not isinstance(value, str | os.PathLike) or not isinstance(os.fspath(value), str):
                 raise UsageError(f"a Bind's {name} is a path (str or os.PathLike), not {value!r}")
+            if not os.fspath(value):
+                raise UsageError(
+                    f"a Bind's {name} holds an empty path, which would name the launcher's "
+                    "working directory: give the path"
+                )
         if not isinstance(reason, str):
             raise UsageError(f"a Bind's reason is a str, not {reason!r}")
         for name, flag in (("optional", optional), ("mkdir", mkdir)):
