@@ -514,7 +514,9 @@ int helper_main(int argc, char **argv, char **envp)
 
     int torn_down = 0;
     for (;;) {
-        struct pollfd fds[3] = { { (int)sigfd, POLLIN, 0 }, { (int)lifeline, POLLIN, 0 },
+        /* The lifeline is polled for its end alone (POLLHUP is always reported): a byte on
+         * it, from a session handed its write end, is not the launcher gone. */
+        struct pollfd fds[3] = { { (int)sigfd, POLLIN, 0 }, { (int)lifeline, 0, 0 },
                                  { (int)launcher_fd, POLLIN, 0 } };
         long ready = SYS5(__NR_ppoll, fds, torn_down ? 1 : 3, 0, 0, 0);
         if (ready < 0 && ready != -EINTR)

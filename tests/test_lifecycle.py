@@ -753,6 +753,31 @@ def test_a_launcher_that_dies_after_a_fork_of_its_own_leaves_nothing(
         kill_all(pids_with(marker))
 
 
+_WRITES_TO_ITS_LIFELINE = r"""
+import nsconfine._launch.stage as stage
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+sandbox = nsconfine.spawn(plan, ["/bin/sleep", "600"])
+os.write(stage._lifeline[1], b"x")  # as a session given the lifeline's write end as stdio can
+time.sleep(1)
+print(sandbox.poll(), nsconfine.spawn(plan, ["/bin/true"]).wait(timeout=60), flush=True)
+sandbox.kill()
+sandbox.wait()
+"""
+
+
+def test_a_byte_on_the_lifeline_ends_no_session(ws_run: tuple[Path, Path]) -> None:
+    """Only the lifeline's end (every write end closed: the launcher is gone) tears the
+    sessions down, not a byte on it: a session handed its write end as stdio wrote one, and
+    every session of that launcher was killed, and every launch after it refused, for the
+    launcher's life (attackers' pass, stop 43)."""
+    child = python_child(
+        "import time\n" + _WRITES_TO_ITS_LIFELINE, str(ws_run[0]), str(ws_run[1]),
+        SESSION_USER or "", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    output, errors = child.communicate(timeout=120)
+    assert output.split() == ["None", "0"], errors
+
+
 _MANY_FDS = r"""
 import resource
 resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
