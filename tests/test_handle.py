@@ -7,6 +7,7 @@ answers outside the process that launched it."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import time
@@ -292,6 +293,64 @@ def test_stdio_that_cannot_be_is_a_usage_error(
         nsconfine.spawn(plan, ["/bin/true"], **stdio)
     assert sorted(os.listdir("/proc/self/fd")) == before
     assert psutil.Process().children() == children
+
+
+def _reaching_fd(kind: str, workspace: Path) -> int:
+    """An fd of kind that would reach past the sandbox from inside it, as a session's stdio."""
+    if kind == "directory":
+        return os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    if kind == "path-only":
+        return os.open(workspace, os.O_PATH | os.O_CLOEXEC)
+    if kind == "pidfd":
+        return os.pidfd_open(os.getpid())
+    return os.eventfd(0, os.EFD_CLOEXEC)
+
+
+@pytest.mark.parametrize("launch", ["spawn", "pool"])
+@pytest.mark.parametrize("kind", ["directory", "path-only", "pidfd", "eventfd"])
+def test_a_stdio_fd_that_reaches_past_the_sandbox_is_refused_and_nothing_runs(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan, kind: str, launch: str
+) -> None:
+    """A directory's fd (or an O_PATH one) as stdio would let the session open what lies
+    around it on the host (openat(fd, "../..")), outside its mount namespace and its binds; a
+    pidfd would let it signal the launcher; an fd of no file at all is no stream either. Each
+    is refused, naming the argument, and the command never runs (attackers' pass, stop 43: a
+    workspace's directory fd as stdin listed the host's / and wrote into /tmp as the
+    session)."""
+    marker = ws_run[0] / "ran"
+    argv = ["/bin/sh", "-c", f"touch {marker}"]
+    reaching = _reaching_fd(kind, ws_run[0])
+    try:
+        with contextlib.ExitStack() as stack:
+            if launch == "pool":
+                pool = stack.enter_context(nsconfine.Pool(plan))
+                start: Any = pool.launch
+            else:
+                start = functools.partial(nsconfine.spawn, plan)
+            with pytest.raises(nsconfine.UsageError, match="stdin"):
+                start(argv, stdin=reaching)
+    finally:
+        os.close(reaching)
+    assert not marker.exists()
+
+
+def test_the_launchers_end_of_a_staged_sandbox_is_no_stdio(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan
+) -> None:
+    """The launcher's end of a staged sandbox's shim socket, given as stdio (a caller's stale
+    fd number that nsconfine's next socket took), is refused: the session could have handed
+    that sandbox a command of its own, under the other plan and past the launch's checks
+    (attackers' pass, stop 43: it read the other pool's workspace and used its network)."""
+    marker = ws_run[0] / "ran"
+    with nsconfine.Pool(plan) as pool:
+        assert pool.wait_staged(60)
+        staged_end = pool._staged[0].sock.fileno()  # (a test's reach into the pool)
+        for start in (pool.launch, functools.partial(nsconfine.spawn, plan)):
+            with pytest.raises(nsconfine.UsageError, match="stdout"):
+                start(["/bin/sh", "-c", f"touch {marker}"], stdout=os.dup(staged_end))
+        assert not marker.exists()
+        with pool.launch(["/bin/true"]) as sandbox:  # the staged sandbox is whole
+            assert sandbox.wait() == 0
 
 
 def test_launch_arguments_of_the_wrong_kind_are_usage_errors(

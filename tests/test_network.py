@@ -36,6 +36,7 @@ from helpers import (
 )
 
 import nsconfine
+import nsconfine._launch.egress
 from nsconfine._selftest.probes import SECRET_SEARCH
 from nsconfine._selftest.report import abstract_socket_served
 from nsconfine._selftest.world import World
@@ -124,6 +125,19 @@ if " 200 " in head:
 
 def _proxy_session(ws_run: tuple[Path, Path], *allowed: str, **options: Any) -> nsconfine.Plan:
     return session(*ws_run, allow_hosts=list(allowed), **options).plan()
+
+
+def test_a_proxy_sessions_socket_on_the_launcher_is_no_stdio(ws_run: tuple[Path, Path]) -> None:
+    """The listening socket a proxy session's connections come to, held by the launcher's
+    proxy, given as another session's stdio (a caller's stale fd number) is refused: that
+    session could take the other's connections (attackers' pass, stop 43)."""
+    plan = _proxy_session(ws_run, "mirror.test:80=127.0.0.1")
+    with nsconfine.spawn(plan, ["/bin/sleep", "600"]) as sandbox:
+        sessions = nsconfine._launch.egress._proxies.proxy()._sessions  # (a test's reach)
+        (listener,) = [session.listener for session in sessions.values()]
+        with pytest.raises(nsconfine.UsageError, match="the launcher's own socket"):
+            nsconfine.spawn(plan, ["/bin/true"], stdout=os.dup(listener.fileno()))
+        sandbox.kill()
 
 
 def test_a_listed_name_is_fetched_and_an_unlisted_one_refused(

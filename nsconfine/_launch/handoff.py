@@ -329,7 +329,7 @@ def hand_off(staged: Staged, launch: Launch) -> Sandbox:
         os.close(staged.bwrap_pidfd)  # the handle watches the reaper, init and command
         staged.bwrap_pidfd = -1
         staged.stop_watching_mounts()
-        staged.sock.close()
+        staged.close_socket()
         staged.mark("exec")
         return Sandbox._launched(staged, terminals, controller, launch.argv, launch.take_streams())
     abandon()

@@ -43,6 +43,7 @@ from typing import Literal
 
 from nsconfine._errors import SandboxUnavailable, UsageError
 from nsconfine._kernel.accounts import make_own_directory
+from nsconfine._launch import own_sockets
 from nsconfine._plan.allowlist import (
     Decision,
     Destination,
@@ -435,6 +436,7 @@ class _Session:
     listener: socket.socket
     destinations: tuple[Destination, ...]
     routes: dict[str, Route]
+    held: tuple[int, int]  # the listener's identity in own_sockets
     connections: set[_Connection] = field(default_factory=set)
     stopping: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -648,11 +650,12 @@ class Proxy:
                     ) from None
             os.chmod(path, 0o600)
             listener.listen(128)
+            held = own_sockets.hold(listener.fileno())  # no session's stdio while open
         except BaseException:
             listener.close()
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        session = _Session(name, directory, path, listener, tuple(destinations), by_name)
+        session = _Session(name, directory, path, listener, tuple(destinations), by_name, held)
         session.thread = threading.Thread(
             target=self._accept_loop, args=(session,), name=f"nsconfine-proxy-{name}", daemon=True
         )
@@ -663,6 +666,7 @@ class Proxy:
         except RuntimeError:  # the launcher at its process or thread limit
             with self._lock:
                 self._sessions.pop(name, None)
+            own_sockets.release(held)
             listener.close()
             shutil.rmtree(directory, ignore_errors=True)
             raise SandboxUnavailable(
@@ -710,6 +714,7 @@ class Proxy:
             session.listener.shutdown(socket.SHUT_RDWR)
         if session.thread is not None and session.thread is not threading.current_thread():
             session.thread.join()
+        own_sockets.release(session.held)
         session.listener.close()
         with self._lock:
             connections = list(session.connections)

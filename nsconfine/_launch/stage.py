@@ -57,6 +57,7 @@ from nsconfine._kernel import layers as _layers
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.mountinfo import watched_mountinfo
 from nsconfine._launch import egress as _egress
+from nsconfine._launch import own_sockets
 from nsconfine._launch import sources as _sources
 from nsconfine._launch.confirm import (
     SetupEnded,
@@ -148,10 +149,31 @@ def stdio_fd(value: Stdio, name: str) -> int:
         if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
             raise UsageError(f"{name}: the file object has no fd (its fileno() gave {fd!r})")
     try:
-        os.fstat(fd)
+        info = os.fstat(fd)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     except (OSError, OverflowError):
         raise UsageError(f"{name} is {fd}, which is not an open file descriptor") from None
+    problem = _not_a_stream(info, flags)
+    if problem:
+        raise UsageError(f"{name} is fd {fd}, {problem}: give a file, a pipe, a socket or a device")
     return fd
+
+
+def _not_a_stream(info: os.stat_result, flags: int) -> str:
+    """What makes an fd with this fstat and these status flags no stdio for a session ("" if
+    nothing): one that reaches past the sandbox from inside it, or is the launcher's own."""
+    if flags & os.O_PATH:
+        return "opened with O_PATH: a session could open the file or tree it names through it"
+    if stat.S_ISDIR(info.st_mode):
+        return "a directory: a session could open what lies around it on the host through it"
+    if stat.S_IFMT(info.st_mode) not in _STREAM_KINDS:  # (anonymous inodes have no kind)
+        return "no file, pipe, socket or device (a pidfd, an eventfd, an epoll instance ...)"
+    if own_sockets.is_held(info):
+        return "the launcher's own socket to a sandbox (an fd number the caller closed, reused)"
+    return ""
+
+
+_STREAM_KINDS = frozenset({stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
 
 
 # ------------------------------------------------------------------ the lifeline
@@ -227,6 +249,7 @@ class Staged:
         "reaper_pidfd",
         "seen",
         "sock",
+        "sock_identity",
         "started",
         "stderr",
         "stubs",
@@ -255,6 +278,7 @@ class Staged:
         self.reaper = reaper
         self.reaper_pidfd = reaper_pidfd
         self.sock = sock
+        self.sock_identity = own_sockets.hold(sock.fileno())  # no session's stdio while open
         self.init_pid = self.init_pidfd = self.command_pid = self.command_pidfd = -1
         self.bwrap_pidfd = -1  # bwrap's own process, outside the sandbox; only until hand-off
         self.started = time.perf_counter()
@@ -267,6 +291,11 @@ class Staged:
         self.mounts_changed = False  # what a poll of the two reported once: it stays so
         self.stubs: list[_sources.Stub] = []
         self.egress: _egress.Egress | None = None  # its socket on the launcher's proxy
+
+    def close_socket(self) -> None:
+        """Close the launcher's end of the shim's socket (after the hand-off, or to end it)."""
+        own_sockets.release(self.sock_identity)
+        self.sock.close()
 
     def mark(self, stage: str) -> None:
         """Record when stage was reached, in seconds since the launch began."""
@@ -746,7 +775,7 @@ def teardown(staged: Staged) -> int:
     _signal(staged.reaper_pidfd, SIGTERM)
     if staged.init_pidfd >= 0:
         _signal(staged.init_pidfd, SIGKILL)
-    staged.sock.close()
+    staged.close_socket()
     try:
         _, status = os.waitpid(staged.reaper, 0)
     except ChildProcessError:  # reaped by the kernel: SIGCHLD came to be ignored since
