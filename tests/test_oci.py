@@ -605,6 +605,25 @@ def test_podman_args_read_as_podman_reads_them(
     assert ("--dns=none" in arguments) == (network == "host")
 
 
+def test_podman_args_hide_every_proc_path_the_bundle_hides(oci_plan: Plan, tmp_path: Path) -> None:
+    """Each /proc path the bundle masks or makes read-only is masked or read-only under podman
+    too: podman's own defaults cover some (_oci.PODMAN_READ_ONLY, _oci.PODMAN_MASKED); the rest
+    are masked with --security-opt mask= (podman has no option for a read-only path). An
+    attackers' pass (stop 43) found /proc/keys' neighbours /proc/key-users and /proc/locks, and
+    /proc/mtrr, /proc/pressure and /proc/driver, left as the host shows them."""
+    bundle = str(tmp_path / "bundle")
+    exported = _oci.export(oci_plan, bundle)
+    arguments = _oci.podman_args(oci_plan, exported, bundle, ["/bin/true"])
+    masks = [
+        word.removeprefix("mask=").split(":") for word in arguments if word.startswith("mask=")
+    ]
+    masked = {path for paths in masks for path in paths} | _oci.PODMAN_MASKED
+    covered = masked | _oci.PODMAN_READ_ONLY
+    linux = exported.config["linux"]
+    assert set(linux["maskedPaths"]) - masked == set()
+    assert {path for path in linux["readonlyPaths"] if path != "/dev"} - covered == set()
+
+
 def test_a_bundle_whose_parent_is_missing_is_a_clear_refusal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

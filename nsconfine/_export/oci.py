@@ -873,6 +873,30 @@ def _ulimits(plan: Plan) -> list[str]:
     return [*limits, "--ulimit", "core=0:0"]  # no core dumps, as the reaper
 
 
+# What podman (containers/common's defaults) masks and makes read-only in /proc and /sys of
+# every container by itself: a path of the bundle's it does not cover is masked by name.
+PODMAN_MASKED = frozenset({
+    "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/fs/selinux",
+    "/sys/dev/block",
+})  # fmt: skip
+PODMAN_READ_ONLY = frozenset(
+    {"/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+)
+
+
+def _podman_masks(linux: dict[str, Any]) -> list[str]:
+    """`--security-opt mask=...` for each path the bundle masks or makes read-only that podman
+    leaves as the host shows it. podman has no option for a read-only path: those are masked,
+    which hides more (/dev, podman's own, is left to it)."""
+    hidden = [*linux.get("maskedPaths", ()), *linux.get("readonlyPaths", ())]
+    left = [
+        path for path in hidden
+        if path != "/dev" and path not in PODMAN_MASKED | PODMAN_READ_ONLY
+    ]  # fmt: skip
+    return ["--security-opt", "mask=" + ":".join(left)] if left else []
+
+
 def podman_args(
     plan: Plan, exported: Export, bundle: str, argv: Sequence[str] = DEFAULT_COMMAND
 ) -> list[str]:
@@ -901,6 +925,7 @@ def podman_args(
         "--security-opt", f"seccomp={bundle}/seccomp.json",
         "--pid", "private", "--ipc", "private", "--uts", "private", "--cgroupns", "private",
         "--env-file", f"{bundle}/env", "--workdir", plan.chdir,
+        *_podman_masks(config["linux"]),
     ]  # fmt: skip
     for mount in config["mounts"]:
         kind, dest = mount["type"], mount["destination"]
