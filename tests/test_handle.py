@@ -334,6 +334,33 @@ def test_a_stdio_fd_that_reaches_past_the_sandbox_is_refused_and_nothing_runs(
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("launch", ["spawn", "pool"])
+def test_a_launchers_own_stdin_that_reaches_past_the_sandbox_is_not_inherited(
+    ws_run: tuple[Path, Path], plan: nsconfine.Plan, launch: str
+) -> None:
+    """stdin=None gives the session the launcher's own fd 0: a directory there (a broker's
+    dup2, a service's odd stdin) is refused as the same directory given as stdin is."""
+    marker = ws_run[0] / "ran"
+    argv = ["/bin/sh", "-c", f"touch {marker}"]
+    saved = os.dup(0)
+    try:
+        with contextlib.ExitStack() as stack:
+            start: Any = (
+                stack.enter_context(nsconfine.Pool(plan)).launch
+                if launch == "pool"
+                else functools.partial(nsconfine.spawn, plan)
+            )
+            directory = os.open(ws_run[0], os.O_RDONLY | os.O_DIRECTORY)
+            os.dup2(directory, 0)
+            os.close(directory)
+            with pytest.raises(nsconfine.UsageError, match="stdin"):
+                start(argv)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    assert not marker.exists()
+
+
 def test_the_launchers_end_of_a_staged_sandbox_is_no_stdio(
     ws_run: tuple[Path, Path], plan: nsconfine.Plan
 ) -> None:

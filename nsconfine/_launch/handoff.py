@@ -155,11 +155,12 @@ class Launch:
                         self._opened.append(devnull)
                     fd = devnull
                 else:
-                    fd = stdio_fd(given, ("stdin", "stdout", "stderr")[number])
-                    # None: the launcher's own fd, as spawn's bwrap would inherit it; one the
-                    # launcher lacked is closed there too.
+                    name = ("stdin", "stdout", "stderr")[number]
+                    fd = stdio_fd(given, name)
+                    # None: the launcher's own fd, as spawn's bwrap would inherit it, checked
+                    # as a given one is; one the launcher lacked is closed there too.
                     if fd < 0 and not launcher_lacks(number):
-                        fd = number
+                        fd = stdio_fd(number, f"{name} (None: the launcher's own)")
                 placed[number] = fd
                 if fd < 0:
                     mask |= SHIM_CLOSE_MASK & (0x10 << number)
