@@ -449,9 +449,12 @@ def unchecked_launcher(
 def unlinted_next_plan(world: World, workspace: str) -> Plan:
     """The next session's plan at workspace built past the lint, and without protected paths
     (each of which refuses a planted symlink too): the twin of the selftest's planted-symlink
-    check, which must leak."""
+    check, which must leak. Its workspace is bound read-only: a launch reaches a writable
+    bind's directory itself, by fds, and refuses a symlink on its way that a session could
+    have planted (stop 43), which the lint's twin does not weaken."""
     session = world.session().replace(
         workspace=workspace,
+        workspace_mode="ro",
         ro=(world.runner_file,),
         unprotect=tuple(name for name, _, _ in PROTECTED),
     )

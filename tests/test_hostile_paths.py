@@ -212,3 +212,29 @@ def test_a_kept_plan_whose_workspace_became_a_symlink_is_refused(tmp_path: Path)
         nsconfine.spawn(plan, ["/bin/sh", "-c", f"touch {workspace}/landed"]).wait()
     assert str(workspace) in refused.value.message
     assert sorted(other.iterdir()) == []
+
+
+@pytest.mark.parametrize("swapped", ["workspace", "run directory"])
+def test_a_kept_plans_writable_bind_swapped_for_a_symlink_leads_no_stub_elsewhere(
+    tmp_path: Path, swapped: str
+) -> None:
+    """A kept plan's workspace or run directory exchanged for a symlink to a directory its
+    session's account may not write (whoever can write their parent can, between the plan and
+    a launch, or during one): the launch is refused before it makes anything, naming the
+    symlink, and nothing is made or given to the session's account there. (Attackers' pass,
+    stop 43: the launch resolved the link, made its mount points there as the launcher, and
+    kept a `home` made for the run directory, the session's account's, and its dotfile stubs
+    the session had written into meanwhile: a root launcher planted them in another user's
+    home.)"""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    other = tmp_path / "other"  # the launcher's, which the session's account may enter
+    other.mkdir(mode=0o755)
+    plan = session(workspace, run_dir).plan()
+    assert nsconfine.spawn(plan, ["/bin/true"]).wait() == 0  # the control: as it was planned
+    moved = workspace if swapped == "workspace" else run_dir
+    moved.rename(tmp_path / "away")
+    moved.symlink_to(other)
+    with pytest.raises(nsconfine.PlanError, match="symlink") as refused:
+        nsconfine.spawn(plan, ["/bin/true"]).wait()
+    assert str(moved) in refused.value.message
+    assert sorted(other.iterdir()) == []

@@ -47,7 +47,14 @@ from collections.abc import Callable, Mapping
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
 from nsconfine._kernel import stub_records as _stub_records
 from nsconfine._kernel import syscalls as _syscalls
-from nsconfine._kernel.accounts import READ, SEARCH, RunAs, allows, has_acl_at
+from nsconfine._kernel.accounts import (
+    READ,
+    SEARCH,
+    RunAs,
+    allows,
+    has_acl_at,
+    others_may_replace_in,
+)
 from nsconfine._launch.forks import LaunchWindow
 from nsconfine._plan.model import COMMONDIR_STUB, Entry, Kind, Mode, Plan
 from nsconfine._text import file_kind, inside, printable, within
@@ -148,19 +155,19 @@ def open_for_launch(
     writable one, and all it holds, as checked (a sandbox kept staged is used only while
     they are unchanged: another session of the workspace may move them aside, give them a
     second name, or put a symlink in them, and a bind follows what it was made on)."""
-    tops = [(top, _resolved(top.source)) for top in _outermost_writable(plan)]
-    inner = [
-        (entry, top, resolved, relative)
-        for entry in plan.entries
-        if entry.kind in (Kind.BIND, Kind.DIR, Kind.TMPFS, Kind.DATA)
-        for top, resolved in tops
-        if (relative := inside(entry.dest, top.dest)) is not None
-    ]
     stubs: list[Stub] = []
     fds: dict[str, int] = {}
     directories = _Directories()
     copies = _CopySources(plan.user)
     try:
+        tops = [(top, directories.top(top.source, plan.user)) for top in _outermost_writable(plan)]
+        inner = [
+            (entry, top, resolved, relative)
+            for entry in plan.entries
+            if entry.kind in (Kind.BIND, Kind.DIR, Kind.TMPFS, Kind.DATA)
+            for top, resolved in tops
+            if (relative := inside(entry.dest, top.dest)) is not None
+        ]
         if inner:
             with _stub_records.records_locked() as records:
                 for entry, _top, resolved, relative in inner:
@@ -196,17 +203,6 @@ def open_for_launch(
     directories.close()
     copies.close()
     return stubs, fds
-
-
-def _resolved(path: str) -> str:
-    try:
-        return _syscalls.realpath(path)
-    except OSError as error:
-        refuse_if_short_of_fds(error)
-        raise SandboxUnavailable(
-            f"{printable(path)} cannot be reached ({error.strerror}): it changed since its plan "
-            "was checked; nothing was run"
-        ) from error
 
 
 def _open_source(source: str) -> int:
@@ -352,6 +348,31 @@ class _Directories:
     def __init__(self) -> None:
         self._open: dict[tuple[str, tuple[str, ...]], int] = {}
 
+    def top(self, source: str, user: RunAs) -> str:
+        """The real path of a writable bind's source, opened (kept as that path's directory)
+        from / one component at a time, following only a symlink no session could have made:
+        one that, and the directory holding it, root owns (or, for sessions of another
+        account, the launcher), and no one else can write there (the lint's rule). Whoever
+        can write where the workspace lies (its parent: a session given it) may swap in a
+        symlink between the plan and the launch, or during it: the mount points the launch
+        makes, as the launcher, would be made where it leads, and some kept there."""
+        try:
+            fd = _syscalls.open_no_symlinks(source)  # (as a rule: a real path, the host's)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                refuse_if_short_of_fds(error)
+                raise SandboxUnavailable(
+                    f"{printable(source)} cannot be reached ({error.strerror}): it changed since "
+                    "its plan was checked; nothing was run"
+                ) from error
+            fd, real = _open_through_trusted_links(source, user)
+        else:
+            real = os.path.normpath(source)
+        self._open.setdefault((real, ()), fd)
+        if self._open[(real, ())] != fd:  # (the same top twice: its first fd serves)
+            os.close(fd)
+        return real
+
     def holding(self, top: str, parts: list[str]) -> int:
         """An O_PATH fd of the directory holding parts[-1] below top (this batch's: not to be
         closed by the caller)."""
@@ -383,6 +404,69 @@ class _Directories:
         for fd in self._open.values():
             os.close(fd)
         self._open.clear()
+
+
+def _open_through_trusted_links(source: str, user: RunAs) -> tuple[int, str]:
+    """An O_PATH fd of the directory source and its real path, walked to from / by fds,
+    following only the symlinks Directories.top allows; PlanError at any other."""
+    trusted = {0} if user.uid == os.geteuid() else {0, os.geteuid()}
+    pending = [name for name in reversed(source.split("/")) if name]
+    real: list[str] = []
+    fd = os.open("/", _DIRECTORY_FLAGS)
+    followed = 0
+    path = "/"
+    try:
+        while pending:
+            name = pending.pop()
+            if name in (".", ".."):
+                if name == ".." and real:
+                    real.pop()
+                    fd = _replaced(fd, os.open("..", _DIRECTORY_FLAGS, dir_fd=fd))
+                continue
+            path = "/" + "/".join([*real, name])
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                holder = os.fstat(fd)
+                target = os.readlink(name, dir_fd=fd)
+                followed += 1
+                if not pending:  # the source itself, which no rule lets be a symlink
+                    raise PlanError(
+                        f"{printable(source)} is a symlink (to {printable(target)}): a writable "
+                        "bind is given by its real path, so that no session can plant one where "
+                        "the next workspace goes; nothing was run"
+                    )
+                if info.st_uid not in trusted or holder.st_uid not in trusted or (
+                    others_may_replace_in(holder) or followed > 40
+                ):  # fmt: skip
+                    raise PlanError(
+                        f"{printable(source)} is reached through the symlink {printable(path)} "
+                        f"(to {printable(target)}), which a session may have planted where the "
+                        "next workspace goes: a workspace or writable bind is given by its real "
+                        "path; nothing was run"
+                    )
+                pending += [part for part in reversed(target.split("/")) if part]
+                if target.startswith("/"):
+                    real = []
+                    fd = _replaced(fd, os.open("/", _DIRECTORY_FLAGS))
+                continue
+            # (a symlink swapped in since the stat: ENOTDIR, refused below)
+            fd = _replaced(fd, os.open(name, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
+            real.append(name)
+    except BaseException as error:
+        os.close(fd)
+        if not isinstance(error, OSError):
+            raise
+        refuse_if_short_of_fds(error)
+        raise SandboxUnavailable(
+            f"{printable(source)} cannot be reached at {printable(path)} ({error.strerror}): "
+            "it changed since its plan was checked; nothing was run"
+        ) from error
+    return fd, "/" + "/".join(real)
+
+
+def _replaced(old: int, new: int) -> int:
+    os.close(old)
+    return new
 
 
 def _open_inside(parent: int, name: str, entry: Entry) -> int:
