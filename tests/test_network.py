@@ -10,6 +10,7 @@ must be.
 
 from __future__ import annotations
 
+import errno
 import http.server
 import json
 import os
@@ -37,6 +38,7 @@ from helpers import (
 
 import nsconfine
 import nsconfine._launch.egress
+from nsconfine._plan.model import RELAY_DIRECTORY, RELAY_SOCKET_NAME
 from nsconfine._selftest.probes import SECRET_SEARCH
 from nsconfine._selftest.report import abstract_socket_served
 from nsconfine._selftest.world import World
@@ -138,6 +140,33 @@ def test_a_proxy_sessions_socket_on_the_launcher_is_no_stdio(ws_run: tuple[Path,
         with pytest.raises(nsconfine.UsageError, match="the launcher's own socket"):
             nsconfine.spawn(plan, ["/bin/true"], stdout=os.dup(listener.fileno()))
         sandbox.kill()
+
+
+_HANDS_THE_PROXY_ITS_STDOUT = """
+import array, socket, sys
+proxy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+proxy.connect(sys.argv[1])
+try:
+    proxy.sendmsg([b"C"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [1, 2]))])
+except OSError as error:
+    print("refused", error.errno, flush=True)
+else:
+    print("handed", flush=True)
+"""
+
+
+def test_a_session_cannot_hand_the_launchers_proxy_its_stdout(ws_run: tuple[Path, Path]) -> None:
+    """A session sends fds 1 and 2 to the launcher's proxy over its socket (SCM_RIGHTS): the
+    kernel refuses it (SO_PASSRIGHTS off on the proxy's sockets). Held in the proxy's receive
+    queue they kept the session's stdout from reaching EOF after its end until the caller
+    reaped it, or the proxy's idle timeout (300 s) passed: a caller reading to EOF before
+    wait() waited for itself (attackers' pass, stop 43)."""
+    if tuple(int(part) for part in os.uname().release.split(".")[:2]) < (6, 16):
+        pytest.skip("SO_PASSRIGHTS needs Linux 6.16")
+    plan = _proxy_session(ws_run, "mirror.test:80=127.0.0.1")
+    relay = f"{RELAY_DIRECTORY}/{RELAY_SOCKET_NAME}"
+    status, output = run(plan, ["python3", "-c", _HANDS_THE_PROXY_ITS_STDOUT, relay])
+    assert (status, output) == (0, f"refused {errno.EPERM}\n")
 
 
 def test_a_listed_name_is_fetched_and_an_unlisted_one_refused(

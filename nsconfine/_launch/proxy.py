@@ -448,6 +448,9 @@ class _Session:
         self.pace = _Pace(sleep=self.stopping.wait)
 
 
+_SO_PASSRIGHTS = 83  # <asm-generic/socket.h> (Python 3.11's socket has no name for it)
+
+
 def _sockets_parent() -> str:
     """The directory the launchers' directories of socket directories are made in: the
     account's own, 0711 (a session's account passes through it to its socket, and lists
@@ -649,6 +652,11 @@ class Proxy:
                         "(only a root launcher runs sessions as another account)"
                     ) from None
             os.chmod(path, 0o600)
+            # No fds pass to the proxy (its connections inherit it): a session's own stdout
+            # held in the proxy's receive queue would reach EOF only once the proxy lets the
+            # connection go, at the session's reaping (Linux 6.16; before, it is unrefused).
+            with contextlib.suppress(OSError):
+                listener.setsockopt(socket.SOL_SOCKET, _SO_PASSRIGHTS, 0)
             listener.listen(128)
             held = own_sockets.hold(listener.fileno())  # no session's stdio while open
         except BaseException:
