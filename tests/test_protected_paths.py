@@ -2748,3 +2748,35 @@ def test_a_git_file_the_launcher_cannot_read_is_refused(tmp_path: Path, unreadab
     with pytest.raises(nsconfine.PlanError, match=r"chmod u\+r") as refused:
         session(workspace, run_dir).plan()
     assert unreadable in str(refused.value)
+
+
+def test_a_git_directory_swapped_for_a_symlink_while_the_launch_looks_is_refused(
+    repo: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session of the workspace exchanges .git and a symlink to it, again and again: the
+    scan's listing sees a directory, and its next look a symlink. The launch is refused, saying
+    launch again, where it went on without protecting that git directory, which was a
+    directory again by the time the session ran: the session wrote its config and hooks,
+    and some reports after it said nothing (attackers' pass, stop 43)."""
+    import nsconfine._plan.protect as protect
+
+    workspace = repo[0]
+    dot_git, aside = workspace / ".git", workspace / "git-aside"
+    looked = protect._Scan.git_directories
+
+    def swapped_meanwhile(scan: Any, starts: Sequence[str]) -> list[str]:
+        if str(dot_git) in starts and dot_git.is_dir() and not dot_git.is_symlink():
+            dot_git.rename(aside)
+            dot_git.symlink_to(aside.name)
+        return looked(scan, starts)
+
+    monkeypatch.setattr(protect._Scan, "git_directories", swapped_meanwhile)
+    try:
+        with pytest.raises(nsconfine.SandboxUnavailable, match="launch again"):
+            session(*repo).plan()
+    finally:
+        if dot_git.is_symlink():
+            dot_git.unlink()
+            aside.rename(dot_git)
+    monkeypatch.undo()
+    assert attempt(session(*repo).plan(), "echo x >> .git/config")[0] != 0  # the control

@@ -65,7 +65,7 @@ from nsconfine._kernel.stub_records import is_stub
 from nsconfine._kernel.walk import walk_path
 from nsconfine._plan import model as p
 from nsconfine._plan.model import Kind, Mode, Plan, Protection
-from nsconfine._text import inside, printable, within
+from nsconfine._text import file_kind, inside, printable, within
 
 # The session's writable binds, each as (where the sandbox shows it, its resolved source).
 Writable = Sequence[tuple[str, str]]
@@ -1264,20 +1264,31 @@ class _Scan:
         look). Not through symlinks; PlanError past REPOSITORY_SCAN directories, or for a
         pointer the session could re-point."""
         found: list[str] = []
-        pending = [(start, "gitdir") for start in starts]
+        # Each with what it is to git, and whether a listing (or a look) already saw it as a
+        # directory: one that is no longer one changed while the launch looked, and skipping
+        # it would leave it writable once it is a directory again (a session exchanging .git
+        # and a symlink to it, again and again).
+        pending = [(start, "gitdir", True) for start in starts]
         for pointer in self.pointers:
             gitdir = self.named_directory(pointer, "gitdir: ")
             if gitdir is not None:
-                pending.append((gitdir, "gitdir"))
+                pending.append((gitdir, "gitdir", False))
                 self.indexes.append((os.path.dirname(pointer), gitdir))
         while pending:
-            directory, what = pending.pop()
-            if not stat.S_ISDIR(self.mode(directory)):
+            directory, what, seen_as_one = pending.pop()
+            mode = self.mode(directory)
+            if not stat.S_ISDIR(mode):
+                if seen_as_one:
+                    raise SandboxUnavailable(
+                        f"{printable(directory)} changed while the launch looked at it (a "
+                        f"directory, then {file_kind(mode) if mode else 'gone'}): a session of "
+                        "the workspace may be changing it; nothing was run, launch again"
+                    )
                 continue  # gone, a symlink or a file: git would not use it as a directory here
             self.count(directory)
             listing = self.listing(directory)
             if what == "name":  # a directory under modules/ that is part of a name
-                pending += [(d, _module(self.listing(d))) for d in _subdirectories(listing)]
+                pending += [(d, _module(self.listing(d)), True) for d in _subdirectories(listing)]
                 continue
             if directory in found:
                 continue  # named again, as a worktree's commondir names its repository's
@@ -1286,16 +1297,16 @@ class _Scan:
             if "commondir" in listing:
                 common = self.named_directory(directory + "/commondir")
                 if common is not None:
-                    pending.append((common, "gitdir"))
+                    pending.append((common, "gitdir", False))
             for part, kind in (("modules", None), ("worktrees", "gitdir")):
                 if part in listing and listing[part].is_dir(follow_symlinks=False):
                     inner = self.listing(listing[part].path)
                     pending += [
-                        (d, kind or _module(self.listing(d))) for d in _subdirectories(inner)
+                        (d, kind or _module(self.listing(d)), True) for d in _subdirectories(inner)
                     ]
             if what == "module":  # its name may go on: modules/a is one, modules/a/b another
                 pending += [
-                    (d, _module(self.listing(d)))
+                    (d, _module(self.listing(d)), True)
                     for d in _subdirectories(listing, skip=_GIT_DIRECTORY_PARTS)
                 ]
         self.found += [directory for directory in found if directory not in self.found]
@@ -1575,7 +1586,7 @@ def _resolved(path: str) -> str:
 def _file_type(mode: int) -> str:
     """What a file that is neither a regular file nor a directory is, for a refusal (mode 0:
     it was gone when its mode was asked for)."""
-    if not mode:
+    if not mode or stat.S_ISDIR(mode) or stat.S_ISREG(mode):  # (it was neither when listed)
         return "name that changed as it was looked at (gone, or replaced)"
     if stat.S_ISLNK(mode):
         return "symlink"
