@@ -1062,3 +1062,29 @@ def test_a_child_forked_while_the_records_are_locked_does_not_hold_their_lock() 
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
+
+
+@pytest.mark.root
+def test_a_canary_world_a_killed_root_launcher_left_is_removed_by_the_next() -> None:
+    """A root launcher killed while it proved bwrap left its canary's world in /tmp for good:
+    it had given the world to the canary account, and the next launcher removes only what
+    its own account made (attackers' pass, stop 43). The world stays root's."""
+    from nsconfine._kernel.accounts import scratch_directory
+
+    killed = subprocess.Popen(
+        [sys.executable, "-c", "import time; from nsconfine._kernel.accounts import "
+         "scratch_directory as s; from nsconfine._preflight.checks import canary_account, "
+         "canary_plan; w = s('nsconfine-canary-'); canary_plan(w, canary_account(), 'x'); "
+         "print(w, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, cwd="/",
+    )  # fmt: skip
+    assert killed.stdout is not None
+    left = killed.stdout.readline().strip()
+    killed.kill()
+    killed.communicate()
+    made = scratch_directory("nsconfine-canary-")
+    try:
+        assert not os.path.lexists(left), "the killed launcher's canary world is left"
+    finally:
+        for directory in (left, made):
+            shutil.rmtree(directory, ignore_errors=True)

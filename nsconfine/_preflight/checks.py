@@ -355,12 +355,13 @@ def canary_plan(world: str, account: RunAs, token: str) -> tuple[p.Plan, str, st
     with open(secret, "w") as file:
         file.write("must stay hidden")
     if os.geteuid() == 0:
-        # The world last, and nothing by path after it: until it is the canary account's, no
-        # process of that account can swap what is inside (or the world itself, in sticky
-        # /tmp) for a symlink that root's chown or chmod would follow.
-        os.chmod(world, 0o755)
-        for path in (marker, secret, runner, workspace, home, world):
+        # The world stays root's (0755: the canary account can reach what is inside), so that
+        # the next root launcher removes it if this one is killed meanwhile (it removes only
+        # what its account made). Its 0700 kept the canary account out until everything in it
+        # was made: it could have swapped one of them for a symlink that root's chown followed.
+        for path in (marker, secret, runner, workspace, home):
             os.chown(path, account.uid, account.gid, follow_symlinks=False)
+        os.chmod(world, 0o755)
     plan = p.Plan(
         [
             *system_entries(account, home),
