@@ -167,34 +167,34 @@ def test_probe_user_namespace_names_unshare_when_refused(tmp_path: Path) -> None
 
 
 @pytest.mark.root
-def test_the_canary_world_goes_to_its_account_last(
+def test_the_canary_world_stays_root_s_and_what_it_gives_away_is_given_last(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Root gives the canary's world to the canary's account (nobody) after everything in it,
-    and follows no symlink doing so: a process of that account that swaps the world's runner
-    directory for a symlink the moment the world is its own cannot have root chown what the
-    symlink names."""
-    import shutil
-
+    """Root gives what the canary's world holds to the canary's account (nobody), each thing
+    after everything inside it, and follows no symlink doing so: a process of that account
+    that swaps what the runner directory holds for a symlink the moment the directory is its
+    own cannot have root chown what the symlink names. The world itself stays root's (0755),
+    so that the next launcher removes it if this one is killed (attackers' pass, stop 43)."""
     from nsconfine._preflight import checks as _checks
 
     victim = tmp_path / "victim"
     victim.mkdir()
     world = tmp_path / "world"
-    world.mkdir()
+    world.mkdir(mode=0o700)
     real_chown = os.chown
 
     def chown(path: str, uid: int, gid: int, *, follow_symlinks: bool = True) -> None:
         real_chown(path, uid, gid, follow_symlinks=follow_symlinks)
         runner = world / "runner"
-        if os.fspath(path) == str(world) and not runner.is_symlink():
-            shutil.rmtree(runner)  # the account's own now: it swaps what is inside
-            runner.symlink_to(victim)
+        if os.fspath(path) == str(runner) and not (runner / "marker").is_symlink():
+            (runner / "marker").unlink()  # the account's own now: it swaps what is inside
+            (runner / "marker").symlink_to(victim)
 
     monkeypatch.setattr(os, "chown", chown)
     _checks.canary_plan(str(world), _checks.canary_account(), "token")
     assert victim.stat().st_uid == 0
-    assert (world / "runner").is_symlink()  # the swap did happen
+    assert (world / "runner" / "marker").is_symlink()  # the swap did happen
+    assert (world.stat().st_uid, world.stat().st_mode & 0o777) == (0, 0o755)
 
 
 @pytest.mark.root  # only a root launcher gives what it makes away
