@@ -303,17 +303,20 @@ def _reaching_fd(kind: str, workspace: Path) -> int:
         return os.open(workspace, os.O_PATH | os.O_CLOEXEC)
     if kind == "pidfd":
         return os.pidfd_open(os.getpid())
+    if kind == "proc-file":  # (/proc/self/mem would be the launcher's memory to write)
+        return os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
     return os.eventfd(0, os.EFD_CLOEXEC)
 
 
 @pytest.mark.parametrize("launch", ["spawn", "pool"])
-@pytest.mark.parametrize("kind", ["directory", "path-only", "pidfd", "eventfd"])
+@pytest.mark.parametrize("kind", ["directory", "path-only", "pidfd", "eventfd", "proc-file"])
 def test_a_stdio_fd_that_reaches_past_the_sandbox_is_refused_and_nothing_runs(
     ws_run: tuple[Path, Path], plan: nsconfine.Plan, kind: str, launch: str
 ) -> None:
     """A directory's fd (or an O_PATH one) as stdio would let the session open what lies
     around it on the host (openat(fd, "../..")), outside its mount namespace and its binds; a
-    pidfd would let it signal the launcher; an fd of no file at all is no stream either. Each
+    pidfd would let it signal the launcher; an fd of no file at all is no stream either, nor a
+    file of /proc (the launcher's /proc/self/mem would be its memory to write). Each
     is refused, naming the argument, and the command never runs (attackers' pass, stop 43: a
     workspace's directory fd as stdin listed the host's / and wrote into /tmp as the
     session)."""

@@ -168,11 +168,21 @@ def _not_a_stream(info: os.stat_result, flags: int) -> str:
         return "a directory: a session could open what lies around it on the host through it"
     if stat.S_IFMT(info.st_mode) not in _STREAM_KINDS:  # (anonymous inodes have no kind)
         return "no file, pipe, socket or device (a pidfd, an eventfd, an epoll instance ...)"
+    if info.st_dev == _PROC_DEVICE:
+        return "a file of /proc, which acts on the process that opened it (its memory, its limits)"
     if own_sockets.is_held(info):
         return "the launcher's own socket to a sandbox (an fd number the caller closed, reused)"
     return ""
 
 
+def _proc_device() -> int:
+    try:
+        return os.stat("/proc/self").st_dev
+    except OSError:  # (no /proc: no launch gets far, and says so)
+        return -1
+
+
+_PROC_DEVICE = _proc_device()
 _STREAM_KINDS = frozenset({stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
 
 
