@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,16 +130,47 @@ def _proxy_session(ws_run: tuple[Path, Path], *allowed: str, **options: Any) -> 
     return session(*ws_run, allow_hosts=list(allowed), **options).plan()
 
 
-def test_a_proxy_sessions_socket_on_the_launcher_is_no_stdio(ws_run: tuple[Path, Path]) -> None:
-    """The listening socket a proxy session's connections come to, held by the launcher's
-    proxy, given as another session's stdio (a caller's stale fd number) is refused: that
-    session could take the other's connections (attackers' pass, stop 43)."""
-    plan = _proxy_session(ws_run, "mirror.test:80=127.0.0.1")
-    with nsconfine.spawn(plan, ["/bin/sleep", "600"]) as sandbox:
+_HOLDS_A_PROXY_CONNECTION = """
+import socket, sys, time
+held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+held.connect(sys.argv[1])
+print("connected", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("held", ["listener", "connection", "audit file"])
+def test_what_the_launcher_holds_for_a_proxy_session_is_no_stdio(
+    ws_run: tuple[Path, Path], tmp_path: Path, held: str
+) -> None:
+    """The listening socket a proxy session's connections come to, a connection it accepted
+    there, and the session's audit file, all held by the launcher, given as another session's
+    stdio (a caller's stale fd number) are refused: that session could take the other's
+    connections, answer or read its traffic, or forge the proxy's records (attackers' pass and
+    its review, stop 43)."""
+    audit = tmp_path / "audit.jsonl"
+    plan = _proxy_session(ws_run, "mirror.test:80=127.0.0.1", audit=str(audit))
+    relay = f"{RELAY_DIRECTORY}/{RELAY_SOCKET_NAME}"
+    argv = ["python3", "-c", _HOLDS_A_PROXY_CONNECTION, relay]
+    with nsconfine.spawn(plan, argv, stdout=subprocess.PIPE) as sandbox:
+        assert sandbox.stdout is not None
+        assert sandbox.stdout.readline() == b"connected\n"
         sessions = nsconfine._launch.egress._proxies.proxy()._sessions  # (a test's reach)
-        (listener,) = [session.listener for session in sessions.values()]
-        with pytest.raises(nsconfine.UsageError, match="the launcher's own socket"):
-            nsconfine.spawn(plan, ["/bin/true"], stdout=os.dup(listener.fileno()))
+        (session_,) = sessions.values()
+        deadline = time.monotonic() + 30
+        while not session_.connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if held == "listener":
+            fd = os.dup(session_.listener.fileno())
+        elif held == "connection":
+            fd = os.dup(next(iter(session_.connections)).client.fileno())
+        else:
+            fd = os.open(audit, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            with pytest.raises(nsconfine.UsageError, match="holds for another session"):
+                nsconfine.spawn(plan, ["/bin/true"], stdout=fd)
+        finally:
+            os.close(fd)
         sandbox.kill()
 
 

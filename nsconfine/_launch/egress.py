@@ -17,6 +17,7 @@ from _thread import allocate_lock
 from collections.abc import Mapping
 
 from nsconfine._errors import SandboxUnavailable
+from nsconfine._launch import own_fds
 from nsconfine._plan.model import RELAY_DIRECTORY, Plan, relay_entry
 from nsconfine._text import printable
 
@@ -48,6 +49,7 @@ class AuditLog:
             os.close(self.fd)
             raise SandboxUnavailable(not_a_file)
         os.set_blocking(self.fd, True)
+        self.held = own_fds.hold(self.fd)  # the proxy's word: no session's stdio while open
 
     def write(self, record: Mapping[str, object]) -> None:
         import json  # here: a launch without an audit log never needs it
@@ -56,6 +58,7 @@ class AuditLog:
 
     def close(self) -> None:
         if self.fd >= 0:
+            own_fds.release(self.held)
             os.close(self.fd)
             self.fd = -1
 

@@ -43,7 +43,7 @@ from typing import Literal
 
 from nsconfine._errors import SandboxUnavailable, UsageError
 from nsconfine._kernel.accounts import make_own_directory
-from nsconfine._launch import own_sockets
+from nsconfine._launch import own_fds
 from nsconfine._plan.allowlist import (
     Decision,
     Destination,
@@ -421,6 +421,14 @@ class _Connection:
                 _shut(sock)
 
 
+def _close_held(sock: socket.socket) -> None:
+    """Close a socket own_fds holds (forgotten there first: its inode may be reused)."""
+    with contextlib.suppress(OSError):  # (closed already: fileno() is -1)
+        info = os.fstat(sock.fileno())
+        own_fds.release((info.st_dev, info.st_ino))
+    sock.close()
+
+
 def _shut(sock: socket.socket) -> None:
     """Shut sock both ways from another thread: a TLS socket's own shutdown() would also drop
     its TLS state under the thread using it (an AttributeError there, not an OSError)."""
@@ -436,7 +444,7 @@ class _Session:
     listener: socket.socket
     destinations: tuple[Destination, ...]
     routes: dict[str, Route]
-    held: tuple[int, int]  # the listener's identity in own_sockets
+    held: tuple[int, int]  # the listener's identity in own_fds
     connections: set[_Connection] = field(default_factory=set)
     stopping: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -658,7 +666,7 @@ class Proxy:
             with contextlib.suppress(OSError):
                 listener.setsockopt(socket.SOL_SOCKET, _SO_PASSRIGHTS, 0)
             listener.listen(128)
-            held = own_sockets.hold(listener.fileno())  # no session's stdio while open
+            held = own_fds.hold(listener.fileno())  # no session's stdio while open
         except BaseException:
             listener.close()
             shutil.rmtree(directory, ignore_errors=True)
@@ -674,7 +682,7 @@ class Proxy:
         except RuntimeError:  # the launcher at its process or thread limit
             with self._lock:
                 self._sessions.pop(name, None)
-            own_sockets.release(held)
+            own_fds.release(held)
             listener.close()
             shutil.rmtree(directory, ignore_errors=True)
             raise SandboxUnavailable(
@@ -722,7 +730,7 @@ class Proxy:
             session.listener.shutdown(socket.SHUT_RDWR)
         if session.thread is not None and session.thread is not threading.current_thread():
             session.thread.join()
-        own_sockets.release(session.held)
+        own_fds.release(session.held)
         session.listener.close()
         with self._lock:
             connections = list(session.connections)
@@ -776,11 +784,12 @@ class Proxy:
                     return
                 time.sleep(0.05)  # EMFILE and the like: the next accept may succeed
                 continue
+            own_fds.hold(client.fileno())  # no other session's stdio while open
             unjudged = _refusal_of_peer(client, session.network) if self.sandboxes_only else None
             if unjudged is not None:
                 # The socket is the session account's to connect to, and a host process of
                 # that account (a daemon sharing `nobody`) is no sandbox: it gets nothing here.
-                client.close()
+                _close_held(client)
                 self._emit({"time": _now(), "session": session.name}, False, unjudged)
                 continue
             connection = _Connection(session.name, client)
@@ -832,7 +841,7 @@ class Proxy:
             connection.client.send(_response(503, reason))
         except OSError:
             pass
-        connection.client.close()
+        _close_held(connection.client)
         self._emit(connection.record, False, reason)
 
     def _emit(self, record: dict[str, object], allowed: bool, reason: str) -> None:
@@ -879,7 +888,7 @@ class Proxy:
         finally:
             for sock in (connection.client, connection.upstream):
                 if sock is not None:
-                    sock.close()
+                    _close_held(sock)
             if allowed_reason is not None:
                 self._emit(record, True, allowed_reason)
             with self._connection_ended:
@@ -995,6 +1004,7 @@ class Proxy:
             raise _Refusal(502, "the session ended")
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
+        own_fds.hold(sock.fileno())  # the way out: no session's stdio while open
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UPSTREAM_RECEIVE_BYTES)
             sock.setblocking(False)
@@ -1016,7 +1026,7 @@ class Proxy:
             sock.settimeout(self.connect_timeout)  # as socket.create_connection leaves it
             return sock
         except BaseException:
-            sock.close()
+            _close_held(sock)
             raise
 
     def _open_by_name(self, connection: _Connection, host: str, port: int) -> socket.socket:
@@ -1219,6 +1229,7 @@ class _Splicer:
     def __init__(self, idle_timeout: float) -> None:
         self.idle_timeout = idle_timeout
         self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.held = own_fds.hold(self.read_end)  # (both ends: one pipe)
         with contextlib.suppress(OSError):  # past the system's pipe-max-size: the default
             fcntl.fcntl(self.write_end, fcntl.F_SETPIPE_SZ, SPLICE_BYTES)
 
@@ -1264,6 +1275,7 @@ class _Splicer:
         return len(data)
 
     def close(self) -> None:
+        own_fds.release(self.held)
         os.close(self.read_end)
         os.close(self.write_end)
 

@@ -57,7 +57,7 @@ from nsconfine._kernel import layers as _layers
 from nsconfine._kernel import syscalls as _syscalls
 from nsconfine._kernel.mountinfo import watched_mountinfo
 from nsconfine._launch import egress as _egress
-from nsconfine._launch import own_sockets
+from nsconfine._launch import own_fds
 from nsconfine._launch import sources as _sources
 from nsconfine._launch.confirm import (
     SetupEnded,
@@ -170,8 +170,11 @@ def _not_a_stream(info: os.stat_result, flags: int) -> str:
         return "no file, pipe, socket or device (a pidfd, an eventfd, an epoll instance ...)"
     if info.st_dev == _PROC_DEVICE:
         return "a file of /proc, which acts on the process that opened it (its memory, its limits)"
-    if own_sockets.is_held(info):
-        return "the launcher's own socket to a sandbox (an fd number the caller closed, reused)"
+    if own_fds.is_held(info):
+        return (
+            "a file the launcher holds for another session (its shim's socket, its traffic on "
+            "the proxy, its audit file): an fd number the caller closed, reused"
+        )
     return ""
 
 
@@ -288,7 +291,7 @@ class Staged:
         self.reaper = reaper
         self.reaper_pidfd = reaper_pidfd
         self.sock = sock
-        self.sock_identity = own_sockets.hold(sock.fileno())  # no session's stdio while open
+        self.sock_identity = own_fds.hold(sock.fileno())  # no session's stdio while open
         self.init_pid = self.init_pidfd = self.command_pid = self.command_pidfd = -1
         self.bwrap_pidfd = -1  # bwrap's own process, outside the sandbox; only until hand-off
         self.started = time.perf_counter()
@@ -304,7 +307,7 @@ class Staged:
 
     def close_socket(self) -> None:
         """Close the launcher's end of the shim's socket (after the hand-off, or to end it)."""
-        own_sockets.release(self.sock_identity)
+        own_fds.release(self.sock_identity)
         self.sock.close()
 
     def mark(self, stage: str) -> None:
