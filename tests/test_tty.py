@@ -704,20 +704,25 @@ def test_run_turns_off_the_modes_a_terminal_keeps_that_tmux_does_not(
     assert [off for off in UNTRACKED_MODES.values() if off not in after] == [], written
 
 
-def test_a_session_that_shifts_to_g1_alone_is_shifted_back(
-    ws_run: tuple[Path, Path], tmp_path: Path
+@pytest.mark.parametrize(
+    ("sent", "undone_by"), [("\\016", b"\017"), ("\\230", b"\033\\")], ids=["SO", "8-bit-SOS"]
+)
+def test_a_session_whose_output_holds_no_escape_is_reset_after_all(
+    ws_run: tuple[Path, Path], tmp_path: Path, sent: str, undone_by: bytes
 ) -> None:
-    """A session whose output holds SO (shift to G1) and no escape at all: `run` still shifts
-    G0 back in after it (attackers' pass, stop 43: only an escape made it reset the terminal,
-    and a console whose G1 is the line-drawing set garbled the warnings and the prompt)."""
+    """A session whose output holds SO (shift to G1) or an 8-bit SOS (a string the terminal
+    swallows to its end, on one that reads 8-bit controls) and no escape at all: `run` still
+    resets the terminal after it (attackers' pass and its review, stop 43: only an escape made
+    it reset the terminal, and a console whose G1 is the line-drawing set garbled the
+    warnings and the prompt)."""
     typescript = tmp_path / "typescript"
     cli = [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
-           "/bin/sh", "-c", "printf 'shifted\\016out'"]  # fmt: skip
+           "/bin/sh", "-c", f"printf 'shifted{sent}out'"]  # fmt: skip
     subprocess.run(["script", "-q", "-e", "-c", shlex.join(cli), str(typescript)],
                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True,
                    timeout=60, cwd="/")  # fmt: skip
     written = typescript.read_bytes()
-    assert b"\017" in written[written.rindex(b"shifted\016out") :], written
+    assert undone_by in written[written.rindex(b"shifted") :], written
 
 
 # What a session may leave a terminal in that would hide what `run` prints after it, each

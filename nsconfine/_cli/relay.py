@@ -207,10 +207,10 @@ class _StatusQueries:
 
 
 # What may turn a mode on or ask the terminal a question in what a session wrote: ESC, the
-# 8-bit introducers (DCS, CSI, ST, OSC, PM, APC), ENQ (answered with an answerback message)
+# 8-bit introducers (DCS, SOS, CSI, ST, OSC, PM, APC), ENQ (answered with an answerback message)
 # and SO (shifts to G1, the line-drawing set where a terminal starts with it there).
 # (Deleted with bytes.translate to find one: no regular expression, nor `re`, on run's way.)
-_ESCAPES = b"\x05\x0e\x1b\x90\x9b\x9c\x9d\x9e\x9f"
+_ESCAPES = b"\x05\x0e\x1b\x90\x98\x9b\x9c\x9d\x9e\x9f"
 
 
 def leave_tui_modes(out: int, limit: DrainLimit, queries: int) -> None:
