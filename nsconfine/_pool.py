@@ -38,13 +38,15 @@ from nsconfine._gate import (
     refusing_os_errors,
 )
 from nsconfine._interrupts import CtrlCHeld
+from nsconfine._kernel.syscalls import realpath
 from nsconfine._launch.forks import LaunchWindow
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import Staged, hold_closed_stdio, teardown
-from nsconfine._plan.model import RELAY_DIRECTORY, Plan
+from nsconfine._plan.model import RELAY_DIRECTORY, Kind, Mode, Plan
 from nsconfine._plan.protect import refreshed_and_seen
 from nsconfine._policy.pins import verify_pins
+from nsconfine._preflight.launcher_code import refuse_writable_launcher_code
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -105,6 +107,12 @@ class Pool:
         with refusing_os_errors():
             lint(plan)  # refused here exactly as spawn would refuse it
             gate(plan)
+            # each writable bind's real path (a launch checks their identity)
+            self._writable = [
+                realpath(e.source)
+                for e in plan.entries
+                if e.kind is Kind.BIND and e.mode is Mode.RW
+            ]
         self.plan = plan
         self._owner = os.getpid()  # whose children its sandboxes are
         self.size = size
@@ -201,6 +209,9 @@ class Pool:
         # Checked before a sandbox is taken; a failed launch closes its pipes.
         with prepare_launch(argv, env, stdio, tty) as launch:
             refuse_if_statuses_discarded()  # SIGCHLD may have come to be ignored since staging
+            # The launcher may have imported from a writable bind since (the gate's check,
+            # cached per state of the launcher's modules: microseconds when unchanged).
+            refuse_writable_launcher_code(self._writable)
             for _attempt in range(3):
                 staged = self._take()
                 try:

@@ -823,3 +823,34 @@ def test_a_changed_mount_table_stays_changed_however_often_it_is_asked(tmp_path:
     )  # fmt: skip
     assert result.returncode == 0, result
     assert result.stdout == "True\nFalse False\n", result
+
+
+_IMPORTS_FROM_THE_WORKSPACE_AFTER_STAGING = """
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+with nsconfine.Pool(plan) as pool:
+    assert pool.wait_staged(60)
+    with open(os.path.join(sys.argv[1], "plugin_x.py"), "w") as module:
+        module.write("RAN = True\\n")  # as a session could have written it
+    sys.path.append(sys.argv[1])
+    import plugin_x  # a broker's plugin loader
+    try:
+        pool.launch(["/bin/true"]).wait()
+    except nsconfine.SandboxUnavailable as refused:
+        print("refused", "imports from" in str(refused))
+    else:
+        print("launched")
+"""
+
+
+def test_a_pool_launch_after_the_launcher_imported_from_the_workspace_is_refused(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """The gate refuses a launch whose launcher loads code from where the session writes
+    (stop 42): a Pool's launch of a sandbox staged before the launcher imported a module from
+    the workspace ran all the same (attackers' pass, stop 43), as spawn did not."""
+    child = python_child(
+        _IMPORTS_FROM_THE_WORKSPACE_AFTER_STAGING, str(ws_run[0]), str(ws_run[1]),
+        SESSION_USER or "", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    output, errors = child.communicate(timeout=120)
+    assert output.split() == ["refused", "True"], errors
