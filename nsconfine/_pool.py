@@ -155,6 +155,7 @@ class Pool:
     def wait_staged(self, timeout: float | None = None) -> bool:
         """Wait until `size` sandboxes are staged; False on timeout, a staging failure or close."""
         timeout = checked_timeout(timeout)
+        self._refuse_in_a_fork("wait for it to stage (its refill thread is the parent's)")
         if timeout is not None and timeout > threading.TIMEOUT_MAX:
             timeout = None  # float("inf"): as long as it takes (a Condition would overflow)
         return self._refiller.wait_staged(timeout)
@@ -179,11 +180,7 @@ class Pool:
         may be subprocess.STDOUT, as spawn takes them. OSError if argv[0] cannot be
         executed; RuntimeError in a process forked from the pool's, which could not wait for
         its sandboxes (their reapers are the pool's process's children)."""
-        if os.getpid() != self._owner:
-            raise RuntimeError(
-                f"this pool was made by process {self._owner}: a forked child cannot launch "
-                "from it (it could not wait for the session); make a Pool in the child"
-            )
+        self._refuse_in_a_fork("launch from it (it could not wait for the session)")
         with CtrlCHeld() as held:  # a Ctrl-C ends the launch once it is whole
             with self._cond:
                 self._launching += 1
@@ -198,6 +195,13 @@ class Pool:
             held.undo(sandbox.__exit__)  # (kill, wait, close its pipes)
             self._refiller.launched()
         return sandbox
+
+    def _refuse_in_a_fork(self, what: str) -> None:
+        if os.getpid() != self._owner:
+            raise RuntimeError(
+                f"this pool was made by process {self._owner}: a forked child cannot {what}; "
+                "make a Pool in the child"
+            )
 
     def _launch(
         self,

@@ -178,16 +178,25 @@ def test_a_pool_session_runs_in_the_directory_its_path_names_at_launch(
     assert not (moved.with_name(moved.name + ".task1") / "made").exists()
 
 
-def test_a_forked_child_cannot_launch_from_its_parents_pool(plan: nsconfine.Plan) -> None:
+@pytest.mark.parametrize("call", ["launch", "wait_staged"])
+def test_a_forked_child_cannot_launch_from_its_parents_pool(
+    plan: nsconfine.Plan, call: str
+) -> None:
     """A pool's sandboxes are its launcher's children: a forked child that launched from it
     could never wait for its reaper, and reported every session's status as 0 (broker's
     pass, stop 32: a pre-fork server's failing jobs passed). It is refused, as a forked
-    child's poll() is."""
-    with nsconfine.Pool(plan, refill="inline") as pool:
+    child's poll() is; so is waiting for it to stage, which its refill thread, the parent's,
+    never did in the child: wait_staged() never returned (attackers' pass, stop 43)."""
+    with nsconfine.Pool(plan) as pool:
         child = os.fork()
         if child == 0:  # (the child reports by its exit status alone)
+            signal.alarm(30)  # a child that hangs (on a lock the parent's thread held) fails
             try:
-                pool.launch(["/bin/sh", "-c", "exit 7"])
+                if call == "launch":
+                    pool.launch(["/bin/sh", "-c", "exit 7"])
+                else:
+                    pool._staged.clear()  # (short at the fork, as a busy pool may be)
+                    pool.wait_staged(5)
             except RuntimeError:
                 os._exit(0)
             except BaseException:
