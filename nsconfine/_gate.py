@@ -116,9 +116,7 @@ def gate(plan: Plan) -> Cleared:
     bwrap = located_bwrap()
     # Before bwrap is first run (its proof runs it): a planted one must never run at all.
     programs = {"bwrap": bwrap, "reaper": REAPER_PATH, "shim": SHIM_PATH}
-    writable = [
-        realpath(e.source) for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW
-    ]
+    writable = writable_roots(plan)
     _refuse_writable_programs(writable, programs)
     refuse_writable_launcher_code(writable)
     refuse_unusable_bwrap(bwrap)
@@ -132,6 +130,12 @@ def gate(plan: Plan) -> Cleared:
         )
     proven_bwrap(bwrap)
     return Cleared(bwrap, takes_bind_fds(bwrap))
+
+
+def writable_roots(plan: Plan) -> list[str]:
+    """The real path of each writable bind's source: where what the launcher runs or loads
+    must not lie."""
+    return [realpath(e.source) for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW]
 
 
 def _refuse_writable_programs(writable: Sequence[str], programs: dict[str, str]) -> None:

@@ -36,14 +36,14 @@ from nsconfine._gate import (
     lint,
     refuse_if_statuses_discarded,
     refusing_os_errors,
+    writable_roots,
 )
 from nsconfine._interrupts import CtrlCHeld
-from nsconfine._kernel.syscalls import realpath
 from nsconfine._launch.forks import LaunchWindow
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
 from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import Staged, hold_closed_stdio, teardown
-from nsconfine._plan.model import RELAY_DIRECTORY, Kind, Mode, Plan
+from nsconfine._plan.model import RELAY_DIRECTORY, Plan
 from nsconfine._plan.protect import refreshed_and_seen
 from nsconfine._policy.pins import verify_pins
 from nsconfine._preflight.launcher_code import refuse_writable_launcher_code
@@ -107,12 +107,7 @@ class Pool:
         with refusing_os_errors():
             lint(plan)  # refused here exactly as spawn would refuse it
             gate(plan)
-            # each writable bind's real path (a launch checks their identity)
-            self._writable = [
-                realpath(e.source)
-                for e in plan.entries
-                if e.kind is Kind.BIND and e.mode is Mode.RW
-            ]
+            self._writable = writable_roots(plan)  # (a launch checks their identity)
         self.plan = plan
         self._owner = os.getpid()  # whose children its sandboxes are
         self.size = size

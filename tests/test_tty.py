@@ -685,6 +685,19 @@ UNTRACKED_MODES = {
 }
 
 
+def _written_to_the_terminal(ws_run: tuple[Path, Path], tmp_path: Path, output: str) -> bytes:
+    """All `nsconfine run` wrote to its terminal (script's typescript) for a session that
+    prints output (printf's format)."""
+    typescript = tmp_path / "typescript"
+    cli = [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+           "/bin/sh", "-c", f"printf '{output}'"]  # fmt: skip
+    # (from /, as the other CLI tests: the installed package, not the source tree)
+    subprocess.run(["script", "-q", "-e", "-c", shlex.join(cli), str(typescript)],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True,
+                   timeout=60, cwd="/")  # fmt: skip
+    return typescript.read_bytes()
+
+
 def test_run_turns_off_the_modes_a_terminal_keeps_that_tmux_does_not(
     ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -692,14 +705,7 @@ def test_run_turns_off_the_modes_a_terminal_keeps_that_tmux_does_not(
     UNTRACKED_MODES ends turns each off, after the session's bytes (attackers' pass: X10 mouse
     reports were typed into the shell, two kitty keyboard levels kept Ctrl-C from being an
     interrupt, and the line-drawing set garbled the caller's prompt)."""
-    typescript = tmp_path / "typescript"
-    cli = [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
-           "/bin/sh", "-c", f"printf '{''.join(UNTRACKED_MODES)}'"]  # fmt: skip
-    # (from /, as the other CLI tests: the installed package, not the source tree)
-    subprocess.run(["script", "-q", "-e", "-c", shlex.join(cli), str(typescript)],
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True,
-                   timeout=60, cwd="/")  # fmt: skip
-    written = typescript.read_bytes()
+    written = _written_to_the_terminal(ws_run, tmp_path, "".join(UNTRACKED_MODES))
     after = written[written.rindex(b"\033)0\016") :]
     assert [off for off in UNTRACKED_MODES.values() if off not in after] == [], written
 
@@ -715,13 +721,7 @@ def test_a_session_whose_output_holds_no_escape_is_reset_after_all(
     resets the terminal after it (attackers' pass and its review, stop 43: only an escape made
     it reset the terminal, and a console whose G1 is the line-drawing set garbled the
     warnings and the prompt)."""
-    typescript = tmp_path / "typescript"
-    cli = [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
-           "/bin/sh", "-c", f"printf 'shifted{sent}out'"]  # fmt: skip
-    subprocess.run(["script", "-q", "-e", "-c", shlex.join(cli), str(typescript)],
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True,
-                   timeout=60, cwd="/")  # fmt: skip
-    written = typescript.read_bytes()
+    written = _written_to_the_terminal(ws_run, tmp_path, f"shifted{sent}out")
     assert undone_by in written[written.rindex(b"shifted") :], written
 
 
