@@ -855,21 +855,22 @@ int nsc_child_statuses_discarded(void)
            (current.sa_flags & SA_NOCLDWAIT) != 0;
 }
 
-long nsc_first_changed(const char *paths, size_t count, const struct nsc_identity *expected)
+long nsc_first_changed(const char *paths, size_t count, const struct nsc_identity *expected,
+                       int same_file)
 {
     for (size_t i = 0; i < count; i++) {
         struct stat info;
         const struct nsc_identity *was = &expected[i];
-        int present = lstat(paths, &info) == 0;
+        int present = (same_file ? stat(paths, &info) : lstat(paths, &info)) == 0;
         if (present != (was->present != 0))
             return (long)i;
         if (present &&
             ((unsigned long long)info.st_dev != was->dev ||
              (unsigned long long)info.st_ino != was->ino ||
-             (long long)info.st_mtim.tv_sec != was->mtime_sec ||
-             (long long)info.st_mtim.tv_nsec != was->mtime_nsec ||
-             (long long)info.st_ctim.tv_sec != was->ctime_sec ||
-             (long long)info.st_ctim.tv_nsec != was->ctime_nsec))
+             (!same_file && ((long long)info.st_mtim.tv_sec != was->mtime_sec ||
+                             (long long)info.st_mtim.tv_nsec != was->mtime_nsec ||
+                             (long long)info.st_ctim.tv_sec != was->ctime_sec ||
+                             (long long)info.st_ctim.tv_nsec != was->ctime_nsec))))
             return (long)i;
         paths += strlen(paths) + 1;
     }

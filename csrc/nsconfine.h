@@ -127,7 +127,10 @@ int nsc_linked_files(const char *dir, int depth, long *budget, struct nsc_linked
  * looked at it? expected[i] is what lstat(2) of the i-th gave then: present 0 if it failed
  * (a path still failing is unchanged, whatever the errno), else 1 and the identity. Every
  * launch asks this of the paths its protection scan depended on (nsconfine._plan.protect):
- * the index of the first that differs, or -1.
+ * the index of the first that differs, or -1. same_file: only which file each path names is
+ * asked, by stat(2), following symlinks, against the device and inode (the times are not
+ * compared): a pool's launch asks it of each bind's source, since a directory moved away and
+ * another put at its path is no longer the one the staged sandbox binds.
  */
 struct nsc_identity {
     long long present;
@@ -138,7 +141,8 @@ struct nsc_identity {
     long long ctime_sec;
     long long ctime_nsec;
 };
-long nsc_first_changed(const char *paths, size_t count, const struct nsc_identity *expected);
+long nsc_first_changed(const char *paths, size_t count, const struct nsc_identity *expected,
+                       int same_file);
 
 /*
  * An O_PATH, close-on-exec fd for the absolute path, opened without following

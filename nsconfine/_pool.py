@@ -16,9 +16,11 @@ A staged sandbox protects the repositories its workspace held when it was built:
 looked at again (nsconfine._plan.protect.refreshed, a stat of what its scan read), and one staged
 before a repository appeared is torn down and replaced by one staged on the spot; so is one
 whose mount table is no longer the one checked (Staged.mounts_unchanged: a file the host
-replaced, whose bind the kernel then detached), and one whose read-only binds in the workspace
-were changed on the host (Staged.read_only_unchanged: a protected file moved aside, which its
-bind follows, or given a second name).
+replaced, whose bind the kernel then detached), one whose binds' paths no longer name what it
+binds (Staged.binds_unchanged: a workspace, or a read-only directory, moved away and another
+put at its path), and one whose read-only binds in the workspace were changed on the host
+(Staged.read_only_unchanged: a protected file moved aside, which its bind follows, or given a
+second name).
 """
 
 from __future__ import annotations
@@ -252,12 +254,12 @@ class Pool:
 
     def _current(self, staged: Staged) -> Staged:
         """staged, if its protected paths are still those its workspace needs, its mounts those
-        checked, its writable binds' paths still its directories and its read-only binds in
-        them, with all they hold, as checked; else (a repository made since it was staged, by a
-        payload of this pool or anyone; a file the host replaced; a workspace moved away and a
-        fresh one put at its path; a protected file another session moved aside or linked, a
-        hook it put in) a sandbox staged now for what the workspace holds, checked as spawn
-        checks it."""
+        checked, its binds' paths still what it binds and its read-only binds in the writable
+        ones, with all they hold, as checked; else (a repository made since it was staged, by a
+        payload of this pool or anyone; a file the host replaced; a workspace or a read-only
+        directory moved away and a fresh one put at its path; a protected file another session
+        moved aside or linked, a hook it put in) a sandbox staged now for what the workspace
+        holds, checked as spawn checks it."""
         try:
             with refusing_os_errors():
                 fresh, seen = refreshed_and_seen(staged.plan)
@@ -267,7 +269,7 @@ class Pool:
         if (
             fresh is staged.plan
             and staged.mounts_unchanged()
-            and staged.writable_binds_unchanged()
+            and staged.binds_unchanged()
             and staged.read_only_unchanged()
         ):
             staged.seen = seen  # what this launch looked at, for its report

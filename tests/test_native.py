@@ -468,6 +468,28 @@ def test_path_identities_see_each_change_a_scan_depends_on(tmp_path: Path, chang
     assert identities.any_changed()
 
 
+def test_same_file_identities_ask_only_which_file_each_path_names(tmp_path: Path) -> None:
+    """A pool's launch asks whether each bind's path still names the file its sandbox binds
+    (same_file), following symlinks as the bind did: what the files hold may change, which
+    files they are may not."""
+    directory, file, link = tmp_path / "dir", tmp_path / "file", tmp_path / "link"
+    directory.mkdir()
+    file.write_text("x")
+    link.symlink_to(directory)
+    bound = []
+    for path in (directory, file, link):
+        info = path.stat()
+        bound.append((str(path), (info.st_dev, info.st_ino, 0, 0)))
+    identities = PathIdentities(bound, same_file=True)
+    assert not identities.any_changed()
+    file.write_text("y")
+    (directory / "new").mkdir()
+    assert not identities.any_changed()
+    directory.rename(tmp_path / "archived")
+    directory.mkdir()
+    assert identities.any_changed()
+
+
 @pytest.mark.parametrize(
     ("argc", "envc", "size"),
     [(0x80000001, 0x80000000, 10), (0xFFFFFFFF, 1, 10), (1, 0xFFFFFFFF, 10), (3, 0, 4)],

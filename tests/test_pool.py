@@ -178,6 +178,32 @@ def test_a_pool_session_runs_in_the_directory_its_path_names_at_launch(
     assert not (moved.with_name(moved.name + ".task1") / "made").exists()
 
 
+def test_a_pool_session_sees_the_read_only_directory_its_path_names_at_launch(
+    tmp_path: Path,
+) -> None:
+    """A host that moves a read-only bind's directory (outside the workspace) away and puts
+    another at its path gets a session of the new one, as spawn would give; the one moved away
+    (archived, or about to be made private) is never shown (review of stop 43's left-alone
+    list: a staged sandbox kept binding the directory its path named at staging)."""
+    from helpers import open_up
+
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "which").write_text("staged\n")
+    open_up(docs / "which")
+    plan = session(workspace, run_dir, ro=[docs]).plan()
+    with nsconfine.Pool(plan, refill="inline") as pool:
+        assert pool.launch(["/bin/true"]).wait(timeout=60) == 0
+        docs.rename(tmp_path / "docs.archived")
+        docs.mkdir()
+        (docs / "which").write_text("the new one\n")
+        open_up(docs / "which")
+        status, output = status_and_output(pool.launch, ["/bin/cat", f"{docs}/which"])
+    assert status == 0, output
+    assert output == "the new one\n"
+
+
 @pytest.mark.parametrize("call", ["launch", "wait_staged"])
 def test_a_forked_child_cannot_launch_from_its_parents_pool(
     plan: nsconfine.Plan, call: str

@@ -422,11 +422,18 @@ def changing_identity(info: os.stat_result) -> tuple[int, int, int, int]:
 class PathIdentities:
     """Paths and what lstat gave for each, (device, inode, modification and change time in
     ns), or None where it failed, packed once: whether any has changed since is then one
-    call (nsc_first_changed), which every launch asks."""
+    call (nsc_first_changed), which every launch asks. same_file: only which file each path
+    names is asked (stat, following symlinks: device and inode; the times given are not
+    compared)."""
 
-    __slots__ = ("_count", "_expected", "_paths")
+    __slots__ = ("_count", "_expected", "_paths", "_same_file")
 
-    def __init__(self, observed: Sequence[tuple[str, tuple[int, int, int, int] | None]]) -> None:
+    def __init__(
+        self,
+        observed: Sequence[tuple[str, tuple[int, int, int, int] | None]],
+        same_file: bool = False,
+    ) -> None:
+        self._same_file = same_file
         paths = [os.fsencode(path) for path, _ in observed]
         if any(b"\0" in path for path in paths):
             raise ValueError("embedded null byte")  # as lstat itself refuses such a path
@@ -444,9 +451,10 @@ class PathIdentities:
         self._count = len(observed)
 
     def any_changed(self) -> bool:
-        """Does any path now lstat to another identity, or fail where it did not (or the
-        reverse)?"""
-        return bool(_nsc_first_changed(self._paths, self._count, self._expected) >= 0)
+        """Does any path now lstat (same_file: stat) to another identity, or fail where it
+        did not (or the reverse)?"""
+        first = _nsc_first_changed(self._paths, self._count, self._expected, self._same_file)
+        return bool(first >= 0)
 
 
 def identity(path: str, dir_fd: int | None = None) -> tuple[int, int] | None:

@@ -79,7 +79,7 @@ from nsconfine._plan.bwrap_args import (
 )
 from nsconfine._plan.limits import tmpfs_shape
 from nsconfine._plan.model import Kind, Mode, Plan, has_own_network
-from nsconfine._text import printable
+from nsconfine._text import inside, printable
 
 TYPE_CHECKING = False  # typing costs launchers milliseconds of import; mypy reads this block
 if TYPE_CHECKING:
@@ -245,6 +245,7 @@ class Staged:
     """A sandbox built and checked, whose shim waits for its command."""
 
     __slots__ = (
+        "bind_paths",
         "bound",
         "bwrap_pidfd",
         "command_pid",
@@ -268,7 +269,6 @@ class Staged:
         "stubs",
         "timings",
         "usable_until",
-        "writable",
     )
 
     def __init__(self, plan: Plan, reaper: int, reaper_pidfd: int, sock: socket.socket) -> None:
@@ -282,12 +282,9 @@ class Staged:
         # Each read-only bind inside a writable one, and all it holds, as checked at staging
         # (None: too many to keep; a launch then stages afresh, checking them as spawn does).
         self.read_only: _syscalls.PathIdentities | None = None
-        # (dest, source) of each writable bind, which a launch looks at again.
-        self.writable = [
-            (entry.dest, entry.source)
-            for entry in plan.entries
-            if entry.kind is Kind.BIND and entry.mode is Mode.RW
-        ]
+        # Each bind's source (but those read_only has) and the file bound there, which a
+        # launch looks at again (None: not kept staged, never asked).
+        self.bind_paths: _syscalls.PathIdentities | None = None
         self.reaper = reaper
         self.reaper_pidfd = reaper_pidfd
         self.sock = sock
@@ -338,15 +335,12 @@ class Staged:
         self.mounts_changed = bool(watcher.poll(0))
         return not self.mounts_changed
 
-    def writable_binds_unchanged(self) -> bool:
-        """Does each writable bind's path still name the directory this sandbox binds? A broker
-        may move a task's workspace (or run directory) away and put a fresh one at its path:
-        the sandbox would show the one moved away, and its mount table would not change."""
-        for dest, source in self.writable:
-            bound = self.bound.get(dest)
-            if bound is None or _syscalls.identity(source) != bound[:2]:
-                return False
-        return True
+    def binds_unchanged(self) -> bool:
+        """Does each bind's path still name the file or directory this sandbox binds there? A
+        broker may move a task's workspace (or run directory, or a read-only directory it
+        shows) away and put a fresh one at its path: the sandbox would show the one moved
+        away, and its mount table would not change."""
+        return self.bind_paths is not None and not self.bind_paths.any_changed()
 
     def read_only_unchanged(self) -> bool:
         """Is each read-only bind inside a writable one, and all it holds, as it was checked?
@@ -512,6 +506,8 @@ def stage(
         staged.stubs = stubs
         staged.egress = egress
         staged.bound = bound
+        if kept:
+            staged.bind_paths = _bind_paths(plan, bound)
         if read_only_seen is not None and read_only_seen.complete:
             staged.read_only = _syscalls.PathIdentities(read_only_seen.seen)
         _sources.hand_over(stubs)  # the reaper holds them now
@@ -581,6 +577,25 @@ def _fd_identity(fd: int) -> Identity:
 def _bound_identity(fd: int) -> tuple[int, int, int]:
     info = os.fstat(fd)
     return (info.st_dev, info.st_ino, info.st_ctime_ns)
+
+
+def _bind_paths(plan: Plan, bound: Mapping[str, tuple[int, int, int]]) -> _syscalls.PathIdentities:
+    """Each bind's source and the file bound there (Staged.binds_unchanged), but for the
+    binds inside a writable one (Staged.read_only: each, with all it holds) and those of /proc
+    and /sys (the kernel's own files, which no one moves or replaces; a third of a default
+    plan's binds, at a microsecond or two each on every launch)."""
+    writable = [e.dest for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW]
+    return _syscalls.PathIdentities(
+        [
+            (entry.source, (*bound[entry.dest][:2], 0, 0))
+            for entry in plan.entries
+            if entry.kind is Kind.BIND
+            and entry.dest in bound
+            and not entry.source.startswith(("/proc/", "/sys/"))
+            and not any(inside(entry.dest, top) is not None for top in writable)
+        ],
+        same_file=True,
+    )
 
 
 def _close_opened(*fds: int) -> None:
