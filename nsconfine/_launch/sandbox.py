@@ -249,7 +249,8 @@ class Sandbox:
         timeout seconds."""
         timeout = checked_timeout(timeout)
         try:
-            watch = self._watch()
+            with CtrlCHeld() as held:
+                watch = self._watch(held)
         except OSError:  # out of fds: looked at every 20 ms instead
             ended = self._poll_until(timeout)
         else:
@@ -269,14 +270,19 @@ class Sandbox:
             )
         return status
 
-    def _watch(self) -> int:
+    def _watch(self, held: CtrlCHeld) -> int:
         """A copy of the sentinel while the session runs, for the caller to wait on and close;
         -1 once it has ended. Taken under the lock its end closes the sentinel under: between
         a look at returncode and a wait on the sentinel itself, another thread could reap the
         session and close it, and a new fd take its number (a wait then watched a socket).
-        OSError (EMFILE) for a launcher out of fds."""
+        With a Ctrl-C held by the caller's held, which closes the copy if one came (as the
+        copy was taken, the caller did not hold it yet). OSError (EMFILE) for a launcher out
+        of fds."""
         with self._lock:
-            return -1 if self.returncode is not None else os.dup(self._reaper_pidfd)
+            watch = -1 if self.returncode is not None else os.dup(self._reaper_pidfd)
+        if watch >= 0:
+            held.undo(lambda: os.close(watch))
+        return watch
 
     def _poll_until(self, timeout: float | None) -> bool:
         """Has the session ended within timeout (None: no limit), looking every 20 ms?"""
@@ -308,7 +314,8 @@ class Sandbox:
             raise UsageError("communicate() took its input in an earlier call: give none now")
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            watch = self._watch()  # (-1: ended)
+            with CtrlCHeld() as held:
+                watch = self._watch(held)  # (-1: ended)
         except OSError:  # out of fds: the sentinel itself, as this thread alone reaps here
             watch, owned = (-1 if self.returncode is not None else self._reaper_pidfd), False
         else:
