@@ -779,9 +779,6 @@ def _runc_problem() -> str | None:
     return None
 
 
-runc_only = [pytest.mark.confinement, pytest.mark.root]
-
-
 @pytest.fixture
 def runc_world(tmp_path: Path) -> Iterator[World]:
     """A stand-in host, as the selftest's, whose sessions runc runs."""

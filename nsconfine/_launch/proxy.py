@@ -21,7 +21,6 @@ import contextlib
 import datetime
 import errno
 import fcntl
-import json
 import os
 import resource
 import select
@@ -229,10 +228,6 @@ def _response(status: int, reason: str) -> bytes:
         f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     ).encode() + body
-
-
-def _holds_decrypted(sock: socket.socket) -> bool:
-    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
 
 
 def _header_name(line: bytes) -> str:
@@ -1372,20 +1367,3 @@ def _writable(sock: socket.socket, timeout: float) -> bool:
     poller = select.poll()
     poller.register(sock, select.POLLOUT)
     return bool(poller.poll(timeout * 1000))
-
-
-def audit_to_file(target: str | os.PathLike[str] | int) -> Callable[[dict[str, object]], None]:
-    """An audit sink writing each record as one JSON line (one write each, appended) to a path
-    (created 0600) or an open file descriptor (which stays the caller's)."""
-    if isinstance(target, int):
-        fd = target
-    else:
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    lock = threading.Lock()
-
-    def write(record: dict[str, object]) -> None:
-        line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
-        with lock:
-            os.write(fd, line)
-
-    return write

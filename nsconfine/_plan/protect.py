@@ -67,8 +67,6 @@ from nsconfine._plan import model as p
 from nsconfine._plan.model import Kind, Mode, Plan, Protection
 from nsconfine._text import file_kind, inside, printable, within
 
-# The session's writable binds, each as (where the sandbox shows it, its resolved source).
-Writable = Sequence[tuple[str, str]]
 # What a scan depended on: a path and its identity then (None: it did not exist).
 Observed = dict[str, tuple[int, int, int, int] | None]
 
