@@ -367,7 +367,10 @@ def test_explain_follows_no_link_a_session_planted_at_its_kept_home(
     (ws_run[1] / "home").symlink_to(elsewhere)
     result = cli("explain", str(ws_run[1] / "home" / ".gitconfig"), *session_options(*ws_run))
     assert "a symlink to" not in result.stdout, result.stdout
-    assert cli("run", *session_options(*ws_run), "--", "true").returncode != 0
+    refused = cli("run", *session_options(*ws_run), "--", "true")
+    assert refused.returncode == 65, refused.stderr
+    assert refused.stderr.startswith("nsconfine: plan-refused: "), refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_explain_names_the_profile_that_would_show_a_path(ws_run: tuple[Path, Path]) -> None:

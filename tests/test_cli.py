@@ -1024,7 +1024,7 @@ def test_a_refusal_with_stderr_closed_never_goes_to_stdout(dirs: Dirs) -> None:
     done = subprocess.run(
         without_fd(argv, 2), stdout=subprocess.PIPE, text=True, cwd="/", timeout=60, check=False
     )
-    assert done.returncode != 0
+    assert done.returncode == 65  # plan-refused, as with stderr open
     assert done.stdout == ""
 
 
