@@ -307,7 +307,7 @@ static int spawn_child(void *opaque)
         child_fail(errpipe_w, NSC_STAGE_NO_NEW_PRIVS);
     if ((a->flags & NSC_SPAWN_NEW_KEYRING) && join_new_keyring() < 0)
         child_fail(errpipe_w, NSC_STAGE_KEYRING);
-    if (a->landlock_fd >= 0 && syscall(SYS_landlock_restrict_self, a->landlock_fd, 0) < 0)
+    if (a->landlock_fd >= 0 && syscall(NSC_LANDLOCK_RESTRICT_SELF, a->landlock_fd, 0) < 0)
         child_fail(errpipe_w, NSC_STAGE_LANDLOCK);
 
     /*
@@ -830,14 +830,6 @@ int nsc_open_path(const char *path, int force_walk, int *fd_out, int *stage_out)
 
 /* ------------------------------------------------------------ landlock */
 
-#ifndef SYS_landlock_create_ruleset
-#define SYS_landlock_create_ruleset 444
-#define SYS_landlock_add_rule 445
-#define SYS_landlock_restrict_self 446
-#endif
-#define LANDLOCK_CREATE_RULESET_VERSION_ (1U << 0)
-#define LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET_ (1ULL << 0)
-#define LANDLOCK_SCOPE_SIGNAL_ (1ULL << 1)
 
 /* The ABI 6 layout of struct landlock_ruleset_attr (older headers lack `scoped`). */
 struct ruleset_attr_v6 {
@@ -879,7 +871,7 @@ long nsc_first_changed(const char *paths, size_t count, const struct nsc_identit
 
 int nsc_landlock_abi(void)
 {
-    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION_);
+    long abi = syscall(NSC_LANDLOCK_CREATE_RULESET, NULL, 0, NSC_LANDLOCK_CREATE_RULESET_VERSION);
     return abi < 0 ? 0 : (int)abi;
 }
 
@@ -892,9 +884,9 @@ int nsc_landlock_scopes(int *fd_out, int *stage_out)
         return EOPNOTSUPP;
     }
     struct ruleset_attr_v6 attr = {
-        .scoped = LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET_ | LANDLOCK_SCOPE_SIGNAL_,
+        .scoped = NSC_LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | NSC_LANDLOCK_SCOPE_SIGNAL,
     };
-    long fd = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+    long fd = syscall(NSC_LANDLOCK_CREATE_RULESET, &attr, sizeof attr, 0);
     if (fd < 0) {
         *stage_out = NSC_STAGE_LANDLOCK;
         return errno;

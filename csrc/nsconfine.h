@@ -1,5 +1,5 @@
 /*
- * The contract between nsconfine's C layer and nsconfine/_syscalls.py.
+ * The contract between nsconfine's C layer and nsconfine/_kernel/syscalls.py.
  * Everything inside the include guard but the #include is fed to cffi's cdef,
  * so it holds only plain prototypes and integer #defines.
  *
@@ -85,6 +85,13 @@ int nsc_spawn(const char *path, int exec_fd, char *const argv[], char *const env
  * lives in that domain.
  */
 #define NSC_STAGE_LANDLOCK 28
+/* Its system calls (one number on every architecture; older headers lack them), the
+ * ruleset's flag that asks for the ABI version, and the two scopes: for the exec shim too. */
+#define NSC_LANDLOCK_CREATE_RULESET 444
+#define NSC_LANDLOCK_RESTRICT_SELF 446
+#define NSC_LANDLOCK_CREATE_RULESET_VERSION 1
+#define NSC_LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET 1
+#define NSC_LANDLOCK_SCOPE_SIGNAL 2
 int nsc_landlock_abi(void);
 int nsc_landlock_scopes(int *fd_out, int *stage_out);
 

@@ -76,18 +76,16 @@ struct launch_header {
 
 static int errpipe = -1;
 
-#define LANDLOCK_CREATE_RULESET 444
-#define LANDLOCK_RESTRICT_SELF 446
-#define LANDLOCK_SCOPES 3 /* LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL */
-
 /* A scope-only Landlock domain over this process and what it execs; 0, or -errno. */
 static long guard_pid_1(void)
 {
-    uint64_t attr[3] = { 0, 0, LANDLOCK_SCOPES }; /* fs, net, scoped (the ABI 6 layout) */
-    long fd = SYS3(LANDLOCK_CREATE_RULESET, attr, sizeof attr, 0);
+    /* fs, net, scoped: the ABI 6 layout */
+    uint64_t attr[3] = { 0, 0,
+                         NSC_LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | NSC_LANDLOCK_SCOPE_SIGNAL };
+    long fd = SYS3(NSC_LANDLOCK_CREATE_RULESET, attr, sizeof attr, 0);
     if (fd < 0)
         return fd;
-    long r = SYS2(LANDLOCK_RESTRICT_SELF, fd, 0);
+    long r = SYS2(NSC_LANDLOCK_RESTRICT_SELF, fd, 0);
     (void)SYS1(__NR_close, fd);
     return r;
 }
