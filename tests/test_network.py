@@ -316,6 +316,20 @@ def test_an_audit_file_where_the_session_s_account_can_change_it_is_refused(
     assert not audit.exists()
 
 
+def test_an_audit_file_in_a_directory_that_does_not_exist_is_refused_as_missing(
+    ws_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An audit file whose directory is not there is refused for that, saying which directory
+    to make (review of stop 44: it was refused as lying "where someone other than root or you
+    can change it", No such file or directory)."""
+    audit = tmp_path / "no-such-dir" / "audit.jsonl"
+    with pytest.raises(nsconfine.PlanError) as refused:
+        _proxy_session(ws_run, "mirror.test:8080=127.0.0.1", audit=str(audit))
+    message = str(refused.value)
+    assert f"{audit.parent} does not exist" in message, message
+    assert "someone other than root" not in message
+
+
 def test_an_audit_file_that_is_a_fifo_refuses_the_launch_at_once(
     ws_run: tuple[Path, Path], tmp_path: Path
 ) -> None:

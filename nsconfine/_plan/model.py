@@ -474,9 +474,10 @@ def require_network_reason(network: str, reason: str | None) -> str | None:
     if network != "host":
         return None  # (a plan replaced from host to none keeps no reason it no longer needs)
     if reason is None or says_nothing(reason):
+        given = "" if reason is None else "the --network-reason given says nothing: "
         raise UsageError(
             "--network host shares the launcher's network (the host's loopback services, every "
-            "address it reaches, its abstract sockets): say why with --network-reason "
+            f"address it reaches, its abstract sockets): {given}say why with --network-reason "
             "(network_reason in a profile or Session), or keep the default, none"
         )
     return reason.strip()

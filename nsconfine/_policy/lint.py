@@ -880,6 +880,11 @@ def _refuse_audit_in_writable(
         # Anyone else who may change its directory (a session's account, another session's)
         # could lead the launcher to create, or append to, a file of their choosing.
         judged = plan.audit if os.path.lexists(plan.audit) else os.path.dirname(plan.audit)
+        if not os.path.lexists(judged):
+            raise PlanError(
+                f"the audit file {printable(plan.audit)} cannot be made: its directory "
+                f"{printable(judged)} does not exist; make it, writable only by root or you"
+            )
         reason = untrusted_reason(judged)
         if reason is not None:
             raise PlanError(
