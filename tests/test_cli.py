@@ -1356,10 +1356,21 @@ def test_run_started_with_sigchld_ignored_returns_the_command_status(dirs: Dirs)
 # ------------------------------------------------------------------ signals
 
 
-def _started_run(ws_run: tuple[Path, Path], script: str) -> tuple[subprocess.Popen[bytes], int]:
+# A launcher started with every signal blocked (a supervisor that spawns from a thread that
+# blocks them): the mask is inherited across exec.
+_BLOCKING_ALL = (
+    "import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals()); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+def _started_run(
+    ws_run: tuple[Path, Path], script: str, blocked: bool = False
+) -> tuple[subprocess.Popen[bytes], int]:
     read_end, write_end = os.pipe()
+    blocking = ["-c", _BLOCKING_ALL] if blocked else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
+        [sys.executable, *blocking, "-m", "nsconfine", "run", *session_options(*ws_run), "--",
          "/bin/sh", "-c", script],
         stdout=write_end, cwd="/",
     )  # fmt: skip
@@ -1380,12 +1391,15 @@ def _started_run(ws_run: tuple[Path, Path], script: str) -> tuple[subprocess.Pop
         signal.SIGWINCH,
     ],
 )
-def test_signals_reach_the_command(ws_run: tuple[Path, Path], number: int) -> None:
+@pytest.mark.parametrize("blocked", [False, True], ids=["mask as given", "all blocked"])
+def test_signals_reach_the_command(ws_run: tuple[Path, Path], number: int, blocked: bool) -> None:
     """Each signal sent to `nsconfine run` reaches the command: its trap runs, and the CLI
-    exits with the command's status."""
+    exits with the command's status; so too when the launcher was started with them blocked
+    (attackers' pass, stop 44: they stayed blocked, and a SIGTERM neither reached the command
+    nor, after --grace, ended the session)."""
     name = signal.Signals(number).name[3:]
     script = f"trap 'echo got-{name}; exit 42' {name}; echo ready; while :; do sleep 0.1; done"
-    process, read_end = _started_run(ws_run, script)
+    process, read_end = _started_run(ws_run, script, blocked)
     try:
         ready = os.read(read_end, 100)
         assert ready.startswith(b"ready"), ready

@@ -924,14 +924,18 @@ def _write_all(fd: int, data: bytes, limit: DrainLimit) -> None:
 def held_signals() -> Iterator[int]:
     """From before the launch until the session is over: the held signals only wake the
     launcher (their numbers on the fd this yields), so one that arrives while the sandbox is
-    still being built is passed on once it runs, not lost by killing the launcher. The
-    handlers and wakeup fd before are put back after."""
+    still being built is passed on once it runs, not lost by killing the launcher. They are
+    unblocked: a launcher started with them blocked (a supervisor spawning from a thread that
+    blocks them) never saw one, and a SIGTERM neither reached the command nor ended the
+    session. The handlers, wakeup fd and mask before are put back after."""
     wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     previous_fd = _signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     previous = {number: _signal.signal(number, _wake_only) for number in HELD_SIGNALS}
+    previous_mask = _signal.pthread_sigmask(_signal.SIG_UNBLOCK, HELD_SIGNALS)
     try:
         yield wake_read
     finally:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, previous_mask)
         for number, handler in previous.items():
             _signal.signal(number, handler)
         _signal.set_wakeup_fd(previous_fd)
