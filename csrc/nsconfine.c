@@ -18,6 +18,7 @@
 #include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/mman.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -181,12 +182,22 @@ static int become(uid_t uid, gid_t gid, int *stage)
  * launcher has: a real-time or deadline policy becomes SCHED_OTHER (a busy
  * loop at SCHED_RR would take a CPU from every other process), a negative
  * nice becomes 0, the real-time I/O class best-effort, and a negative
- * oom_score_adj 0 (the OOM killer would spare the session and kill others).
- * Each is a step down, which needs no privilege. A launcher's positive nice
- * or oom_score_adj (a broker putting its sessions behind the host) is kept.
+ * oom_score_adj 0 (the OOM killer would spare the session and kill others);
+ * the limits that would let it take a real-time policy or a negative nice
+ * back are 0, and its personality is Linux's own (a launcher's setarch -R
+ * would turn off its address randomization; the session's filter refuses to
+ * set any other). Each is a step down, which needs no privilege. A
+ * launcher's positive nice or oom_score_adj (a broker putting its sessions
+ * behind the host) is kept.
  */
 static int fair_share(void)
 {
+    long persona = syscall(SYS_personality, 0xffffffffUL);
+    if (persona < 0 || (persona != PER_LINUX && syscall(SYS_personality, PER_LINUX) < 0))
+        return -1;
+    const struct rlimit none = { 0, 0 };
+    if (setrlimit(RLIMIT_RTPRIO, &none) < 0 || setrlimit(RLIMIT_NICE, &none) < 0)
+        return -1;
     long policy = syscall(SYS_sched_getscheduler, 0);
     if (policy < 0)
         return -1;

@@ -47,7 +47,7 @@
 #define NSC_STAGE_IPC_LIMITS 34 /* write that IPC namespace's /proc/sys/kernel/{shm,sem,msg}* */
 #define NSC_STAGE_TMPFS 35      /* mount the session's sized tmpfs at /dev/shm/<i> */
 #define NSC_STAGE_PRIVATE 36    /* make the session's mount namespace's mounts private */
-#define NSC_STAGE_FAIR_SHARE 37 /* a default share: scheduling policy, nice, I/O class, oom_score_adj */
+#define NSC_STAGE_FAIR_SHARE 37 /* a default share: fair_share() in nsconfine.c */
 
 /* At most this many fds after 0-2 (a plan's copied files each take one). */
 #define NSC_MAX_PASS_FDS 65536

@@ -747,6 +747,28 @@ _SHARE_SEEN = (
 )
 
 
+def test_a_session_runs_with_linux_s_own_personality(ws_run: tuple[Path, Path]) -> None:
+    """A launcher started under `setarch -R --uname-2.6` passed its personality to its
+    sessions (attackers' pass, stop 44): no address randomization (the same stack address on
+    each run) and a 2.6 kernel's version, though the session's filter refuses to set either.
+    The session runs as PER_LINUX; the launcher's own is the control. Its real-time priority
+    and nice limits are 0 too (this machine cannot raise them above: that half cannot fail
+    here)."""
+    launcher = ["setarch", "-R", "--uname-2.6"]
+    seen = "cat /proc/self/personality; grep -E '^Max (nice|realtime) priority' /proc/self/limits"
+    control = subprocess.run([*launcher, "sh", "-c", seen], capture_output=True, text=True)
+    assert control.stdout.startswith("00060000\n"), control
+    done = subprocess.run(
+        [*launcher, sys.executable, "-m", "nsconfine", "run", *session_options(*ws_run),
+         "--", "sh", "-c", seen],
+        capture_output=True, text=True, cwd="/", timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    personality, *limits = done.stdout.splitlines()
+    assert personality == "00000000"
+    assert [line.split()[3:5] for line in limits] == [["0", "0"], ["0", "0"]], limits
+
+
 @pytest.mark.root  # a real-time policy and I/O class, and a negative nice, take root
 def test_a_session_gets_no_more_than_a_default_share_of_the_machine(tmp_path: Path) -> None:
     """A root launcher running at SCHED_RR (a broker started under chrt), nice -5 and in the

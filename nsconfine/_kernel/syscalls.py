@@ -102,7 +102,9 @@ _SYSCALL_OF_STAGE: Final[dict[int, str]] = {
     lib.NSC_STAGE_IPC_LIMITS: "write /proc/sys/kernel/{shm,sem,msg}*",
     lib.NSC_STAGE_TMPFS: "mount a tmpfs at /dev/shm/<i>",
     lib.NSC_STAGE_PRIVATE: "mount --make-rprivate /",
-    lib.NSC_STAGE_FAIR_SHARE: "sched_setscheduler, setpriority, ioprio_set or oom_score_adj",
+    lib.NSC_STAGE_FAIR_SHARE: (
+        "sched_setscheduler, setpriority, ioprio_set, oom_score_adj, setrlimit or personality"
+    ),
     lib.NSC_STAGE_OPEN: "open (no symlinks)",
     lib.NSC_STAGE_LANDLOCK: "landlock",
 }
