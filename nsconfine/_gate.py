@@ -21,7 +21,7 @@ from nsconfine._errors import (
     refuse_if_short_of_fds,
 )
 from nsconfine._interrupts import CtrlCHeld
-from nsconfine._kernel.accounts import SEARCH, access_problem
+from nsconfine._kernel.accounts import SEARCH, access_problem, refuse_records_in
 from nsconfine._kernel.syscalls import child_statuses_discarded, realpath
 from nsconfine._launch.forks import LaunchWindow
 from nsconfine._launch.handoff import StagedGone, hand_off, prepare_launch
@@ -117,6 +117,7 @@ def gate(plan: Plan) -> Cleared:
     # Before bwrap is first run (its proof runs it): a planted one must never run at all.
     programs = {"bwrap": bwrap, "reaper": REAPER_PATH, "shim": SHIM_PATH}
     writable = writable_roots(plan)
+    refuse_records_in(writable)  # (the proof is recorded there)
     _refuse_writable_programs(writable, programs)
     refuse_writable_launcher_code(writable)
     refuse_unusable_bwrap(bwrap)

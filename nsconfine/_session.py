@@ -25,6 +25,7 @@ from nsconfine._kernel.accounts import (
     access_problem,
     allows,
     password_home,
+    refuse_records_in,
     run_as,
 )
 from nsconfine._kernel.syscalls import open_no_symlinks, realpath
@@ -505,6 +506,9 @@ def session_protection(session: Session, entries: Sequence[p.Entry]) -> p.Protec
     """What keeps the files the host trusts read-only in the session's writable trees (the
     workspace, when it is writable, and each writable bind inside it), with the pins above
     every read-only path inside a writable bind."""
+    refuse_records_in(
+        realpath(e.source) for e in entries if e.kind is Kind.BIND and e.mode is Mode.RW
+    )  # (the look at the trees remembers what it finds there)
     names = protected_names(session.protect, session.unprotect, session.workspace)
     return protection(entries, writable_trees(entries, session.workspace), names)
 

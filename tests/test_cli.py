@@ -156,6 +156,24 @@ def test_a_path_with_a_double_slash_first_is_taken_as_it_names(
     assert ancestors("//root/x") == ["/root/x", "/root", "/"]
 
 
+@pytest.mark.parametrize("inside", ["workspace", "run directory"])
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_records_the_session_would_write_are_refused_before_any_is_made(
+    ws_run: tuple[Path, Path], inside: str, command: str
+) -> None:
+    """XDG_CACHE_HOME in the session's workspace (or run directory): the launch was refused,
+    but only once it had made its records there, proven bwrap, the mount points' lock and
+    the git directories it remembers, for the session to rewrite (attackers' pass, stop 44).
+    Refused before anything is made."""
+    workspace, run_dir = ws_run
+    cache = (workspace if inside == "workspace" else run_dir) / "cache"
+    arguments = [command, *session_options(*ws_run)] + (["--", "true"] if command == "run" else [])
+    result = run_cli(*arguments, env=base_env(XDG_CACHE_HOME=str(cache)))
+    line = assert_refused(result, 65, "plan-refused")
+    assert "records" in line, line
+    assert not cache.exists()
+
+
 def test_top_level_usage_hint_names_a_real_command() -> None:
     """The hint after a top-level usage error is a command that exists: `nsconfine --help`."""
     line = assert_refused(run_cli("frob"), 64, "usage")

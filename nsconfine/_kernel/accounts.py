@@ -14,13 +14,13 @@ import errno
 import os
 import stat
 
-from nsconfine._errors import UsageError
+from nsconfine._errors import PlanError, UsageError
 from nsconfine._record import Record
-from nsconfine._text import ancestors, is_decimal
+from nsconfine._text import ancestors, is_decimal, printable, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
 READ, WRITE, SEARCH = 0o4, 0o2, 0o1
@@ -364,6 +364,29 @@ def records_directory(name: str, environ: Mapping[str, str] | None = None) -> st
             home = password_home(os.geteuid()) or f"/tmp/nsconfine-{os.geteuid()}"
         cache = os.path.join(home, ".cache")
     return os.path.join(cache, "nsconfine", name)
+
+
+def refuse_records_in(writable: Iterable[str]) -> None:
+    """PlanError if this account's records (records_directory's, by the launcher's
+    environment) lie in one of writable, the real paths of a session's writable binds: the
+    launch would make them there first (the lint refuses such a plan too, but only once they
+    were made), for the session to rewrite what the launcher's later launches trust."""
+    from nsconfine._kernel.syscalls import realpath
+
+    records = os.path.dirname(records_directory("mountpoints"))
+    try:
+        real = realpath(records)
+    except OSError:  # not made yet
+        real = os.path.realpath(records)
+    for top in writable:
+        if within(real, top):
+            raise PlanError(
+                f"this launcher keeps its records (proven bwrap binaries, the mount points it "
+                f"made) in {printable(records)}, inside {printable(top)}, which the session "
+                "writes: it could rewrite what the launcher trusts; set XDG_CACHE_HOME (or "
+                "HOME) to a directory outside the session's workspace and run directory. "
+                "Nothing was made or run"
+            )
 
 
 class Replaceable(PermissionError):
