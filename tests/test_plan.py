@@ -305,6 +305,21 @@ def test_the_manifest_says_which_supplementary_groups_an_unprivileged_launcher_k
     assert plan.to_json()["kept_groups"] == []
 
 
+def test_the_manifest_says_when_an_unprivileged_launcher_s_sessions_keep_gid_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unprivileged launcher whose primary group is gid 0 (a container platform's
+    arbitrary uid) runs its sessions as host gid 0, which it cannot change, and the manifest
+    said only "gid 0" (attackers' pass, stop 44). It says what that group may; a root
+    launcher refuses such a session (test_root)."""
+    plan = sample_plan().replace(user=RunAs("someone", 1001, 0))
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)
+    monkeypatch.setattr(os, "getgroups", lambda: [0])
+    assert "its group is gid 0, root's" in plan.manifest()
+    plan = sample_plan().replace(user=RunAs("someone", 1001, 1001))
+    assert "root's" not in plan.manifest()
+
+
 @pytest.mark.parametrize(
     "build",
     [

@@ -758,6 +758,12 @@ class Plan(Record):
                 "may read and write what they may (run it from an account without them to drop "
                 "them)"
             )
+        if self.user.gid == 0 and os.geteuid() != 0:  # (a root launcher refuses it: the gate)
+            lines.append(
+                "  its group is gid 0, root's, the launcher's own, which an unprivileged launcher "
+                "cannot change: in what the session is given it may read and write what root's "
+                "group may (run it from an account of another primary group)"
+            )
         lines.append(f"network: {self.network} ({NETWORKS[self.network]})")
         if self.network_reason is not None:
             lines.append(f"  why: {printable(self.network_reason)}")
