@@ -30,6 +30,7 @@ from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import SPAWN_SHIM_TIMEOUT_MS, hold_closed_stdio, stage
 from nsconfine._plan.model import Kind, Mode, Plan
 from nsconfine._plan.protect import refreshed_and_seen
+from nsconfine._policy.launcher_code import refuse_writable_launcher_code
 from nsconfine._policy.lint import check_plan, launch_rules
 from nsconfine._policy.pins import verify_pins
 from nsconfine._preflight.checks import (
@@ -39,7 +40,6 @@ from nsconfine._preflight.checks import (
     refuse_unusable_bwrap,
     takes_bind_fds,
 )
-from nsconfine._preflight.launcher_code import refuse_writable_launcher_code
 from nsconfine._text import printable, within
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py

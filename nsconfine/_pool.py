@@ -47,8 +47,8 @@ from nsconfine._launch.sandbox import Sandbox
 from nsconfine._launch.stage import Staged, hold_closed_stdio, teardown
 from nsconfine._plan.model import RELAY_DIRECTORY, Plan
 from nsconfine._plan.protect import refreshed_and_seen
+from nsconfine._policy.launcher_code import refuse_writable_launcher_code
 from nsconfine._policy.pins import verify_pins
-from nsconfine._preflight.launcher_code import refuse_writable_launcher_code
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
