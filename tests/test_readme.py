@@ -89,6 +89,50 @@ def test_the_python_quickstart_runs_as_written(sandbox_ready: None, tmp_path: Pa
     assert "the workspace holds: hello" in output
 
 
+@pytest.mark.confinement
+def test_the_shell_quickstart_runs_as_written(sandbox_ready: None, tmp_path: Path) -> None:
+    """The README's command-line quickstart does what its comments say: the manifest, a run
+    whose `ls` of the host's ~/.ssh fails and whose note lands, and explain saying ~/.ssh is
+    not visible (review of stop 44: only the Python block was run). As root, its commented
+    lines, as the README says, with the tests' session account and the test's own directory
+    for /srv/demo; unprivileged, HOME is the test's own."""
+    [block] = _fenced(_section(README.read_text(), "Quickstart"), "sh")
+    lines = block.splitlines()
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)  # there to be listed, but for the sandbox
+    (home / ".ssh" / "id_ed25519").write_text("a key\n")
+    demo = home / "work" / "demo"
+    if SESSION_USER:
+        prefix = "# as root: "
+        lines = [line.removeprefix(prefix) for line in lines if line.startswith(prefix)] + [
+            line for line in lines[2:] if not line.startswith(prefix)
+        ]
+        demo = tmp_path / "srv" / "demo"
+        open_up(tmp_path)
+    script = (
+        "\n".join(lines)
+        .replace("/srv/demo", str(demo))
+        .replace("--user nobody", f"--user {SESSION_USER}")
+        .replace(".venv/bin/nsconfine", str(Path(sys.executable).parent / "nsconfine"))
+    )
+    finished = subprocess.run(
+        ["bash", "-c", script],
+        cwd="/",
+        env={**os.environ, "HOME": str(home)} if not SESSION_USER else None,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert "Traceback" not in finished.stderr, finished.stderr
+    assert "KIND" in finished.stdout, finished.stdout  # the manifest's table
+    ssh = f"{os.path.expanduser('~') if SESSION_USER else home}/.ssh"
+    assert f"ls: cannot access '{ssh}'" in finished.stderr, finished.stderr
+    assert (demo / "ws" / "note.txt").read_text() == "hi\n"
+    explained = [line for line in finished.stdout.splitlines() if line.startswith(f"{ssh}: ")]
+    assert explained, finished.stdout
+    assert "not visible" in explained[0], finished.stdout
+
+
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
 def test_every_relative_link_leads_somewhere(document: Path) -> None:
     """Each relative link of the README and docs/ names a file (or folder) of the repository,
