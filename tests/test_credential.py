@@ -86,8 +86,17 @@ def test_later_assignment_wins() -> None:
         ("A=1\nexport B=2\n", 2),
         ('A=1\n\nB="unclosed\n', 3),
         ("A=1\nB='unclosed\n", 2),
+        ("A=1\nB='unclosed \\\nand continued \\\nthrice\n", 2),
     ],
-    ids=["no-equals", "bad-name", "no-name", "export", "unclosed-double", "unclosed-single"],
+    ids=[
+        "no-equals",
+        "bad-name",
+        "no-name",
+        "export",
+        "unclosed-double",
+        "unclosed-single",
+        "continued",  # the entry's first line, where it starts (review of stop 44: its last)
+    ],
 )
 def test_malformed_line_is_insecure_naming_its_number(tmp_path: Path, text: str, line: int) -> None:
     """A line that is not KEY=VALUE refuses the file as credential-insecure, naming the line."""

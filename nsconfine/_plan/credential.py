@@ -92,6 +92,7 @@ def parse_environment_file(text: str, path: str) -> dict[str, str]:
     while number < len(lines):
         line = lines[number].strip()
         number += 1
+        first = number  # the entry's first line, which a refusal names
         while line.endswith("\\") and number < len(lines) and not line.startswith(("#", ";")):
             line = line[:-1] + lines[number].strip()
             number += 1
@@ -101,9 +102,9 @@ def parse_environment_file(text: str, path: str) -> dict[str, str]:
         name = name.strip()
         if not equals or not is_env_name(name):
             raise CredentialInsecure(
-                f"credential file {path} line {number} is not KEY=VALUE: fix or remove it"
+                f"credential file {path} line {first} is not KEY=VALUE: fix or remove it"
             )
-        variables[name] = _unquote(value.strip(), path, number)
+        variables[name] = _unquote(value.strip(), path, first)
     return variables
 
 
