@@ -213,7 +213,10 @@ def prepare_launch(
         or not argv
         or not all(isinstance(arg, str | bytes | os.PathLike) for arg in argv)
     ):
-        raise UsageError("argv must be a non-empty list of strings, the command and its args")
+        raise UsageError(
+            "argv must be a non-empty list of strings (or bytes, or paths, as subprocess takes "
+            "them), the command and its args"
+        )
     if env is not None and not isinstance(env, Mapping):
         raise UsageError(f"env must be a mapping of names to values, not {type(env).__name__}")
     items = []
