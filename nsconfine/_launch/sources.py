@@ -53,7 +53,7 @@ from nsconfine._kernel.accounts import (
     RunAs,
     allows,
     has_acl_at,
-    others_may_replace_in,
+    refuse_planted_link,
 )
 from nsconfine._launch.forks import LaunchWindow
 from nsconfine._plan.model import COMMONDIR_STUB, Entry, Kind, Mode, Plan
@@ -409,7 +409,6 @@ class _Directories:
 def _open_through_trusted_links(source: str, user: RunAs) -> tuple[int, str]:
     """An O_PATH fd of the directory source and its real path, walked to from / by fds,
     following only the symlinks Directories.top allows; PlanError at any other."""
-    trusted = {0} if user.uid == os.geteuid() else {0, os.geteuid()}
     pending = [name for name in reversed(source.split("/")) if name]
     real: list[str] = []
     fd = os.open("/", _DIRECTORY_FLAGS)
@@ -435,15 +434,9 @@ def _open_through_trusted_links(source: str, user: RunAs) -> tuple[int, str]:
                         "bind is given by its real path, so that no session can plant one where "
                         "the next workspace goes; nothing was run"
                     )
-                if info.st_uid not in trusted or holder.st_uid not in trusted or (
-                    others_may_replace_in(holder) or followed > 40
-                ):  # fmt: skip
-                    raise PlanError(
-                        f"{printable(source)} is reached through the symlink {printable(path)} "
-                        f"(to {printable(target)}), which a session may have planted where the "
-                        "next workspace goes: a workspace or writable bind is given by its real "
-                        "path; nothing was run"
-                    )
+                refuse_planted_link(source, path, info, holder, user)
+                if followed > 40:  # (ELOOP, as the kernel says it)
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), source)
                 pending += [part for part in reversed(target.split("/")) if part]
                 if target.startswith("/"):
                     real = []

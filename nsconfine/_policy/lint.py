@@ -35,8 +35,8 @@ from nsconfine._kernel.accounts import (
     SEARCH,
     RunAs,
     allows,
-    others_may_replace_in,
     records_directory,
+    refuse_planted_link,
     untrusted_reason,
 )
 from nsconfine._kernel.stub_records import FALLBACK_BASE
@@ -1022,34 +1022,16 @@ def _refuse_a_way_through_writable(
 
 def _refuse_planted_on_the_way(source: str, user: RunAs) -> None:
     """A writable bind named through a symlink above it: refused unless no session could have
-    made that symlink, that is unless it and the directory holding it are root's (or, for
-    sessions of another account, the launcher's) and no one else can write that directory
-    (or it is sticky, /tmp). A session that plants `next -> …/checkout` in its workspace, where
-    the broker puts the next workspace at next/proj, would lead that one into the checkout."""
-    trusted = {0} if user.uid == os.geteuid() else {0, os.geteuid()}
-    looked, real = _syscalls.lookups("/", source)
+    made that symlink (accounts.refuse_planted_link)."""
+    looked, _real = _syscalls.lookups("/", source)
     for path in looked:
         try:
             info = os.lstat(path)
             holder = os.lstat(os.path.dirname(path))
         except OSError:
             return  # the way ends here: the source is judged missing elsewhere
-        if not stat.S_ISLNK(info.st_mode):
-            continue
-        # (others_may_replace_in: the holder is root's or the launcher's, and writable by no
-        # one else but sticky; trusted narrows the owners to root for sessions of this account)
-        if (
-            info.st_uid in trusted
-            and holder.st_uid in trusted
-            and not others_may_replace_in(holder)
-        ):
-            continue
-        raise PlanError(
-            f"{printable(source)} is reached through the symlink {printable(path)} (to "
-            f"{printable(os.readlink(path))}), which a session may have planted where the next "
-            "workspace goes: a workspace or writable bind is given by its real path, "
-            f"{printable(real)}"
-        )
+        if stat.S_ISLNK(info.st_mode):
+            refuse_planted_link(source, path, info, holder, user)
 
 
 def _refuse_writable_aliases(
