@@ -437,14 +437,20 @@ def others_may_replace_in(info: os.stat_result) -> bool:
 
 
 def refuse_planted_link(
-    source: str, path: str, link: os.stat_result, holder: os.stat_result, user: RunAs
+    source: str,
+    path: str,
+    link: os.stat_result,
+    holder: os.stat_result,
+    user: RunAs,
+    real: str | None = None,
 ) -> None:
     """PlanError unless no session of user could have made the symlink at path (link, in the
     directory holder) on the way to the writable bind source: unless it and its directory are
     root's (or, for sessions of another account, the launcher's) and no one else can write
     that directory (or it is sticky, /tmp). A session that plants `next -> …/checkout` in its
     workspace, where the broker puts the next workspace at next/proj, would lead that one into
-    the checkout. The lint judges the path, the launch each symlink its fds walk through."""
+    the checkout. The lint judges the path, the launch each symlink its fds walk through;
+    real, where known, is the source's real path, for the refusal to name."""
     trusted = (0,) if user.uid == os.geteuid() else (0, os.geteuid())
     if link.st_uid in trusted and holder.st_uid in trusted and not others_may_replace_in(holder):
         return
@@ -455,7 +461,8 @@ def refuse_planted_link(
     raise PlanError(
         f"{printable(source)} is reached through the symlink {printable(path)} (to "
         f"{printable(target)}), which a session may have planted where the next workspace "
-        "goes: a workspace or writable bind is given by its real path; nothing was run"
+        "goes: a workspace or writable bind is given by its real path"
+        f"{'' if real is None else ', ' + printable(real)}; nothing was run"
     )
 
 

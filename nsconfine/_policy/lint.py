@@ -1023,7 +1023,7 @@ def _refuse_a_way_through_writable(
 def _refuse_planted_on_the_way(source: str, user: RunAs) -> None:
     """A writable bind named through a symlink above it: refused unless no session could have
     made that symlink (accounts.refuse_planted_link)."""
-    looked, _real = _syscalls.lookups("/", source)
+    looked, real = _syscalls.lookups("/", source)
     for path in looked:
         try:
             info = os.lstat(path)
@@ -1031,7 +1031,7 @@ def _refuse_planted_on_the_way(source: str, user: RunAs) -> None:
         except OSError:
             return  # the way ends here: the source is judged missing elsewhere
         if stat.S_ISLNK(info.st_mode):
-            refuse_planted_link(source, path, info, holder, user)
+            refuse_planted_link(source, path, info, holder, user, real)
 
 
 def _refuse_writable_aliases(
