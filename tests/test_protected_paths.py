@@ -52,6 +52,10 @@ PROTECTED_FILES = [
     ".envrc",
     ".claude/settings.json",
     ".claude/settings.local.json",
+    # (agents' pass, stop 44: Claude Code on the host submits these prompts by itself, and
+    # loads its rules as instructions; in a project's own .claude the session wrote them)
+    ".claude/scheduled_tasks.json",
+    ".claude/loop.md",
     ".mcp.json",
     ".bashrc",
     ".zshrc",
@@ -77,6 +81,10 @@ PROTECTED_DIRS = [
     ".claude/agents",
     ".claude/hooks",
     ".claude/skills",
+    ".claude/rules",
+    ".claude/workflows",
+    ".claude/routines",
+    ".agents/skills",  # Codex's repository skills (agents' pass, stop 44)
     ".codex",
     ".cursor",
     ".gemini",
@@ -115,11 +123,11 @@ def test_protected_paths_cannot_be_written_or_created(
 ) -> None:
     """Each protected path, existing or not, at the top and in a nested repository, can be
     neither written, created, removed nor replaced. (Mercurial's, as git's, where its
-    directory is: made here; Claude Code's where a project has its own .claude, whose other
-    files the session writes: made here too. Without one, a read-only .claude is made.
-    Gemini CLI's and Zed's: in a .gemini or .zed made here, and where there is none.)"""
+    directory is: made here; Claude Code's and Codex's in a project's own .claude or .agents,
+    made here too, and where there is none. Gemini CLI's and Zed's: in a .gemini or .zed made
+    here, and where there is none.)"""
     workspace = repo[0]
-    if relative.startswith((".hg/", ".claude/", ".gemini/", ".zed/")):
+    if relative.startswith((".hg/", ".claude/", ".agents/", ".gemini/", ".zed/")):
         for base in (workspace, workspace / "vendor" / "lib"):
             (base / relative.split("/")[0]).mkdir()
         give_to_session_user(workspace)
@@ -1110,16 +1118,17 @@ def test_a_repository_made_while_the_workspace_is_scanned_is_found_by_the_next_l
 ) -> None:
     """A session running beside a launch can make a repository in a directory the launch's
     scan has just listed. That scan misses it; the next look must not take the directory as
-    seen (its identity after the change was remembered: the scan stats .claude again for its
+    seen (its identity after the change was remembered: the scan stats docs again for its
     protected names), or every later launch of the plan leaves that repository's config
-    writable. Found by an attacker's pass; the scan is stopped at the right moment here."""
+    writable. Found by an attacker's pass (in a .claude, then protected name by name, as
+    docs/conf.json is here); the scan is stopped at the right moment here."""
     from nsconfine._plan import protect
 
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
-    claude = workspace / ".claude"
+    claude = workspace / "docs"  # (a directory holding a protected name, and other files)
     (claude / "commands").mkdir(parents=True)
-    (claude / "settings.json").write_text("{}\n")
-    plan = session(workspace, run_dir).plan()
+    (claude / "conf.json").write_text("{}\n")
+    plan = session(workspace, run_dir, protect=["docs/conf.json"]).plan()
     (workspace / "notes.txt").write_text("x\n")  # the next launch looks again
     listing = protect._Scan.listing
 

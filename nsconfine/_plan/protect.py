@@ -81,16 +81,16 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".envrc", "file", "direnv runs it in the host's shell"),
     (".vscode", "dir", "the editor runs tasks and settings from it on the host"),
     (".idea", "dir", "the IDE runs run-configurations from it on the host"),
-    (".claude/settings.json", "file", "Claude Code on the host runs its hooks and commands"),
-    (".claude/settings.local.json", "file", "Claude Code on the host runs its hooks"),
-    (".claude/commands", "dir", "Claude Code on the host runs these commands"),
-    (".claude/agents", "dir", "Claude Code on the host runs these agents"),
-    (".claude/hooks", "dir", "Claude Code on the host runs the hook scripts its settings name"),
+    # Whole: Claude Code loads most of what it holds at its start (settings and the hooks they
+    # run, commands, agents, skills, rules, workflows), and submits the prompts of its
+    # scheduled tasks by itself.
     (
-        ".claude/skills",
+        ".claude",
         "dir",
-        "Claude Code on the host runs these skills, with the tools they allow",
+        "Claude Code on the host runs its settings' hooks, commands, agents, skills and "
+        "workflows, and submits its scheduled tasks' prompts by itself",
     ),
+    (".agents", "dir", "Codex on the host offers its skills to its model"),
     (".mcp.json", "file", "agents on the host start the MCP servers it names"),
     (".codex", "dir", "Codex on the host reads its settings and commands"),
     (".cursor", "dir", "Cursor on the host starts the MCP servers and runs the rules it names"),
