@@ -722,7 +722,11 @@ def network_environment(
         return env, (), []
     credential = {v.name: v.value for v in env if v.origin is Origin.CREDENTIAL}
     injected = _network.injected(
-        session.inject, credential, environ, pending=credential_pending(session)
+        session.inject,
+        credential,
+        environ,
+        pending=credential_pending(session),
+        workspace=session.workspace,
     )
     replaced = {**injected.environment, **_network.PROXY_VARIABLES}
     kept = [

@@ -165,6 +165,26 @@ def test_codex_is_pointed_at_its_route_by_a_generated_config(
         host.plan()
 
 
+@pytest.mark.parametrize("name", ["ws", 'odd "ws" \\ é'])
+def test_codex_s_generated_config_trusts_the_workspace(tmp_path: Path, name: str) -> None:
+    """Codex's TUI asks whether to trust the folder it starts in, and saves the answer in its
+    config.toml, which nsconfine generates read-only: it failed to, and never reached the
+    model (agents' pass, stop 44). The config trusts the workspace (nsconfine is the sandbox),
+    its path a TOML string whatever it holds."""
+    import tomllib
+
+    from helpers import session_dirs
+
+    workspace, run_dir = session_dirs(tmp_path, name, "run")
+    key_file = agent_credential(tmp_path, "OPENAI_API_KEY=sk-test-codex\n")
+    plan = session(workspace, run_dir, profile=["codex"], credential=key_file).plan()
+    home = dict((v.name, v.value) for v in plan.env)["HOME"]
+    config = next(e for e in plan.entries if e.dest == f"{home}/.codex/config.toml")
+    assert config.content is not None
+    parsed = tomllib.loads(config.content.decode())
+    assert parsed["projects"] == {str(workspace): {"trust_level": "trusted"}}
+
+
 # ------------------------------------------------------------------ a profile of one's own
 
 

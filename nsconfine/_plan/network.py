@@ -15,7 +15,7 @@ from nsconfine._errors import CredentialMissing, UsageError
 from nsconfine._plan.allowlist import Route
 from nsconfine._plan.model import RELAY_PORT
 from nsconfine._record import Record
-from nsconfine._text import printable
+from nsconfine._text import encodable, printable
 
 TYPE_CHECKING = False  # see nsconfine/_launch/stage.py
 if TYPE_CHECKING:
@@ -59,7 +59,8 @@ PLACEHOLDER: Final = "nsconfine-placeholder-the-proxy-holds-the-key"
 class HomeFile(Record):
     """A file a harness reads to find its route where it reads no base-URL variable, generated
     read-only in the session's HOME: path (relative to HOME), its reason, and its text, with
-    {base_url} (the route on the relay) and {key_variable} (where the placeholder is)."""
+    {base_url} (the route on the relay), {key_variable} (where the placeholder is) and
+    {trusted_workspace} (Codex's table trusting the workspace, or nothing)."""
 
     FIELDS = ("path", "reason", "template")
     __slots__ = FIELDS
@@ -84,8 +85,31 @@ name = "OpenAI, through nsconfine's proxy"
 base_url = "{base_url}"
 env_key = "{key_variable}"
 wire_api = "responses"
-""",
+{trusted_workspace}""",
 )
+# Codex's TUI asks whether to trust the directory it starts in, and saves the answer here,
+# which it cannot: the workspace is trusted (nsconfine is the sandbox; its project config, in
+# .codex, is the host's, read-only).
+_CODEX_TRUSTED = """
+[projects.{workspace}]
+trust_level = "trusted"
+"""
+
+
+def toml_string(text: str) -> str | None:
+    """text as a TOML basic string, or None if it is not Unicode (a path's undecodable bytes,
+    which a TOML file cannot hold)."""
+    if not encodable(text):
+        return None
+    escaped = "".join(
+        "\\" + character
+        if character in '"\\'
+        else f"\\u{ord(character):04x}"
+        if ord(character) < 0x20 or ord(character) == 0x7F
+        else character
+        for character in text
+    )
+    return f'"{escaped}"'
 
 
 class RouteKind(Record):
@@ -204,10 +228,12 @@ def injected(
     environ: Mapping[str, str],
     *,
     pending: bool = False,
+    workspace: str | None = None,
 ) -> Injected:
     """The routes for names, each with the key the credential file holds for it, and what
     the session gets instead. pending: the file is not there yet (a plan to show, never to
-    launch): each route with its first key's header and no key."""
+    launch): each route with its first key's header and no key. workspace: the one the
+    generated files trust (Codex's)."""
     routes: list[Route] = []
     replaced: dict[str, str] = {}
     home_files: dict[str, tuple[str, str]] = {}
@@ -237,6 +263,11 @@ def injected(
             if other in credential:
                 replaced[other] = PLACEHOLDER
         for home_file in kind.home_files:
-            text = home_file.template.format(base_url=route_base_url(name), key_variable=held[0][0])
+            quoted = None if workspace is None else toml_string(workspace)
+            text = home_file.template.format(
+                base_url=route_base_url(name),
+                key_variable=held[0][0],
+                trusted_workspace="" if quoted is None else _CODEX_TRUSTED.format(workspace=quoted),
+            )
             home_files[home_file.path] = (text, home_file.reason)
     return Injected(tuple(routes), replaced, home_files)
