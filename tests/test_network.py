@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -535,6 +536,31 @@ def test_run_prints_each_refusal_on_stderr(
         f"nsconfine: network: refused registry.test:{port}: registry.test is not on this "
         "session's allowlist"
     ], result.stderr
+
+
+def test_run_tty_prints_the_refusals_once_the_session_has_ended(
+    ws_run: tuple[Path, Path], upstream: tuple[int, list[dict[str, str]]]
+) -> None:
+    """`nsconfine run --tty`: a refusal printed as it came landed in the middle of the agent's
+    screen, over its dialog (agents' pass, stop 44). They are printed once the session has
+    ended, each destination once, with how many times it was refused."""
+    port, _seen = upstream
+    fetch = f"python3 -c '{_FETCH}' http://registry.test:{port}/"
+    done = subprocess.run(
+        [sys.executable, "-m", "nsconfine", "run", "--tty", *session_options(*ws_run),
+         "--allow-host", f"mirror.test:{port}=127.0.0.1", "--",
+         "/bin/sh", "-c", f"{fetch}; {fetch}; sleep 0.5; echo screen-ends"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/",
+        timeout=120, check=False,
+    )  # fmt: skip
+    output = done.stdout.decode(errors="replace")
+    assert done.returncode == 0, output
+    after = output.partition("screen-ends")[2]
+    assert "network" not in output.partition("screen-ends")[0], output
+    assert [line for line in after.splitlines() if "network" in line] == [
+        f"nsconfine: network: refused registry.test:{port} 2 times: registry.test is not on "
+        "this session's allowlist"
+    ], output
 
 
 @pytest.mark.unprivileged  # root's sockets are in /run/nsconfine

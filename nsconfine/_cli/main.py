@@ -387,10 +387,12 @@ def _run(arguments: Arguments) -> int:
     if not command:
         raise UsageError("no command given: nsconfine run SESSION -- CMD [ARG...]")
     plan = build_plan(_session(arguments), lint=False)  # spawn lints it
+    refusals = None
     if plan.network == "proxy":  # a user sees why `npm install` failed
         from nsconfine._launch.egress import report_refusals
 
-        report_refusals(sys.stderr.fileno())
+        # With --tty, once the session has ended: its screen is the terminal meanwhile.
+        refusals = report_refusals(sys.stderr.fileno(), held=arguments.tty)
     # The signals from before the launch: none is lost while it builds. The caller's terminals
     # reach the session as pipes (see nsconfine/_cli/relay.py).
     with kept_stdio_flags(), held_signals() as signals:
@@ -422,7 +424,8 @@ def _run(arguments: Arguments) -> int:
         # would leave the user none of its warnings, and a SIGTERM, a git of it running.
         untrusted = sandbox.untrusted_config or []
     status = 128 - status if status < 0 else status
-    lines = _untrusted_config_warnings(untrusted)
+    lines = [] if refusals is None else refusals.held_lines()
+    lines += _untrusted_config_warnings(untrusted)
     lines += [
         f"nsconfine: output-failed: the session's {'stdout' if fd == 1 else 'stderr'} could not "
         f"be written: {error.strerror or error}; what came after was dropped"

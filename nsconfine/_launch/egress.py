@@ -127,20 +127,50 @@ class _Proxies:
 
 
 class _Reporter:
-    """Prints each refusal on a terminal's stderr, one line each (nsconfine run)."""
+    """Prints each refusal on the CLI's stderr, one line each (nsconfine run); or, held (run
+    --tty, whose session has the terminal: a line there landed in the middle of its screen),
+    keeps them, each destination and reason once with a count, for held_lines() to give once
+    the session has ended."""
 
-    def __init__(self, fd: int) -> None:
+    KEPT = 20  # destinations kept while held; the rest are counted
+
+    def __init__(self, fd: int, held: bool) -> None:
         self.fd = fd
+        self.held = held
+        self._kept: dict[tuple[str, str], int] = {}
+        self._others = 0
+        self._lock = allocate_lock()  # (each connection's thread reports)
 
     def write(self, record: Mapping[str, object]) -> None:
         if record.get("decision") != "refused":
             return
         where = f"{record.get('host') or '?'}:{record.get('port') or '?'}"
-        line = f"nsconfine: network: refused {where}: {record.get('reason')}\n"
+        reason = str(record.get("reason"))
+        if self.held:
+            with self._lock:
+                if (where, reason) in self._kept or len(self._kept) < self.KEPT:
+                    self._kept[where, reason] = self._kept.get((where, reason), 0) + 1
+                else:
+                    self._others += 1
+            return
+        line = f"nsconfine: network: refused {where}: {reason}\n"
         try:
             os.write(self.fd, line.encode(errors="replace"))
         except OSError:
             pass
+
+    def held_lines(self) -> list[str]:
+        """What was kept, a line each, and forgotten."""
+        with self._lock:
+            kept, others = self._kept, self._others
+            self._kept, self._others = {}, 0
+        lines = []
+        for (where, reason), count in kept.items():
+            times = f" {count} times" if count > 1 else ""
+            lines.append(f"nsconfine: network: refused {where}{times}: {reason}")
+        if others:
+            lines.append(f"nsconfine: network: refused {others} more requests elsewhere")
+        return lines
 
 
 class Egress:
@@ -172,9 +202,11 @@ _proxies = _Proxies()
 _report_to: list[_Reporter] = []
 
 
-def report_refusals(fd: int) -> None:
-    """Print every later proxy session's refusals on fd (the CLI's stderr)."""
-    _report_to[:] = [_Reporter(fd)]
+def report_refusals(fd: int, held: bool = False) -> _Reporter:
+    """Print every later proxy session's refusals on fd (the CLI's stderr); held: keep them
+    for the returned reporter's held_lines()."""
+    _report_to[:] = [_Reporter(fd, held)]
+    return _report_to[0]
 
 
 def attach(plan: Plan) -> tuple[Plan, Egress | None]:
