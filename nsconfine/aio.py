@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING
 from nsconfine import _pool
 from nsconfine._errors import SandboxUnavailable, UsageError
 from nsconfine._gate import spawn as _spawn
-from nsconfine._interrupts import CtrlCHeld
 from nsconfine._launch.sandbox import bytes_held
 
 if TYPE_CHECKING:
@@ -178,8 +177,7 @@ class Process:
                     # A copy: the handle closes its sentinel when it reaps the session, which
                     # the caller may make it do meanwhile (sandbox.poll()); the loop must never
                     # watch a closed fd, nor a later one that took its number.
-                    with CtrlCHeld() as held:
-                        watch = self.sandbox._watch(held)  # -1: reaped by another thread now
+                    watch = self.sandbox._watch()  # -1: reaped by another thread just now
                 except OSError:  # the launcher is out of fds
                     watch = -1
                 if watch < 0:
@@ -300,8 +298,7 @@ class Process:
         None while the session runs."""
         if self.returncode is None:
             try:  # a copy: another thread may reap the session, and close its sentinel, now
-                with CtrlCHeld() as held:
-                    watch = self.sandbox._watch(held)
+                watch = self.sandbox._watch()
             except OSError:  # the launcher is out of fds
                 running = self.sandbox.poll() is None
             else:

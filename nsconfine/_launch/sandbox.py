@@ -248,17 +248,18 @@ class Sandbox:
         Raises TimeoutExpired (subprocess's, and a TimeoutError) if it still runs after
         timeout seconds."""
         timeout = checked_timeout(timeout)
+        watch = -1
         try:
-            with CtrlCHeld() as held:
-                watch = self._watch(held)
-        except OSError:  # out of fds: looked at every 20 ms instead
-            ended = self._poll_until(timeout)
-        else:
             try:
+                with CtrlCHeld():  # (see _watch)
+                    watch = self._watch()
+            except OSError:  # out of fds: looked at every 20 ms instead
+                ended = self._poll_until(timeout)
+            else:
                 ended = watch < 0 or wait_fd(watch, timeout)
-            finally:
-                if watch >= 0:
-                    os.close(watch)
+        finally:
+            if watch >= 0:
+                os.close(watch)
         if not ended and self.poll() is None:
             assert timeout is not None  # an unbounded wait returns only once it has ended
             self._timed_out(timeout)
@@ -270,19 +271,17 @@ class Sandbox:
             )
         return status
 
-    def _watch(self, held: CtrlCHeld) -> int:
+    def _watch(self) -> int:
         """A copy of the sentinel while the session runs, for the caller to wait on and close;
         -1 once it has ended. Taken under the lock its end closes the sentinel under: between
         a look at returncode and a wait on the sentinel itself, another thread could reap the
         session and close it, and a new fd take its number (a wait then watched a socket).
-        With a Ctrl-C held by the caller's held, which closes the copy if one came (as the
-        copy was taken, the caller did not hold it yet). OSError (EMFILE) for a launcher out
-        of fds."""
+        The caller takes it with a Ctrl-C held (CtrlCHeld), inside the try that closes it: a
+        KeyboardInterrupt between the dup and the caller's hold on the copy left it open for
+        good (stop 43's attackers: 3 in 300 random Ctrl-Cs). OSError (EMFILE) for a launcher
+        out of fds."""
         with self._lock:
-            watch = -1 if self.returncode is not None else os.dup(self._reaper_pidfd)
-        if watch >= 0:
-            held.undo(lambda: os.close(watch))
-        return watch
+            return -1 if self.returncode is not None else os.dup(self._reaper_pidfd)
 
     def _poll_until(self, timeout: float | None) -> bool:
         """Has the session ended within timeout (None: no limit), looking every 20 ms?"""
@@ -313,14 +312,14 @@ class Sandbox:
         elif input is not None:
             raise UsageError("communicate() took its input in an earlier call: give none now")
         deadline = None if timeout is None else time.monotonic() + timeout
+        watch, owned = -1, False
         try:
-            with CtrlCHeld() as held:
-                watch = self._watch(held)  # (-1: ended)
-        except OSError:  # out of fds: the sentinel itself, as this thread alone reaps here
-            watch, owned = (-1 if self.returncode is not None else self._reaper_pidfd), False
-        else:
-            owned = watch >= 0
-        try:
+            try:
+                with CtrlCHeld():  # (see _watch)
+                    watch = self._watch()  # (-1: ended)
+                    owned = watch >= 0
+            except OSError:  # out of fds: the sentinel itself, as this thread alone reaps here
+                watch = -1 if self.returncode is not None else self._reaper_pidfd
             exchanged = self._exchange.run(watch, deadline)
         finally:
             if owned:
