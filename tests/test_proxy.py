@@ -1205,6 +1205,48 @@ def test_sessions_that_fill_the_proxy_leave_a_quiet_session_its_share(
                 client.close()
 
 
+def test_connections_that_outlive_their_session_still_count_against_the_cap(
+    audited: Audited, echo: _TcpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection whose thread is stuck in a name lookup (a DNS server that does not
+    answer) outlives its session's end, which waits a while and lets go: its thread and fds
+    stay all the same. They were counted for no session, so sessions that each left some
+    behind took the launcher past its cap (leaks' pass, stop 44: 880 threads, and other
+    launches refused for want of fds). They count until their thread ends: a fresh session
+    then gets only its guaranteed place."""
+    from nsconfine._launch import proxy as proxy_module
+
+    monkeypatch.setattr(proxy_module, "CONNECTIONS_END_SECONDS", 0.1)
+    looking_up = threading.Semaphore(0)
+    answer = threading.Event()
+
+    def stuck(host: str, port: int) -> list[str]:
+        looking_up.release()
+        answer.wait(60)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    target = f"echo.test:{echo.port}"
+    held: list[socket.socket] = []
+    with Proxy(sandboxes_only=False, audit=audited.append, resolver=stuck, max_connections=8,
+               max_connections_per_session=8, guaranteed_per_session=1) as proxy:  # fmt: skip
+        try:
+            left = proxy.add_session("left", [dest("*.example.org")], [])
+            for number in range(8):
+                client = connect(left)
+                client.sendall(f"CONNECT h{number}.example.org:443 HTTP/1.1\r\n\r\n".encode())
+                held.append(client)
+            for _ in range(8):
+                assert looking_up.acquire(timeout=30), "a connection never reached its lookup"
+            proxy.remove_session("left")
+            fresh = proxy.add_session("fresh", [dest(f"{target}=127.0.0.1")], [])
+            answers = [connect_status(fresh, target) for _ in range(2)]
+        finally:
+            answer.set()
+            for client in held:
+                client.close()
+    assert answers == [200, 503]
+
+
 # Holds CONNECT tunnels through a session's socket until refused (or tries run out), each with
 # a byte passed both ways (so that the proxy moves both directions); prints how many it holds.
 _TUNNEL_HOLDER = r"""

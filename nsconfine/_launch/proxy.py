@@ -614,6 +614,9 @@ class Proxy:
         # Notified as each connection ends: a session's end waits for its connections' records.
         self._connection_ended = threading.Condition(self._lock)
         self._sessions: dict[str, _Session] = {}
+        # Connections served now, every session's, removed ones' too: a thread stuck in a name
+        # lookup outlives its session's end, holding its thread and fds (counted to the cap).
+        self._serving = 0
         # By session and decision: which records are written, and what the others add up to.
         self._budgets: dict[tuple[str, bool], _RecordBudget] = {}
         self._closed = False
@@ -790,7 +793,7 @@ class Proxy:
             connection = _Connection(session.name, client)
             cap, bound = self._connection_caps()
             with self._lock:
-                total = sum(len(s.connections) for s in self._sessions.values())
+                total = self._serving
                 held = len(session.connections)
                 if held >= self.max_connections_per_session:
                     refusal = f"this session has {held} connections open"
@@ -799,6 +802,7 @@ class Proxy:
                 else:
                     refusal = ""
                     session.connections.add(connection)
+                    self._serving += 1
             if refusal:
                 self._refuse_at_once(connection, refusal)
                 continue
@@ -811,9 +815,7 @@ class Proxy:
             try:
                 serving.start()
             except RuntimeError:  # at the process limit, which a session may have reached
-                with self._connection_ended:
-                    session.connections.discard(connection)
-                    self._connection_ended.notify_all()
+                self._served(session, connection)
                 self._refuse_at_once(connection, "the launcher cannot start a thread now")
 
     def _connection_caps(self) -> tuple[int, int]:
@@ -886,9 +888,14 @@ class Proxy:
                     _close_held(sock)
             if allowed_reason is not None:
                 self._emit(record, True, allowed_reason)
-            with self._connection_ended:
-                session.connections.discard(connection)
-                self._connection_ended.notify_all()
+            self._served(session, connection)
+
+    def _served(self, session: _Session, connection: _Connection) -> None:
+        """connection is no longer served (its thread ends, or never started)."""
+        with self._connection_ended:
+            session.connections.discard(connection)
+            self._serving -= 1
+            self._connection_ended.notify_all()
 
     @staticmethod
     def _send_quietly(sock: socket.socket, data: bytes) -> None:
