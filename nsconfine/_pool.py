@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -127,6 +128,9 @@ class Pool:
         # of launches needed (32 at once: p50 13-18 ms with the refill waiting, 23-26 without).
         self._launching = 0
         self._refiller = _Background(self) if refill == "background" else _Inline(self)
+        # Dropped unclosed (the refill thread holds it only weakly): its staged ones go, as
+        # close() would end them, and the thread with them.
+        weakref.finalize(self, _dropped, self._cond, self._staged)
         with CtrlCHeld() as held:  # (an inline refill stages here)
             held.undo(self.close)
             try:
@@ -325,6 +329,17 @@ class Pool:
             self._give_back(self._stage_one())
 
 
+def _dropped(cond: threading.Condition, staged: deque[Staged]) -> None:
+    """A pool was collected unclosed: tear down what it staged, and wake its refill thread,
+    which then finds the pool gone and ends."""
+    with cond:
+        left = list(staged)
+        staged.clear()
+        cond.notify_all()
+    for one in left:
+        teardown(one)
+
+
 class _Inline:
     """refill="inline": the caller stages, when the pool is made and after each launch."""
 
@@ -357,8 +372,10 @@ class _Background:
     and reaps those that expire."""
 
     def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-        self.thread = threading.Thread(target=self._run, name="nsconfine-pool", daemon=True)
+        self._pool = weakref.ref(pool)  # (held strongly, it would never be collected)
+        self.thread = threading.Thread(
+            target=_refill, args=(self._pool, pool._cond), name="nsconfine-pool", daemon=True
+        )
 
     def start(self) -> None:
         try:
@@ -371,7 +388,8 @@ class _Background:
             ) from None
 
     def wait_staged(self, timeout: float | None) -> bool:
-        pool = self.pool
+        pool = self._pool()
+        assert pool is not None  # (its own method calls this)
         with pool._cond:
             pool._fill = True
             pool._error = None
@@ -388,45 +406,52 @@ class _Background:
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join()
 
-    def _run(self) -> None:
-        pool = self.pool
-        while True:
-            with pool._cond:
-                while True:
-                    expired = pool._expired_locked()
-                    if expired or pool._closed:
-                        break
-                    if (
-                        pool._fill
-                        and pool._error is None
-                        and len(pool._staged) < pool.size
-                        and not pool._launching
-                    ):
-                        break
-                    next_expiry = min((s.usable_until for s in pool._staged), default=None)
-                    wait = None if next_expiry is None else max(next_expiry - time.monotonic(), 0)
-                    pool._cond.wait(wait)
-                closed = pool._closed
-            for one in expired:
-                teardown(one)
-            if closed:
-                return
-            if expired:
-                continue
-            try:
-                staged = pool._stage_one()
-            except Exception as error:
-                with pool._cond:
-                    pool._error = error
-                    pool._fill = False
-                    pool._cond.notify_all()
-                continue
-            with pool._cond:
-                if pool._closed:
-                    closed = True
-                else:
-                    pool._staged.append(staged)
-                    pool._cond.notify_all()
-            if closed:
-                teardown(staged)
-                return
+
+def _refill(pool_ref: weakref.ref[Pool], cond: threading.Condition) -> None:
+    """The refill thread of a background pool: it holds the pool only while it works on it,
+    and ends once the pool is closed or collected."""
+    while True:
+        with cond:
+            while True:
+                pool = pool_ref()
+                if pool is None:
+                    return  # dropped unclosed (_dropped tore its staged ones down)
+                expired = pool._expired_locked()
+                if expired or pool._closed:
+                    break
+                if (
+                    pool._fill
+                    and pool._error is None
+                    and len(pool._staged) < pool.size
+                    and not pool._launching
+                ):
+                    break
+                next_expiry = min((s.usable_until for s in pool._staged), default=None)
+                wait = None if next_expiry is None else max(next_expiry - time.monotonic(), 0)
+                del pool  # (not held while waiting: it may be dropped meanwhile)
+                cond.wait(wait)
+            closed = pool._closed
+        for one in expired:
+            teardown(one)
+        if closed:
+            return
+        if expired:
+            continue
+        try:
+            staged = pool._stage_one()
+        except Exception as error:
+            with cond:
+                pool._error = error
+                pool._fill = False
+                cond.notify_all()
+            continue
+        with cond:
+            if pool._closed:
+                closed = True
+            else:
+                pool._staged.append(staged)
+                cond.notify_all()
+        del pool
+        if closed:
+            teardown(staged)
+            return

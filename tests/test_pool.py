@@ -123,6 +123,32 @@ def test_a_proxy_pool_gives_each_session_a_proxy_of_its_own(
         assert all(e.dest != "/run/nsconfine/proxy" for e in pool.plan.entries)
 
 
+@pytest.mark.parametrize("refill", ["background", "inline"])
+def test_a_pool_dropped_unclosed_leaves_neither_its_thread_nor_its_sandboxes(
+    plan: nsconfine.Plan, refill: str
+) -> None:
+    """A pool dropped without close() (a broker rebuilding its pools on a reload): its refill
+    thread held it, so it was never collected, and the thread waited for good, a thread and
+    ~200 KiB for each pool dropped, its staged sandboxes until their idle timeout (leaks'
+    pass, stop 44). Once collected, its thread ends and its staged sandboxes are torn down, as
+    close() would."""
+    import gc
+    import threading
+
+    threads = {t for t in threading.enumerate() if t.name == "nsconfine-pool"}
+    pool = nsconfine.Pool(plan, size=2, refill=refill)  # type: ignore[arg-type]
+    assert pool.wait_staged(60)
+    staged = [p.pid for p in staged_processes(pool)]
+    assert staged
+    del pool
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name == "nsconfine-pool" and thread not in threads:
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "the dropped pool's refill thread still runs"
+    assert wait_gone(staged, zombies_count_as_gone=False) == []
+
+
 def test_a_ctrl_c_as_a_pool_closes_leaves_none_of_its_sandboxes(
     plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
 ) -> None:
