@@ -519,6 +519,27 @@ def test_a_proxy_session_cannot_reach_or_serve_a_host_abstract_socket(
         os.close(read_end)
 
 
+def test_a_forked_child_s_exit_leaves_its_parent_s_proxy(
+    ws_run: tuple[Path, Path], upstream: tuple[int, list[dict[str, str]]]
+) -> None:
+    """A child forked from a launcher with a proxy runs the exit handlers as it exits: the
+    proxy's, which removes its socket directory, removed its parent's, and the parent's next
+    proxy session was refused (found by a test of stop 44's). Only the launcher's own exit
+    closes its proxy."""
+    import atexit
+
+    port, _seen = upstream
+    plan = _proxy_session(ws_run, f"mirror.test:{port}=127.0.0.1")
+    assert run(plan, ["python3", "-c", _FETCH, f"http://mirror.test:{port}/"])[0] == 0
+    child = os.fork()
+    if child == 0:
+        atexit._run_exitfuncs()  # as the interpreter's exit runs them
+        os._exit(0)
+    os.waitpid(child, 0)
+    status, output = run(plan, ["python3", "-c", _FETCH, f"http://mirror.test:{port}/simple"])
+    assert output.strip() == "200 upstream saw GET /simple", (status, output)
+
+
 def test_run_prints_each_refusal_on_stderr(
     ws_run: tuple[Path, Path], upstream: tuple[int, list[dict[str, str]]]
 ) -> None:

@@ -80,8 +80,8 @@ class _Proxies:
             if self._proxy is None:
                 self._proxy = Proxy(audit=self._record)
                 # Its socket directories go when the launcher ends (a killed one's, with the
-                # account's next proxy).
-                atexit.register(self._proxy.close)
+                # account's next proxy); not when a child forked from it exits.
+                atexit.register(_close_in, os.getpid(), self._proxy)
             return self._proxy
 
     def _record(self, record: dict[str, object]) -> None:
@@ -196,6 +196,13 @@ class Egress:
         name, self.name = self.name, ""
         if name:
             self._proxies.detach(name)
+
+
+def _close_in(owner: int, proxy: Proxy) -> None:
+    """Close proxy, in the process that made it: a forked child that exits runs the exit
+    handlers too, and would remove its parent's socket directories."""
+    if os.getpid() == owner:
+        proxy.close()
 
 
 _proxies = _Proxies()
