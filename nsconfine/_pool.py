@@ -127,10 +127,12 @@ class Pool:
         # a whole bwrap build, and on a busy machine it took the CPU the hand-offs of a burst
         # of launches needed (32 at once: p50 13-18 ms with the refill waiting, 23-26 without).
         self._launching = 0
+        # Set once the pool was dropped unclosed (the refill thread holds it only weakly), or
+        # left so at the interpreter's exit: its staged ones go, as close() would end them, and
+        # the thread stages no more.
+        self._dropped = threading.Event()
         self._refiller = _Background(self) if refill == "background" else _Inline(self)
-        # Dropped unclosed (the refill thread holds it only weakly): its staged ones go, as
-        # close() would end them, and the thread with them.
-        weakref.finalize(self, _dropped, self._cond, self._staged)
+        weakref.finalize(self, _dropped, self._owner, self._dropped, self._cond, self._staged)
         with CtrlCHeld() as held:  # (an inline refill stages here)
             held.undo(self.close)
             try:
@@ -329,9 +331,15 @@ class Pool:
             self._give_back(self._stage_one())
 
 
-def _dropped(cond: threading.Condition, staged: deque[Staged]) -> None:
-    """A pool was collected unclosed: tear down what it staged, and wake its refill thread,
-    which then finds the pool gone and ends."""
+def _dropped(
+    owner: int, dropped: threading.Event, cond: threading.Condition, staged: deque[Staged]
+) -> None:
+    """A pool was collected unclosed, or left so at the interpreter's exit: tear down what it
+    staged, and wake its refill thread, which then ends. Not in a forked child (exiting, it
+    runs this too): the sandboxes are its parent's."""
+    if os.getpid() != owner:
+        return
+    dropped.set()
     with cond:
         left = list(staged)
         staged.clear()
@@ -374,7 +382,10 @@ class _Background:
     def __init__(self, pool: Pool) -> None:
         self._pool = weakref.ref(pool)  # (held strongly, it would never be collected)
         self.thread = threading.Thread(
-            target=_refill, args=(self._pool, pool._cond), name="nsconfine-pool", daemon=True
+            target=_refill,
+            args=(self._pool, pool._cond, pool._dropped),
+            name="nsconfine-pool",
+            daemon=True,
         )
 
     def start(self) -> None:
@@ -407,14 +418,16 @@ class _Background:
             self.thread.join()
 
 
-def _refill(pool_ref: weakref.ref[Pool], cond: threading.Condition) -> None:
+def _refill(
+    pool_ref: weakref.ref[Pool], cond: threading.Condition, dropped: threading.Event
+) -> None:
     """The refill thread of a background pool: it holds the pool only while it works on it,
     and ends once the pool is closed or collected."""
     while True:
         with cond:
             while True:
                 pool = pool_ref()
-                if pool is None:
+                if pool is None or dropped.is_set():
                     return  # dropped unclosed (_dropped tore its staged ones down)
                 expired = pool._expired_locked()
                 if expired or pool._closed:
@@ -446,7 +459,7 @@ def _refill(pool_ref: weakref.ref[Pool], cond: threading.Condition) -> None:
                 cond.notify_all()
             continue
         with cond:
-            if pool._closed:
+            if pool._closed or dropped.is_set():
                 closed = True
             else:
                 pool._staged.append(staged)

@@ -149,6 +149,24 @@ def test_a_pool_dropped_unclosed_leaves_neither_its_thread_nor_its_sandboxes(
     assert wait_gone(staged, zombies_count_as_gone=False) == []
 
 
+def test_a_forked_child_s_exit_leaves_its_parent_s_pool_staged(plan: nsconfine.Plan) -> None:
+    """A child forked from the launcher runs the exit handlers as it exits: the one that ends
+    an unclosed pool's staged sandboxes at the interpreter's exit must leave its parent's be
+    (they are the parent's, and the child holds their pidfds)."""
+    import atexit
+
+    with nsconfine.Pool(plan, size=1, refill="inline") as pool:
+        staged = [p.pid for p in staged_processes(pool)]
+        child = os.fork()
+        if child == 0:
+            atexit._run_exitfuncs()  # as the interpreter's exit runs them
+            os._exit(0)
+        os.waitpid(child, 0)
+        assert all(psutil.pid_exists(pid) for pid in staged)
+        assert pool.staged == 1
+        assert pool.launch(["/bin/true"]).wait(timeout=60) == 0
+
+
 def test_a_ctrl_c_as_a_pool_closes_leaves_none_of_its_sandboxes(
     plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
 ) -> None:
