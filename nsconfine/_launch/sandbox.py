@@ -42,6 +42,7 @@ handles, and only the process that launched a session can wait for it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -50,6 +51,7 @@ import time
 # signal's own C module: importing signal imports enum (~1-2 ms of every command line's start)
 from _signal import SIGKILL, SIGTERM, pidfd_send_signal  # type: ignore[import-not-found]
 from _thread import RLock
+from _weakrefset import WeakSet  # (weakref's own, loaded at every start)
 
 from nsconfine._errors import UsageError, checked_timeout
 from nsconfine._interrupts import CtrlCHeld
@@ -74,6 +76,7 @@ class Sandbox:
     """A running confined session (made by spawn and Pool.launch, never by hand)."""
 
     __slots__ = (
+        "__weakref__",  # (_live)
         "_bound",
         "_busy",
         "_command_pidfd",
@@ -177,6 +180,7 @@ class Sandbox:
         self._busy = False
         self._done = False
         self._owner = os.getpid()
+        _live.add(self)
         return self
 
     def __repr__(self) -> str:
@@ -436,6 +440,25 @@ class Sandbox:
 # pidfd for it. A list's append and pop need no lock (a lock taken in __del__ could be this
 # thread's own, held where the collector ran it).
 _abandoned: list[Sandbox] = []
+# Every handle of a session not yet reaped, for the interpreter's exit (weakly: a handle
+# dropped is the list's above).
+_live: WeakSet[Sandbox] = WeakSet()
+
+
+def _end_at_exit() -> None:
+    """The interpreter exits: end each session this process has a handle of (kept, or dropped
+    unwaited), as its death would (their reapers watch its lifeline), but whole: reaped, and
+    the mount points made in their workspaces removed, which its death leaves behind. Not in
+    a forked child, which runs this as it exits too: they are its parent's."""
+    for sandbox in [*_abandoned, *list(_live)]:
+        if sandbox._owner != os.getpid() or sandbox._done:
+            continue
+        with contextlib.suppress(Exception):
+            sandbox.kill()
+            sandbox.wait(timeout=10)
+
+
+atexit.register(_end_at_exit)
 
 
 def reap_abandoned() -> None:
