@@ -2557,6 +2557,45 @@ def test_the_remembered_git_directories_come_back_when_their_directory_is_remove
     assert [path for path in records.iterdir() if _is_record_of(path, (workspace, run_dir))]
 
 
+def test_the_records_of_workspaces_gone_are_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher remembers each repository workspace's git directories in a file of its
+    own, which stayed after the workspace was removed: a broker that makes a workspace per
+    task gained a file for each, for good (leaks' pass, stop 44: 100 tasks, 100 files). Once
+    a day, those a week old whose workspace is gone (or another directory at its path) are
+    removed; a live workspace's stays. (The records' directory is the test's own here.)"""
+    from nsconfine._kernel.accounts import records_directory
+    from nsconfine._plan import protect
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(protect, "_checked_directories", {})
+    from nsconfine._kernel import stub_records
+
+    stub_records.forget_records()
+    try:
+        records = Path(records_directory("git-directories"))
+        trees = {name: session_dirs(tmp_path, f"{name}-ws", f"{name}-run") for name in
+                 ("gone", "live")}  # fmt: skip
+        for workspace, run_dir in trees.values():
+            subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+            session(workspace, run_dir).plan()
+        gone = [p for p in records.iterdir() if _is_record_of(p, trees["gone"])]
+        live = [p for p in records.iterdir() if _is_record_of(p, trees["live"])]
+        assert gone
+        assert live
+        shutil.rmtree(trees["gone"][0])
+        week_ago = time.time() - 8 * 24 * 3600
+        for record in [*records.iterdir()]:
+            os.utime(record, (week_ago, week_ago))  # (the prune's mark too: a day past)
+        monkeypatch.setattr(protect, "_checked_directories", {})  # (a launcher's first look)
+        session(*trees["live"]).plan()
+        assert [p.exists() for p in gone] == [False] * len(gone)
+        assert [p.exists() for p in live] == [True] * len(live)
+    finally:
+        stub_records.forget_records()
+
+
 def _is_record_of(record: Path, trees: Sequence[Path]) -> bool:
     return any(
         record.name.startswith(f"{info.st_dev}-{info.st_ino}-")

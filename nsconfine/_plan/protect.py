@@ -1409,7 +1409,9 @@ class _Scan:
         if record is None:
             return
         relative = sorted({os.path.relpath(g, top) for g in git_directories})
-        data = os.fsencode("\0".join(relative))
+        # The tree's own path first, for the prune (_prune_remembered); a look takes only the
+        # relative ones.
+        data = os.fsencode("\0".join([top, *relative]))
         try:
             if not relative:
                 # Nothing to remember, no record: a record of every tree ever planned would
@@ -1563,7 +1565,57 @@ def _git_directories() -> str:
         require_private(directory)
         info = os.lstat(directory)
         _checked_directories[directory] = (info.st_dev, info.st_ino)
+        _prune_remembered(directory)
     return directory
+
+
+_PRUNED = ".pruned"  # in the directory of remembered git directories: the last prune's time
+
+
+def _prune_remembered(directory: str) -> None:
+    """Remove the records a week old whose tree is gone, or is another directory at its path
+    now: a broker that makes a workspace per task left one for each, for good. Not younger
+    ones (a launcher in another mount namespace may see a live tree elsewhere), nor those
+    that name no tree (written before they did: rewritten, with it, by their tree's next
+    launch). At most once a day, when a process first looks at the records."""
+    from nsconfine._kernel.stub_records import PRUNE_EVERY_SECONDS, STALE_AFTER_SECONDS
+
+    marker = os.path.join(directory, _PRUNED)
+    with contextlib.suppress(OSError):
+        if os.lstat(marker).st_mtime > time.time() - PRUNE_EVERY_SECONDS:
+            return
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        os.utime(marker)
+        stale_before = time.time() - STALE_AFTER_SECONDS
+        with os.scandir(directory) as listing:
+            for entry in listing:
+                if entry.name == _PRUNED or not entry.is_file(follow_symlinks=False):
+                    continue
+                if entry.stat(follow_symlinks=False).st_mtime < stale_before and _tree_gone(
+                    entry.path
+                ):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+    except OSError:
+        pass  # pruned by a later launcher's first look
+
+
+def _tree_gone(record: str) -> bool:
+    """Is the tree record names (its first, absolute, entry) no longer the directory at that
+    path whose device, inode and path name the record? False for a record naming none."""
+    from nsconfine._digest import sha256_hex
+
+    raw = _syscalls.read_untrusted(record, _WHOLE_FILE_BYTES) or b""
+    top = os.fsdecode(raw.split(b"\0", 1)[0])
+    if not top.startswith("/"):
+        return False
+    try:
+        info = os.stat(top)
+    except OSError:
+        return True
+    name = f"{info.st_dev}-{info.st_ino}-{sha256_hex(os.fsencode(top))[:16]}"
+    return os.path.basename(record) != name
 
 
 def _lstat_identity(path: str) -> tuple[int, int] | None:
