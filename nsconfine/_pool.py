@@ -132,7 +132,10 @@ class Pool:
         # the thread stages no more.
         self._dropped = threading.Event()
         self._refiller = _Background(self) if refill == "background" else _Inline(self)
-        weakref.finalize(self, _dropped, self._owner, self._dropped, self._cond, self._staged)
+        thread = self._refiller.thread if isinstance(self._refiller, _Background) else None
+        weakref.finalize(
+            self, _dropped, self._owner, self._dropped, self._cond, self._staged, thread
+        )
         with CtrlCHeld() as held:  # (an inline refill stages here)
             held.undo(self.close)
             try:
@@ -332,11 +335,17 @@ class Pool:
 
 
 def _dropped(
-    owner: int, dropped: threading.Event, cond: threading.Condition, staged: deque[Staged]
+    owner: int,
+    dropped: threading.Event,
+    cond: threading.Condition,
+    staged: deque[Staged],
+    thread: threading.Thread | None,
 ) -> None:
     """A pool was collected unclosed, or left so at the interpreter's exit: tear down what it
-    staged, and wake its refill thread, which then ends. Not in a forked child (exiting, it
-    runs this too): the sandboxes are its parent's."""
+    staged, and wake its refill thread, which then ends; wait for it (a while), which tears
+    down a sandbox it was staging (at the exit, the interpreter would stop it midway, leaving
+    that sandbox's mount points in the workspace). Not in a forked child (exiting, it runs
+    this too): the sandboxes are its parent's."""
     if os.getpid() != owner:
         return
     dropped.set()
@@ -346,6 +355,8 @@ def _dropped(
         cond.notify_all()
     for one in left:
         teardown(one)
+    if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+        thread.join(timeout=30)
 
 
 class _Inline:
@@ -442,6 +453,8 @@ def _refill(
                 next_expiry = min((s.usable_until for s in pool._staged), default=None)
                 wait = None if next_expiry is None else max(next_expiry - time.monotonic(), 0)
                 del pool  # (not held while waiting: it may be dropped meanwhile)
+                if dropped.is_set():
+                    return  # dropped as this thread let go: its finalizer ran here, just now
                 cond.wait(wait)
             closed = pool._closed
         for one in expired:

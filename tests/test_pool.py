@@ -149,6 +149,77 @@ def test_a_pool_dropped_unclosed_leaves_neither_its_thread_nor_its_sandboxes(
     assert wait_gone(staged, zombies_count_as_gone=False) == []
 
 
+def test_a_pool_dropped_as_its_refill_thread_holds_it_still_ends_the_thread(
+    plan: nsconfine.Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller drops the pool while its refill thread holds it for a moment: the pool's
+    finalizer then runs in that thread, as it lets go, and woke no one; the thread waited for
+    good (hostile review, stop 44). The moment is widened here by a hook in the thread's look
+    at what expired."""
+    import gc
+    import threading
+
+    from nsconfine import _pool
+
+    in_window, armed = threading.Event(), threading.Event()
+    looked = _pool.Pool._expired_locked
+
+    def held_a_moment(self: Any, ended_too: bool = True) -> Any:
+        expired = looked(self, ended_too)
+        if armed.is_set() and threading.current_thread().name == "nsconfine-pool":
+            armed.clear()
+            in_window.set()
+            time.sleep(0.5)  # the caller drops the pool meanwhile
+        return expired
+
+    monkeypatch.setattr(_pool.Pool, "_expired_locked", held_a_moment)
+    threads = {t for t in threading.enumerate() if t.name == "nsconfine-pool"}
+    pool = nsconfine.Pool(plan, idle_timeout=1.0)
+    assert pool.wait_staged(60)
+    deadline = time.monotonic() + 30
+    while pool.staged and time.monotonic() < deadline:  # expired: the thread then waits idle
+        time.sleep(0.05)
+    assert not pool.staged
+    armed.set()
+    with pool._cond:
+        pool._cond.notify_all()  # (the thread looks again now)
+    assert in_window.wait(30)
+    del pool
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name == "nsconfine-pool" and thread not in threads:
+            thread.join(timeout=30)
+            assert not thread.is_alive(), "the dropped pool's refill thread waits for good"
+
+
+# A launcher whose background pool is staging (after a launch) as the interpreter exits.
+_EXITS_AS_ITS_POOL_STAGES = """
+plan = session_plan(sys.argv[1], sys.argv[2], sys.argv[3])
+pool = nsconfine.Pool(plan)
+pool.wait_staged(60)
+pool.launch(["/bin/true"]).wait(60)
+"""
+
+
+def test_a_launcher_that_exits_as_its_pool_stages_leaves_no_mount_point(
+    ws_run: tuple[Path, Path],
+) -> None:
+    """An unclosed pool at the interpreter's exit while its refill thread is still staging
+    the next sandbox: the exit tore down what was staged, and the daemon thread was stopped
+    midway, leaving that sandbox's mount points in the workspace (hostile review, stop 44).
+    The exit waits for the staging, which then tears its sandbox down."""
+    from helpers import ended_child_output
+
+    workspace, run_dir = ws_run
+    for _ in range(3):
+        child = python_child(
+            _EXITS_AS_ITS_POOL_STAGES, str(workspace), str(run_dir), SESSION_USER or ""
+        )
+        ended_child_output(child, 60, "the launcher's exit")
+        assert child.returncode == 0
+        assert sorted(p.name for p in workspace.iterdir()) == []
+
+
 def test_a_forked_child_s_exit_leaves_its_parent_s_pool_staged(plan: nsconfine.Plan) -> None:
     """A child forked from the launcher runs the exit handlers as it exits: the one that ends
     an unclosed pool's staged sandboxes at the interpreter's exit must leave its parent's be
