@@ -50,6 +50,10 @@ PROTECTED_FILES = [
     ".git/config",
     ".gitmodules",
     ".envrc",
+    # (hostile review, stop 44: mise runs the hooks and env scripts of a config it was told to
+    # trust, by its path, on the host's next cd: a session's edit ran)
+    "mise.toml",
+    ".mise.toml",
     ".claude/settings.json",
     ".claude/settings.local.json",
     # (agents' pass, stop 44: Claude Code on the host submits these prompts by itself, and

@@ -79,6 +79,8 @@ PROTECTED: tuple[tuple[str, str, str], ...] = (
     (".git/commondir", "commondir", "git takes its config and hooks from the directory it names"),
     (".gitmodules", "file", "git clones and runs submodule URLs and commands from it"),
     (".envrc", "file", "direnv runs it in the host's shell"),
+    ("mise.toml", "file", "mise runs its hooks and env scripts on the host once trusted, by path"),
+    (".mise.toml", "file", "mise runs its hooks and env scripts on the host once trusted, by path"),
     (".vscode", "dir", "the editor runs tasks and settings from it on the host"),
     (".idea", "dir", "the IDE runs run-configurations from it on the host"),
     # Whole: Claude Code loads most of what it holds at its start (settings and the hooks they
