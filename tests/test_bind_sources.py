@@ -374,3 +374,26 @@ def test_a_read_only_socket_or_fifo_is_refused(tmp_path: Path, kind: str) -> Non
     finally:
         if listener is not None:
             listener.close()
+
+
+def test_a_writable_bind_from_elsewhere_onto_a_place_in_the_workspace_launches(
+    tmp_path: Path,
+) -> None:
+    """A writable bind of a directory outside the workspace onto a place inside it (a cache
+    kept between tasks, at ws/cache): the plan protects what the host trusts in its source, as
+    in any writable tree, but the launch made those mount points in the workspace's own
+    ws/cache instead, and every launch was refused ("src/.gitmodules changed since its plan
+    was checked", hostile review, stop 44). They are made in the source, and removed after."""
+    workspace, run_dir = session_dirs(tmp_path, "ws", "run")
+    (cache,) = session_dirs(tmp_path, "cache")
+    (workspace / "cache").mkdir()
+    give_to_session_user(workspace / "cache")
+    bind = nsconfine.Bind(str(cache), str(workspace / "cache"), "rw", "a cache kept between tasks")
+    plan = session(workspace, run_dir, binds=[bind]).plan()
+    status, output = sh(
+        plan, f"echo kept > {workspace}/cache/note; (echo x > {workspace}/cache/.envrc) 2>&1"
+    )
+    assert (cache / "note").read_text() == "kept\n", output
+    assert not (workspace / "cache" / "note").exists()
+    assert "Read-only file system" in output, output
+    assert sorted(p.name for p in cache.iterdir()) == ["note"]  # (its mount points removed)

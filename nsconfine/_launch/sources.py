@@ -42,7 +42,7 @@ import fcntl
 import os
 import stat
 from _thread import allocate_lock
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from nsconfine._errors import PlanError, SandboxUnavailable, refuse_if_short_of_fds
 from nsconfine._kernel import stub_records as _stub_records
@@ -110,13 +110,36 @@ _held_here_lock = allocate_lock()
 # ------------------------------------------------------------------ preparing a launch
 
 
-def _outermost_writable(plan: Plan) -> list[Entry]:
+def _writable_tops(plan: Plan) -> list[Entry]:
+    """The writable binds in whose sources the mount points inside them are made: each but
+    one that lies inside another at the place that one's source has for it (the workspace's
+    `notes`, bound onto itself), whose are made through that other. One bound from elsewhere
+    (a cache's directory onto ws/cache) is a top of its own: what the plan protects in it lies
+    in its source."""
     writable = [e for e in plan.entries if e.kind is Kind.BIND and e.mode is Mode.RW]
     return [
         e
         for e in writable
-        if not any(o is not e and inside(e.dest, o.dest) is not None for o in writable)
+        if not any(
+            o is not e
+            and (relative := inside(e.dest, o.dest)) is not None
+            and os.path.join(o.source, relative) == e.source
+            for o in writable
+        )
     ]
+
+
+def _innermost_top(
+    entry: Entry, tops: Sequence[tuple[Entry, str]]
+) -> tuple[Entry, str, str] | None:
+    """The innermost of tops (each a writable bind and its resolved source) that holds entry,
+    its resolved source, and entry's place relative to it; None if none does."""
+    holding = [
+        (top, resolved, relative)
+        for top, resolved in tops
+        if (relative := inside(entry.dest, top.dest)) is not None
+    ]
+    return min(holding, key=lambda held: len(held[2])) if holding else None
 
 
 class ReadOnlySeen:
@@ -160,13 +183,12 @@ def open_for_launch(
     directories = _Directories()
     copies = _CopySources(plan.user)
     try:
-        tops = [(top, directories.top(top.source, plan.user)) for top in _outermost_writable(plan)]
+        tops = [(top, directories.top(top.source, plan.user)) for top in _writable_tops(plan)]
         inner = [
-            (entry, top, resolved, relative)
+            (entry, *held)
             for entry in plan.entries
             if entry.kind in (Kind.BIND, Kind.DIR, Kind.TMPFS, Kind.DATA)
-            for top, resolved in tops
-            if (relative := inside(entry.dest, top.dest)) is not None
+            and (held := _innermost_top(entry, tops)) is not None
         ]
         if inner:
             with _stub_records.records_locked() as records:
