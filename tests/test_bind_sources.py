@@ -390,7 +390,7 @@ def test_a_writable_bind_from_elsewhere_onto_a_place_in_the_workspace_launches(
     give_to_session_user(workspace / "cache")
     bind = nsconfine.Bind(str(cache), str(workspace / "cache"), "rw", "a cache kept between tasks")
     plan = session(workspace, run_dir, binds=[bind]).plan()
-    status, output = sh(
+    _status, output = sh(
         plan, f"echo kept > {workspace}/cache/note; (echo x > {workspace}/cache/.envrc) 2>&1"
     )
     assert (cache / "note").read_text() == "kept\n", output
