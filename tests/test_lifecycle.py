@@ -16,6 +16,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
@@ -197,6 +198,49 @@ def test_a_launch_interrupted_by_ctrl_c_leaves_no_reaper_and_no_fd(
     assert (sorted(os.listdir("/proc/self/fd")), _children()) == before
 
 
+@contextlib.contextmanager
+def _sigint_traced(function: str, fire: Callable[[Any, str, Any], bool]) -> Iterator[list[bool]]:
+    """A real SIGINT, under Python's own handler, sent by a trace hook once, at the first event
+    of the sandbox module's `function` that fire (frame, event, arg) accepts; yields a list
+    that holds True once it was sent."""
+    import signal
+
+    sent: list[bool] = []
+
+    def traced(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != function or "sandbox" not in frame.f_code.co_filename:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if not sent and fire(frame, event, arg):
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGINT)
+            return local
+
+        return local
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sys.settrace(traced)
+        try:
+            yield sent
+        finally:
+            sys.settrace(None)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
+def _at_line(text: str) -> Callable[[Any, str, Any], bool]:
+    """For _sigint_traced: at the line that holds text."""
+    import linecache
+
+    def at(frame: Any, event: str, arg: Any) -> bool:
+        here = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        return event == "line" and text in here
+
+    return at
+
+
 def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
     tmp_path: Path,
 ) -> None:
@@ -205,40 +249,17 @@ def test_a_ctrl_c_as_a_session_is_reaped_loses_neither_its_status_nor_its_stubs(
     pidfds and the workspace's mount points stayed for the launcher's life (attacker's pass,
     stop 39). The reaping is whole before the KeyboardInterrupt is raised. The Ctrl-C is a real
     SIGINT, sent by a trace hook at that very line."""
-    import linecache
-    import signal
 
     workspace, run_dir = session_dirs(tmp_path, "ws", "run")
     plan = session(workspace, run_dir).plan()
     sandbox = nsconfine.spawn(plan, ["sh", "-c", "exit 3"])
     stubs = sorted(p.name for p in workspace.iterdir())
     assert stubs, "the empty workspace holds the launch's mount points"
-    sent: list[bool] = []
-
-    def in_poll(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_name != "_reap" or "sandbox" not in frame.f_code.co_filename:
-            return None
-
-        def line(frame: Any, event: str, arg: Any) -> Any:
-            here = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-            if event == "line" and "self._ended(" in here and not sent:
-                sent.append(True)
-                os.kill(os.getpid(), signal.SIGINT)
-            return line
-
-        return line
-
-    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        sys.settrace(in_poll)
-        try:
-            sandbox.wait()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    with (
+        _sigint_traced("_reap", _at_line("self._ended(")) as sent,
+        contextlib.suppress(KeyboardInterrupt),
+    ):
+        sandbox.wait()
     assert sent
     assert sandbox.wait() == 3
     assert list(workspace.iterdir()) == []
@@ -252,34 +273,14 @@ def test_a_ctrl_c_as_a_wait_takes_its_copy_of_the_sentinel_leaves_no_fd(
     session's sentinel, before it holds it: the copy stayed open for the launcher's life
     (attackers' pass, stop 43: 3 of 300 random Ctrl-Cs; left then). It is closed before the
     KeyboardInterrupt is raised. A real SIGINT is sent by a trace hook as the copy is returned."""
-    import signal
-
     sandbox = nsconfine.spawn(plan, ["sh", "-c", "sleep 0.5; exit 3"])
     fds_before = len(os.listdir("/proc/self/fd"))
-    sent: list[bool] = []
 
-    def in_watch(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_name != "_watch" or "sandbox" not in frame.f_code.co_filename:
-            return None
+    def returning_a_copy(frame: Any, event: str, arg: Any) -> bool:
+        return event == "return" and isinstance(arg, int) and arg >= 0
 
-        def on_return(frame: Any, event: str, arg: Any) -> Any:
-            if event == "return" and isinstance(arg, int) and arg >= 0 and not sent:
-                sent.append(True)
-                os.kill(os.getpid(), signal.SIGINT)
-            return on_return
-
-        return on_return
-
-    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        sys.settrace(in_watch)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                getattr(sandbox, call)()
-        finally:
-            sys.settrace(None)
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    with _sigint_traced("_watch", returning_a_copy) as sent, pytest.raises(KeyboardInterrupt):
+        getattr(sandbox, call)()
     assert sent
     assert len(os.listdir("/proc/self/fd")) == fds_before
     assert sandbox.wait() == 3
@@ -1007,39 +1008,16 @@ def test_a_ctrl_c_in_a_dropped_handle_s_finalizer_leaves_it_whole(plan: nsconfin
     (attacker's pass and its review, stop 39). The finalizer runs whole, the Ctrl-C held; a
     real SIGINT is sent by a trace hook at the line that lets go of a timed-out exchange."""
     import gc
-    import linecache
-    import signal
 
     from nsconfine._launch import sandbox as _sandbox
 
     sandbox = nsconfine.spawn(plan, ["yes"], stdout=PIPE)
-    sent: list[bool] = []
-
-    def in_finalizer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_name != "__del__" or "sandbox" not in frame.f_code.co_filename:
-            return None
-
-        def line(frame: Any, event: str, arg: Any) -> Any:
-            text = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-            if event == "line" and "_exchange = None" in text and not sent:
-                sent.append(True)
-                os.kill(os.getpid(), signal.SIGINT)
-            return line
-
-        return line
-
-    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        sys.settrace(in_finalizer)
-        try:
-            del sandbox
-            gc.collect()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    with (
+        _sigint_traced("__del__", _at_line("_exchange = None")) as sent,
+        contextlib.suppress(KeyboardInterrupt),
+    ):
+        del sandbox
+        gc.collect()
     assert sent
     dropped = _sandbox._abandoned[-1]
     assert dropped.stdout is None, "its stdout was left open: the session blocks on it for good"

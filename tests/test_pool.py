@@ -133,19 +133,15 @@ def test_a_pool_dropped_unclosed_leaves_neither_its_thread_nor_its_sandboxes(
     pass, stop 44). Once collected, its thread ends and its staged sandboxes are torn down, as
     close() would."""
     import gc
-    import threading
 
-    threads = {t for t in threading.enumerate() if t.name == "nsconfine-pool"}
+    threads = _refill_threads()
     pool = nsconfine.Pool(plan, size=2, refill=refill)  # type: ignore[arg-type]
     assert pool.wait_staged(60)
     staged = [p.pid for p in staged_processes(pool)]
     assert staged
     del pool
     gc.collect()
-    for thread in threading.enumerate():
-        if thread.name == "nsconfine-pool" and thread not in threads:
-            thread.join(timeout=60)
-            assert not thread.is_alive(), "the dropped pool's refill thread still runs"
+    assert _refill_threads_left(threads) == set(), "the dropped pool's refill thread still runs"
     assert wait_gone(staged, zombies_count_as_gone=False) == []
 
 
@@ -173,7 +169,7 @@ def test_a_pool_dropped_as_its_refill_thread_holds_it_still_ends_the_thread(
         return expired
 
     monkeypatch.setattr(_pool.Pool, "_expired_locked", held_a_moment)
-    threads = {t for t in threading.enumerate() if t.name == "nsconfine-pool"}
+    threads = _refill_threads()
     pool = nsconfine.Pool(plan, idle_timeout=1.0)
     assert pool.wait_staged(60)
     deadline = time.monotonic() + 30
@@ -186,10 +182,24 @@ def test_a_pool_dropped_as_its_refill_thread_holds_it_still_ends_the_thread(
     assert in_window.wait(30)
     del pool
     gc.collect()
-    for thread in threading.enumerate():
-        if thread.name == "nsconfine-pool" and thread not in threads:
-            thread.join(timeout=30)
-            assert not thread.is_alive(), "the dropped pool's refill thread waits for good"
+    assert _refill_threads_left(threads) == set(), "the dropped pool's refill thread waits"
+
+
+def _refill_threads() -> set[Any]:
+    """The pools' refill threads alive now."""
+    import threading
+
+    return {t for t in threading.enumerate() if t.name == "nsconfine-pool"}
+
+
+def _refill_threads_left(before: set[Any], within: float = 30) -> set[Any]:
+    """The refill threads started since before that still run, each given `within` seconds in
+    all to end."""
+    deadline = time.monotonic() + within
+    started = _refill_threads() - before
+    for thread in started:
+        thread.join(timeout=max(deadline - time.monotonic(), 0))
+    return {t for t in started if t.is_alive()}
 
 
 # A launcher whose background pool is staging (after a launch) as the interpreter exits.

@@ -440,8 +440,8 @@ class Sandbox:
 # pidfd for it. A list's append and pop need no lock (a lock taken in __del__ could be this
 # thread's own, held where the collector ran it).
 _abandoned: list[Sandbox] = []
-# Every handle of a session not yet reaped, for the interpreter's exit (weakly: a handle
-# dropped is the list's above).
+# Every handle not yet collected (a dropped one stays while the list above holds it), for
+# the interpreter's exit.
 _live: WeakSet[Sandbox] = WeakSet()
 
 
@@ -450,7 +450,7 @@ def _end_at_exit() -> None:
     unwaited), as its death would (their reapers watch its lifeline), but whole: reaped, and
     the mount points made in their workspaces removed, which its death leaves behind. Not in
     a forked child, which runs this as it exits too: they are its parent's."""
-    for sandbox in [*_abandoned, *list(_live)]:
+    for sandbox in list(_live):
         if sandbox._owner != os.getpid() or sandbox._done:
             continue
         with contextlib.suppress(Exception):
